@@ -1,0 +1,1 @@
+//! ferrite-engine: the engine core.

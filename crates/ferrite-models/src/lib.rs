@@ -1,0 +1,10 @@
+//! ferrite-models: what a model is made of.
+//!
+//! Model configs (HF `config.json` or GGUF metadata), weight loading (safetensors by mmap,
+//! GGUF), tokenizers (HF `tokenizer.json` or a GGUF vocab), chat templates, and the
+//! architectures, written once against the runtime's op set.
+
+pub mod error;
+pub mod gguf;
+
+pub use error::{LoadError, Result};

@@ -1,0 +1,69 @@
+//! `ForwardBatch`: one flat batch of query tokens for a model step.
+//!
+//! Rows (sequences) contribute any number of query tokens: 1 for decode, a chunk for prefill,
+//! k+1 for verification. Their tokens are concatenated; each row carries its span, the KV
+//! length after the step and its block table into the paged KV cache.
+
+/// One row's part of a `ForwardBatch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowSpan {
+    /// Index of the row's first query token in `ForwardBatch::tokens`.
+    pub query_start: usize,
+    /// Number of query tokens the row contributes this step.
+    pub query_len: usize,
+    /// KV length of the row once this step's tokens are written (last position + 1).
+    pub context_len: usize,
+    /// Physical block ids holding positions `[i * block_size, (i + 1) * block_size)`.
+    pub block_table: Vec<u32>,
+}
+
+impl RowSpan {
+    /// Position of the row's first query token.
+    pub fn first_position(&self) -> usize {
+        self.context_len - self.query_len
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ForwardBatch {
+    /// Query tokens of all rows, concatenated.
+    pub tokens: Vec<u32>,
+    /// Position of each query token.
+    pub positions: Vec<u32>,
+    pub rows: Vec<RowSpan>,
+    /// Flat indices into `tokens` whose logits the caller wants, in output order.
+    pub logits_indices: Vec<usize>,
+}
+
+impl ForwardBatch {
+    /// Append a row whose query tokens continue a sequence that already has
+    /// `context_len - tokens.len()` tokens in the KV cache.
+    pub fn push_row(&mut self, tokens: &[u32], context_len: usize, block_table: Vec<u32>, logits: RowLogits) {
+        let query_start = self.tokens.len();
+        let first = context_len - tokens.len();
+        self.tokens.extend_from_slice(tokens);
+        self.positions.extend((first..context_len).map(|p| p as u32));
+        match logits {
+            RowLogits::None => {}
+            RowLogits::Last => {
+                if !tokens.is_empty() {
+                    self.logits_indices.push(query_start + tokens.len() - 1)
+                }
+            }
+            RowLogits::All => self.logits_indices.extend(query_start..query_start + tokens.len()),
+        }
+        self.rows.push(RowSpan { query_start, query_len: tokens.len(), context_len, block_table });
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+}
+
+/// Which of a row's query positions need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowLogits {
+    None,
+    Last,
+    All,
+}

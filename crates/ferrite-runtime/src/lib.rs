@@ -1,0 +1,21 @@
+//! ferrite-runtime: tensors and devices.
+//!
+//! Holds the dtypes (float and GGUF block-quantized), the `Tensor` type that carries weights
+//! (owned or memory-mapped), the quantized block formats, and the CPU op set a dense decoder
+//! needs (embedding, matmul, RMSNorm, RoPE, gated activations, paged attention, softmax,
+//! argmax). Each op is a plain function over slices and tensors.
+
+pub mod batch;
+pub mod cpu;
+pub mod dtype;
+pub mod error;
+pub mod kv;
+pub mod quant;
+pub mod tensor;
+pub mod threads;
+
+pub use batch::{ForwardBatch, RowSpan};
+pub use dtype::DType;
+pub use error::{Result, RuntimeError};
+pub use kv::KvCache;
+pub use tensor::{Buffer, Tensor};

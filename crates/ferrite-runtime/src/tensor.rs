@@ -1,0 +1,156 @@
+//! `Tensor`: a shaped, typed view over host memory that is either owned or memory-mapped.
+//!
+//! Weights keep their file dtype (f32, f16, bf16 or a GGUF block type); activations are f32
+//! slices owned by the model. A tensor's last dimension is its row (the reduction axis of a
+//! linear layer); quantized rows hold a whole number of blocks.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::dtype::DType;
+use crate::error::{Result, RuntimeError};
+
+/// Host bytes behind a tensor.
+#[derive(Clone)]
+pub enum Buffer {
+    /// Owned f32 values (always 4-byte aligned).
+    F32(Arc<Vec<f32>>),
+    /// Owned raw bytes in the tensor's dtype.
+    Bytes(Arc<Vec<u8>>),
+    /// A byte range of a memory-mapped file.
+    Mapped { map: Arc<memmap2::Mmap>, range: Range<usize> },
+}
+
+impl Buffer {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Buffer::F32(v) => bytemuck::cast_slice(v.as_slice()),
+            Buffer::Bytes(v) => v.as_slice(),
+            Buffer::Mapped { map, range } => &map[range.clone()],
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Tensor {
+    dtype: DType,
+    shape: Vec<usize>,
+    buffer: Buffer,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({}, {:?})", self.dtype, self.shape)
+    }
+}
+
+impl Tensor {
+    /// Wrap `buffer` as a tensor, checking that its size matches `shape` and `dtype`.
+    pub fn new(dtype: DType, shape: Vec<usize>, buffer: Buffer) -> Result<Tensor> {
+        let need = Self::byte_len(dtype, &shape)?;
+        let got = buffer.bytes().len();
+        if got != need {
+            return Err(RuntimeError::ShortBuffer {
+                what: format!("{dtype} tensor of shape {shape:?}"),
+                need,
+                got,
+            });
+        }
+        Ok(Tensor { dtype, shape, buffer })
+    }
+
+    pub fn from_f32(shape: Vec<usize>, values: Vec<f32>) -> Result<Tensor> {
+        Tensor::new(DType::F32, shape, Buffer::F32(Arc::new(values)))
+    }
+
+    /// Bytes needed by a tensor of `shape` in `dtype` (rows are the last dimension).
+    pub fn byte_len(dtype: DType, shape: &[usize]) -> Result<usize> {
+        let row = shape.last().copied().unwrap_or(1);
+        let rows: usize = shape.iter().rev().skip(1).product();
+        Ok(dtype.row_bytes(row)? * rows)
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn bytes(&self) -> &[u8] {
+        self.buffer.bytes()
+    }
+    pub fn elem_count(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Length of one row (the last dimension).
+    pub fn row_len(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1)
+    }
+    /// Number of rows (product of all but the last dimension).
+    pub fn rows(&self) -> usize {
+        self.shape.iter().rev().skip(1).product()
+    }
+    pub fn row_bytes(&self) -> usize {
+        // The constructor checked the row is a whole number of blocks.
+        self.row_len() / self.dtype.block_elems() * self.dtype.block_bytes()
+    }
+
+    /// The raw bytes of rows `range`.
+    pub fn row_range_bytes(&self, range: Range<usize>) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.bytes()[range.start * rb..range.end * rb]
+    }
+
+    /// Dequantize rows `range` into `out` (`range.len() * row_len` values).
+    pub fn dequantize_rows(&self, range: Range<usize>, out: &mut [f32]) -> Result<()> {
+        let n = self.row_len();
+        if out.len() != range.len() * n || range.end > self.rows() {
+            return Err(RuntimeError::Shape(format!(
+                "dequantize rows {range:?} of {self:?} into {} values",
+                out.len()
+            )));
+        }
+        let rb = self.row_bytes();
+        let bytes = self.row_range_bytes(range);
+        for (row, dst) in bytes.chunks_exact(rb).zip(out.chunks_exact_mut(n)) {
+            crate::quant::dequantize_row(self.dtype, row, dst)?;
+        }
+        Ok(())
+    }
+
+    /// The whole tensor as f32 values (copies unless it already is f32).
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; self.elem_count()];
+        self.dequantize_rows(0..self.rows(), &mut out)?;
+        Ok(out)
+    }
+
+    /// Borrow the values when the tensor is an owned, aligned f32 tensor.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match (&self.buffer, self.dtype) {
+            (Buffer::F32(v), DType::F32) => Some(v.as_slice()),
+            (_, DType::F32) => bytemuck::try_cast_slice(self.bytes()).ok(),
+            _ => None,
+        }
+    }
+
+    /// A tensor whose rows are this tensor's rows taken in the order `order` (used to undo
+    /// llama.cpp's q/k row permutation). Works for every dtype, since rows are independent.
+    pub fn permute_rows(&self, order: &[usize]) -> Result<Tensor> {
+        if order.len() != self.rows() {
+            return Err(RuntimeError::Shape(format!("row order of {} for {self:?}", order.len())));
+        }
+        let rb = self.row_bytes();
+        let src = self.bytes();
+        let mut out = Vec::with_capacity(src.len());
+        for &r in order {
+            out.extend_from_slice(&src[r * rb..(r + 1) * rb]);
+        }
+        Tensor::new(self.dtype, self.shape.clone(), Buffer::Bytes(Arc::new(out)))
+    }
+
+    /// Same bytes, new shape with the same row length and element count.
+    pub fn reshape(&self, shape: Vec<usize>) -> Result<Tensor> {
+        Tensor::new(self.dtype, shape, self.buffer.clone())
+    }
+}
