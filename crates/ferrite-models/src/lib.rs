@@ -4,7 +4,10 @@
 //! GGUF), tokenizers (HF `tokenizer.json` or a GGUF vocab), chat templates, and the
 //! architectures, written once against the runtime's op set.
 
+pub mod chat_template;
 pub mod error;
 pub mod gguf;
+pub mod paths;
+pub mod tokenizer;
 
 pub use error::{LoadError, Result};

@@ -1,0 +1,1 @@
+//! Chat templates (minijinja with the Hugging Face extras).

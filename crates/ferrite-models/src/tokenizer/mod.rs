@@ -1,0 +1,1 @@
+//! Tokenizers: HF tokenizer.json or a GGUF vocab, and incremental detokenization.
