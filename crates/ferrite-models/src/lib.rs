@@ -5,9 +5,15 @@
 //! architectures, written once against the runtime's op set.
 
 pub mod chat_template;
+pub mod config;
 pub mod error;
 pub mod gguf;
+pub mod llama;
+pub mod model;
 pub mod paths;
+pub mod rope_scaling;
+pub mod safetensors;
 pub mod tokenizer;
+pub mod weights;
 
 pub use error::{LoadError, Result};

@@ -15,7 +15,7 @@ pub use activation::{gelu_tanh_mul, silu_mul};
 pub use attention::{paged_attention, write_kv, AttentionParams};
 pub use embedding::embedding;
 pub use matmul::linear;
-pub use norm::rms_norm;
+pub use norm::{rms_norm, rms_norm_in_place};
 pub use reduce::{argmax, log_softmax, softmax_in_place};
 pub use rope::Rope;
 

@@ -1,0 +1,281 @@
+//! `ModelConfig`: the shape and hyper-parameters of a dense decoder, read from a Hugging Face
+//! `config.json` or from GGUF metadata, with every value checked.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{LoadError, Result};
+use crate::gguf::GgufFile;
+use crate::rope_scaling::{RopeKind, RopeScaling};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+}
+
+impl Architecture {
+    pub const SUPPORTED: &'static str = "llama, mistral, qwen2, qwen3";
+
+    /// From an HF `model_type` or a GGUF `general.architecture`.
+    pub fn from_name(name: &str) -> Option<Architecture> {
+        Some(match name {
+            "llama" => Architecture::Llama,
+            "mistral" => Architecture::Mistral,
+            "qwen2" => Architecture::Qwen2,
+            "qwen3" => Architecture::Qwen3,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Mistral => "mistral",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub arch: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub rope: RopeScaling,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// Biases on the q/k/v projections (qwen2).
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm on q and k before RoPE (qwen3).
+    pub qk_norm: bool,
+    /// Sliding-window attention on every layer (mistral), when set.
+    pub sliding_window: Option<usize>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+fn get_usize(cfg: &Value, key: &str) -> Option<usize> {
+    cfg.get(key).and_then(Value::as_u64).map(|v| v as usize)
+}
+
+fn get_f64(cfg: &Value, key: &str) -> Option<f64> {
+    cfg.get(key).and_then(Value::as_f64)
+}
+
+fn token_ids(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+        _ => vec![],
+    }
+}
+
+impl ModelConfig {
+    /// Parse an HF `config.json`.
+    pub fn from_hf_json(path: &Path, cfg: &Value) -> Result<ModelConfig> {
+        let err = |m: String| LoadError::format(path, m);
+        let model_type = cfg.get("model_type").and_then(Value::as_str).ok_or_else(|| err("no model_type".into()))?;
+        let arch = Architecture::from_name(model_type).ok_or_else(|| {
+            err(format!("unsupported architecture '{model_type}' (supported: {})", Architecture::SUPPORTED))
+        })?;
+        let req = |key: &str| get_usize(cfg, key).ok_or_else(|| err(format!("missing or invalid '{key}'")));
+        let hidden_size = req("hidden_size")?;
+        let num_heads = req("num_attention_heads")?;
+        let num_kv_heads = get_usize(cfg, "num_key_value_heads").unwrap_or(num_heads);
+        let head_dim = get_usize(cfg, "head_dim").unwrap_or(hidden_size / num_heads.max(1));
+        if let Some(act) = cfg.get("hidden_act").and_then(Value::as_str) {
+            if act != "silu" {
+                return Err(err(format!("hidden_act '{act}' is not supported (expected silu)")));
+            }
+        }
+        if cfg.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
+            return Err(err("mlp_bias = true is not supported".into()));
+        }
+        let max_position_embeddings = get_usize(cfg, "max_position_embeddings").unwrap_or(4096);
+        let rope = rope_from_hf(cfg, head_dim, max_position_embeddings).map_err(err)?;
+        let sliding_window = match arch {
+            Architecture::Mistral => get_usize(cfg, "sliding_window"),
+            Architecture::Qwen2 | Architecture::Qwen3
+                if cfg.get("use_sliding_window").and_then(Value::as_bool) == Some(true) =>
+            {
+                return Err(err("use_sliding_window = true is not supported for qwen".into()));
+            }
+            _ => None,
+        };
+        let config = ModelConfig {
+            arch,
+            vocab_size: req("vocab_size")?,
+            hidden_size,
+            intermediate_size: req("intermediate_size")?,
+            num_layers: req("num_hidden_layers")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: get_f64(cfg, "rms_norm_eps").unwrap_or(1e-6) as f32,
+            rope,
+            max_position_embeddings,
+            tie_word_embeddings: cfg.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+            qkv_bias: match arch {
+                Architecture::Qwen2 => true,
+                _ => cfg.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
+            },
+            qk_norm: arch == Architecture::Qwen3,
+            sliding_window,
+            bos_token_id: token_ids(cfg.get("bos_token_id")).first().copied(),
+            eos_token_ids: token_ids(cfg.get("eos_token_id")),
+        };
+        config.validate().map_err(err)?;
+        Ok(config)
+    }
+
+    /// Read the config from GGUF metadata (`{arch}.*` keys).
+    pub fn from_gguf(g: &GgufFile) -> Result<ModelConfig> {
+        let path = g.path();
+        let arch_name = g.architecture()?;
+        let arch = Architecture::from_name(arch_name).ok_or_else(|| {
+            LoadError::format(path, format!("unsupported architecture '{arch_name}' (supported: {})", Architecture::SUPPORTED))
+        })?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let req = |k: &str| g.require_u64(&key(k)).map(|v| v as usize);
+        let hidden_size = req("embedding_length")?;
+        let num_heads = req("attention.head_count")?;
+        let num_kv_heads = g.get_u64(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(num_heads);
+        let head_dim = g.get_u64(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / num_heads.max(1));
+        let max_position_embeddings = req("context_length")?;
+        let vocab_size = match g.get_u64(&key("vocab_size")) {
+            Some(v) => v as usize,
+            None => g.tensor_info("token_embd.weight").map(|t| t.shape()[0]).ok_or_else(|| {
+                LoadError::tensor(path, "token_embd.weight", "missing (needed for the vocabulary size)")
+            })?,
+        };
+        let theta = g.get_f64(&key("rope.freq_base")).unwrap_or(10000.0);
+        let rotary_dim = g.get_u64(&key("rope.dimension_count")).map(|v| v as usize).unwrap_or(head_dim);
+        let kind = match g.get_str(&key("rope.scaling.type")) {
+            None | Some("none") => RopeKind::Default,
+            Some("linear") => RopeKind::Linear { factor: g.get_f64(&key("rope.scaling.factor")).unwrap_or(1.0) },
+            Some("yarn") => RopeKind::Yarn {
+                factor: g.get_f64(&key("rope.scaling.factor")).unwrap_or(1.0),
+                original_max_position_embeddings: g
+                    .get_u64(&key("rope.scaling.original_context_length"))
+                    .map(|v| v as usize)
+                    .unwrap_or(max_position_embeddings),
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                attention_factor: None,
+                mscale: None,
+                mscale_all_dim: None,
+                truncate: true,
+            },
+            Some(other) => return Err(LoadError::format(path, format!("rope scaling type '{other}' is not supported"))),
+        };
+        // llama.cpp bakes llama3-style scaling into per-frequency divisors.
+        let kind = match (kind, g.tensor_info("rope_freqs.weight")) {
+            (RopeKind::Default, Some(_)) => {
+                let factors = g.tensor("rope_freqs.weight")?.to_f32_vec()?;
+                if factors.len() != rotary_dim / 2 {
+                    return Err(LoadError::tensor(path, "rope_freqs.weight", format!("{} values, expected {}", factors.len(), rotary_dim / 2)));
+                }
+                RopeKind::FreqFactors { factors: factors.into_iter().map(f64::from).collect() }
+            }
+            (kind, _) => kind,
+        };
+        let config = ModelConfig {
+            arch,
+            vocab_size,
+            hidden_size,
+            intermediate_size: req("feed_forward_length")?,
+            num_layers: req("block_count")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: g.get_f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f32,
+            rope: RopeScaling { theta, rotary_dim, kind },
+            max_position_embeddings,
+            tie_word_embeddings: g.tensor_info("output.weight").is_none(),
+            qkv_bias: g.tensor_info("blk.0.attn_q.bias").is_some(),
+            qk_norm: g.tensor_info("blk.0.attn_q_norm.weight").is_some(),
+            sliding_window: None,
+            bos_token_id: g.get_u64("tokenizer.ggml.bos_token_id").map(|v| v as u32),
+            eos_token_ids: g.get_u64("tokenizer.ggml.eos_token_id").map(|v| vec![v as u32]).unwrap_or_default(),
+        };
+        config.validate().map_err(|m| LoadError::format(path, m))?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        let nonzero = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_layers),
+            ("num_attention_heads", self.num_heads),
+            ("num_key_value_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+        ];
+        if let Some((k, _)) = nonzero.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("{k} must be positive"));
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            return Err(format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.rope.rotary_dim > self.head_dim || self.rope.rotary_dim % 2 != 0 {
+            return Err(format!("rotary dim {} does not fit head_dim {}", self.rope.rotary_dim, self.head_dim));
+        }
+        Ok(())
+    }
+}
+
+/// RoPE settings from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling`.
+fn rope_from_hf(cfg: &Value, head_dim: usize, max_pos: usize) -> std::result::Result<RopeScaling, String> {
+    let empty = Value::Object(Default::default());
+    let params = cfg
+        .get("rope_parameters")
+        .filter(|v| v.is_object())
+        .or_else(|| cfg.get("rope_scaling").filter(|v| v.is_object()))
+        .unwrap_or(&empty);
+    let theta = get_f64(params, "rope_theta").or_else(|| get_f64(cfg, "rope_theta")).unwrap_or(10000.0);
+    let partial = get_f64(params, "partial_rotary_factor").or_else(|| get_f64(cfg, "partial_rotary_factor")).unwrap_or(1.0);
+    let rotary_dim = (head_dim as f64 * partial) as usize;
+    let rope_type = params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let factor = || get_f64(params, "factor").ok_or_else(|| format!("rope type '{rope_type}' needs 'factor'"));
+    let original = get_usize(params, "original_max_position_embeddings")
+        .or_else(|| get_usize(cfg, "original_max_position_embeddings"))
+        .unwrap_or(max_pos);
+    let kind = match rope_type {
+        "default" => RopeKind::Default,
+        "linear" => RopeKind::Linear { factor: factor()? },
+        "dynamic" => RopeKind::Dynamic { factor: factor()?, max_position_embeddings: max_pos },
+        "llama3" => RopeKind::Llama3 {
+            factor: factor()?,
+            low_freq_factor: get_f64(params, "low_freq_factor").ok_or("llama3 rope needs low_freq_factor")?,
+            high_freq_factor: get_f64(params, "high_freq_factor").ok_or("llama3 rope needs high_freq_factor")?,
+            original_max_position_embeddings: original,
+        },
+        "yarn" => RopeKind::Yarn {
+            factor: get_f64(params, "factor").unwrap_or(max_pos as f64 / original as f64),
+            original_max_position_embeddings: original,
+            beta_fast: get_f64(params, "beta_fast").unwrap_or(32.0),
+            beta_slow: get_f64(params, "beta_slow").unwrap_or(1.0),
+            attention_factor: get_f64(params, "attention_factor"),
+            mscale: get_f64(params, "mscale"),
+            mscale_all_dim: get_f64(params, "mscale_all_dim"),
+            truncate: params.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+        },
+        other => return Err(format!("rope type '{other}' is not supported (default, linear, dynamic, llama3, yarn)")),
+    };
+    Ok(RopeScaling { theta, rotary_dim, kind })
+}

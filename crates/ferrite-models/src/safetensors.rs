@@ -1,0 +1,131 @@
+//! Safetensors checkpoints: one `model.safetensors` or shards listed in
+//! `model.safetensors.index.json`, memory-mapped; every header entry is checked against the
+//! file size before use.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ferrite_runtime::{Buffer, DType, Tensor};
+use serde_json::Value;
+
+use crate::error::{LoadError, Result};
+
+struct Entry {
+    file: usize,
+    dtype: DType,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+pub struct SafetensorsDir {
+    files: Vec<(PathBuf, Arc<memmap2::Mmap>)>,
+    entries: HashMap<String, Entry>,
+}
+
+impl SafetensorsDir {
+    pub fn open(dir: &Path) -> Result<SafetensorsDir> {
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        let shard_names: Vec<String> = if single.is_file() {
+            vec!["model.safetensors".into()]
+        } else if index.is_file() {
+            let text = std::fs::read_to_string(&index).map_err(|e| LoadError::io(&index, e))?;
+            let json: Value = serde_json::from_str(&text).map_err(|e| LoadError::format(&index, e.to_string()))?;
+            let map = json
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| LoadError::format(&index, "no weight_map object"))?;
+            let mut names: Vec<String> = map.values().filter_map(Value::as_str).map(String::from).collect();
+            names.sort();
+            names.dedup();
+            names
+        } else {
+            return Err(LoadError::format(dir, "no model.safetensors or model.safetensors.index.json"));
+        };
+        let mut out = SafetensorsDir { files: Vec::new(), entries: HashMap::new() };
+        for name in shard_names {
+            out.add_file(&dir.join(name))?;
+        }
+        Ok(out)
+    }
+
+    fn add_file(&mut self, path: &Path) -> Result<()> {
+        let file = std::fs::File::open(path).map_err(|e| LoadError::io(path, e))?;
+        // SAFETY: read-only map of a checkpoint file.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoadError::io(path, e))?;
+        if map.len() < 8 {
+            return Err(LoadError::format(path, "file is shorter than the safetensors header (truncated?)"));
+        }
+        let header_len = u64::from_le_bytes(map[..8].try_into().unwrap_or_default()) as usize;
+        let data_start = 8usize.checked_add(header_len).filter(|&e| e <= map.len()).ok_or_else(|| {
+            LoadError::format(path, format!("header of {header_len} bytes overruns the file (truncated?)"))
+        })?;
+        let header: Value = serde_json::from_slice(&map[8..data_start])
+            .map_err(|e| LoadError::format(path, format!("bad safetensors header: {e}")))?;
+        let obj = header.as_object().ok_or_else(|| LoadError::format(path, "header is not a JSON object"))?;
+        let file_idx = self.files.len();
+        let data_len = map.len() - data_start;
+        for (name, info) in obj {
+            if name == "__metadata__" {
+                continue;
+            }
+            let bad = |m: &str| LoadError::tensor(path, name, m.to_string());
+            let dtype = match info.get("dtype").and_then(Value::as_str) {
+                Some("F32") => DType::F32,
+                Some("F16") => DType::F16,
+                Some("BF16") => DType::BF16,
+                Some(other) => return Err(bad(&format!("dtype {other} is not supported (F32, F16, BF16)"))),
+                None => return Err(bad("no dtype")),
+            };
+            let shape: Vec<usize> = info
+                .get("shape")
+                .and_then(Value::as_array)
+                .ok_or_else(|| bad("no shape"))?
+                .iter()
+                .map(|d| d.as_u64().map(|d| d as usize))
+                .collect::<Option<_>>()
+                .ok_or_else(|| bad("shape is not a list of integers"))?;
+            let offs = info.get("data_offsets").and_then(Value::as_array).ok_or_else(|| bad("no data_offsets"))?;
+            let (start, end) = match (offs.first().and_then(Value::as_u64), offs.get(1).and_then(Value::as_u64)) {
+                (Some(s), Some(e)) if s <= e => (s as usize, e as usize),
+                _ => return Err(bad("invalid data_offsets")),
+            };
+            if end > data_len {
+                return Err(bad(&format!("data ends at {end} but the file holds {data_len} data bytes (truncated?)")));
+            }
+            let need = Tensor::byte_len(dtype, &shape).map_err(|e| bad(&e.to_string()))?;
+            if end - start != need {
+                return Err(bad(&format!("{} bytes for {dtype} {shape:?}, expected {need}", end - start)));
+            }
+            self.entries.insert(
+                name.clone(),
+                Entry { file: file_idx, dtype, shape, start: data_start + start, end: data_start + end },
+            );
+        }
+        self.files.push((path.to_path_buf(), Arc::new(map)));
+        Ok(())
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// Path of the file holding `name` (or the first shard), for error messages.
+    pub fn path_of(&self, name: &str) -> &Path {
+        let idx = self.entries.get(name).map_or(0, |e| e.file);
+        self.files.get(idx).map_or(Path::new("model.safetensors"), |f| f.0.as_path())
+    }
+
+    pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        let e = self.entries.get(name).ok_or_else(|| LoadError::tensor(self.path_of(name), name, "missing"))?;
+        let (path, map) = &self.files[e.file];
+        Tensor::new(e.dtype, e.shape.clone(), Buffer::Mapped { map: map.clone(), range: e.start..e.end })
+            .map_err(|err| LoadError::tensor(path, name, err.to_string()))
+    }
+
+    pub fn total_bytes(&self) -> usize {
+        self.files.iter().map(|f| f.1.len()).sum()
+    }
+}

@@ -1,0 +1,144 @@
+//! `Weights`: tensors by their Hugging Face name, from a safetensors dir or a GGUF file.
+//!
+//! GGUF names are translated (`blk.N.attn_q.weight` ↔ `model.layers.N.self_attn.q_proj.weight`)
+//! and, for the llama architecture, the q/k rows llama.cpp's converter permuted are put back
+//! in HF order. Every fetch checks the shape the architecture expects.
+
+use std::path::Path;
+
+use ferrite_runtime::{DType, Tensor};
+
+use crate::error::{LoadError, Result};
+use crate::gguf::GgufFile;
+use crate::safetensors::SafetensorsDir;
+
+pub enum WeightSource {
+    Safetensors(SafetensorsDir),
+    Gguf(GgufFile),
+}
+
+pub struct Weights {
+    source: WeightSource,
+    /// (n_heads, n_kv_heads, head_dim) when q/k rows must be un-permuted (llama GGUF).
+    unpermute_qk: Option<(usize, usize, usize)>,
+}
+
+/// Translate an HF tensor name to its GGUF name.
+pub fn gguf_name(hf: &str) -> Option<String> {
+    let fixed = match hf {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_string());
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let (module, suffix) = rest.rsplit_once('.')?;
+    let g = match module {
+        "input_layernorm" => "attn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        _ => return None,
+    };
+    Some(format!("blk.{layer}.{g}.{suffix}"))
+}
+
+impl Weights {
+    pub fn new(source: WeightSource, unpermute_qk: Option<(usize, usize, usize)>) -> Weights {
+        Weights { source, unpermute_qk }
+    }
+
+    fn path(&self, name: &str) -> &Path {
+        match &self.source {
+            WeightSource::Safetensors(s) => s.path_of(name),
+            WeightSource::Gguf(g) => g.path(),
+        }
+    }
+
+    fn file_name(&self, hf: &str) -> Option<String> {
+        match &self.source {
+            WeightSource::Safetensors(_) => Some(hf.to_string()),
+            WeightSource::Gguf(_) => gguf_name(hf),
+        }
+    }
+
+    pub fn contains(&self, hf: &str) -> bool {
+        match (&self.source, self.file_name(hf)) {
+            (WeightSource::Safetensors(s), Some(n)) => s.contains(&n),
+            (WeightSource::Gguf(g), Some(n)) => g.tensor_info(&n).is_some(),
+            _ => false,
+        }
+    }
+
+    /// The tensor `hf`, checked to have `shape`.
+    pub fn get(&self, hf: &str, shape: &[usize]) -> Result<Tensor> {
+        let name = self.file_name(hf).ok_or_else(|| LoadError::tensor(self.path(hf), hf, "has no GGUF name"))?;
+        let t = match &self.source {
+            WeightSource::Safetensors(s) => s.tensor(&name)?,
+            WeightSource::Gguf(g) => g.tensor(&name)?,
+        };
+        if t.shape() != shape {
+            return Err(LoadError::tensor(
+                self.path(hf),
+                &name,
+                format!("shape {:?}, expected {shape:?}", t.shape()),
+            ));
+        }
+        match self.unpermute_qk {
+            Some((nh, _, hd)) if hf.ends_with("q_proj.weight") => unpermute(&t, nh, hd),
+            Some((_, nkv, hd)) if hf.ends_with("k_proj.weight") => unpermute(&t, nkv, hd),
+            _ => Ok(t),
+        }
+        .map_err(|e| LoadError::tensor(self.path(hf), &name, e.to_string()))
+    }
+
+    /// A small tensor (norm weight, bias) as f32 values.
+    pub fn get_f32(&self, hf: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let t = self.get(hf, shape)?;
+        t.to_f32_vec().map_err(|e| LoadError::tensor(self.path(hf), hf, e.to_string()))
+    }
+
+    /// Bytes of all weight files (for the load report).
+    pub fn file_bytes(&self) -> usize {
+        match &self.source {
+            WeightSource::Safetensors(s) => s.total_bytes(),
+            WeightSource::Gguf(g) => g.data_bytes(),
+        }
+    }
+
+    /// The dtype most of the model's matrices use (for reports).
+    pub fn dtype_of(&self, hf: &str) -> Option<DType> {
+        let name = self.file_name(hf)?;
+        match &self.source {
+            WeightSource::Safetensors(s) => s.tensor(&name).ok().map(|t| t.dtype()),
+            WeightSource::Gguf(g) => g.tensor_info(&name).map(|t| t.dtype),
+        }
+    }
+}
+
+/// Undo llama.cpp's rope permutation: GGUF row `h*hd + 2j + s` holds HF row `h*hd + s*hd/2 + j`.
+fn unpermute(t: &Tensor, heads: usize, hd: usize) -> ferrite_runtime::Result<Tensor> {
+    if t.rows() != heads * hd {
+        return Err(ferrite_runtime::RuntimeError::Shape(format!("{} rows for {heads} heads of {hd}", t.rows())));
+    }
+    let half = hd / 2;
+    let order: Vec<usize> = (0..heads * hd)
+        .map(|r| {
+            let (h, within) = (r / hd, r % hd);
+            let (s, j) = (within / half, within % half);
+            h * hd + 2 * j + s
+        })
+        .collect();
+    t.permute_rows(&order)
+}
