@@ -1,2 +1,41 @@
-//! The ferrite binary.
-fn main() {}
+//! The `ferrite` binary: `run` a prompt, `chat` in the terminal, `models` to list named models.
+//!
+//! Generated text goes to stdout; load and speed statistics go to stderr. Every failure is a
+//! one-line error and a non-zero exit.
+
+mod chat;
+mod model_arg;
+mod run;
+mod session;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ferrite", version, about = "Fast local LLM inference")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a completion for one prompt, streamed to stdout.
+    Run(run::RunArgs),
+    /// An interactive multi-turn chat in the terminal (/exit, /reset).
+    Chat(chat::ChatArgs),
+    /// List the named models and whether they are in the local cache.
+    Models,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Chat(args) => chat::chat(args),
+        Command::Models => model_arg::list(),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

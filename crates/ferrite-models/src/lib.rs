@@ -9,11 +9,14 @@ pub mod config;
 pub mod error;
 pub mod gguf;
 pub mod llama;
+// pub mod load;
 pub mod model;
 pub mod paths;
+pub mod registry;
 pub mod rope_scaling;
 pub mod safetensors;
 pub mod tokenizer;
 pub mod weights;
 
 pub use error::{LoadError, Result};
+// pub use load::{load, LoadedModel};
