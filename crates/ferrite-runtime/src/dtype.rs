@@ -25,6 +25,25 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every dtype, floats first.
+    pub const ALL: [DType; 15] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q8_1,
+        DType::Q2K,
+        DType::Q3K,
+        DType::Q4K,
+        DType::Q5K,
+        DType::Q6K,
+        DType::Q8K,
+    ];
+
     /// The ggml type id used in GGUF tensor infos, and its inverse.
     pub fn from_ggml(id: u32) -> Option<DType> {
         Some(match id {
@@ -76,7 +95,7 @@ impl DType {
         }
     }
 
-    /// Number of bytes in one block.
+    /// Number of bytes in one block: `sizeof(block_*)` in ggml's `ggml-common.h`.
     pub fn block_bytes(self) -> usize {
         match self {
             DType::F32 => 4,
@@ -103,7 +122,7 @@ impl DType {
     /// Bytes taken by a row of `n` values; an error when `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Result<usize> {
         let block = self.block_elems();
-        if n % block != 0 {
+        if !n.is_multiple_of(block) {
             return Err(RuntimeError::BlockAlignment { dtype: self, len: n, block });
         }
         Ok(n / block * self.block_bytes())
@@ -133,5 +152,49 @@ impl DType {
 impl std::fmt::Display for DType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ggml_id_round_trips() {
+        for t in DType::ALL {
+            assert_eq!(DType::from_ggml(t.ggml_id()), Some(t), "{t}");
+        }
+        // Ids ggml retired (Q4_2, Q4_3) or that we do not support (IQ*, TQ*, ...).
+        for id in [4, 5, 16, 20, 29, 31, 39, u32::MAX] {
+            assert_eq!(DType::from_ggml(id), None, "id {id}");
+        }
+    }
+
+    /// The block sizes, rebuilt from the fields of ggml's block structs (f16 = 2 bytes).
+    #[test]
+    fn block_sizes_match_ggml_structs() {
+        const QK: usize = 32;
+        const QK_K: usize = 256;
+        let expect = |t: DType| -> (usize, usize) {
+            match t {
+                DType::F32 => (1, 4),
+                DType::F16 | DType::BF16 => (1, 2),
+                DType::Q4_0 => (QK, 2 + QK / 2),
+                DType::Q4_1 => (QK, 2 * 2 + QK / 2),
+                DType::Q5_0 => (QK, 2 + 4 + QK / 2),
+                DType::Q5_1 => (QK, 2 * 2 + 4 + QK / 2),
+                DType::Q8_0 => (QK, 2 + QK),
+                DType::Q8_1 => (QK, 2 * 2 + QK),
+                DType::Q2K => (QK_K, QK_K / 16 + QK_K / 4 + 2 * 2),
+                DType::Q3K => (QK_K, QK_K / 8 + QK_K / 4 + 12 + 2),
+                DType::Q4K => (QK_K, 2 * 2 + 12 + QK_K / 2),
+                DType::Q5K => (QK_K, 2 * 2 + 12 + QK_K / 8 + QK_K / 2),
+                DType::Q6K => (QK_K, QK_K / 2 + QK_K / 4 + QK_K / 16 + 2),
+                DType::Q8K => (QK_K, 4 + QK_K + 2 * QK_K / 16),
+            }
+        };
+        for t in DType::ALL {
+            assert_eq!((t.block_elems(), t.block_bytes()), expect(t), "{t}");
+        }
     }
 }
