@@ -1,4 +1,5 @@
-//! The `ferrite` binary: `run` a prompt, `chat` in the terminal, `models` to list named models.
+//! The `ferrite` binary: `run` a prompt, `chat` in the terminal, `models` / `pull` for the
+//! named models.
 //!
 //! Generated text goes to stdout; load and speed statistics go to stderr. Every failure is a
 //! one-line error and a non-zero exit.
@@ -25,6 +26,11 @@ enum Command {
     Chat(chat::ChatArgs),
     /// List the named models and whether they are in the local cache.
     Models,
+    /// Fetch a named model into the local cache (verified by sha256).
+    Pull {
+        /// smollm2, gemma3-270m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b
+        name: String,
+    },
 }
 
 fn main() {
@@ -33,6 +39,7 @@ fn main() {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::chat(args),
         Command::Models => model_arg::list(),
+        Command::Pull { name } => model_arg::pull(&name),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

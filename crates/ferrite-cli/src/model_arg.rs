@@ -25,3 +25,11 @@ pub fn list() -> Result<()> {
     }
     Ok(())
 }
+
+pub fn pull(name: &str) -> Result<()> {
+    if registry::find(name).is_none() {
+        bail!("unknown model name '{name}' (see `ferrite models`)");
+    }
+    println!("{}", registry::resolve(name, &paths::models_dir())?.display());
+    Ok(())
+}

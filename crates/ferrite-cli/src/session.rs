@@ -102,7 +102,7 @@ impl Session {
             ignore_eos: false,
         };
         let tok = self.loaded.tokenizer.as_ref().ok_or_else(|| anyhow!("this model has no tokenizer"))?;
-        let mut decoder = IncrementalDecoder::new();
+        let mut decoder = IncrementalDecoder::new(true);
         let mut text = String::new();
         let mut out = std::io::stdout().lock();
         let mut failure = None;

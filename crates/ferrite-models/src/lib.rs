@@ -9,7 +9,7 @@ pub mod config;
 pub mod error;
 pub mod gguf;
 pub mod llama;
-// pub mod load;
+pub mod load;
 pub mod model;
 pub mod paths;
 pub mod registry;
@@ -19,4 +19,4 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use error::{LoadError, Result};
-// pub use load::{load, LoadedModel};
+pub use load::{load, LoadedModel};

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::chat_template::ChatTemplate;
+use crate::chat_template::{ChatTemplate, ModelChatTemplates};
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{LoadError, Result};
 use crate::gguf::GgufFile;
@@ -92,12 +92,9 @@ fn load_hf_dir(dir: &Path) -> Result<LoadedModel> {
     let model = build(cfg, &weights)?;
     let tok_path = dir.join("tokenizer.json");
     let tokenizer = if tok_path.is_file() { Some(Tokenizer::from_file(&tok_path)?) } else { None };
-    let chat_template = match ChatTemplate::find_in_dir(dir).map_err(|e| LoadError::format(dir, e.to_string()))? {
-        Some(src) => {
-            let bos = tokenizer.as_ref().and_then(|t| t.bos_token().map(String::from));
-            let eos = tokenizer.as_ref().and_then(|t| t.eos_token().map(String::from));
-            Some(ChatTemplate::new(&src, bos, eos).map_err(|e| LoadError::format(dir, e.to_string()))?)
-        }
+    let templates = ModelChatTemplates::from_model_dir(dir).map_err(|e| LoadError::format(dir, e.to_string()))?;
+    let chat_template = match templates.default {
+        Some(_) => Some(templates.compile(None).map_err(|e| LoadError::format(dir, format!("chat template: {e}")))?),
         None => None,
     };
     let gen_path = dir.join("generation_config.json");

@@ -1,0 +1,164 @@
+//! Every bad model input is a one-line error naming the file (and tensor) and what was
+//! expected — never a panic. Each case corrupts a copy of a tiny fixture model.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/llama")
+}
+
+/// A copy of the llama fixture dir in a temp dir.
+fn copy_fixture() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for name in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture().join(name), tmp.path().join(name)).expect("copy");
+    }
+    tmp
+}
+
+fn load_err(path: &Path) -> String {
+    match ferrite_models::load(path) {
+        Ok(_) => panic!("{} loaded but should not", path.display()),
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(!msg.contains('\n'), "error is not one line: {msg}");
+            msg
+        }
+    }
+}
+
+/// Rewrite the safetensors header with `edit` (data bytes kept as they are).
+fn edit_header(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).expect("read");
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).expect("header");
+    edit(header.as_object_mut().expect("object"));
+    let mut h = serde_json::to_vec(&header).expect("json");
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(&path, out).expect("write");
+}
+
+#[test]
+fn the_fixture_itself_loads() {
+    ferrite_models::load(&fixture()).expect("fixture loads");
+}
+
+#[test]
+fn unknown_path() {
+    let msg = load_err(Path::new("/nonexistent/model"));
+    assert!(msg.contains("/nonexistent/model") && msg.contains("no such model"), "{msg}");
+}
+
+#[test]
+fn directory_without_config() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let msg = load_err(tmp.path());
+    assert!(msg.contains("config.json is missing"), "{msg}");
+}
+
+#[test]
+fn unsupported_architecture() {
+    let tmp = copy_fixture();
+    let p = tmp.path().join("config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&p).expect("cfg")).expect("json");
+    cfg["model_type"] = "gpt_neox".into();
+    std::fs::write(&p, cfg.to_string()).expect("write");
+    let msg = load_err(tmp.path());
+    assert!(msg.contains("config.json") && msg.contains("unsupported architecture 'gpt_neox'"), "{msg}");
+}
+
+#[test]
+fn invalid_config_json() {
+    let tmp = copy_fixture();
+    std::fs::write(tmp.path().join("config.json"), "{ not json").expect("write");
+    let msg = load_err(tmp.path());
+    assert!(msg.contains("config.json") && msg.contains("invalid JSON"), "{msg}");
+}
+
+#[test]
+fn missing_tensor() {
+    let tmp = copy_fixture();
+    edit_header(tmp.path(), |h| {
+        h.remove("model.layers.1.mlp.up_proj.weight");
+    });
+    let msg = load_err(tmp.path());
+    assert!(msg.contains("model.safetensors") && msg.contains("model.layers.1.mlp.up_proj.weight: missing"), "{msg}");
+}
+
+#[test]
+fn wrong_shape() {
+    let tmp = copy_fixture();
+    edit_header(tmp.path(), |h| {
+        // Same byte count, transposed shape: only the shape check can catch it.
+        let t = h.get_mut("model.layers.0.mlp.down_proj.weight").expect("tensor");
+        let shape = t["shape"].as_array().expect("shape").clone();
+        t["shape"] = Value::Array(vec![shape[1].clone(), shape[0].clone()]);
+    });
+    let msg = load_err(tmp.path());
+    assert!(msg.contains("model.layers.0.mlp.down_proj.weight") && msg.contains("expected [64, 136]"), "{msg}");
+}
+
+#[test]
+fn unsupported_dtype() {
+    let tmp = copy_fixture();
+    edit_header(tmp.path(), |h| {
+        h.get_mut("model.norm.weight").expect("tensor")["dtype"] = "I8".into();
+    });
+    let msg = load_err(tmp.path());
+    assert!(msg.contains("model.norm.weight") && msg.contains("dtype I8 is not supported"), "{msg}");
+}
+
+#[test]
+fn truncated_safetensors() {
+    let tmp = copy_fixture();
+    let p = tmp.path().join("model.safetensors");
+    let bytes = std::fs::read(&p).expect("read");
+    std::fs::write(&p, &bytes[..bytes.len() / 2]).expect("write");
+    let msg = load_err(tmp.path());
+    assert!(msg.contains("model.safetensors") && msg.contains("truncated"), "{msg}");
+}
+
+/// A minimal GGUF with the given metadata strings and no tensors.
+fn tiny_gguf(kv: &[(&str, &str)]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(0u64.to_le_bytes());
+    b.extend((kv.len() as u64).to_le_bytes());
+    for (k, v) in kv {
+        b.extend((k.len() as u64).to_le_bytes());
+        b.extend(k.as_bytes());
+        b.extend(8u32.to_le_bytes());
+        b.extend((v.len() as u64).to_le_bytes());
+        b.extend(v.as_bytes());
+    }
+    b
+}
+
+#[test]
+fn gguf_unsupported_architecture() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let p = tmp.path().join("m.gguf");
+    std::fs::write(&p, tiny_gguf(&[("general.architecture", "gpt2")])).expect("write");
+    let msg = load_err(&p);
+    assert!(msg.contains("m.gguf") && msg.contains("unsupported architecture 'gpt2'"), "{msg}");
+}
+
+#[test]
+fn gguf_bad_magic_and_truncation() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let p = tmp.path().join("bad.gguf");
+    std::fs::write(&p, b"NOPE and more bytes").expect("write");
+    assert!(load_err(&p).contains("not a GGUF file"));
+    let full = tiny_gguf(&[("general.architecture", "llama")]);
+    std::fs::write(&p, &full[..full.len() - 3]).expect("write");
+    let msg = load_err(&p);
+    assert!(msg.contains("bad.gguf") && msg.contains("truncated"), "{msg}");
+}
