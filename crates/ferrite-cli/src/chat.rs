@@ -6,12 +6,14 @@ use anyhow::Result;
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::session::{report, ModelArgs, SamplingArgs, Session};
+use crate::session::{report, EngineArgs, ModelArgs, SamplingArgs, Session};
 
 #[derive(Args)]
 pub struct ChatArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// An optional system prompt.
     #[arg(long)]
     pub system: Option<String>,
@@ -23,7 +25,7 @@ pub struct ChatArgs {
 }
 
 pub fn chat(args: ChatArgs) -> Result<()> {
-    let mut session = Session::open(&args.model)?;
+    let mut session = Session::open(&args.model, &args.engine)?;
     let start: Vec<Value> = args.system.iter().map(|s| json!({"role": "system", "content": s})).collect();
     let mut messages = start.clone();
     eprintln!("chat ready: /exit to quit, /reset to start over");

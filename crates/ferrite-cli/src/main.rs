@@ -4,6 +4,7 @@
 //! Generated text goes to stdout; load and speed statistics go to stderr. Every failure is a
 //! one-line error and a non-zero exit.
 
+mod bench;
 mod chat;
 mod model_arg;
 mod run;
@@ -24,6 +25,9 @@ enum Command {
     Run(run::RunArgs),
     /// An interactive multi-turn chat in the terminal (/exit, /reset).
     Chat(chat::ChatArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// List the named models and whether they are in the local cache.
     Models,
     /// Fetch a named model into the local cache (verified by sha256).
@@ -38,6 +42,7 @@ fn main() {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::chat(args),
+        Command::Bench(cmd) => bench::bench(cmd),
         Command::Models => model_arg::list(),
         Command::Pull { name } => model_arg::pull(&name),
     };

@@ -4,12 +4,14 @@ use anyhow::Result;
 use clap::Args;
 use serde_json::json;
 
-use crate::session::{report, ModelArgs, SamplingArgs, Session};
+use crate::session::{report, EngineArgs, ModelArgs, SamplingArgs, Session};
 
 #[derive(Args)]
 pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// The prompt.
     #[arg(short = 'p', long)]
     pub prompt: String,
@@ -21,7 +23,7 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let mut session = Session::open(&args.model)?;
+    let mut session = Session::open(&args.model, &args.engine)?;
     let use_template = !args.raw && session.loaded.chat_template.is_some();
     let prompt = if use_template {
         session.chat_prompt(&[json!({"role": "user", "content": args.prompt})])?

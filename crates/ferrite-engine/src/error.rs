@@ -8,12 +8,28 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("the prompt has {prompt} tokens but the context holds {context}")]
     PromptTooLong { prompt: usize, context: usize },
+    #[error("token id {token} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange { token: u32, vocab: usize },
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
+    #[error("{prompt} prompt tokens + max_tokens {max_tokens} exceed the context of {context}")]
+    MaxTokensTooLarge { prompt: usize, max_tokens: usize, context: usize },
+    #[error("the request needs {need} KV positions but the cache holds {capacity}")]
+    KvTooSmall { need: usize, capacity: usize },
+    #[error("n must be between 1 and {max}, got {n}")]
+    BadN { n: usize, max: usize },
+    #[error("top_logprobs must be at most {0}")]
+    TooManyLogprobs(usize),
+    #[error("stop strings need a tokenizer, and this model has none")]
+    StopWithoutTokenizer,
+    #[error("min_tokens {min_tokens} exceeds max_tokens {max_tokens}")]
+    MinTokens { min_tokens: usize, max_tokens: usize },
     #[error(transparent)]
     Sampling(#[from] SamplingError),
-    #[error("the KV cache is out of blocks ({0} needed)")]
-    OutOfBlocks(usize),
+    #[error("engine configuration: {0}")]
+    Config(String),
+    #[error("the engine has stopped")]
+    Stopped,
     #[error("model: {0}")]
     Model(#[from] ferrite_runtime::RuntimeError),
 }

@@ -1,13 +1,26 @@
 //! ferrite-engine: the engine core.
 //!
-//! Requests, the paged KV cache's block accounting, sampling, and the generation loop that
-//! drives a model through `ForwardBatch`es.
+//! One engine thread per model (`Engine`) owns the model, the paged KV cache and the
+//! iteration-level scheduler (`EngineCore`). Every request — one prompt or a thousand
+//! concurrent ones — runs through the same step loop: chunked prefill mixed with decode under
+//! a token budget, prefix caching, preemption by recomputation, and per-request sampling.
 
+pub mod config;
+pub mod core;
+pub mod engine;
 pub mod error;
-pub mod generator;
 pub mod kv;
+pub mod metrics;
+pub mod request;
 pub mod sampling;
+mod scheduler;
+mod sequence;
+pub mod stop;
 
+pub use config::{EngineConfig, Limits};
+pub use core::EngineCore;
+pub use engine::{Engine, RequestStream};
 pub use error::EngineError;
-pub use generator::{FinishReason, GenerateRequest, GenerationStats, Generator};
+pub use metrics::Metrics;
+pub use request::{FinishReason, Finished, Output, Request, RequestId, RequestParams, Usage};
 pub use sampling::SamplingParams;

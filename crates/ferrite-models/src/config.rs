@@ -213,6 +213,15 @@ impl ModelConfig {
         Ok(config)
     }
 
+    /// The longest sequence the model handles: its trained context, stretched by dynamic
+    /// NTK scaling (which exists to run past `max_position_embeddings`).
+    pub fn max_context(&self) -> usize {
+        match self.rope.kind {
+            RopeKind::Dynamic { factor, .. } => (self.max_position_embeddings as f64 * factor.max(1.0)) as usize,
+            _ => self.max_position_embeddings,
+        }
+    }
+
     fn validate(&self) -> std::result::Result<(), String> {
         let nonzero = [
             ("vocab_size", self.vocab_size),
@@ -226,13 +235,13 @@ impl ModelConfig {
         if let Some((k, _)) = nonzero.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{k} must be positive"));
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.rope.rotary_dim > self.head_dim || self.rope.rotary_dim % 2 != 0 {
+        if self.rope.rotary_dim > self.head_dim || !self.rope.rotary_dim.is_multiple_of(2) {
             return Err(format!("rotary dim {} does not fit head_dim {}", self.rope.rotary_dim, self.head_dim));
         }
         Ok(())

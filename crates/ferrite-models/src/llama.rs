@@ -2,8 +2,7 @@
 //! and qwen3 (q/k norm). Pre-norm blocks of GQA attention with RoPE and a SwiGLU MLP.
 
 use ferrite_runtime::cpu::{self, AttentionParams};
-use ferrite_runtime::kv::KvLayerSpec;
-use ferrite_runtime::{ForwardBatch, KvCache, Result, Tensor};
+use ferrite_runtime::{ForwardBatch, KvCache, KvGroupKind, KvLayout, Result, Tensor};
 
 use crate::config::ModelConfig;
 use crate::model::CausalLm;
@@ -114,8 +113,12 @@ impl CausalLm for Llama {
         &self.cfg
     }
 
-    fn kv_layout(&self) -> Vec<KvLayerSpec> {
-        vec![KvLayerSpec { n_kv_heads: self.cfg.num_kv_heads, head_dim: self.cfg.head_dim }; self.cfg.num_layers]
+    fn kv_layout(&self) -> KvLayout {
+        let kind = match self.cfg.sliding_window {
+            Some(window) => KvGroupKind::Sliding { window },
+            None => KvGroupKind::Full,
+        };
+        KvLayout::uniform(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, kind)
     }
 
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<Vec<f32>> {

@@ -28,7 +28,7 @@ pub struct GenerationDefaults {
 
 pub struct LoadedModel {
     pub model: Arc<dyn CausalLm>,
-    pub tokenizer: Option<Tokenizer>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
     pub chat_template: Option<ChatTemplate>,
     pub generation: GenerationDefaults,
     /// Bytes of the weight files (mapped, not copied).
@@ -91,7 +91,7 @@ fn load_hf_dir(dir: &Path) -> Result<LoadedModel> {
     let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), None);
     let model = build(cfg, &weights)?;
     let tok_path = dir.join("tokenizer.json");
-    let tokenizer = if tok_path.is_file() { Some(Tokenizer::from_file(&tok_path)?) } else { None };
+    let tokenizer = if tok_path.is_file() { Some(Arc::new(Tokenizer::from_file(&tok_path)?)) } else { None };
     let templates = ModelChatTemplates::from_model_dir(dir).map_err(|e| LoadError::format(dir, e.to_string()))?;
     let chat_template = match templates.default {
         Some(_) => Some(templates.compile(None).map_err(|e| LoadError::format(dir, format!("chat template: {e}")))?),
@@ -133,7 +133,7 @@ fn load_gguf(path: &Path) -> Result<LoadedModel> {
     let model = build(cfg, &weights)?;
     Ok(LoadedModel {
         model,
-        tokenizer: Some(tokenizer),
+        tokenizer: Some(Arc::new(tokenizer)),
         chat_template,
         generation: GenerationDefaults::default(),
         weight_bytes: weights.file_bytes(),

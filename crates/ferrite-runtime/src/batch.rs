@@ -13,9 +13,13 @@ pub struct RowSpan {
     pub query_len: usize,
     /// KV length of the row once this step's tokens are written (last position + 1).
     pub context_len: usize,
-    /// Physical block ids holding positions `[i * block_size, (i + 1) * block_size)`.
-    pub block_table: Vec<u32>,
+    /// Per KV group, the physical block ids holding positions
+    /// `[i * block_size, (i + 1) * block_size)`; `NO_BLOCK` where a sliding window freed it.
+    pub block_tables: Vec<Vec<u32>>,
 }
+
+/// A block-table entry whose block was released (it fell out of a sliding window).
+pub const NO_BLOCK: u32 = u32::MAX;
 
 impl RowSpan {
     /// Position of the row's first query token.
@@ -37,8 +41,9 @@ pub struct ForwardBatch {
 
 impl ForwardBatch {
     /// Append a row whose query tokens continue a sequence that already has
-    /// `context_len - tokens.len()` tokens in the KV cache.
-    pub fn push_row(&mut self, tokens: &[u32], context_len: usize, block_table: Vec<u32>, logits: RowLogits) {
+    /// `context_len - tokens.len()` tokens in the KV cache; `block_tables` has one table per
+    /// KV group.
+    pub fn push_row(&mut self, tokens: &[u32], context_len: usize, block_tables: Vec<Vec<u32>>, logits: RowLogits) {
         let query_start = self.tokens.len();
         let first = context_len - tokens.len();
         self.tokens.extend_from_slice(tokens);
@@ -52,7 +57,7 @@ impl ForwardBatch {
             }
             RowLogits::All => self.logits_indices.extend(query_start..query_start + tokens.len()),
         }
-        self.rows.push(RowSpan { query_start, query_len: tokens.len(), context_len, block_table });
+        self.rows.push(RowSpan { query_start, query_len: tokens.len(), context_len, block_tables });
     }
 
     pub fn num_tokens(&self) -> usize {

@@ -7,11 +7,46 @@
 
 use crate::error::{Result, RuntimeError};
 
-/// Shape of one layer's KV.
+/// Shape of one KV-owning layer and the KV group whose blocks it uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayerSpec {
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    pub group: usize,
+}
+
+/// How a KV group keeps its blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvGroupKind {
+    /// Every position stays.
+    Full,
+    /// Only the last `window` positions are read; older blocks are released.
+    Sliding { window: usize },
+}
+
+/// The KV layout of a model: its groups and its KV-owning layers. Layers that read another
+/// layer's KV (shared / donor layers) own nothing and are not listed; the model maps them to
+/// their donor's index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvLayout {
+    pub groups: Vec<KvGroupKind>,
+    pub layers: Vec<KvLayerSpec>,
+}
+
+impl KvLayout {
+    /// One full-attention group for `n` identical layers.
+    pub fn uniform(n: usize, n_kv_heads: usize, head_dim: usize, kind: KvGroupKind) -> KvLayout {
+        KvLayout { groups: vec![kind], layers: vec![KvLayerSpec { n_kv_heads, head_dim, group: 0 }; n] }
+    }
+
+    /// f32 bytes one block of `block_size` positions takes, per group.
+    pub fn block_bytes(&self, block_size: usize) -> Vec<usize> {
+        let mut out = vec![0; self.groups.len()];
+        for l in &self.layers {
+            out[l.group] += 2 * l.n_kv_heads * l.head_dim * block_size * std::mem::size_of::<f32>();
+        }
+        out
+    }
 }
 
 pub struct LayerKv {
@@ -22,34 +57,43 @@ pub struct LayerKv {
 
 pub struct KvCache {
     layers: Vec<LayerKv>,
-    num_blocks: usize,
+    group_blocks: Vec<usize>,
     block_size: usize,
 }
 
 impl KvCache {
-    pub fn new(specs: &[KvLayerSpec], num_blocks: usize, block_size: usize) -> Result<KvCache> {
-        if block_size == 0 || num_blocks == 0 {
+    /// Storage for `layout` with `group_blocks[g]` blocks of `block_size` in group `g`.
+    pub fn new(layout: &KvLayout, group_blocks: &[usize], block_size: usize) -> Result<KvCache> {
+        if block_size == 0 || group_blocks.len() != layout.groups.len() || group_blocks.contains(&0) {
             return Err(RuntimeError::Shape(format!(
-                "KV cache needs blocks: {num_blocks} blocks of {block_size}"
+                "KV cache needs blocks for each of its {} groups: {group_blocks:?} blocks of {block_size}",
+                layout.groups.len()
             )));
         }
-        let layers = specs
+        let layers = layout
+            .layers
             .iter()
             .map(|&spec| {
-                let n = num_blocks * block_size * spec.n_kv_heads * spec.head_dim;
+                let n = group_blocks[spec.group] * block_size * spec.n_kv_heads * spec.head_dim;
                 LayerKv { spec, k: vec![0.0; n], v: vec![0.0; n] }
             })
             .collect();
-        Ok(KvCache { layers, num_blocks, block_size })
+        Ok(KvCache { layers, group_blocks: group_blocks.to_vec(), block_size })
     }
 
-    /// Bytes one token position takes across all layers.
-    pub fn bytes_per_token(specs: &[KvLayerSpec]) -> usize {
-        specs.iter().map(|s| 2 * s.n_kv_heads * s.head_dim * std::mem::size_of::<f32>()).sum()
+    pub fn group_blocks(&self) -> &[usize] {
+        &self.group_blocks
     }
 
-    pub fn num_blocks(&self) -> usize {
-        self.num_blocks
+    /// Copy block `src` to `dst` in every layer of `group` (copy-on-write of a shared block).
+    pub fn copy_block(&mut self, group: usize, src: u32, dst: u32) {
+        let bs = self.block_size;
+        for l in self.layers.iter_mut().filter(|l| l.spec.group == group) {
+            let n = bs * l.spec.n_kv_heads * l.spec.head_dim;
+            let (s, d) = (src as usize * n, dst as usize * n);
+            l.k.copy_within(s..s + n, d);
+            l.v.copy_within(s..s + n, d);
+        }
     }
     pub fn block_size(&self) -> usize {
         self.block_size

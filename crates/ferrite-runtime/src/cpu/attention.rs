@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use super::SharedMut;
-use crate::batch::ForwardBatch;
+use crate::batch::{ForwardBatch, RowSpan, NO_BLOCK};
 use crate::error::{Result, RuntimeError};
 use crate::kv::LayerKv;
 
@@ -25,10 +25,21 @@ pub struct AttentionParams {
 }
 
 fn slot_of(table: &[u32], block_size: usize, pos: usize) -> Result<(usize, usize)> {
-    let block = *table.get(pos / block_size).ok_or_else(|| {
-        RuntimeError::Shape(format!("position {pos} is past the row's block table ({} blocks)", table.len()))
-    })?;
-    Ok((block as usize, pos % block_size))
+    match table.get(pos / block_size) {
+        Some(&b) if b != NO_BLOCK => Ok((b as usize, pos % block_size)),
+        Some(_) => Err(RuntimeError::Shape(format!("position {pos} is in a released block"))),
+        None => Err(RuntimeError::Shape(format!(
+            "position {pos} is past the row's block table ({} blocks)",
+            table.len()
+        ))),
+    }
+}
+
+/// The row's block table for the KV group `layer` belongs to.
+fn table<'a>(row: &'a RowSpan, layer: &LayerKv) -> Result<&'a [u32]> {
+    row.block_tables.get(layer.spec.group).map(Vec::as_slice).ok_or_else(|| {
+        RuntimeError::Shape(format!("row has {} block tables, layer needs group {}", row.block_tables.len(), layer.spec.group))
+    })
 }
 
 /// Write `k`, `v` (`[tokens, n_kv_heads * head_dim]`) into the cache at each token's position.
@@ -39,8 +50,9 @@ pub fn write_kv(k: &[f32], v: &[f32], batch: &ForwardBatch, layer: &mut LayerKv,
         return Err(RuntimeError::Shape(format!("write_kv: {} values for {} tokens", k.len(), batch.num_tokens())));
     }
     for row in &batch.rows {
+        let table = table(row, layer)?;
         for t in row.query_start..row.query_start + row.query_len {
-            let (block, slot) = slot_of(&row.block_table, block_size, batch.positions[t] as usize)?;
+            let (block, slot) = slot_of(table, block_size, batch.positions[t] as usize)?;
             for h in 0..nkv {
                 let off = layer.offset(block_size, block, h, slot);
                 let src = t * width + h * hd;
@@ -80,13 +92,14 @@ pub fn paged_attention(
     }
     let dst = SharedMut(out.as_mut_ptr());
     work.par_iter().try_for_each_init(Vec::new, |scores: &mut Vec<f32>, &(row, t, g)| {
+        let table = table(row, layer)?;
         let pos = batch.positions[t] as usize;
         let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
         let n = pos + 1 - lo;
         scores.resize(group * n, 0.0);
         // Scores for the `group` query heads that share KV head g.
         for (j, kpos) in (lo..=pos).enumerate() {
-            let (block, slot) = slot_of(&row.block_table, block_size, kpos)?;
+            let (block, slot) = slot_of(table, block_size, kpos)?;
             let off = layer.offset(block_size, block, g, slot);
             let key = &layer.k[off..off + hd];
             for qh in 0..group {
@@ -106,7 +119,7 @@ pub fn paged_attention(
         let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add((t * nh + g * group) * hd), group * hd) };
         o.fill(0.0);
         for (j, kpos) in (lo..=pos).enumerate() {
-            let (block, slot) = slot_of(&row.block_table, block_size, kpos)?;
+            let (block, slot) = slot_of(table, block_size, kpos)?;
             let off = layer.offset(block_size, block, g, slot);
             let val = &layer.v[off..off + hd];
             for qh in 0..group {

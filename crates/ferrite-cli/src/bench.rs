@@ -1,0 +1,254 @@
+//! `ferrite bench`: `decode` measures one sequence's prompt and decode speed the way
+//! llama-bench does (random prompt ids, a fixed number of generated tokens, EOS ignored);
+//! `throughput` drives many concurrent requests through the engine and reports output and
+//! total tokens per second with TTFT and TPOT percentiles. Both can print one JSON object.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use ferrite_engine::{Engine, Request, RequestParams, SamplingParams};
+use serde_json::{json, Value};
+
+use crate::session::{EngineArgs, ModelArgs};
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Single-sequence prompt and decode tokens per second.
+    Decode(DecodeArgs),
+    /// Aggregate throughput and latency of many concurrent requests.
+    Throughput(ThroughputArgs),
+}
+
+#[derive(Args)]
+pub struct DecodeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[arg(long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    #[arg(long, default_value_t = 128)]
+    pub gen_tokens: usize,
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Print one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct ThroughputArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[arg(long, default_value_t = 64)]
+    pub num_requests: usize,
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Draw each length uniformly from [len × (1 − r), len × (1 + r)].
+    #[arg(long, default_value_t = 0.0)]
+    pub random_range_ratio: f64,
+    /// JSONL prompts ({"prompt": "...", "max_tokens": N}) instead of random ids.
+    #[arg(long)]
+    pub prompts_file: Option<std::path::PathBuf>,
+    /// Print one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn bench(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Decode(a) => decode(a),
+        BenchCommand::Throughput(a) => throughput(a),
+    }
+}
+
+/// A deterministic pseudo-random stream (an LCG), for prompt ids and lengths.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 33) % below.max(1)
+    }
+    fn ids(&mut self, n: usize, vocab: usize) -> Vec<u32> {
+        (0..n).map(|_| self.next(vocab as u64) as u32).collect()
+    }
+}
+
+/// The value at quantile `q` of sorted `v` (nearest rank).
+fn pct(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
+/// One request through `engine`: (ttft s, tpot s, output tokens).
+fn timed_request(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) -> Result<(f64, f64, usize)> {
+    let params = RequestParams {
+        sampling: SamplingParams::default(),
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let mut stream = engine.submit(Request { prompt, params })?;
+    let (mut first, mut n) = (None, 0);
+    while let Some(o) = stream.blocking_next() {
+        first.get_or_insert_with(Instant::now);
+        n += o.token_ids.len();
+        if let Some(f) = o.finished {
+            if let Some(e) = f.error {
+                bail!("request failed: {e}");
+            }
+            break;
+        }
+    }
+    let first = first.context("the engine stopped")?;
+    let ttft = (first - t0).as_secs_f64();
+    let tpot = if n > 1 { first.elapsed().as_secs_f64() / (n - 1) as f64 } else { 0.0 };
+    Ok((ttft, tpot, n))
+}
+
+fn decode(a: DecodeArgs) -> Result<()> {
+    if a.reps == 0 || a.prompt_tokens == 0 || a.gen_tokens == 0 {
+        bail!("--reps, --prompt-tokens and --gen-tokens must be at least 1");
+    }
+    let (loaded, path, threads) = a.model.load()?;
+    let vocab = loaded.model.config().vocab_size;
+    let engine_args = EngineArgs {
+        max_num_seqs: 1,
+        max_num_batched_tokens: a.prompt_tokens,
+        max_model_len: Some(a.prompt_tokens + a.gen_tokens + 1),
+        no_prefix_cache: true,
+        ..EngineArgs::default()
+    };
+    let engine = engine_args.start(&loaded, &path)?;
+    let prompt = Lcg(0x2545_F491_4F6C_DD1D).ids(a.prompt_tokens, vocab);
+    let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    // One warm-up run (pages in the weights), then the measured repetitions.
+    for rep in 0..=a.reps {
+        let (ttft, tpot, _) = timed_request(&engine, prompt.clone(), a.gen_tokens)?;
+        if rep > 0 {
+            pp.push(a.prompt_tokens as f64 / ttft);
+            tg.push(1.0 / tpot.max(1e-9));
+        }
+    }
+    pp.sort_by(f64::total_cmp);
+    tg.sort_by(f64::total_cmp);
+    let (pmed, dmed) = (pct(&pp, 0.5), pct(&tg, 0.5));
+    if a.json {
+        let out = json!({
+            "model": path.display().to_string(), "threads": threads,
+            "prompt_tokens": a.prompt_tokens, "gen_tokens": a.gen_tokens, "reps": a.reps,
+            "load_ms": loaded.load_secs * 1e3,
+            "prompt_tok_s": pmed, "prompt_tok_s_min": pp[0], "prompt_tok_s_max": pp[pp.len() - 1],
+            "decode_tok_s": dmed, "decode_tok_s_min": tg[0], "decode_tok_s_max": tg[tg.len() - 1],
+        });
+        println!("{out}");
+    } else {
+        println!("model   {}  ({threads} threads, load {:.0} ms)", path.display(), loaded.load_secs * 1e3);
+        println!("test          min      median   max   (tok/s, {} reps)", a.reps);
+        println!("pp{:<8} {:>8.1} {pmed:>8.1} {:>8.1}", a.prompt_tokens, pp[0], pp[pp.len() - 1]);
+        println!("tg{:<8} {:>8.1} {dmed:>8.1} {:>8.1}", a.gen_tokens, tg[0], tg[tg.len() - 1]);
+    }
+    Ok(())
+}
+
+/// The (prompt ids, max_tokens) of every request.
+fn workload(a: &ThroughputArgs, loaded: &ferrite_models::LoadedModel) -> Result<Vec<(Vec<u32>, usize)>> {
+    let vocab = loaded.model.config().vocab_size;
+    if let Some(file) = &a.prompts_file {
+        let tok = loaded.tokenizer.as_ref().context("--prompts-file needs a model with a tokenizer")?;
+        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        let mut out = Vec::new();
+        for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+            let v: Value = serde_json::from_str(line).with_context(|| format!("{} line {}", file.display(), i + 1))?;
+            let prompt = v["prompt"].as_str().with_context(|| format!("{} line {}: no \"prompt\" string", file.display(), i + 1))?;
+            let max = v["max_tokens"].as_u64().map_or(a.output_len, |m| m as usize);
+            out.push((tok.encode(prompt, true)?, max));
+        }
+        if out.is_empty() {
+            bail!("{} holds no prompts", file.display());
+        }
+        return Ok((0..a.num_requests).map(|i| out[i % out.len()].clone()).collect());
+    }
+    let mut rng = Lcg(0x5EED);
+    let len = |base: usize, rng: &mut Lcg| {
+        let spread = (base as f64 * a.random_range_ratio) as u64;
+        (base as u64 - spread.min(base as u64 - 1) + rng.next(2 * spread + 1)) as usize
+    };
+    Ok((0..a.num_requests)
+        .map(|_| {
+            let (i, o) = (len(a.input_len, &mut rng), len(a.output_len, &mut rng));
+            (rng.ids(i, vocab), o)
+        })
+        .collect())
+}
+
+fn throughput(a: ThroughputArgs) -> Result<()> {
+    if a.num_requests == 0 || a.concurrency == 0 || a.input_len == 0 || a.output_len == 0 {
+        bail!("--num-requests, --concurrency, --input-len and --output-len must be at least 1");
+    }
+    let (loaded, path, threads) = a.model.load()?;
+    let work = Arc::new(workload(&a, &loaded)?);
+    let mut engine_args = a.engine.clone();
+    engine_args.max_num_seqs = engine_args.max_num_seqs.max(a.concurrency);
+    let engine = Arc::new(engine_args.start(&loaded, &path)?);
+    let next = Arc::new(AtomicUsize::new(0));
+    let results = Arc::new(Mutex::new(Vec::new()));
+    let t0 = Instant::now();
+    let clients: Vec<_> = (0..a.concurrency.min(a.num_requests))
+        .map(|_| {
+            let (engine, work, next, results) = (engine.clone(), work.clone(), next.clone(), results.clone());
+            std::thread::spawn(move || -> Result<()> {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((prompt, max)) = work.get(i) else { return Ok(()) };
+                    let r = timed_request(&engine, prompt.clone(), *max)?;
+                    results.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.push((prompt.len(), r));
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))??;
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let results = results.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    let out_tokens: usize = results.iter().map(|(_, r)| r.2).sum();
+    let in_tokens: usize = results.iter().map(|(p, _)| p).sum();
+    let mut ttft: Vec<f64> = results.iter().map(|(_, r)| r.0 * 1e3).collect();
+    let mut tpot: Vec<f64> = results.iter().filter(|(_, r)| r.2 > 1).map(|(_, r)| r.1 * 1e3).collect();
+    ttft.sort_by(f64::total_cmp);
+    tpot.sort_by(f64::total_cmp);
+    let m = engine.metrics();
+    let out = json!({
+        "model": path.display().to_string(), "threads": threads,
+        "num_requests": a.num_requests, "input_len": a.input_len, "output_len": a.output_len,
+        "concurrency": a.concurrency, "duration_s": wall,
+        "output_tok_s": out_tokens as f64 / wall, "total_tok_s": (in_tokens + out_tokens) as f64 / wall,
+        "request_s": a.num_requests as f64 / wall,
+        "ttft_ms_p50": pct(&ttft, 0.5), "ttft_ms_p90": pct(&ttft, 0.9), "ttft_ms_p99": pct(&ttft, 0.99),
+        "tpot_ms_p50": pct(&tpot, 0.5), "tpot_ms_p90": pct(&tpot, 0.9), "tpot_ms_p99": pct(&tpot, 0.99),
+        "prefix_cache_hit_rate": m.prefix_hit_rate(),
+        "preemptions": m.preemptions.load(Ordering::Relaxed),
+    });
+    if a.json {
+        println!("{out}");
+    } else {
+        println!("model {} ({threads} threads), {} requests of {} in / {} out at concurrency {}", path.display(), a.num_requests, a.input_len, a.output_len, a.concurrency);
+        println!("output {:.1} tok/s, total {:.1} tok/s, {:.2} req/s over {wall:.1} s", out["output_tok_s"].as_f64().unwrap_or(0.0), out["total_tok_s"].as_f64().unwrap_or(0.0), out["request_s"].as_f64().unwrap_or(0.0));
+        println!("TTFT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&ttft, 0.5), pct(&ttft, 0.9), pct(&ttft, 0.99));
+        println!("TPOT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&tpot, 0.5), pct(&tpot, 0.9), pct(&tpot, 0.99));
+    }
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! `EngineConfig` (scheduler budgets, KV cache size, prefix cache) and `Limits`, the facts a
+//! caller needs to validate a request without touching the engine thread.
+
+use ferrite_runtime::KvLayout;
+
+use crate::error::EngineError;
+use crate::request::Request;
+use crate::sampling::MAX_TOP_LOGPROBS;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Query tokens per step over all rows (`--max-num-batched-tokens`).
+    pub max_num_batched_tokens: usize,
+    /// Rows per step (`--max-num-seqs`).
+    pub max_num_seqs: usize,
+    /// Longest sequence (prompt + output); default the model's context.
+    pub max_model_len: Option<usize>,
+    /// Positions per KV block.
+    pub block_size: usize,
+    /// KV cache bytes (`--kv-cache-memory`); default `max_model_len × max_num_seqs` positions.
+    pub kv_cache_memory: Option<usize>,
+    pub prefix_cache: bool,
+    /// Prefix-cache namespace: model fingerprint, KV scheme and adapter set, hashed.
+    pub namespace: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_num_batched_tokens: 2048,
+            max_num_seqs: 64,
+            max_model_len: None,
+            block_size: 16,
+            kv_cache_memory: None,
+            prefix_cache: true,
+            namespace: 0,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Blocks per KV group for `layout`.
+    pub fn group_blocks(&self, layout: &KvLayout, max_model_len: usize) -> Result<Vec<usize>, EngineError> {
+        let per_block: usize = layout.block_bytes(self.block_size).iter().sum();
+        let blocks = match self.kv_cache_memory {
+            Some(bytes) => bytes / per_block.max(1),
+            None => (max_model_len * self.max_num_seqs).div_ceil(self.block_size),
+        };
+        if blocks == 0 {
+            return Err(EngineError::Config(format!(
+                "the KV cache holds no block: one block of {} positions takes {per_block} bytes",
+                self.block_size
+            )));
+        }
+        Ok(vec![blocks; layout.groups.len()])
+    }
+}
+
+/// What a request is checked against.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_model_len: usize,
+    pub vocab_size: usize,
+    /// The longest sequence the KV cache can hold at once.
+    pub kv_capacity_tokens: usize,
+    pub has_tokenizer: bool,
+    pub max_n: usize,
+}
+
+impl Limits {
+    /// Check `req`; the error says what is wrong. Returns the resolved max_tokens.
+    pub fn validate(&self, req: &Request) -> Result<usize, EngineError> {
+        let p = &req.params;
+        let prompt = req.prompt.len();
+        if prompt == 0 {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if prompt >= self.max_model_len {
+            return Err(EngineError::PromptTooLong { prompt, context: self.max_model_len });
+        }
+        if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(EngineError::TokenOutOfRange { token: t, vocab: self.vocab_size });
+        }
+        let max_tokens = match p.max_tokens {
+            Some(0) => return Err(EngineError::ZeroMaxTokens),
+            Some(m) if prompt + m > self.max_model_len => {
+                return Err(EngineError::MaxTokensTooLarge { prompt, max_tokens: m, context: self.max_model_len })
+            }
+            Some(m) => m,
+            None => self.max_model_len - prompt,
+        };
+        if prompt + max_tokens > self.kv_capacity_tokens {
+            return Err(EngineError::KvTooSmall { need: prompt + max_tokens, capacity: self.kv_capacity_tokens });
+        }
+        if p.n == 0 || p.n > self.max_n {
+            return Err(EngineError::BadN { n: p.n, max: self.max_n });
+        }
+        if p.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
+            return Err(EngineError::TooManyLogprobs(MAX_TOP_LOGPROBS));
+        }
+        if !p.stop.is_empty() && !self.has_tokenizer {
+            return Err(EngineError::StopWithoutTokenizer);
+        }
+        if p.min_tokens > max_tokens {
+            return Err(EngineError::MinTokens { min_tokens: p.min_tokens, max_tokens });
+        }
+        p.sampling.validate(self.vocab_size)?;
+        Ok(max_tokens)
+    }
+}

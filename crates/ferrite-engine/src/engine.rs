@@ -1,0 +1,150 @@
+//! `Engine`: one thread per loaded model owns the model, the KV cache and the scheduler
+//! (`EngineCore`). Requests arrive on a channel, each with its own output channel; dropping a
+//! `RequestStream` (a client that went away) aborts its request within one step.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use ferrite_models::model::CausalLm;
+use ferrite_models::tokenizer::Tokenizer;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::config::{EngineConfig, Limits};
+use crate::core::EngineCore;
+use crate::error::EngineError;
+use crate::metrics::Metrics;
+use crate::request::{Output, Request, RequestId};
+
+enum Command {
+    Add(RequestId, Box<Request>, tokio::sync::mpsc::UnboundedSender<Output>),
+    Abort(RequestId),
+}
+
+pub struct Engine {
+    tx: Option<mpsc::Sender<Command>>,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+    next_id: AtomicU64,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The outputs of one request, in order; the last output of each choice has `finished`.
+pub struct RequestStream {
+    pub id: RequestId,
+    rx: UnboundedReceiver<Output>,
+    tx: mpsc::Sender<Command>,
+}
+
+impl RequestStream {
+    /// Wait for the next output (from synchronous code). `None` once the engine is gone.
+    pub fn blocking_next(&mut self) -> Option<Output> {
+        self.rx.blocking_recv()
+    }
+
+    /// Wait for the next output (from async code).
+    pub async fn next(&mut self) -> Option<Output> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        // Finished requests ignore this.
+        let _ = self.tx.send(Command::Abort(self.id));
+    }
+}
+
+impl Engine {
+    pub fn start(
+        model: Arc<dyn CausalLm>,
+        tokenizer: Option<Arc<Tokenizer>>,
+        eos: Vec<u32>,
+        cfg: &EngineConfig,
+    ) -> Result<Engine, EngineError> {
+        let core = EngineCore::new(model, tokenizer, eos, cfg)?;
+        let limits = core.limits().clone();
+        let metrics = core.metrics();
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("ferrite-engine".into())
+            .spawn(move || run(core, rx))
+            .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
+        Ok(Engine { tx: Some(tx), limits, metrics, next_id: AtomicU64::new(1), thread: Some(thread) })
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Validate and queue a request. Bad requests fail here, before reaching the engine.
+    pub fn submit(&self, req: Request) -> Result<RequestStream, EngineError> {
+        self.limits.validate(&req)?;
+        let tx = self.tx.as_ref().ok_or(EngineError::Stopped)?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (out_tx, out_rx) = unbounded_channel();
+        tx.send(Command::Add(id, Box::new(req), out_tx)).map_err(|_| EngineError::Stopped)?;
+        Ok(RequestStream { id, rx: out_rx, tx: tx.clone() })
+    }
+
+    pub fn abort(&self, id: RequestId) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Command::Abort(id));
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Closing the channel ends the loop once in-flight work is done.
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn apply(core: &mut EngineCore, cmd: Command) {
+    match cmd {
+        Command::Add(id, req, sink) => {
+            if let Err(e) = core.add_request(id, *req, sink) {
+                // Validated at submit; reaching here means the limits changed under it.
+                eprintln!("ferrite-engine: request {id} rejected: {e}");
+            }
+        }
+        Command::Abort(id) => core.abort(id),
+    }
+}
+
+fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
+    let mut open = true;
+    loop {
+        if core.has_work() {
+            loop {
+                match rx.try_recv() {
+                    Ok(cmd) => apply(&mut core, cmd),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            }
+            if let Err(e) = core.step() {
+                eprintln!("ferrite-engine: step failed: {e}");
+            }
+        } else if open {
+            match rx.recv() {
+                Ok(cmd) => apply(&mut core, cmd),
+                Err(_) => open = false,
+            }
+        } else {
+            return;
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! Engine counters and gauges, updated by the engine thread and read by anyone (the server's
+//! `/metrics`, benchmarks, tests) without locking.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub requests_added: AtomicU64,
+    pub requests_finished: AtomicU64,
+    pub running: AtomicU64,
+    pub waiting: AtomicU64,
+    pub kv_blocks_free: AtomicU64,
+    pub kv_blocks_total: AtomicU64,
+    pub prefix_queried_tokens: AtomicU64,
+    pub prefix_hit_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub batched_tokens: AtomicU64,
+    pub steps: AtomicU64,
+    pub preemptions: AtomicU64,
+}
+
+impl Metrics {
+    pub(crate) fn requests_added(&self) {
+        self.requests_added.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn request_finished(&self) {
+        self.requests_finished.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn set_queue(&self, running: usize, waiting: usize) {
+        self.running.store(running as u64, Relaxed);
+        self.waiting.store(waiting as u64, Relaxed);
+    }
+    pub(crate) fn set_kv(&self, (free, total): (usize, usize)) {
+        self.kv_blocks_free.store(free as u64, Relaxed);
+        self.kv_blocks_total.store(total as u64, Relaxed);
+    }
+    pub(crate) fn set_prefix(&self, queried: u64, hit: u64) {
+        self.prefix_queried_tokens.store(queried, Relaxed);
+        self.prefix_hit_tokens.store(hit, Relaxed);
+    }
+    pub(crate) fn set_preemptions(&self, n: u64) {
+        self.preemptions.store(n, Relaxed);
+    }
+    pub(crate) fn add_generated(&self, n: u64) {
+        self.generated_tokens.fetch_add(n, Relaxed);
+    }
+    pub(crate) fn add_batch(&self, tokens: usize) {
+        self.batched_tokens.fetch_add(tokens as u64, Relaxed);
+        self.steps.fetch_add(1, Relaxed);
+    }
+
+    /// Fraction of looked-up prompt tokens served from the prefix cache.
+    pub fn prefix_hit_rate(&self) -> f64 {
+        let q = self.prefix_queried_tokens.load(Relaxed);
+        if q == 0 {
+            0.0
+        } else {
+            self.prefix_hit_tokens.load(Relaxed) as f64 / q as f64
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! Requests into the engine and the outputs that stream back.
+
+use crate::sampling::{SamplingParams, TokenLogprob};
+
+pub type RequestId = u64;
+
+/// Everything about how one request generates.
+#[derive(Debug, Clone)]
+pub struct RequestParams {
+    pub sampling: SamplingParams,
+    /// At most this many tokens per choice (default: until the context is full).
+    pub max_tokens: Option<usize>,
+    /// End tokens and stop strings are ignored until this many tokens exist.
+    pub min_tokens: usize,
+    /// Keep generating past the model's end-of-sequence tokens.
+    pub ignore_eos: bool,
+    /// Extra token ids that end generation.
+    pub stop_token_ids: Vec<u32>,
+    /// Strings that end generation (matched on decoded text, not emitted).
+    pub stop: Vec<String>,
+    /// Return log-probabilities with this many alternatives per token (0 = the chosen token's).
+    pub logprobs: Option<usize>,
+    /// Number of independent choices for the prompt (they share its KV blocks).
+    pub n: usize,
+}
+
+impl Default for RequestParams {
+    fn default() -> Self {
+        RequestParams {
+            sampling: SamplingParams::default(),
+            max_tokens: None,
+            min_tokens: 0,
+            ignore_eos: false,
+            stop_token_ids: Vec::new(),
+            stop: Vec::new(),
+            logprobs: None,
+            n: 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub params: RequestParams,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end token or stop string.
+    Stop,
+    /// max_tokens or the context length.
+    Length,
+    /// Cancelled by the caller.
+    Abort,
+    /// The model failed; the message is in `Finished::error`.
+    Error,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    pub reason: FinishReason,
+    /// The stop string or token that ended the choice.
+    pub stop_string: Option<String>,
+    pub stop_token: Option<u32>,
+    pub error: Option<String>,
+    pub usage: Usage,
+}
+
+/// One streamed piece of one choice: new token ids, their text, and (last) how it ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Output {
+    pub choice: usize,
+    pub token_ids: Vec<u32>,
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finished: Option<Finished>,
+}

@@ -1,0 +1,48 @@
+//! `Sequence`: one choice of one request as the scheduler sees it — its tokens, how many are
+//! in the KV cache (`num_computed`), its blocks, and its streaming state.
+
+use std::sync::Arc;
+
+use ferrite_models::tokenizer::IncrementalDecoder;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::kv::SeqKv;
+use crate::request::{Output, RequestId, RequestParams};
+use crate::sampling::TokenCounts;
+use crate::stop::StopStrings;
+
+pub(crate) struct Sequence {
+    pub request: RequestId,
+    pub choice: usize,
+    pub params: Arc<RequestParams>,
+    pub seed: u64,
+    /// Prompt followed by the generated tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Positions whose KV is in the cache; the rest of `tokens` is the next query.
+    pub num_computed: usize,
+    pub kv: SeqKv,
+    /// Whether the prefix cache was consulted for the current admission.
+    pub looked_up: bool,
+    /// Prompt tokens served from the prefix cache at first admission.
+    pub cached_tokens: usize,
+    /// Resolved generation budget.
+    pub max_tokens: usize,
+    pub counts: TokenCounts,
+    pub detok: IncrementalDecoder,
+    pub stops: StopStrings,
+    pub sink: UnboundedSender<Output>,
+    /// For the first choice of an n > 1 request: children still to fork once the prompt is in.
+    pub pending_children: usize,
+}
+
+impl Sequence {
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Tokens still to run through the model before the next sample.
+    pub fn remaining(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+}

@@ -1,1 +1,0 @@
-//! Chat templates (minijinja with the Hugging Face extras).

@@ -1,0 +1,77 @@
+//! What a `tokenizer.json` leaves to its siblings: BOS/EOS and whether to add BOS, from
+//! `tokenizer_config.json`, extra end-of-generation ids from `generation_config.json`, and
+//! the post-processor template as the fallback when no config says.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{LoadError, Result};
+
+/// The parts of `tokenizer_config.json` we use. Every field is optional.
+#[derive(Debug, Default)]
+pub(super) struct TokenizerConfig {
+    pub add_bos_token: Option<bool>,
+    pub add_eos_token: Option<bool>,
+    /// `Some(None)`: the config says there is no such token (`null`).
+    pub bos_token: Option<Option<String>>,
+    pub eos_token: Option<Option<String>>,
+}
+
+/// A token field: a string, an `AddedToken`-like object with `content`, or null.
+fn token_field(v: &Value) -> Option<Option<String>> {
+    match v {
+        Value::Null => Some(None),
+        Value::String(s) => Some(Some(s.clone())),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(|s| Some(s.to_string())),
+        _ => None,
+    }
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(LoadError::io(path, e)),
+    };
+    serde_json::from_str(&text).map(Some).map_err(|e| LoadError::format(path, format!("invalid JSON: {e}")))
+}
+
+impl TokenizerConfig {
+    /// `dir/tokenizer_config.json`, or the default when the file does not exist.
+    pub fn read(dir: &Path) -> Result<TokenizerConfig> {
+        let path = dir.join("tokenizer_config.json");
+        let Some(v) = read_json(&path)? else { return Ok(TokenizerConfig::default()) };
+        Ok(TokenizerConfig {
+            add_bos_token: v.get("add_bos_token").and_then(Value::as_bool),
+            add_eos_token: v.get("add_eos_token").and_then(Value::as_bool),
+            bos_token: v.get("bos_token").and_then(token_field),
+            eos_token: v.get("eos_token").and_then(token_field),
+        })
+    }
+}
+
+/// `eos_token_id` (an id or a list of ids) from `dir/generation_config.json`, if any.
+pub(super) fn generation_eos_ids(dir: &Path) -> Result<Vec<u32>> {
+    let path = dir.join("generation_config.json");
+    let Some(v) = read_json(&path)? else { return Ok(Vec::new()) };
+    let ids = match v.get("eos_token_id") {
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).collect(),
+        Some(v) => v.as_u64().into_iter().collect(),
+        None => Vec::new(),
+    };
+    Ok(ids.into_iter().filter_map(|id| u32::try_from(id).ok()).collect())
+}
+
+/// The special token a `TemplateProcessing` post-processor puts first for a single
+/// sequence (`[BOS] $A`), looking inside a `Sequence` of post-processors too.
+pub(super) fn template_leading_token(post_processor: &Value) -> Option<String> {
+    match post_processor.get("type").and_then(Value::as_str)? {
+        "TemplateProcessing" => {
+            let first = post_processor.get("single")?.as_array()?.first()?;
+            first.get("SpecialToken")?.get("id")?.as_str().map(str::to_string)
+        }
+        "Sequence" => post_processor.get("processors")?.as_array()?.iter().find_map(template_leading_token),
+        _ => None,
+    }
+}
