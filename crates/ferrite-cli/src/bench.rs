@@ -20,6 +20,24 @@ pub enum BenchCommand {
     Decode(DecodeArgs),
     /// Aggregate throughput and latency of many concurrent requests.
     Throughput(ThroughputArgs),
+    /// Time to first token of a request whose long prefix a finished request left in the
+    /// prefix cache, against the same request cold.
+    Prefix(PrefixArgs),
+}
+
+#[derive(Args)]
+pub struct PrefixArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[arg(long, default_value_t = 1000)]
+    pub prefix_len: usize,
+    #[arg(long, default_value_t = 24)]
+    pub suffix_len: usize,
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Print one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -67,6 +85,7 @@ pub fn bench(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Decode(a) => decode(a),
         BenchCommand::Throughput(a) => throughput(a),
+        BenchCommand::Prefix(a) => prefix(a),
     }
 }
 
@@ -249,6 +268,52 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
         println!("output {:.1} tok/s, total {:.1} tok/s, {:.2} req/s over {wall:.1} s", out["output_tok_s"].as_f64().unwrap_or(0.0), out["total_tok_s"].as_f64().unwrap_or(0.0), out["request_s"].as_f64().unwrap_or(0.0));
         println!("TTFT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&ttft, 0.5), pct(&ttft, 0.9), pct(&ttft, 0.99));
         println!("TPOT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&tpot, 0.5), pct(&tpot, 0.9), pct(&tpot, 0.99));
+    }
+    Ok(())
+}
+
+fn prefix(a: PrefixArgs) -> Result<()> {
+    if a.reps == 0 || a.prefix_len == 0 || a.suffix_len == 0 {
+        bail!("--reps, --prefix-len and --suffix-len must be at least 1");
+    }
+    let (loaded, path, threads) = a.model.load()?;
+    let vocab = loaded.model.config().vocab_size;
+    let len = a.prefix_len + a.suffix_len + 2;
+    let args = |no_prefix_cache| EngineArgs {
+        max_num_seqs: 1,
+        max_num_batched_tokens: len,
+        max_model_len: Some(len),
+        no_prefix_cache,
+        ..EngineArgs::default()
+    };
+    let warm = args(false).start(&loaded, &path)?;
+    let cold = args(true).start(&loaded, &path)?;
+    let mut rng = Lcg(0xCAFE);
+    let (mut hit_ms, mut cold_ms) = (Vec::new(), Vec::new());
+    for _ in 0..a.reps {
+        let shared = rng.ids(a.prefix_len, vocab);
+        let with_suffix = |rng: &mut Lcg| [shared.clone(), rng.ids(a.suffix_len, vocab)].concat();
+        // A first request leaves the prefix in the cache; the second reuses it.
+        timed_request(&warm, with_suffix(&mut rng), 1)?;
+        let second = with_suffix(&mut rng);
+        hit_ms.push(timed_request(&warm, second.clone(), 1)?.0 * 1e3);
+        cold_ms.push(timed_request(&cold, second, 1)?.0 * 1e3);
+    }
+    hit_ms.sort_by(f64::total_cmp);
+    cold_ms.sort_by(f64::total_cmp);
+    let (hit, cold_med) = (pct(&hit_ms, 0.5), pct(&cold_ms, 0.5));
+    let hit_rate = warm.metrics().prefix_hit_rate();
+    if a.json {
+        let out = json!({
+            "model": path.display().to_string(), "threads": threads,
+            "prefix_len": a.prefix_len, "suffix_len": a.suffix_len, "reps": a.reps,
+            "ttft_ms_cold": cold_med, "ttft_ms_prefix_hit": hit, "speedup": cold_med / hit.max(1e-9),
+            "prefix_cache_hit_rate": hit_rate,
+        });
+        println!("{out}");
+    } else {
+        println!("model {} ({threads} threads): {} shared + {} new prompt tokens", path.display(), a.prefix_len, a.suffix_len);
+        println!("TTFT cold {cold_med:.1} ms, prefix hit {hit:.1} ms ({:.1}x), medians of {}", cold_med / hit.max(1e-9), a.reps);
     }
     Ok(())
 }
