@@ -37,7 +37,7 @@ fn edit_header(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>
     let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).expect("header");
     edit(header.as_object_mut().expect("object"));
     let mut h = serde_json::to_vec(&header).expect("json");
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();
