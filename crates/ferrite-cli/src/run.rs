@@ -31,7 +31,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         session.raw_prompt(&args.prompt)?
     };
     let (_, stats) = session.stream(prompt, &args.sampling)?;
-    println!();
+    // stdout carries exactly the generated text; the line break for the terminal goes to stderr.
+    eprintln!();
     report(&stats);
     Ok(())
 }
