@@ -1,5 +1,5 @@
-//! The `ferrite` binary: `run` a prompt, `chat` in the terminal, `models` / `pull` for the
-//! named models.
+//! The `ferrite` binary: `serve` the OpenAI-compatible API, `run` a prompt, `chat` in the
+//! terminal, `models` / `pull` for the named models.
 //!
 //! Generated text goes to stdout; load and speed statistics go to stderr. Every failure is a
 //! one-line error and a non-zero exit.
@@ -8,6 +8,7 @@ mod bench;
 mod chat;
 mod model_arg;
 mod run;
+mod serve;
 mod session;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible HTTP API (chat, completions, models, metrics).
+    Serve(serve::ServeArgs),
     /// Generate a completion for one prompt, streamed to stdout.
     Run(run::RunArgs),
     /// An interactive multi-turn chat in the terminal (/exit, /reset).
@@ -40,6 +43,7 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => serve::serve(args),
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::chat(args),
         Command::Bench(cmd) => bench::bench(cmd),

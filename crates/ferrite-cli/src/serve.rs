@@ -1,0 +1,104 @@
+//! `ferrite serve MODEL`: load the model, start its engine and serve the OpenAI-compatible
+//! API on HOST:PORT (127.0.0.1 unless told otherwise) until SIGINT/SIGTERM, then drain.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use ferrite_server::{App, ModelInfo, ServerConfig, Shutdown};
+
+use crate::session::{EngineArgs, ModelArgs};
+
+/// The KV cache `serve` allocates unless `--kv-cache-memory` says otherwise (a server's
+/// max-model-len × max-num-seqs positions would be far more than a CPU host should hold).
+const DEFAULT_KV_BYTES: usize = 2 << 30;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on API routes.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Requests in progress at once (running + waiting); more get 429.
+    #[arg(long, default_value_t = 1024)]
+    pub max_queue: usize,
+    /// The model name `/v1/models` lists (default: the name or file stem it was started with).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Seconds a shutdown waits for in-flight requests.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_timeout: u64,
+}
+
+/// The listed name and the other names requests may use.
+fn model_names(arg: &str, path: &Path, served: Option<&str>) -> (String, Vec<String>) {
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let given = if Path::new(arg).exists() { stem.clone() } else { arg.to_string() };
+    let name = served.map_or_else(|| given.clone(), str::to_string);
+    let mut aliases: Vec<String> = Vec::new();
+    for a in [given, stem, arg.to_string()] {
+        if !a.is_empty() && a != name && !aliases.contains(&a) {
+            aliases.push(a);
+        }
+    }
+    (name, aliases)
+}
+
+pub fn serve(args: ServeArgs) -> Result<()> {
+    let (loaded, path, threads) = args.model.load()?;
+    let mut engine_args = args.engine.clone();
+    engine_args.kv_cache_memory.get_or_insert(DEFAULT_KV_BYTES);
+    let mut engine = engine_args.start(&loaded, &path)?;
+    let kv_tokens = engine.limits().kv_capacity_tokens;
+    if engine_args.max_model_len.is_none() && kv_tokens < engine.limits().max_model_len {
+        // A request without max_tokens may run to the context's end: fit the context to the cache.
+        drop(engine);
+        engine_args.max_model_len = Some(kv_tokens);
+        engine = engine_args.start(&loaded, &path)?;
+    }
+    let limits = engine.limits().clone();
+    eprintln!(
+        "loaded {} in {:.0} ms on {threads} threads; context {} tokens, KV cache {} tokens",
+        path.display(),
+        loaded.load_secs * 1e3,
+        limits.max_model_len,
+        limits.kv_capacity_tokens
+    );
+    let (name, aliases) = model_names(&args.model.model, &path, args.served_model_name.as_deref());
+    let config = ServerConfig {
+        api_key: args.api_key.clone(),
+        max_queue: Some(args.max_queue),
+        shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
+        ..ServerConfig::default()
+    };
+    let app = Arc::new(App::new(engine, ModelInfo::new(&loaded, name, aliases), config));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ferrite-http")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let ended = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+        eprintln!("listening on http://{}", listener.local_addr()?);
+        anyhow::Ok(ferrite_server::serve(listener, app, ferrite_server::shutdown_signal()).await?)
+    })?;
+    match ended {
+        Shutdown::Drained => eprintln!("shut down"),
+        Shutdown::TimedOut => eprintln!("shut down with requests still in flight after {} s", args.shutdown_timeout),
+    }
+    Ok(())
+}

@@ -1,0 +1,40 @@
+//! API-key authentication: with `--api-key KEY`, every API route needs
+//! `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic clients);
+//! anything else is 401. `/health` and `/metrics` stay open for probes and scrapers.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::ApiError;
+use crate::state::App;
+
+/// Paths served without a key.
+const OPEN_PATHS: &[&str] = &["/health", "/metrics"];
+
+pub async fn require_api_key(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let Some(key) = app.config.api_key.as_deref() else { return next.run(req).await };
+    if OPEN_PATHS.contains(&req.uri().path()) || presented_key(req.headers()).is_some_and(|k| same(k, key)) {
+        return next.run(req).await;
+    }
+    ApiError::new(StatusCode::UNAUTHORIZED, "missing or invalid API key: send 'Authorization: Bearer KEY'")
+        .with_code("invalid_api_key")
+        .into_response()
+}
+
+fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim);
+    bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim))
+}
+
+/// Compare without an early exit, so the time taken does not reveal a matching prefix.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,133 @@
+//! `ApiError`: every way a request can fail, as an HTTP status plus an OpenAI-style body
+//! `{"error": {"message", "type", "param", "code"}}`.
+//!
+//! Handlers return `Result<_, ApiError>`; engine validation errors (`EngineError`) convert
+//! into 400s that say what is wrong. API surfaces with another error shape (Anthropic's
+//! `{"type": "error", "error": {...}}`) render the same `ApiError` their own way from its
+//! public fields.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use ferrite_engine::sampling::SamplingError;
+use ferrite_engine::EngineError;
+use serde_json::json;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// The request field at fault, when one is.
+    pub param: Option<String>,
+    /// A machine-readable code (`model_not_found`, `context_length_exceeded`, ...).
+    pub code: Option<&'static str>,
+    /// Seconds a client should wait before retrying (sent as `Retry-After`).
+    pub retry_after: Option<u64>,
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status.as_u16(), self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into(), param: None, code: None, retry_after: None }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// A 400 about one request field.
+    pub fn invalid_param(param: impl Into<String>, message: impl Into<String>) -> ApiError {
+        ApiError::bad_request(message).with_param(param)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+
+    pub fn with_param(mut self, param: impl Into<String>) -> ApiError {
+        self.param = Some(param.into());
+        self
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> ApiError {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn with_retry_after(mut self, seconds: u64) -> ApiError {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    /// The OpenAI error `type` for this status.
+    pub fn kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            s if s.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The OpenAI-style body.
+    pub fn openai_body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind(), "param": self.param, "code": self.code}})
+    }
+
+    /// A response with `body` and this error's status and headers.
+    pub fn response_with(&self, body: serde_json::Value) -> Response {
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.response_with(self.openai_body())
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> ApiError {
+        let message = e.to_string();
+        let bad = |param: &str| ApiError::invalid_param(param, message.clone());
+        match &e {
+            EngineError::EmptyPrompt | EngineError::TokenOutOfRange { .. } => bad("prompt"),
+            EngineError::PromptTooLong { .. }
+            | EngineError::MaxTokensTooLarge { .. }
+            | EngineError::KvTooSmall { .. } => ApiError::bad_request(message).with_code("context_length_exceeded"),
+            EngineError::ZeroMaxTokens => bad("max_tokens"),
+            EngineError::BadN { .. } => bad("n"),
+            EngineError::TooManyLogprobs(_) => bad("top_logprobs"),
+            EngineError::StopWithoutTokenizer => bad("stop"),
+            EngineError::MinTokens { .. } => bad("min_tokens"),
+            EngineError::Sampling(s) => bad(sampling_param(s)),
+            EngineError::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message),
+            EngineError::Config(_) | EngineError::Model(_) => ApiError::internal(message),
+        }
+    }
+}
+
+fn sampling_param(e: &SamplingError) -> &'static str {
+    match e {
+        SamplingError::Temperature(_) => "temperature",
+        SamplingError::TopP(_) => "top_p",
+        SamplingError::MinP(_) => "min_p",
+        SamplingError::RepetitionPenalty(_) => "repetition_penalty",
+        SamplingError::Penalty { name, .. } => name,
+        SamplingError::BiasToken { .. } | SamplingError::BiasValue => "logit_bias",
+    }
+}

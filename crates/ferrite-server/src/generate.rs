@@ -1,0 +1,157 @@
+//! `Generation`: one engine request as the API layers see it. `App::generate` admits it
+//! (429 past `--max-queue`), submits it (engine validation errors become 400s) and counts its
+//! prompt; the `Generation` then yields the engine's outputs while recording TTFT, TPOT and
+//! end-to-end latency. Dropping it — a client that went away — drops the engine's
+//! `RequestStream`, which aborts the request and frees its KV blocks, and releases its permit.
+//!
+//! `collect` gathers a whole generation for non-streaming responses; `into_stream` turns it
+//! into a `Stream` of outputs for SSE.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ferrite_engine::sampling::TokenLogprob;
+use ferrite_engine::{FinishReason, Finished, Output, Request, RequestParams, RequestStream, Usage};
+use futures_util::Stream;
+
+use crate::admission::Permit;
+use crate::error::ApiError;
+use crate::state::App;
+
+pub struct Generation {
+    app: Arc<App>,
+    stream: RequestStream,
+    _permit: Permit,
+    started: Instant,
+    first_token: Option<Instant>,
+    open_choices: usize,
+    completion_tokens: usize,
+}
+
+/// One finished choice of a non-streaming generation.
+#[derive(Debug, Clone)]
+pub struct Choice {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finished: Finished,
+}
+
+/// A choice being collected.
+#[derive(Default)]
+struct Partial {
+    text: String,
+    token_ids: Vec<u32>,
+    logprobs: Vec<TokenLogprob>,
+    finished: Option<Finished>,
+}
+
+impl Partial {
+    fn done(self) -> Option<Choice> {
+        Some(Choice { text: self.text, token_ids: self.token_ids, logprobs: self.logprobs, finished: self.finished? })
+    }
+}
+
+impl App {
+    /// Submit `prompt` under an admission `permit`; `started` is when the HTTP request arrived.
+    pub fn generate(
+        self: &Arc<Self>,
+        prompt: Vec<u32>,
+        params: RequestParams,
+        permit: Permit,
+        started: Instant,
+    ) -> Result<Generation, ApiError> {
+        let prompt_len = prompt.len() as u64;
+        let open_choices = params.n;
+        let stream = self.engine.submit(Request { prompt, params })?;
+        self.metrics.prompt_tokens.fetch_add(prompt_len, Relaxed);
+        Ok(Generation {
+            app: self.clone(),
+            stream,
+            _permit: permit,
+            started,
+            first_token: None,
+            open_choices,
+            completion_tokens: 0,
+        })
+    }
+}
+
+impl Generation {
+    /// The next output of any choice; `None` once every choice has finished (or the engine
+    /// stopped, which the caller sees as choices that never finished).
+    pub async fn next(&mut self) -> Option<Output> {
+        if self.open_choices == 0 {
+            return None;
+        }
+        let out = self.stream.next().await?;
+        let now = Instant::now();
+        if self.first_token.is_none() && !out.token_ids.is_empty() {
+            self.first_token = Some(now);
+            self.app.metrics.ttft.observe(now - self.started);
+        }
+        if let Some(f) = &out.finished {
+            self.open_choices -= 1;
+            self.completion_tokens += f.usage.completion_tokens;
+            if self.open_choices == 0 {
+                self.record_done(now);
+            }
+        }
+        Some(out)
+    }
+
+    fn record_done(&self, now: Instant) {
+        let m = &self.app.metrics;
+        m.e2e.observe(now - self.started);
+        if let Some(first) = self.first_token {
+            if self.completion_tokens > 1 {
+                m.tpot.observe((now - first) / (self.completion_tokens as u32 - 1));
+            }
+        }
+    }
+
+    /// Every choice to its end, indexed by choice. An engine failure is a 500.
+    pub async fn collect(mut self) -> Result<Vec<Choice>, ApiError> {
+        let mut parts: Vec<Partial> = (0..self.open_choices).map(|_| Partial::default()).collect();
+        while let Some(o) = self.next().await {
+            let Some(p) = parts.get_mut(o.choice) else { continue };
+            p.text.push_str(&o.text);
+            p.token_ids.extend(o.token_ids);
+            p.logprobs.extend(o.logprobs);
+            if let Some(e) = o.finished.as_ref().and_then(|f| f.error.as_ref()) {
+                return Err(ApiError::internal(format!("generation failed: {e}")));
+            }
+            p.finished = o.finished;
+        }
+        parts
+            .into_iter()
+            .map(Partial::done)
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ApiError::internal("the engine stopped mid-request"))
+    }
+
+    /// The outputs as a stream (for SSE); it ends when every choice has finished.
+    pub fn into_stream(self) -> impl Stream<Item = Output> + Send {
+        futures_util::stream::unfold(self, |mut g| async move { g.next().await.map(|o| (o, g)) })
+    }
+}
+
+/// The OpenAI `finish_reason` of an ending.
+pub fn finish_reason(f: &Finished) -> &'static str {
+    match f.reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Abort => "abort",
+        FinishReason::Error => "error",
+    }
+}
+
+/// Usage over the choices of one prompt: the prompt counted once, completions summed.
+pub fn merge_usage<'a>(usages: impl IntoIterator<Item = &'a Usage>) -> Usage {
+    usages.into_iter().fold(Usage::default(), |acc, u| Usage {
+        prompt_tokens: acc.prompt_tokens.max(u.prompt_tokens),
+        cached_tokens: acc.cached_tokens.max(u.cached_tokens),
+        completion_tokens: acc.completion_tokens + u.completion_tokens,
+    })
+}

@@ -1,0 +1,118 @@
+//! ferrite-server: the HTTP face of one engine.
+//!
+//! `router` assembles the API surfaces — one module each (`openai`: chat, completions,
+//! models; `ops`: health, metrics, tokenize) — over what they share: the app state
+//! (`state`), typed errors (`error`), body extraction (`extract`), API-key checks (`auth`),
+//! admission control (`admission`), engine requests with latency metrics (`generate`),
+//! chat-template prompts (`prompt`), output parsing hooks (`parser`) and SSE (`sse`).
+//! `serve` runs it on a listener until a shutdown signal, then drains in-flight requests
+//! for a bounded time.
+//!
+//! A new API surface (Anthropic messages, responses) is a module with a `routes()` merged in
+//! `router`, building prompts with `ModelInfo::chat_prompt_ids`, running them with
+//! `App::generate`, streaming with `sse::sse_from_outputs`, and rendering `ApiError`s in its
+//! own shape.
+
+pub mod admission;
+pub mod auth;
+pub mod error;
+pub mod extract;
+pub mod generate;
+pub mod metrics;
+pub mod openai;
+pub mod ops;
+pub mod parser;
+pub mod prompt;
+pub mod sse;
+pub mod state;
+
+use std::future::{Future, IntoFuture};
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::StatusCode;
+use axum::middleware::from_fn_with_state;
+use axum::Router;
+use tokio::net::TcpListener;
+
+pub use error::ApiError;
+pub use state::{App, ModelInfo, ServerConfig};
+
+/// Every route, with authentication, request metrics and the body limit.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .merge(openai::routes())
+        .merge(ops::routes())
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(from_fn_with_state(app.clone(), auth::require_api_key))
+        .layer(from_fn_with_state(app.clone(), metrics::count_requests))
+        .layer(DefaultBodyLimit::max(app.config.body_limit))
+        .with_state(app)
+}
+
+async fn no_route(req: Request) -> ApiError {
+    ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path()))
+}
+
+async fn wrong_method(req: Request) -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, format!("{} is not allowed on {}", req.method(), req.uri().path()))
+}
+
+/// How `serve` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shutdown {
+    /// Every in-flight request finished.
+    Drained,
+    /// The shutdown timeout passed with requests still in flight.
+    TimedOut,
+}
+
+/// Serve `app` on `listener` until `shutdown` resolves; then stop accepting connections and
+/// let in-flight requests finish, for at most `config.shutdown_timeout`.
+pub async fn serve(
+    listener: TcpListener,
+    app: Arc<App>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<Shutdown> {
+    let timeout = app.config.shutdown_timeout;
+    let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, router(app)).with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = draining_tx.send(());
+    });
+    let deadline = async move {
+        match draining_rx.await {
+            Ok(()) => tokio::time::sleep(timeout).await,
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        done = server.into_future() => done.map(|()| Shutdown::Drained),
+        () = deadline => Ok(Shutdown::TimedOut),
+    }
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}

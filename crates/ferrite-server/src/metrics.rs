@@ -1,0 +1,153 @@
+//! Server metrics and their Prometheus text (`/metrics`): HTTP requests by endpoint and
+//! status (counted by the `count_requests` middleware), TTFT / TPOT / end-to-end latency
+//! histograms (recorded by `Generation`), prompt and generated token counters, and the
+//! engine's gauges (running, waiting, KV blocks, prefix-cache hit rate) read at scrape time.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use ferrite_engine::Metrics as EngineMetrics;
+
+use crate::state::App;
+
+const TTFT_BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+const TPOT_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5];
+const E2E_BUCKETS: &[f64] =
+    &[0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0];
+
+/// A Prometheus histogram with fixed bucket bounds (seconds).
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// Non-cumulative counts per bucket; the last one is `+Inf`.
+    counts: Vec<AtomicU64>,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let at = self.bounds.partition_point(|&b| b < secs);
+        self.counts[at].fetch_add(1, Relaxed);
+        self.sum_micros.fetch_add(d.as_micros() as u64, Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        header(out, name, help, "histogram");
+        let mut cumulative = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            cumulative += c.load(Relaxed);
+            let le = self.bounds.get(i).map_or_else(|| "+Inf".to_string(), |b| b.to_string());
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+        }
+        let _ = writeln!(out, "{name}_sum {}", self.sum_micros.load(Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count {cumulative}");
+    }
+}
+
+pub struct ServerMetrics {
+    /// (endpoint, status) → responses.
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    pub ttft: Histogram,
+    pub tpot: Histogram,
+    pub e2e: Histogram,
+    pub prompt_tokens: AtomicU64,
+}
+
+impl Default for ServerMetrics {
+    fn default() -> Self {
+        ServerMetrics {
+            requests: Mutex::new(BTreeMap::new()),
+            ttft: Histogram::new(TTFT_BUCKETS),
+            tpot: Histogram::new(TPOT_BUCKETS),
+            e2e: Histogram::new(E2E_BUCKETS),
+            prompt_tokens: AtomicU64::new(0),
+        }
+    }
+}
+
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn sample(out: &mut String, name: &str, help: &str, kind: &str, value: impl std::fmt::Display) {
+    header(out, name, help, kind);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+impl ServerMetrics {
+    pub fn count_request(&self, endpoint: &str, status: u16) {
+        if let Ok(mut m) = self.requests.lock() {
+            *m.entry((endpoint.to_string(), status)).or_insert(0) += 1;
+        }
+    }
+
+    /// The Prometheus text exposition of these metrics and the engine's.
+    pub fn render(&self, engine: &EngineMetrics) -> String {
+        let mut out = String::new();
+        header(&mut out, "ferrite_http_requests_total", "HTTP responses by endpoint and status.", "counter");
+        if let Ok(m) = self.requests.lock() {
+            for ((endpoint, status), n) in m.iter() {
+                let _ = writeln!(out, "ferrite_http_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {n}");
+            }
+        }
+        self.ttft.render(&mut out, "ferrite_time_to_first_token_seconds", "Time from request to first token.");
+        self.tpot.render(
+            &mut out,
+            "ferrite_time_per_output_token_seconds",
+            "Mean time per output token after the first.",
+        );
+        self.e2e.render(&mut out, "ferrite_e2e_request_latency_seconds", "Time from request to its last token.");
+        let load = |a: &AtomicU64| a.load(Relaxed);
+        let (free, total) = (load(&engine.kv_blocks_free), load(&engine.kv_blocks_total));
+        let gauges: [(&str, &str, u64); 4] = [
+            ("ferrite_num_requests_running", "Sequences in the running batch.", load(&engine.running)),
+            ("ferrite_num_requests_waiting", "Sequences waiting to be scheduled.", load(&engine.waiting)),
+            ("ferrite_kv_blocks_used", "KV cache blocks in use.", total.saturating_sub(free)),
+            ("ferrite_kv_blocks_free", "KV cache blocks free.", free),
+        ];
+        for (name, help, v) in gauges {
+            sample(&mut out, name, help, "gauge", v);
+        }
+        let hit = engine.prefix_hit_rate();
+        sample(
+            &mut out,
+            "ferrite_prefix_cache_hit_rate",
+            "Fraction of looked-up prompt tokens found cached.",
+            "gauge",
+            hit,
+        );
+        let counters: [(&str, &str, u64); 3] = [
+            ("ferrite_prompt_tokens_total", "Prompt tokens submitted.", load(&self.prompt_tokens)),
+            ("ferrite_generation_tokens_total", "Tokens generated.", load(&engine.generated_tokens)),
+            ("ferrite_preemptions_total", "Sequences preempted for KV space.", load(&engine.preemptions)),
+        ];
+        for (name, help, v) in counters {
+            sample(&mut out, name, help, "counter", v);
+        }
+        out
+    }
+}
+
+/// Middleware: count every response by its route (not its raw path, so labels stay
+/// bounded) and status.
+pub async fn count_requests(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let endpoint = req.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_string();
+    let resp = next.run(req).await;
+    app.metrics.count_request(&endpoint, resp.status().as_u16());
+    resp
+}

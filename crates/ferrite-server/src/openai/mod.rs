@@ -1,0 +1,42 @@
+//! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions` and `/v1/models`,
+//! with what they share (request fields, log-probabilities, usage, ids).
+
+pub mod chat;
+mod chat_output;
+pub mod completions;
+pub mod logprobs;
+pub mod messages;
+pub mod models;
+pub mod params;
+
+use std::sync::Arc;
+
+use axum::routing::{get, post};
+use axum::Router;
+use ferrite_engine::Usage;
+use serde_json::{json, Value};
+
+use crate::state::App;
+
+pub fn routes() -> Router<Arc<App>> {
+    Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{id}", get(models::retrieve))
+}
+
+/// OpenAI's `usage` object.
+pub fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+/// A fresh response id: `prefix` then 24 random hex digits.
+pub fn response_id(prefix: &str) -> String {
+    format!("{prefix}{:024x}", rand::random::<u128>() >> 32)
+}

@@ -1,0 +1,112 @@
+//! The request fields chat and completions share — model, sampling, stops, `n`, streaming —
+//! and their translation into the engine's `RequestParams`. Fields absent from a request take
+//! the model's `generation_config` defaults, then OpenAI's. vLLM's extras (`top_k`, `min_p`,
+//! `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`) are accepted too.
+
+use std::collections::HashMap;
+
+use ferrite_engine::{RequestParams, SamplingParams};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::state::ModelInfo;
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct CommonParams {
+    pub model: Option<String>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub logit_bias: Option<HashMap<String, f32>>,
+    pub stop: Option<StopField>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub n: Option<usize>,
+    pub max_tokens: Option<usize>,
+    pub min_tokens: Option<usize>,
+    pub ignore_eos: Option<bool>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub response_format: Option<Value>,
+}
+
+impl CommonParams {
+    /// Reject what this server cannot honour rather than ignore it.
+    pub fn check_supported(&self) -> Result<(), ApiError> {
+        match &self.response_format {
+            None | Some(Value::Null) => Ok(()),
+            Some(v) if v.get("type").and_then(Value::as_str) == Some("text") => Ok(()),
+            Some(_) => Err(ApiError::invalid_param("response_format", "structured output is not supported yet")),
+        }
+    }
+
+    pub fn streaming(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+    }
+
+    /// The engine parameters; `max_tokens` and `logprobs` are resolved by the endpoint.
+    pub fn to_request_params(
+        &self,
+        model: &ModelInfo,
+        max_tokens: Option<usize>,
+        logprobs: Option<usize>,
+    ) -> Result<RequestParams, ApiError> {
+        let d = &model.defaults;
+        let mut logit_bias = Vec::new();
+        for (key, &bias) in self.logit_bias.iter().flatten() {
+            let token = key.trim().parse::<u32>().map_err(|_| {
+                ApiError::invalid_param("logit_bias", format!("logit_bias keys must be token ids, got '{key}'"))
+            })?;
+            logit_bias.push((token, bias));
+        }
+        logit_bias.sort_unstable_by_key(|&(t, _)| t);
+        let sampling = SamplingParams {
+            temperature: self.temperature.or(d.temperature).unwrap_or(1.0),
+            top_k: self.top_k.map_or(d.top_k.unwrap_or(0), |k| k.max(0) as usize),
+            top_p: self.top_p.or(d.top_p).unwrap_or(1.0),
+            min_p: self.min_p.unwrap_or(0.0),
+            seed: self.seed.map_or_else(rand::random, |s| s as u64),
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            logit_bias,
+        };
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(StopField::One(s)) => vec![s.clone()],
+            Some(StopField::Many(v)) => v.clone(),
+        };
+        Ok(RequestParams {
+            sampling,
+            max_tokens,
+            min_tokens: self.min_tokens.unwrap_or(0),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+            stop,
+            logprobs,
+            n: self.n.unwrap_or(1),
+        })
+    }
+}

@@ -1,0 +1,96 @@
+//! Operations endpoints: `/health`, `/metrics` (Prometheus text), and vLLM-compatible
+//! `/tokenize` (a prompt, or chat messages through the template) and `/detokenize`.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::openai::messages::{normalize_messages, tools_for_template};
+use crate::prompt::ChatPrompt;
+use crate::state::App;
+
+pub fn routes() -> Router<Arc<App>> {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
+    let text = app.metrics.render(app.engine.metrics());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenizeRequest {
+    model: Option<String>,
+    prompt: Option<String>,
+    messages: Option<Value>,
+    add_special_tokens: Option<bool>,
+    add_generation_prompt: Option<bool>,
+    chat_template_kwargs: Option<Map<String, Value>>,
+    tools: Option<Vec<Value>>,
+    return_token_strs: Option<bool>,
+}
+
+async fn tokenize(State(app): State<Arc<App>>, body: JsonBody) -> Result<Json<Value>, ApiError> {
+    let req: TokenizeRequest = body.parse()?;
+    app.model.check(req.model.as_deref())?;
+    let tokens = match (&req.prompt, &req.messages) {
+        (Some(prompt), None) => app.model.encode(prompt, req.add_special_tokens.unwrap_or(true))?,
+        (None, Some(messages)) => {
+            let messages = normalize_messages(messages)?;
+            let tools = tools_for_template(req.tools.as_deref(), None)?;
+            let text = app.model.render_chat(&ChatPrompt {
+                messages: &messages,
+                tools: (!tools.is_empty()).then_some(&tools[..]),
+                add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+                kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
+            })?;
+            app.model.encode(&text, req.add_special_tokens.unwrap_or(false))?
+        }
+        _ => return Err(ApiError::bad_request("send exactly one of 'prompt' and 'messages'")),
+    };
+    let token_strs = match req.return_token_strs.unwrap_or(false) {
+        true => {
+            let tok = app.model.tokenizer()?;
+            json!(tokens.iter().map(|&id| tok.id_to_token(id).unwrap_or_default()).collect::<Vec<_>>())
+        }
+        false => Value::Null,
+    };
+    Ok(Json(json!({
+        "count": tokens.len(),
+        "max_model_len": app.engine.limits().max_model_len,
+        "tokens": tokens,
+        "token_strs": token_strs,
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+struct DetokenizeRequest {
+    model: Option<String>,
+    tokens: Vec<u32>,
+}
+
+async fn detokenize(State(app): State<Arc<App>>, body: JsonBody) -> Result<Json<Value>, ApiError> {
+    let req: DetokenizeRequest = body.parse()?;
+    app.model.check(req.model.as_deref())?;
+    let vocab = app.engine.limits().vocab_size;
+    if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::invalid_param("tokens", format!("token id {bad} is outside the vocabulary of {vocab}")));
+    }
+    Ok(Json(json!({"prompt": app.model.decode(&req.tokens, false)?})))
+}

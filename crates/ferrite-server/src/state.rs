@@ -1,0 +1,117 @@
+//! `App`: what every handler shares — the engine, the served model (names, tokenizer, chat
+//! template, sampling defaults), the server settings, metrics, the admission gate and the
+//! output-parser factory. Handlers receive it as `State<Arc<App>>`.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ferrite_engine::Engine;
+use ferrite_models::chat_template::ChatTemplate;
+use ferrite_models::load::GenerationDefaults;
+use ferrite_models::tokenizer::Tokenizer;
+use ferrite_models::LoadedModel;
+
+use crate::admission::Admission;
+use crate::error::ApiError;
+use crate::metrics::ServerMetrics;
+use crate::parser::{ParserFactory, PlainTextParsers};
+
+/// Server settings (the `ferrite serve` flags that are not about the engine).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Required as `Authorization: Bearer KEY` or `x-api-key: KEY` when set.
+    pub api_key: Option<String>,
+    /// Requests admitted at once (running + waiting + being submitted); more get 429.
+    pub max_queue: Option<usize>,
+    /// Largest request body in bytes; larger ones get 413.
+    pub body_limit: usize,
+    /// How long a shutdown waits for in-flight requests before dropping them.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig { api_key: None, max_queue: None, body_limit: 32 << 20, shutdown_timeout: Duration::from_secs(30) }
+    }
+}
+
+/// The model this server serves.
+#[derive(Clone)]
+pub struct ModelInfo {
+    /// The name `/v1/models` lists.
+    pub name: String,
+    /// Other names requests may use (the file stem, the name it was started with).
+    pub aliases: Vec<String>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub chat_template: Option<ChatTemplate>,
+    pub defaults: GenerationDefaults,
+    /// Unix seconds when the server loaded it.
+    pub created: u64,
+}
+
+impl ModelInfo {
+    pub fn new(loaded: &LoadedModel, name: String, aliases: Vec<String>) -> ModelInfo {
+        ModelInfo {
+            name,
+            aliases,
+            tokenizer: loaded.tokenizer.clone(),
+            chat_template: loaded.chat_template.clone(),
+            defaults: loaded.generation.clone(),
+            created: unix_now(),
+        }
+    }
+
+    pub fn answers_to(&self, name: &str) -> bool {
+        self.name == name || self.aliases.iter().any(|a| a == name)
+    }
+
+    /// Check a request's `model` field (absent means this model); unknown → 404.
+    pub fn check(&self, requested: Option<&str>) -> Result<(), ApiError> {
+        match requested {
+            Some(name) if !self.answers_to(name) => Err(ApiError::not_found(format!(
+                "the model '{name}' does not exist; this server serves '{}'",
+                self.name
+            ))
+            .with_param("model")
+            .with_code("model_not_found")),
+            _ => Ok(()),
+        }
+    }
+
+    /// The tokenizer, or a 400 saying the model has none.
+    pub fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
+        self.tokenizer.as_deref().ok_or_else(|| ApiError::bad_request("this model has no tokenizer; send token ids"))
+    }
+}
+
+pub struct App {
+    pub engine: Engine,
+    pub model: ModelInfo,
+    pub config: ServerConfig,
+    pub metrics: ServerMetrics,
+    pub admission: Admission,
+    pub parsers: Box<dyn ParserFactory>,
+}
+
+impl App {
+    pub fn new(engine: Engine, model: ModelInfo, config: ServerConfig) -> App {
+        App {
+            engine,
+            model,
+            admission: Admission::new(config.max_queue),
+            config,
+            metrics: ServerMetrics::default(),
+            parsers: Box::new(PlainTextParsers),
+        }
+    }
+
+    /// Replace the output parsers (tool calls, reasoning) chat responses go through.
+    pub fn with_parsers(mut self, parsers: Box<dyn ParserFactory>) -> App {
+        self.parsers = parsers;
+        self
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}

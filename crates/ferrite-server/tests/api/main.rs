@@ -1,0 +1,8 @@
+//! The HTTP API end to end: servers on 127.0.0.1 with real models, driven by reqwest.
+
+mod chat;
+mod common;
+mod completions;
+mod errors;
+mod lifecycle;
+mod ops;
