@@ -7,6 +7,7 @@
 
 pub mod batch;
 pub mod cpu;
+pub mod cuda;
 pub mod dtype;
 pub mod error;
 pub mod kv;

@@ -1,0 +1,219 @@
+//! Dense GEMMs through cuBLASLt: `y[m, n] = x[m, k] · W[n, k]ᵀ (+ bias)`, W in the Hugging
+//! Face layout (row-major `[out, in]`), bf16 inputs, f32 accumulation, bf16 or f32 output.
+//!
+//! cuBLASLt is column-major, so the product is computed as `yᵀ = W · xᵀ`: A = W read
+//! transposed (stored k × n, ld k), B = xᵀ (k × m, ld k), D = yᵀ (n × m, ld n); the bias is
+//! the epilogue's per-row (per output feature) vector. Descriptors, layouts and the heuristic's
+//! algorithm are built once per shape and kept (a plan), so a call is one `cublasLtMatmul` on
+//! the stream — cheap, and capturable in a CUDA graph. One 32 MiB workspace serves all calls.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::mem::size_of;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use half::bf16;
+
+use super::error::{CudaError, CudaResult};
+
+/// NVIDIA's recommended cuBLASLt workspace on Hopper.
+const WORKSPACE_BYTES: usize = 32 << 20;
+/// `cublasOperation_t` values (the type lives in cuBLAS proper, which we do not load).
+const CUBLAS_OP_N: i32 = 0;
+const CUBLAS_OP_T: i32 = 1;
+
+/// An element type cuBLASLt can write (and read a bias in).
+pub trait GemmOutput: DeviceRepr {
+    #[doc(hidden)]
+    const TYPE: sys::cudaDataType;
+}
+
+impl GemmOutput for bf16 {
+    const TYPE: sys::cudaDataType = sys::cudaDataType::CUDA_R_16BF;
+}
+
+impl GemmOutput for f32 {
+    const TYPE: sys::cudaDataType = sys::cudaDataType::CUDA_R_32F;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PlanKey {
+    m: usize,
+    n: usize,
+    k: usize,
+    out: i32,
+    bias: bool,
+}
+
+/// The cuBLASLt objects of one GEMM shape; destroyed on drop.
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    d: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+// SAFETY: the handles are plain cuBLASLt objects with no thread affinity; `Blas` only touches
+// them under its mutex.
+unsafe impl Send for Plan {}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each object was created by this plan and is destroyed once.
+        unsafe {
+            let _ = lt::destroy_matrix_layout(self.a);
+            let _ = lt::destroy_matrix_layout(self.b);
+            let _ = lt::destroy_matrix_layout(self.d);
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+pub(crate) struct Blas {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    stream: Arc<CudaStream>,
+    plans: Mutex<HashMap<PlanKey, Plan>>,
+}
+
+// SAFETY: the handle is used under the plans mutex (every matmul holds it).
+unsafe impl Send for Blas {}
+unsafe impl Sync for Blas {}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        if let Ok(mut plans) = self.plans.lock() {
+            plans.clear();
+        }
+        // SAFETY: the handle was created in `new` and is destroyed once.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+unsafe fn set_desc<T>(
+    desc: sys::cublasLtMatmulDesc_t,
+    attr: sys::cublasLtMatmulDescAttributes_t,
+    v: &T,
+) -> CudaResult<()> {
+    Ok(lt::set_matmul_desc_attribute(desc, attr, v as *const T as *const c_void, size_of::<T>())?)
+}
+
+impl Blas {
+    pub fn new(stream: Arc<CudaStream>) -> CudaResult<Blas> {
+        let handle = lt::create_handle()?;
+        let workspace = stream.alloc_zeros::<u8>(WORKSPACE_BYTES)?;
+        Ok(Blas { handle, workspace, stream, plans: Mutex::new(HashMap::new()) })
+    }
+
+    fn plan(&self, key: PlanKey) -> CudaResult<Plan> {
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        let bf = sys::cudaDataType::CUDA_R_16BF;
+        let out = if key.out == 0 { bf } else { sys::cudaDataType::CUDA_R_32F };
+        let (m, n, k) = (key.m as u64, key.n as u64, key.k as u64);
+        let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
+        // Own the objects at once, so an error below frees what exists.
+        let mut plan = Plan {
+            desc,
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            d: std::ptr::null_mut(),
+            algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+        };
+        plan.a = lt::create_matrix_layout(bf, k, n, k as i64)?;
+        plan.b = lt::create_matrix_layout(bf, k, m, k as i64)?;
+        plan.d = lt::create_matrix_layout(out, n, m, n as i64)?;
+        let epilogue = if key.bias {
+            sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS
+        } else {
+            sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT
+        };
+        // SAFETY: live descriptors; each value has the type its attribute expects.
+        unsafe {
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &CUBLAS_OP_T)?;
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &CUBLAS_OP_N)?;
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &(epilogue as u32))?;
+            let pref = lt::create_matmul_pref()?;
+            let ws = WORKSPACE_BYTES;
+            let found = lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &ws as *const usize as *const c_void,
+                size_of::<usize>(),
+            )
+            .and_then(|()| lt::get_matmul_algo_heuristic(self.handle, desc, plan.a, plan.b, plan.d, plan.d, pref));
+            let _ = lt::destroy_matmul_pref(pref);
+            plan.algo = found?.algo;
+        }
+        Ok(plan)
+    }
+
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`, all row-major and contiguous.
+    pub fn linear<O: GemmOutput>(
+        &self,
+        x: &impl DevicePtr<bf16>,
+        w: &impl DevicePtr<bf16>,
+        bias: Option<&dyn DevicePtr<O>>,
+        y: &mut impl DevicePtrMut<O>,
+        (m, n, k): (usize, usize, usize),
+    ) -> CudaResult<()> {
+        if m == 0 || n == 0 || k == 0 {
+            return Err(CudaError::Shape(format!("linear of shape m={m} n={n} k={k}")));
+        }
+        if x.len() < m * k || w.len() < n * k || y.len() < m * n || bias.is_some_and(|b| b.len() < n) {
+            return Err(CudaError::Shape(format!(
+                "linear m={m} n={n} k={k}: x {} w {} y {} bias {:?}",
+                x.len(),
+                w.len(),
+                y.len(),
+                bias.map(|b| b.len())
+            )));
+        }
+        let key = PlanKey {
+            m,
+            n,
+            k,
+            out: if O::TYPE == sys::cudaDataType::CUDA_R_16BF { 0 } else { 1 },
+            bias: bias.is_some(),
+        };
+        let mut plans = self.plans.lock().map_err(|_| CudaError::Unsupported("cuBLASLt plans poisoned".into()))?;
+        let plan = match plans.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(key)?),
+        };
+        let (alpha, beta) = (1f32, 0f32);
+        let s = &*self.stream;
+        let (xp, wp, ws) = (x.device_ptr(s).0, w.device_ptr(s).0, self.workspace.device_ptr(s).0);
+        let yp = y.device_ptr_mut(s).0;
+        // SAFETY: the plan's layouts match the checked buffer lengths; the bias pointer is
+        // set under the lock, right before the call that reads it.
+        unsafe {
+            if let Some(b) = bias {
+                let bp = b.device_ptr(s).0;
+                set_desc(plan.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp)?;
+            }
+            lt::matmul(
+                self.handle,
+                plan.desc,
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+                wp as *const c_void,
+                plan.a,
+                xp as *const c_void,
+                plan.b,
+                yp as *const c_void,
+                plan.d,
+                yp as *mut c_void,
+                plan.d,
+                &plan.algo,
+                ws as *mut c_void,
+                WORKSPACE_BYTES,
+                self.stream.cu_stream() as sys::cudaStream_t,
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,87 @@
+//! The compiled kernels of one device, by name: modules loaded from the NVRTC images and the
+//! functions the ops launch.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::Ptx;
+
+use super::compile::{Image, SOURCES};
+use super::error::{CudaError, CudaResult};
+
+/// Head dims the attention kernels are instantiated for, in the order of their arrays below.
+pub(crate) const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+pub(crate) struct Functions {
+    pub embedding_bf16: CudaFunction,
+    pub embedding_f32: CudaFunction,
+    pub rms_norm: CudaFunction,
+    pub rope: CudaFunction,
+    pub silu_mul: CudaFunction,
+    pub gelu_tanh_mul: CudaFunction,
+    pub write_kv: CudaFunction,
+    pub copy_words: CudaFunction,
+    pub paged_decode: [CudaFunction; 3],
+    pub paged_decode_reduce: CudaFunction,
+    pub prefill_attention: [CudaFunction; 3],
+    pub argmax_rows: CudaFunction,
+    pub sample_rows: CudaFunction,
+}
+
+impl Functions {
+    /// Load `images` (one per `SOURCES` entry, same order) into `ctx`; attention kernels may
+    /// use up to `max_shared` bytes of dynamic shared memory.
+    pub fn load(ctx: &Arc<CudaContext>, images: Vec<Image>, max_shared: usize) -> CudaResult<Functions> {
+        let modules: Vec<(&str, Arc<CudaModule>)> = SOURCES
+            .iter()
+            .zip(images)
+            .map(|(src, image)| {
+                let ptx = match image {
+                    Image::Cubin(bytes) => Ptx::from_binary(bytes),
+                    Image::Ptx(text) => Ptx::from_src(text),
+                };
+                Ok((src.name, ctx.load_module(ptx)?))
+            })
+            .collect::<CudaResult<_>>()?;
+        let get = |module: &str, name: &str| -> CudaResult<CudaFunction> {
+            let (_, m) = modules
+                .iter()
+                .find(|(n, _)| *n == module)
+                .ok_or_else(|| CudaError::Nvrtc(format!("kernel module {module} is missing")))?;
+            Ok(m.load_function(name)?)
+        };
+        let per_head_dim = |module: &str, prefix: &str| -> CudaResult<[CudaFunction; 3]> {
+            let [a, b, c] = HEAD_DIMS.map(|hd| get(module, &format!("{prefix}_hd{hd}")));
+            let fns = [a?, b?, c?];
+            for f in &fns {
+                let attr = CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                f.set_attribute(attr, max_shared as i32)?;
+            }
+            Ok(fns)
+        };
+        Ok(Functions {
+            embedding_bf16: get("embedding", "embedding_bf16")?,
+            embedding_f32: get("embedding", "embedding_f32")?,
+            rms_norm: get("norm", "rms_norm")?,
+            rope: get("rope", "rope")?,
+            silu_mul: get("activation", "silu_mul")?,
+            gelu_tanh_mul: get("activation", "gelu_tanh_mul")?,
+            write_kv: get("kv_write", "write_kv")?,
+            copy_words: get("copy", "copy_words")?,
+            paged_decode: per_head_dim("paged_attention", "paged_decode")?,
+            paged_decode_reduce: get("paged_attention", "paged_decode_reduce")?,
+            prefill_attention: per_head_dim("prefill_attention", "prefill_attention")?,
+            argmax_rows: get("sampling", "argmax_rows")?,
+            sample_rows: get("sampling", "sample_rows")?,
+        })
+    }
+}
+
+/// Index of `head_dim` in `HEAD_DIMS`, or why it has no attention kernel.
+pub(crate) fn head_dim_index(head_dim: usize) -> CudaResult<usize> {
+    HEAD_DIMS
+        .iter()
+        .position(|&d| d == head_dim)
+        .ok_or_else(|| CudaError::Unsupported(format!("attention with head_dim {head_dim} (have {HEAD_DIMS:?})")))
+}

@@ -1,0 +1,303 @@
+// Sampling on the device: argmax per row, and temperature / top-k / min-p / top-p sampling with
+// one caller-supplied uniform number per row, plus the chosen token's log-probability.
+//
+// One block of SAMPLE_THREADS per row. The engine's CPU sampler sorts the candidates; here
+// every cut is a radix select over order-preserving 32-bit keys of the logits (four passes of
+// 8 bits, each a 256-bin histogram over the row), which finds the same token sets without a
+// sort. Probability masses are summed as 2^-40 fixed point in 64-bit integers, so sums do not
+// depend on the order the atomics land in: a row's result is deterministic. Rows are read as
+// 16-byte words, two per thread in flight; lanes of a warp that land in the same histogram
+// bin add their weights first (match + warp reduce), so a crowded bin costs one atomic per
+// warp, not one per element.
+//
+// The steps, as the CPU sampler does them: keep the top_k highest logits (0 = all); scale by
+// 1/temperature and exponentiate relative to the max (the max gets e = 1); drop e < min_p;
+// keep the shortest prefix (highest first) whose mass reaches top_p of the top-k mass; draw
+// with the inverse CDF of the kept mass, highest first — all in the CPU's order, logits
+// descending and equal logits by id ascending (a select that ends inside a run of equal logits
+// finds the last id it needs with three more passes over ids). Non-finite logits are never
+// candidates; a row without a finite logit, and temperature 0, take the argmax (first on
+// ties, NaN never wins).
+
+#define SAMPLE_THREADS 1024
+#define MASS_ONE 1099511627776.0f  // 2^40
+
+__device__ __forceinline__ bool is_finite(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
+
+__device__ __forceinline__ unsigned order_key(float x) {
+    unsigned u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Calls f(i, v, valid) for every element of x[0..n); lanes past the end get valid = false.
+// The trip counts are uniform across the block, so f may use warp-collective operations.
+template <class F>
+__device__ __forceinline__ void for_each(const float* __restrict__ x, int n, F f) {
+    const int n4 = ((size_t)x & 15) == 0 ? n / 4 : 0;
+    const float4* x4 = (const float4*)x;
+    const float4 none = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int base = 0; base < n4; base += 2 * blockDim.x) {
+        const int i = base + threadIdx.x, j = i + blockDim.x;
+        const float4 a = i < n4 ? x4[i] : none, b = j < n4 ? x4[j] : none;
+        f(4 * i, a.x, i < n4);
+        f(4 * i + 1, a.y, i < n4);
+        f(4 * i + 2, a.z, i < n4);
+        f(4 * i + 3, a.w, i < n4);
+        f(4 * j, b.x, j < n4);
+        f(4 * j + 1, b.y, j < n4);
+        f(4 * j + 2, b.z, j < n4);
+        f(4 * j + 3, b.w, j < n4);
+    }
+    for (int base = 4 * n4; base < n; base += blockDim.x) {
+        const int k = base + threadIdx.x;
+        f(k, k < n ? x[k] : 0.f, k < n);
+    }
+}
+
+// hist[bin] += w (bin < 0: nothing), the whole warp at once: lanes sharing a bin sum their
+// weights (w < 2^40, summed as 20-bit halves so 32 of them fit 32 bits) and one adds.
+__device__ __forceinline__ void hist_add(unsigned long long* hist, int bin, unsigned long long w) {
+    const unsigned peers = __match_any_sync(FULL_MASK, bin);
+    const unsigned hi = __reduce_add_sync(peers, (unsigned)(w >> 20));
+    const unsigned lo = __reduce_add_sync(peers, (unsigned)(w & 0xfffffu));
+    if (bin >= 0 && (int)(threadIdx.x & 31) == __ffs(peers) - 1)
+        atomicAdd(&hist[bin], ((unsigned long long)hi << 20) + lo);
+}
+
+// (value, index) of the row's argmax: the first index on ties; NaN never wins.
+__device__ void row_argmax(const float* x, int n, float* s_v, int* s_i, float* best_v, int* best_i) {
+    float bv = -FERRITE_INF;
+    int bi = 0x7fffffff;
+    for_each(x, n, [&](int i, float v, bool valid) {
+        if (valid && (v > bv || (v == bv && i < bi))) {
+            bv = v;
+            bi = i;
+        }
+    });
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+        int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) {
+        s_v[warp] = bv;
+        s_i[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) {
+            if (s_v[w] > bv || (s_v[w] == bv && s_i[w] < bi)) {
+                bv = s_v[w];
+                bi = s_i[w];
+            }
+        }
+        s_v[0] = bv;
+        s_i[0] = bi;
+    }
+    __syncthreads();
+    *best_v = s_v[0];
+    // Every element NaN: index 0, as the CPU's argmax.
+    *best_i = s_i[0] == 0x7fffffff ? 0 : s_i[0];
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) argmax_rows(const float* __restrict__ logits, int vocab,
+                                                                         int stride, unsigned* __restrict__ out) {
+    __shared__ float s_v[32];
+    __shared__ int s_i[32];
+    float v;
+    int i;
+    row_argmax(logits + (u64)blockIdx.x * stride, vocab, s_v, s_i, &v, &i);
+    if (threadIdx.x == 0) out[blockIdx.x] = (unsigned)i;
+}
+
+struct Select {
+    unsigned long long hist[256];
+    unsigned prefix;
+    int bin;
+    unsigned long long above;
+    unsigned long long group;
+    unsigned long long total;
+};
+
+// A cut of the candidates in the CPU sampler's order (logit descending, ties by id ascending):
+// (key, id) is kept when key > cut.key, or key == cut.key and id <= cut.id.
+struct Cut {
+    unsigned key;
+    int id;
+};
+
+#define NO_ID 0x7fffffff
+
+__device__ __forceinline__ bool kept(unsigned key, int id, Cut c) { return key > c.key || (key == c.key && id <= c.id); }
+
+__device__ __forceinline__ float key_value(unsigned key) {
+    return __uint_as_float((key & 0x80000000u) ? (key ^ 0x80000000u) : ~key);
+}
+
+__device__ __forceinline__ unsigned long long mass_of(float v, float mr, float inv_t) {
+    return (unsigned long long)(expf((v - mr) * inv_t) * MASS_ONE);
+}
+
+// Candidate filter shared by every pass: finite, inside `cut`, e >= min_e.
+__device__ __forceinline__ bool candidate(float v, int id, float mr, float inv_t, Cut cut, float min_e, unsigned* key,
+                                          float* e) {
+    if (!is_finite(v)) return false;
+    *key = order_key(v);
+    if (!kept(*key, id, cut)) return false;
+    *e = expf((v - mr) * inv_t);
+    return *e >= min_e;
+}
+
+// Pick bin of a radix pass (thread 0): the highest bin (`descending`) or the lowest whose
+// weight, added to `before`, reaches `target`.
+__device__ __forceinline__ void pick_bin(Select* s, unsigned prefix, int shift, unsigned long long before,
+                                         unsigned long long target, bool descending) {
+    unsigned long long cum = before;
+    int found = -1;
+    for (int i = 0; i < 256; i++) {
+        const int b = descending ? 255 - i : i;
+        if (cum + s->hist[b] >= target) {
+            found = b;
+            break;
+        }
+        cum += s->hist[b];
+    }
+    s->bin = found;
+    if (found >= 0) {
+        s->prefix = prefix | ((unsigned)found << shift);
+        s->above = cum;
+        s->group = s->hist[found];
+    }
+}
+
+// The shortest prefix, in the CPU's order, of the candidates (inside `cut`, e >= min_e) whose
+// weight — count, or fixed-point mass — reaches `target` (>= 1): the cut at its last member.
+// `cut` itself when all candidates weigh less. Four radix passes find the last member's key;
+// when that key is shared (tied logits) and only some of the tied tokens are needed, or
+// `exact_id` asks for the last member's id, three more passes over the ids of the tied tokens
+// find the last one needed.
+__device__ Cut select_cut(const float* x, int n, float mr, float inv_t, Cut cut, float min_e, bool by_mass,
+                          unsigned long long target, bool exact_id, Select* s) {
+    unsigned prefix = 0;
+    unsigned long long above = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) s->hist[b] = 0;
+        __syncthreads();
+        const unsigned hi_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+        for_each(x, n, [&](int i, float v, bool valid) {
+            unsigned key;
+            float e;
+            int bin = -1;
+            unsigned long long w = 0;
+            if (valid && candidate(v, i, mr, inv_t, cut, min_e, &key, &e) && (key & hi_mask) == (prefix & hi_mask)) {
+                bin = (key >> shift) & 255u;
+                w = by_mass ? (unsigned long long)(e * MASS_ONE) : 1ull;
+            }
+            hist_add(s->hist, bin, w);
+        });
+        __syncthreads();
+        if (threadIdx.x == 0) pick_bin(s, prefix, shift, above, target, true);
+        __syncthreads();
+        if (s->bin < 0) return cut;
+        prefix = s->prefix;
+        above = s->above;
+    }
+    const unsigned k = prefix;
+    // Tied tokens at key k all weigh `unit`; `need` of them, in id order, reach the target.
+    const unsigned long long unit = by_mass ? mass_of(key_value(k), mr, inv_t) : 1ull;
+    const unsigned long long members = s->group / unit;
+    const unsigned long long need = (target - above + unit - 1) / unit;
+    if (need >= members && !exact_id) return Cut{k, k == cut.key ? cut.id : NO_ID};
+    unsigned id = 0;
+    unsigned long long before = 0;
+    for (int shift = 16; shift >= 0; shift -= 8) {  // ids < 2^24
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) s->hist[b] = 0;
+        __syncthreads();
+        for_each(x, n, [&](int i, float v, bool valid) {
+            unsigned key;
+            float e;
+            int bin = -1;
+            if (valid && candidate(v, i, mr, inv_t, cut, min_e, &key, &e) && key == k &&
+                ((unsigned)i >> (shift + 8)) == (id >> (shift + 8)))
+                bin = ((unsigned)i >> shift) & 255u;
+            hist_add(s->hist, bin, 1ull);
+        });
+        __syncthreads();
+        if (threadIdx.x == 0) pick_bin(s, id, shift, before, need < members ? need : members, false);
+        __syncthreads();
+        if (s->bin < 0) return Cut{k, k == cut.key ? cut.id : NO_ID};  // unreachable: the group has `members`
+        id = s->prefix;
+        before = s->above;
+    }
+    return Cut{k, (int)id};
+}
+
+// Mass of the candidates inside `cut` with e >= min_e.
+__device__ unsigned long long kept_mass(const float* x, int n, float mr, float inv_t, Cut cut, float min_e, Select* s) {
+    if (threadIdx.x == 0) s->total = 0;
+    __syncthreads();
+    unsigned long long local = 0;
+    for_each(x, n, [&](int i, float v, bool valid) {
+        unsigned key;
+        float e;
+        if (valid && candidate(v, i, mr, inv_t, cut, min_e, &key, &e)) local += (unsigned long long)(e * MASS_ONE);
+    });
+    atomicAdd(&s->total, local);
+    __syncthreads();
+    return s->total;
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+    sample_rows(const float* __restrict__ logits, int vocab, int stride, const float* __restrict__ temperature,
+                const int* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ min_p,
+                const float* __restrict__ uniform, unsigned* __restrict__ tokens, float* __restrict__ logprobs) {
+    __shared__ float s_v[32];
+    __shared__ int s_i[32];
+    __shared__ Select s;
+    const int row = blockIdx.x;
+    const float* x = logits + (u64)row * stride;
+
+    float amax_v;
+    int amax;
+    row_argmax(x, vocab, s_v, s_i, &amax_v, &amax);
+    float mr = -FERRITE_INF;
+    for_each(x, vocab, [&](int, float v, bool valid) {
+        if (valid && is_finite(v)) mr = fmaxf(mr, v);
+    });
+    mr = block_max(mr, s_v);
+    float z = 0.f;
+    if (mr != -FERRITE_INF) for_each(x, vocab, [&](int, float v, bool valid) {
+            if (valid && is_finite(v)) z += expf(v - mr);
+        });
+    z = block_sum(z, s_v);
+    const float lse = mr + logf(z);
+
+    int token = amax;
+    const float t = temperature[row];
+    if (t > 0.f && mr != -FERRITE_INF) {
+        const float inv_t = 1.f / t;
+        Cut cut = Cut{0u, NO_ID};
+        const int k = top_k[row];
+        if (k > 0) cut = select_cut(x, vocab, mr, inv_t, cut, 0.f, false, (unsigned long long)k, false, &s);
+        const float min_e = min_p[row];
+        const float p = top_p[row];
+        if (p < 1.f) {
+            const unsigned long long zk = kept_mass(x, vocab, mr, inv_t, cut, 0.f, &s);
+            const unsigned long long want = (unsigned long long)ceil((double)p * (double)zk);
+            cut = select_cut(x, vocab, mr, inv_t, cut, min_e, true, want < 1 ? 1 : want, false, &s);
+        }
+        const unsigned long long total = kept_mass(x, vocab, mr, inv_t, cut, min_e, &s);
+        const unsigned long long draw = (unsigned long long)((double)uniform[row] * (double)total) + 1ull;
+        const Cut d = select_cut(x, vocab, mr, inv_t, cut, min_e, true, draw > total ? total : draw, true, &s);
+        if (d.id != NO_ID && total > 0) token = d.id;
+    }
+    if (threadIdx.x == 0) {
+        tokens[row] = (unsigned)token;
+        logprobs[row] = x[token] - lse;
+    }
+}

@@ -1,0 +1,313 @@
+//! Paged attention on the device: the per-step metadata, the KV write, decode attention
+//! (split-K) and variable-length prefill attention (tensor cores).
+//!
+//! A step's `ForwardBatch` becomes one `AttentionMeta` per KV group — block tables, context
+//! lengths, query spans, the slot of every new token and the prefill tile list — uploaded
+//! once and read by every layer of the group. `attention` runs the decode kernel when every
+//! row has one query token and the prefill kernel otherwise; both take the CPU op's
+//! `AttentionParams` (GQA, sliding window, softcap) and read the cache layout
+//! `[block][kv_head][slot][head_dim]` in bf16.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use half::bf16;
+
+use crate::batch::{ForwardBatch, NO_BLOCK};
+use crate::cpu::AttentionParams;
+use crate::cuda::context::{cfg, Gpu};
+use crate::cuda::error::{CudaError, CudaResult};
+use crate::cuda::functions::head_dim_index;
+
+/// Query tokens per prefill tile (the kernel's BM), and threads of both kernels.
+const PREFILL_TILE: usize = 64;
+const THREADS: u32 = 128;
+/// The decode kernel's warps and query heads per register chunk (DEC_WARPS, GCH).
+const DEC_WARPS: usize = 4;
+const GCH: usize = 8;
+/// Dynamic shared memory the decode kernel aims to stay under (keeps several CTAs per SM),
+/// and the longest partition it plans (longer ones only cost parallelism).
+const DECODE_SHARED_TARGET: usize = 48 << 10;
+const MAX_PARTITION: usize = 512;
+
+/// One layer's paged K and V pools on the device.
+pub struct DeviceKv {
+    pub k: CudaSlice<bf16>,
+    pub v: CudaSlice<bf16>,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+}
+
+impl DeviceKv {
+    /// Zeroed pools of `num_blocks` blocks of `block_size` positions.
+    pub fn new(
+        gpu: &Gpu,
+        num_blocks: usize,
+        block_size: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> CudaResult<DeviceKv> {
+        let n = num_blocks * block_size * n_kv_heads * head_dim;
+        Ok(DeviceKv { k: gpu.alloc(n)?, v: gpu.alloc(n)?, n_kv_heads, head_dim, block_size, num_blocks })
+    }
+}
+
+/// A step's attention metadata for one KV group, on the device.
+pub struct AttentionMeta {
+    pub rows: usize,
+    pub tokens: usize,
+    /// Longest context of any row (sizes the decode split).
+    pub max_context: usize,
+    /// Most query tokens of any row (1: a pure decode step).
+    pub max_query: usize,
+    block_size: usize,
+    bt_stride: usize,
+    block_tables: CudaSlice<i32>,
+    context_lens: CudaSlice<i32>,
+    query_start: CudaSlice<i32>,
+    slot_mapping: CudaSlice<i32>,
+    tiles: CudaSlice<i32>,
+    n_tiles: usize,
+}
+
+impl AttentionMeta {
+    /// Build and upload the metadata of `batch` for KV group `group` with `block_size`.
+    pub fn upload(gpu: &Gpu, batch: &ForwardBatch, group: usize, block_size: usize) -> CudaResult<AttentionMeta> {
+        let rows = batch.rows.len();
+        let tokens = batch.num_tokens();
+        if rows == 0 || tokens == 0 || block_size == 0 || batch.positions.len() != tokens {
+            return Err(CudaError::Shape(format!(
+                "attention metadata: {rows} rows, {tokens} tokens, block size {block_size}"
+            )));
+        }
+        let tables: Vec<&[u32]> = batch
+            .rows
+            .iter()
+            .map(|r| r.block_tables.get(group).map(Vec::as_slice))
+            .collect::<Option<_>>()
+            .ok_or_else(|| CudaError::Shape(format!("a row has no block table for KV group {group}")))?;
+        let bt_stride = tables.iter().map(|t| t.len()).max().unwrap_or(0).max(1);
+        let mut block_tables = vec![-1i32; rows * bt_stride];
+        for (dst, t) in block_tables.chunks_exact_mut(bt_stride).zip(&tables) {
+            for (d, &b) in dst.iter_mut().zip(t.iter()) {
+                *d = if b == NO_BLOCK { -1 } else { b as i32 };
+            }
+        }
+        let mut query_start = Vec::with_capacity(rows + 1);
+        let mut slot_mapping = vec![-1i32; tokens];
+        let mut tiles = Vec::new();
+        let mut next = 0;
+        for (r, (row, table)) in batch.rows.iter().zip(&tables).enumerate() {
+            let end = row.query_start + row.query_len;
+            // Rows are packed in order: each starts where the previous one ended.
+            if row.query_start != next || end > tokens || row.context_len < row.query_len {
+                return Err(CudaError::Shape(format!(
+                    "row {r} spans tokens {}..{end} with context {}",
+                    row.query_start, row.context_len
+                )));
+            }
+            query_start.push(row.query_start as i32);
+            next = end;
+            for (slot, &pos) in
+                slot_mapping[row.query_start..end].iter_mut().zip(&batch.positions[row.query_start..end])
+            {
+                let pos = pos as usize;
+                match table.get(pos / block_size) {
+                    Some(&b) if b != NO_BLOCK => *slot = (b as usize * block_size + pos % block_size) as i32,
+                    _ => return Err(CudaError::Shape(format!("position {pos} of row {r} has no cache block"))),
+                }
+            }
+            for t0 in (0..row.query_len).step_by(PREFILL_TILE) {
+                tiles.extend([r as i32, t0 as i32]);
+            }
+        }
+        query_start.push(tokens as i32);
+        let context_lens: Vec<i32> = batch.rows.iter().map(|r| r.context_len as i32).collect();
+        Ok(AttentionMeta {
+            rows,
+            tokens,
+            max_context: batch.rows.iter().map(|r| r.context_len).max().unwrap_or(0),
+            max_query: batch.rows.iter().map(|r| r.query_len).max().unwrap_or(0),
+            block_size,
+            bt_stride,
+            block_tables: gpu.upload(&block_tables)?,
+            context_lens: gpu.upload(&context_lens)?,
+            query_start: gpu.upload(&query_start)?,
+            slot_mapping: gpu.upload(&slot_mapping)?,
+            n_tiles: tiles.len() / 2,
+            tiles: gpu.upload(if tiles.is_empty() { &[0, 0] } else { &tiles })?,
+        })
+    }
+}
+
+fn check_cache(kv: &DeviceKv, meta: &AttentionMeta, p: &AttentionParams) -> CudaResult<()> {
+    let n = kv.num_blocks * kv.block_size * kv.n_kv_heads * kv.head_dim;
+    if kv.block_size != meta.block_size
+        || kv.n_kv_heads != p.n_kv_heads
+        || kv.head_dim != p.head_dim
+        || kv.k.len() < n
+        || kv.v.len() < n
+        || p.n_kv_heads == 0
+        || !p.n_heads.is_multiple_of(p.n_kv_heads)
+    {
+        return Err(CudaError::Shape(format!(
+            "attention {}/{} heads x {} vs cache of {} KV heads x {}, block size {} (meta {})",
+            p.n_heads, p.n_kv_heads, p.head_dim, kv.n_kv_heads, kv.head_dim, kv.block_size, meta.block_size
+        )));
+    }
+    Ok(())
+}
+
+/// Store the step's new keys and values (`[tokens, *]` rows of `kv_stride` values, the KV
+/// heads first) into the cache at the slots `meta` assigned.
+pub fn write_kv(
+    gpu: &Gpu,
+    k: &impl DevicePtr<bf16>,
+    v: &impl DevicePtr<bf16>,
+    kv_stride: usize,
+    meta: &AttentionMeta,
+    kv: &mut DeviceKv,
+) -> CudaResult<()> {
+    let width = kv.n_kv_heads * kv.head_dim;
+    let need = (meta.tokens - 1) * kv_stride + width;
+    if kv_stride < width || k.len() < need || v.len() < need {
+        return Err(CudaError::Shape(format!(
+            "write_kv: k {}, v {} for {} tokens of {width} (stride {kv_stride})",
+            k.len(),
+            v.len(),
+            meta.tokens
+        )));
+    }
+    let (kp, vp, sp) = (gpu.ptr(k), gpu.ptr(v), gpu.ptr(&meta.slot_mapping));
+    let (kc, vc) = (gpu.ptr_mut(&mut kv.k), gpu.ptr_mut(&mut kv.v));
+    let [st, t, nkv, hd, bs] = [kv_stride, meta.tokens, kv.n_kv_heads, kv.head_dim, kv.block_size].map(|x| x as i32);
+    let grid = gpu.grid_for(meta.tokens * width, 256);
+    gpu.launch(&gpu.fns.write_kv, cfg((grid, 1, 1), 256, 0), &[&kp, &vp, &st, &sp, &kc, &vc, &t, &nkv, &hd, &bs])
+}
+
+/// How a decode step splits each row's keys: partitions of `partition` keys, at most
+/// `splits` of them (the split-K grid depth).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodePlan {
+    pub partition: usize,
+    pub splits: usize,
+}
+
+impl DecodePlan {
+    /// Enough CTAs to keep every SM busy (four per SM), partitions of 64 to
+    /// `MAX_PARTITION` keys within the shared-memory budget. `max_context` bounds every
+    /// row's context.
+    pub fn new(gpu: &Gpu, rows: usize, p: &AttentionParams, max_context: usize) -> DecodePlan {
+        let visible = p.window.map_or(max_context, |w| w.min(max_context)).max(1);
+        let group = (p.n_heads / p.n_kv_heads.max(1)).max(1);
+        let fixed = group * p.head_dim + DEC_WARPS * group.min(GCH) * p.head_dim + 2 * group + 2;
+        // Per key: one score per head and (at block size 1, the worst case) one block id.
+        let cap = ((DECODE_SHARED_TARGET / 4).saturating_sub(fixed) / (group + 1)) / 32 * 32;
+        let ctas = (rows * p.n_kv_heads).max(1);
+        let want_splits = (4 * gpu.info().multiprocessors).div_ceil(ctas).max(1);
+        let partition = visible.div_ceil(want_splits).next_multiple_of(32).clamp(64, MAX_PARTITION).min(cap.max(32));
+        DecodePlan { partition, splits: visible.div_ceil(partition) }
+    }
+
+    fn shared_bytes(&self, p: &AttentionParams, block_size: usize) -> usize {
+        let group = p.n_heads / p.n_kv_heads;
+        let blocks = self.partition / block_size + 2;
+        4 * (group * p.head_dim + group * self.partition + DEC_WARPS * group.min(GCH) * p.head_dim + 2 * group + blocks)
+    }
+}
+
+/// Split-K partial results of a decode step (reused across steps and layers).
+pub struct DecodeScratch {
+    out: CudaSlice<f32>,
+    ml: CudaSlice<f32>,
+}
+
+impl DecodeScratch {
+    pub fn new(gpu: &Gpu, rows: usize, n_heads: usize, head_dim: usize, splits: usize) -> CudaResult<DecodeScratch> {
+        let n = (rows * n_heads * splits).max(1);
+        Ok(DecodeScratch { out: gpu.alloc(n * head_dim)?, ml: gpu.alloc(2 * n)? })
+    }
+}
+
+/// Attention of the step's queries (`[tokens, n_heads * head_dim]` rows of `q_stride`
+/// values) over the cache into `out` (rows of `out_stride`): the decode kernel when every
+/// row has one query token (planned by `plan`, or by `DecodePlan::new` when None), else the
+/// prefill kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    gpu: &Gpu,
+    q: &impl DevicePtr<bf16>,
+    q_stride: usize,
+    meta: &AttentionMeta,
+    kv: &DeviceKv,
+    p: &AttentionParams,
+    plan: Option<DecodePlan>,
+    scratch: &mut DecodeScratch,
+    out: &mut impl DevicePtrMut<bf16>,
+    out_stride: usize,
+) -> CudaResult<()> {
+    check_cache(kv, meta, p)?;
+    let width = p.n_heads * p.head_dim;
+    let span = |stride: usize| (meta.tokens - 1) * stride + width;
+    if q_stride < width || out_stride < width || q.len() < span(q_stride) || out.len() < span(out_stride) {
+        return Err(CudaError::Shape(format!(
+            "attention: q {} / out {} for {} tokens of {width}",
+            q.len(),
+            out.len(),
+            meta.tokens
+        )));
+    }
+    let hd = head_dim_index(p.head_dim)?;
+    let (qp, op) = (gpu.ptr(q), gpu.ptr_mut(out));
+    // The prefill kernel reads query rows as 16-byte words and writes bf16 pairs.
+    if !qp.is_multiple_of(16) || !q_stride.is_multiple_of(8) || !op.is_multiple_of(4) || !out_stride.is_multiple_of(2) {
+        return Err(CudaError::Shape(format!(
+            "attention: q (stride {q_stride}) must be 16-byte aligned, out (stride {out_stride}) 4-byte"
+        )));
+    }
+    let (kc, vc, bt, cl) = (gpu.ptr(&kv.k), gpu.ptr(&kv.v), gpu.ptr(&meta.block_tables), gpu.ptr(&meta.context_lens));
+    let [qs, os, bts, nh, nkv, bs] =
+        [q_stride, out_stride, meta.bt_stride, p.n_heads, p.n_kv_heads, kv.block_size].map(|x| x as i32);
+    let softcap = p.softcap.unwrap_or(0.0);
+    let window = p.window.map_or(0, |w| w as i32);
+    if meta.max_query <= 1 && meta.tokens == meta.rows {
+        let plan = plan.unwrap_or_else(|| DecodePlan::new(gpu, meta.rows, p, meta.max_context));
+        let splits = plan.splits.max(1);
+        let visible = p.window.map_or(meta.max_context, |w| w.min(meta.max_context));
+        if plan.partition == 0 || splits * plan.partition < visible {
+            return Err(CudaError::Shape(format!("decode plan {plan:?} does not cover {visible} keys")));
+        }
+        if scratch.out.len() < meta.rows * p.n_heads * splits * p.head_dim
+            || scratch.ml.len() < 2 * meta.rows * p.n_heads * splits
+        {
+            return Err(CudaError::Shape(format!("decode scratch too small for {} rows x {splits} splits", meta.rows)));
+        }
+        let (po, pm) = (gpu.ptr_mut(&mut scratch.out), gpu.ptr_mut(&mut scratch.ml));
+        let (part, ms) = (plan.partition as i32, splits as i32);
+        let grid = (p.n_kv_heads as u32, meta.rows as u32, splits as u32);
+        gpu.launch(
+            &gpu.fns.paged_decode[hd],
+            cfg(grid, THREADS, plan.shared_bytes(p, kv.block_size)),
+            &[
+                &op, &os, &po, &pm, &qp, &qs, &kc, &vc, &bt, &bts, &cl, &nh, &nkv, &bs, &p.scale, &softcap, &window,
+                &part, &ms,
+            ],
+        )?;
+        if splits > 1 {
+            let hd_i = p.head_dim as i32;
+            gpu.launch(
+                &gpu.fns.paged_decode_reduce,
+                cfg((p.n_heads as u32, meta.rows as u32, 1), THREADS, 0),
+                &[&op, &os, &po, &pm, &cl, &nh, &hd_i, &window, &part, &ms],
+            )?;
+        }
+        return Ok(());
+    }
+    let (qsp, tp) = (gpu.ptr(&meta.query_start), gpu.ptr(&meta.tiles));
+    let shared = (PREFILL_TILE + 2 * 64) * (p.head_dim + 8) * 2;
+    gpu.launch(
+        &gpu.fns.prefill_attention[hd],
+        cfg((meta.n_tiles as u32, p.n_heads as u32, 1), THREADS, shared),
+        &[&op, &os, &qp, &qs, &kc, &vc, &bt, &bts, &qsp, &cl, &tp, &nh, &nkv, &bs, &p.scale, &softcap, &window],
+    )
+}

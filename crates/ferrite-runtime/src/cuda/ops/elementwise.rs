@@ -1,0 +1,212 @@
+//! Row-wise and element-wise ops on bf16 activations: embedding gather, RMSNorm (with the
+//! fused residual add), RoPE, gated activations, the KV-cache write, a device copy, and the
+//! cuBLASLt linear layer.
+//!
+//! Activations are bf16 `[tokens, features]` rows; every kernel computes in f32. Norm weights
+//! and RoPE frequencies are small f32 buffers. Inputs read as "rows of `stride` values" may be
+//! views into a wider buffer (the q, k, v parts of a fused QKV projection).
+
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+use half::bf16;
+
+use crate::cuda::blas::GemmOutput;
+use crate::cuda::context::{cfg, Gpu};
+use crate::cuda::error::{CudaError, CudaResult};
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> CudaResult<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(CudaError::Shape(what()))
+    }
+}
+
+/// Threads for a one-block-per-row kernel over rows of `d` values.
+fn row_threads(d: usize) -> u32 {
+    (d / 4).clamp(32, 1024).next_multiple_of(32) as u32
+}
+
+/// An embedding table's element type: bf16 or f32 rows.
+pub trait TableElement: cudarc::driver::DeviceRepr {
+    #[doc(hidden)]
+    fn kernel(gpu: &Gpu) -> &cudarc::driver::CudaFunction;
+}
+
+impl TableElement for bf16 {
+    fn kernel(gpu: &Gpu) -> &cudarc::driver::CudaFunction {
+        &gpu.fns.embedding_bf16
+    }
+}
+
+impl TableElement for f32 {
+    fn kernel(gpu: &Gpu) -> &cudarc::driver::CudaFunction {
+        &gpu.fns.embedding_f32
+    }
+}
+
+/// `out[t] = table[ids[t]] * scale` for `table` of `[vocab, dim]`. Ids must be < vocab (the
+/// caller checks them; an id outside writes a zero row rather than reading out of bounds).
+#[allow(clippy::too_many_arguments)]
+pub fn embedding<T: TableElement>(
+    gpu: &Gpu,
+    table: &impl DevicePtr<T>,
+    (vocab, dim): (usize, usize),
+    ids: &impl DevicePtr<u32>,
+    tokens: usize,
+    scale: f32,
+    out: &mut impl DevicePtrMut<bf16>,
+) -> CudaResult<()> {
+    check(table.len() >= vocab * dim && ids.len() >= tokens && out.len() >= tokens * dim, || {
+        format!(
+            "embedding [{vocab}, {dim}] of {tokens} ids: table {}, ids {}, out {}",
+            table.len(),
+            ids.len(),
+            out.len()
+        )
+    })?;
+    if tokens == 0 {
+        return Ok(());
+    }
+    let (tp, ip, op) = (gpu.ptr(table), gpu.ptr(ids), gpu.ptr_mut(out));
+    let (dim_i, vocab_i) = (dim as i32, vocab as i32);
+    gpu.launch(T::kernel(gpu), cfg((tokens as u32, 1, 1), 256, 0), &[&tp, &ip, &op, &dim_i, &vocab_i, &scale])
+}
+
+/// RMSNorm of `rows` rows of `d` values: `out = x / rms(x) * (offset + w)`. With `residual`,
+/// first `residual += x` (the stored bf16 sum is what gets normalized): the fused residual add.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm(
+    gpu: &Gpu,
+    x: &impl DevicePtr<bf16>,
+    residual: Option<&mut dyn DevicePtrMut<bf16>>,
+    w: &impl DevicePtr<f32>,
+    (rows, d): (usize, usize),
+    eps: f32,
+    offset: f32,
+    out: &mut impl DevicePtrMut<bf16>,
+) -> CudaResult<()> {
+    let n = rows * d;
+    let res_len = residual.as_ref().map(|r| r.len());
+    check(x.len() >= n && w.len() >= d && out.len() >= n && res_len.is_none_or(|l| l >= n), || {
+        format!("rms_norm [{rows}, {d}]: x {}, w {}, out {}, residual {res_len:?}", x.len(), w.len(), out.len())
+    })?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let rp: u64 = residual.map_or(0, |r| gpu.ptr_mut(r));
+    let (xp, wp, op) = (gpu.ptr(x), gpu.ptr(w), gpu.ptr_mut(out));
+    let d_i = d as i32;
+    gpu.launch(
+        &gpu.fns.rms_norm,
+        cfg((rows as u32, 1, 1), row_threads(d), 0),
+        &[&xp, &rp, &wp, &op, &d_i, &eps, &offset],
+    )
+}
+
+/// Shapes of a RoPE call: `tokens` rows of `stride` values, each starting with `n_heads` heads
+/// of `head_dim` values (q heads, or the q and k heads of a fused QKV row).
+#[derive(Debug, Clone, Copy)]
+pub struct RopeShape {
+    pub tokens: usize,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub stride: usize,
+}
+
+/// Rotate the heads of `x` in place (rotate-half layout) at `positions`; `inv_freq` has
+/// rotary_dim / 2 values (partial rotary when rotary_dim < head_dim); cos and sin are scaled
+/// by `scaling`. A fused QKV buffer rotates its q and k heads in one call.
+pub fn rope(
+    gpu: &Gpu,
+    x: &mut impl DevicePtrMut<bf16>,
+    positions: &impl DevicePtr<u32>,
+    inv_freq: &impl DevicePtr<f32>,
+    scaling: f32,
+    s: RopeShape,
+) -> CudaResult<()> {
+    let half = inv_freq.len();
+    let width = s.n_heads * s.head_dim;
+    let need = if s.tokens == 0 { 0 } else { (s.tokens - 1) * s.stride + width };
+    check(2 * half <= s.head_dim && s.stride >= width && positions.len() >= s.tokens && x.len() >= need, || {
+        format!("rope {s:?} with {half} frequencies: x {}, positions {}", x.len(), positions.len())
+    })?;
+    if s.tokens == 0 || half == 0 {
+        return Ok(());
+    }
+    let (xp, pp, fp) = (gpu.ptr_mut(x), gpu.ptr(positions), gpu.ptr(inv_freq));
+    let [nh, hd, half_i, st] = [s.n_heads, s.head_dim, half, s.stride].map(|v| v as i32);
+    gpu.launch(
+        &gpu.fns.rope,
+        cfg((s.tokens as u32, 1, 1), 128, 2 * half * 4),
+        &[&xp, &pp, &fp, &nh, &hd, &half_i, &scaling, &st],
+    )
+}
+
+/// The activation of a gated MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatedActivation {
+    /// SwiGLU: `silu(gate) * up`.
+    Silu,
+    /// GeGLU with the tanh GELU (`gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// `out[t, j] = act(gate[t, j]) * up[t, j]` for `tokens` rows of `inter` values; gate and up
+/// are rows of `in_stride` values (e.g. the two halves of a fused gate_up projection).
+pub fn gated_activation(
+    gpu: &Gpu,
+    act: GatedActivation,
+    gate: &impl DevicePtr<bf16>,
+    up: &impl DevicePtr<bf16>,
+    (tokens, inter, in_stride): (usize, usize, usize),
+    out: &mut impl DevicePtrMut<bf16>,
+) -> CudaResult<()> {
+    let need = if tokens == 0 { 0 } else { (tokens - 1) * in_stride + inter };
+    check(in_stride >= inter && gate.len() >= need && up.len() >= need && out.len() >= tokens * inter, || {
+        format!(
+            "gated activation [{tokens}, {inter}] stride {in_stride}: gate {}, up {}, out {}",
+            gate.len(),
+            up.len(),
+            out.len()
+        )
+    })?;
+    if tokens * inter == 0 {
+        return Ok(());
+    }
+    let f = match act {
+        GatedActivation::Silu => &gpu.fns.silu_mul,
+        GatedActivation::GeluTanh => &gpu.fns.gelu_tanh_mul,
+    };
+    let (gp, up_, op) = (gpu.ptr(gate), gpu.ptr(up), gpu.ptr_mut(out));
+    let [t, i, st] = [tokens, inter, in_stride].map(|v| v as i32);
+    gpu.launch(f, cfg((gpu.grid_for(tokens * inter, 256), 1, 1), 256, 0), &[&gp, &up_, &op, &t, &i, &st])
+}
+
+/// Copy `src` into `dst` with the 16-byte copy kernel (both the same byte length, a
+/// multiple of 16, and 16-byte aligned, as device allocations are).
+pub fn copy<T>(gpu: &Gpu, src: &impl DevicePtr<T>, dst: &mut impl DevicePtrMut<T>) -> CudaResult<()> {
+    let bytes = src.num_bytes();
+    let (sp, dp) = (gpu.ptr(src), gpu.ptr_mut(dst));
+    check(dst.num_bytes() == bytes && bytes % 16 == 0 && sp % 16 == 0 && dp % 16 == 0, || {
+        format!("copy of {bytes} bytes into {} (16-byte words and alignment needed)", dst.num_bytes())
+    })?;
+    let words = (bytes / 16) as u64;
+    if words == 0 {
+        return Ok(());
+    }
+    let grid = gpu.grid_for(words as usize, 256);
+    gpu.launch(&gpu.fns.copy_words, cfg((grid, 1, 1), 256, 0), &[&sp, &dp, &words])
+}
+
+/// `y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])` through cuBLASLt (bf16 in, f32 accumulate,
+/// bf16 or f32 out).
+pub fn linear<O: GemmOutput>(
+    gpu: &Gpu,
+    x: &impl DevicePtr<bf16>,
+    w: &impl DevicePtr<bf16>,
+    bias: Option<&dyn DevicePtr<O>>,
+    y: &mut impl DevicePtrMut<O>,
+    mnk: (usize, usize, usize),
+) -> CudaResult<()> {
+    gpu.blas.linear(x, w, bias, y, mnk)
+}

@@ -1,0 +1,11 @@
+//! The CUDA op set: plain functions over device buffers, one per CPU op they mirror.
+
+pub mod attention;
+pub mod elementwise;
+pub mod sampling;
+
+pub use attention::{attention, write_kv, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv};
+pub use elementwise::{
+    copy, embedding, gated_activation, linear, rms_norm, rope, GatedActivation, RopeShape, TableElement,
+};
+pub use sampling::{argmax, sample, RowSampling, SamplingParamsDev};

@@ -1,0 +1,160 @@
+//! CUDA paged attention and KV write against the CPU ops, gated on `FERRITE_TEST_CUDA=1`.
+//!
+//! Each case fills a cache of shuffled 16-slot blocks with random bf16 keys and values, writes
+//! the step's new keys and values through both `write_kv`s (the caches must then agree
+//! exactly), and compares attention outputs: decode batches (contexts 1..2048, split-K with
+//! the automatic plan, a forced 64-key partition and a single partition) and mixed batches
+//! (cold prefill, chunked continuation, decode rows, tile edges at 64/65/130 queries), for
+//! GQA 9/3 × 64, 32/8 × 128 and 16/8 × 256, plain, sliding-window and soft-capped.
+//!
+//! Tolerance: the output is a convex combination of values |v| < 1. The GPU rounds the output
+//! to bf16 (2^-9 relative) and, in the prefill kernel, the probabilities to bf16 before P·V
+//! (each weight off by at most 2^-9 relative, so the sum by at most 2^-9 · max|v|); scores
+//! and sums are f32 in both. Hence |gpu − cpu| ≤ 2^-8 + 2^-7·|cpu|, with room for f32 noise.
+
+mod cuda_common;
+
+use cuda_common::{compare, gpu, poisoned_bf16, rand_bf16, rng, to_f32};
+use ferrite_runtime::batch::RowLogits;
+use ferrite_runtime::cpu::{self, AttentionParams};
+use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv};
+use ferrite_runtime::cuda::Gpu;
+use ferrite_runtime::kv::{KvLayerSpec, LayerKv};
+use ferrite_runtime::ForwardBatch;
+use rand::rngs::StdRng;
+use rand::Rng;
+
+const BLOCK: usize = 16;
+const ATOL: f32 = 1.0 / 256.0;
+const RTOL: f32 = 1.0 / 128.0;
+
+#[derive(Debug, Clone, Copy)]
+struct Heads {
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+}
+
+const HEADS: [Heads; 3] =
+    [Heads { nh: 9, nkv: 3, hd: 64 }, Heads { nh: 32, nkv: 8, hd: 128 }, Heads { nh: 16, nkv: 8, hd: 256 }];
+
+/// Which decode split to use: the automatic plan, or a fixed partition length.
+#[derive(Debug, Clone, Copy)]
+enum Split {
+    Auto,
+    Partition(usize),
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_case(
+    gpu: &Gpu,
+    rng: &mut StdRng,
+    label: &str,
+    h: Heads,
+    shapes: &[(usize, usize)],
+    p: AttentionParams,
+    q_amp: f32,
+    split: Split,
+) {
+    let (nh, nkv, hd) = (h.nh, h.nkv, h.hd);
+    let needed: usize = shapes.iter().map(|&(ctx, _)| ctx.div_ceil(BLOCK)).sum();
+    let pool = needed + 7;
+    let mut ids: Vec<u32> = (0..pool as u32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.random_range(0..=i));
+    }
+    let mut batch = ForwardBatch::default();
+    for &(ctx, len) in shapes {
+        let table: Vec<u32> = ids.drain(..ctx.div_ceil(BLOCK)).collect();
+        batch.push_row(&vec![0; len], ctx, vec![table], RowLogits::None);
+    }
+    let tokens = batch.num_tokens();
+    let n = pool * BLOCK * nkv * hd;
+    let (kh, kf) = rand_bf16(rng, n, 1.0);
+    let (vh, vf) = rand_bf16(rng, n, 1.0);
+    let mut layer = LayerKv { spec: KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 }, k: kf, v: vf };
+    let mut dkv = DeviceKv::new(gpu, pool, BLOCK, nkv, hd).unwrap();
+    gpu.upload_into(&kh, &mut dkv.k).unwrap();
+    gpu.upload_into(&vh, &mut dkv.v).unwrap();
+
+    // New keys and values, interleaved per token as [k | v] (a strided view, like fused QKV).
+    let width = nkv * hd;
+    let (new_h, new_f) = rand_bf16(rng, tokens * 2 * width, 1.0);
+    let new_k: Vec<f32> = new_f.chunks(2 * width).flat_map(|r| r[..width].to_vec()).collect();
+    let new_v: Vec<f32> = new_f.chunks(2 * width).flat_map(|r| r[width..].to_vec()).collect();
+    cpu::write_kv(&new_k, &new_v, &batch, &mut layer, BLOCK).unwrap();
+    let meta = AttentionMeta::upload(gpu, &batch, 0, BLOCK).unwrap();
+    let new_d = gpu.upload(&new_h).unwrap();
+    ops::write_kv(gpu, &new_d.slice(..), &new_d.slice(width..), 2 * width, &meta, &mut dkv).unwrap();
+    let case = format!("{label} {nh}/{nkv}x{hd} rows={} tokens={tokens}", shapes.len());
+    compare("write_kv", &format!("{case} K"), &to_f32(&gpu.download(&dkv.k).unwrap()), &layer.k, 0.0, 0.0);
+    compare("write_kv", &format!("{case} V"), &to_f32(&gpu.download(&dkv.v).unwrap()), &layer.v, 0.0, 0.0);
+
+    let (qh, qf) = rand_bf16(rng, tokens * nh * hd, q_amp);
+    let mut want = vec![0f32; qf.len()];
+    cpu::paged_attention(&qf, &batch, &layer, BLOCK, &p, &mut want).unwrap();
+    let plan = match split {
+        Split::Auto => DecodePlan::new(gpu, meta.rows, &p, meta.max_context),
+        Split::Partition(partition) => {
+            let visible = p.window.map_or(meta.max_context, |w| w.min(meta.max_context));
+            DecodePlan { partition, splits: visible.div_ceil(partition) }
+        }
+    };
+    let mut scratch = DecodeScratch::new(gpu, meta.rows, nh, hd, plan.splits).unwrap();
+    let mut out = poisoned_bf16(gpu, tokens * nh * hd);
+    let q_d = gpu.upload(&qh).unwrap();
+    ops::attention(gpu, &q_d, nh * hd, &meta, &dkv, &p, Some(plan), &mut scratch, &mut out, nh * hd).unwrap();
+    let kernel = if meta.max_query == 1 {
+        format!("decode splits={} partition={}", plan.splits, plan.partition)
+    } else {
+        "prefill".into()
+    };
+    let what = format!("{case} {kernel} window={:?} softcap={:?}", p.window, p.softcap);
+    compare("attention", &what, &to_f32(&gpu.download(&out).unwrap()), &want, ATOL, RTOL);
+}
+
+fn params(h: Heads, window: Option<usize>, softcap: Option<f32>) -> AttentionParams {
+    AttentionParams {
+        n_heads: h.nh,
+        n_kv_heads: h.nkv,
+        head_dim: h.hd,
+        scale: 1.0 / (h.hd as f32).sqrt(),
+        window,
+        softcap,
+    }
+}
+
+/// (params, query amplitude): plain, sliding window, and a soft cap with scores large enough
+/// for the cap to bend them.
+fn variants(h: Heads) -> [(AttentionParams, f32); 3] {
+    [(params(h, None, None), 2.0), (params(h, Some(100), None), 2.0), (params(h, None, Some(5.0)), 8.0)]
+}
+
+#[test]
+fn cuda_decode_attention_matches_cpu() {
+    let Some((gpu, _checks)) = gpu("cuda_decode_attention_matches_cpu") else { return };
+    let mut rng = rng("decode");
+    let rows: Vec<(usize, usize)> = [1, 15, 16, 17, 100, 511, 513, 1000, 2047, 2048].iter().map(|&c| (c, 1)).collect();
+    for h in HEADS {
+        for (p, amp) in variants(h) {
+            for split in [Split::Auto, Split::Partition(64), Split::Partition(4096)] {
+                run_case(gpu, &mut rng, &format!("{split:?}"), h, &rows, p, amp, split);
+            }
+        }
+        // A single long row: split-K is the only parallelism.
+        run_case(gpu, &mut rng, "single", h, &[(1999, 1)], params(h, None, None), 2.0, Split::Auto);
+    }
+}
+
+#[test]
+fn cuda_prefill_attention_matches_cpu() {
+    let Some((gpu, _checks)) = gpu("cuda_prefill_attention_matches_cpu") else { return };
+    let mut rng = rng("prefill");
+    let mixed = [(300, 1), (37, 5), (100, 40), (1, 1), (250, 17), (2048, 200), (130, 130), (64, 64), (65, 65)];
+    for h in HEADS {
+        for (p, amp) in variants(h) {
+            run_case(gpu, &mut rng, "mixed", h, &mixed, p, amp, Split::Auto);
+        }
+        run_case(gpu, &mut rng, "cold 1000", h, &[(1000, 1000)], params(h, None, None), 2.0, Split::Auto);
+    }
+}
