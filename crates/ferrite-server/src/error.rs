@@ -2,9 +2,10 @@
 //! `{"error": {"message", "type", "param", "code"}}`.
 //!
 //! Handlers return `Result<_, ApiError>`; engine validation errors (`EngineError`) convert
-//! into 400s that say what is wrong. API surfaces with another error shape (Anthropic's
-//! `{"type": "error", "error": {...}}`) render the same `ApiError` their own way from its
-//! public fields.
+//! into 400s that say what is wrong. An error response carries its `ApiError` as a response
+//! extension, so a surface with another error shape (Anthropic's `{"type": "error",
+//! "error": {...}}`, `anthropic_body`) can re-render any error on its routes — those of the
+//! handlers and those of the shared layers (401, 404, 405, 413) alike.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -79,6 +80,26 @@ impl ApiError {
         }
     }
 
+    /// Anthropic's error `type` for this status (a full queue is `overloaded_error`).
+    pub fn anthropic_kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+            StatusCode::TOO_MANY_REQUESTS if self.code == Some("queue_full") => "overloaded_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+            s if s.is_server_error() => "api_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The Anthropic-style body.
+    pub fn anthropic_body(&self) -> serde_json::Value {
+        json!({"type": "error", "error": {"type": self.anthropic_kind(), "message": self.message}})
+    }
+
     /// The OpenAI-style body.
     pub fn openai_body(&self) -> serde_json::Value {
         json!({"error": {"message": self.message, "type": self.kind(), "param": self.param, "code": self.code}})
@@ -96,7 +117,9 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        self.response_with(self.openai_body())
+        let mut resp = self.response_with(self.openai_body());
+        resp.extensions_mut().insert(self);
+        resp
     }
 }
 

@@ -5,7 +5,8 @@
 //! `RequestStream`, which aborts the request and frees its KV blocks, and releases its permit.
 //!
 //! `collect` gathers a whole generation for non-streaming responses; `into_stream` turns it
-//! into a `Stream` of outputs for SSE.
+//! into a `Stream` of outputs for SSE. `with_markers` puts the special tokens a chat
+//! request's parsers read back into the text.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use futures_util::Stream;
 
 use crate::admission::Permit;
 use crate::error::ApiError;
+use crate::parser::markers::SpecialMarkers;
 use crate::state::App;
 
 pub struct Generation {
@@ -27,6 +29,7 @@ pub struct Generation {
     first_token: Option<Instant>,
     open_choices: usize,
     completion_tokens: usize,
+    markers: Option<SpecialMarkers>,
 }
 
 /// One finished choice of a non-streaming generation.
@@ -74,18 +77,28 @@ impl App {
             first_token: None,
             open_choices,
             completion_tokens: 0,
+            markers: None,
         })
     }
 }
 
 impl Generation {
+    /// Put these special tokens' text back into the outputs (for the output parsers).
+    pub fn with_markers(mut self, markers: Option<SpecialMarkers>) -> Generation {
+        self.markers = markers;
+        self
+    }
+
     /// The next output of any choice; `None` once every choice has finished (or the engine
     /// stopped, which the caller sees as choices that never finished).
     pub async fn next(&mut self) -> Option<Output> {
         if self.open_choices == 0 {
             return None;
         }
-        let out = self.stream.next().await?;
+        let mut out = self.stream.next().await?;
+        if let Some(m) = &self.markers {
+            m.restore(&mut out);
+        }
         let now = Instant::now();
         if self.first_token.is_none() && !out.token_ids.is_empty() {
             self.first_token = Some(now);

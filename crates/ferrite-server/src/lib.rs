@@ -1,20 +1,25 @@
 //! ferrite-server: the HTTP face of one engine.
 //!
 //! `router` assembles the API surfaces — one module each (`openai`: chat, completions,
-//! models; `ops`: health, metrics, tokenize) — over what they share: the app state
-//! (`state`), typed errors (`error`), body extraction (`extract`), API-key checks (`auth`),
-//! admission control (`admission`), engine requests with latency metrics (`generate`),
-//! chat-template prompts (`prompt`), output parsing hooks (`parser`) and SSE (`sse`).
-//! `serve` runs it on a listener until a shutdown signal, then drains in-flight requests
-//! for a bounded time.
+//! models; `anthropic`: messages; `responses`: the Responses API; `ops`: health, metrics,
+//! tokenize; `web`: the chat page at `/`) — over what they share: the app state (`state`),
+//! typed errors (`error`), body extraction (`extract`), API-key checks (`auth`), admission
+//! control (`admission`), engine requests with latency metrics (`generate`), conversations
+//! with tools and tool choice (`conversation`) rendered through the chat template
+//! (`prompt`), output parsers for reasoning and tool calls (`parser`), output blocks for
+//! block-shaped replies (`blocks`) and SSE (`sse`). `serve` runs it on a listener until a
+//! shutdown signal, then drains in-flight requests for a bounded time.
 //!
-//! A new API surface (Anthropic messages, responses) is a module with a `routes()` merged in
-//! `router`, building prompts with `ModelInfo::chat_prompt_ids`, running them with
-//! `App::generate`, streaming with `sse::sse_from_outputs`, and rendering `ApiError`s in its
-//! own shape.
+//! A chat-shaped surface translates its request into a `conversation::Conversation`,
+//! prepares it with `ModelInfo::prepare_chat` (prompt ids, parsers, special-token markers),
+//! runs it with `App::generate`, streams with `sse::sse_from_outputs`, and renders
+//! `ApiError`s in its own shape.
 
 pub mod admission;
+pub mod anthropic;
 pub mod auth;
+pub mod blocks;
+pub mod conversation;
 pub mod error;
 pub mod extract;
 pub mod generate;
@@ -23,15 +28,17 @@ pub mod openai;
 pub mod ops;
 pub mod parser;
 pub mod prompt;
+pub mod responses;
 pub mod sse;
 pub mod state;
+pub mod web;
 
 use std::future::{Future, IntoFuture};
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::StatusCode;
-use axum::middleware::from_fn_with_state;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::Router;
 use tokio::net::TcpListener;
 
@@ -42,10 +49,14 @@ pub use state::{App, ModelInfo, ServerConfig};
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .merge(openai::routes())
+        .merge(anthropic::routes())
+        .merge(responses::routes())
         .merge(ops::routes())
+        .merge(web::routes())
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(from_fn_with_state(app.clone(), auth::require_api_key))
+        .layer(from_fn(anthropic::error_shape))
         .layer(from_fn_with_state(app.clone(), metrics::count_requests))
         .layer(DefaultBodyLimit::max(app.config.body_limit))
         .with_state(app)

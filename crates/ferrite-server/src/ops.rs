@@ -1,5 +1,6 @@
 //! Operations endpoints: `/health`, `/metrics` (Prometheus text), and vLLM-compatible
-//! `/tokenize` (a prompt, or chat messages through the template) and `/detokenize`.
+//! `/tokenize` (a prompt, or chat messages rendered as a chat request would be, tools and a
+//! forced tool-call opening included) and `/detokenize`.
 
 use std::sync::Arc;
 
@@ -11,10 +12,10 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::conversation::Conversation;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
-use crate::openai::messages::{normalize_messages, tools_for_template};
-use crate::prompt::ChatPrompt;
+use crate::openai::messages::{check_tools, normalize_messages, tool_choice};
 use crate::state::App;
 
 pub fn routes() -> Router<Arc<App>> {
@@ -43,6 +44,7 @@ struct TokenizeRequest {
     add_generation_prompt: Option<bool>,
     chat_template_kwargs: Option<Map<String, Value>>,
     tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
     return_token_strs: Option<bool>,
 }
 
@@ -52,15 +54,15 @@ async fn tokenize(State(app): State<Arc<App>>, body: JsonBody) -> Result<Json<Va
     let tokens = match (&req.prompt, &req.messages) {
         (Some(prompt), None) => app.model.encode(prompt, req.add_special_tokens.unwrap_or(true))?,
         (None, Some(messages)) => {
-            let messages = normalize_messages(messages)?;
-            let tools = tools_for_template(req.tools.as_deref(), None)?;
-            let text = app.model.render_chat(&ChatPrompt {
-                messages: &messages,
-                tools: (!tools.is_empty()).then_some(&tools[..]),
-                add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+            let conversation = Conversation {
+                messages: normalize_messages(messages)?,
+                tools: check_tools(req.tools.as_deref())?,
+                tool_choice: tool_choice(req.tool_choice.as_ref())?,
                 kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
-            })?;
-            app.model.encode(&text, req.add_special_tokens.unwrap_or(false))?
+                add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+            };
+            let rendered = app.model.render_conversation(&conversation)?;
+            app.model.encode(&rendered.text, req.add_special_tokens.unwrap_or(false))?
         }
         _ => return Err(ApiError::bad_request("send exactly one of 'prompt' and 'messages'")),
     };

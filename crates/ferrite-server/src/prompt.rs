@@ -1,8 +1,8 @@
-//! Prompts from conversations: OpenAI-style messages (already checked by the API layer) are
-//! rendered with the model's chat template — with the tools, the generation prompt and the
-//! `chat_template_kwargs` — and tokenized without adding special tokens (the template writes
-//! BOS and the turn markers itself). Every chat-shaped API (OpenAI chat, `/tokenize` with
-//! messages, Anthropic messages, responses) builds its prompt here.
+//! Chat-template rendering and tokenization: OpenAI-style messages (already checked by the
+//! API layer) are rendered with the model's chat template — with the tools, the generation
+//! prompt and the `chat_template_kwargs` — and chat prompts are tokenized without adding
+//! special tokens (the template writes BOS and the turn markers itself). Conversations
+//! (`conversation`), which every chat-shaped API builds, render through here.
 
 use ferrite_models::chat_template::{ChatRenderRequest, ChatTemplateError};
 use serde_json::{Map, Value};
@@ -38,12 +38,6 @@ impl ModelInfo {
             }
             other => ApiError::internal(other.to_string()),
         })
-    }
-
-    /// The prompt ids of `chat`.
-    pub fn chat_prompt_ids(&self, chat: &ChatPrompt<'_>) -> Result<Vec<u32>, ApiError> {
-        let text = self.render_chat(chat)?;
-        self.encode(&text, false)
     }
 
     /// Tokenize `text` (a tokenizer failure is a 500; no tokenizer is a 400).

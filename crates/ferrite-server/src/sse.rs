@@ -17,6 +17,11 @@ pub fn json_event(value: &Value) -> Event {
     Event::default().data(value.to_string())
 }
 
+/// An `event: NAME` event carrying `value` as JSON (Anthropic and Responses streams).
+pub fn named_event(name: &str, value: &Value) -> Event {
+    Event::default().event(name).data(value.to_string())
+}
+
 /// The OpenAI end-of-stream marker, `data: [DONE]`.
 pub fn done_event() -> Event {
     Event::default().data("[DONE]")

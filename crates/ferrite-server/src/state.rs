@@ -1,6 +1,6 @@
 //! `App`: what every handler shares — the engine, the served model (names, tokenizer, chat
-//! template, sampling defaults), the server settings, metrics, the admission gate and the
-//! output-parser factory. Handlers receive it as `State<Arc<App>>`.
+//! template, sampling defaults), the server settings, metrics, the admission gate, the
+//! output-parser factory and the stored responses. Handlers receive it as `State<Arc<App>>`.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,7 +14,8 @@ use ferrite_models::LoadedModel;
 use crate::admission::Admission;
 use crate::error::ApiError;
 use crate::metrics::ServerMetrics;
-use crate::parser::{ParserFactory, PlainTextParsers};
+use crate::parser::{ParserFactory, TemplateParsers};
+use crate::responses::store::ResponseStore;
 
 /// Server settings (the `ferrite serve` flags that are not about the engine).
 #[derive(Debug, Clone)]
@@ -27,11 +28,22 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// How long a shutdown waits for in-flight requests before dropping them.
     pub shutdown_timeout: Duration,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}` (0: none).
+    pub response_store_capacity: usize,
+    /// How long a stored response is kept.
+    pub response_store_ttl: Duration,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { api_key: None, max_queue: None, body_limit: 32 << 20, shutdown_timeout: Duration::from_secs(30) }
+        ServerConfig {
+            api_key: None,
+            max_queue: None,
+            body_limit: 32 << 20,
+            shutdown_timeout: Duration::from_secs(30),
+            response_store_capacity: 1024,
+            response_store_ttl: Duration::from_secs(3600),
+        }
     }
 }
 
@@ -91,6 +103,8 @@ pub struct App {
     pub metrics: ServerMetrics,
     pub admission: Admission,
     pub parsers: Box<dyn ParserFactory>,
+    /// Finished responses of `/v1/responses`.
+    pub responses: ResponseStore,
 }
 
 impl App {
@@ -99,9 +113,10 @@ impl App {
             engine,
             model,
             admission: Admission::new(config.max_queue),
+            responses: ResponseStore::new(config.response_store_capacity, config.response_store_ttl),
             config,
             metrics: ServerMetrics::default(),
-            parsers: Box::new(PlainTextParsers),
+            parsers: Box::new(TemplateParsers),
         }
     }
 
@@ -114,4 +129,9 @@ impl App {
 
 pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// A fresh id: `prefix` then 24 random hex digits.
+pub fn random_id(prefix: &str) -> String {
+    format!("{prefix}{:024x}", rand::random::<u128>() >> 32)
 }

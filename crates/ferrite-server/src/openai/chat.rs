@@ -14,17 +14,17 @@ use ferrite_engine::{FinishReason, Output, Usage};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::conversation::Conversation;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::generate::{finish_reason, merge_usage, Choice, Generation};
 use crate::openai::chat_output::Parsed;
-use crate::openai::messages::{normalize_messages, template_kwargs, tools_for_template};
+use crate::openai::messages::{check_tools, normalize_messages, template_kwargs, tool_choice};
 use crate::openai::params::CommonParams;
-use crate::openai::{logprobs, response_id, usage_json};
-use crate::parser::{OutputParser, ParseContext};
-use crate::prompt::ChatPrompt;
+use crate::openai::{logprobs, usage_json};
+use crate::parser::OutputParser;
 use crate::sse::{done_event, json_event, sse_from_outputs, StreamRenderer};
-use crate::state::{unix_now, App};
+use crate::state::{random_id, unix_now, App};
 use axum::response::sse::Event;
 
 /// The chat-only request fields (the shared ones are `CommonParams`).
@@ -90,27 +90,26 @@ pub async fn chat_completions(State(app): State<Arc<App>>, body: JsonBody) -> Re
     let chat: ChatFields = body.parse()?;
     app.model.check(common.model.as_deref())?;
     common.check_supported()?;
-    let messages = normalize_messages(&chat.messages)?;
-    let tools = tools_for_template(chat.tools.as_deref(), chat.tool_choice.as_ref())?;
-    let kwargs = template_kwargs(chat.chat_template_kwargs.as_ref(), chat.reasoning_effort.as_deref());
-    let prompt = app.model.chat_prompt_ids(&ChatPrompt {
-        messages: &messages,
-        tools: (!tools.is_empty()).then_some(&tools[..]),
+    let conversation = Conversation {
+        messages: normalize_messages(&chat.messages)?,
+        tools: check_tools(chat.tools.as_deref())?,
+        tool_choice: tool_choice(chat.tool_choice.as_ref())?,
+        kwargs: template_kwargs(chat.chat_template_kwargs.as_ref(), chat.reasoning_effort.as_deref()),
         add_generation_prompt: chat.add_generation_prompt.unwrap_or(true),
-        kwargs: kwargs.clone(),
-    })?;
+    };
+    let prepared = app.model.prepare_chat(&conversation)?;
     let lp = chat.logprobs()?;
     let params = common.to_request_params(&app.model, chat.max_completion_tokens.or(common.max_tokens), lp)?;
+    let params = prepared.request_params(params);
     let n = params.n;
     let permit = app.admission.admit_one()?;
-    let prompt_ids = chat.return_token_ids.unwrap_or(false).then(|| prompt.clone());
-    let generation = app.generate(prompt, params, permit, started)?;
+    let prompt_ids = chat.return_token_ids.unwrap_or(false).then(|| prepared.prompt_ids.clone());
+    let generation = app.generate(prepared.prompt_ids, params, permit, started)?.with_markers(prepared.markers);
     // After `generate`, which validated n.
-    let ctx = ParseContext { tools: &tools, template_kwargs: &kwargs };
-    let parsers = (0..n).map(|_| app.parsers.parser(&ctx)).collect();
+    let parsers = prepared.rendered.parsers(app.parsers.as_ref(), n);
     let responder = ChatResponder {
         app: app.clone(),
-        id: response_id("chatcmpl-"),
+        id: random_id("chatcmpl-"),
         created: unix_now(),
         parsers,
         logprobs: lp.is_some(),

@@ -21,9 +21,9 @@ use crate::extract::JsonBody;
 use crate::generate::{finish_reason, merge_usage, Generation};
 use crate::openai::logprobs::CompletionLogprobs;
 use crate::openai::params::CommonParams;
-use crate::openai::{response_id, usage_json};
+use crate::openai::usage_json;
 use crate::sse::{done_event, json_event, sse_from_outputs, StreamRenderer};
-use crate::state::{unix_now, App};
+use crate::state::{random_id, unix_now, App};
 
 #[derive(Debug, Deserialize)]
 struct CompletionFields {
@@ -148,7 +148,7 @@ pub async fn completions(State(app): State<Arc<App>>, body: JsonBody) -> Result<
     let choices = prompts.len() * n;
     let responder = Responder {
         app: app.clone(),
-        id: response_id("cmpl-"),
+        id: random_id("cmpl-"),
         created: unix_now(),
         n,
         echo: prompts.iter().map(|p| if echo { p.text.clone() } else { String::new() }).collect(),

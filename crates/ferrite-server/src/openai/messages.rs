@@ -5,6 +5,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::conversation::ToolChoice;
 use crate::error::ApiError;
 
 const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
@@ -87,9 +88,8 @@ fn check_tool_call(at: &str, call: &Value) -> Result<(), ApiError> {
     }
 }
 
-/// Check `tools` (function tools with a name) against `tool_choice`; returns the tools to
-/// show the template (none for `tool_choice: "none"`).
-pub fn tools_for_template(tools: Option<&[Value]>, tool_choice: Option<&Value>) -> Result<Vec<Value>, ApiError> {
+/// Check `tools`: function tools with a name.
+pub fn check_tools(tools: Option<&[Value]>) -> Result<Vec<Value>, ApiError> {
     let tools = tools.unwrap_or_default();
     for (i, t) in tools.iter().enumerate() {
         let at = format!("tools[{i}]");
@@ -103,17 +103,23 @@ pub fn tools_for_template(tools: Option<&[Value]>, tool_choice: Option<&Value>) 
             ));
         }
     }
-    match tool_choice {
-        None | Some(Value::Null) => Ok(tools.to_vec()),
-        Some(Value::String(s)) if s == "auto" => Ok(tools.to_vec()),
-        Some(Value::String(s)) if s == "none" => Ok(Vec::new()),
-        Some(Value::String(s)) if s == "required" => {
-            Err(ApiError::invalid_param("tool_choice", "tool_choice 'required' is not supported yet"))
-        }
-        Some(Value::Object(_)) => Err(ApiError::invalid_param(
-            "tool_choice",
-            "forcing a named function with tool_choice is not supported yet",
-        )),
+    Ok(tools.to_vec())
+}
+
+/// Chat's `tool_choice`: "none", "auto", "required" or `{"type": "function", "function":
+/// {"name": …}}`.
+pub fn tool_choice(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(ToolChoice::Auto),
+        Some(Value::String(s)) if s == "auto" => Ok(ToolChoice::Auto),
+        Some(Value::String(s)) if s == "none" => Ok(ToolChoice::None),
+        Some(Value::String(s)) if s == "required" => Ok(ToolChoice::Required),
+        Some(Value::Object(o)) => match o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) {
+            Some(name) => Ok(ToolChoice::Function(name.to_string())),
+            None => {
+                Err(ApiError::invalid_param("tool_choice.function.name", "tool_choice.function.name must be a string"))
+            }
+        },
         Some(_) => {
             Err(ApiError::invalid_param("tool_choice", "tool_choice must be 'none', 'auto', 'required' or an object"))
         }

@@ -35,8 +35,3 @@ pub fn usage_json(u: &Usage) -> Value {
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
     })
 }
-
-/// A fresh response id: `prefix` then 24 random hex digits.
-pub fn response_id(prefix: &str) -> String {
-    format!("{prefix}{:024x}", rand::random::<u128>() >> 32)
-}

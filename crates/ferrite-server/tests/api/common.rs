@@ -194,3 +194,23 @@ pub fn chat_body(user: &str, max_tokens: usize) -> Value {
 pub fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
+
+/// POST a streaming request to an API with named events (Anthropic, Responses); asserts 200
+/// and `text/event-stream`; returns (event name, JSON data) pairs.
+pub async fn post_events(url: &str, body: &Value) -> Vec<(String, Value)> {
+    let resp = client().post(url).json(body).send().await.expect("request");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let ctype = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    assert!(ctype.starts_with("text/event-stream"), "content-type {ctype}");
+    let text = resp.text().await.expect("body");
+    text.split("\n\n")
+        .filter(|e| !e.trim().is_empty() && !e.starts_with(':'))
+        .map(|event| {
+            let field = |name: &str| {
+                event.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.trim().to_string()).unwrap_or_default()
+            };
+            let data = field("data:");
+            (field("event:"), serde_json::from_str(&data).unwrap_or_else(|e| panic!("event data {data:?}: {e}")))
+        })
+        .collect()
+}

@@ -109,16 +109,14 @@ async fn invalid_values_are_400_with_the_engine_message() {
     let cases = [
         (json!({"messages": m, "top_logprobs": 2}), "top_logprobs", "needs logprobs"),
         (json!({"messages": m, "logprobs": true, "top_logprobs": 21}), "top_logprobs", "at most 20"),
-        (
-            json!({"messages": m, "tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]}),
-            "tool_choice",
-            "not supported yet",
-        ),
+        (json!({"messages": m, "tool_choice": "required"}), "tool_choice", "needs at least one tool"),
         (
             json!({"messages": m, "tool_choice": {"type": "function", "function": {"name": "f"}}}),
             "tool_choice",
-            "not supported yet",
+            "not among the tools",
         ),
+        (json!({"messages": m, "tool_choice": {"type": "function"}}), "tool_choice.function.name", "must be a string"),
+        (json!({"messages": m, "tool_choice": 3}), "tool_choice", "must be 'none'"),
         (json!({"messages": m, "tools": [{"type": "code_interpreter"}]}), "tools[0].type", "function"),
     ];
     for (body, param, needle) in cases {

@@ -1,8 +1,12 @@
 //! The HTTP API end to end: servers on 127.0.0.1 with real models, driven by reqwest.
 
+mod anthropic;
 mod chat;
 mod common;
 mod completions;
 mod errors;
 mod lifecycle;
 mod ops;
+mod responses;
+mod tools;
+mod web;

@@ -1,0 +1,73 @@
+//! The Anthropic Messages API: `POST /v1/messages` (whole or streamed) and
+//! `POST /v1/messages/count_tokens`, over the same conversations, engine and output parsers
+//! as OpenAI chat — `request` translates the request, `response` renders the reply.
+//! `max_tokens` is required and taken as a cap: past the room left in the context it is
+//! lowered to that room (the reply then ends with `max_tokens` at the context's end). Every
+//! error on these routes, the handlers' and the shared layers' alike (401 without a valid
+//! `x-api-key`, 404, 405, 413, 429), has Anthropic's shape (`error_shape`).
+
+mod request;
+mod response;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use crate::blocks::Blocks;
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::sse::sse_from_outputs;
+use crate::state::{random_id, App};
+use request::MessagesRequest;
+use response::{Reply, ReplyStream};
+
+pub fn routes() -> Router<Arc<App>> {
+    Router::new().route("/v1/messages", post(messages)).route("/v1/messages/count_tokens", post(count_tokens))
+}
+
+/// Middleware: an error response on an Anthropic route gets Anthropic's body.
+pub async fn error_shape(req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let ours = path == "/v1/messages" || path.starts_with("/v1/messages/");
+    let resp = next.run(req).await;
+    match resp.extensions().get::<ApiError>() {
+        Some(e) if ours => e.response_with(e.anthropic_body()),
+        _ => resp,
+    }
+}
+
+async fn messages(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let req: MessagesRequest = body.parse()?;
+    app.model.check(Some(&req.model))?;
+    let max_tokens = req.max_tokens.ok_or_else(|| ApiError::invalid_param("max_tokens", "max_tokens is required"))?;
+    let prepared = app.model.prepare_chat(&req.conversation()?)?;
+    // A cap, as Anthropic clients use it (often far past a local model's context): at most
+    // what the context has room for.
+    let room = app.engine.limits().max_model_len.saturating_sub(prepared.prompt_ids.len()).max(1);
+    let params =
+        prepared.request_params(req.params().to_request_params(&app.model, Some(max_tokens.min(room)), None)?);
+    let permit = app.admission.admit_one()?;
+    let prompt_tokens = prepared.prompt_ids.len();
+    let parser = prepared.rendered.parser(app.parsers.as_ref());
+    let generation = app.generate(prepared.prompt_ids, params, permit, started)?.with_markers(prepared.markers);
+    let reply = Reply { app: app.clone(), id: random_id("msg_"), parser, blocks: Blocks::default(), prompt_tokens };
+    if req.stream.unwrap_or(false) {
+        return Ok(sse_from_outputs(generation.into_stream(), ReplyStream { reply, finished: false }));
+    }
+    let choice = generation.collect().await?.pop().ok_or_else(|| ApiError::internal("the engine returned no reply"))?;
+    Ok(Json(reply.whole(&choice.text, &choice.finished)).into_response())
+}
+
+async fn count_tokens(State(app): State<Arc<App>>, body: JsonBody) -> Result<Json<Value>, ApiError> {
+    let req: MessagesRequest = body.parse()?;
+    app.model.check(Some(&req.model))?;
+    let prepared = app.model.prepare_chat(&req.conversation()?)?;
+    Ok(Json(json!({"input_tokens": prepared.prompt_ids.len()})))
+}

@@ -1,0 +1,262 @@
+//! An Anthropic Messages request as a `Conversation` and engine parameters: `system` (a
+//! string or text blocks) becomes a system message; user turns' `tool_result` blocks become
+//! tool messages (ahead of the turn's text), assistant turns' `tool_use` blocks become tool
+//! calls and `thinking` blocks `reasoning_content`; `tools` (`input_schema`) become function
+//! tools; `tool_choice` auto/any/tool/none maps onto `ToolChoice`; `thinking` sets the
+//! template's `enable_thinking`. A wrong type or an unsupported block is a 400 naming the
+//! field.
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::conversation::{Conversation, ToolChoice};
+use crate::error::ApiError;
+use crate::openai::params::{CommonParams, StopField};
+
+/// The request fields (`metadata` and other extras are ignored).
+#[derive(Debug, Deserialize)]
+pub struct MessagesRequest {
+    pub model: String,
+    messages: Value,
+    system: Option<Value>,
+    pub max_tokens: Option<usize>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    stop_sequences: Option<Vec<String>>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    pub stream: Option<bool>,
+    thinking: Option<Value>,
+}
+
+fn bad(param: String, message: impl Into<String>) -> ApiError {
+    ApiError::invalid_param(param, message)
+}
+
+/// The text of a string or a list of text blocks (joined by newlines); `at` names the field.
+fn text_blocks(content: &Value, at: &str) -> Result<String, ApiError> {
+    match content {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => {
+            let mut texts = Vec::with_capacity(blocks.len());
+            for (j, b) in blocks.iter().enumerate() {
+                match (b.get("type").and_then(Value::as_str), b.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => texts.push(t),
+                    _ => return Err(bad(format!("{at}[{j}]"), format!("'{at}[{j}]' must be a text block"))),
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        _ => Err(bad(at.to_string(), format!("'{at}' must be a string or a list of text blocks"))),
+    }
+}
+
+impl MessagesRequest {
+    /// The conversation to answer.
+    pub fn conversation(&self) -> Result<Conversation, ApiError> {
+        let mut messages = Vec::new();
+        if let Some(system) = self.system.as_ref().filter(|s| !s.is_null()) {
+            messages.push(json!({"role": "system", "content": text_blocks(system, "system")?}));
+        }
+        let list = self.messages.as_array().ok_or_else(|| bad("messages".into(), "'messages' must be an array"))?;
+        if list.is_empty() {
+            return Err(bad("messages".into(), "'messages' must hold at least one message"));
+        }
+        for (i, m) in list.iter().enumerate() {
+            turn(i, m, &mut messages)?;
+        }
+        let mut kwargs = Map::new();
+        if let Some(t) = self.thinking.as_ref().and_then(|t| t.get("type")).and_then(Value::as_str) {
+            kwargs.insert("enable_thinking".into(), Value::Bool(t != "disabled"));
+        }
+        Ok(Conversation {
+            messages,
+            tools: self.tools()?,
+            tool_choice: self.tool_choice()?,
+            kwargs,
+            add_generation_prompt: true,
+        })
+    }
+
+    fn tools(&self) -> Result<Vec<Value>, ApiError> {
+        let mut out = Vec::new();
+        for (i, t) in self.tools.iter().flatten().enumerate() {
+            let at = format!("tools[{i}]");
+            if t.get("type").and_then(Value::as_str).is_some_and(|ty| ty != "custom") {
+                return Err(bad(format!("{at}.type"), "only client tools (with an input_schema) are supported"));
+            }
+            let name = t
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad(format!("{at}.name"), format!("'{at}.name' must be a string")))?;
+            let schema = t
+                .get("input_schema")
+                .filter(|s| s.is_object())
+                .ok_or_else(|| bad(format!("{at}.input_schema"), format!("'{at}.input_schema' must be an object")))?;
+            let mut function = json!({"name": name, "parameters": schema});
+            if let Some(d) = t.get("description").and_then(Value::as_str) {
+                function["description"] = json!(d);
+            }
+            out.push(json!({"type": "function", "function": function}));
+        }
+        Ok(out)
+    }
+
+    fn tool_choice(&self) -> Result<ToolChoice, ApiError> {
+        let Some(choice) = self.tool_choice.as_ref().filter(|c| !c.is_null()) else { return Ok(ToolChoice::Auto) };
+        match (choice.get("type").and_then(Value::as_str), choice.get("name").and_then(Value::as_str)) {
+            (Some("auto"), _) => Ok(ToolChoice::Auto),
+            (Some("any"), _) => Ok(ToolChoice::Required),
+            (Some("none"), _) => Ok(ToolChoice::None),
+            (Some("tool"), Some(name)) => Ok(ToolChoice::Function(name.to_string())),
+            (Some("tool"), None) => Err(bad("tool_choice.name".into(), "tool_choice of type 'tool' needs a name")),
+            _ => Err(bad("tool_choice.type".into(), "tool_choice.type must be 'auto', 'any', 'tool' or 'none'")),
+        }
+    }
+
+    /// The sampling fields in the OpenAI shape the engine parameters are built from.
+    pub fn params(&self) -> CommonParams {
+        CommonParams {
+            model: Some(self.model.clone()),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            stop: self.stop_sequences.clone().map(StopField::Many),
+            max_tokens: self.max_tokens,
+            stream: self.stream,
+            ..CommonParams::default()
+        }
+    }
+}
+
+/// Append the messages of turn `i`.
+fn turn(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    let at = format!("messages[{i}]");
+    let role = match m.get("role").and_then(Value::as_str) {
+        Some(r @ ("user" | "assistant")) => r,
+        _ => return Err(bad(format!("{at}.role"), format!("'{at}.role' must be 'user' or 'assistant'"))),
+    };
+    let content =
+        m.get("content").ok_or_else(|| bad(format!("{at}.content"), format!("'{at}.content' is required")))?;
+    let blocks = match content {
+        Value::String(s) => {
+            out.push(json!({"role": role, "content": s}));
+            return Ok(());
+        }
+        Value::Array(blocks) => blocks,
+        _ => return Err(bad(format!("{at}.content"), format!("'{at}.content' must be a string or a list of blocks"))),
+    };
+    let (mut texts, mut calls, mut thinking) = (Vec::new(), Vec::new(), String::new());
+    for (j, b) in blocks.iter().enumerate() {
+        let at = format!("{at}.content[{j}]");
+        let field = |name: &str| b.get(name).and_then(Value::as_str);
+        let missing = |name: &str| bad(format!("{at}.{name}"), format!("'{at}.{name}' must be a string"));
+        match (role, b.get("type").and_then(Value::as_str)) {
+            (_, Some("text")) => texts.push(field("text").ok_or_else(|| missing("text"))?.to_string()),
+            ("user", Some("tool_result")) => {
+                let id = field("tool_use_id").ok_or_else(|| missing("tool_use_id"))?;
+                let result = match b.get("content") {
+                    None | Some(Value::Null) => String::new(),
+                    Some(c) => text_blocks(c, &format!("{at}.content"))?,
+                };
+                out.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
+            }
+            ("assistant", Some("tool_use")) => {
+                let id = field("id").ok_or_else(|| missing("id"))?;
+                let name = field("name").ok_or_else(|| missing("name"))?;
+                let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
+                let function = json!({"name": name, "arguments": input.to_string()});
+                calls.push(json!({"id": id, "type": "function", "function": function}));
+            }
+            ("assistant", Some("thinking")) => thinking.push_str(field("thinking").unwrap_or_default()),
+            ("assistant", Some("redacted_thinking")) => {}
+            (_, Some(other)) => {
+                return Err(bad(
+                    format!("{at}.type"),
+                    format!("content blocks of type '{other}' are not supported here"),
+                ))
+            }
+            (_, None) => return Err(bad(format!("{at}.type"), format!("'{at}.type' must be a string"))),
+        }
+    }
+    if role == "user" && texts.is_empty() {
+        return Ok(());
+    }
+    let mut message = json!({"role": role, "content": texts.join("\n")});
+    if !calls.is_empty() {
+        message["tool_calls"] = Value::Array(calls);
+        if texts.is_empty() {
+            message["content"] = Value::Null;
+        }
+    }
+    if !thinking.is_empty() {
+        message["reasoning_content"] = json!(thinking);
+    }
+    out.push(message);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(body: Value) -> MessagesRequest {
+        serde_json::from_value(body).expect("request")
+    }
+
+    #[test]
+    fn blocks_map_to_chat_messages() {
+        let req = request(json!({
+            "model": "m", "max_tokens": 5,
+            "system": [{"type": "text", "text": "Be brief."}],
+            "messages": [
+                {"role": "user", "content": "Weather in Oslo?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "Use the tool.", "signature": "x"},
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"city": "Oslo"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "cold"}]},
+                    {"type": "text", "text": "Thanks"}]},
+            ],
+            "tools": [{"name": "w", "description": "weather", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "tool", "name": "w"},
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+        }));
+        let conv = req.conversation().expect("conversation");
+        assert_eq!(
+            conv.messages,
+            vec![
+                json!({"role": "system", "content": "Be brief."}),
+                json!({"role": "user", "content": "Weather in Oslo?"}),
+                json!({"role": "assistant", "content": "Checking.", "reasoning_content": "Use the tool.", "tool_calls": [
+                    {"id": "toolu_1", "type": "function", "function": {"name": "w", "arguments": "{\"city\":\"Oslo\"}"}}]}),
+                json!({"role": "tool", "tool_call_id": "toolu_1", "content": "cold"}),
+                json!({"role": "user", "content": "Thanks"}),
+            ]
+        );
+        assert_eq!(
+            conv.tools,
+            vec![
+                json!({"type": "function", "function": {"name": "w", "parameters": {"type": "object"}, "description": "weather"}})
+            ]
+        );
+        assert_eq!(conv.tool_choice, ToolChoice::Function("w".into()));
+        assert_eq!(conv.kwargs.get("enable_thinking"), Some(&json!(true)));
+    }
+
+    #[test]
+    fn bad_blocks_name_the_field() {
+        let cases = [
+            (json!([{"role": "system", "content": "x"}]), "messages[0].role"),
+            (json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]), "messages[0].content[0].type"),
+            (json!([{"role": "user", "content": [{"type": "text"}]}]), "messages[0].content[0].text"),
+            (json!([{"role": "user", "content": 5}]), "messages[0].content"),
+        ];
+        for (messages, param) in cases {
+            let err = request(json!({"model": "m", "messages": messages})).conversation().expect_err("bad");
+            assert_eq!(err.param.as_deref(), Some(param), "{err}");
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! A Responses request as a `Conversation`: `input` (a string, or items — messages with
+//! `input_text` / `output_text` parts, `function_call`, `function_call_output`; `reasoning`
+//! items are skipped), after the messages of the `previous_response_id` chain, with
+//! `instructions` as the system message (instructions are not carried along the chain);
+//! flat function `tools`; `tool_choice`; `reasoning.effort` as the template's
+//! `reasoning_effort`. `text.format` other than text is a 400 (structured output comes later).
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use crate::conversation::{Conversation, ToolChoice};
+use crate::error::ApiError;
+use crate::openai::params::CommonParams;
+
+#[derive(Debug, Deserialize)]
+pub struct ResponsesRequest {
+    pub model: Option<String>,
+    input: Value,
+    pub instructions: Option<String>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub max_output_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub stream: Option<bool>,
+    pub previous_response_id: Option<String>,
+    pub store: Option<bool>,
+    text: Option<Value>,
+    pub reasoning: Option<Value>,
+    pub metadata: Option<Value>,
+}
+
+fn bad(param: impl Into<String>, message: impl Into<String>) -> ApiError {
+    ApiError::invalid_param(param, message)
+}
+
+impl ResponsesRequest {
+    /// Reject what this server cannot honour.
+    pub fn check_supported(&self) -> Result<(), ApiError> {
+        let format = self.text.as_ref().and_then(|t| t.get("format")).and_then(|f| f.get("type"));
+        match format.and_then(Value::as_str) {
+            None | Some("text") => Ok(()),
+            Some(_) => Err(bad("text.format", "structured output (text.format other than text) is not supported yet")),
+        }
+    }
+
+    /// The messages of `input`.
+    pub fn input_messages(&self) -> Result<Vec<Value>, ApiError> {
+        match &self.input {
+            Value::String(s) => Ok(vec![json!({"role": "user", "content": s})]),
+            Value::Array(items) => {
+                let mut out = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    input_item(i, item, &mut out)?;
+                }
+                Ok(out)
+            }
+            _ => Err(bad("input", "'input' must be a string or a list of input items")),
+        }
+    }
+
+    /// The conversation: instructions, then `history` (the previous responses' messages and
+    /// this input's).
+    pub fn conversation(&self, history: &[Value]) -> Result<Conversation, ApiError> {
+        let mut messages = Vec::with_capacity(history.len() + 1);
+        if let Some(instructions) = self.instructions.as_deref().filter(|s| !s.is_empty()) {
+            messages.push(json!({"role": "system", "content": instructions}));
+        }
+        messages.extend_from_slice(history);
+        let mut kwargs = Map::new();
+        if let Some(effort) = self.reasoning.as_ref().and_then(|r| r.get("effort")).and_then(Value::as_str) {
+            kwargs.insert("reasoning_effort".into(), json!(effort));
+        }
+        Ok(Conversation {
+            messages,
+            tools: self.tools()?,
+            tool_choice: self.tool_choice()?,
+            kwargs,
+            add_generation_prompt: true,
+        })
+    }
+
+    fn tools(&self) -> Result<Vec<Value>, ApiError> {
+        let mut out = Vec::new();
+        for (i, t) in self.tools.iter().flatten().enumerate() {
+            if t.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(bad(format!("tools[{i}].type"), "only tools of type 'function' are supported"));
+            }
+            let name = t
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad(format!("tools[{i}].name"), format!("'tools[{i}].name' must be a string")))?;
+            let mut function = json!({"name": name});
+            for key in ["description", "parameters"] {
+                if let Some(v) = t.get(key).filter(|v| !v.is_null()) {
+                    function[key] = v.clone();
+                }
+            }
+            out.push(json!({"type": "function", "function": function}));
+        }
+        Ok(out)
+    }
+
+    fn tool_choice(&self) -> Result<ToolChoice, ApiError> {
+        match &self.tool_choice {
+            None | Some(Value::Null) => Ok(ToolChoice::Auto),
+            Some(Value::String(s)) if s == "auto" => Ok(ToolChoice::Auto),
+            Some(Value::String(s)) if s == "none" => Ok(ToolChoice::None),
+            Some(Value::String(s)) if s == "required" => Ok(ToolChoice::Required),
+            Some(v) if v.get("type").and_then(Value::as_str) == Some("function") => {
+                match v.get("name").and_then(Value::as_str) {
+                    Some(name) => Ok(ToolChoice::Function(name.to_string())),
+                    None => Err(bad("tool_choice.name", "tool_choice.name must be a string")),
+                }
+            }
+            Some(_) => Err(bad(
+                "tool_choice",
+                "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"name\": ...}",
+            )),
+        }
+    }
+
+    /// The sampling fields in the OpenAI shape the engine parameters are built from.
+    pub fn params(&self) -> CommonParams {
+        CommonParams {
+            model: self.model.clone(),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            max_tokens: self.max_output_tokens,
+            stream: self.stream,
+            ..CommonParams::default()
+        }
+    }
+}
+
+/// The text of a message's content: a string, or text parts joined by newlines.
+fn content_text(at: &str, content: &Value) -> Result<String, ApiError> {
+    match content {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (j, p) in parts.iter().enumerate() {
+                let part = format!("{at}[{j}]");
+                match p.get("type").and_then(Value::as_str) {
+                    Some("input_text" | "output_text" | "text") => texts.push(
+                        p.get("text")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| bad(format!("{part}.text"), format!("'{part}.text' must be a string")))?,
+                    ),
+                    Some("refusal") => {}
+                    Some(other) => {
+                        return Err(bad(
+                            format!("{part}.type"),
+                            format!("only text content parts are supported, got '{other}'"),
+                        ))
+                    }
+                    None => return Err(bad(format!("{part}.type"), format!("'{part}.type' must be a string"))),
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        _ => Err(bad(at.to_string(), format!("'{at}' must be a string or a list of content parts"))),
+    }
+}
+
+/// Append the chat message(s) of input item `i`.
+fn input_item(i: usize, item: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    let at = format!("input[{i}]");
+    let field = |name: &str| item.get(name).and_then(Value::as_str);
+    let need =
+        |name: &str| field(name).ok_or_else(|| bad(format!("{at}.{name}"), format!("'{at}.{name}' must be a string")));
+    let kind = field("type").unwrap_or(if item.get("role").is_some() { "message" } else { "" });
+    match kind {
+        "message" => {
+            let role = match need("role")? {
+                "developer" => "system",
+                r @ ("user" | "system" | "assistant") => r,
+                other => return Err(bad(format!("{at}.role"), format!("unknown role '{other}'"))),
+            };
+            let content = item.get("content").ok_or_else(|| bad(format!("{at}.content"), "'content' is required"))?;
+            out.push(json!({"role": role, "content": content_text(&format!("{at}.content"), content)?}));
+        }
+        "function_call" => {
+            let function = json!({"name": need("name")?, "arguments": field("arguments").unwrap_or("{}")});
+            let call = json!({"id": need("call_id")?, "type": "function", "function": function});
+            match out.last_mut() {
+                Some(last) if last["role"] == "assistant" => {
+                    if let Some(calls) = last.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                        calls.push(call);
+                    } else {
+                        last["tool_calls"] = json!([call]);
+                    }
+                }
+                _ => out.push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
+            }
+        }
+        "function_call_output" => {
+            let output = item.get("output").ok_or_else(|| bad(format!("{at}.output"), "'output' is required"))?;
+            let text = content_text(&format!("{at}.output"), output)?;
+            out.push(json!({"role": "tool", "tool_call_id": need("call_id")?, "content": text}));
+        }
+        "reasoning" => {}
+        "" => return Err(bad(format!("{at}.type"), format!("'{at}.type' must be a string"))),
+        other => return Err(bad(format!("{at}.type"), format!("input items of type '{other}' are not supported"))),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(body: Value) -> ResponsesRequest {
+        serde_json::from_value(body).expect("request")
+    }
+
+    #[test]
+    fn items_map_to_chat_messages() {
+        let req = request(json!({
+            "input": [
+                {"role": "developer", "content": "Be brief."},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+                {"type": "function_call", "call_id": "call_1", "name": "w", "arguments": "{\"city\":\"Oslo\"}"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "cold"},
+                {"type": "reasoning", "summary": []},
+            ],
+            "instructions": "You are terse.",
+            "tools": [{"type": "function", "name": "w", "parameters": {"type": "object"}, "strict": true}],
+            "tool_choice": {"type": "function", "name": "w"},
+            "reasoning": {"effort": "low"},
+        }));
+        let history = req.input_messages().expect("input");
+        let conv = req.conversation(&history).expect("conversation");
+        assert_eq!(
+            conv.messages,
+            vec![
+                json!({"role": "system", "content": "You are terse."}),
+                json!({"role": "system", "content": "Be brief."}),
+                json!({"role": "user", "content": "Weather?"}),
+                json!({"role": "assistant", "content": "Checking.", "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": "{\"city\":\"Oslo\"}"}}]}),
+                json!({"role": "tool", "tool_call_id": "call_1", "content": "cold"}),
+            ]
+        );
+        assert_eq!(
+            conv.tools,
+            vec![json!({"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}})]
+        );
+        assert_eq!(conv.tool_choice, ToolChoice::Function("w".into()));
+        assert_eq!(conv.kwargs.get("reasoning_effort"), Some(&json!("low")));
+    }
+
+    #[test]
+    fn unsupported_input_is_400() {
+        let cases = [
+            (json!({"input": 5}), "input"),
+            (json!({"input": [{"type": "input_image"}]}), "input[0].type"),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+                "input[0].content[0].type",
+            ),
+            (json!({"input": [{"type": "function_call_output", "output": "x"}]}), "input[0].call_id"),
+        ];
+        for (body, param) in cases {
+            let err = request(body).input_messages().expect_err("bad");
+            assert_eq!(err.param.as_deref(), Some(param), "{err}");
+        }
+        let err = request(json!({"input": "x", "text": {"format": {"type": "json_object"}}})).check_supported();
+        assert_eq!(err.expect_err("400").param.as_deref(), Some("text.format"));
+    }
+}
