@@ -274,12 +274,16 @@ def rope_keys(cfg_json: dict):
     return keys
 
 
-def pick_seed(name, config, base_seed, prompts):
-    """First seed (base_seed, base_seed+1, ...) whose greedy decoding is robust and non-trivial."""
+def pick_seed(name, config, base_seed, prompts, init=None, accept=None):
+    """First seed (base_seed, base_seed+1, ...) whose greedy decoding is robust and non-trivial.
+
+    `init(model, seed)` re-initialises the weights (default `init_weights`); `accept(model)`, when
+    given, is an extra check a candidate must pass (e.g. decisive MoE routing)."""
+    init = init or init_weights
     for seed in range(base_seed, base_seed + MAX_SEED_TRIES):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
         model.eval()
-        init_weights(model, seed)
+        init(model, seed)
         ok = True
         for p in prompts:
             toks, _, margin = greedy_cached(model, p, N_NEW)
@@ -291,89 +295,98 @@ def pick_seed(name, config, base_seed, prompts):
                 if nc_margin < MIN_MARGIN:
                     ok = False
                     break
-        if ok:
+        if ok and (accept is None or accept(model)):
             return seed, model
     raise RuntimeError(f"{name}: no seed in [{base_seed}, {base_seed + MAX_SEED_TRIES}) passed")
+
+
+def make_prompts():
+    """Three prompts of random ids, BOS first (like a tokenizer would), no BOS/EOS inside."""
+    rng = np.random.default_rng(PROMPT_SEED)
+    return [[BOS] + rng.integers(2, VOCAB - 1, size=n - 1).tolist() for n in PROMPT_LENGTHS]
+
+
+def write_fixture(name, config, base_seed, prompts, generator, init=None, accept=None):
+    """Pick a seed, save the model to OUT_DIR/name and write its reference.json; returns a summary."""
+    print(f"== {name}", file=sys.stderr)
+    seed, model = pick_seed(name, config, base_seed, prompts, init, accept)
+
+    d = OUT_DIR / name
+    if d.exists():
+        shutil.rmtree(d)
+    model.save_pretrained(d)
+    for f in d.iterdir():
+        f.chmod(0o644)
+
+    # reload from disk so the reference comes from exactly what was saved
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    is_dynamic = model.config.rope_parameters.get("rope_type") == "dynamic"
+
+    logits, greedy, nocache, margins = [], [], [], []
+    last = last_nc = None
+    for i, p in enumerate(prompts):
+        lg = full_logits(model, p)
+        logits.append([r6list(row) for row in lg])
+        toks, last_lg, m = greedy_cached(model, p, N_NEW)
+        margins.append(m)
+        gen = greedy_generate(model, p, N_NEW)
+        assert gen == toks, f"{name}: generate() {gen} != manual loop {toks}"
+        assert len(toks) == N_NEW
+        greedy.append(toks)
+        nc, nc_last, _ = greedy_no_cache(model, p, N_NEW)
+        nocache.append(nc)
+        if i == 0:
+            last, last_nc = r6list(last_lg), r6list(nc_last)
+            last_diff = float((last_lg - nc_last).abs().max())
+
+    cfg_json = json.loads((d / "config.json").read_text())
+    ref = {
+        "prompts": prompts,
+        "logits": logits,
+        "greedy": greedy,
+        "greedy_logits_last": last,
+        "min_greedy_margin": r6(min(margins)),
+        "meta": {
+            "generator": generator,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "seed": seed,
+            "prompt_seed": PROMPT_SEED,
+            "attn_implementation": "eager",
+            "dtype": "float32",
+            "rope": rope_keys(cfg_json),
+        },
+    }
+    if is_dynamic:
+        ref["greedy_no_cache"] = nocache
+        ref["greedy_logits_last_no_cache"] = last_nc
+    else:
+        assert nocache == greedy, f"{name}: cached greedy != no-cache greedy"
+    (d / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
+    size = sum(f.stat().st_size for f in d.iterdir())
+    summary = dict(
+        bytes=size,
+        seed=seed,
+        min_margin=round(min(margins), 4),
+        cache_vs_nocache_last_logits_maxdiff=last_diff,
+        cache_eq_nocache_tokens=nocache == greedy,
+        distinct=[len(set(g)) for g in greedy],
+        rope=rope_keys(cfg_json),
+    )
+    print(f"   {json.dumps(summary)}", file=sys.stderr)
+    return summary
 
 
 def main():
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     torch.use_deterministic_algorithms(True)
-    rng = np.random.default_rng(PROMPT_SEED)
-    # random ids, BOS first (like a tokenizer would), no BOS/EOS inside
-    prompts = [[BOS] + rng.integers(2, VOCAB - 1, size=n - 1).tolist() for n in PROMPT_LENGTHS]
-
+    prompts = make_prompts()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    summary = {}
-    for name, (config, base_seed) in configs().items():
-        print(f"== {name}", file=sys.stderr)
-        seed, model = pick_seed(name, config, base_seed, prompts)
-
-        d = OUT_DIR / name
-        if d.exists():
-            shutil.rmtree(d)
-        model.save_pretrained(d)
-        for f in d.iterdir():
-            f.chmod(0o644)
-
-        # reload from disk so the reference comes from exactly what was saved
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
-        model.eval()
-        is_dynamic = model.config.rope_parameters.get("rope_type") == "dynamic"
-
-        logits, greedy, nocache, margins = [], [], [], []
-        last = last_nc = None
-        for i, p in enumerate(prompts):
-            lg = full_logits(model, p)
-            logits.append([r6list(row) for row in lg])
-            toks, last_lg, m = greedy_cached(model, p, N_NEW)
-            margins.append(m)
-            gen = greedy_generate(model, p, N_NEW)
-            assert gen == toks, f"{name}: generate() {gen} != manual loop {toks}"
-            assert len(toks) == N_NEW
-            greedy.append(toks)
-            nc, nc_last, _ = greedy_no_cache(model, p, N_NEW)
-            nocache.append(nc)
-            if i == 0:
-                last, last_nc = r6list(last_lg), r6list(nc_last)
-                last_diff = float((last_lg - nc_last).abs().max())
-
-        cfg_json = json.loads((d / "config.json").read_text())
-        ref = {
-            "prompts": prompts,
-            "logits": logits,
-            "greedy": greedy,
-            "greedy_logits_last": last,
-            "min_greedy_margin": r6(min(margins)),
-            "meta": {
-                "generator": "scripts/goldens/make_tiny_models.py",
-                "torch": torch.__version__,
-                "transformers": transformers.__version__,
-                "seed": seed,
-                "prompt_seed": PROMPT_SEED,
-                "attn_implementation": "eager",
-                "dtype": "float32",
-                "rope": rope_keys(cfg_json),
-            },
-        }
-        if is_dynamic:
-            ref["greedy_no_cache"] = nocache
-            ref["greedy_logits_last_no_cache"] = last_nc
-        else:
-            assert nocache == greedy, f"{name}: cached greedy != no-cache greedy"
-        (d / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
-        size = sum(f.stat().st_size for f in d.iterdir())
-        summary[name] = dict(
-            bytes=size,
-            seed=seed,
-            min_margin=round(min(margins), 4),
-            cache_vs_nocache_last_logits_maxdiff=last_diff,
-            cache_eq_nocache_tokens=nocache == greedy,
-            distinct=[len(set(g)) for g in greedy],
-            rope=rope_keys(cfg_json),
-        )
-        print(f"   {json.dumps(summary[name])}", file=sys.stderr)
-
+    summary = {
+        name: write_fixture(name, config, base_seed, prompts, "scripts/goldens/make_tiny_models.py")
+        for name, (config, base_seed) in configs().items()
+    }
     total = sum(v["bytes"] for v in summary.values())
     print(f"total {total} bytes", file=sys.stderr)
 

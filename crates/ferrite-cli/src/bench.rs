@@ -1,7 +1,8 @@
 //! `ferrite bench`: `decode` measures one sequence's prompt and decode speed the way
 //! llama-bench does (random prompt ids, a fixed number of generated tokens, EOS ignored);
 //! `throughput` drives many concurrent requests through the engine and reports output and
-//! total tokens per second with TTFT and TPOT percentiles. Both can print one JSON object.
+//! total tokens per second with TTFT and TPOT percentiles; `serve` (in `bench_serve`) drives
+//! an OpenAI-compatible server over HTTP. Each can print one JSON object.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,6 +24,9 @@ pub enum BenchCommand {
     /// Time to first token of a request whose long prefix a finished request left in the
     /// prefix cache, against the same request cold.
     Prefix(PrefixArgs),
+    /// Load-test an OpenAI-compatible server (ferrite, llama-server, vLLM) over HTTP with
+    /// streaming /v1/completions: TTFT, TPOT, ITL and latency percentiles, throughput.
+    Serve(crate::bench_serve::ServeBenchArgs),
 }
 
 #[derive(Args)]
@@ -86,24 +90,47 @@ pub fn bench(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Decode(a) => decode(a),
         BenchCommand::Throughput(a) => throughput(a),
         BenchCommand::Prefix(a) => prefix(a),
+        BenchCommand::Serve(a) => crate::bench_serve::bench_serve(a),
     }
 }
 
 /// A deterministic pseudo-random stream (an LCG), for prompt ids and lengths.
-struct Lcg(u64);
+pub(crate) struct Lcg(pub(crate) u64);
 
 impl Lcg {
-    fn next(&mut self, below: u64) -> u64 {
+    pub(crate) fn next(&mut self, below: u64) -> u64 {
         self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (self.0 >> 33) % below.max(1)
     }
     fn ids(&mut self, n: usize, vocab: usize) -> Vec<u32> {
         (0..n).map(|_| self.next(vocab as u64) as u32).collect()
     }
+    /// A length drawn uniformly from [base × (1 − ratio), base × (1 + ratio)], at least 1.
+    pub(crate) fn around(&mut self, base: usize, ratio: f64) -> usize {
+        let spread = (base as f64 * ratio) as u64;
+        (base as u64 - spread.min(base as u64 - 1) + self.next(2 * spread + 1)) as usize
+    }
+}
+
+/// The prompts of a JSONL file (`{"prompt": "...", "max_tokens": N}` a line), each with its
+/// `max_tokens` or `default_max`.
+pub(crate) fn read_prompts_file(file: &std::path::Path, default_max: usize) -> Result<Vec<(String, usize)>> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line).with_context(|| format!("{} line {}", file.display(), i + 1))?;
+        let prompt =
+            v["prompt"].as_str().with_context(|| format!("{} line {}: no \"prompt\" string", file.display(), i + 1))?;
+        out.push((prompt.to_string(), v["max_tokens"].as_u64().map_or(default_max, |m| m as usize)));
+    }
+    if out.is_empty() {
+        bail!("{} holds no prompts", file.display());
+    }
+    Ok(out)
 }
 
 /// The value at quantile `q` of sorted `v` (nearest rank).
-fn pct(v: &[f64], q: f64) -> f64 {
+pub(crate) fn pct(v: &[f64], q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -187,27 +214,17 @@ fn workload(a: &ThroughputArgs, loaded: &ferrite_models::LoadedModel) -> Result<
     let vocab = loaded.model.config().vocab_size;
     if let Some(file) = &a.prompts_file {
         let tok = loaded.tokenizer.as_ref().context("--prompts-file needs a model with a tokenizer")?;
-        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
         let mut out = Vec::new();
-        for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
-            let v: Value = serde_json::from_str(line).with_context(|| format!("{} line {}", file.display(), i + 1))?;
-            let prompt = v["prompt"].as_str().with_context(|| format!("{} line {}: no \"prompt\" string", file.display(), i + 1))?;
-            let max = v["max_tokens"].as_u64().map_or(a.output_len, |m| m as usize);
-            out.push((tok.encode(prompt, true)?, max));
-        }
-        if out.is_empty() {
-            bail!("{} holds no prompts", file.display());
+        for (prompt, max) in read_prompts_file(file, a.output_len)? {
+            out.push((tok.encode(&prompt, true)?, max));
         }
         return Ok((0..a.num_requests).map(|i| out[i % out.len()].clone()).collect());
     }
     let mut rng = Lcg(0x5EED);
-    let len = |base: usize, rng: &mut Lcg| {
-        let spread = (base as f64 * a.random_range_ratio) as u64;
-        (base as u64 - spread.min(base as u64 - 1) + rng.next(2 * spread + 1)) as usize
-    };
+    let r = a.random_range_ratio;
     Ok((0..a.num_requests)
         .map(|_| {
-            let (i, o) = (len(a.input_len, &mut rng), len(a.output_len, &mut rng));
+            let (i, o) = (rng.around(a.input_len, r), rng.around(a.output_len, r));
             (rng.ids(i, vocab), o)
         })
         .collect())

@@ -5,6 +5,7 @@
 //! one-line error and a non-zero exit.
 
 mod bench;
+mod bench_serve;
 mod chat;
 mod model_arg;
 mod run;

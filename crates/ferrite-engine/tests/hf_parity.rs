@@ -73,4 +73,10 @@ parity! {
     mistral => "mistral",
     qwen2 => "qwen2",
     qwen3 => "qwen3",
+    gemma => "gemma",
+    gemma2 => "gemma2",
+    gemma3 => "gemma3",
+    gemma4_shared_ple => "gemma4-shared-ple",
+    gemma4_kv_eq_v => "gemma4-kv-eq-v",
+    gemma4_moe => "gemma4-moe",
 }

@@ -15,29 +15,122 @@ pub enum Architecture {
     Mistral,
     Qwen2,
     Qwen3,
+    Gemma,
+    Gemma2,
+    Gemma3,
+    Gemma4,
 }
 
-impl Architecture {
-    pub const SUPPORTED: &'static str = "llama, mistral, qwen2, qwen3";
+/// The architecture table: each architecture's HF `model_type` and, where ferrite reads that
+/// format, its GGUF `general.architecture`. `load::build` maps an architecture to its module.
+const ARCHITECTURES: &[(Architecture, &str, Option<&str>)] = &[
+    (Architecture::Llama, "llama", Some("llama")),
+    (Architecture::Mistral, "mistral", Some("mistral")),
+    (Architecture::Qwen2, "qwen2", Some("qwen2")),
+    (Architecture::Qwen3, "qwen3", Some("qwen3")),
+    (Architecture::Gemma, "gemma", Some("gemma")),
+    (Architecture::Gemma2, "gemma2", Some("gemma2")),
+    (Architecture::Gemma3, "gemma3_text", Some("gemma3")),
+    (Architecture::Gemma4, "gemma4_text", None),
+];
 
-    /// From an HF `model_type` or a GGUF `general.architecture`.
-    pub fn from_name(name: &str) -> Option<Architecture> {
-        Some(match name {
-            "llama" => Architecture::Llama,
-            "mistral" => Architecture::Mistral,
-            "qwen2" => Architecture::Qwen2,
-            "qwen3" => Architecture::Qwen3,
-            _ => return None,
-        })
+impl Architecture {
+    /// From an HF `model_type`.
+    pub fn from_hf(name: &str) -> Option<Architecture> {
+        ARCHITECTURES.iter().find(|(_, hf, _)| *hf == name).map(|(a, _, _)| *a)
     }
 
+    /// From a GGUF `general.architecture`.
+    pub fn from_gguf(name: &str) -> Option<Architecture> {
+        ARCHITECTURES.iter().find(|(_, _, g)| *g == Some(name)).map(|(a, _, _)| *a)
+    }
+
+    /// The supported names of one format, for error messages.
+    pub fn supported(gguf: bool) -> String {
+        let names: Vec<&str> =
+            ARCHITECTURES.iter().filter_map(|(_, hf, g)| if gguf { *g } else { Some(*hf) }).collect();
+        names.join(", ")
+    }
+
+    /// The HF `model_type`.
     pub fn name(self) -> &'static str {
+        ARCHITECTURES.iter().find(|(a, _, _)| *a == self).map_or("?", |(_, hf, _)| *hf)
+    }
+
+    /// Gemma 1–3 keep RMSNorm weights as `w` for a `(1 + w)` norm (GGUF files store `1 + w`).
+    pub fn norm_offset(self) -> f32 {
         match self {
-            Architecture::Llama => "llama",
-            Architecture::Mistral => "mistral",
-            Architecture::Qwen2 => "qwen2",
-            Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => 1.0,
+            _ => 0.0,
         }
+    }
+
+    fn is_gemma(self) -> bool {
+        matches!(self, Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 | Architecture::Gemma4)
+    }
+}
+
+/// The gate activation of the MLP (`hidden_act` / `hidden_activation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// `gelu_pytorch_tanh`: the tanh approximation of GELU.
+    GeluTanh,
+}
+
+impl Activation {
+    fn from_hf(name: &str) -> Option<Activation> {
+        match name {
+            "silu" | "swish" => Some(Activation::Silu),
+            "gelu_pytorch_tanh" => Some(Activation::GeluTanh),
+            _ => None,
+        }
+    }
+}
+
+/// The attention of one layer, for architectures that mix them (`layer_types`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerType {
+    Full,
+    Sliding,
+}
+
+impl LayerType {
+    fn from_hf(name: &str) -> Option<LayerType> {
+        match name {
+            "full_attention" => Some(LayerType::Full),
+            "sliding_attention" => Some(LayerType::Sliding),
+            _ => None,
+        }
+    }
+
+    /// The key of this type in a per-layer-type `rope_parameters`.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            LayerType::Full => "full_attention",
+            LayerType::Sliding => "sliding_attention",
+        }
+    }
+
+    /// `n` layers where every `pattern`-th is full attention and the rest slide (Gemma's
+    /// `sliding_window_pattern`; 2 alternates).
+    pub fn pattern(n: usize, pattern: usize) -> Vec<LayerType> {
+        (0..n).map(|i| if (i + 1) % pattern.max(1) == 0 { LayerType::Full } else { LayerType::Sliding }).collect()
+    }
+
+    /// `layer_types` from an HF config, or `default` when the key is absent.
+    pub fn list_from_hf(cfg: &Value, n: usize, default: Vec<LayerType>) -> std::result::Result<Vec<LayerType>, String> {
+        let Some(v) = cfg.get("layer_types").filter(|v| !v.is_null()) else { return Ok(default) };
+        let list = v.as_array().ok_or("layer_types is not a list")?;
+        if list.len() != n {
+            return Err(format!("layer_types has {} entries for {n} layers", list.len()));
+        }
+        list.iter()
+            .map(|t| {
+                let name = t.as_str().unwrap_or("");
+                LayerType::from_hf(name).ok_or_else(|| format!("layer type {t} is not supported (full_attention, sliding_attention)"))
+            })
+            .collect()
     }
 }
 
@@ -52,24 +145,27 @@ pub struct ModelConfig {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub rms_norm_eps: f32,
+    /// The RoPE schedule (of the full-attention layers, where layer types differ).
     pub rope: RopeScaling,
     pub max_position_embeddings: usize,
+    pub hidden_act: Activation,
     pub tie_word_embeddings: bool,
     /// Biases on the q/k/v projections (qwen2).
     pub qkv_bias: bool,
-    /// Per-head RMSNorm on q and k before RoPE (qwen3).
+    /// Per-head RMSNorm on q and k before RoPE (qwen3, Gemma 3/4).
     pub qk_norm: bool,
-    /// Sliding-window attention on every layer (mistral), when set.
+    /// The window of sliding-window layers: every layer for mistral, the `sliding_attention`
+    /// layers for Gemma.
     pub sliding_window: Option<usize>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
 
-fn get_usize(cfg: &Value, key: &str) -> Option<usize> {
+pub(crate) fn get_usize(cfg: &Value, key: &str) -> Option<usize> {
     cfg.get(key).and_then(Value::as_u64).map(|v| v as usize)
 }
 
-fn get_f64(cfg: &Value, key: &str) -> Option<f64> {
+pub(crate) fn get_f64(cfg: &Value, key: &str) -> Option<f64> {
     cfg.get(key).and_then(Value::as_f64)
 }
 
@@ -86,26 +182,41 @@ impl ModelConfig {
     pub fn from_hf_json(path: &Path, cfg: &Value) -> Result<ModelConfig> {
         let err = |m: String| LoadError::format(path, m);
         let model_type = cfg.get("model_type").and_then(Value::as_str).ok_or_else(|| err("no model_type".into()))?;
-        let arch = Architecture::from_name(model_type).ok_or_else(|| {
-            err(format!("unsupported architecture '{model_type}' (supported: {})", Architecture::SUPPORTED))
+        let arch = Architecture::from_hf(model_type).ok_or_else(|| {
+            err(format!("unsupported architecture '{model_type}' (supported: {})", Architecture::supported(false)))
         })?;
         let req = |key: &str| get_usize(cfg, key).ok_or_else(|| err(format!("missing or invalid '{key}'")));
         let hidden_size = req("hidden_size")?;
         let num_heads = req("num_attention_heads")?;
         let num_kv_heads = get_usize(cfg, "num_key_value_heads").unwrap_or(num_heads);
         let head_dim = get_usize(cfg, "head_dim").unwrap_or(hidden_size / num_heads.max(1));
-        if let Some(act) = cfg.get("hidden_act").and_then(Value::as_str) {
-            if act != "silu" {
-                return Err(err(format!("hidden_act '{act}' is not supported (expected silu)")));
-            }
-        }
+        // Gemma 2+ read `hidden_activation` (a `hidden_act` beside it is ignored, as in
+        // transformers); every Gemma defaults to the tanh GELU.
+        let act_key = match arch {
+            Architecture::Gemma2 | Architecture::Gemma3 | Architecture::Gemma4 => "hidden_activation",
+            _ => "hidden_act",
+        };
+        let act_name = cfg
+            .get(act_key)
+            .and_then(Value::as_str)
+            .unwrap_or(if arch.is_gemma() { "gelu_pytorch_tanh" } else { "silu" });
+        let hidden_act = Activation::from_hf(act_name).ok_or_else(|| {
+            err(format!("activation '{act_name}' is not supported (silu, gelu_pytorch_tanh)"))
+        })?;
         if cfg.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
             return Err(err("mlp_bias = true is not supported".into()));
         }
         let max_position_embeddings = get_usize(cfg, "max_position_embeddings").unwrap_or(4096);
-        let rope = rope_from_hf(cfg, head_dim, max_position_embeddings).map_err(err)?;
+        let rope = rope_from_hf(cfg, arch, head_dim, max_position_embeddings).map_err(err)?;
+        // Gemma's dataclass defaults apply when the key is absent; an explicit null is no window.
+        let window_or = |default: usize| match cfg.get("sliding_window") {
+            None => Some(default),
+            Some(v) => v.as_u64().map(|w| w as usize),
+        };
         let sliding_window = match arch {
             Architecture::Mistral => get_usize(cfg, "sliding_window"),
+            Architecture::Gemma2 | Architecture::Gemma3 => window_or(4096),
+            Architecture::Gemma4 => window_or(512),
             Architecture::Qwen2 | Architecture::Qwen3
                 if cfg.get("use_sliding_window").and_then(Value::as_bool) == Some(true) =>
             {
@@ -125,12 +236,13 @@ impl ModelConfig {
             rms_norm_eps: get_f64(cfg, "rms_norm_eps").unwrap_or(1e-6) as f32,
             rope,
             max_position_embeddings,
-            tie_word_embeddings: cfg.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+            hidden_act,
+            tie_word_embeddings: cfg.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(arch.is_gemma()),
             qkv_bias: match arch {
                 Architecture::Qwen2 => true,
                 _ => cfg.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
             },
-            qk_norm: arch == Architecture::Qwen3,
+            qk_norm: matches!(arch, Architecture::Qwen3 | Architecture::Gemma3 | Architecture::Gemma4),
             sliding_window,
             bos_token_id: token_ids(cfg.get("bos_token_id")).first().copied(),
             eos_token_ids: token_ids(cfg.get("eos_token_id")),
@@ -143,8 +255,11 @@ impl ModelConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<ModelConfig> {
         let path = g.path();
         let arch_name = g.architecture()?;
-        let arch = Architecture::from_name(arch_name).ok_or_else(|| {
-            LoadError::format(path, format!("unsupported architecture '{arch_name}' (supported: {})", Architecture::SUPPORTED))
+        let arch = Architecture::from_gguf(arch_name).ok_or_else(|| {
+            LoadError::format(
+                path,
+                format!("unsupported architecture '{arch_name}' (supported in GGUF: {})", Architecture::supported(true)),
+            )
         })?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let req = |k: &str| g.require_u64(&key(k)).map(|v| v as usize);
@@ -202,10 +317,17 @@ impl ModelConfig {
             rms_norm_eps: g.get_f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f32,
             rope: RopeScaling { theta, rotary_dim, kind },
             max_position_embeddings,
+            hidden_act: if arch.is_gemma() { Activation::GeluTanh } else { Activation::Silu },
             tie_word_embeddings: g.tensor_info("output.weight").is_none(),
             qkv_bias: g.tensor_info("blk.0.attn_q.bias").is_some(),
             qk_norm: g.tensor_info("blk.0.attn_q_norm.weight").is_some(),
-            sliding_window: None,
+            // llama.cpp: Gemma 2 defaults to 4096; Gemma 3 without a window has none.
+            sliding_window: match g.get_u64(&key("attention.sliding_window")).map(|v| v as usize) {
+                _ if !arch.is_gemma() => None,
+                Some(0) | None if arch == Architecture::Gemma2 => Some(4096),
+                Some(0) => None,
+                w => w,
+            },
             bos_token_id: g.get_u64("tokenizer.ggml.bos_token_id").map(|v| v as u32),
             eos_token_ids: g.get_u64("tokenizer.ggml.eos_token_id").map(|v| vec![v as u32]).unwrap_or_default(),
         };
@@ -248,21 +370,40 @@ impl ModelConfig {
     }
 }
 
-/// RoPE settings from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling`.
-fn rope_from_hf(cfg: &Value, head_dim: usize, max_pos: usize) -> std::result::Result<RopeScaling, String> {
+/// RoPE settings from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling`; for
+/// a per-layer-type `rope_parameters` (Gemma 3), those of the full-attention layers.
+fn rope_from_hf(cfg: &Value, arch: Architecture, head_dim: usize, max_pos: usize) -> std::result::Result<RopeScaling, String> {
     let empty = Value::Object(Default::default());
     let params = cfg
         .get("rope_parameters")
         .filter(|v| v.is_object())
         .or_else(|| cfg.get("rope_scaling").filter(|v| v.is_object()))
         .unwrap_or(&empty);
-    let theta = get_f64(params, "rope_theta").or_else(|| get_f64(cfg, "rope_theta")).unwrap_or(10000.0);
-    let partial = get_f64(params, "partial_rotary_factor").or_else(|| get_f64(cfg, "partial_rotary_factor")).unwrap_or(1.0);
-    let rotary_dim = (head_dim as f64 * partial) as usize;
+    let params = params.get(LayerType::Full.hf_name()).unwrap_or(params);
+    // Gemma 3's global layers default to theta 1e6 (`default_theta["global"]`).
+    let default_theta = if arch == Architecture::Gemma3 { 1_000_000.0 } else { 10_000.0 };
+    rope_from_params(params, cfg, default_theta, head_dim, max_pos)
+}
+
+/// One RoPE parameter dict (`rope_type`, `rope_theta`, `factor`, ...), with fallbacks from the
+/// top level of the config `top`. As in transformers, `default` ignores `partial_rotary_factor`.
+pub(crate) fn rope_from_params(
+    params: &Value,
+    top: &Value,
+    default_theta: f64,
+    head_dim: usize,
+    max_pos: usize,
+) -> std::result::Result<RopeScaling, String> {
+    let theta = get_f64(params, "rope_theta").or_else(|| get_f64(top, "rope_theta")).unwrap_or(default_theta);
+    let partial = get_f64(params, "partial_rotary_factor").or_else(|| get_f64(top, "partial_rotary_factor")).unwrap_or(1.0);
     let rope_type = params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let rotary_dim = match rope_type {
+        "default" | "proportional" => head_dim,
+        _ => (head_dim as f64 * partial) as usize,
+    };
     let factor = || get_f64(params, "factor").ok_or_else(|| format!("rope type '{rope_type}' needs 'factor'"));
     let original = get_usize(params, "original_max_position_embeddings")
-        .or_else(|| get_usize(cfg, "original_max_position_embeddings"))
+        .or_else(|| get_usize(top, "original_max_position_embeddings"))
         .unwrap_or(max_pos);
     let kind = match rope_type {
         "default" => RopeKind::Default,
@@ -284,7 +425,33 @@ fn rope_from_hf(cfg: &Value, head_dim: usize, max_pos: usize) -> std::result::Re
             mscale_all_dim: get_f64(params, "mscale_all_dim"),
             truncate: params.get("truncate").and_then(Value::as_bool).unwrap_or(true),
         },
-        other => return Err(format!("rope type '{other}' is not supported (default, linear, dynamic, llama3, yarn)")),
+        // `int(partial * head_dim // 2)` rotated pairs, as transformers computes it.
+        "proportional" => RopeKind::Proportional {
+            factor: get_f64(params, "factor").unwrap_or(1.0),
+            rope_angles: (partial * head_dim as f64 / 2.0).floor() as usize,
+        },
+        other => {
+            return Err(format!(
+                "rope type '{other}' is not supported (default, linear, dynamic, llama3, yarn, proportional)"
+            ))
+        }
     };
     Ok(RopeScaling { theta, rotary_dim, kind })
+}
+
+/// The raw description a `ModelConfig` was read from, for the settings only one architecture's
+/// module reads (Gemma's layer types, softcaps, per-layer shapes, ...).
+pub enum ConfigSource<'a> {
+    Hf { path: &'a Path, json: &'a Value },
+    Gguf(&'a GgufFile),
+}
+
+impl ConfigSource<'_> {
+    /// A load error about this config.
+    pub fn error(&self, message: impl Into<String>) -> LoadError {
+        match self {
+            ConfigSource::Hf { path, .. } => LoadError::format(path, message),
+            ConfigSource::Gguf(g) => LoadError::format(g.path(), message),
+        }
+    }
 }

@@ -4,13 +4,17 @@
 //! GGUF), tokenizers (HF `tokenizer.json` or a GGUF vocab), chat templates, and the
 //! architectures, written once against the runtime's op set.
 
+pub mod blocks;
 pub mod chat_template;
 pub mod config;
 pub mod error;
+pub mod gemma;
+pub mod gemma4;
 pub mod gguf;
 pub mod llama;
 pub mod load;
 pub mod model;
+pub mod moe;
 pub mod paths;
 pub mod registry;
 pub mod rope_scaling;

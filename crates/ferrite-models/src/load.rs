@@ -8,14 +8,16 @@ use std::time::Instant;
 use serde_json::Value;
 
 use crate::chat_template::{ChatTemplate, ModelChatTemplates};
-use crate::config::{Architecture, ModelConfig};
+use crate::config::{Architecture, ConfigSource, ModelConfig};
 use crate::error::{LoadError, Result};
+use crate::gemma::Gemma;
+use crate::gemma4::Gemma4;
 use crate::gguf::GgufFile;
 use crate::llama::Llama;
 use crate::model::CausalLm;
 use crate::safetensors::SafetensorsDir;
 use crate::tokenizer::Tokenizer;
-use crate::weights::{WeightSource, Weights};
+use crate::weights::{GgufLayout, WeightSource, Weights};
 
 /// Sampling defaults a model ships in `generation_config.json`.
 #[derive(Debug, Clone, Default)]
@@ -68,15 +70,19 @@ fn read_json(path: &Path) -> Result<Value> {
     serde_json::from_str(&text).map_err(|e| LoadError::format(path, format!("invalid JSON: {e}")))
 }
 
-fn build(cfg: ModelConfig, weights: &Weights) -> Result<Arc<dyn CausalLm>> {
+/// The architecture's module builds the model (`config::ARCHITECTURES` names them).
+fn build(cfg: ModelConfig, src: &ConfigSource, weights: &Weights) -> Result<Arc<dyn CausalLm>> {
     let bar = indicatif::ProgressBar::new(cfg.num_layers as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    let progress = |n: usize| bar.set_position(n as u64);
     let model: Arc<dyn CausalLm> = match cfg.arch {
         Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => {
-            Arc::new(Llama::load(cfg, weights, &|n| bar.set_position(n as u64))?)
+            Arc::new(Llama::load(cfg, weights, &progress)?)
         }
+        Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => Arc::new(Gemma::load(cfg, src, weights, &progress)?),
+        Architecture::Gemma4 => Arc::new(Gemma4::load(cfg, src, weights, &progress)?),
     };
     bar.finish_and_clear();
     Ok(model)
@@ -87,9 +93,10 @@ fn load_hf_dir(dir: &Path) -> Result<LoadedModel> {
     if !cfg_path.is_file() {
         return Err(LoadError::format(dir, "not a model directory: config.json is missing"));
     }
-    let cfg = ModelConfig::from_hf_json(&cfg_path, &read_json(&cfg_path)?)?;
-    let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), None);
-    let model = build(cfg, &weights)?;
+    let json = read_json(&cfg_path)?;
+    let cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
+    let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), GgufLayout::default());
+    let model = build(cfg, &ConfigSource::Hf { path: &cfg_path, json: &json }, &weights)?;
     let tok_path = dir.join("tokenizer.json");
     let tokenizer = if tok_path.is_file() { Some(Arc::new(Tokenizer::from_file(&tok_path)?)) } else { None };
     let templates = ModelChatTemplates::from_model_dir(dir).map_err(|e| LoadError::format(dir, e.to_string()))?;
@@ -128,9 +135,15 @@ fn load_gguf(path: &Path) -> Result<LoadedModel> {
         ),
         None => None,
     };
-    let unpermute = (cfg.arch == Architecture::Llama).then_some((cfg.num_heads, cfg.num_kv_heads, cfg.head_dim));
-    let weights = Weights::new(WeightSource::Gguf(g), unpermute);
-    let model = build(cfg, &weights)?;
+    let layout = GgufLayout {
+        unpermute_qk: (cfg.arch == Architecture::Llama).then_some((cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)),
+        sandwich_norms: matches!(cfg.arch, Architecture::Gemma2 | Architecture::Gemma3),
+    };
+    let weights = Weights::new(WeightSource::Gguf(g), layout);
+    let WeightSource::Gguf(g) = weights.source() else {
+        return Err(LoadError::format(path, "GGUF weights without a GGUF file"));
+    };
+    let model = build(cfg, &ConfigSource::Gguf(g), &weights)?;
     Ok(LoadedModel {
         model,
         tokenizer: Some(Arc::new(tokenizer)),

@@ -1,5 +1,5 @@
-//! RoPE frequency schedules from a config: default, linear, dynamic (NTK), llama3 and yarn,
-//! following Hugging Face's `modeling_rope_utils` so logits match transformers.
+//! RoPE frequency schedules from a config: default, linear, dynamic (NTK), llama3, yarn and
+//! proportional, following Hugging Face's `modeling_rope_utils` so logits match transformers.
 //!
 //! `RopeScaling::rope_for(seq_len)` gives the runtime's `Rope` (inverse frequencies plus the
 //! cos/sin scaling). Only `dynamic` depends on `seq_len` (the row's last position + 1).
@@ -25,12 +25,16 @@ pub enum RopeKind {
         mscale_all_dim: Option<f64>,
         truncate: bool,
     },
+    /// Gemma 4's global layers: the first `rope_angles` frequency pairs of a full-width
+    /// schedule (exponent over the whole head_dim), the rest zero (not rotated), all / `factor`.
+    Proportional { factor: f64, rope_angles: usize },
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct RopeScaling {
     pub theta: f64,
-    /// Number of rotated dims per head (head_dim × partial_rotary_factor).
+    /// Number of dims per head the schedule covers (head_dim × partial_rotary_factor; the
+    /// whole head_dim for `Proportional`, whose tail frequencies are zero).
     pub rotary_dim: usize,
     pub kind: RopeKind,
 }
@@ -79,6 +83,14 @@ impl RopeScaling {
                 (base_freqs(self.theta).iter().zip(factors).map(|(f, d)| f / d).collect(), 1.0)
             }
             RopeKind::Yarn { .. } => self.yarn(),
+            RopeKind::Proportional { factor, rope_angles } => {
+                let inv = base_freqs(self.theta)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, f)| if i < *rope_angles { f / factor } else { 0.0 })
+                    .collect();
+                (inv, 1.0)
+            }
         };
         Rope { inv_freq: inv.into_iter().map(|f| f as f32).collect(), attention_scaling: scaling as f32 }
     }
@@ -128,5 +140,21 @@ impl RopeScaling {
             })
             .collect();
         (inv, attention)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proportional_rotates_the_first_pairs_of_a_full_width_schedule() {
+        let rope = RopeScaling { theta: 10000.0, rotary_dim: 16, kind: RopeKind::Proportional { factor: 2.0, rope_angles: 2 } };
+        let r = rope.rope_for(0);
+        let want = [0.5, 0.5 * 10000f64.powf(-2.0 / 16.0), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        assert_eq!(r.inv_freq.len(), 8);
+        for (g, w) in r.inv_freq.iter().zip(want) {
+            assert!((*g as f64 - w).abs() < 1e-7, "{:?}", r.inv_freq);
+        }
     }
 }

@@ -17,14 +17,23 @@ pub enum WeightSource {
     Gguf(GgufFile),
 }
 
+/// How llama.cpp's converter laid out an architecture's GGUF tensors.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GgufLayout {
+    /// (n_heads, n_kv_heads, head_dim) when q/k rows must be un-permuted (llama).
+    pub unpermute_qk: Option<(usize, usize, usize)>,
+    /// Norms around both sublayers (Gemma 2/3): HF `post_attention_layernorm` is the GGUF
+    /// `post_attention_norm`, not the pre-FFN `ffn_norm` it is for llama.
+    pub sandwich_norms: bool,
+}
+
 pub struct Weights {
     source: WeightSource,
-    /// (n_heads, n_kv_heads, head_dim) when q/k rows must be un-permuted (llama GGUF).
-    unpermute_qk: Option<(usize, usize, usize)>,
+    layout: GgufLayout,
 }
 
 /// Translate an HF tensor name to its GGUF name.
-pub fn gguf_name(hf: &str) -> Option<String> {
+pub fn gguf_name(hf: &str, layout: &GgufLayout) -> Option<String> {
     let fixed = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
@@ -45,7 +54,10 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "self_attn.o_proj" => "attn_output",
         "self_attn.q_norm" => "attn_q_norm",
         "self_attn.k_norm" => "attn_k_norm",
+        "post_attention_layernorm" if layout.sandwich_norms => "post_attention_norm",
         "post_attention_layernorm" => "ffn_norm",
+        "pre_feedforward_layernorm" => "ffn_norm",
+        "post_feedforward_layernorm" => "post_ffw_norm",
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
@@ -55,8 +67,12 @@ pub fn gguf_name(hf: &str) -> Option<String> {
 }
 
 impl Weights {
-    pub fn new(source: WeightSource, unpermute_qk: Option<(usize, usize, usize)>) -> Weights {
-        Weights { source, unpermute_qk }
+    pub fn new(source: WeightSource, layout: GgufLayout) -> Weights {
+        Weights { source, layout }
+    }
+
+    pub fn source(&self) -> &WeightSource {
+        &self.source
     }
 
     fn path(&self, name: &str) -> &Path {
@@ -69,7 +85,7 @@ impl Weights {
     fn file_name(&self, hf: &str) -> Option<String> {
         match &self.source {
             WeightSource::Safetensors(_) => Some(hf.to_string()),
-            WeightSource::Gguf(_) => gguf_name(hf),
+            WeightSource::Gguf(_) => gguf_name(hf, &self.layout),
         }
     }
 
@@ -95,7 +111,7 @@ impl Weights {
                 format!("shape {:?}, expected {shape:?}", t.shape()),
             ));
         }
-        match self.unpermute_qk {
+        match self.layout.unpermute_qk {
             Some((nh, _, hd)) if hf.ends_with("q_proj.weight") => unpermute(&t, nh, hd),
             Some((_, nkv, hd)) if hf.ends_with("k_proj.weight") => unpermute(&t, nkv, hd),
             _ => Ok(t),
@@ -107,6 +123,17 @@ impl Weights {
     pub fn get_f32(&self, hf: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let t = self.get(hf, shape)?;
         t.to_f32_vec().map_err(|e| LoadError::tensor(self.path(hf), hf, e.to_string()))
+    }
+
+    /// An RMSNorm weight as the multiplier the model applies: `offset + w` for HF files (Gemma
+    /// 1–3 keep `w` of a `(1 + w)` norm: offset 1), the stored value for GGUF files, whose
+    /// converter already added the offset.
+    pub fn norm(&self, hf: &str, dim: usize, offset: f32) -> Result<Vec<f32>> {
+        let mut w = self.get_f32(hf, &[dim])?;
+        if matches!(self.source, WeightSource::Safetensors(_)) && offset != 0.0 {
+            w.iter_mut().for_each(|v| *v += offset);
+        }
+        Ok(w)
     }
 
     /// Bytes of all weight files (for the load report).

@@ -5,17 +5,34 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+fn fixture_named(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
+}
+
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/llama")
+    fixture_named("llama")
+}
+
+/// A copy of the fixture dir `name` in a temp dir.
+fn copy_fixture_named(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture_named(name).join(file), tmp.path().join(file)).expect("copy");
+    }
+    tmp
 }
 
 /// A copy of the llama fixture dir in a temp dir.
 fn copy_fixture() -> tempfile::TempDir {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    for name in ["config.json", "model.safetensors"] {
-        std::fs::copy(fixture().join(name), tmp.path().join(name)).expect("copy");
-    }
-    tmp
+    copy_fixture_named("llama")
+}
+
+/// Set `key` to `value` in the config.json of `dir`.
+fn set_config(dir: &Path, key: &str, value: Value) {
+    let path = dir.join("config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+    cfg[key] = value;
+    std::fs::write(&path, serde_json::to_string(&cfg).expect("json")).expect("write");
 }
 
 fn load_err(path: &Path) -> String {
@@ -161,4 +178,29 @@ fn gguf_bad_magic_and_truncation() {
     std::fs::write(&p, &full[..full.len() - 3]).expect("write");
     let msg = load_err(&p);
     assert!(msg.contains("bad.gguf") && msg.contains("truncated"), "{msg}");
+}
+
+#[test]
+fn gemma4_unknown_or_unsupported_settings() {
+    let cases = [
+        ("altup_num_inputs", serde_json::json!(4), "config key 'altup_num_inputs' is not supported"),
+        ("use_bidirectional_attention", serde_json::json!("all"), "use_bidirectional_attention"),
+        ("per_layer_config", serde_json::json!({"1": {"intermediate_size": 64}}), "per-layer override 'intermediate_size'"),
+        ("num_kv_shared_layers", serde_json::json!(4), "KV-shared layer 1 has no earlier full_attention layer"),
+    ];
+    for (key, value, want) in cases {
+        let tmp = copy_fixture_named("gemma4-shared-ple");
+        set_config(tmp.path(), key, value);
+        let msg = load_err(tmp.path());
+        assert!(msg.contains("config.json") && msg.contains(want), "{key}: {msg}");
+    }
+}
+
+#[test]
+fn gemma4_layers_without_kv_weights_must_be_shared() {
+    // A shared layer owns no k_proj: dropping sharing makes layer 4 look for one that is absent.
+    let tmp = copy_fixture_named("gemma4-shared-ple");
+    set_config(tmp.path(), "num_kv_shared_layers", serde_json::json!(0));
+    let msg = load_err(tmp.path());
+    assert!(msg.contains("model.layers.3.self_attn.k_proj.weight"), "{msg}");
 }

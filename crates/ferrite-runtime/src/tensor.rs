@@ -149,8 +149,43 @@ impl Tensor {
         Tensor::new(self.dtype, self.shape.clone(), Buffer::Bytes(Arc::new(out)))
     }
 
+    /// Rows `range` as a `[range.len(), row_len]` tensor (e.g. one expert of a stacked MoE
+    /// weight): a view into a memory-mapped file, a copy of owned values.
+    pub fn slice_rows(&self, range: Range<usize>) -> Result<Tensor> {
+        if range.start > range.end || range.end > self.rows() {
+            return Err(RuntimeError::Shape(format!("rows {range:?} of {self:?}")));
+        }
+        let rb = self.row_bytes();
+        let shape = vec![range.len(), self.row_len()];
+        let buffer = match &self.buffer {
+            Buffer::Mapped { map, range: r } => {
+                Buffer::Mapped { map: map.clone(), range: r.start + range.start * rb..r.start + range.end * rb }
+            }
+            Buffer::F32(v) => {
+                let n = self.row_len();
+                Buffer::F32(Arc::new(v[range.start * n..range.end * n].to_vec()))
+            }
+            Buffer::Bytes(_) => Buffer::Bytes(Arc::new(self.row_range_bytes(range).to_vec())),
+        };
+        Tensor::new(self.dtype, shape, buffer)
+    }
+
     /// Same bytes, new shape with the same row length and element count.
     pub fn reshape(&self, shape: Vec<usize>) -> Result<Tensor> {
         Tensor::new(self.dtype, shape, self.buffer.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slice_rows_takes_whole_rows() {
+        let t = Tensor::from_f32(vec![2, 3, 2], (0..12).map(|v| v as f32).collect()).expect("tensor");
+        let s = t.slice_rows(3..5).expect("slice");
+        assert_eq!(s.shape(), &[2, 2]);
+        assert_eq!(s.to_f32_vec().expect("values"), vec![6.0, 7.0, 8.0, 9.0]);
+        assert!(t.slice_rows(5..7).is_err());
     }
 }

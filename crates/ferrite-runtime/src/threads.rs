@@ -16,3 +16,13 @@ pub fn init(threads: Option<usize>) -> Result<usize> {
 pub fn current() -> usize {
     rayon::current_num_threads()
 }
+
+/// Run `f` on a worker of the pool and wait for it; from a worker, just call it.
+///
+/// Wrap a whole model step in this: inside a worker, each op's parallel loop forks and joins
+/// within the pool (well under a microsecond), whereas from an outside thread every op is
+/// queued to the pool while the caller sleeps on a latch — a cross-thread wake-up of ~10 µs or
+/// more per op, hundreds of times per decoded token.
+pub fn run<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
+}

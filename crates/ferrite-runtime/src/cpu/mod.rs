@@ -8,6 +8,7 @@ pub mod attention;
 pub mod embedding;
 pub mod matmul;
 pub mod norm;
+pub mod qmatmul;
 pub mod reduce;
 pub mod rope;
 
@@ -16,6 +17,7 @@ pub use attention::{paged_attention, write_kv, AttentionParams};
 pub use embedding::embedding;
 pub use matmul::linear;
 pub use norm::{rms_norm, rms_norm_in_place};
+pub use qmatmul::{kernel_mode, set_kernel_mode, KernelMode, Level};
 pub use reduce::{argmax, log_softmax, softmax_in_place};
 pub use rope::Rope;
 

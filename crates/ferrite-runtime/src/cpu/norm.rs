@@ -2,6 +2,10 @@
 
 use rayon::prelude::*;
 
+/// Below this many values a norm runs on the calling thread: a parallel loop costs more than
+/// the work (microseconds, when called from outside the pool).
+const PAR_MIN: usize = 1 << 14;
+
 #[inline]
 fn inv_rms(x: &[f32], eps: f32) -> f32 {
     let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
@@ -12,22 +16,32 @@ fn inv_rms(x: &[f32], eps: f32) -> f32 {
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, weight_offset: f32, out: &mut [f32]) {
     let d = weight.len();
     assert!(x.len() == out.len() && x.len().is_multiple_of(d), "rms_norm shapes");
-    out.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(o, x)| {
+    let row = |(o, x): (&mut [f32], &[f32])| {
         let inv = inv_rms(x, eps);
         for ((o, x), w) in o.iter_mut().zip(x).zip(weight) {
             *o = x * inv * (weight_offset + w);
         }
-    });
+    };
+    if x.len() >= PAR_MIN {
+        out.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(row);
+    } else {
+        out.chunks_mut(d).zip(x.chunks(d)).for_each(row);
+    }
 }
 
 /// Normalize each `weight.len()`-wide row of `x` in place (e.g. per-head q/k norm).
 pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32, weight_offset: f32) {
     let d = weight.len();
     assert!(x.len().is_multiple_of(d), "rms_norm shapes");
-    x.par_chunks_mut(d).for_each(|x| {
+    let row = |x: &mut [f32]| {
         let inv = inv_rms(x, eps);
         for (x, w) in x.iter_mut().zip(weight) {
             *x *= inv * (weight_offset + w);
         }
-    });
+    };
+    if x.len() >= PAR_MIN {
+        x.par_chunks_mut(d).for_each(row);
+    } else {
+        x.chunks_mut(d).for_each(row);
+    }
 }

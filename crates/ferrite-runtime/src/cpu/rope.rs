@@ -22,7 +22,7 @@ impl Rope {
     pub fn apply(&self, x: &mut [f32], positions: &[u32], n_heads: usize, head_dim: usize) {
         let half = self.inv_freq.len();
         assert!(2 * half <= head_dim && x.len() == positions.len() * n_heads * head_dim, "rope shapes");
-        x.par_chunks_mut(n_heads * head_dim).zip(positions.par_iter()).for_each(|(tok, &pos)| {
+        let token = |(tok, &pos): (&mut [f32], &u32)| {
             let (cos, sin): (Vec<f32>, Vec<f32>) = self
                 .inv_freq
                 .iter()
@@ -38,6 +38,12 @@ impl Rope {
                     head[i + half] = b * cos[i] + a * sin[i];
                 }
             }
-        });
+        };
+        // A few tokens (decode) are cheaper on the calling thread than a parallel loop.
+        if positions.len() >= 8 {
+            x.par_chunks_mut(n_heads * head_dim).zip(positions.par_iter()).for_each(token);
+        } else {
+            x.chunks_mut(n_heads * head_dim).zip(positions).for_each(token);
+        }
     }
 }

@@ -9,7 +9,7 @@
 use super::f16_le;
 
 /// Values per super-block.
-pub(super) const QK_K: usize = 256;
+pub(crate) const QK_K: usize = 256;
 
 /// Where the 16 values of group `g` (values `16g..16g + 16`) sit in the plane layout shared by
 /// Q2_K, Q3_K and Q6_K. Each 128-value `half` reads 32 bytes of 2-bit fields; value
@@ -98,7 +98,7 @@ pub(super) fn dequantize_q3_k(b: &[u8; 110], y: &mut [f32; QK_K]) {
 /// Scale and min of 32-value sub-block `j` in the 12-byte Q4_K/Q5_K packing: 6 bits each,
 /// sub-blocks 0..4 in the low bits of bytes `j` and `j + 4`, sub-blocks 4..8 split between the
 /// nibbles of byte `j + 4` and the top two bits of bytes `j - 4` and `j`.
-fn scale_min_k4(j: usize, packed: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, packed: &[u8]) -> (u8, u8) {
     if j < 4 {
         (packed[j] & 63, packed[j + 4] & 63)
     } else {
@@ -108,18 +108,30 @@ fn scale_min_k4(j: usize, packed: &[u8]) -> (u8, u8) {
     }
 }
 
-/// Q4_K and Q5_K share everything but the fifth quant bit: sub-block `s` (values
-/// `32s..32s + 32`) reads nibble `s % 2` of `qs[32 * (s / 2)..][..32]` and bit `s` of `qh`.
+/// The 256 unsigned 5-bit codes of a Q5_K super-block (4-bit for Q4_K, whose `qh` is all
+/// zero): sub-block `s` (values `32s..32s + 32`) reads nibble `s % 2` of
+/// `qs[32 * (s / 2)..][..32]` and bit `s` of `qh`.
+pub(crate) fn k4_k5_codes(qh: &[u8], qs: &[u8]) -> [u8; QK_K] {
+    let mut codes = [0u8; QK_K];
+    for (s, out) in codes.chunks_exact_mut(32).enumerate() {
+        let nibble_shift = 4 * (s % 2);
+        let low = &qs[32 * (s / 2)..32 * (s / 2) + 32];
+        for ((c, &ql), &h) in out.iter_mut().zip(low).zip(qh) {
+            *c = ((ql >> nibble_shift) & 0x0F) | (((h >> s) & 1) << 4);
+        }
+    }
+    codes
+}
+
+/// Q4_K and Q5_K share everything but the fifth quant bit (`k4_k5_codes`).
 /// value = `(d * scale) * q - dmin * min`.
 fn dequantize_k4_k5(d: f32, dmin: f32, packed: &[u8], qh: &[u8], qs: &[u8], y: &mut [f32; QK_K]) {
-    for (s, out) in y.chunks_exact_mut(32).enumerate() {
+    let codes = k4_k5_codes(qh, qs);
+    for (s, (out, q)) in y.chunks_exact_mut(32).zip(codes.chunks_exact(32)).enumerate() {
         let (sc, m) = scale_min_k4(s, packed);
         let dl = d * f32::from(sc);
         let ml = dmin * f32::from(m);
-        let nibble_shift = 4 * (s % 2);
-        let low = &qs[32 * (s / 2)..32 * (s / 2) + 32];
-        for ((y, &ql), &h) in out.iter_mut().zip(low).zip(qh) {
-            let q = ((ql >> nibble_shift) & 0x0F) | (((h >> s) & 1) << 4);
+        for (y, &q) in out.iter_mut().zip(q) {
             *y = dl * f32::from(q) - ml;
         }
     }
@@ -142,25 +154,34 @@ pub(super) fn dequantize_q5_k(b: &[u8; 176], y: &mut [f32; QK_K]) {
     dequantize_k4_k5(d, dmin, &b[4..16], &b[16..48], &b[48..], y);
 }
 
-/// Q6_K, 210 bytes: `ql: [u8; 128] | qh: [u8; 64] | scales: [i8; 16] | d: f16`.
+/// The 256 unsigned 6-bit codes of a Q6_K super-block (value = `code - 32` times scale).
 ///
 /// In each 128-value half, plane `p` takes its low 4 bits from nibble `p / 2` of
 /// `ql[64 * half + 32 * (p % 2)..][..32]` and its high 2 bits from `qh` (plane layout).
-/// value = `(d * scale) * (q6 - 32)`.
-pub(super) fn dequantize_q6_k(b: &[u8; 210], y: &mut [f32; QK_K]) {
-    let ql = &b[..128];
-    let qh = &b[128..192];
-    let scales = &b[192..208];
-    let d = f16_le(b[208], b[209]);
-    for (g, (out, &sc)) in y.chunks_exact_mut(16).zip(scales).enumerate() {
-        let dl = d * f32::from(sc as i8);
+pub(crate) fn q6_k_codes(ql: &[u8], qh: &[u8]) -> [u8; QK_K] {
+    let mut codes = [0u8; QK_K];
+    for (g, out) in codes.chunks_exact_mut(16).enumerate() {
         let group = Group::of(g);
         let start = 64 * group.half + 32 * (group.plane % 2) + group.lane;
         let low = &ql[start..start + 16];
         let nibble_shift = 4 * (group.plane / 2);
         let shift = group.shift();
-        for ((y, &l), &h) in out.iter_mut().zip(low).zip(group.bytes(qh)) {
-            let q = ((l >> nibble_shift) & 0x0F) | (((h >> shift) & 3) << 4);
+        for ((c, &l), &h) in out.iter_mut().zip(low).zip(group.bytes(qh)) {
+            *c = ((l >> nibble_shift) & 0x0F) | (((h >> shift) & 3) << 4);
+        }
+    }
+    codes
+}
+
+/// Q6_K, 210 bytes: `ql: [u8; 128] | qh: [u8; 64] | scales: [i8; 16] | d: f16`;
+/// value = `(d * scale) * (q6 - 32)` with `q6` from `q6_k_codes`.
+pub(super) fn dequantize_q6_k(b: &[u8; 210], y: &mut [f32; QK_K]) {
+    let codes = q6_k_codes(&b[..128], &b[128..192]);
+    let scales = &b[192..208];
+    let d = f16_le(b[208], b[209]);
+    for ((out, q), &sc) in y.chunks_exact_mut(16).zip(codes.chunks_exact(16)).zip(scales) {
+        let dl = d * f32::from(sc as i8);
+        for (y, &q) in out.iter_mut().zip(q) {
             *y = dl * (i32::from(q) - 32) as f32;
         }
     }

@@ -13,7 +13,7 @@ pub(super) const QK: usize = 32;
 
 /// The 32 unsigned quants of a 4- or 5-bit block: nibbles of `qs` plus, as bit 4, the bits of
 /// `qh` (0 for the 4-bit formats).
-fn unpack_nibbles(qs: &[u8], qh: u32) -> [u8; QK] {
+pub(crate) fn unpack_nibbles(qs: &[u8], qh: u32) -> [u8; QK] {
     let mut q = [0u8; QK];
     let (lo, hi) = q.split_at_mut(QK / 2);
     for (j, ((&byte, lo), hi)) in qs.iter().zip(lo).zip(hi).enumerate() {

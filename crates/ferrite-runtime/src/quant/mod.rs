@@ -16,6 +16,9 @@
 mod kquants;
 mod legacy;
 
+pub(crate) use kquants::{k4_k5_codes, q6_k_codes, scale_min_k4};
+pub(crate) use legacy::unpack_nibbles;
+
 use crate::dtype::DType;
 use crate::error::{Result, RuntimeError};
 
@@ -74,7 +77,7 @@ fn each_block<const B: usize, const N: usize>(src: &[u8], dst: &mut [f32], decod
 }
 
 /// A little-endian IEEE half read from two block bytes, widened exactly to f32.
-fn f16_le(lo: u8, hi: u8) -> f32 {
+pub(crate) fn f16_le(lo: u8, hi: u8) -> f32 {
     half::f16::from_le_bytes([lo, hi]).to_f32()
 }
 

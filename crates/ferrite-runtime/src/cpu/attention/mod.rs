@@ -2,15 +2,25 @@
 //!
 //! `write_kv` stores a step's new keys and values into the blocks its rows own; then
 //! `paged_attention` lets every query token attend to its row's positions `[lo, pos]`, where
-//! `lo` is 0 for full attention and `pos + 1 - window` for sliding-window layers. Work is split
-//! over (token, kv-head) pairs; the query heads of one KV head share each key read.
+//! `lo` is 0 for full attention and `pos + 1 - window` for sliding-window layers. The query
+//! heads of one KV head are always processed together and share each key and value read.
+//! Rows with many query tokens go to `tiles` (query tiles as two f32 GEMMs), the others to
+//! `decode` (SIMD dot products over the cache, key ranges split across threads). Both run
+//! their vector code at the `KernelMode`'s level (scalar for `Scalar` and `Reference`).
 
-use rayon::prelude::*;
+mod decode;
+#[cfg(test)]
+mod tests;
+mod tiles;
+mod vf32;
 
-use super::SharedMut;
 use crate::batch::{ForwardBatch, RowSpan, NO_BLOCK};
+use crate::cpu::qmatmul::{kernel_mode, Level};
 use crate::error::{Result, RuntimeError};
 use crate::kv::LayerKv;
+
+/// Rows with at least this many query tokens take the GEMM (tile) path.
+const TILE_MIN_QUERIES: usize = 16;
 
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionParams {
@@ -22,6 +32,11 @@ pub struct AttentionParams {
     pub window: Option<usize>,
     /// Gemma-2 style `cap * tanh(score / cap)` on the scores.
     pub softcap: Option<f32>,
+}
+
+/// Key positions a query at `pos` sees.
+fn visible_range(pos: usize, window: Option<usize>) -> std::ops::Range<usize> {
+    window.map_or(0, |w| (pos + 1).saturating_sub(w))..pos + 1
 }
 
 fn slot_of(table: &[u32], block_size: usize, pos: usize) -> Result<(usize, usize)> {
@@ -81,54 +96,21 @@ pub fn paged_attention(
     if q.len() != t_total * nh * hd || out.len() != q.len() {
         return Err(RuntimeError::Shape(format!("attention: q has {} values for {t_total} tokens", q.len())));
     }
-    let group = nh / nkv;
-    let mut work = Vec::with_capacity(t_total * nkv);
-    for row in &batch.rows {
-        for t in row.query_start..row.query_start + row.query_len {
-            for g in 0..nkv {
-                work.push((row, t, g));
-            }
-        }
-    }
-    let dst = SharedMut(out.as_mut_ptr());
-    work.par_iter().try_for_each_init(Vec::new, |scores: &mut Vec<f32>, &(row, t, g)| {
-        let table = table(row, layer)?;
-        let pos = batch.positions[t] as usize;
-        let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        let n = pos + 1 - lo;
-        scores.resize(group * n, 0.0);
-        // Scores for the `group` query heads that share KV head g.
-        for (j, kpos) in (lo..=pos).enumerate() {
-            let (block, slot) = slot_of(table, block_size, kpos)?;
-            let off = layer.offset(block_size, block, g, slot);
-            let key = &layer.k[off..off + hd];
-            for qh in 0..group {
-                let h = g * group + qh;
-                let qv = &q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
-                let mut s = super::matmul::dot(qv, key) * p.scale;
-                if let Some(cap) = p.softcap {
-                    s = cap * (s / cap).tanh();
-                }
-                scores[qh * n + j] = s;
-            }
-        }
-        for qh in 0..group {
-            super::reduce::softmax_in_place(&mut scores[qh * n..(qh + 1) * n]);
-        }
-        // SAFETY: (t, heads g*group..(g+1)*group) is written by this work item only.
-        let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add((t * nh + g * group) * hd), group * hd) };
-        o.fill(0.0);
-        for (j, kpos) in (lo..=pos).enumerate() {
-            let (block, slot) = slot_of(table, block_size, kpos)?;
-            let off = layer.offset(block_size, block, g, slot);
-            let val = &layer.v[off..off + hd];
-            for qh in 0..group {
-                let w = scores[qh * n + j];
-                for (o, v) in o[qh * hd..(qh + 1) * hd].iter_mut().zip(val) {
-                    *o += w * v;
-                }
-            }
-        }
-        Ok(())
-    })
+    attend_at(q, batch, layer, block_size, p, kernel_mode().level().unwrap_or(Level::Scalar), out)
+}
+
+/// `paged_attention` (shapes checked) with the vector code of `level`.
+fn attend_at(
+    q: &[f32],
+    batch: &ForwardBatch,
+    layer: &LayerKv,
+    block_size: usize,
+    p: &AttentionParams,
+    level: Level,
+    out: &mut [f32],
+) -> Result<()> {
+    let (tiled, small): (Vec<&RowSpan>, Vec<&RowSpan>) =
+        batch.rows.iter().partition(|r| r.query_len >= TILE_MIN_QUERIES);
+    tiles::attend(q, batch, &tiled, layer, block_size, p, level, out)?;
+    decode::attend(q, batch, &small, layer, block_size, p, level, out)
 }

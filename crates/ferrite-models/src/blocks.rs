@@ -1,0 +1,358 @@
+//! The building blocks the decoder architectures share, each loaded by its HF tensor names and
+//! run on the CPU op set: linear layers, RMSNorm weights, the gated MLP, self-attention over the
+//! paged KV cache, the LM head, and the KV layout of a stack of layers.
+//!
+//! One `Attention` covers every variant the architectures need: GQA with optional biases,
+//! q/k norms (qwen3, Gemma 3/4), an unscaled v norm and keys doubling as values (Gemma 4), its
+//! own RoPE schedule, sliding window and score softcap, and a KV cache layer that is either its
+//! own or a donor layer's (Gemma 4's KV-shared layers compute no keys or values).
+
+use ferrite_runtime::cpu::{self, AttentionParams, Rope};
+use ferrite_runtime::kv::KvLayerSpec;
+use ferrite_runtime::{ForwardBatch, KvCache, KvGroupKind, KvLayout, Result as RtResult, Tensor};
+
+use crate::config::{Activation, ModelConfig};
+use crate::error::Result;
+use crate::rope_scaling::RopeScaling;
+use crate::weights::Weights;
+
+impl Activation {
+    /// `gate = act(gate) * up`.
+    pub fn gate(self, gate: &mut [f32], up: &[f32]) {
+        match self {
+            Activation::Silu => cpu::silu_mul(gate, up),
+            Activation::GeluTanh => cpu::gelu_tanh_mul(gate, up),
+        }
+    }
+}
+
+/// `y = x Wᵀ (+ b)` for a weight of any dtype.
+pub struct Linear {
+    w: Tensor,
+    bias: Option<Vec<f32>>,
+}
+
+impl Linear {
+    /// `{prefix}.weight` of shape `[out, inp]` (and `{prefix}.bias` when `bias`).
+    pub fn load(w: &Weights, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+        let weight = w.get(&format!("{prefix}.weight"), &[out, inp])?;
+        let bias = if bias { Some(w.get_f32(&format!("{prefix}.bias"), &[out])?) } else { None };
+        Ok(Linear { w: weight, bias })
+    }
+
+    pub fn from_tensor(w: Tensor) -> Linear {
+        Linear { w, bias: None }
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.w.rows()
+    }
+
+    /// `x` is `[t, in]`; returns `[t, out]`.
+    pub fn forward(&self, x: &[f32], t: usize) -> RtResult<Vec<f32>> {
+        let mut out = vec![0f32; t * self.out_features()];
+        self.forward_into(x, t, &mut out)?;
+        Ok(out)
+    }
+
+    pub fn forward_into(&self, x: &[f32], t: usize, out: &mut [f32]) -> RtResult<()> {
+        cpu::linear(x, t, &self.w, self.bias.as_deref(), out)
+    }
+}
+
+/// RMSNorm over rows of its width, with the multiplier the model applies (see `Weights::norm`).
+pub struct RmsNorm {
+    weight: Vec<f32>,
+    eps: f32,
+}
+
+impl RmsNorm {
+    pub fn load(w: &Weights, name: &str, dim: usize, offset: f32, eps: f32) -> Result<RmsNorm> {
+        Ok(RmsNorm { weight: w.norm(name, dim, offset)?, eps })
+    }
+
+    /// A norm without a learned scale.
+    pub fn unit(dim: usize, eps: f32) -> RmsNorm {
+        RmsNorm { weight: vec![1.0; dim], eps }
+    }
+
+    pub fn forward(&self, x: &[f32], out: &mut [f32]) {
+        cpu::rms_norm(x, &self.weight, self.eps, 0.0, out);
+    }
+
+    pub fn forward_in_place(&self, x: &mut [f32]) {
+        cpu::rms_norm_in_place(x, &self.weight, self.eps, 0.0);
+    }
+}
+
+/// The gated MLP: `down(act(gate(x)) * up(x))`.
+pub struct GatedMlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+    act: Activation,
+}
+
+impl GatedMlp {
+    /// `{prefix}.{gate,up,down}_proj`.
+    pub fn load(w: &Weights, prefix: &str, hidden: usize, inter: usize, act: Activation) -> Result<GatedMlp> {
+        Ok(GatedMlp {
+            gate: Linear::load(w, &format!("{prefix}.gate_proj"), inter, hidden, false)?,
+            up: Linear::load(w, &format!("{prefix}.up_proj"), inter, hidden, false)?,
+            down: Linear::load(w, &format!("{prefix}.down_proj"), hidden, inter, false)?,
+            act,
+        })
+    }
+
+    pub fn new(gate: Linear, up: Linear, down: Linear, act: Activation) -> GatedMlp {
+        GatedMlp { gate, up, down, act }
+    }
+
+    /// `x` is `[t, hidden]`; writes `[t, hidden]` into `out`.
+    pub fn forward(&self, x: &[f32], t: usize, out: &mut [f32]) -> RtResult<()> {
+        let mut gate = self.gate.forward(x, t)?;
+        let up = self.up.forward(x, t)?;
+        self.act.gate(&mut gate, &up);
+        self.down.forward_into(&gate, t, out)
+    }
+}
+
+/// A layer's RoPE: fixed frequencies, or (dynamic NTK) frequencies per row length.
+struct LayerRope {
+    scaling: RopeScaling,
+    fixed: Option<Rope>,
+}
+
+impl LayerRope {
+    fn new(scaling: RopeScaling) -> LayerRope {
+        let fixed = (!scaling.is_dynamic()).then(|| scaling.rope_for(0));
+        LayerRope { scaling, fixed }
+    }
+
+    /// Rotate `x` (`[tokens, heads * head_dim]`).
+    fn apply(&self, x: &mut [f32], batch: &ForwardBatch, heads: usize, hd: usize) {
+        if let Some(rope) = &self.fixed {
+            rope.apply(x, &batch.positions, heads, hd);
+            return;
+        }
+        for row in &batch.rows {
+            let span = row.query_start..row.query_start + row.query_len;
+            let rope = self.scaling.rope_for(row.context_len);
+            rope.apply(&mut x[span.start * heads * hd..span.end * heads * hd], &batch.positions[span], heads, hd);
+        }
+    }
+}
+
+/// How one layer's self-attention is built.
+pub struct AttentionConfig {
+    /// Heads, head_dim, score scale, sliding window and softcap.
+    pub params: AttentionParams,
+    pub rope: RopeScaling,
+    /// Biases on the q/k/v projections.
+    pub bias: bool,
+    /// Per-head RMSNorm on q and k before RoPE, with this norm offset.
+    pub qk_norm: Option<f32>,
+    /// Unscaled per-head RMSNorm on v (Gemma 4).
+    pub v_norm: bool,
+    /// No v projection: the (un-normed) keys are the values (Gemma 4 `attention_k_eq_v`).
+    pub k_eq_v: bool,
+    /// Reads the KV of another layer and computes none (Gemma 4 KV-shared layers).
+    pub shared: bool,
+    /// The KV cache layer it writes (unless shared) and reads.
+    pub kv_index: usize,
+    pub eps: f32,
+}
+
+/// The projections of a layer that computes its own keys and values.
+struct KvProjection {
+    k: Linear,
+    /// None: the keys are the values.
+    v: Option<Linear>,
+    k_norm: Option<RmsNorm>,
+    v_norm: Option<RmsNorm>,
+}
+
+pub struct Attention {
+    q: Linear,
+    q_norm: Option<RmsNorm>,
+    /// None for a layer that reads its donor's KV.
+    kv: Option<KvProjection>,
+    o: Linear,
+    rope: LayerRope,
+    params: AttentionParams,
+    kv_index: usize,
+}
+
+impl Attention {
+    /// `{prefix}.{q,k,v,o}_proj` and `{prefix}.{q,k}_norm` of a layer with `hidden` inputs.
+    pub fn load(w: &Weights, prefix: &str, hidden: usize, c: AttentionConfig) -> Result<Attention> {
+        let (nh, nkv, hd) = (c.params.n_heads, c.params.n_kv_heads, c.params.head_dim);
+        let norm = |name: &str| -> Result<Option<RmsNorm>> {
+            c.qk_norm.map(|offset| RmsNorm::load(w, &format!("{prefix}.{name}.weight"), hd, offset, c.eps)).transpose()
+        };
+        let kv = if c.shared {
+            None
+        } else {
+            Some(KvProjection {
+                k: Linear::load(w, &format!("{prefix}.k_proj"), nkv * hd, hidden, c.bias)?,
+                v: if c.k_eq_v { None } else { Some(Linear::load(w, &format!("{prefix}.v_proj"), nkv * hd, hidden, c.bias)?) },
+                k_norm: norm("k_norm")?,
+                v_norm: c.v_norm.then(|| RmsNorm::unit(hd, c.eps)),
+            })
+        };
+        Ok(Attention {
+            q: Linear::load(w, &format!("{prefix}.q_proj"), nh * hd, hidden, c.bias)?,
+            q_norm: norm("q_norm")?,
+            kv,
+            o: Linear::load(w, &format!("{prefix}.o_proj"), hidden, nh * hd, false)?,
+            rope: LayerRope::new(c.rope),
+            params: c.params,
+            kv_index: c.kv_index,
+        })
+    }
+
+    /// `h` is `[t, hidden]`; writes this layer's K/V (unless shared), attends over its KV cache
+    /// layer and writes the output projection `[t, hidden]` into `out`.
+    pub fn forward(&self, h: &[f32], batch: &ForwardBatch, kv: &mut KvCache, out: &mut [f32]) -> RtResult<()> {
+        let t = batch.num_tokens();
+        let p = &self.params;
+        let mut q = self.q.forward(h, t)?;
+        if let Some(n) = &self.q_norm {
+            n.forward_in_place(&mut q);
+        }
+        self.rope.apply(&mut q, batch, p.n_heads, p.head_dim);
+        let block_size = kv.block_size();
+        let layer = kv.layer_mut(self.kv_index);
+        if let Some(KvProjection { k, v, k_norm, v_norm }) = &self.kv {
+            let mut keys = k.forward(h, t)?;
+            let mut values = match v {
+                Some(v) => v.forward(h, t)?,
+                None => keys.clone(),
+            };
+            if let Some(n) = k_norm {
+                n.forward_in_place(&mut keys);
+            }
+            if let Some(n) = v_norm {
+                n.forward_in_place(&mut values);
+            }
+            self.rope.apply(&mut keys, batch, p.n_kv_heads, p.head_dim);
+            cpu::write_kv(&keys, &values, batch, layer, block_size)?;
+        }
+        let mut attn = vec![0f32; t * p.n_heads * p.head_dim];
+        cpu::paged_attention(&q, batch, layer, block_size, p, &mut attn)?;
+        self.o.forward_into(&attn, t, out)
+    }
+}
+
+/// The token embedding, times `scale` (Gemma's `sqrt(hidden)`) when given.
+pub fn embed(table: &Tensor, tokens: &[u32], scale: Option<f32>) -> RtResult<Vec<f32>> {
+    let mut x = vec![0f32; tokens.len() * table.row_len()];
+    cpu::embedding(table, tokens, &mut x)?;
+    if let Some(s) = scale {
+        x.iter_mut().for_each(|v| *v *= s);
+    }
+    Ok(x)
+}
+
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+}
+
+/// The final norm, the output projection and an optional logit softcap.
+pub struct LmHead {
+    norm: RmsNorm,
+    w: Tensor,
+    softcap: Option<f32>,
+}
+
+impl LmHead {
+    /// `model.norm` and `lm_head` (or the embedding `embed` when tied and absent).
+    pub fn load(w: &Weights, cfg: &ModelConfig, embed: &Tensor, norm_offset: f32, softcap: Option<f32>) -> Result<LmHead> {
+        let norm = RmsNorm::load(w, "model.norm.weight", cfg.hidden_size, norm_offset, cfg.rms_norm_eps)?;
+        let head = if cfg.tie_word_embeddings && !w.contains("lm_head.weight") {
+            embed.clone()
+        } else {
+            w.get("lm_head.weight", &[cfg.vocab_size, cfg.hidden_size])?
+        };
+        Ok(LmHead { norm, w: head, softcap })
+    }
+
+    /// Logits `[logits_indices.len(), vocab]` of the rows of `x` (`[t, hidden]`) the batch asks for.
+    pub fn logits(&self, x: &[f32], batch: &ForwardBatch) -> RtResult<Vec<f32>> {
+        let d = self.w.row_len();
+        let n = batch.logits_indices.len();
+        let mut picked = Vec::with_capacity(n * d);
+        for &idx in &batch.logits_indices {
+            picked.extend_from_slice(&x[idx * d..(idx + 1) * d]);
+        }
+        let mut normed = vec![0f32; n * d];
+        self.norm.forward(&picked, &mut normed);
+        let mut logits = vec![0f32; n * self.w.rows()];
+        cpu::linear(&normed, n, &self.w, None, &mut logits)?;
+        if let Some(cap) = self.softcap {
+            cpu::activation::softcap(&mut logits, cap);
+        }
+        Ok(logits)
+    }
+}
+
+/// What one layer needs from the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKv {
+    /// Its own keys and values, in a group of this kind.
+    Own { kind: KvGroupKind, n_kv_heads: usize, head_dim: usize },
+    /// The KV of an earlier layer (by model layer index), which must own its KV.
+    Donor(usize),
+}
+
+/// The KV layout of a layer stack and, per model layer, the KV cache layer it reads. Groups
+/// are full attention first, then one per sliding window, in order of appearance.
+pub fn kv_layout(layers: &[LayerKv]) -> std::result::Result<(KvLayout, Vec<usize>), String> {
+    let mut groups: Vec<KvGroupKind> = Vec::new();
+    let kinds = layers.iter().filter_map(|l| match l {
+        LayerKv::Own { kind, .. } => Some(*kind),
+        LayerKv::Donor(_) => None,
+    });
+    let (full, sliding): (Vec<_>, Vec<_>) = kinds.partition(|k| *k == KvGroupKind::Full);
+    for kind in full.into_iter().chain(sliding) {
+        if !groups.contains(&kind) {
+            groups.push(kind);
+        }
+    }
+    let mut specs = Vec::new();
+    let mut index = Vec::with_capacity(layers.len());
+    for (i, l) in layers.iter().enumerate() {
+        match *l {
+            LayerKv::Own { kind, n_kv_heads, head_dim } => {
+                let group = groups.iter().position(|g| *g == kind).unwrap_or(0);
+                index.push(specs.len());
+                specs.push(KvLayerSpec { n_kv_heads, head_dim, group });
+            }
+            LayerKv::Donor(d) if d < i && matches!(layers[d], LayerKv::Own { .. }) => index.push(index[d]),
+            LayerKv::Donor(d) => return Err(format!("layer {i} reads the KV of layer {d}, which owns none before it")),
+        }
+    }
+    Ok((KvLayout { groups, layers: specs }, index))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_puts_full_first_and_maps_donors() {
+        let sliding = KvGroupKind::Sliding { window: 8 };
+        let layers = [
+            LayerKv::Own { kind: sliding, n_kv_heads: 2, head_dim: 16 },
+            LayerKv::Own { kind: KvGroupKind::Full, n_kv_heads: 1, head_dim: 32 },
+            LayerKv::Own { kind: sliding, n_kv_heads: 2, head_dim: 16 },
+            LayerKv::Donor(2),
+            LayerKv::Donor(1),
+        ];
+        let (layout, index) = kv_layout(&layers).expect("layout");
+        assert_eq!(layout.groups, vec![KvGroupKind::Full, sliding]);
+        assert_eq!(layout.layers.iter().map(|l| l.group).collect::<Vec<_>>(), vec![1, 0, 1]);
+        assert_eq!(index, vec![0, 1, 2, 2, 1]);
+        assert!(kv_layout(&[LayerKv::Donor(0)]).is_err());
+    }
+}

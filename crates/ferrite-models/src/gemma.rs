@@ -1,0 +1,252 @@
+//! Gemma 1, 2 and 3 (`gemma`, `gemma2`, `gemma3_text`; GGUF `gemma`, `gemma2`, `gemma3`).
+//!
+//! Llama-shaped decoders with `sqrt(hidden)`-scaled embeddings, `(1 + w)` RMSNorm and a GeGLU
+//! MLP. From Gemma 2 on, each sublayer's output is normed too (four norms per layer), layers
+//! alternate between sliding-window and global attention (`layer_types`, every 2nd layer global
+//! in Gemma 2, every 6th in Gemma 3) and the attention scale is `query_pre_attn_scalar^-0.5`.
+//! Gemma 2 softcaps attention scores and final logits; Gemma 3 adds q/k norms and gives local
+//! and global layers their own RoPE (`rope_local_base_freq`, scaling on global layers only).
+
+use ferrite_runtime::cpu::AttentionParams;
+use ferrite_runtime::{ForwardBatch, KvCache, KvGroupKind, KvLayout, Result as RtResult, Tensor};
+use serde_json::Value;
+
+use crate::blocks::{self, Attention, AttentionConfig, GatedMlp, LayerKv, LmHead, RmsNorm};
+use crate::config::{get_f64, get_usize, rope_from_params, Architecture, ConfigSource, LayerType, ModelConfig};
+use crate::error::Result;
+use crate::gguf::GgufFile;
+use crate::model::CausalLm;
+use crate::rope_scaling::{RopeKind, RopeScaling};
+use crate::weights::Weights;
+
+/// The Gemma settings beyond `ModelConfig`.
+struct Settings {
+    layer_types: Vec<LayerType>,
+    query_pre_attn_scalar: f64,
+    attn_softcap: Option<f32>,
+    final_softcap: Option<f32>,
+    /// RoPE of the sliding-window layers (`ModelConfig::rope` is the global layers').
+    local_rope: RopeScaling,
+}
+
+/// An optional positive float: absent → `default`, null → none.
+fn cap(json: &Value, key: &str, default: Option<f64>) -> Option<f32> {
+    match json.get(key) {
+        None => default,
+        Some(v) => v.as_f64(),
+    }
+    .filter(|c| *c > 0.0)
+    .map(|c| c as f32)
+}
+
+impl Settings {
+    fn from_hf(cfg: &ModelConfig, json: &Value) -> std::result::Result<Settings, String> {
+        let n = cfg.num_layers;
+        let bidirectional = json.get("use_bidirectional_attention").is_some_and(|v| v.as_bool() == Some(true));
+        if bidirectional {
+            return Err("use_bidirectional_attention = true is not supported".into());
+        }
+        let (default_types, default_final) = match cfg.arch {
+            Architecture::Gemma => (vec![LayerType::Full; n], None),
+            Architecture::Gemma2 => (LayerType::pattern(n, 2), Some(30.0)),
+            _ => {
+                let pattern = ["sliding_window_pattern", "_sliding_window_pattern"].iter().find_map(|k| get_usize(json, k));
+                (LayerType::pattern(n, pattern.unwrap_or(6)), None)
+            }
+        };
+        let local_rope = match cfg.arch {
+            // Gemma 3: `rope_parameters.sliding_attention`, or `rope_local_base_freq` (1e4).
+            Architecture::Gemma3 => {
+                let empty = Value::Object(Default::default());
+                let per_type = json.get("rope_parameters").filter(|p| p.as_object().is_some_and(|o| !o.is_empty()));
+                if per_type.is_some_and(|p| p.get(LayerType::Full.hf_name()).is_none()) {
+                    return Err("gemma3_text needs rope_parameters per layer type (full_attention, sliding_attention)".into());
+                }
+                let params = per_type.and_then(|p| p.get(LayerType::Sliding.hf_name())).unwrap_or(&empty);
+                let theta = get_f64(json, "rope_local_base_freq").unwrap_or(10_000.0);
+                rope_from_params(params, &empty, theta, cfg.head_dim, cfg.max_position_embeddings)?
+            }
+            _ => cfg.rope.clone(),
+        };
+        Ok(Settings {
+            layer_types: LayerType::list_from_hf(json, n, default_types)?,
+            query_pre_attn_scalar: match cfg.arch {
+                Architecture::Gemma => cfg.head_dim as f64,
+                _ => get_f64(json, "query_pre_attn_scalar").unwrap_or(256.0),
+            },
+            // Gemma 3 drops attention softcapping: transformers ignores the key.
+            attn_softcap: match cfg.arch {
+                Architecture::Gemma2 => cap(json, "attn_logit_softcapping", Some(50.0)),
+                _ => None,
+            },
+            final_softcap: match cfg.arch {
+                Architecture::Gemma => None,
+                _ => cap(json, "final_logit_softcapping", default_final),
+            },
+            local_rope,
+        })
+    }
+
+    /// As llama.cpp reads a Gemma GGUF.
+    fn from_gguf(cfg: &ModelConfig, g: &GgufFile) -> std::result::Result<Settings, String> {
+        let n = cfg.num_layers;
+        let arch = g.architecture().map_err(|e| e.to_string())?;
+        let key = |k: &str| format!("{arch}.{k}");
+        let layer_types = match (cfg.arch, cfg.sliding_window) {
+            (Architecture::Gemma, _) | (Architecture::Gemma3, None) => vec![LayerType::Full; n],
+            (_, _) => gguf_layer_types(g, &key("attention.sliding_window_pattern"), n, if cfg.arch == Architecture::Gemma2 { 2 } else { 6 })?,
+        };
+        // The 27B models scale by hidden / heads, the others by head_dim (gemma_pytorch's
+        // query_pre_attn_scalar, which the GGUF does not carry).
+        let is_27b = matches!((cfg.arch, n), (Architecture::Gemma2, 46) | (Architecture::Gemma3, 62));
+        let scalar = if is_27b { (cfg.hidden_size / cfg.num_heads) as f64 } else { cfg.head_dim as f64 };
+        let local_theta = g.get_f64(&key("rope.freq_base_swa"));
+        let local_rope = match cfg.arch {
+            Architecture::Gemma3 => RopeScaling { theta: local_theta.unwrap_or(10_000.0), rotary_dim: cfg.head_dim, kind: RopeKind::Default },
+            _ => RopeScaling { theta: local_theta.unwrap_or(cfg.rope.theta), ..cfg.rope.clone() },
+        };
+        let float = |k: &str| g.get_f64(&key(k)).filter(|c| *c > 0.0).map(|c| c as f32);
+        Ok(Settings {
+            layer_types,
+            query_pre_attn_scalar: scalar,
+            attn_softcap: match cfg.arch {
+                Architecture::Gemma2 => Some(float("attn_logit_softcapping").unwrap_or(50.0)),
+                _ => None,
+            },
+            final_softcap: match cfg.arch {
+                Architecture::Gemma2 => Some(float("final_logit_softcapping").unwrap_or(30.0)),
+                Architecture::Gemma3 => float("final_logit_softcapping"),
+                _ => None,
+            },
+            local_rope,
+        })
+    }
+}
+
+/// `{arch}.attention.sliding_window_pattern`: per-layer bools (true = sliding), or every n-th
+/// layer global (`default` when absent).
+fn gguf_layer_types(g: &GgufFile, key: &str, n: usize, default: usize) -> std::result::Result<Vec<LayerType>, String> {
+    let Some(v) = g.get(key) else { return Ok(LayerType::pattern(n, default)) };
+    if let Some(pattern) = v.as_u64() {
+        return Ok(LayerType::pattern(n, pattern as usize));
+    }
+    let list = v.as_array().filter(|a| a.len() == n).ok_or_else(|| format!("{key} is neither a number nor {n} bools"))?;
+    list.iter()
+        .map(|b| b.as_bool().map(|s| if s { LayerType::Sliding } else { LayerType::Full }))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| format!("{key} holds a non-bool"))
+}
+
+struct Layer {
+    input_norm: RmsNorm,
+    attn: Attention,
+    /// Gemma 2/3 norm each sublayer's output before the residual add.
+    post_attn_norm: Option<RmsNorm>,
+    pre_ffn_norm: RmsNorm,
+    mlp: GatedMlp,
+    post_ffn_norm: Option<RmsNorm>,
+}
+
+pub struct Gemma {
+    cfg: ModelConfig,
+    embed: Tensor,
+    embed_scale: f32,
+    layers: Vec<Layer>,
+    head: LmHead,
+    layout: KvLayout,
+}
+
+impl Gemma {
+    pub fn load(cfg: ModelConfig, src: &ConfigSource, w: &Weights, progress: &dyn Fn(usize)) -> Result<Gemma> {
+        let s = match src {
+            ConfigSource::Hf { json, .. } => Settings::from_hf(&cfg, json),
+            ConfigSource::Gguf(g) => Settings::from_gguf(&cfg, g),
+        }
+        .map_err(|m| src.error(m))?;
+        let (d, eps, offset) = (cfg.hidden_size, cfg.rms_norm_eps, cfg.arch.norm_offset());
+        let window = |t: LayerType| match (t, cfg.sliding_window) {
+            (LayerType::Sliding, Some(w)) => Ok(Some(w)),
+            (LayerType::Sliding, None) => Err(src.error("sliding_attention layers need a sliding_window")),
+            (LayerType::Full, _) => Ok(None),
+        };
+        let mut kv_layers = Vec::with_capacity(cfg.num_layers);
+        for &t in &s.layer_types {
+            let kind = window(t)?.map_or(KvGroupKind::Full, |window| KvGroupKind::Sliding { window });
+            kv_layers.push(LayerKv::Own { kind, n_kv_heads: cfg.num_kv_heads, head_dim: cfg.head_dim });
+        }
+        let (layout, _) = blocks::kv_layout(&kv_layers).map_err(|m| src.error(m))?;
+        let sandwich = cfg.arch != Architecture::Gemma;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for (i, &t) in s.layer_types.iter().enumerate() {
+            let p = |name: &str| format!("model.layers.{i}.{name}");
+            let norm = |name: &str| RmsNorm::load(w, &p(&format!("{name}.weight")), d, offset, eps);
+            let attn = AttentionConfig {
+                params: AttentionParams {
+                    n_heads: cfg.num_heads,
+                    n_kv_heads: cfg.num_kv_heads,
+                    head_dim: cfg.head_dim,
+                    scale: s.query_pre_attn_scalar.powf(-0.5) as f32,
+                    window: window(t)?,
+                    softcap: s.attn_softcap,
+                },
+                rope: if t == LayerType::Sliding { s.local_rope.clone() } else { cfg.rope.clone() },
+                bias: cfg.qkv_bias,
+                qk_norm: cfg.qk_norm.then_some(offset),
+                v_norm: false,
+                k_eq_v: false,
+                shared: false,
+                kv_index: i,
+                eps,
+            };
+            let (post_attn_norm, pre_ffn_norm, post_ffn_norm) = if sandwich {
+                (Some(norm("post_attention_layernorm")?), norm("pre_feedforward_layernorm")?, Some(norm("post_feedforward_layernorm")?))
+            } else {
+                (None, norm("post_attention_layernorm")?, None)
+            };
+            layers.push(Layer {
+                input_norm: norm("input_layernorm")?,
+                attn: Attention::load(w, &p("self_attn"), d, attn)?,
+                post_attn_norm,
+                pre_ffn_norm,
+                mlp: GatedMlp::load(w, &p("mlp"), d, cfg.intermediate_size, cfg.hidden_act)?,
+                post_ffn_norm,
+            });
+            progress(i + 1);
+        }
+        let embed = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
+        let head = LmHead::load(w, &cfg, &embed, offset, s.final_softcap)?;
+        Ok(Gemma { embed_scale: (d as f64).sqrt() as f32, cfg, embed, layers, head, layout })
+    }
+}
+
+impl CausalLm for Gemma {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        self.layout.clone()
+    }
+
+    fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<f32>> {
+        let t = batch.num_tokens();
+        let mut x = blocks::embed(&self.embed, &batch.tokens, Some(self.embed_scale))?;
+        let mut h = vec![0f32; x.len()];
+        let mut o = vec![0f32; x.len()];
+        for l in &self.layers {
+            l.input_norm.forward(&x, &mut h);
+            l.attn.forward(&h, batch, kv, &mut o)?;
+            if let Some(n) = &l.post_attn_norm {
+                n.forward_in_place(&mut o);
+            }
+            blocks::add_in_place(&mut x, &o);
+            l.pre_ffn_norm.forward(&x, &mut h);
+            l.mlp.forward(&h, t, &mut o)?;
+            if let Some(n) = &l.post_ffn_norm {
+                n.forward_in_place(&mut o);
+            }
+            blocks::add_in_place(&mut x, &o);
+        }
+        self.head.logits(&x, batch)
+    }
+}

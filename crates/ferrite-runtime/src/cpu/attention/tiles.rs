@@ -1,0 +1,188 @@
+//! Attention for rows with many query tokens (prefill chunks), as GEMMs over query tiles.
+//!
+//! Per (row, KV head, tile of `TILE` query tokens): the keys and values the tile can see are
+//! gathered from the cache blocks into contiguous scratch (values transposed), the tile's
+//! queries (all `group` heads of the KV head, stacked) multiply them as two f32 GEMMs —
+//! `S = Q·Kᵀ`, then `O = softmax(S)·V` — with the causal / sliding-window mask applied to each
+//! score row in between (masked scores get probability 0). The GEMMs are the panel path's
+//! AVX-512 kernel where the level has it, else the `gemm` crate.
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use super::vf32::{self, Vf32};
+use super::{slot_of, table, visible_range, AttentionParams};
+use crate::batch::{ForwardBatch, RowSpan};
+use crate::cpu::matmul::gemm_f32;
+use crate::cpu::qmatmul::Level;
+use crate::cpu::SharedMut;
+use crate::error::{Result, RuntimeError};
+use crate::kv::LayerKv;
+
+/// Query tokens per tile.
+const TILE: usize = 32;
+
+#[derive(Default)]
+struct Scratch {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    /// Values transposed: `[head_dim][keys]`.
+    vt: Vec<f32>,
+    s: Vec<f32>,
+    o: Vec<f32>,
+    packed: Vec<f32>,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attend(
+    q: &[f32],
+    batch: &ForwardBatch,
+    rows: &[&RowSpan],
+    layer: &LayerKv,
+    block_size: usize,
+    p: &AttentionParams,
+    level: Level,
+    out: &mut [f32],
+) -> Result<()> {
+    let mut items = Vec::new();
+    for &row in rows {
+        let table = table(row, layer)?;
+        let end = row.query_start + row.query_len;
+        for g in 0..p.n_kv_heads {
+            for t0 in (row.query_start..end).step_by(TILE) {
+                items.push((table, g, t0..(t0 + TILE).min(end)));
+            }
+        }
+    }
+    let dst = SharedMut(out.as_mut_ptr());
+    let out_len = out.len();
+    items.par_iter().try_for_each_init(Scratch::default, |s, (table, g, tokens)| {
+        let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
+        let o1 = ((tokens.end - 1) * p.n_heads + (g + 1) * group) * hd;
+        if o1 > out_len {
+            return Err(RuntimeError::Shape("attention: output out of range".into()));
+        }
+        tile(q, batch, table, *g, tokens.clone(), layer, block_size, p, level, s)?;
+        for (i, t) in tokens.clone().enumerate() {
+            let at = (t * p.n_heads + g * group) * hd;
+            // SAFETY: token t's heads g*group..(g+1)*group are written by this item only, and
+            // lie inside `out` (checked above).
+            let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(at), group * hd) };
+            o.copy_from_slice(&s.o[i * group * hd..(i + 1) * group * hd]);
+        }
+        Ok(())
+    })
+}
+
+/// Compute the tile's outputs into `s.o` (`[token][head in group][head_dim]`).
+#[allow(clippy::too_many_arguments)]
+fn tile(
+    q: &[f32],
+    batch: &ForwardBatch,
+    table: &[u32],
+    g: usize,
+    tokens: std::ops::Range<usize>,
+    layer: &LayerKv,
+    block_size: usize,
+    p: &AttentionParams,
+    level: Level,
+    s: &mut Scratch,
+) -> Result<()> {
+    let (nh, hd, group) = (p.n_heads, p.head_dim, p.n_heads / p.n_kv_heads);
+    let first = visible_range(batch.positions[tokens.start] as usize, p.window).start;
+    let last = batch.positions[tokens.end - 1] as usize;
+    let n_keys = last + 1 - first;
+    // Gather keys and values [first, last] of head g.
+    s.k.resize(n_keys * hd, 0.0);
+    s.vt.resize(n_keys * hd, 0.0);
+    let mut pos = first;
+    while pos <= last {
+        let (block, slot) = slot_of(table, block_size, pos)?;
+        let run = (block_size - slot).min(last + 1 - pos);
+        let src = layer.offset(block_size, block, g, slot);
+        let (k, v) = match (layer.k.get(src..src + run * hd), layer.v.get(src..src + run * hd)) {
+            (Some(k), Some(v)) => (k, v),
+            _ => return Err(RuntimeError::Shape(format!("attention: block {block} is outside the KV cache"))),
+        };
+        let at = pos - first;
+        s.k[at * hd..(at + run) * hd].copy_from_slice(k);
+        for (j, v) in v.chunks_exact(hd).enumerate() {
+            for (d, &x) in v.iter().enumerate() {
+                s.vt[d * n_keys + at + j] = x;
+            }
+        }
+        pos += run;
+    }
+    // Stack the tile's queries: row (token i, head qh) = i * group + qh.
+    let m = tokens.len() * group;
+    s.q.clear();
+    for t in tokens.clone() {
+        let at = (t * nh + g * group) * hd;
+        s.q.extend_from_slice(
+            q.get(at..at + group * hd).ok_or_else(|| RuntimeError::Shape("attention: query out of range".into()))?,
+        );
+    }
+    s.s.resize(m * n_keys, 0.0);
+    product(&s.q, m, hd, &s.k, n_keys, &mut s.s, &mut s.packed, level);
+    for (i, t) in tokens.enumerate() {
+        let vis = visible_range(batch.positions[t] as usize, p.window);
+        let (lo, hi) = (vis.start - first, vis.end - first);
+        for qh in 0..group {
+            let r = &mut s.s[(i * group + qh) * n_keys..(i * group + qh + 1) * n_keys];
+            r[..lo].fill(0.0);
+            r[hi..].fill(0.0);
+            softmax(&mut r[lo..hi], p, level);
+        }
+    }
+    s.o.resize(m * hd, 0.0);
+    product(&s.s, m, n_keys, &s.vt, hd, &mut s.o, &mut s.packed, level);
+    Ok(())
+}
+
+/// `c[m, cols] = x[m, k] · panel[cols, k]ᵀ` (both row-major).
+#[allow(clippy::too_many_arguments)]
+fn product(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    panel: &[f32],
+    cols: usize,
+    c: &mut [f32],
+    packed: &mut Vec<f32>,
+    level: Level,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512Vnni {
+        // SAFETY: this level has AVX-512 F; `x`, `panel` and `c` hold m·k, cols·k and m·cols
+        // values.
+        unsafe { crate::cpu::qmatmul::gemm512::gemm(x, m, k, panel, cols, c.as_mut_ptr(), cols, packed) };
+        return;
+    }
+    let _ = (level, packed);
+    gemm_f32(x, m, panel, cols, k, c, cols, Parallelism::None);
+}
+
+/// Scale (and soft-cap) the visible scores, then softmax them in place.
+fn softmax(r: &mut [f32], p: &AttentionParams, level: Level) {
+    for v in r.iter_mut() {
+        *v *= p.scale;
+        if let Some(cap) = p.softcap {
+            *v = cap * (*v / cap).tanh();
+        }
+    }
+    let max = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    #[cfg(target_arch = "x86_64")]
+    if level >= Level::Avx2 {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn exp_sum_avx2(r: &mut [f32], max: f32) -> f32 {
+            vf32::Avx2::exp_sum(r, max)
+        }
+        // SAFETY: every level from AVX2 up guarantees AVX2 and FMA.
+        let inv = 1.0 / unsafe { exp_sum_avx2(r, max) };
+        r.iter_mut().for_each(|v| *v *= inv);
+        return;
+    }
+    let _ = level;
+    let inv = 1.0 / vf32::Scalar::exp_sum(r, max);
+    r.iter_mut().for_each(|v| *v *= inv);
+}

@@ -1,0 +1,120 @@
+//! Fast linear layers over GGUF-quantized, f16 and bf16 weights, read in place.
+//!
+//! Two paths, chosen per call by the number of activation rows `m`:
+//! - **Row kernels** (`m < PANEL_MIN_ROWS`: decode, small verify batches). The activations are
+//!   quantized once per call to 15-bit integer blocks (`acts`) and each weight row is dotted
+//!   with them in integer arithmetic straight from its GGUF blocks: `legacy` (Q4_0, Q4_1, Q5_0,
+//!   Q5_1, Q8_0 against 32-blocks) and `kquants` (Q4_K, Q5_K, Q6_K against 256-blocks).
+//!   f16/bf16 rows are widened in registers and dotted with the f32 activations (`float`).
+//! - **Panels** (`m ≥ PANEL_MIN_ROWS`: prompt processing, and every dtype without a row
+//!   kernel). Panels of weight rows are dequantized to f32 once (`dequant`, bit-exact) and
+//!   multiplied by all `m` rows with an AVX-512 f32 GEMM (`gemm512`) or the `gemm` crate
+//!   (`panel`), so prefill is a GEMM on exact weights, not `m` GEMVs.
+//!
+//! Work is split by output rows over the process-wide rayon pool. The kernels exist per
+//! instruction-set `Level` (`isa`), picked at run time; `KernelMode` (`mode`) can force a level,
+//! the portable scalar kernels, or the exact reference path.
+
+mod acts;
+mod dequant;
+mod float;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod gemm512;
+pub(crate) mod isa;
+mod kquants;
+mod legacy;
+mod mode;
+mod panel;
+#[cfg(test)]
+mod tests;
+
+use rayon::prelude::*;
+
+pub use isa::Level;
+pub use mode::{kernel_mode, set_kernel_mode, KernelMode, KERNELS_ENV};
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::tensor::Tensor;
+use acts::{ActRow, QuantizedActs};
+
+/// One weight row (its GGUF bytes) dotted with one quantized activation row.
+pub(crate) type RowDot = unsafe fn(&[u8], ActRow<'_>) -> f32;
+
+/// From this many activation rows on, dequantizing a panel once and running an f32 GEMM beats
+/// re-reading the quantized row per activation row.
+const PANEL_MIN_ROWS: usize = 8;
+
+/// `out[m, n] = x[m, k] · W[n, k]ᵀ` for non-f32 weights, in the current `KernelMode`. The
+/// caller has checked the shapes.
+pub(crate) fn linear(x: &[f32], m: usize, w: &Tensor, out: &mut [f32]) -> Result<()> {
+    match kernel_mode().level() {
+        Some(level) => linear_at(x, m, w, out, level),
+        None => panel::by_panels(x, m, w, out, &|src, dst| reference_dequant(w.dtype(), src, dst), false),
+    }
+}
+
+/// `linear` with the fast kernels at `level` (which the CPU must have).
+pub(crate) fn linear_at(x: &[f32], m: usize, w: &Tensor, out: &mut [f32], level: Level) -> Result<()> {
+    if m >= PANEL_MIN_ROWS || !rows(x, m, w, out, level) {
+        let dtype = w.dtype();
+        let widen = |src: &[u8], dst: &mut [f32]| dequant::dequantize_row(dtype, src, dst, level);
+        panel::by_panels(x, m, w, out, &widen, level == Level::Avx512Vnni)?;
+    }
+    Ok(())
+}
+
+fn reference_dequant(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
+    crate::quant::dequantize_row(dtype, src, dst)
+}
+
+/// The row-kernel path at `level`, for any `m`; `false` when `w`'s dtype has no row kernel.
+pub(crate) fn rows(x: &[f32], m: usize, w: &Tensor, out: &mut [f32], level: Level) -> bool {
+    let (dtype, k, rb) = (w.dtype(), w.row_len(), w.row_bytes());
+    let bytes = w.bytes();
+    let row = |r: usize| &bytes[r * rb..(r + 1) * rb];
+    let quantized =
+        legacy::kernel(dtype, level).map(|f| (f, 32)).or_else(|| kquants::kernel(dtype, level).map(|f| (f, 256)));
+    if let Some((kernel, block)) = quantized {
+        let acts = QuantizedActs::new(x, m, k, block, level);
+        let act_rows: Vec<ActRow<'_>> = (0..m).map(|i| acts.row(i)).collect();
+        // SAFETY: `level` is available (the caller's contract); a weight row holds `k / block`
+        // blocks of `dtype` and an activation row `k` codes, as the kernels require.
+        par_rows(w.rows(), m, out, |r, i| unsafe { kernel(row(r), act_rows[i]) });
+        return true;
+    }
+    if let Some(kernel) = float::kernel(dtype, level) {
+        // SAFETY: as above; a 16-bit float row holds `k` values.
+        par_rows(w.rows(), m, out, |r, i| unsafe { kernel(row(r), &x[i * k..(i + 1) * k]) });
+        return true;
+    }
+    false
+}
+
+/// Fill `out[i * n + r] = f(r, i)` for `n` weight rows and `m` activation rows, splitting the
+/// weight rows over the pool (each weight row is read once, for all `m` activation rows).
+fn par_rows(n: usize, m: usize, out: &mut [f32], f: impl Fn(usize, usize) -> f32 + Sync) {
+    let threads = rayon::current_num_threads().max(1);
+    let chunk = n.div_ceil(4 * threads).max(4);
+    if m == 1 {
+        out.par_chunks_mut(chunk).enumerate().for_each(|(c, o)| {
+            for (j, o) in o.iter_mut().enumerate() {
+                *o = f(c * chunk + j, 0);
+            }
+        });
+        return;
+    }
+    let mut transposed = vec![0f32; n * m];
+    transposed.par_chunks_mut(chunk * m).enumerate().for_each(|(c, t)| {
+        for (j, t) in t.chunks_exact_mut(m).enumerate() {
+            for (i, t) in t.iter_mut().enumerate() {
+                *t = f(c * chunk + j, i);
+            }
+        }
+    });
+    for (r, t) in transposed.chunks_exact(m).enumerate() {
+        for (i, &v) in t.iter().enumerate() {
+            out[i * n + r] = v;
+        }
+    }
+}

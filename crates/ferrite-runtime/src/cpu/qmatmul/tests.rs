@@ -1,0 +1,214 @@
+//! Kernel tests: every fast kernel, at every level this CPU has (the scalar kernels included),
+//! against the reference path on fresh random weights and activations, in shapes that are not
+//! multiples of the SIMD widths (block counts that leave a partial group of 8, odd `n`,
+//! `m` of 1, 3 and 17).
+//!
+//! Two bounds per output, both computed from the inputs:
+//! - against the reference over the *same quantized activations* (`q * d`): only f32 rounding
+//!   separates them, so the error must be below `TIGHT * Σ|w|·|x_q|`; a wrong bit in a single
+//!   code costs about 1e-3 of that;
+//! - against the exact reference over the original activations: activation quantization moves
+//!   each value by at most half its block step `d / 2`, so `|fast - exact| ≤ Σ_b d_b / 2 · Σ_b |w|`
+//!   (plus the rounding term).
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::acts::QuantizedActs;
+use super::*;
+use crate::tensor::Buffer;
+
+/// Relative f32 rounding allowance (sums of ~10-100 block terms, each rounded a few times).
+const TIGHT: f64 = 2e-6;
+
+const ROW_KERNEL_DTYPES: [DType; 10] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+    DType::F16,
+    DType::BF16,
+];
+
+fn levels() -> Vec<Level> {
+    Level::ALL.into_iter().filter(|l| l.available()).collect()
+}
+
+/// Byte offsets of the f16 scale fields inside one block of `dtype`.
+fn f16_fields(dtype: DType) -> &'static [usize] {
+    match dtype {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
+        DType::Q4_1 | DType::Q5_1 | DType::Q8_1 | DType::Q4K | DType::Q5K => &[0, 2],
+        DType::Q2K => &[80, 82],
+        DType::Q3K => &[108],
+        DType::Q6K => &[208],
+        _ => &[],
+    }
+}
+
+/// Random `[n, k]` weights: random quant bytes, with every scale field a finite f16.
+fn random_weights(dtype: DType, n: usize, k: usize, rng: &mut StdRng) -> Tensor {
+    let bytes: Vec<u8> = match dtype {
+        DType::F16 => (0..n * k).flat_map(|_| half::f16::from_f32(rng.random_range(-1.0..1.0)).to_le_bytes()).collect(),
+        DType::BF16 => {
+            (0..n * k).flat_map(|_| half::bf16::from_f32(rng.random_range(-1.0..1.0)).to_le_bytes()).collect()
+        }
+        _ => {
+            let mut b: Vec<u8> = (0..dtype.row_bytes(k).unwrap() * n).map(|_| rng.random()).collect();
+            for block in b.chunks_exact_mut(dtype.block_bytes()) {
+                for &off in f16_fields(dtype) {
+                    let sign = if rng.random_bool(0.5) { 1.0 } else { -1.0 };
+                    let v = half::f16::from_f32(sign * rng.random_range(0.001..0.02));
+                    block[off..off + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            b
+        }
+    };
+    Tensor::new(dtype, vec![n, k], Buffer::Bytes(std::sync::Arc::new(bytes))).unwrap()
+}
+
+/// Activations in [-1, 1] with a few large outliers (which stretch a block's scale).
+fn random_acts(len: usize, rng: &mut StdRng) -> Vec<f32> {
+    (0..len)
+        .map(|_| if rng.random_bool(0.02) { rng.random_range(-8.0..8.0) } else { rng.random_range(-1.0..1.0) })
+        .collect()
+}
+
+/// `x · Wᵀ` in f64 over the exactly dequantized weights.
+fn reference(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f64> {
+    let mut out = vec![0f64; m * n];
+    for i in 0..m {
+        for r in 0..n {
+            out[i * n + r] = (0..k).map(|j| f64::from(x[i * k + j]) * f64::from(w[r * k + j])).sum();
+        }
+    }
+    out
+}
+
+fn row_block(dtype: DType) -> usize {
+    if dtype.block_elems() == 256 {
+        256
+    } else {
+        32
+    }
+}
+
+/// Row lengths to test for `dtype`: a partial group of 8 blocks, fewer than 8 blocks, one
+/// block; any length for the 16-bit floats.
+fn lengths(dtype: DType) -> Vec<usize> {
+    match dtype {
+        DType::F16 | DType::BF16 => vec![301, 40, 7],
+        _ if dtype.block_elems() == 256 => vec![3 * 256, 256],
+        _ => vec![11 * 32, 3 * 32, 32],
+    }
+}
+
+#[test]
+fn row_kernels_match_the_reference_at_every_level() {
+    let mut rng = StdRng::seed_from_u64(rand::rng().random());
+    let n = 37;
+    for dtype in ROW_KERNEL_DTYPES {
+        for k in lengths(dtype) {
+            let w = random_weights(dtype, n, k, &mut rng);
+            let wf = w.to_f32_vec().unwrap();
+            for m in [1, 3, 17] {
+                let x = random_acts(m * k, &mut rng);
+                let float = matches!(dtype, DType::F16 | DType::BF16);
+                // What the kernels multiply by: the quantized activations, or x itself.
+                let (xq, step) = if float {
+                    (x.clone(), vec![0f32; m * k])
+                } else {
+                    let acts = QuantizedActs::new(&x, m, k, row_block(dtype), Level::Scalar);
+                    let xq = acts.dequantized();
+                    let step: Vec<f32> = x.iter().zip(&xq).map(|(a, b)| (a - b).abs()).collect();
+                    (xq, step)
+                };
+                let same_acts = reference(&xq, m, &wf, n, k);
+                let exact = reference(&x, m, &wf, n, k);
+                let abs_w: Vec<f32> = wf.iter().map(|v| v.abs()).collect();
+                let magnitude = reference(&xq.iter().map(|v| v.abs()).collect::<Vec<_>>(), m, &abs_w, n, k);
+                let quant_bound = reference(&step, m, &abs_w, n, k);
+                for level in levels() {
+                    let mut out = vec![f32::NAN; m * n];
+                    assert!(rows(&x, m, &w, &mut out, level), "{dtype} has no row kernel");
+                    for (idx, &got) in out.iter().enumerate() {
+                        let got = f64::from(got);
+                        let tight = TIGHT * magnitude[idx] + 1e-9;
+                        let what = format!("{dtype} {level:?} k={k} m={m} output {idx}");
+                        assert!(
+                            (got - same_acts[idx]).abs() <= tight,
+                            "{what}: {got} vs {} (tol {tight})",
+                            same_acts[idx]
+                        );
+                        let loose = quant_bound[idx] + tight;
+                        assert!(
+                            (got - exact[idx]).abs() <= loose,
+                            "{what}: {got} vs exact {} (tol {loose})",
+                            exact[idx]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The whole dispatch (row kernels for small `m`, f32 panels from `PANEL_MIN_ROWS` rows on,
+/// the reference dequantizer for dtypes without kernels) at every level.
+#[test]
+fn linear_matches_the_reference_for_every_dtype_and_level() {
+    let mut rng = StdRng::seed_from_u64(rand::rng().random());
+    let n = 29;
+    let dtypes = ROW_KERNEL_DTYPES.into_iter().chain([DType::Q8_1, DType::Q2K, DType::Q3K]);
+    for dtype in dtypes {
+        let k = lengths(dtype)[0];
+        let w = random_weights(dtype, n, k, &mut rng);
+        let wf = w.to_f32_vec().unwrap();
+        for m in [1, 3, PANEL_MIN_ROWS, 17] {
+            let x = random_acts(m * k, &mut rng);
+            let exact = reference(&x, m, &wf, n, k);
+            let abs_x: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+            let abs_w: Vec<f32> = wf.iter().map(|v| v.abs()).collect();
+            let magnitude = reference(&abs_x, m, &abs_w, n, k);
+            for level in levels() {
+                let mut out = vec![f32::NAN; m * n];
+                linear_at(&x, m, &w, &mut out, level).unwrap();
+                let panel = m >= PANEL_MIN_ROWS || !matches!(dtype, d if ROW_KERNEL_DTYPES.contains(&d));
+                for (idx, &got) in out.iter().enumerate() {
+                    // Panels multiply exact weights in f32; row kernels quantize activations
+                    // (each value moves by at most half a step, amax / 32766, and a block's
+                    // amax is at most 8x the typical magnitude here).
+                    let quant = if panel { 0.0 } else { magnitude[idx] * 8.0 / (2.0 * f64::from(acts::QMAX)) };
+                    let tol = TIGHT * magnitude[idx] + quant + 1e-9;
+                    let got = f64::from(got);
+                    assert!(
+                        (got - exact[idx]).abs() <= tol,
+                        "{dtype} {level:?} m={m} output {idx}: {got} vs {} (tol {tol})",
+                        exact[idx]
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The reference mode is the exact path: panels over `quant::dequantize_row`.
+#[test]
+fn reference_mode_is_exact() {
+    let mut rng = StdRng::seed_from_u64(rand::rng().random());
+    let (n, k, m) = (13, 64, 2);
+    let w = random_weights(DType::Q4_1, n, k, &mut rng);
+    let wf = w.to_f32_vec().unwrap();
+    let x = random_acts(m * k, &mut rng);
+    let mut out = vec![0f32; m * n];
+    panel::by_panels(&x, m, &w, &mut out, &|src, dst| reference_dequant(w.dtype(), src, dst), false).unwrap();
+    let exact = reference(&x, m, &wf, n, k);
+    for (got, want) in out.iter().zip(&exact) {
+        assert!((f64::from(*got) - want).abs() <= 1e-5 * want.abs().max(1.0), "{got} vs {want}");
+    }
+}
