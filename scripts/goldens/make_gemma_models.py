@@ -16,7 +16,8 @@ continuation) run past it and the window changes the result.
 Weights (untied head: with Gemma's sqrt(width)-scaled embeddings a tied head just echoes the input token):
   - embeddings N(0, 1/width) (unit RMS once scaled), lm_head N(0, 0.5), linears N(0, 0.15)
   - Gemma 1-3 RMSNorm computes x * (1 + w): w ~ N(0, 0.1);
-    Gemma 4 RMSNorm computes x * w: w ~ 1 + N(0, 0.1) (the no-scale v_norm / router norm have no weight)
+    Gemma 4 RMSNorm computes x * w: w ~ 1 + N(0, 0.1), q/k norms 0.4 x that (the no-scale v_norm and
+    router norm have no weight)
   - Gemma 4 decoder `layer_scalar` (a saved buffer): U(0.6, 1.4)
   - Gemma 4 MoE: experts.gate_up_proj / down_proj N(0, 0.15), router.scale and router.per_expert_scale
     1 + N(0, 0.1), router.proj N(0, 2) so routing is decisive: a seed is accepted only when, over

@@ -28,7 +28,8 @@ fn setup() -> &'static (LoadedModel, Value) {
     static LOADED: OnceLock<(LoadedModel, Value)> = OnceLock::new();
     LOADED.get_or_init(|| {
         set_kernel_mode(KernelMode::Reference);
-        let path = registry::resolve("gemma3-270m", &paths::models_dir()).expect("gemma3-270m (run `ferrite pull gemma3-270m`)");
+        let path = registry::resolve("gemma3-270m", &paths::models_dir())
+            .expect("gemma3-270m (run `ferrite pull gemma3-270m`)");
         let loaded = ferrite_models::load(&path).expect("load");
         let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gemma3_270m_reference.json");
         let reference = serde_json::from_str(&std::fs::read_to_string(fixture).expect("fixture")).expect("json");
@@ -39,10 +40,7 @@ fn setup() -> &'static (LoadedModel, Value) {
 fn cases(reference: &Value) -> Vec<(String, Vec<u32>, Vec<u32>)> {
     let prompts = reference["prompts"].as_array().expect("prompts");
     assert!(prompts.len() >= 5);
-    prompts
-        .iter()
-        .map(|c| (c["text"].as_str().expect("text").to_string(), ids(&c["ids"]), ids(&c["greedy"])))
-        .collect()
+    prompts.iter().map(|c| (c["text"].as_str().expect("text").to_string(), ids(&c["ids"]), ids(&c["greedy"]))).collect()
 }
 
 fn engine_config(max_num_batched_tokens: usize, max_num_seqs: usize) -> EngineConfig {
@@ -89,8 +87,11 @@ fn greedy_matches_transformers_batched_and_chunked() {
     // window, while the short prompts decode in the same batches.
     let mut core = core(&loaded.model, engine_config(96, cases.len()));
     assert!(core.kv_manager().prefix_cache().is_none(), "prefix cache with sliding-window layers");
-    let mut rxs: Vec<_> =
-        cases.iter().enumerate().map(|(i, (_, prompt, want))| add(&mut core, i as u64, prompt.clone(), greedy(want.len()))).collect();
+    let mut rxs: Vec<_> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (_, prompt, want))| add(&mut core, i as u64, prompt.clone(), greedy(want.len())))
+        .collect();
     run_to_end(&mut core);
     for ((text, _, want), rx) in cases.iter().zip(rxs.iter_mut()) {
         assert_eq!(&collect(rx, 1)[0], want, "batched greedy continuation of {text:?}");

@@ -195,7 +195,11 @@ impl Attention {
         } else {
             Some(KvProjection {
                 k: Linear::load(w, &format!("{prefix}.k_proj"), nkv * hd, hidden, c.bias)?,
-                v: if c.k_eq_v { None } else { Some(Linear::load(w, &format!("{prefix}.v_proj"), nkv * hd, hidden, c.bias)?) },
+                v: if c.k_eq_v {
+                    None
+                } else {
+                    Some(Linear::load(w, &format!("{prefix}.v_proj"), nkv * hd, hidden, c.bias)?)
+                },
                 k_norm: norm("k_norm")?,
                 v_norm: c.v_norm.then(|| RmsNorm::unit(hd, c.eps)),
             })
@@ -267,7 +271,13 @@ pub struct LmHead {
 
 impl LmHead {
     /// `model.norm` and `lm_head` (or the embedding `embed` when tied and absent).
-    pub fn load(w: &Weights, cfg: &ModelConfig, embed: &Tensor, norm_offset: f32, softcap: Option<f32>) -> Result<LmHead> {
+    pub fn load(
+        w: &Weights,
+        cfg: &ModelConfig,
+        embed: &Tensor,
+        norm_offset: f32,
+        softcap: Option<f32>,
+    ) -> Result<LmHead> {
         let norm = RmsNorm::load(w, "model.norm.weight", cfg.hidden_size, norm_offset, cfg.rms_norm_eps)?;
         let head = if cfg.tie_word_embeddings && !w.contains("lm_head.weight") {
             embed.clone()

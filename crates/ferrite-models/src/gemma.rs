@@ -50,7 +50,8 @@ impl Settings {
             Architecture::Gemma => (vec![LayerType::Full; n], None),
             Architecture::Gemma2 => (LayerType::pattern(n, 2), Some(30.0)),
             _ => {
-                let pattern = ["sliding_window_pattern", "_sliding_window_pattern"].iter().find_map(|k| get_usize(json, k));
+                let pattern =
+                    ["sliding_window_pattern", "_sliding_window_pattern"].iter().find_map(|k| get_usize(json, k));
                 (LayerType::pattern(n, pattern.unwrap_or(6)), None)
             }
         };
@@ -60,7 +61,9 @@ impl Settings {
                 let empty = Value::Object(Default::default());
                 let per_type = json.get("rope_parameters").filter(|p| p.as_object().is_some_and(|o| !o.is_empty()));
                 if per_type.is_some_and(|p| p.get(LayerType::Full.hf_name()).is_none()) {
-                    return Err("gemma3_text needs rope_parameters per layer type (full_attention, sliding_attention)".into());
+                    return Err(
+                        "gemma3_text needs rope_parameters per layer type (full_attention, sliding_attention)".into()
+                    );
                 }
                 let params = per_type.and_then(|p| p.get(LayerType::Sliding.hf_name())).unwrap_or(&empty);
                 let theta = get_f64(json, "rope_local_base_freq").unwrap_or(10_000.0);
@@ -94,7 +97,12 @@ impl Settings {
         let key = |k: &str| format!("{arch}.{k}");
         let layer_types = match (cfg.arch, cfg.sliding_window) {
             (Architecture::Gemma, _) | (Architecture::Gemma3, None) => vec![LayerType::Full; n],
-            (_, _) => gguf_layer_types(g, &key("attention.sliding_window_pattern"), n, if cfg.arch == Architecture::Gemma2 { 2 } else { 6 })?,
+            (_, _) => gguf_layer_types(
+                g,
+                &key("attention.sliding_window_pattern"),
+                n,
+                if cfg.arch == Architecture::Gemma2 { 2 } else { 6 },
+            )?,
         };
         // The 27B models scale by hidden / heads, the others by head_dim (gemma_pytorch's
         // query_pre_attn_scalar, which the GGUF does not carry).
@@ -102,7 +110,11 @@ impl Settings {
         let scalar = if is_27b { (cfg.hidden_size / cfg.num_heads) as f64 } else { cfg.head_dim as f64 };
         let local_theta = g.get_f64(&key("rope.freq_base_swa"));
         let local_rope = match cfg.arch {
-            Architecture::Gemma3 => RopeScaling { theta: local_theta.unwrap_or(10_000.0), rotary_dim: cfg.head_dim, kind: RopeKind::Default },
+            Architecture::Gemma3 => RopeScaling {
+                theta: local_theta.unwrap_or(10_000.0),
+                rotary_dim: cfg.head_dim,
+                kind: RopeKind::Default,
+            },
             _ => RopeScaling { theta: local_theta.unwrap_or(cfg.rope.theta), ..cfg.rope.clone() },
         };
         let float = |k: &str| g.get_f64(&key(k)).filter(|c| *c > 0.0).map(|c| c as f32);
@@ -130,7 +142,8 @@ fn gguf_layer_types(g: &GgufFile, key: &str, n: usize, default: usize) -> std::r
     if let Some(pattern) = v.as_u64() {
         return Ok(LayerType::pattern(n, pattern as usize));
     }
-    let list = v.as_array().filter(|a| a.len() == n).ok_or_else(|| format!("{key} is neither a number nor {n} bools"))?;
+    let list =
+        v.as_array().filter(|a| a.len() == n).ok_or_else(|| format!("{key} is neither a number nor {n} bools"))?;
     list.iter()
         .map(|b| b.as_bool().map(|s| if s { LayerType::Sliding } else { LayerType::Full }))
         .collect::<Option<Vec<_>>>()
@@ -199,7 +212,11 @@ impl Gemma {
                 eps,
             };
             let (post_attn_norm, pre_ffn_norm, post_ffn_norm) = if sandwich {
-                (Some(norm("post_attention_layernorm")?), norm("pre_feedforward_layernorm")?, Some(norm("post_feedforward_layernorm")?))
+                (
+                    Some(norm("post_attention_layernorm")?),
+                    norm("pre_feedforward_layernorm")?,
+                    Some(norm("post_feedforward_layernorm")?),
+                )
             } else {
                 (None, norm("post_attention_layernorm")?, None)
             };

@@ -30,6 +30,7 @@ use crate::weights::Weights;
 
 /// Every `Gemma4TextConfig` key (and the generic `PreTrainedConfig` ones) ferrite understands;
 /// those not read below change nothing at inference.
+#[rustfmt::skip]
 const KNOWN_KEYS: &[&str] = &[
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "hidden_activation", "max_position_embeddings", "initializer_range",
@@ -115,7 +116,9 @@ impl Settings {
                     return Ok(None);
                 }
                 let donor = (0..first_shared).rev().find(|&j| layer_types[j] == layer_types[i]);
-                donor.map(Some).ok_or_else(|| format!("KV-shared layer {i} has no earlier {} layer to read", layer_types[i].hf_name()))
+                donor.map(Some).ok_or_else(|| {
+                    format!("KV-shared layer {i} has no earlier {} layer to read", layer_types[i].hf_name())
+                })
             })
             .collect::<std::result::Result<Vec<_>, String>>()?;
         let ple_width = get_usize(json, "hidden_size_per_layer_input").unwrap_or(0);
@@ -143,7 +146,11 @@ impl Settings {
             shapes,
             ropes,
             donors,
-            final_softcap: json.get("final_logit_softcapping").and_then(Value::as_f64).filter(|c| *c > 0.0).map(|c| c as f32),
+            final_softcap: json
+                .get("final_logit_softcapping")
+                .and_then(Value::as_f64)
+                .filter(|c| *c > 0.0)
+                .map(|c| c as f32),
             k_eq_v: flag(json, "attention_k_eq_v")?,
             double_wide: flag(json, "use_double_wide_mlp")?,
             per_layer_input,
@@ -164,7 +171,9 @@ impl Settings {
             .map(|i| match self.donors[i] {
                 Some(donor) => LayerKv::Donor(donor),
                 None => LayerKv::Own {
-                    kind: self.window(self.layer_types[i]).map_or(KvGroupKind::Full, |window| KvGroupKind::Sliding { window }),
+                    kind: self
+                        .window(self.layer_types[i])
+                        .map_or(KvGroupKind::Full, |window| KvGroupKind::Sliding { window }),
                     n_kv_heads: self.shapes[i].n_kv_heads,
                     head_dim: self.shapes[i].head_dim,
                 },
@@ -183,10 +192,17 @@ fn layer_shapes(cfg: &ModelConfig, json: &Value, types: &[LayerType]) -> std::re
         Some(per_layer) => {
             let map = per_layer.as_object().ok_or("per_layer_config is not an object")?;
             for (idx, over) in map {
-                let i: usize = idx.parse().ok().filter(|&i| i < types.len()).ok_or_else(|| format!("per_layer_config key '{idx}' is not a layer"))?;
+                let i: usize = idx
+                    .parse()
+                    .ok()
+                    .filter(|&i| i < types.len())
+                    .ok_or_else(|| format!("per_layer_config key '{idx}' is not a layer"))?;
                 let over = over.as_object().ok_or("per_layer_config entries must be objects")?;
                 for (k, v) in over {
-                    let v = v.as_u64().map(|v| v as usize).ok_or_else(|| format!("per_layer_config.{idx}.{k} is not an integer"))?;
+                    let v = v
+                        .as_u64()
+                        .map(|v| v as usize)
+                        .ok_or_else(|| format!("per_layer_config.{idx}.{k} is not an integer"))?;
                     match k.as_str() {
                         "head_dim" => shapes[i].head_dim = v,
                         "num_key_value_heads" => shapes[i].n_kv_heads = v,
@@ -210,8 +226,15 @@ fn layer_shapes(cfg: &ModelConfig, json: &Value, types: &[LayerType]) -> std::re
             }
         }
     }
-    if let Some((i, s)) = shapes.iter().enumerate().find(|(_, s)| s.head_dim == 0 || s.n_kv_heads == 0 || !cfg.num_heads.is_multiple_of(s.n_kv_heads)) {
-        return Err(format!("layer {i}: {} heads cannot use {} KV heads of {}", cfg.num_heads, s.n_kv_heads, s.head_dim));
+    if let Some((i, s)) = shapes
+        .iter()
+        .enumerate()
+        .find(|(_, s)| s.head_dim == 0 || s.n_kv_heads == 0 || !cfg.num_heads.is_multiple_of(s.n_kv_heads))
+    {
+        return Err(format!(
+            "layer {i}: {} heads cannot use {} KV heads of {}",
+            cfg.num_heads, s.n_kv_heads, s.head_dim
+        ));
     }
     Ok(shapes)
 }
@@ -331,7 +354,10 @@ impl Gemma4 {
                 post_attn_norm: norm("post_attention_layernorm")?,
                 pre_ffn_norm: norm("pre_feedforward_layernorm")?,
                 mlp: GatedMlp::load(w, &p("mlp"), d, inter, cfg.hidden_act)?,
-                moe: s.moe.map(|shape| Moe::load(w, &format!("model.layers.{i}"), d, shape, cfg.hidden_act, eps)).transpose()?,
+                moe: s
+                    .moe
+                    .map(|shape| Moe::load(w, &format!("model.layers.{i}"), d, shape, cfg.hidden_act, eps))
+                    .transpose()?,
                 post_ffn_norm: norm("post_feedforward_layernorm")?,
                 input,
                 scalar: scalar[0],
@@ -474,10 +500,12 @@ mod tests {
         assert!(err(json!({"altup_num_inputs": 4})).contains("altup_num_inputs"));
         assert!(err(json!({"use_bidirectional_attention": "all"})).contains("bidirectional"));
         assert!(err(json!({"per_layer_config": {"3": {"intermediate_size": 5}}})).contains("intermediate_size"));
-        assert!(err(json!({"enable_moe_block": true, "top_k_experts": 2, "moe_intermediate_size": 8})).contains("num_experts"));
+        assert!(err(json!({"enable_moe_block": true, "top_k_experts": 2, "moe_intermediate_size": 8}))
+            .contains("num_experts"));
         assert!(err(json!({"num_kv_shared_layers": 50})).contains("num_kv_shared_layers"));
         assert!(err(json!({"hidden_activation": "relu"})).contains("relu"));
-        assert!(err(json!({"rope_parameters": {"full_attention": {"rope_type": "longrope", "rope_theta": 1.0}}})).contains("longrope"));
+        assert!(err(json!({"rope_parameters": {"full_attention": {"rope_type": "longrope", "rope_theta": 1.0}}}))
+            .contains("longrope"));
         // A shared sliding layer with no sliding layer before the shared ones.
         let mut j = e4b(0);
         j["num_hidden_layers"] = json!(3);

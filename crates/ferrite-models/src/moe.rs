@@ -46,7 +46,8 @@ impl Moe {
         let down = w.get(&p("experts.down_proj"), &[e, hidden, inter])?;
         let experts = (0..e)
             .map(|x| -> Result<GatedMlp> {
-                let rows = |t: &ferrite_runtime::Tensor, r: std::ops::Range<usize>| t.slice_rows(r).map(Linear::from_tensor);
+                let rows =
+                    |t: &ferrite_runtime::Tensor, r: std::ops::Range<usize>| t.slice_rows(r).map(Linear::from_tensor);
                 let base = 2 * inter * x;
                 Ok(GatedMlp::new(
                     rows(&gate_up, base..base + inter)?,
@@ -104,12 +105,16 @@ impl Moe {
         // Experts in ascending order, each over the tokens routed to it (as transformers sums).
         let mut out = vec![0f32; residual.len()];
         for (e, expert) in self.experts.iter().enumerate() {
-            let picked: Vec<(usize, f32)> =
-                routes.iter().enumerate().filter_map(|(tok, r)| r.iter().find(|(x, _)| *x == e).map(|(_, w)| (tok, *w))).collect();
+            let picked: Vec<(usize, f32)> = routes
+                .iter()
+                .enumerate()
+                .filter_map(|(tok, r)| r.iter().find(|(x, _)| *x == e).map(|(_, w)| (tok, *w)))
+                .collect();
             if picked.is_empty() {
                 continue;
             }
-            let rows: Vec<f32> = picked.iter().flat_map(|&(tok, _)| &x[tok * hidden..(tok + 1) * hidden]).copied().collect();
+            let rows: Vec<f32> =
+                picked.iter().flat_map(|&(tok, _)| &x[tok * hidden..(tok + 1) * hidden]).copied().collect();
             let mut y = vec![0f32; rows.len()];
             expert.forward(&rows, picked.len(), &mut y)?;
             for (&(tok, w), y) in picked.iter().zip(y.chunks_exact(hidden)) {
