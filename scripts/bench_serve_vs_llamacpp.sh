@@ -19,6 +19,9 @@
 #   5. Prints a Markdown table; the raw JSON lines go to $OUT (default
 #      $FERRITE_HOME/bench-serve-vs-llamacpp.jsonl).
 #
+# $LLAMA_ARGS adds llama-server flags, e.g. --no-kv-unified (one KV stream per slot instead of
+# the default single cache shared by all slots, which slows it sharply at high concurrency).
+#
 # Run it on a quiet machine: it prints `uptime` first, and the numbers mean little under load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -111,7 +114,7 @@ fi
 if [ "$only" != ferrite ]; then
   lport=$(free_port)
   LD_LIBRARY_PATH="$LLAMA_CPP_BUILD/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$server" -m "$GGUF" -t "$threads" \
-    --host 127.0.0.1 --port "$lport" -np "$maxc" -c $(( maxc * 1024 )) --log-disable >/dev/null 2>&1 &
+    --host 127.0.0.1 --port "$lport" -np "$maxc" -c $(( maxc * 1024 )) --log-disable ${LLAMA_ARGS:-} >/dev/null 2>&1 &
   lpid=$!
   wait_health "http://127.0.0.1:$lport" "$lpid"
 fi

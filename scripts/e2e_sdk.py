@@ -232,19 +232,22 @@ def openai_checks(c: Checks, oa, model: str) -> None:
                f"follow-up input_tokens {r2.usage.input_tokens} vs first {u.input_tokens}: history not included?")
 
     def responses_stream():
-        types, text, done = [], "", None
-        with oa.responses.stream(model=model, input="Say something about rivers.", max_output_tokens=MAX_TOKENS,
-                                 temperature=0) as s:
-            for ev in s:
-                types.append(ev.type)
-                if ev.type == "response.output_text.delta":
-                    text += ev.delta
-            done = s.get_final_response()
+        # Raw events: the SDK's stream helper insists on response.completed, but a response cut
+        # off by max_output_tokens ends in response.incomplete.
+        types, text, final = [], "", None
+        for ev in oa.responses.create(model=model, input="Say something about rivers.", stream=True,
+                                      max_output_tokens=MAX_TOKENS, temperature=0):
+            types.append(ev.type)
+            if ev.type == "response.output_text.delta":
+                text += ev.delta
+            if ev.type in ("response.completed", "response.incomplete"):
+                final = ev.response
         expect(types[:1] == ["response.created"], f"first event {types[:1]}")
-        expect(types[-1] == "response.completed" or types[-1] == "response.incomplete", f"last event {types[-1:]}")
-        expect("response.output_text.delta" in types, f"no text deltas in {sorted(set(types))}")
-        expect(text != "" and text == done.output_text, f"deltas {text!r} != final {done.output_text!r}")
-        expect(done.usage.output_tokens > 0, "no usage on the final response")
+        expect(types[-1:] in (["response.completed"], ["response.incomplete"]), f"last event {types[-1:]}")
+        for t in ("response.output_item.added", "response.output_text.delta", "response.output_item.done"):
+            expect(t in types, f"no {t} in {sorted(set(types))}")
+        expect(text != "" and text == final.output_text, f"deltas {text!r} != final {final.output_text!r}")
+        expect(final.usage.output_tokens > 0, "no usage on the final response")
 
     def tool_round_trip():
         msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -271,7 +274,13 @@ def openai_checks(c: Checks, oa, model: str) -> None:
         ch2 = r2.choices[0]
         expect(not ch2.message.tool_calls, "a tool call despite tool_choice none")
         expect(isinstance(ch2.message.content, str) and ch2.message.content.strip() != "", "no answer after the tool result")
-        expect(r2.usage.prompt_tokens > r.usage.prompt_tokens, "the tool result did not reach the prompt")
+        # The same turn with a longer tool result must cost more prompt tokens: the result is in the prompt.
+        longer = follow[:-1] + [dict(follow[-1], content=json.dumps({"temperature_c": 18, "sky": "clear",
+                                                                      "wind": "light breeze from the west"}))]
+        r3 = oa.chat.completions.create(model=model, messages=longer, tools=[WEATHER_TOOL], tool_choice="none",
+                                        max_tokens=1, temperature=0)
+        expect(r3.usage.prompt_tokens > r2.usage.prompt_tokens,
+               f"the tool result did not reach the prompt ({r3.usage.prompt_tokens} vs {r2.usage.prompt_tokens})")
 
     def tool_stream():
         s = oa.chat.completions.create(
@@ -365,7 +374,8 @@ def anthropic_checks(c: Checks, an, model: str) -> None:
                                 tool_choice={"type": "none"}, messages=follow)
         texts = [b.text for b in m2.content if b.type == "text"]
         expect(texts and texts[0].strip() != "", f"no text after the tool result: {m2.content}")
-        expect(m2.usage.input_tokens > m.usage.input_tokens, "the tool result did not reach the prompt")
+        expect(m2.usage.input_tokens > m.usage.input_tokens,
+               f"the tool result did not reach the prompt ({m2.usage.input_tokens} vs {m.usage.input_tokens})")
 
     c.run("anthropic messages + count_tokens", messages)
     c.run("anthropic messages stream", messages_stream)
