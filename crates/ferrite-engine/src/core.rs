@@ -88,7 +88,12 @@ impl EngineCore {
     }
 
     /// Queue a validated request; its outputs go to `sink`.
-    pub fn add_request(&mut self, id: RequestId, req: Request, sink: UnboundedSender<Output>) -> Result<(), EngineError> {
+    pub fn add_request(
+        &mut self,
+        id: RequestId,
+        req: Request,
+        sink: UnboundedSender<Output>,
+    ) -> Result<(), EngineError> {
         let max_tokens = self.limits.validate(&req)?;
         let n = req.params.n;
         let seed = choice_seed(req.params.sampling.seed, 0);
@@ -163,7 +168,10 @@ impl EngineCore {
             }
         }
         self.metrics.add_batch(batch.num_tokens());
-        let logits = match self.model.forward(&batch, &mut self.kv) {
+        // On a pool worker: each op's parallel loop then forks within the pool instead of
+        // waking it from outside (see `threads::run`).
+        let (model, kv) = (&self.model, &mut self.kv);
+        let logits = match ferrite_runtime::threads::run(|| model.forward(&batch, kv)) {
             Ok(l) => l,
             Err(e) => {
                 let msg = e.to_string();
@@ -333,7 +341,14 @@ impl EngineCore {
     }
 
     /// Send a final output for `seq` with no new token.
-    fn finish(&mut self, seq: &mut Sequence, reason: FinishReason, stop_string: Option<String>, stop_token: Option<u32>, error: Option<String>) {
+    fn finish(
+        &mut self,
+        seq: &mut Sequence,
+        reason: FinishReason,
+        stop_string: Option<String>,
+        stop_token: Option<u32>,
+        error: Option<String>,
+    ) {
         let out = Output {
             choice: seq.choice,
             token_ids: vec![],

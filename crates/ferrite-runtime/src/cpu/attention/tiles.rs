@@ -22,6 +22,12 @@ use crate::kv::LayerKv;
 /// Query tokens per tile.
 const TILE: usize = 32;
 
+/// The AVX-512 GEMM's buffers: packed activations and its own scratch.
+#[cfg(target_arch = "x86_64")]
+type GemmScratch = (Vec<f32>, crate::cpu::qmatmul::gemm512::Scratch);
+#[cfg(not(target_arch = "x86_64"))]
+type GemmScratch = ();
+
 #[derive(Default)]
 struct Scratch {
     q: Vec<f32>,
@@ -30,7 +36,7 @@ struct Scratch {
     vt: Vec<f32>,
     s: Vec<f32>,
     o: Vec<f32>,
-    packed: Vec<f32>,
+    gemm: GemmScratch,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -123,7 +129,7 @@ fn tile(
         );
     }
     s.s.resize(m * n_keys, 0.0);
-    product(&s.q, m, hd, &s.k, n_keys, &mut s.s, &mut s.packed, level);
+    product(&s.q, m, hd, &s.k, n_keys, &mut s.s, &mut s.gemm, level)?;
     for (i, t) in tokens.enumerate() {
         let vis = visible_range(batch.positions[t] as usize, p.window);
         let (lo, hi) = (vis.start - first, vis.end - first);
@@ -135,7 +141,7 @@ fn tile(
         }
     }
     s.o.resize(m * hd, 0.0);
-    product(&s.s, m, n_keys, &s.vt, hd, &mut s.o, &mut s.packed, level);
+    product(&s.s, m, n_keys, &s.vt, hd, &mut s.o, &mut s.gemm, level)?;
     Ok(())
 }
 
@@ -148,18 +154,25 @@ fn product(
     panel: &[f32],
     cols: usize,
     c: &mut [f32],
-    packed: &mut Vec<f32>,
+    gemm: &mut GemmScratch,
     level: Level,
-) {
+) -> Result<()> {
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512Vnni {
-        // SAFETY: this level has AVX-512 F; `x`, `panel` and `c` hold m·k, cols·k and m·cols
+        use crate::cpu::qmatmul::gemm512;
+        let (xp, scratch) = gemm;
+        gemm512::pack_rows(x, m, k, xp);
+        let rows = |j: usize, pc: usize, dst: &mut [f32]| {
+            dst.copy_from_slice(&panel[j * k + pc..j * k + pc + dst.len()]);
+            Ok(())
+        };
+        // SAFETY: this level has AVX-512 F; `xp` is packed for (m, k) and `c` holds m·cols
         // values.
-        unsafe { crate::cpu::qmatmul::gemm512::gemm(x, m, k, panel, cols, c.as_mut_ptr(), cols, packed) };
-        return;
+        return unsafe { gemm512::gemm(xp, m, k, cols, &rows, c.as_mut_ptr(), cols, scratch) };
     }
-    let _ = (level, packed);
+    let _ = (level, gemm);
     gemm_f32(x, m, panel, cols, k, c, cols, Parallelism::None);
+    Ok(())
 }
 
 /// Scale (and soft-cap) the visible scores, then softmax them in place.

@@ -51,7 +51,7 @@ impl QuantizedActs {
         let mut qs = vec![0i16; m * k];
         let mut d = vec![0f32; m * nb];
         for ((x, q), d) in x.chunks_exact(k).zip(qs.chunks_exact_mut(k)).zip(d.chunks_exact_mut(nb)) {
-            quantize_row(x, block, q, d, level);
+            quantize_row(x, block, QMAX, q, d, level);
         }
         if block == 32 {
             let scales = d.iter().zip(qs.chunks_exact(32)).flat_map(|(&d, q)| [d, d * code_sum(q) as f32]).collect();
@@ -86,29 +86,30 @@ impl QuantizedActs {
     }
 }
 
-/// Quantize one row into `q` (codes) and `d` (one scale per block).
-fn quantize_row(x: &[f32], block: usize, q: &mut [i16], d: &mut [f32], level: Level) {
+/// Quantize one row into `q` (codes in `-qmax..=qmax`, `qmax < 32768`) and `d` (one scale per
+/// `block` values, a multiple of 16).
+pub(crate) fn quantize_row(x: &[f32], block: usize, qmax: f32, q: &mut [i16], d: &mut [f32], level: Level) {
     #[cfg(target_arch = "x86_64")]
     if level != Level::Scalar {
         // SAFETY: every non-scalar level implies AVX2 (checked when the level was chosen), and
         // the slices have the lengths `quantize_row_avx2` indexes (k values, k / block scales).
-        unsafe { quantize_row_avx2(x, block, q, d) };
+        unsafe { quantize_row_avx2(x, block, qmax, q, d) };
         return;
     }
     let _ = level;
     for ((x, q), d) in x.chunks_exact(block).zip(q.chunks_exact_mut(block)).zip(d.iter_mut()) {
         let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let id = if amax > 0.0 { QMAX / amax } else { 0.0 };
+        let id = if amax > 0.0 { qmax / amax } else { 0.0 };
         for (q, &v) in q.iter_mut().zip(x) {
             *q = (v * id).round_ties_even() as i16;
         }
-        *d = amax / QMAX;
+        *d = amax / qmax;
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_row_avx2(x: &[f32], block: usize, q: &mut [i16], d: &mut [f32]) {
+unsafe fn quantize_row_avx2(x: &[f32], block: usize, qmax: f32, q: &mut [i16], d: &mut [f32]) {
     use std::arch::x86_64::*;
     let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
     for ((x, q), d) in x.chunks_exact(block).zip(q.chunks_exact_mut(block)).zip(d.iter_mut()) {
@@ -119,14 +120,14 @@ unsafe fn quantize_row_avx2(x: &[f32], block: usize, q: &mut [i16], d: &mut [f32
         let m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
         let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
-        let id = _mm256_set1_ps(if amax > 0.0 { QMAX / amax } else { 0.0 });
+        let id = _mm256_set1_ps(if amax > 0.0 { qmax / amax } else { 0.0 });
         for (x, q) in x.chunks_exact(16).zip(q.chunks_exact_mut(16)) {
             let r = |i: usize| _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(8 * i)), id));
             // packs interleaves 128-bit lanes; vpermq puts the four 4-value runs back in order.
             let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(r(0), r(1)));
             _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, packed);
         }
-        *d = amax / QMAX;
+        *d = amax / qmax;
     }
 }
 

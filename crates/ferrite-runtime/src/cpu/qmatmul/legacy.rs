@@ -198,8 +198,10 @@ mod x86 {
             let two = _mm256_set1_epi32(2 * cnt as i32);
             let pairs = sp.add(2 * b);
             let lo = _mm256_maskload_ps(pairs, _mm256_cmpgt_epi32(two, lane));
-            let hi =
-                _mm256_maskload_ps(pairs.add(8), _mm256_cmpgt_epi32(two, _mm256_add_epi32(lane, _mm256_set1_epi32(8))));
+            let hi = _mm256_maskload_ps(
+                pairs.wrapping_add(8),
+                _mm256_cmpgt_epi32(two, _mm256_add_epi32(lane, _mm256_set1_epi32(8))),
+            );
             let p_lo = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(hdr)), lo);
             let p_hi = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256::<1>(hdr)), hi);
             if F::AFFINE {

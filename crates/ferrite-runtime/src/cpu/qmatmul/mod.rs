@@ -1,15 +1,17 @@
 //! Fast linear layers over GGUF-quantized, f16 and bf16 weights, read in place.
 //!
-//! Two paths, chosen per call by the number of activation rows `m`:
-//! - **Row kernels** (`m < PANEL_MIN_ROWS`: decode, small verify batches). The activations are
-//!   quantized once per call to 15-bit integer blocks (`acts`) and each weight row is dotted
-//!   with them in integer arithmetic straight from its GGUF blocks: `legacy` (Q4_0, Q4_1, Q5_0,
-//!   Q5_1, Q8_0 against 32-blocks) and `kquants` (Q4_K, Q5_K, Q6_K against 256-blocks).
-//!   f16/bf16 rows are widened in registers and dotted with the f32 activations (`float`).
-//! - **Panels** (`m ≥ PANEL_MIN_ROWS`: prompt processing, and every dtype without a row
-//!   kernel). Panels of weight rows are dequantized to f32 once (`dequant`, bit-exact) and
-//!   multiplied by all `m` rows with an AVX-512 f32 GEMM (`gemm512`) or the `gemm` crate
-//!   (`panel`), so prefill is a GEMM on exact weights, not `m` GEMVs.
+//! - **Quantized weights** take one kernel for every number of activation rows `m`, so a
+//!   row's result never depends on the batch it runs in. With AVX-512 VNNI that is `igemm`
+//!   (14-bit activations against the weights decoded to 16-bit integers, a reduction kernel for
+//!   decode and a register-tiled GEMM for more rows, with the same arithmetic). Below it, the
+//!   row kernels: the activations are quantized once per call to 15-bit integer blocks (`acts`)
+//!   and each weight row is dotted with them straight from its GGUF blocks: `legacy` (Q4_0,
+//!   Q4_1, Q5_0, Q5_1, Q8_0 against 32-blocks) and `kquants` (Q4_K, Q5_K, Q6_K against
+//!   256-blocks).
+//! - **16-bit floats**: rows widened in registers and dotted with the f32 activations
+//!   (`float`) for small `m`; from `PANEL_MIN_ROWS` rows, panels dequantized to f32 (`dequant`)
+//!   and multiplied with an AVX-512 f32 GEMM (`gemm512`) or the `gemm` crate (`panel`). Panels
+//!   also serve the dtypes without a kernel (Q2_K, Q3_K, Q8_1, ...).
 //!
 //! Work is split by output rows over the process-wide rayon pool. The kernels exist per
 //! instruction-set `Level` (`isa`), picked at run time; `KernelMode` (`mode`) can force a level,
@@ -20,6 +22,8 @@ mod dequant;
 mod float;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod gemm512;
+#[cfg(target_arch = "x86_64")]
+mod igemm;
 pub(crate) mod isa;
 mod kquants;
 mod legacy;
@@ -41,8 +45,8 @@ use acts::{ActRow, QuantizedActs};
 /// One weight row (its GGUF bytes) dotted with one quantized activation row.
 pub(crate) type RowDot = unsafe fn(&[u8], ActRow<'_>) -> f32;
 
-/// From this many activation rows on, dequantizing a panel once and running an f32 GEMM beats
-/// re-reading the quantized row per activation row.
+/// From this many activation rows on, 16-bit float weights are widened panel by panel for an
+/// f32 GEMM instead of being dotted row by row.
 const PANEL_MIN_ROWS: usize = 8;
 
 /// `out[m, n] = x[m, k] · W[n, k]ᵀ` for non-f32 weights, in the current `KernelMode`. The
@@ -55,9 +59,19 @@ pub(crate) fn linear(x: &[f32], m: usize, w: &Tensor, out: &mut [f32]) -> Result
 }
 
 /// `linear` with the fast kernels at `level` (which the CPU must have).
+///
+/// Quantized weights take one kernel for every `m` (the integer GEMM with AVX-512 VNNI, the
+/// row kernels below it), so a row's result never depends on the rows it is batched with.
+/// 16-bit float weights switch to panels from `PANEL_MIN_ROWS` rows.
 pub(crate) fn linear_at(x: &[f32], m: usize, w: &Tensor, out: &mut [f32], level: Level) -> Result<()> {
-    if m >= PANEL_MIN_ROWS || !rows(x, m, w, out, level) {
-        let dtype = w.dtype();
+    let dtype = w.dtype();
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512Vnni && igemm::supports(dtype) {
+        // SAFETY: the level guarantees AVX-512 VNNI; `linear` checked the shapes.
+        return unsafe { igemm::linear(x, m, w, out) };
+    }
+    let float = matches!(dtype, DType::F16 | DType::BF16);
+    if (float && m >= PANEL_MIN_ROWS) || !rows(x, m, w, out, level) {
         let widen = |src: &[u8], dst: &mut [f32]| dequant::dequantize_row(dtype, src, dst, level);
         panel::by_panels(x, m, w, out, &widen, level == Level::Avx512Vnni)?;
     }

@@ -6,7 +6,8 @@
 //! dtypes without a fast kernel (Q2_K, Q3_K, Q8_1, ...), and the exact reference mode. Output
 //! rows are split into panels across the pool; each worker dequantizes its panel into a
 //! scratch buffer and multiplies it (a dot product per row when `m == 1`, a small GEMM
-//! otherwise). The weights stay in their dtype in memory.
+//! otherwise) — or, with AVX-512, hands wide panels to `gemm512`, which dequantizes them
+//! slice by slice into its packed layout. The weights stay in their dtype in memory.
 
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -39,14 +40,18 @@ pub(crate) fn by_panels(
     dequant: RowDequant<'_>,
     avx512: bool,
 ) -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    if avx512 && m > 1 {
+        return wide_panels(x, m, w, out, dequant);
+    }
+    let _ = avx512;
     let (n, k) = (w.rows(), w.row_len());
     let rows_per_panel = panel_rows(n, m);
     let panels = n.div_ceil(rows_per_panel);
     let rb = w.row_bytes();
     let bytes = w.bytes();
     let dst = SharedMut(out.as_mut_ptr());
-    let init = || (Vec::new(), Vec::new());
-    (0..panels).into_par_iter().try_for_each_init(init, |(scratch, packed): &mut (Vec<f32>, Vec<f32>), c| {
+    (0..panels).into_par_iter().try_for_each_init(Vec::new, |scratch: &mut Vec<f32>, c| {
         let r0 = c * rows_per_panel;
         let r1 = (r0 + rows_per_panel).min(n);
         let rows = r1 - r0;
@@ -63,13 +68,6 @@ pub(crate) fn by_panels(
                 // SAFETY: column r0 + i of row 0 belongs to this panel only.
                 unsafe { *base.ptr().add(r0 + i) = dot(x, wr) };
             }
-        } else if avx512 {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the caller vouches for AVX-512 F; this panel writes columns r0..r1 of
-            // every row, which no other panel touches, inside `out` (m * n values).
-            unsafe {
-                super::gemm512::gemm(x, m, k, scratch, rows, base.ptr().add(r0), n, packed)
-            };
         } else {
             // SAFETY: this panel writes columns r0..r1 of every row, which no other panel
             // touches; the region lies inside `out` (m * n values, checked by `linear`).
@@ -78,4 +76,43 @@ pub(crate) fn by_panels(
         }
         Ok::<(), RuntimeError>(())
     })
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// The packed activations of the last `wide_panels` call on this thread, reused so a
+    /// prefill does not page in a fresh buffer per layer.
+    static PACKED_X: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The AVX-512 panel path: wide panels (about two per thread, up to 512 rows), each dequantized
+/// slice by slice straight into the GEMM's packed layout, so the activations are streamed
+/// through once per panel and no f32 copy of the panel exists.
+#[cfg(target_arch = "x86_64")]
+fn wide_panels(x: &[f32], m: usize, w: &Tensor, out: &mut [f32], dequant: RowDequant<'_>) -> Result<()> {
+    use super::gemm512;
+    let (n, k) = (w.rows(), w.row_len());
+    let threads = rayon::current_num_threads().max(1);
+    let rows_per_panel = 32 * (n.div_ceil(32) / (2 * threads)).clamp(1, 16);
+    let panels = n.div_ceil(rows_per_panel);
+    let (rb, bytes) = (w.row_bytes(), w.bytes());
+    let (elems, block_bytes) = (w.dtype().block_elems(), w.dtype().block_bytes());
+    let mut xp = PACKED_X.with(|c| c.take());
+    gemm512::pack_rows(x, m, k, &mut xp);
+    let dst = SharedMut(out.as_mut_ptr());
+    let result = (0..panels).into_par_iter().try_for_each_init(gemm512::Scratch::default, |scratch, c| {
+        let r0 = c * rows_per_panel;
+        let r1 = (r0 + rows_per_panel).min(n);
+        let src = bytes
+            .get(r0 * rb..r1 * rb)
+            .ok_or_else(|| RuntimeError::Shape(format!("rows {r0}..{r1} of {w:?}: short buffer")))?;
+        // Columns pc.. of panel row j: whole blocks, since slices start at multiples of 256.
+        let rows = |j: usize, pc: usize, values: &mut [f32]| dequant(&src[j * rb + pc / elems * block_bytes..], values);
+        let base = dst;
+        // SAFETY: the caller vouches for AVX-512 F; `xp` is packed for (m, k); this panel
+        // writes columns r0..r1 of every row, which no other panel touches, inside `out`.
+        unsafe { gemm512::gemm(&xp, m, k, r1 - r0, &rows, base.ptr().add(r0), n, scratch) }
+    });
+    PACKED_X.with(|c| *c.borrow_mut() = xp);
+    result
 }

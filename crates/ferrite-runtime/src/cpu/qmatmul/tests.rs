@@ -158,18 +158,20 @@ fn row_kernels_match_the_reference_at_every_level() {
     }
 }
 
-/// The whole dispatch (row kernels for small `m`, f32 panels from `PANEL_MIN_ROWS` rows on,
-/// the reference dequantizer for dtypes without kernels) at every level.
+/// The whole dispatch (the integer GEMM or the row kernels for quantized weights, f32 panels
+/// for 16-bit floats from `PANEL_MIN_ROWS` rows on, the reference dequantizer for dtypes
+/// without kernels) at every level.
 #[test]
 fn linear_matches_the_reference_for_every_dtype_and_level() {
     let mut rng = StdRng::seed_from_u64(rand::rng().random());
-    let n = 29;
+    // Three 32-row slivers, the last partial: several panels on the AVX-512 path.
+    let n = 93;
     let dtypes = ROW_KERNEL_DTYPES.into_iter().chain([DType::Q8_1, DType::Q2K, DType::Q3K]);
     for dtype in dtypes {
         let k = lengths(dtype)[0];
         let w = random_weights(dtype, n, k, &mut rng);
         let wf = w.to_f32_vec().unwrap();
-        for m in [1, 3, PANEL_MIN_ROWS, 17] {
+        for m in [1, 2, 3, PANEL_MIN_ROWS, 17] {
             let x = random_acts(m * k, &mut rng);
             let exact = reference(&x, m, &wf, n, k);
             let abs_x: Vec<f32> = x.iter().map(|v| v.abs()).collect();
@@ -178,12 +180,12 @@ fn linear_matches_the_reference_for_every_dtype_and_level() {
             for level in levels() {
                 let mut out = vec![f32::NAN; m * n];
                 linear_at(&x, m, &w, &mut out, level).unwrap();
-                let panel = m >= PANEL_MIN_ROWS || !matches!(dtype, d if ROW_KERNEL_DTYPES.contains(&d));
+                let qmax = activation_qmax(dtype, level);
                 for (idx, &got) in out.iter().enumerate() {
-                    // Panels multiply exact weights in f32; row kernels quantize activations
-                    // (each value moves by at most half a step, amax / 32766, and a block's
-                    // amax is at most 8x the typical magnitude here).
-                    let quant = if panel { 0.0 } else { magnitude[idx] * 8.0 / (2.0 * f64::from(acts::QMAX)) };
+                    // f32 paths multiply exact weights by exact activations; the integer paths
+                    // quantize activations (each value moves by at most half a step,
+                    // amax / (2 qmax), and a block's amax is at most 8x the typical magnitude).
+                    let quant = qmax.map_or(0.0, |q| magnitude[idx] * 8.0 / (2.0 * q));
                     let tol = TIGHT * magnitude[idx] + quant + 1e-9;
                     let got = f64::from(got);
                     assert!(
@@ -191,6 +193,50 @@ fn linear_matches_the_reference_for_every_dtype_and_level() {
                         "{dtype} {level:?} m={m} output {idx}: {got} vs {} (tol {tol})",
                         exact[idx]
                     );
+                }
+            }
+        }
+    }
+}
+
+/// The largest activation code of the path `linear_at` takes, `None` for the f32 paths.
+fn activation_qmax(dtype: DType, level: Level) -> Option<f64> {
+    if !ROW_KERNEL_DTYPES.contains(&dtype) || matches!(dtype, DType::F16 | DType::BF16) {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512Vnni && igemm::supports(dtype) {
+        return Some(8191.0);
+    }
+    let _ = level;
+    Some(f64::from(acts::QMAX))
+}
+
+/// Batch invariance: for quantized weights, `m` rows in one call give, bit for bit, what each
+/// row gives alone — at every level, for `m` on both sides of every kernel switch.
+#[test]
+fn batched_rows_equal_rows_alone() {
+    let mut rng = StdRng::seed_from_u64(rand::rng().random());
+    let n = 93;
+    let quantized = ROW_KERNEL_DTYPES.into_iter().filter(|d| !matches!(d, DType::F16 | DType::BF16));
+    for dtype in quantized {
+        let k = lengths(dtype)[0];
+        let w = random_weights(dtype, n, k, &mut rng);
+        let x = random_acts(17 * k, &mut rng);
+        for level in levels() {
+            let alone: Vec<Vec<f32>> = (0..17)
+                .map(|i| {
+                    let mut out = vec![f32::NAN; n];
+                    linear_at(&x[i * k..(i + 1) * k], 1, &w, &mut out, level).unwrap();
+                    out
+                })
+                .collect();
+            for m in [2, 3, 7, 17] {
+                let mut out = vec![f32::NAN; m * n];
+                linear_at(&x[..m * k], m, &w, &mut out, level).unwrap();
+                for (i, row) in out.chunks_exact(n).enumerate() {
+                    let same = row.iter().zip(&alone[i]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{dtype} {level:?}: row {i} of {m} differs from the row alone");
                 }
             }
         }

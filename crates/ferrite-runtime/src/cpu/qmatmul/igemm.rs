@@ -1,0 +1,596 @@
+//! Integer matmul on quantized weights with AVX-512 VNNI, for every number of activation rows:
+//! `out[m, n] = x[m, k] · Wᵀ` as 16-bit integer products (`vpdpwssd`). It is the only fast path
+//! for the dtypes it `supports`, from a single decode row to a 512-token prompt, so a row's
+//! result never depends on how many rows share the call (batch invariance).
+//!
+//! Both sides are cut into blocks of 32 values along `k`. A weight block is 32 small integers
+//! `v` with a scale `ws` and an offset term `wm` (`value = ws * v + wm`): a legacy block's
+//! `(d, m)`, a Q4_K/Q5_K sub-block's `(d * sc, -dmin * min)`, a Q6_K half-plane's
+//! `(d, 0)` with its two group scales folded into `v` (|v| ≤ 4096). An activation block is
+//! 14-bit codes `q` with a scale `da` and `s = da * Σq`. The numerics, per output and block in
+//! order of `k`, are exactly
+//!
+//! ```text
+//! acc = fma(f32(Σ v·q), ws * da, acc);   acc = fma(wm, s, acc)   (the latter for affine dtypes)
+//! ```
+//!
+//! with `Σ v·q` an exact 32-bit integer (32 · 4096 · 8191 < 2³¹), whichever kernel runs.
+//!
+//! Each thread takes panels of weight rows; a panel is decoded sliver by sliver (32 rows,
+//! 256 columns of `k` at a time) into a row-major i16 buffer plus per-block `ws` and `wm`.
+//! - Few activation rows (`m ≤ FEW_ROWS`, decode): each 16-row half of the sliver is dotted
+//!   with an activation block in 16 `vpdpwssd` (lanes along `k`), and one transposing reduction
+//!   turns the 16 partial vectors into the 16 rows' exact block sums (`reduce16`).
+//! - More rows: the sliver is transposed to i16 pairs `[k / 2][32]` (`transpose16`) and a 6×32
+//!   micro-kernel (`Tile`) keeps 12 integer accumulators per block, one broadcast activation
+//!   pair per `vpdpwssd` (lanes along the output columns).
+
+use std::arch::x86_64::*;
+
+use rayon::prelude::*;
+
+use super::acts;
+use super::isa::{f16x2, prefetch, Level};
+use super::kquants::{k4k5_high, k4k5_scales_mins, k4k5_values, q6k_d, q6k_values};
+use super::legacy::{Legacy, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use crate::cpu::SharedMut;
+use crate::dtype::DType;
+use crate::error::{Result, RuntimeError};
+use crate::tensor::Tensor;
+
+/// Values per scale, on both sides.
+const B: usize = 32;
+/// Weight rows (output columns) per sliver: two 16-lane registers.
+const NR: usize = 32;
+/// Activation rows per micro-tile.
+const MR: usize = 6;
+/// Columns of `k` decoded at a time (one K-quant super-block, eight legacy blocks).
+const KC: usize = 256;
+/// Largest activation code (see the overflow bound in the module docs).
+const QMAX: f32 = 8191.0;
+/// Up to this many activation rows, the reduction kernel beats transposing the weights.
+const FEW_ROWS: usize = 2;
+/// Most slivers per panel (a panel is one work item of the pool).
+const MAX_PANEL_SLIVERS: usize = 16;
+
+/// Whether this module multiplies `dtype`.
+pub(crate) fn supports(dtype: DType) -> bool {
+    matches!(
+        dtype,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K | DType::Q5K | DType::Q6K
+    )
+}
+
+/// Quantized activations. `q` holds each row's codes (`[m][k]`); `d` and `s` are laid out
+/// `[m / MR][k / B][MR]`; for more than `FEW_ROWS` rows, `pairs[(blk * k / 2 + p) * MR + i]`
+/// holds codes `2p, 2p + 1` of row `blk * MR + i`. Padding rows are zero.
+struct Acts {
+    k: usize,
+    q: Vec<i16>,
+    pairs: Vec<i32>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+}
+
+impl Acts {
+    fn new(x: &[f32], m: usize, k: usize) -> Acts {
+        let blocks = m.div_ceil(MR);
+        let (kb, kp) = (k / B, k / 2);
+        let (mut q, mut d, mut s) = (vec![0i16; m * k], vec![0f32; blocks * kb * MR], vec![0f32; blocks * kb * MR]);
+        q.par_chunks_mut(k * MR).zip(d.par_chunks_mut(kb * MR)).zip(s.par_chunks_mut(kb * MR)).enumerate().for_each(
+            |(blk, ((q, d), s))| {
+                let mut rd = vec![0f32; kb];
+                for (i, (row, q)) in x.chunks_exact(k).skip(blk * MR).zip(q.chunks_exact_mut(k)).enumerate() {
+                    acts::quantize_row(row, B, QMAX, q, &mut rd, Level::Avx2);
+                    for (b, (&db, c)) in rd.iter().zip(q.chunks_exact(B)).enumerate() {
+                        d[b * MR + i] = db;
+                        s[b * MR + i] = db * c.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
+                    }
+                }
+            },
+        );
+        let mut pairs = Vec::new();
+        if m > FEW_ROWS {
+            pairs = vec![0i32; blocks * kp * MR];
+            pairs.par_chunks_mut(kp * MR).zip(q.par_chunks(k * MR)).for_each(|(pairs, q)| {
+                for (i, q) in q.chunks_exact(k).enumerate() {
+                    for (p, c) in q.chunks_exact(2).enumerate() {
+                        pairs[p * MR + i] = i32::from(c[0] as u16) | (i32::from(c[1] as u16) << 16);
+                    }
+                }
+            });
+        }
+        Acts { k, q, pairs, d, s }
+    }
+
+    /// Offset of block `b` of row `i` in `d` and `s`.
+    fn scale_at(&self, i: usize, b: usize) -> usize {
+        ((i / MR) * (self.k / B) + b) * MR + i % MR
+    }
+}
+
+/// One sliver's weights for a `KC` slice: `rows[r * KC + c]` is value `c` of row `r`; `ws`,
+/// `wm` are `[b][NR]`; `pairs` (many-row path) is `rows` transposed to `[KC / 2][NR]` pairs.
+/// Rows past the weight's end are zero.
+struct Sliver {
+    rows: Vec<i16>,
+    ws: Vec<f32>,
+    wm: Vec<f32>,
+    pairs: Vec<i32>,
+}
+
+impl Default for Sliver {
+    fn default() -> Sliver {
+        Sliver {
+            rows: vec![0; NR * KC],
+            ws: vec![0.0; KC / B * NR],
+            wm: vec![0.0; KC / B * NR],
+            pairs: vec![0; KC / 2 * NR],
+        }
+    }
+}
+
+/// `out = x · Wᵀ` for a `dtype` that `supports` accepts, any `m ≥ 1`.
+///
+/// # Safety
+/// The CPU must have AVX-512 F/BW/VL/VNNI (and AVX2/FMA/F16C); `x`, `w` and `out` have the
+/// shapes `linear` checked.
+pub(crate) unsafe fn linear(x: &[f32], m: usize, w: &Tensor, out: &mut [f32]) -> Result<()> {
+    // Rows hold whole blocks: `k` is a multiple of 32 (of 256 for the K-quants, whose slices
+    // are then always whole super-blocks).
+    let (n, k) = (w.rows(), w.row_len());
+    let acts = Acts::new(x, m, k);
+    // About four panels per thread, so a thread slowed by other work sheds panels to the rest.
+    let threads = rayon::current_num_threads().max(1);
+    let slivers = n.div_ceil(NR);
+    let panels = (4 * threads * slivers.div_ceil(4 * threads * MAX_PANEL_SLIVERS)).min(slivers);
+    let rows_per_panel = NR * slivers.div_ceil(panels);
+    let panels = n.div_ceil(rows_per_panel);
+    let (rb, bytes, dtype) = (w.row_bytes(), w.bytes(), w.dtype());
+    let dst = SharedMut(out.as_mut_ptr());
+    (0..panels).into_par_iter().try_for_each_init(Sliver::default, |sliver, c| {
+        let r0 = c * rows_per_panel;
+        let r1 = (r0 + rows_per_panel).min(n);
+        let src = bytes
+            .get(r0 * rb..r1 * rb)
+            .ok_or_else(|| RuntimeError::Shape(format!("rows {r0}..{r1} of {w:?}: short buffer")))?;
+        let base = dst;
+        // SAFETY: the caller vouches for the CPU; this panel writes columns r0..r1 of every
+        // row of `out`, which no other panel touches.
+        unsafe { panel(&acts, m, dtype, src, rb, r1 - r0, base.ptr().add(r0), n, sliver) };
+        Ok(())
+    })
+}
+
+/// One panel of `cols` weight rows (`src`, `rb` bytes each) into `c` (row stride `ldc`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel(
+    acts: &Acts,
+    m: usize,
+    dtype: DType,
+    src: &[u8],
+    rb: usize,
+    cols: usize,
+    c: *mut f32,
+    ldc: usize,
+    sl: &mut Sliver,
+) {
+    let k = acts.k;
+    if m <= FEW_ROWS {
+        // Straight from the GGUF bytes where that is simple; Q6_K goes through the sliver buffer.
+        let direct = match dtype {
+            DType::Q4_0 => Some(few_legacy::<Q4_0> as FewDirect),
+            DType::Q4_1 => Some(few_legacy::<Q4_1> as FewDirect),
+            DType::Q5_0 => Some(few_legacy::<Q5_0> as FewDirect),
+            DType::Q5_1 => Some(few_legacy::<Q5_1> as FewDirect),
+            DType::Q8_0 => Some(few_legacy::<Q8_0> as FewDirect),
+            DType::Q4K => Some(few_k4k5::<false> as FewDirect),
+            DType::Q5K => Some(few_k4k5::<true> as FewDirect),
+            _ => None,
+        };
+        if let Some(kernel) = direct {
+            for j0 in (0..cols).step_by(16) {
+                for i in 0..m {
+                    kernel(acts, i, src.as_ptr().add(j0 * rb), rb, (cols - j0).min(16), c.add(i * ldc + j0));
+                }
+            }
+            return;
+        }
+    }
+    let offsets = matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K);
+    let (elems, block_bytes) = (dtype.block_elems(), dtype.block_bytes());
+    for j0 in (0..cols).step_by(NR) {
+        let nr = NR.min(cols - j0);
+        if nr < NR {
+            sl.rows[nr * KC..].fill(0);
+            sl.ws.fill(0.0);
+            sl.wm.fill(0.0);
+        }
+        let mut pc = 0;
+        while pc < k {
+            let kc = KC.min(k - pc);
+            let seg = kc / elems * block_bytes;
+            for j in 0..nr {
+                let blocks = src.as_ptr().add((j0 + j) * rb + pc / elems * block_bytes);
+                // The weights stream from memory once per call: fetch this row's next slice
+                // (or, after the last one, the next sliver's first) while decoding this one.
+                let next = if pc + kc < k {
+                    blocks.wrapping_add(seg)
+                } else {
+                    blocks.wrapping_add(NR * rb - pc / elems * block_bytes)
+                };
+                prefetch(next, seg);
+                let (ws, wm) = (sl.ws.as_mut_ptr(), sl.wm.as_mut_ptr());
+                let mut scales = |b: usize, scale: f32, offset: f32| {
+                    *ws.add(b * NR + j) = scale;
+                    *wm.add(b * NR + j) = offset;
+                };
+                decode(dtype, blocks, kc, sl.rows.as_mut_ptr().add(j * KC), &mut scales);
+            }
+            let cs = c.add(j0);
+            if m <= FEW_ROWS {
+                for half in 0..nr.div_ceil(16) {
+                    let mask = half_mask(nr, half);
+                    for i in 0..m {
+                        few(acts, sl, i, pc, kc / B, half, cs.add(i * ldc + 16 * half), mask, pc > 0, offsets);
+                    }
+                }
+            } else {
+                for half in 0..2 {
+                    for p0 in (0..kc / 2).step_by(16) {
+                        transpose16(
+                            sl.rows.as_ptr().add(16 * half * KC + 2 * p0),
+                            sl.pairs.as_mut_ptr().add(p0 * NR + 16 * half),
+                        );
+                    }
+                }
+                for blk in 0..m.div_ceil(MR) {
+                    let t = Tile {
+                        blocks: kc / B,
+                        a: acts.pairs.as_ptr().add((blk * k + pc) / 2 * MR),
+                        da: acts.d.as_ptr().add((blk * k + pc) / B * MR),
+                        sa: acts.s.as_ptr().add((blk * k + pc) / B * MR),
+                        w: sl.pairs.as_ptr(),
+                        ws: sl.ws.as_ptr(),
+                        wm: sl.wm.as_ptr(),
+                        c: cs.add(blk * MR * ldc),
+                        ldc,
+                        mask: if nr >= 32 { u32::MAX } else { (1u32 << nr) - 1 },
+                        accumulate: pc > 0,
+                        offsets,
+                    };
+                    match MR.min(m - blk * MR) {
+                        6 => t.run::<6>(),
+                        5 => t.run::<5>(),
+                        4 => t.run::<4>(),
+                        3 => t.run::<3>(),
+                        2 => t.run::<2>(),
+                        _ => t.run::<1>(),
+                    }
+                }
+            }
+            pc += kc;
+        }
+    }
+}
+
+/// The lanes of 16-row half `half` that hold one of the sliver's `nr` rows.
+fn half_mask(nr: usize, half: usize) -> u16 {
+    let live = nr.saturating_sub(16 * half).min(16);
+    if live == 16 {
+        u16::MAX
+    } else {
+        (1u16 << live) - 1
+    }
+}
+
+/// Few-row kernel: activation row `i` against 16-row half `half` of the sliver, over the
+/// slice's `blocks` blocks starting at column `pc`, into the 16 outputs at `c`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn few(
+    acts: &Acts,
+    sl: &Sliver,
+    i: usize,
+    pc: usize,
+    blocks: usize,
+    half: usize,
+    c: *mut f32,
+    mask: u16,
+    accumulate: bool,
+    offsets: bool,
+) {
+    let a = acts.q.as_ptr().add(i * acts.k + pc);
+    let w = sl.rows.as_ptr().add(16 * half * KC);
+    let mut acc = if accumulate { _mm512_maskz_loadu_ps(mask, c) } else { _mm512_setzero_ps() };
+    for b in 0..blocks {
+        let x = _mm512_loadu_si512(a.add(b * B) as *const __m512i);
+        let p: [__m512i; 16] = std::array::from_fn(|r| {
+            _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(w.add(r * KC + b * B) as *const __m512i), x)
+        });
+        let at = acts.scale_at(i, pc / B + b);
+        let (da, sa) = (_mm512_set1_ps(*acts.d.get_unchecked(at)), _mm512_set1_ps(*acts.s.get_unchecked(at)));
+        let ws = _mm512_loadu_ps(sl.ws.as_ptr().add(b * NR + 16 * half));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(reduce16(p)), _mm512_mul_ps(ws, da), acc);
+        if offsets {
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(sl.wm.as_ptr().add(b * NR + 16 * half)), sa, acc);
+        }
+    }
+    _mm512_mask_storeu_ps(c, mask, acc);
+}
+
+type FewDirect = unsafe fn(&Acts, usize, *const u8, usize, usize, *mut f32);
+
+/// Few-row kernel for the 32-value block formats, straight from the GGUF bytes: activation
+/// row `i` against the `live ≤ 16` weight rows at `w` (`rb` bytes apart) into the outputs at
+/// `c`. Each block's 16 headers come in one gather; the arithmetic is `few`'s.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn few_legacy<F: Legacy>(acts: &Acts, i: usize, w: *const u8, rb: usize, live: usize, c: *mut f32) {
+    let nb = acts.k / B;
+    let a = acts.q.as_ptr().add(i * acts.k);
+    let mask = half_mask(live, 0);
+    // Rows past `live` re-read the last live row; their lanes are never stored.
+    let row = |r: usize| w.add(r.min(live - 1) * rb);
+    let offsets = _mm512_mullo_epi32(
+        _mm512_min_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(live as i32 - 1),
+        ),
+        _mm512_set1_epi32(rb as i32),
+    );
+    let mut acc = _mm512_setzero_ps();
+    for b in 0..nb {
+        if b % 8 == 0 {
+            for r in 0..live {
+                prefetch(row(r).wrapping_add((b + 8) * F::BYTES), 8 * F::BYTES);
+            }
+        }
+        let x = _mm512_loadu_si512(a.add(b * B) as *const __m512i);
+        let p: [__m512i; 16] = std::array::from_fn(|r| {
+            let (lo, hi) = F::values_simd(row(r).add(b * F::BYTES));
+            _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi), x)
+        });
+        // Sixteen (d, m) f16 pairs: `ws` from the low halves, `wm` from the high ones.
+        let hdr = _mm512_i32gather_epi32::<1>(offsets, w.add(b * F::BYTES) as *const i32);
+        let ws = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr));
+        let at = acts.scale_at(i, b);
+        let (da, sa) = (_mm512_set1_ps(*acts.d.get_unchecked(at)), _mm512_set1_ps(*acts.s.get_unchecked(at)));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(reduce16(p)), _mm512_mul_ps(ws, da), acc);
+        if F::AFFINE {
+            let wm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(hdr)));
+            acc = _mm512_fmadd_ps(wm, sa, acc);
+        }
+    }
+    _mm512_mask_storeu_ps(c, mask, acc);
+}
+
+/// Few-row kernel for Q4_K (`Q5 = false`) and Q5_K, straight from the GGUF bytes, like
+/// `few_legacy`: per super-block, each row's sub-block `(ws, wm)` are computed once into a
+/// `[sub-block][row]` table; each 32-value sub-block is then one widening load per row.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn few_k4k5<const Q5: bool>(acts: &Acts, i: usize, w: *const u8, rb: usize, live: usize, c: *mut f32) {
+    let bytes = if Q5 { 176 } else { 144 };
+    let a = acts.q.as_ptr().add(i * acts.k);
+    let row = |r: usize| w.add(r.min(live - 1) * rb);
+    let (mut ws, mut wm) = ([0f32; 8 * 16], [0f32; 8 * 16]);
+    let mut acc = _mm512_setzero_ps();
+    for sb in 0..acts.k / 256 {
+        for r in 0..16 {
+            let blk = row(r).add(sb * bytes);
+            prefetch(blk.wrapping_add(bytes), bytes);
+            let (d, dmin) = f16x2(blk);
+            let (sc, mn) = k4k5_scales_mins(blk);
+            for s in 0..8 {
+                ws[s * 16 + r] = d * f32::from(sc[s]);
+                wm[s * 16 + r] = -dmin * f32::from(mn[s]);
+            }
+        }
+        for s in 0..8 {
+            let x = _mm512_loadu_si512(a.add(256 * sb + B * s) as *const __m512i);
+            let p: [__m512i; 16] = std::array::from_fn(|r| {
+                let blk = row(r).add(sb * bytes);
+                let codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
+                    blk.add(if Q5 { 48 } else { 16 } + B * (s / 2)) as *const __m256i
+                ));
+                let mut v = if s % 2 == 0 {
+                    _mm512_and_si512(codes, _mm512_set1_epi16(0x0F))
+                } else {
+                    _mm512_srli_epi16::<4>(codes)
+                };
+                if Q5 {
+                    let high = _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.add(16) as *const __m256i));
+                    let bit =
+                        _mm512_and_si512(_mm512_srl_epi16(high, _mm_cvtsi32_si128(s as i32)), _mm512_set1_epi16(1));
+                    v = _mm512_or_si512(v, _mm512_slli_epi16::<4>(bit));
+                }
+                _mm512_dpwssd_epi32(_mm512_setzero_si512(), v, x)
+            });
+            let at = acts.scale_at(i, 8 * sb + s);
+            let (da, sa) = (_mm512_set1_ps(*acts.d.get_unchecked(at)), _mm512_set1_ps(*acts.s.get_unchecked(at)));
+            acc = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(reduce16(p)),
+                _mm512_mul_ps(_mm512_loadu_ps(ws.as_ptr().add(16 * s)), da),
+                acc,
+            );
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(wm.as_ptr().add(16 * s)), sa, acc);
+        }
+    }
+    _mm512_mask_storeu_ps(c, half_mask(live, 0), acc);
+}
+
+/// Lane `r` of the result is the sum of the 16 lanes of `p[r]` (exact: integer adds).
+#[inline(always)]
+unsafe fn reduce16(p: [__m512i; 16]) -> __m512i {
+    // Pairs: per 128-bit lane [a0+a2, b0+b2, a1+a3, b1+b3].
+    let q: [__m512i; 8] = std::array::from_fn(|i| {
+        let (a, b) = (p[2 * i], p[2 * i + 1]);
+        _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
+    });
+    // Quads: per 128-bit lane, the lane sums of rows 4i..4i + 4.
+    let t: [__m512i; 4] = std::array::from_fn(|i| {
+        let (a, b) = (q[2 * i], q[2 * i + 1]);
+        _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b))
+    });
+    // Fold the four 128-bit lanes: first pairwise within two rows-groups, then across.
+    let fold = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(_mm512_shuffle_i32x4::<0x88>(a, b), _mm512_shuffle_i32x4::<0xDD>(a, b))
+    };
+    fold(fold(t[0], t[1]), fold(t[2], t[3]))
+}
+
+/// Transpose 16 rows of 16 i32 pairs (`src`, row stride `KC` i16) into 16 pair-rows of 16
+/// (`dst`, row stride `NR` i32).
+#[inline(always)]
+unsafe fn transpose16(src: *const i16, dst: *mut i32) {
+    let r: [__m512i; 16] = std::array::from_fn(|i| _mm512_loadu_si512(src.add(i * KC) as *const __m512i));
+    let t: [__m512i; 16] = std::array::from_fn(|i| {
+        let (a, b) = (r[i & !1], r[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_epi32(a, b)
+        } else {
+            _mm512_unpackhi_epi32(a, b)
+        }
+    });
+    // u[4g + j], per 128-bit lane L: column 4L + j of rows 4g..4g + 4.
+    let u: [__m512i; 16] = std::array::from_fn(|q| {
+        let (g, j) = (q / 4, q % 4);
+        let (a, b) = (t[4 * g + j / 2], t[4 * g + 2 + j / 2]);
+        if j % 2 == 0 {
+            _mm512_unpacklo_epi64(a, b)
+        } else {
+            _mm512_unpackhi_epi64(a, b)
+        }
+    });
+    for j in 0..4 {
+        let lo01 = _mm512_shuffle_i32x4::<0x44>(u[j], u[4 + j]);
+        let hi01 = _mm512_shuffle_i32x4::<0xEE>(u[j], u[4 + j]);
+        let lo23 = _mm512_shuffle_i32x4::<0x44>(u[8 + j], u[12 + j]);
+        let hi23 = _mm512_shuffle_i32x4::<0xEE>(u[8 + j], u[12 + j]);
+        let out = [
+            _mm512_shuffle_i32x4::<0x88>(lo01, lo23),
+            _mm512_shuffle_i32x4::<0xDD>(lo01, lo23),
+            _mm512_shuffle_i32x4::<0x88>(hi01, hi23),
+            _mm512_shuffle_i32x4::<0xDD>(hi01, hi23),
+        ];
+        for (l, o) in out.into_iter().enumerate() {
+            _mm512_storeu_si512(dst.add((4 * l + j) * NR) as *mut __m512i, o);
+        }
+    }
+}
+
+/// Decode `kc` values of one row starting at the block at `blk` into `out` as `v`, and report
+/// each 32-block's `(ws, wm)` (K-quant slices are always one whole super-block).
+#[inline(always)]
+unsafe fn decode(dtype: DType, blk: *const u8, kc: usize, out: *mut i16, scales: &mut impl FnMut(usize, f32, f32)) {
+    let store = |at: usize, v: __m256i| _mm256_storeu_si256(out.add(at) as *mut __m256i, v);
+    match dtype {
+        DType::Q4_0 => legacy::<Q4_0>(blk, kc, out, scales),
+        DType::Q4_1 => legacy::<Q4_1>(blk, kc, out, scales),
+        DType::Q5_0 => legacy::<Q5_0>(blk, kc, out, scales),
+        DType::Q5_1 => legacy::<Q5_1>(blk, kc, out, scales),
+        DType::Q8_0 => legacy::<Q8_0>(blk, kc, out, scales),
+        DType::Q4K | DType::Q5K => {
+            let q5 = dtype == DType::Q5K;
+            let (d, dmin) = f16x2(blk);
+            let (sc, mn) = k4k5_scales_mins(blk);
+            let mut high = if q5 { k4k5_high::<true>(blk) } else { k4k5_high::<false>(blk) };
+            for g in 0..4 {
+                let v =
+                    if q5 { k4k5_values::<true>(blk, g, &mut high) } else { k4k5_values::<false>(blk, g, &mut high) };
+                for (i, v) in v.into_iter().enumerate() {
+                    store(64 * g + 16 * i, v);
+                }
+                for s in [2 * g, 2 * g + 1] {
+                    scales(s, d * f32::from(sc[s]), -dmin * f32::from(mn[s]));
+                }
+            }
+        }
+        DType::Q6K => {
+            let d = q6k_d(blk);
+            let scale = |g: usize| _mm256_set1_epi16(i16::from(*blk.add(192 + g) as i8));
+            for h in 0..2 {
+                for (p, [lo, hi]) in q6k_values(blk, h).into_iter().enumerate() {
+                    let g = 8 * h + 2 * p;
+                    store(128 * h + 32 * p, _mm256_mullo_epi16(lo, scale(g)));
+                    store(128 * h + 32 * p + 16, _mm256_mullo_epi16(hi, scale(g + 1)));
+                    scales(4 * h + p, d, 0.0);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+#[inline(always)]
+unsafe fn legacy<F: Legacy>(blk: *const u8, kc: usize, out: *mut i16, scales: &mut impl FnMut(usize, f32, f32)) {
+    for b in 0..kc / B {
+        let at = blk.add(b * F::BYTES);
+        let (lo, hi) = F::values_simd(at);
+        _mm256_storeu_si256(out.add(B * b) as *mut __m256i, lo);
+        _mm256_storeu_si256(out.add(B * b + 16) as *mut __m256i, hi);
+        let (d, m) = f16x2(at);
+        scales(b, d, if F::AFFINE { m } else { 0.0 });
+    }
+}
+
+/// One micro-tile: `R ≤ MR` activation rows times one 32-row sliver over `blocks` blocks.
+struct Tile {
+    blocks: usize,
+    a: *const i32,
+    da: *const f32,
+    sa: *const f32,
+    w: *const i32,
+    ws: *const f32,
+    wm: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    mask: u32,
+    accumulate: bool,
+    /// Whether the weights have offset terms (`wm` is all zero otherwise).
+    offsets: bool,
+}
+
+impl Tile {
+    #[inline(always)]
+    unsafe fn run<const R: usize>(&self) {
+        let (m0, m1) = ((self.mask & 0xFFFF) as u16, (self.mask >> 16) as u16);
+        let row = |i: usize| self.c.add(i * self.ldc);
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        if self.accumulate {
+            for (i, a) in acc.iter_mut().enumerate() {
+                a[0] = _mm512_maskz_loadu_ps(m0, row(i));
+                a[1] = _mm512_maskz_loadu_ps(m1, row(i).wrapping_add(16));
+            }
+        }
+        for b in 0..self.blocks {
+            let mut dot = [[_mm512_setzero_si512(); 2]; R];
+            let (w, a) = (self.w.add(b * B / 2 * NR), self.a.add(b * B / 2 * MR));
+            for p in 0..B / 2 {
+                let w0 = _mm512_loadu_si512(w.add(p * NR) as *const __m512i);
+                let w1 = _mm512_loadu_si512(w.add(p * NR + 16) as *const __m512i);
+                for (i, d) in dot.iter_mut().enumerate() {
+                    let x = _mm512_set1_epi32(*a.add(p * MR + i));
+                    d[0] = _mm512_dpwssd_epi32(d[0], w0, x);
+                    d[1] = _mm512_dpwssd_epi32(d[1], w1, x);
+                }
+            }
+            let ws = [_mm512_loadu_ps(self.ws.add(b * NR)), _mm512_loadu_ps(self.ws.add(b * NR + 16))];
+            let wm = [_mm512_loadu_ps(self.wm.add(b * NR)), _mm512_loadu_ps(self.wm.add(b * NR + 16))];
+            for (i, (a, d)) in acc.iter_mut().zip(&dot).enumerate() {
+                let da = _mm512_set1_ps(*self.da.add(b * MR + i));
+                let sa = _mm512_set1_ps(*self.sa.add(b * MR + i));
+                for z in 0..2 {
+                    a[z] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[z]), _mm512_mul_ps(ws[z], da), a[z]);
+                    if self.offsets {
+                        a[z] = _mm512_fmadd_ps(wm[z], sa, a[z]);
+                    }
+                }
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            _mm512_mask_storeu_ps(row(i), m0, a[0]);
+            _mm512_mask_storeu_ps(row(i).wrapping_add(16), m1, a[1]);
+        }
+    }
+}
