@@ -281,20 +281,8 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
     if a.json {
         println!("{out}");
     } else {
-        println!(
-            "model {} ({threads} threads), {} requests of {} in / {} out at concurrency {}",
-            path.display(),
-            a.num_requests,
-            a.input_len,
-            a.output_len,
-            a.concurrency
-        );
-        println!(
-            "output {:.1} tok/s, total {:.1} tok/s, {:.2} req/s over {wall:.1} s",
-            out["output_tok_s"].as_f64().unwrap_or(0.0),
-            out["total_tok_s"].as_f64().unwrap_or(0.0),
-            out["request_s"].as_f64().unwrap_or(0.0)
-        );
+        println!("model {} ({threads} threads), {} requests of {} in / {} out at concurrency {}", path.display(), a.num_requests, a.input_len, a.output_len, a.concurrency);
+        println!("output {:.1} tok/s, total {:.1} tok/s, {:.2} req/s over {wall:.1} s", out["output_tok_s"].as_f64().unwrap_or(0.0), out["total_tok_s"].as_f64().unwrap_or(0.0), out["request_s"].as_f64().unwrap_or(0.0));
         println!("TTFT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&ttft, 0.5), pct(&ttft, 0.9), pct(&ttft, 0.99));
         println!("TPOT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&tpot, 0.5), pct(&tpot, 0.9), pct(&tpot, 0.99));
     }
@@ -341,17 +329,8 @@ fn prefix(a: PrefixArgs) -> Result<()> {
         });
         println!("{out}");
     } else {
-        println!(
-            "model {} ({threads} threads): {} shared + {} new prompt tokens",
-            path.display(),
-            a.prefix_len,
-            a.suffix_len
-        );
-        println!(
-            "TTFT cold {cold_med:.1} ms, prefix hit {hit:.1} ms ({:.1}x), medians of {}",
-            cold_med / hit.max(1e-9),
-            a.reps
-        );
+        println!("model {} ({threads} threads): {} shared + {} new prompt tokens", path.display(), a.prefix_len, a.suffix_len);
+        println!("TTFT cold {cold_med:.1} ms, prefix hit {hit:.1} ms ({:.1}x), medians of {}", cold_med / hit.max(1e-9), a.reps);
     }
     Ok(())
 }

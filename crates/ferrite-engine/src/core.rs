@@ -88,12 +88,7 @@ impl EngineCore {
     }
 
     /// Queue a validated request; its outputs go to `sink`.
-    pub fn add_request(
-        &mut self,
-        id: RequestId,
-        req: Request,
-        sink: UnboundedSender<Output>,
-    ) -> Result<(), EngineError> {
+    pub fn add_request(&mut self, id: RequestId, req: Request, sink: UnboundedSender<Output>) -> Result<(), EngineError> {
         let max_tokens = self.limits.validate(&req)?;
         let n = req.params.n;
         let seed = choice_seed(req.params.sampling.seed, 0);
@@ -341,14 +336,7 @@ impl EngineCore {
     }
 
     /// Send a final output for `seq` with no new token.
-    fn finish(
-        &mut self,
-        seq: &mut Sequence,
-        reason: FinishReason,
-        stop_string: Option<String>,
-        stop_token: Option<u32>,
-        error: Option<String>,
-    ) {
+    fn finish(&mut self, seq: &mut Sequence, reason: FinishReason, stop_string: Option<String>, stop_token: Option<u32>, error: Option<String>) {
         let out = Output {
             choice: seq.choice,
             token_ids: vec![],
