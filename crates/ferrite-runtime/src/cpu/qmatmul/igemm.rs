@@ -16,14 +16,16 @@
 //!
 //! with `Σ v·q` an exact 32-bit integer (32 · 4096 · 8191 < 2³¹), whichever kernel runs.
 //!
-//! Each thread takes panels of weight rows; a panel is decoded sliver by sliver (32 rows,
-//! 256 columns of `k` at a time) into a row-major i16 buffer plus per-block `ws` and `wm`.
-//! - Few activation rows (`m ≤ FEW_ROWS`, decode): each 16-row half of the sliver is dotted
-//!   with an activation block in 16 `vpdpwssd` (lanes along `k`), and one transposing reduction
-//!   turns the 16 partial vectors into the 16 rows' exact block sums (`reduce16`).
-//! - More rows: the sliver is transposed to i16 pairs `[k / 2][32]` (`transpose16`) and a 6×32
-//!   micro-kernel (`Tile`) keeps 12 integer accumulators per block, one broadcast activation
-//!   pair per `vpdpwssd` (lanes along the output columns).
+//! Each thread takes panels of weight rows, 16 or 32 at a time:
+//! - Few activation rows (`m ≤ FEW_ROWS`, decode): straight from the GGUF bytes, 16 rows side
+//!   by side (`few_legacy`, `few_k4k5`, `few_q6k`): each row's block is widened to i16 and
+//!   dotted with the activation block in one `vpdpwssd` (lanes along `k`), and one transposing
+//!   reduction turns the 16 partial vectors into the 16 rows' exact block sums (`reduce16`);
+//!   headers come in by gathers, and the next 16 rows are prefetched meanwhile (`Ahead`).
+//! - More rows: slivers of 32 rows are decoded 256 columns at a time to a row-major i16
+//!   buffer plus per-block `ws` and `wm`, transposed to i16 pairs `[k / 2][32]`
+//!   (`transpose16`), and a 6×32 micro-kernel (`Tile`) keeps 12 integer accumulators per block,
+//!   one broadcast activation pair per `vpdpwssd` (lanes along the output columns).
 
 use std::arch::x86_64::*;
 
@@ -178,25 +180,22 @@ unsafe fn panel(
 ) {
     let k = acts.k;
     if m <= FEW_ROWS {
-        // Straight from the GGUF bytes where that is simple; Q6_K goes through the sliver buffer.
-        let direct = match dtype {
-            DType::Q4_0 => Some(few_legacy::<Q4_0> as FewDirect),
-            DType::Q4_1 => Some(few_legacy::<Q4_1> as FewDirect),
-            DType::Q5_0 => Some(few_legacy::<Q5_0> as FewDirect),
-            DType::Q5_1 => Some(few_legacy::<Q5_1> as FewDirect),
-            DType::Q8_0 => Some(few_legacy::<Q8_0> as FewDirect),
-            DType::Q4K => Some(few_k4k5::<false> as FewDirect),
-            DType::Q5K => Some(few_k4k5::<true> as FewDirect),
-            _ => None,
+        let kernel: FewDirect = match dtype {
+            DType::Q4_0 => few_legacy::<Q4_0>,
+            DType::Q4_1 => few_legacy::<Q4_1>,
+            DType::Q5_0 => few_legacy::<Q5_0>,
+            DType::Q5_1 => few_legacy::<Q5_1>,
+            DType::Q8_0 => few_legacy::<Q8_0>,
+            DType::Q4K => few_k4k5::<false>,
+            DType::Q5K => few_k4k5::<true>,
+            _ => few_q6k,
         };
-        if let Some(kernel) = direct {
-            for j0 in (0..cols).step_by(16) {
-                for i in 0..m {
-                    kernel(acts, i, src.as_ptr().add(j0 * rb), rb, (cols - j0).min(16), c.add(i * ldc + j0));
-                }
+        for j0 in (0..cols).step_by(16) {
+            for i in 0..m {
+                kernel(acts, i, src.as_ptr().add(j0 * rb), rb, (cols - j0).min(16), c.add(i * ldc + j0));
             }
-            return;
         }
+        return;
     }
     let offsets = matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K);
     let (elems, block_bytes) = (dtype.block_elems(), dtype.block_bytes());
@@ -229,45 +228,36 @@ unsafe fn panel(
                 decode(dtype, blocks, kc, sl.rows.as_mut_ptr().add(j * KC), &mut scales);
             }
             let cs = c.add(j0);
-            if m <= FEW_ROWS {
-                for half in 0..nr.div_ceil(16) {
-                    let mask = half_mask(nr, half);
-                    for i in 0..m {
-                        few(acts, sl, i, pc, kc / B, half, cs.add(i * ldc + 16 * half), mask, pc > 0, offsets);
-                    }
+            for half in 0..2 {
+                for p0 in (0..kc / 2).step_by(16) {
+                    transpose16(
+                        sl.rows.as_ptr().add(16 * half * KC + 2 * p0),
+                        sl.pairs.as_mut_ptr().add(p0 * NR + 16 * half),
+                    );
                 }
-            } else {
-                for half in 0..2 {
-                    for p0 in (0..kc / 2).step_by(16) {
-                        transpose16(
-                            sl.rows.as_ptr().add(16 * half * KC + 2 * p0),
-                            sl.pairs.as_mut_ptr().add(p0 * NR + 16 * half),
-                        );
-                    }
-                }
-                for blk in 0..m.div_ceil(MR) {
-                    let t = Tile {
-                        blocks: kc / B,
-                        a: acts.pairs.as_ptr().add((blk * k + pc) / 2 * MR),
-                        da: acts.d.as_ptr().add((blk * k + pc) / B * MR),
-                        sa: acts.s.as_ptr().add((blk * k + pc) / B * MR),
-                        w: sl.pairs.as_ptr(),
-                        ws: sl.ws.as_ptr(),
-                        wm: sl.wm.as_ptr(),
-                        c: cs.add(blk * MR * ldc),
-                        ldc,
-                        mask: if nr >= 32 { u32::MAX } else { (1u32 << nr) - 1 },
-                        accumulate: pc > 0,
-                        offsets,
-                    };
-                    match MR.min(m - blk * MR) {
-                        6 => t.run::<6>(),
-                        5 => t.run::<5>(),
-                        4 => t.run::<4>(),
-                        3 => t.run::<3>(),
-                        2 => t.run::<2>(),
-                        _ => t.run::<1>(),
-                    }
+            }
+            for blk in 0..m.div_ceil(MR) {
+                let t = Tile {
+                    blocks: kc / B,
+                    a: acts.pairs.as_ptr().add((blk * k + pc) / 2 * MR),
+                    da: acts.d.as_ptr().add((blk * k + pc) / B * MR),
+                    sa: acts.s.as_ptr().add((blk * k + pc) / B * MR),
+                    w: sl.pairs.as_ptr(),
+                    ws: sl.ws.as_ptr(),
+                    wm: sl.wm.as_ptr(),
+                    c: cs.add(blk * MR * ldc),
+                    ldc,
+                    mask: if nr >= 32 { u32::MAX } else { (1u32 << nr) - 1 },
+                    accumulate: pc > 0,
+                    offsets,
+                };
+                match MR.min(m - blk * MR) {
+                    6 => t.run::<6>(),
+                    5 => t.run::<5>(),
+                    4 => t.run::<4>(),
+                    3 => t.run::<3>(),
+                    2 => t.run::<2>(),
+                    _ => t.run::<1>(),
                 }
             }
             pc += kc;
@@ -275,49 +265,40 @@ unsafe fn panel(
     }
 }
 
-/// The lanes of 16-row half `half` that hold one of the sliver's `nr` rows.
-fn half_mask(nr: usize, half: usize) -> u16 {
-    let live = nr.saturating_sub(16 * half).min(16);
-    if live == 16 {
+/// The lanes of the first `live ≤ 16` rows.
+fn live_mask(live: usize) -> u16 {
+    if live >= 16 {
         u16::MAX
     } else {
         (1u16 << live) - 1
     }
 }
 
-/// Few-row kernel: activation row `i` against 16-row half `half` of the sliver, over the
-/// slice's `blocks` blocks starting at column `pc`, into the 16 outputs at `c`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn few(
-    acts: &Acts,
-    sl: &Sliver,
-    i: usize,
-    pc: usize,
-    blocks: usize,
-    half: usize,
-    c: *mut f32,
-    mask: u16,
-    accumulate: bool,
-    offsets: bool,
-) {
-    let a = acts.q.as_ptr().add(i * acts.k + pc);
-    let w = sl.rows.as_ptr().add(16 * half * KC);
-    let mut acc = if accumulate { _mm512_maskz_loadu_ps(mask, c) } else { _mm512_setzero_ps() };
-    for b in 0..blocks {
-        let x = _mm512_loadu_si512(a.add(b * B) as *const __m512i);
-        let p: [__m512i; 16] = std::array::from_fn(|r| {
-            _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(w.add(r * KC + b * B) as *const __m512i), x)
-        });
-        let at = acts.scale_at(i, pc / B + b);
-        let (da, sa) = (_mm512_set1_ps(*acts.d.get_unchecked(at)), _mm512_set1_ps(*acts.s.get_unchecked(at)));
-        let ws = _mm512_loadu_ps(sl.ws.as_ptr().add(b * NR + 16 * half));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(reduce16(p)), _mm512_mul_ps(ws, da), acc);
-        if offsets {
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(sl.wm.as_ptr().add(b * NR + 16 * half)), sa, acc);
-        }
+/// The few-row kernels walk 16 rows side by side, 16 short strided streams that the hardware
+/// prefetcher follows poorly. Instead, while they work on one group of 16 rows they fetch the
+/// next group (contiguous in memory) front to back, one slice per step.
+struct Ahead {
+    next: *const u8,
+    per_step: usize,
+}
+
+impl Ahead {
+    #[inline(always)]
+    fn new(w: *const u8, rb: usize, steps: usize) -> Ahead {
+        Ahead { next: w.wrapping_add(16 * rb), per_step: (16 * rb).div_ceil(steps.max(1)).next_multiple_of(64) }
     }
-    _mm512_mask_storeu_ps(c, mask, acc);
+
+    #[inline(always)]
+    unsafe fn step(&self, i: usize) {
+        prefetch(self.next.wrapping_add(i * self.per_step), self.per_step);
+    }
+}
+
+/// Byte offsets of 16 rows `rb` apart, rows past `live` repeating the last live one.
+#[inline(always)]
+unsafe fn row_offsets(live: usize, rb: usize) -> __m512i {
+    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    _mm512_mullo_epi32(_mm512_min_epi32(lanes, _mm512_set1_epi32(live as i32 - 1)), _mm512_set1_epi32(rb as i32))
 }
 
 type FewDirect = unsafe fn(&Acts, usize, *const u8, usize, usize, *mut f32);
@@ -329,23 +310,14 @@ type FewDirect = unsafe fn(&Acts, usize, *const u8, usize, usize, *mut f32);
 unsafe fn few_legacy<F: Legacy>(acts: &Acts, i: usize, w: *const u8, rb: usize, live: usize, c: *mut f32) {
     let nb = acts.k / B;
     let a = acts.q.as_ptr().add(i * acts.k);
-    let mask = half_mask(live, 0);
+    let mask = live_mask(live);
     // Rows past `live` re-read the last live row; their lanes are never stored.
     let row = |r: usize| w.add(r.min(live - 1) * rb);
-    let offsets = _mm512_mullo_epi32(
-        _mm512_min_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(live as i32 - 1),
-        ),
-        _mm512_set1_epi32(rb as i32),
-    );
+    let offsets = row_offsets(live, rb);
+    let ahead = Ahead::new(w, rb, nb);
     let mut acc = _mm512_setzero_ps();
     for b in 0..nb {
-        if b % 8 == 0 {
-            for r in 0..live {
-                prefetch(row(r).wrapping_add((b + 8) * F::BYTES), 8 * F::BYTES);
-            }
-        }
+        ahead.step(b);
         let x = _mm512_loadu_si512(a.add(b * B) as *const __m512i);
         let p: [__m512i; 16] = std::array::from_fn(|r| {
             let (lo, hi) = F::values_simd(row(r).add(b * F::BYTES));
@@ -373,19 +345,33 @@ unsafe fn few_k4k5<const Q5: bool>(acts: &Acts, i: usize, w: *const u8, rb: usiz
     let bytes = if Q5 { 176 } else { 144 };
     let a = acts.q.as_ptr().add(i * acts.k);
     let row = |r: usize| w.add(r.min(live - 1) * rb);
-    let (mut ws, mut wm) = ([0f32; 8 * 16], [0f32; 8 * 16]);
+    let offsets = row_offsets(live, rb);
+    let ahead = Ahead::new(w, rb, acts.k / 256);
     let mut acc = _mm512_setzero_ps();
     for sb in 0..acts.k / 256 {
-        for r in 0..16 {
-            let blk = row(r).add(sb * bytes);
-            prefetch(blk.wrapping_add(bytes), bytes);
-            let (d, dmin) = f16x2(blk);
-            let (sc, mn) = k4k5_scales_mins(blk);
-            for s in 0..8 {
-                ws[s * 16 + r] = d * f32::from(sc[s]);
-                wm[s * 16 + r] = -dmin * f32::from(mn[s]);
-            }
-        }
+        ahead.step(sb);
+        // The 16 rows' headers, four gathers: (d, dmin) and the 12 packed scale/min bytes
+        // (`k4k5_scales_mins`, lane-wise), then `ws = d * sc`, `wm = -dmin * min` per sub-block.
+        let base = w.add(sb * bytes);
+        let field = |at: usize| _mm512_i32gather_epi32::<1>(offsets, base.add(at) as *const i32);
+        let (hdr, w0, w1, w2) = (field(0), field(4), field(8), field(12));
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr));
+        let neg_dmin =
+            _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(hdr))));
+        let (six, four, two) =
+            (_mm512_set1_epi32(0x3F3F_3F3F), _mm512_set1_epi32(0x0F0F_0F0F), _mm512_set1_epi32(0x0303_0303));
+        let top = |v: __m512i| _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(v), two));
+        let sc = [_mm512_and_si512(w0, six), _mm512_or_si512(_mm512_and_si512(w2, four), top(w0))];
+        let mn =
+            [_mm512_and_si512(w1, six), _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(w2), four), top(w1))];
+        let byte = |v: __m512i, s: usize| {
+            _mm512_cvtepi32_ps(_mm512_and_si512(
+                _mm512_srl_epi32(v, _mm_cvtsi32_si128(8 * (s % 4) as i32)),
+                _mm512_set1_epi32(0xFF),
+            ))
+        };
+        let ws: [__m512; 8] = std::array::from_fn(|s| _mm512_mul_ps(d, byte(sc[s / 4], s)));
+        let wm: [__m512; 8] = std::array::from_fn(|s| _mm512_mul_ps(neg_dmin, byte(mn[s / 4], s)));
         for s in 0..8 {
             let x = _mm512_loadu_si512(a.add(256 * sb + B * s) as *const __m512i);
             let p: [__m512i; 16] = std::array::from_fn(|r| {
@@ -408,15 +394,61 @@ unsafe fn few_k4k5<const Q5: bool>(acts: &Acts, i: usize, w: *const u8, rb: usiz
             });
             let at = acts.scale_at(i, 8 * sb + s);
             let (da, sa) = (_mm512_set1_ps(*acts.d.get_unchecked(at)), _mm512_set1_ps(*acts.s.get_unchecked(at)));
-            acc = _mm512_fmadd_ps(
-                _mm512_cvtepi32_ps(reduce16(p)),
-                _mm512_mul_ps(_mm512_loadu_ps(ws.as_ptr().add(16 * s)), da),
-                acc,
-            );
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(wm.as_ptr().add(16 * s)), sa, acc);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(reduce16(p)), _mm512_mul_ps(ws[s], da), acc);
+            acc = _mm512_fmadd_ps(wm[s], sa, acc);
         }
     }
-    _mm512_mask_storeu_ps(c, half_mask(live, 0), acc);
+    _mm512_mask_storeu_ps(c, live_mask(live), acc);
+}
+
+/// Few-row kernel for Q6_K, straight from the GGUF bytes, like `few_legacy` but row by row
+/// within a super-block: a row's bit planes are loaded once and rebuilt into its eight
+/// 32-value sub-blocks (`code - 32` times the 16-value group scales), each dotted with its
+/// activation block; the 8 × 16 partial vectors are then reduced per sub-block.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn few_q6k(acts: &Acts, i: usize, w: *const u8, rb: usize, live: usize, c: *mut f32) {
+    const BYTES: usize = 210;
+    let a = acts.q.as_ptr().add(i * acts.k);
+    let row = |r: usize| w.add(r.min(live - 1) * rb);
+    let offsets = row_offsets(live, rb);
+    let ahead = Ahead::new(w, rb, acts.k / 256);
+    // Lanes 0..16 take group scale 2s, lanes 16..32 scale 2s + 1, for sub-block s.
+    let pick: [__m512i; 8] = std::array::from_fn(|s| {
+        _mm512_inserti64x4::<1>(_mm512_set1_epi16(2 * s as i16), _mm256_set1_epi16(2 * s as i16 + 1))
+    });
+    let (low4, bits45, off) = (_mm512_set1_epi16(0x0F), _mm512_set1_epi16(0x30), _mm512_set1_epi16(32));
+    let mut partial = [[_mm512_setzero_si512(); 16]; 8];
+    let mut acc = _mm512_setzero_ps();
+    for sb in 0..acts.k / 256 {
+        ahead.step(sb);
+        let x: [__m512i; 8] = std::array::from_fn(|s| _mm512_loadu_si512(a.add(256 * sb + B * s) as *const __m512i));
+        #[allow(clippy::needless_range_loop)] // `r` indexes the inner arrays of `partial`
+        for r in 0..16 {
+            let blk = row(r).add(sb * BYTES);
+            let widen = |at: usize| _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.add(at) as *const __m256i));
+            let scales = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const __m128i)));
+            for h in 0..2 {
+                let (ql, qh) = ([widen(64 * h), widen(64 * h + 32)], widen(128 + 32 * h));
+                let high = [_mm512_slli_epi16::<4>(qh), _mm512_slli_epi16::<2>(qh), qh, _mm512_srli_epi16::<2>(qh)];
+                for (plane, high) in high.into_iter().enumerate() {
+                    let q = ql[plane % 2];
+                    let low = if plane < 2 { _mm512_and_si512(q, low4) } else { _mm512_srli_epi16::<4>(q) };
+                    let code = _mm512_sub_epi16(_mm512_or_si512(low, _mm512_and_si512(high, bits45)), off);
+                    let s = 4 * h + plane;
+                    let v = _mm512_mullo_epi16(code, _mm512_permutexvar_epi16(pick[s], scales));
+                    partial[s][r] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), v, x[s]);
+                }
+            }
+        }
+        // `d` is the f16 at byte 208: the high half of the u32 at 206 (in bounds).
+        let hdr = _mm512_i32gather_epi32::<1>(offsets, w.add(sb * BYTES + 206) as *const i32);
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(hdr)));
+        for (s, p) in partial.iter().enumerate() {
+            let da = _mm512_set1_ps(*acts.d.get_unchecked(acts.scale_at(i, 8 * sb + s)));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(reduce16(*p)), _mm512_mul_ps(d, da), acc);
+        }
+    }
+    _mm512_mask_storeu_ps(c, live_mask(live), acc);
 }
 
 /// Lane `r` of the result is the sum of the 16 lanes of `p[r]` (exact: integer adds).
