@@ -52,12 +52,36 @@ impl LoadedModel {
     }
 }
 
+/// Ways to load a model other than as published.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    /// Keep only the first this many decoder layers: a deliberately weakened model (a draft
+    /// that disagrees with its full self, for speculative-decoding tests and benchmarks).
+    pub max_layers: Option<usize>,
+}
+
+impl LoadOptions {
+    fn apply(&self, path: &Path, cfg: &mut ModelConfig) -> Result<()> {
+        if let Some(n) = self.max_layers {
+            if n == 0 || n > cfg.num_layers {
+                return Err(LoadError::format(path, format!("cannot keep {n} of the model's {} layers", cfg.num_layers)));
+            }
+            cfg.num_layers = n;
+        }
+        Ok(())
+    }
+}
+
 pub fn load(path: &Path) -> Result<LoadedModel> {
+    load_with(path, &LoadOptions::default())
+}
+
+pub fn load_with(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let t0 = Instant::now();
     let mut loaded = if path.is_dir() {
-        load_hf_dir(path)?
+        load_hf_dir(path, opts)?
     } else if path.is_file() {
-        load_gguf(path)?
+        load_gguf(path, opts)?
     } else {
         return Err(LoadError::format(path, "no such model directory or .gguf file"));
     };
@@ -88,13 +112,14 @@ fn build(cfg: ModelConfig, src: &ConfigSource, weights: &Weights) -> Result<Arc<
     Ok(model)
 }
 
-fn load_hf_dir(dir: &Path) -> Result<LoadedModel> {
+fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let cfg_path = dir.join("config.json");
     if !cfg_path.is_file() {
         return Err(LoadError::format(dir, "not a model directory: config.json is missing"));
     }
     let json = read_json(&cfg_path)?;
-    let cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
+    let mut cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
+    opts.apply(dir, &mut cfg)?;
     let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), GgufLayout::default());
     let model = build(cfg, &ConfigSource::Hf { path: &cfg_path, json: &json }, &weights)?;
     let tok_path = dir.join("tokenizer.json");
@@ -124,9 +149,10 @@ fn generation_defaults(v: &Value) -> GenerationDefaults {
     }
 }
 
-fn load_gguf(path: &Path) -> Result<LoadedModel> {
+fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let g = GgufFile::open(path)?;
-    let cfg = ModelConfig::from_gguf(&g)?;
+    let mut cfg = ModelConfig::from_gguf(&g)?;
+    opts.apply(path, &mut cfg)?;
     let tokenizer = Tokenizer::from_gguf(&g)?;
     let chat_template = match g.get_str("tokenizer.chat_template") {
         Some(src) => Some(

@@ -146,6 +146,18 @@ impl KvManager {
         }
     }
 
+    /// Roll `kv` back to its first `len` positions: blocks past them are released (a rejected
+    /// verify tail). Prefix-cache entries only ever cover committed positions, so none is lost.
+    pub fn truncate(&mut self, kv: &mut SeqKv, len: usize) {
+        let keep = len.div_ceil(self.block_size);
+        for (group, table) in self.groups.iter_mut().zip(kv.tables.iter_mut()) {
+            for b in table.drain(keep.min(table.len())..).filter(|&b| b != NO_BLOCK) {
+                group.pool.release(b);
+            }
+        }
+        kv.hashes.truncate(len / self.block_size);
+    }
+
     /// Release every block of `kv` (cached ones stay findable until evicted).
     pub fn free(&mut self, kv: &mut SeqKv) {
         for (group, table) in self.groups.iter_mut().zip(kv.tables.iter_mut()) {
