@@ -128,7 +128,12 @@ impl EngineCore {
         let max_tokens = self.limits.validate(&req)?;
         let n = req.params.n;
         let seed = choice_seed(req.params.sampling.seed, 0);
-        let fill = FillState { mode: req.params.fill.unwrap_or(self.fill), ..Default::default() };
+        let mode = req.params.fill.unwrap_or(self.fill);
+        let cursor = match &self.scaffold {
+            Some(s) if mode.asserts_scaffolds() => s.cursor_after(&req.prompt),
+            _ => Default::default(),
+        };
+        let fill = FillState { mode, cursor, ..Default::default() };
         let seq = Sequence {
             request: id,
             choice: 0,
@@ -309,7 +314,7 @@ impl EngineCore {
                 stops: StopStrings::new(p.params.stop.clone()),
                 sink: p.sink.clone(),
                 pending_children: 0,
-                fill: FillState { mode: p.fill.mode, ..Default::default() },
+                fill: FillState { mode: p.fill.mode, cursor: p.fill.cursor, ..Default::default() },
                 spec: SpecState::default(),
             });
         }

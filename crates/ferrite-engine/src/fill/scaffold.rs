@@ -53,8 +53,9 @@ impl ToolScaffold {
     /// with a token that only the template writes (an added token such as `<tool_call>`):
     /// a trigger that ordinary text can produce would assert scaffolds into plain answers.
     pub fn discover(template: &ChatTemplate, tok: &Tokenizer, ends: &[u32]) -> Option<ToolScaffold> {
-        let (n1, n2) = ("alpha_probe", "zeta_probe");
-        let (a1, a2) = (json!({"city": "Paris"}), json!({"unit": 7}));
+        // Names and arguments that differ at both ends, so no run swallows part of them.
+        let (n1, n2) = ("probe", "xyz_fetch");
+        let (a1, a2) = (json!({"city": "Paris"}), json!({}));
         let tools = [probe_tool(n1), probe_tool(n2)];
         let user = json!({"role": "user", "content": "Call a probe."});
         let encode = |messages: &[Value], add_generation_prompt: bool| -> Option<Vec<u32>> {
@@ -107,6 +108,16 @@ impl ToolScaffold {
         };
         cursor.stage = (stage + 1) % n;
         &self.segments[stage].rest
+    }
+
+    /// The cursor after `tokens` (a prompt): a prompt that ends inside an opened call (a
+    /// forced tool choice) continues the scaffold from there.
+    pub fn cursor_after(&self, tokens: &[u32]) -> ScaffoldCursor {
+        let mut cursor = ScaffoldCursor::default();
+        for &t in tokens {
+            self.after(&mut cursor, t);
+        }
+        cursor
     }
 
     /// The runs as token ids (trigger first), for display and tests.
