@@ -16,12 +16,12 @@ use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::{ForwardBatch, KvCache};
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::config::Speculation;
 use crate::config::{EngineConfig, Limits};
 use crate::error::EngineError;
+use crate::fill::{FillState, ToolScaffold};
 use crate::kv::KvManager;
 use crate::metrics::Metrics;
-use crate::config::Speculation;
-use crate::fill::{FillState, ToolScaffold};
 use crate::request::{FinishReason, Output, Request, RequestId, Usage};
 use crate::scheduler::Scheduler;
 use crate::sequence::Sequence;
@@ -124,7 +124,12 @@ impl EngineCore {
     }
 
     /// Queue a validated request; its outputs go to `sink`.
-    pub fn add_request(&mut self, id: RequestId, req: Request, sink: UnboundedSender<Output>) -> Result<(), EngineError> {
+    pub fn add_request(
+        &mut self,
+        id: RequestId,
+        req: Request,
+        sink: UnboundedSender<Output>,
+    ) -> Result<(), EngineError> {
         let max_tokens = self.limits.validate(&req)?;
         let n = req.params.n;
         let seed = choice_seed(req.params.sampling.seed, 0);

@@ -30,13 +30,24 @@ fn weak_draft() -> Arc<dyn CausalLm> {
 }
 
 fn cfg(speculation: Speculation, k: usize) -> EngineConfig {
-    EngineConfig { block_size: 4, max_num_batched_tokens: 96, speculation, num_draft_tokens: k, ..EngineConfig::default() }
+    EngineConfig {
+        block_size: 4,
+        max_num_batched_tokens: 96,
+        speculation,
+        num_draft_tokens: k,
+        ..EngineConfig::default()
+    }
 }
 
 /// Each (prompt, params) run on one core together; returns the tokens of each and the core.
-fn together(m: &Arc<dyn CausalLm>, c: EngineConfig, reqs: &[(Vec<u32>, RequestParams)]) -> (Vec<Vec<Vec<u32>>>, EngineCore) {
+fn together(
+    m: &Arc<dyn CausalLm>,
+    c: EngineConfig,
+    reqs: &[(Vec<u32>, RequestParams)],
+) -> (Vec<Vec<Vec<u32>>>, EngineCore) {
     let mut core = core(m, c);
-    let mut rxs: Vec<_> = reqs.iter().enumerate().map(|(i, (p, pr))| add(&mut core, i as u64, p.clone(), pr.clone())).collect();
+    let mut rxs: Vec<_> =
+        reqs.iter().enumerate().map(|(i, (p, pr))| add(&mut core, i as u64, p.clone(), pr.clone())).collect();
     run_to_end(&mut core);
     let out = reqs.iter().zip(&mut rxs).map(|((_, pr), rx)| collect(rx, pr.n)).collect();
     (out, core)
@@ -73,7 +84,8 @@ fn every_method_equals_plain_decoding_at_temperature_0() {
     let (m, prompts) = target();
     let reqs = greedy_requests(&m, &prompts);
     let plain = plain_outputs(&m, &reqs);
-    let echo: Vec<_> = reqs.iter().map(|(p, pr)| (p.clone(), RequestParams { fill: Some(FillMode::Echo), ..pr.clone() })).collect();
+    let echo: Vec<_> =
+        reqs.iter().map(|(p, pr)| (p.clone(), RequestParams { fill: Some(FillMode::Echo), ..pr.clone() })).collect();
     let methods: Vec<(&str, EngineConfig, &[(Vec<u32>, RequestParams)])> = vec![
         ("ngram", cfg(Speculation::Ngram, 3), &reqs),
         ("fill echo", cfg(Speculation::Off, 1), &echo),
@@ -89,8 +101,11 @@ fn every_method_equals_plain_decoding_at_temperature_0() {
         // Batched, a second time over a warm prefix cache.
         let mut core = core(&m, c.clone());
         for round in 0..2 {
-            let mut rxs: Vec<_> =
-                reqs.iter().enumerate().map(|(i, (p, pr))| add(&mut core, (round * 100 + i) as u64, p.clone(), pr.clone())).collect();
+            let mut rxs: Vec<_> = reqs
+                .iter()
+                .enumerate()
+                .map(|(i, (p, pr))| add(&mut core, (round * 100 + i) as u64, p.clone(), pr.clone()))
+                .collect();
             run_to_end(&mut core);
             for (i, rx) in rxs.iter_mut().enumerate() {
                 assert_eq!(collect(rx, reqs[i].1.n), plain[i], "{name}: request {i} batched, round {round}");
@@ -158,7 +173,12 @@ fn chi_square(observed: &[usize], p: &[f64]) -> f64 {
 }
 
 /// The sampler's distribution over the top-`k` tokens after `prompt`: (ids, probabilities).
-fn top_k_distribution(m: &Arc<dyn CausalLm>, prompt: Vec<u32>, k: usize, model_cfg: EngineConfig) -> (Vec<u32>, Vec<f64>) {
+fn top_k_distribution(
+    m: &Arc<dyn CausalLm>,
+    prompt: Vec<u32>,
+    k: usize,
+    model_cfg: EngineConfig,
+) -> (Vec<u32>, Vec<f64>) {
     let mut core = core(m, model_cfg);
     let mut rx = add(&mut core, 1, prompt, RequestParams { logprobs: Some(k), ..greedy(1) });
     run_to_end(&mut core);
@@ -179,11 +199,11 @@ fn speculative_sampling_keeps_the_target_distribution() {
     let k = 6;
     let sampling = |seed| SamplingParams { temperature: 1.0, top_k: k, seed, ..Default::default() };
     let draft = weak_draft();
-    let c = EngineConfig { max_num_seqs: 256, max_num_batched_tokens: 4096, ..cfg(Speculation::Draft(draft.clone()), 2) };
+    let c =
+        EngineConfig { max_num_seqs: 256, max_num_batched_tokens: 4096, ..cfg(Speculation::Draft(draft.clone()), 2) };
     let n = 12_000;
-    let reqs: Vec<_> = (0..n)
-        .map(|seed| (prompt.clone(), RequestParams { sampling: sampling(seed), ..greedy(4) }))
-        .collect();
+    let reqs: Vec<_> =
+        (0..n).map(|seed| (prompt.clone(), RequestParams { sampling: sampling(seed), ..greedy(4) })).collect();
     let (out, core) = together(&m, c, &reqs);
     let (proposed, accepted) = verified(&core);
     assert!(accepted > 0 && accepted < proposed, "{accepted} of {proposed}");

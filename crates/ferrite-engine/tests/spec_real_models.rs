@@ -23,7 +23,8 @@ use tokio::sync::mpsc::unbounded_channel;
 
 fn load(name: &str, opts: LoadOptions) -> LoadedModel {
     set_kernel_mode(KernelMode::Reference);
-    let path = registry::resolve(name, &paths::models_dir()).unwrap_or_else(|_| panic!("{name} (run `ferrite pull {name}`)"));
+    let path =
+        registry::resolve(name, &paths::models_dir()).unwrap_or_else(|_| panic!("{name} (run `ferrite pull {name}`)"));
     ferrite_models::load_with(&path, &opts).expect("load")
 }
 

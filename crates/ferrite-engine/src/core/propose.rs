@@ -30,7 +30,9 @@ impl EngineCore {
             let echo = s.fill.mode.echoes().then(|| lookup(&s.tokens, ECHO_SPAN, NgramParams::ECHO));
             let proposal = match echo.filter(|ids| !ids.is_empty()) {
                 Some(ids) => Some(Proposal::new(ids, Policy::Verify, Origin::Echo)),
-                None if ngram => Some(Proposal::new(lookup(&s.tokens, k, NgramParams::SPEC), Policy::Verify, Origin::Ngram)),
+                None if ngram => {
+                    Some(Proposal::new(lookup(&s.tokens, k, NgramParams::SPEC), Policy::Verify, Origin::Ngram))
+                }
                 None => None,
             };
             match proposal {

@@ -59,7 +59,8 @@ impl ToolScaffold {
         let tools = [probe_tool(n1), probe_tool(n2)];
         let user = json!({"role": "user", "content": "Call a probe."});
         let encode = |messages: &[Value], add_generation_prompt: bool| -> Option<Vec<u32>> {
-            let req = ChatRenderRequest { messages, tools: Some(&tools), add_generation_prompt, extra: Default::default() };
+            let req =
+                ChatRenderRequest { messages, tools: Some(&tools), add_generation_prompt, extra: Default::default() };
             tok.encode(&template.render(&req).ok()?, false).ok()
         };
         let prompt = encode(std::slice::from_ref(&user), true)?;

@@ -67,7 +67,8 @@ impl Drafter {
 
     /// Draft for every job at once: one proposal per job (empty where the draft KV had no room).
     pub fn propose(&mut self, jobs: &mut [DraftJob<'_>]) -> Result<Vec<Proposal>, EngineError> {
-        let mut out: Vec<Proposal> = jobs.iter().map(|_| Proposal::new(Vec::new(), Policy::Verify, Origin::Draft)).collect();
+        let mut out: Vec<Proposal> =
+            jobs.iter().map(|_| Proposal::new(Vec::new(), Policy::Verify, Origin::Draft)).collect();
         let mut active: Vec<usize> = Vec::new();
         for (i, job) in jobs.iter_mut().enumerate() {
             if job.state.kv.tables.is_empty() {

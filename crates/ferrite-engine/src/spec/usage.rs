@@ -68,3 +68,27 @@ pub fn rejected(fill: &mut FillUsage, origin: Origin) {
         fill.verify_rejected += 1;
     }
 }
+
+impl std::ops::Add for FillUsage {
+    type Output = FillUsage;
+    fn add(self, o: FillUsage) -> FillUsage {
+        FillUsage {
+            events: self.events + o.events,
+            injected_tokens: self.injected_tokens + o.injected_tokens,
+            verify_accepted: self.verify_accepted + o.verify_accepted,
+            verify_rejected: self.verify_rejected + o.verify_rejected,
+            wasted_samples: self.wasted_samples + o.wasted_samples,
+        }
+    }
+}
+
+impl std::ops::Add for SpecUsage {
+    type Output = SpecUsage;
+    fn add(self, o: SpecUsage) -> SpecUsage {
+        SpecUsage {
+            rounds: self.rounds + o.rounds,
+            drafted: self.drafted + o.drafted,
+            accepted: self.accepted + o.accepted,
+        }
+    }
+}
