@@ -15,6 +15,9 @@ use ferrite_engine::{EngineConfig, EngineCore, FillMode, RequestParams, Sampling
 use ferrite_models::model::CausalLm;
 use ferrite_models::LoadOptions;
 
+/// Requests: a prompt and its parameters each.
+type Requests = [(Vec<u32>, RequestParams)];
+
 fn target() -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
     let (m, reference) = load_fixture("llama");
     let mut prompts: Vec<Vec<u32>> = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();
@@ -70,7 +73,7 @@ fn greedy_requests(m: &Arc<dyn CausalLm>, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>
 }
 
 /// Every request alone with plain decoding.
-fn plain_outputs(m: &Arc<dyn CausalLm>, reqs: &[(Vec<u32>, RequestParams)]) -> Vec<Vec<Vec<u32>>> {
+fn plain_outputs(m: &Arc<dyn CausalLm>, reqs: &Requests) -> Vec<Vec<Vec<u32>>> {
     reqs.iter().map(|(p, pr)| alone(m, cfg(Speculation::Off, 1), p.clone(), pr.clone())).collect()
 }
 
@@ -86,7 +89,7 @@ fn every_method_equals_plain_decoding_at_temperature_0() {
     let plain = plain_outputs(&m, &reqs);
     let echo: Vec<_> =
         reqs.iter().map(|(p, pr)| (p.clone(), RequestParams { fill: Some(FillMode::Echo), ..pr.clone() })).collect();
-    let methods: Vec<(&str, EngineConfig, &[(Vec<u32>, RequestParams)])> = vec![
+    let methods: Vec<(&str, EngineConfig, &Requests)> = vec![
         ("ngram", cfg(Speculation::Ngram, 3), &reqs),
         ("fill echo", cfg(Speculation::Off, 1), &echo),
         ("self draft", cfg(Speculation::Draft(m.clone()), 4), &reqs),
