@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use ferrite_engine::{Engine, Request, RequestParams, SamplingParams};
 use serde_json::{json, Value};
 
-use crate::session::{EngineArgs, ModelArgs};
+use crate::session::{EngineArgs, ModelArgs, SpecArgs};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -54,6 +54,12 @@ pub struct DecodeArgs {
     pub gen_tokens: usize,
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// A text file sent as one user message through the chat template instead of random
+    /// prompt ids; generation then stops at the end of the answer (or --gen-tokens).
+    #[arg(long)]
+    pub prompt_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Print one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -137,12 +143,13 @@ pub(crate) fn pct(v: &[f64], q: f64) -> f64 {
     v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
 }
 
-/// One request through `engine`: (ttft s, tpot s, output tokens).
-fn timed_request(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) -> Result<(f64, f64, usize)> {
+/// One request through `engine` (end tokens ignored unless `stop_at_eos`): (ttft s, tpot s,
+/// output tokens).
+fn timed_request(engine: &Engine, prompt: Vec<u32>, max_tokens: usize, stop_at_eos: bool) -> Result<(f64, f64, usize)> {
     let params = RequestParams {
         sampling: SamplingParams::default(),
         max_tokens: Some(max_tokens),
-        ignore_eos: true,
+        ignore_eos: !stop_at_eos,
         ..Default::default()
     };
     let t0 = Instant::now();
@@ -170,31 +177,53 @@ fn decode(a: DecodeArgs) -> Result<()> {
     }
     let (loaded, path, threads) = a.model.load()?;
     let vocab = loaded.model.config().vocab_size;
+    let prompt = match &a.prompt_file {
+        Some(file) => {
+            let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+            let tmpl = loaded.chat_template.as_ref().context("--prompt-file needs a model with a chat template")?;
+            let tok = loaded.tokenizer.as_ref().context("--prompt-file needs a model with a tokenizer")?;
+            let messages = [json!({"role": "user", "content": text})];
+            let rendered = tmpl.render(&ferrite_models::chat_template::ChatRenderRequest::new(&messages))?;
+            tok.encode(&rendered, false)?
+        }
+        None => Lcg(0x2545_F491_4F6C_DD1D).ids(a.prompt_tokens, vocab),
+    };
+    let prompt_tokens = prompt.len();
     let engine_args = EngineArgs {
         max_num_seqs: 1,
-        max_num_batched_tokens: a.prompt_tokens,
-        max_model_len: Some(a.prompt_tokens + a.gen_tokens + 1),
+        max_num_batched_tokens: prompt_tokens,
+        max_model_len: Some(prompt_tokens + a.gen_tokens + 1),
         no_prefix_cache: true,
+        spec: a.spec.clone(),
         ..EngineArgs::default()
     };
     let engine = engine_args.start(&loaded, &path)?;
-    let prompt = Lcg(0x2545_F491_4F6C_DD1D).ids(a.prompt_tokens, vocab);
-    let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    let (mut pp, mut tg, mut generated) = (Vec::new(), Vec::new(), 0);
     // One warm-up run (pages in the weights), then the measured repetitions.
     for rep in 0..=a.reps {
-        let (ttft, tpot, _) = timed_request(&engine, prompt.clone(), a.gen_tokens)?;
+        let (ttft, tpot, n) = timed_request(&engine, prompt.clone(), a.gen_tokens, a.prompt_file.is_some())?;
         if rep > 0 {
-            pp.push(a.prompt_tokens as f64 / ttft);
+            pp.push(prompt_tokens as f64 / ttft);
             tg.push(1.0 / tpot.max(1e-9));
+            generated = n;
         }
     }
+    let m = engine.metrics();
+    let (proposed, accepted) =
+        (m.verify_proposed_tokens.load(Ordering::Relaxed), m.verify_accepted_tokens.load(Ordering::Relaxed));
+    let acceptance = if proposed > 0 { accepted as f64 / proposed as f64 } else { 0.0 };
+    let steps = m.steps.load(Ordering::Relaxed) as f64 / (a.reps + 1) as f64;
     pp.sort_by(f64::total_cmp);
     tg.sort_by(f64::total_cmp);
     let (pmed, dmed) = (pct(&pp, 0.5), pct(&tg, 0.5));
     if a.json {
         let out = json!({
             "model": path.display().to_string(), "threads": threads,
-            "prompt_tokens": a.prompt_tokens, "gen_tokens": a.gen_tokens, "reps": a.reps,
+            "prompt_tokens": prompt_tokens, "gen_tokens": generated, "reps": a.reps,
+            "spec": a.spec.spec, "draft_model": a.spec.draft_model, "num_draft_tokens": a.spec.num_draft_tokens,
+            "fill": format!("{:?}", a.spec.fill).to_lowercase(),
+            "acceptance": acceptance, "proposed_tokens": proposed, "accepted_tokens": accepted,
+            "forward_passes_per_run": steps, "draft_forwards": m.draft_forwards.load(Ordering::Relaxed),
             "load_ms": loaded.load_secs * 1e3,
             "prompt_tok_s": pmed, "prompt_tok_s_min": pp[0], "prompt_tok_s_max": pp[pp.len() - 1],
             "decode_tok_s": dmed, "decode_tok_s_min": tg[0], "decode_tok_s_max": tg[tg.len() - 1],
@@ -203,8 +232,14 @@ fn decode(a: DecodeArgs) -> Result<()> {
     } else {
         println!("model   {}  ({threads} threads, load {:.0} ms)", path.display(), loaded.load_secs * 1e3);
         println!("test          min      median   max   (tok/s, {} reps)", a.reps);
-        println!("pp{:<8} {:>8.1} {pmed:>8.1} {:>8.1}", a.prompt_tokens, pp[0], pp[pp.len() - 1]);
-        println!("tg{:<8} {:>8.1} {dmed:>8.1} {:>8.1}", a.gen_tokens, tg[0], tg[tg.len() - 1]);
+        println!("pp{:<8} {:>8.1} {pmed:>8.1} {:>8.1}", prompt_tokens, pp[0], pp[pp.len() - 1]);
+        println!("tg{:<8} {:>8.1} {dmed:>8.1} {:>8.1}", generated, tg[0], tg[tg.len() - 1]);
+        if proposed > 0 {
+            println!(
+                "acceptance {:.1} % ({accepted} of {proposed} proposed tokens), {steps:.0} forward passes a run",
+                acceptance * 100.0
+            );
+        }
     }
     Ok(())
 }
@@ -249,7 +284,7 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some((prompt, max)) = work.get(i) else { return Ok(()) };
-                    let r = timed_request(&engine, prompt.clone(), *max)?;
+                    let r = timed_request(&engine, prompt.clone(), *max, false)?;
                     results.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.push((prompt.len(), r));
                 }
             })
@@ -281,8 +316,20 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
     if a.json {
         println!("{out}");
     } else {
-        println!("model {} ({threads} threads), {} requests of {} in / {} out at concurrency {}", path.display(), a.num_requests, a.input_len, a.output_len, a.concurrency);
-        println!("output {:.1} tok/s, total {:.1} tok/s, {:.2} req/s over {wall:.1} s", out["output_tok_s"].as_f64().unwrap_or(0.0), out["total_tok_s"].as_f64().unwrap_or(0.0), out["request_s"].as_f64().unwrap_or(0.0));
+        println!(
+            "model {} ({threads} threads), {} requests of {} in / {} out at concurrency {}",
+            path.display(),
+            a.num_requests,
+            a.input_len,
+            a.output_len,
+            a.concurrency
+        );
+        println!(
+            "output {:.1} tok/s, total {:.1} tok/s, {:.2} req/s over {wall:.1} s",
+            out["output_tok_s"].as_f64().unwrap_or(0.0),
+            out["total_tok_s"].as_f64().unwrap_or(0.0),
+            out["request_s"].as_f64().unwrap_or(0.0)
+        );
         println!("TTFT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&ttft, 0.5), pct(&ttft, 0.9), pct(&ttft, 0.99));
         println!("TPOT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&tpot, 0.5), pct(&tpot, 0.9), pct(&tpot, 0.99));
     }
@@ -311,10 +358,10 @@ fn prefix(a: PrefixArgs) -> Result<()> {
         let shared = rng.ids(a.prefix_len, vocab);
         let with_suffix = |rng: &mut Lcg| [shared.clone(), rng.ids(a.suffix_len, vocab)].concat();
         // A first request leaves the prefix in the cache; the second reuses it.
-        timed_request(&warm, with_suffix(&mut rng), 1)?;
+        timed_request(&warm, with_suffix(&mut rng), 1, false)?;
         let second = with_suffix(&mut rng);
-        hit_ms.push(timed_request(&warm, second.clone(), 1)?.0 * 1e3);
-        cold_ms.push(timed_request(&cold, second, 1)?.0 * 1e3);
+        hit_ms.push(timed_request(&warm, second.clone(), 1, false)?.0 * 1e3);
+        cold_ms.push(timed_request(&cold, second, 1, false)?.0 * 1e3);
     }
     hit_ms.sort_by(f64::total_cmp);
     cold_ms.sort_by(f64::total_cmp);
@@ -329,8 +376,17 @@ fn prefix(a: PrefixArgs) -> Result<()> {
         });
         println!("{out}");
     } else {
-        println!("model {} ({threads} threads): {} shared + {} new prompt tokens", path.display(), a.prefix_len, a.suffix_len);
-        println!("TTFT cold {cold_med:.1} ms, prefix hit {hit:.1} ms ({:.1}x), medians of {}", cold_med / hit.max(1e-9), a.reps);
+        println!(
+            "model {} ({threads} threads): {} shared + {} new prompt tokens",
+            path.display(),
+            a.prefix_len,
+            a.suffix_len
+        );
+        println!(
+            "TTFT cold {cold_med:.1} ms, prefix hit {hit:.1} ms ({:.1}x), medians of {}",
+            cold_med / hit.max(1e-9),
+            a.reps
+        );
     }
     Ok(())
 }

@@ -7,7 +7,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use std::time::Instant;
 
-use ferrite_engine::{Engine, EngineConfig, Request, RequestParams, SamplingParams};
+use ferrite_engine::fill::ToolScaffold;
+use ferrite_engine::{Engine, EngineConfig, FillMode, Request, RequestParams, SamplingParams, Speculation};
 use ferrite_models::chat_template::ChatRenderRequest;
 use ferrite_models::tokenizer::Tokenizer;
 use ferrite_models::LoadedModel;
@@ -54,6 +55,61 @@ pub struct EngineArgs {
     /// Turn the prefix cache off.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+/// Speculative decoding and fill.
+#[derive(Args, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding by prompt lookup over each request's prompt and output: off or
+    /// ngram (for a draft model, give --draft-model).
+    #[arg(long, default_value = "off", value_parser = ["off", "ngram"])]
+    pub spec: String,
+    /// A draft model (path or name) sharing the model's tokenizer; it gets its own KV cache.
+    #[arg(long)]
+    pub draft_model: Option<String>,
+    /// Keep only the draft's first N layers (a deliberately weakened draft).
+    #[arg(long, requires = "draft_model")]
+    pub draft_layers: Option<usize>,
+    /// Most tokens drafted per sequence per step.
+    #[arg(long, default_value_t = 4)]
+    pub num_draft_tokens: usize,
+    /// Default fill mode of requests that set none: off, strict (assert the chat template's
+    /// tool-call scaffolds) or echo (strict, and verify spans echoed from the conversation).
+    #[arg(long, default_value = "off")]
+    pub fill: FillMode,
+}
+
+impl Default for SpecArgs {
+    fn default() -> Self {
+        SpecArgs { spec: "off".into(), draft_model: None, draft_layers: None, num_draft_tokens: 4, fill: FillMode::Off }
+    }
+}
+
+impl SpecArgs {
+    /// The engine's speculation (loading the draft model) and the scaffold for fill.
+    fn resolve(&self, loaded: &LoadedModel) -> Result<(Speculation, Option<std::sync::Arc<ToolScaffold>>)> {
+        let speculation = match (&self.draft_model, self.spec.as_str()) {
+            (Some(_), "ngram") => bail!("--spec ngram and --draft-model exclude each other"),
+            (Some(name), _) => {
+                let path = crate::model_arg::resolve(name)?;
+                let opts = ferrite_models::LoadOptions { max_layers: self.draft_layers };
+                let draft = ferrite_models::load_with(&path, &opts).with_context(|| format!("draft model {name}"))?;
+                Speculation::Draft(draft.model)
+            }
+            (None, "ngram") => Speculation::Ngram,
+            (None, _) => Speculation::Off,
+        };
+        let scaffold = match (&loaded.chat_template, &loaded.tokenizer) {
+            (Some(t), Some(tok)) => ToolScaffold::discover(t, tok, &loaded.eos_token_ids()).map(std::sync::Arc::new),
+            _ => None,
+        };
+        if self.fill != FillMode::Off && scaffold.is_none() {
+            eprintln!("note: this model's chat template has no tool-call scaffold; fill asserts nothing");
+        }
+        Ok((speculation, scaffold))
+    }
 }
 
 impl Default for EngineArgs {
@@ -66,6 +122,7 @@ impl Default for EngineArgs {
             kv_cache_memory: None,
             block_size: d.block_size,
             no_prefix_cache: false,
+            spec: SpecArgs::default(),
         }
     }
 }
@@ -80,16 +137,16 @@ impl EngineArgs {
             kv_cache_memory: self.kv_cache_memory,
             prefix_cache: !self.no_prefix_cache,
             namespace: model_namespace(path),
+            num_draft_tokens: self.spec.num_draft_tokens,
+            fill: self.spec.fill,
+            ..EngineConfig::default()
         }
     }
 
     pub fn start(&self, loaded: &LoadedModel, path: &std::path::Path) -> Result<Engine> {
-        Ok(Engine::start(
-            loaded.model.clone(),
-            loaded.tokenizer.clone(),
-            loaded.eos_token_ids(),
-            &self.config(path),
-        )?)
+        let (speculation, tool_scaffold) = self.spec.resolve(loaded)?;
+        let cfg = EngineConfig { speculation, tool_scaffold, ..self.config(path) };
+        Ok(Engine::start(loaded.model.clone(), loaded.tokenizer.clone(), loaded.eos_token_ids(), &cfg)?)
     }
 }
 
@@ -151,14 +208,23 @@ impl Session {
     }
 
     pub fn tokenizer(&self) -> Result<&Tokenizer> {
-        self.loaded.tokenizer.as_deref().ok_or_else(|| anyhow!("this model has no tokenizer (tokenizer.json is missing)"))
+        self.loaded
+            .tokenizer
+            .as_deref()
+            .ok_or_else(|| anyhow!("this model has no tokenizer (tokenizer.json is missing)"))
     }
 
     /// Prompt ids for a conversation through the chat template.
     pub fn chat_prompt(&self, messages: &[Value]) -> Result<Vec<u32>> {
-        let tmpl = self.loaded.chat_template.as_ref().ok_or_else(|| anyhow!("this model has no chat template; use --raw"))?;
+        let tmpl =
+            self.loaded.chat_template.as_ref().ok_or_else(|| anyhow!("this model has no chat template; use --raw"))?;
         let text = tmpl
-            .render(&ChatRenderRequest { messages, tools: None, add_generation_prompt: true, extra: Default::default() })
+            .render(&ChatRenderRequest {
+                messages,
+                tools: None,
+                add_generation_prompt: true,
+                extra: Default::default(),
+            })
             .context("chat template")?;
         // The template writes every special token itself (BOS included, where the model uses one).
         Ok(self.tokenizer()?.encode(&text, false)?)

@@ -1,9 +1,13 @@
 //! `EngineConfig` (scheduler budgets, KV cache size, prefix cache) and `Limits`, the facts a
 //! caller needs to validate a request without touching the engine thread.
 
+use std::sync::Arc;
+
+use ferrite_models::model::CausalLm;
 use ferrite_runtime::KvLayout;
 
 use crate::error::EngineError;
+use crate::fill::{FillMode, ToolScaffold};
 use crate::request::Request;
 use crate::sampling::MAX_TOP_LOGPROBS;
 
@@ -22,6 +26,35 @@ pub struct EngineConfig {
     pub prefix_cache: bool,
     /// Prefix-cache namespace: model fingerprint, KV scheme and adapter set, hashed.
     pub namespace: u64,
+    /// Speculative decoding (`--spec ngram`, `--draft-model`).
+    pub speculation: Speculation,
+    /// Most tokens drafted per row per step (`--num-draft-tokens`).
+    pub num_draft_tokens: usize,
+    /// Fill mode of requests that do not choose one (`--fill`).
+    pub fill: FillMode,
+    /// The chat template's tool-call scaffold, for `FillMode::Strict` and up.
+    pub tool_scaffold: Option<Arc<ToolScaffold>>,
+}
+
+/// How the engine drafts tokens for verification.
+#[derive(Clone, Default)]
+pub enum Speculation {
+    #[default]
+    Off,
+    /// Prompt lookup over each request's own prompt and output.
+    Ngram,
+    /// A draft model sharing the target's tokenizer; it gets its own KV cache.
+    Draft(Arc<dyn CausalLm>),
+}
+
+impl std::fmt::Debug for Speculation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Speculation::Off => f.write_str("Off"),
+            Speculation::Ngram => f.write_str("Ngram"),
+            Speculation::Draft(m) => write!(f, "Draft({} layers)", m.config().num_layers),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -34,6 +67,10 @@ impl Default for EngineConfig {
             kv_cache_memory: None,
             prefix_cache: true,
             namespace: 0,
+            speculation: Speculation::Off,
+            num_draft_tokens: 4,
+            fill: FillMode::Off,
+            tool_scaffold: None,
         }
     }
 }

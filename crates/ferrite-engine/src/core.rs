@@ -1,7 +1,12 @@
-//! `EngineCore`: the step loop, synchronous and single-threaded — `schedule()`, build one
-//! `ForwardBatch`, `model.forward()`, sample each row that reached the end of its tokens, then
-//! append, detokenize, check stops, stream, and free what finished. The engine thread
-//! (`engine.rs`) drives it; tests drive it directly.
+//! `EngineCore`: the step loop, synchronous and single-threaded — plan proposals,
+//! `schedule()`, draft, build one `ForwardBatch`, `model.forward()`, then for each row that
+//! reached the end of its tokens decide its tokens (sample, or verify its proposal), append,
+//! detokenize, check stops, stream, roll back rejected KV and free what finished. The engine
+//! thread (`engine.rs`) drives it; tests drive it directly. Proposal planning lives in
+//! `core/propose.rs`, token decisions and streaming in `core/emit.rs`.
+
+mod emit;
+mod propose;
 
 use std::sync::Arc;
 
@@ -11,14 +16,16 @@ use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::{ForwardBatch, KvCache};
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::config::Speculation;
 use crate::config::{EngineConfig, Limits};
 use crate::error::EngineError;
+use crate::fill::{FillState, ToolScaffold};
 use crate::kv::KvManager;
 use crate::metrics::Metrics;
-use crate::request::{FinishReason, Finished, Output, Request, RequestId, Usage};
-use crate::sampling::{apply_processors, sample, token_logprobs};
+use crate::request::{FinishReason, Output, Request, RequestId, Usage};
 use crate::scheduler::Scheduler;
 use crate::sequence::Sequence;
+use crate::spec::{Drafter, Proposal, SpecState};
 use crate::stop::StopStrings;
 
 pub struct EngineCore {
@@ -30,6 +37,12 @@ pub struct EngineCore {
     sched: Scheduler,
     limits: Limits,
     metrics: Arc<Metrics>,
+    /// Prompt lookup as the speculative method.
+    ngram: bool,
+    drafter: Option<Drafter>,
+    num_draft_tokens: usize,
+    fill: crate::fill::FillMode,
+    scaffold: Option<Arc<ToolScaffold>>,
 }
 
 /// The seed of choice `i` of a request seeded with `seed`.
@@ -60,6 +73,24 @@ impl EngineCore {
             has_tokenizer: tokenizer.is_some(),
             max_n: 64,
         };
+        let drafter = match &cfg.speculation {
+            Speculation::Draft(draft) => {
+                let d = Drafter::new(draft.clone(), cfg, max_model_len)?;
+                if d.vocab_size() != mcfg.vocab_size {
+                    return Err(EngineError::Config(format!(
+                        "the draft model's vocabulary ({}) differs from the target's ({}): they must share a tokenizer",
+                        d.vocab_size(),
+                        mcfg.vocab_size
+                    )));
+                }
+                Some(d)
+            }
+            _ => None,
+        };
+        let speculates = !matches!(cfg.speculation, Speculation::Off);
+        if speculates && cfg.num_draft_tokens == 0 {
+            return Err(EngineError::Config("the number of draft tokens must be at least 1".into()));
+        }
         let metrics = Arc::new(Metrics::default());
         metrics.set_kv(kvm.free_blocks());
         Ok(EngineCore {
@@ -71,6 +102,11 @@ impl EngineCore {
             sched: Scheduler::new(cfg.max_num_batched_tokens, cfg.max_num_seqs),
             limits,
             metrics,
+            ngram: matches!(cfg.speculation, Speculation::Ngram),
+            drafter,
+            num_draft_tokens: cfg.num_draft_tokens,
+            fill: cfg.fill,
+            scaffold: cfg.tool_scaffold.clone(),
         })
     }
 
@@ -88,10 +124,21 @@ impl EngineCore {
     }
 
     /// Queue a validated request; its outputs go to `sink`.
-    pub fn add_request(&mut self, id: RequestId, req: Request, sink: UnboundedSender<Output>) -> Result<(), EngineError> {
+    pub fn add_request(
+        &mut self,
+        id: RequestId,
+        req: Request,
+        sink: UnboundedSender<Output>,
+    ) -> Result<(), EngineError> {
         let max_tokens = self.limits.validate(&req)?;
         let n = req.params.n;
         let seed = choice_seed(req.params.sampling.seed, 0);
+        let mode = req.params.fill.unwrap_or(self.fill);
+        let cursor = match &self.scaffold {
+            Some(s) if mode.asserts_scaffolds() => s.cursor_after(&req.prompt),
+            _ => Default::default(),
+        };
+        let fill = FillState { mode, cursor, ..Default::default() };
         let seq = Sequence {
             request: id,
             choice: 0,
@@ -109,6 +156,8 @@ impl EngineCore {
             params: Arc::new(req.params),
             sink,
             pending_children: n - 1,
+            fill,
+            spec: SpecState::default(),
         };
         self.metrics.requests_added();
         self.sched.waiting.push_back(seq);
@@ -119,48 +168,60 @@ impl EngineCore {
     /// Cancel every choice of request `id`; its blocks are freed now.
     pub fn abort(&mut self, id: RequestId) {
         let mut aborted = Vec::new();
-        self.sched.running.retain_mut(|s| {
-            let hit = s.request == id;
-            if hit {
-                aborted.push(std::mem::take(&mut s.kv));
+        let mut i = 0;
+        while i < self.sched.running.len() {
+            if self.sched.running[i].request == id {
+                aborted.push(self.sched.running.remove(i));
+            } else {
+                i += 1;
             }
-            !hit
-        });
-        self.sched.waiting.retain_mut(|s| {
-            let hit = s.request == id;
-            if hit {
-                aborted.push(std::mem::take(&mut s.kv));
-            }
-            !hit
-        });
-        for mut kv in aborted {
-            self.kvm.free(&mut kv);
+        }
+        let (hit, kept): (Vec<Sequence>, Vec<Sequence>) = self.sched.waiting.drain(..).partition(|s| s.request == id);
+        self.sched.waiting.extend(kept);
+        for mut seq in aborted.into_iter().chain(hit) {
+            self.release(&mut seq);
         }
         self.after_step_bookkeeping();
     }
 
+    /// Free a sequence's blocks, in the target's KV and the draft's.
+    fn release(&mut self, seq: &mut Sequence) {
+        self.kvm.free(&mut seq.kv);
+        if let Some(d) = self.drafter.as_mut() {
+            d.free(&mut seq.spec.draft);
+        }
+    }
+
     /// One engine iteration. A model failure ends the requests of this step with an error.
     pub fn step(&mut self) -> Result<(), EngineError> {
+        self.plan_proposals();
         let rows = self.sched.schedule(&mut self.kvm);
         if rows.is_empty() {
             self.after_step_bookkeeping();
             return Ok(());
         }
+        if let Err(e) = self.fit_proposals(&rows) {
+            return Err(self.fail_rows(&rows, e));
+        }
         let mut batch = ForwardBatch::default();
-        let mut sampled = Vec::new();
+        // Per row: (running index, query tokens, logits rows it gets, its proposal).
+        let mut plan: Vec<(usize, usize, usize, Option<Proposal>)> = Vec::with_capacity(rows.len());
         for r in &rows {
-            let s = &self.sched.running[r.index];
-            let end = s.num_computed + r.tokens;
-            let wants = end == s.tokens.len();
-            batch.push_row(
-                &s.tokens[s.num_computed..end],
-                end,
-                s.kv.tables.clone(),
-                if wants { RowLogits::Last } else { RowLogits::None },
-            );
-            if wants {
-                sampled.push(r.index);
+            let s = &mut self.sched.running[r.index];
+            let proposal = s.spec.proposal.take();
+            let end = s.num_computed + r.tokens.min(s.remaining());
+            let (logits, n_logits) = match &proposal {
+                Some(p) => (RowLogits::All, 1 + p.len()),
+                None if end == s.tokens.len() => (RowLogits::Last, 1),
+                None => (RowLogits::None, 0),
+            };
+            let mut query = s.tokens[s.num_computed..end].to_vec();
+            if let Some(p) = &proposal {
+                query.extend(&p.ids);
             }
+            let context = s.num_computed + query.len();
+            batch.push_row(&query, context, s.kv.tables.clone(), logits);
+            plan.push((r.index, end - s.num_computed, n_logits, proposal));
         }
         self.metrics.add_batch(batch.num_tokens());
         // On a pool worker: each op's parallel loop then forks within the pool instead of
@@ -168,31 +229,27 @@ impl EngineCore {
         let (model, kv) = (&self.model, &mut self.kv);
         let logits = match ferrite_runtime::threads::run(|| model.forward(&batch, kv)) {
             Ok(l) => l,
-            Err(e) => {
-                let msg = e.to_string();
-                for r in rows.iter().rev() {
-                    let mut seq = self.sched.running.remove(r.index);
-                    self.finish(&mut seq, FinishReason::Error, None, None, Some(msg.clone()));
-                }
-                self.after_step_bookkeeping();
-                return Err(e.into());
-            }
+            Err(e) => return Err(self.fail_rows(&rows, e.into())),
         };
-        for r in &rows {
-            let s = &mut self.sched.running[r.index];
-            s.num_computed += r.tokens;
-            self.kvm.after_step(&mut s.kv, &s.tokens, s.num_computed);
-        }
         let vocab = self.limits.vocab_size;
         let mut done = Vec::new();
         let mut disconnected = Vec::new();
         let mut children = Vec::new();
-        for (k, &idx) in sampled.iter().enumerate() {
-            let row = &logits[k * vocab..(k + 1) * vocab];
-            if self.sched.running[idx].pending_children > 0 {
+        let mut offset = 0;
+        for (idx, tokens, n_logits, proposal) in plan {
+            let s = &mut self.sched.running[idx];
+            s.num_computed += tokens;
+            if n_logits == 0 {
+                self.kvm.after_step(&mut s.kv, &s.tokens, s.num_computed);
+                continue;
+            }
+            let rows_logits = &logits[offset * vocab..(offset + n_logits) * vocab];
+            offset += n_logits;
+            if s.pending_children > 0 {
+                self.kvm.after_step(&mut s.kv, &s.tokens, s.num_computed);
                 children.extend(self.fork(idx));
             }
-            match self.sample_and_emit(idx, row) {
+            match self.decide(idx, rows_logits, proposal) {
                 Emitted::Running => {}
                 Emitted::Finished => done.push(idx),
                 Emitted::Disconnected => disconnected.push(self.sched.running[idx].request),
@@ -200,7 +257,7 @@ impl EngineCore {
         }
         for idx in done.into_iter().rev() {
             let mut seq = self.sched.running.remove(idx);
-            self.kvm.free(&mut seq.kv);
+            self.release(&mut seq);
         }
         for child in children.into_iter().rev() {
             self.sched.waiting.push_front(child);
@@ -210,6 +267,17 @@ impl EngineCore {
         }
         self.after_step_bookkeeping();
         Ok(())
+    }
+
+    /// End the requests of this step's `rows` with the error `e` and return it.
+    fn fail_rows(&mut self, rows: &[crate::scheduler::ScheduledRow], e: EngineError) -> EngineError {
+        let msg = e.to_string();
+        for r in rows.iter().rev() {
+            let mut seq = self.sched.running.remove(r.index);
+            self.finish(&mut seq, FinishReason::Error, None, None, Some(msg.clone()));
+        }
+        self.after_step_bookkeeping();
+        e
     }
 
     fn after_step_bookkeeping(&mut self) {
@@ -254,103 +322,15 @@ impl EngineCore {
                 stops: StopStrings::new(p.params.stop.clone()),
                 sink: p.sink.clone(),
                 pending_children: 0,
+                fill: FillState { mode: p.fill.mode, cursor: p.fill.cursor, ..Default::default() },
+                spec: SpecState::default(),
             });
         }
         out
     }
-
-    /// Sample the next token of `running[idx]` from `row` and stream it.
-    fn sample_and_emit(&mut self, idx: usize, row: &[f32]) -> Emitted {
-        let eos = &self.eos;
-        let seq = &mut self.sched.running[idx];
-        let p = seq.params.clone();
-        let sp = &p.sampling;
-        let generated = seq.generated();
-        let mut banned = Vec::new();
-        if generated < p.min_tokens {
-            banned.extend(eos.iter().chain(&p.stop_token_ids).copied());
-        }
-        let needs_processing = sp.has_penalties() || !sp.logit_bias.is_empty() || !banned.is_empty();
-        let mut processed;
-        let logits = if needs_processing {
-            processed = row.to_vec();
-            apply_processors(&mut processed, sp, &seq.tokens[..seq.prompt_len], &seq.counts, &banned);
-            &processed[..]
-        } else {
-            row
-        };
-        let step_params = crate::sampling::SamplingParams { seed: seq.seed, ..sp.clone() };
-        let token = sample(logits, &step_params, generated as u64);
-        let logprobs = p.logprobs.map(|k| token_logprobs(logits, token, k)).into_iter().collect();
-        seq.tokens.push(token);
-        *seq.counts.entry(token).or_insert(0) += 1;
-        self.metrics.add_generated(1);
-        let generated = generated + 1;
-
-        let is_end = (!p.ignore_eos && eos.contains(&token)) || p.stop_token_ids.contains(&token);
-        let mut text = String::new();
-        let mut reason = None;
-        let (mut stop_string, mut stop_token, mut error) = (None, None, None);
-        if is_end {
-            reason = Some(FinishReason::Stop);
-            stop_token = Some(token);
-        } else if let Some(tok) = &self.tokenizer {
-            match seq.detok.push(tok, token) {
-                Ok(piece) => {
-                    let (emit, hit) = seq.stops.push(&piece);
-                    text = emit;
-                    if hit.is_some() {
-                        reason = Some(FinishReason::Stop);
-                        stop_string = hit;
-                    }
-                }
-                Err(e) => {
-                    reason = Some(FinishReason::Error);
-                    error = Some(format!("detokenize: {e}"));
-                }
-            }
-        }
-        if reason.is_none() && (generated >= seq.max_tokens || seq.tokens.len() >= self.limits.max_model_len) {
-            reason = Some(FinishReason::Length);
-        }
-        if reason == Some(FinishReason::Length) {
-            if let Some(tok) = &self.tokenizer {
-                let tail = seq.detok.finish(tok).unwrap_or_default();
-                text.push_str(&seq.stops.push(&tail).0);
-                text.push_str(&seq.stops.flush());
-            }
-        }
-        let finished = reason.map(|reason| Finished { reason, stop_string, stop_token, error, usage: usage(seq) });
-        let done = finished.is_some();
-        let out = Output { choice: seq.choice, token_ids: vec![token], text, logprobs, finished };
-        if seq.sink.send(out).is_err() {
-            // The receiver is gone: the caller disconnected.
-            return Emitted::Disconnected;
-        }
-        if done {
-            self.metrics.request_finished();
-            Emitted::Finished
-        } else {
-            Emitted::Running
-        }
-    }
-
-    /// Send a final output for `seq` with no new token.
-    fn finish(&mut self, seq: &mut Sequence, reason: FinishReason, stop_string: Option<String>, stop_token: Option<u32>, error: Option<String>) {
-        let out = Output {
-            choice: seq.choice,
-            token_ids: vec![],
-            text: String::new(),
-            logprobs: vec![],
-            finished: Some(Finished { reason, stop_string, stop_token, error, usage: usage(seq) }),
-        };
-        let _ = seq.sink.send(out);
-        self.kvm.free(&mut seq.kv);
-        self.metrics.request_finished();
-    }
 }
 
-/// What became of a sequence after its token was sampled.
+/// What became of a sequence after its tokens were decided.
 enum Emitted {
     Running,
     Finished,
@@ -359,5 +339,11 @@ enum Emitted {
 }
 
 fn usage(seq: &Sequence) -> Usage {
-    Usage { prompt_tokens: seq.prompt_len, cached_tokens: seq.cached_tokens, completion_tokens: seq.generated() }
+    Usage {
+        prompt_tokens: seq.prompt_len,
+        cached_tokens: seq.cached_tokens,
+        completion_tokens: seq.generated(),
+        fill: seq.fill.usage,
+        speculation: seq.spec.usage,
+    }
 }

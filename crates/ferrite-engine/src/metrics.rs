@@ -17,6 +17,13 @@ pub struct Metrics {
     pub batched_tokens: AtomicU64,
     pub steps: AtomicU64,
     pub preemptions: AtomicU64,
+    /// Forward passes of the draft model.
+    pub draft_forwards: AtomicU64,
+    /// Tokens drafted for verification (speculation and echo fill) and those accepted.
+    pub verify_proposed_tokens: AtomicU64,
+    pub verify_accepted_tokens: AtomicU64,
+    /// Tokens appended without sampling (fill asserts).
+    pub asserted_tokens: AtomicU64,
 }
 
 impl Metrics {
@@ -43,6 +50,18 @@ impl Metrics {
     }
     pub(crate) fn add_generated(&self, n: u64) {
         self.generated_tokens.fetch_add(n, Relaxed);
+    }
+    pub(crate) fn set_draft_forwards(&self, n: u64) {
+        self.draft_forwards.store(n, Relaxed);
+    }
+    pub(crate) fn add_proposed(&self, n: usize) {
+        self.verify_proposed_tokens.fetch_add(n as u64, Relaxed);
+    }
+    pub(crate) fn add_accepted(&self, n: usize) {
+        self.verify_accepted_tokens.fetch_add(n as u64, Relaxed);
+    }
+    pub(crate) fn add_asserted(&self, n: usize) {
+        self.asserted_tokens.fetch_add(n as u64, Relaxed);
     }
     pub(crate) fn add_batch(&self, tokens: usize) {
         self.batched_tokens.fetch_add(tokens as u64, Relaxed);

@@ -1,6 +1,8 @@
 //! Requests into the engine and the outputs that stream back.
 
+use crate::fill::FillMode;
 use crate::sampling::{SamplingParams, TokenLogprob};
+use crate::spec::{FillUsage, SpecUsage};
 
 pub type RequestId = u64;
 
@@ -22,6 +24,8 @@ pub struct RequestParams {
     pub logprobs: Option<usize>,
     /// Number of independent choices for the prompt (they share its KV blocks).
     pub n: usize,
+    /// Fill mode; `None` takes the engine's default.
+    pub fill: Option<FillMode>,
 }
 
 impl Default for RequestParams {
@@ -35,6 +39,7 @@ impl Default for RequestParams {
             stop: Vec::new(),
             logprobs: None,
             n: 1,
+            fill: None,
         }
     }
 }
@@ -63,6 +68,8 @@ pub struct Usage {
     /// Prompt tokens whose KV came from the prefix cache.
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    pub fill: FillUsage,
+    pub speculation: SpecUsage,
 }
 
 #[derive(Debug, Clone, PartialEq)]

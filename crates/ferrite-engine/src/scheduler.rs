@@ -2,6 +2,9 @@
 //! (1 token when decoding, the rest of a prompt chunk by chunk), then chunks of waiting
 //! prompts in arrival order. When KV blocks run out, the newest running sequence is preempted:
 //! its blocks are freed and it is recomputed later (`num_computed` back to 0), never lost.
+//! A decoding row may ask for room for proposed tokens after its pending one (verify and
+//! speculation); that room is given only when the budget and free blocks allow — proposals
+//! never preempt anyone.
 
 use std::collections::VecDeque;
 
@@ -25,7 +28,13 @@ pub(crate) struct Scheduler {
 
 impl Scheduler {
     pub fn new(max_num_batched_tokens: usize, max_num_seqs: usize) -> Scheduler {
-        Scheduler { waiting: VecDeque::new(), running: Vec::new(), max_num_batched_tokens, max_num_seqs, preemptions: 0 }
+        Scheduler {
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            max_num_batched_tokens,
+            max_num_seqs,
+            preemptions: 0,
+        }
     }
 
     pub fn has_work(&self) -> bool {
@@ -46,7 +55,11 @@ impl Scheduler {
         let mut rows = Vec::new();
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
-            let n = self.running[i].remaining().min(budget);
+            let seq = &mut self.running[i];
+            let mut n = seq.wanted().min(budget);
+            if n > seq.remaining() && !kvm.allocate(&mut seq.kv, seq.num_computed + n) {
+                n = seq.remaining().min(budget);
+            }
             let total = self.running[i].num_computed + n;
             let mut fits = true;
             while !kvm.allocate(&mut self.running[i].kv, total) {

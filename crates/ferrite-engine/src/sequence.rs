@@ -6,9 +6,11 @@ use std::sync::Arc;
 use ferrite_models::tokenizer::IncrementalDecoder;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::fill::FillState;
 use crate::kv::SeqKv;
 use crate::request::{Output, RequestId, RequestParams};
 use crate::sampling::TokenCounts;
+use crate::spec::SpecState;
 use crate::stop::StopStrings;
 
 pub(crate) struct Sequence {
@@ -34,6 +36,8 @@ pub(crate) struct Sequence {
     pub sink: UnboundedSender<Output>,
     /// For the first choice of an n > 1 request: children still to fork once the prompt is in.
     pub pending_children: usize,
+    pub fill: FillState,
+    pub spec: SpecState,
 }
 
 impl Sequence {
@@ -44,5 +48,29 @@ impl Sequence {
     /// Tokens still to run through the model before the next sample.
     pub fn remaining(&self) -> usize {
         self.tokens.len() - self.num_computed
+    }
+
+    /// Query tokens this row asks for in the next step: the remaining ones plus, when only
+    /// the pending token remains, the tokens it proposes after it.
+    pub fn wanted(&self) -> usize {
+        let r = self.remaining();
+        if r == 1 {
+            r + self.spec.reserve
+        } else {
+            r
+        }
+    }
+
+    /// Tokens that end this sequence: the model's end tokens (unless ignored) and the
+    /// request's stop tokens.
+    pub fn end_tokens(&self, eos: &[u32]) -> Vec<u32> {
+        let eos = if self.params.ignore_eos { &[][..] } else { eos };
+        eos.iter().chain(&self.params.stop_token_ids).copied().collect()
+    }
+
+    /// Tokens that may follow the pending one before `max_tokens` or the context runs out,
+    /// the pending one's successor included.
+    pub fn room(&self, max_model_len: usize) -> usize {
+        (self.max_tokens.saturating_sub(self.generated())).min(max_model_len.saturating_sub(self.tokens.len()))
     }
 }

@@ -23,4 +23,4 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use error::{LoadError, Result};
-pub use load::{load, LoadedModel};
+pub use load::{load, load_with, LoadOptions, LoadedModel};

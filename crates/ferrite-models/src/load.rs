@@ -52,12 +52,39 @@ impl LoadedModel {
     }
 }
 
+/// Ways to load a model other than as published.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    /// Keep only the first this many decoder layers: a deliberately weakened model (a draft
+    /// that disagrees with its full self, for speculative-decoding tests and benchmarks).
+    pub max_layers: Option<usize>,
+}
+
+impl LoadOptions {
+    fn apply(&self, path: &Path, cfg: &mut ModelConfig) -> Result<()> {
+        if let Some(n) = self.max_layers {
+            if n == 0 || n > cfg.num_layers {
+                return Err(LoadError::format(
+                    path,
+                    format!("cannot keep {n} of the model's {} layers", cfg.num_layers),
+                ));
+            }
+            cfg.num_layers = n;
+        }
+        Ok(())
+    }
+}
+
 pub fn load(path: &Path) -> Result<LoadedModel> {
+    load_with(path, &LoadOptions::default())
+}
+
+pub fn load_with(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let t0 = Instant::now();
     let mut loaded = if path.is_dir() {
-        load_hf_dir(path)?
+        load_hf_dir(path, opts)?
     } else if path.is_file() {
-        load_gguf(path)?
+        load_gguf(path, opts)?
     } else {
         return Err(LoadError::format(path, "no such model directory or .gguf file"));
     };
@@ -74,27 +101,31 @@ fn read_json(path: &Path) -> Result<Value> {
 fn build(cfg: ModelConfig, src: &ConfigSource, weights: &Weights) -> Result<Arc<dyn CausalLm>> {
     let bar = indicatif::ProgressBar::new(cfg.num_layers as u64);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let progress = |n: usize| bar.set_position(n as u64);
     let model: Arc<dyn CausalLm> = match cfg.arch {
         Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => {
             Arc::new(Llama::load(cfg, weights, &progress)?)
         }
-        Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => Arc::new(Gemma::load(cfg, src, weights, &progress)?),
+        Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => {
+            Arc::new(Gemma::load(cfg, src, weights, &progress)?)
+        }
         Architecture::Gemma4 => Arc::new(Gemma4::load(cfg, src, weights, &progress)?),
     };
     bar.finish_and_clear();
     Ok(model)
 }
 
-fn load_hf_dir(dir: &Path) -> Result<LoadedModel> {
+fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let cfg_path = dir.join("config.json");
     if !cfg_path.is_file() {
         return Err(LoadError::format(dir, "not a model directory: config.json is missing"));
     }
     let json = read_json(&cfg_path)?;
-    let cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
+    let mut cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
+    opts.apply(dir, &mut cfg)?;
     let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), GgufLayout::default());
     let model = build(cfg, &ConfigSource::Hf { path: &cfg_path, json: &json }, &weights)?;
     let tok_path = dir.join("tokenizer.json");
@@ -105,7 +136,8 @@ fn load_hf_dir(dir: &Path) -> Result<LoadedModel> {
         None => None,
     };
     let gen_path = dir.join("generation_config.json");
-    let generation = if gen_path.is_file() { generation_defaults(&read_json(&gen_path)?) } else { GenerationDefaults::default() };
+    let generation =
+        if gen_path.is_file() { generation_defaults(&read_json(&gen_path)?) } else { GenerationDefaults::default() };
     Ok(LoadedModel { model, tokenizer, chat_template, generation, weight_bytes: weights.file_bytes(), load_secs: 0.0 })
 }
 
@@ -124,9 +156,10 @@ fn generation_defaults(v: &Value) -> GenerationDefaults {
     }
 }
 
-fn load_gguf(path: &Path) -> Result<LoadedModel> {
+fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let g = GgufFile::open(path)?;
-    let cfg = ModelConfig::from_gguf(&g)?;
+    let mut cfg = ModelConfig::from_gguf(&g)?;
+    opts.apply(path, &mut cfg)?;
     let tokenizer = Tokenizer::from_gguf(&g)?;
     let chat_template = match g.get_str("tokenizer.chat_template") {
         Some(src) => Some(

@@ -166,5 +166,33 @@ pub fn merge_usage<'a>(usages: impl IntoIterator<Item = &'a Usage>) -> Usage {
         prompt_tokens: acc.prompt_tokens.max(u.prompt_tokens),
         cached_tokens: acc.cached_tokens.max(u.cached_tokens),
         completion_tokens: acc.completion_tokens + u.completion_tokens,
+        fill: acc.fill + u.fill,
+        speculation: acc.speculation + u.speculation,
     })
+}
+
+/// The ferrite usage extensions: `fill` and `speculation`, each present when it did something.
+pub fn usage_extensions(u: &Usage) -> serde_json::Map<String, serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    let f = &u.fill;
+    if f.events > 0 {
+        out.insert(
+            "fill".into(),
+            serde_json::json!({
+                "events": f.events, "injected_tokens": f.injected_tokens, "verify_accepted": f.verify_accepted,
+                "verify_rejected": f.verify_rejected, "wasted_samples": f.wasted_samples,
+            }),
+        );
+    }
+    let s = &u.speculation;
+    if s.rounds > 0 {
+        out.insert(
+            "speculation".into(),
+            serde_json::json!({
+                "rounds": s.rounds, "drafted": s.drafted, "accepted": s.accepted,
+                "acceptance_rate": s.acceptance_rate(),
+            }),
+        );
+    }
+    out
 }

@@ -38,14 +38,15 @@ pub struct KvManager {
 
 impl KvManager {
     /// `prefix_namespace` turns the prefix cache on (for layouts of full-attention groups).
-    pub fn new(layout: &KvLayout, group_blocks: &[usize], block_size: usize, prefix_namespace: Option<u64>) -> KvManager {
+    pub fn new(
+        layout: &KvLayout,
+        group_blocks: &[usize],
+        block_size: usize,
+        prefix_namespace: Option<u64>,
+    ) -> KvManager {
         let all_full = layout.groups.iter().all(|g| *g == KvGroupKind::Full);
-        let groups = layout
-            .groups
-            .iter()
-            .zip(group_blocks)
-            .map(|(&kind, &n)| Group { kind, pool: BlockPool::new(n) })
-            .collect();
+        let groups =
+            layout.groups.iter().zip(group_blocks).map(|(&kind, &n)| Group { kind, pool: BlockPool::new(n) }).collect();
         let cache = prefix_namespace.filter(|_| all_full).map(PrefixCache::new);
         KvManager { groups, block_size, cache, namespace: prefix_namespace.unwrap_or(0) }
     }
@@ -100,7 +101,8 @@ impl KvManager {
 
     /// Grow every table to cover `total` positions; all or nothing.
     pub fn allocate(&mut self, kv: &mut SeqKv, total: usize) -> bool {
-        let need: Vec<usize> = kv.tables.iter().map(|t| total.div_ceil(self.block_size).saturating_sub(t.len())).collect();
+        let need: Vec<usize> =
+            kv.tables.iter().map(|t| total.div_ceil(self.block_size).saturating_sub(t.len())).collect();
         if self.groups.iter().zip(&need).any(|(g, &n)| g.pool.num_free() < n) {
             return false;
         }
@@ -144,6 +146,18 @@ impl KvManager {
             }
             kv.hashes.push(h);
         }
+    }
+
+    /// Roll `kv` back to its first `len` positions: blocks past them are released (a rejected
+    /// verify tail). Prefix-cache entries only ever cover committed positions, so none is lost.
+    pub fn truncate(&mut self, kv: &mut SeqKv, len: usize) {
+        let keep = len.div_ceil(self.block_size);
+        for (group, table) in self.groups.iter_mut().zip(kv.tables.iter_mut()) {
+            for b in table.drain(keep.min(table.len())..).filter(|&b| b != NO_BLOCK) {
+                group.pool.release(b);
+            }
+        }
+        kv.hashes.truncate(len / self.block_size);
     }
 
     /// Release every block of `kv` (cached ones stay findable until evicted).

@@ -12,4 +12,5 @@ mod sampler;
 pub use logprobs::{token_logprobs, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use params::{SamplingError, SamplingParams};
 pub use processors::{apply as apply_processors, TokenCounts};
-pub use sampler::sample;
+pub(crate) use sampler::rng_for;
+pub use sampler::{distribution, draw, sample};

@@ -28,6 +28,7 @@ pub struct MessagesRequest {
     top_k: Option<i64>,
     pub stream: Option<bool>,
     thinking: Option<Value>,
+    fill: Option<String>,
 }
 
 fn bad(param: String, message: impl Into<String>) -> ApiError {
@@ -125,6 +126,7 @@ impl MessagesRequest {
             stop: self.stop_sequences.clone().map(StopField::Many),
             max_tokens: self.max_tokens,
             stream: self.stream,
+            fill: self.fill.clone(),
             ..CommonParams::default()
         }
     }

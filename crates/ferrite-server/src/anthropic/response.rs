@@ -44,12 +44,16 @@ fn stop_reason(f: &Finished, tool_use: bool) -> (&'static str, Option<String>) {
 }
 
 fn usage_json(u: &Usage) -> Value {
-    json!({
+    let mut v = json!({
         "input_tokens": u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens),
         "output_tokens": u.completion_tokens,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": u.cached_tokens,
-    })
+    });
+    if let Some(o) = v.as_object_mut() {
+        o.extend(crate::generate::usage_extensions(u));
+    }
+    v
 }
 
 /// A content block, whole (`done`) or as `content_block_start` opens it.

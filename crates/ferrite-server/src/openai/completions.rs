@@ -189,6 +189,8 @@ fn add_usage(a: Usage, b: Usage) -> Usage {
         prompt_tokens: a.prompt_tokens + b.prompt_tokens,
         cached_tokens: a.cached_tokens + b.cached_tokens,
         completion_tokens: a.completion_tokens + b.completion_tokens,
+        fill: a.fill + b.fill,
+        speculation: a.speculation + b.speculation,
     }
 }
 

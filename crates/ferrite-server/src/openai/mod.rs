@@ -28,10 +28,14 @@ pub fn routes() -> Router<Arc<App>> {
 
 /// OpenAI's `usage` object.
 pub fn usage_json(u: &Usage) -> Value {
-    json!({
+    let mut v = json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    })
+    });
+    if let Some(o) = v.as_object_mut() {
+        o.extend(crate::generate::usage_extensions(u));
+    }
+    v
 }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use ferrite_engine::{RequestParams, SamplingParams};
+use ferrite_engine::{FillMode, RequestParams, SamplingParams};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -46,6 +46,8 @@ pub struct CommonParams {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub response_format: Option<Value>,
+    /// Fill mode (ferrite extension): "off", "strict" or "echo"; absent = the server's default.
+    pub fill: Option<String>,
 }
 
 impl CommonParams {
@@ -93,6 +95,10 @@ impl CommonParams {
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             logit_bias,
         };
+        let fill = match self.fill.as_deref() {
+            None => None,
+            Some(f) => Some(f.parse::<FillMode>().map_err(|e| ApiError::invalid_param("fill", e))?),
+        };
         let stop = match &self.stop {
             None => Vec::new(),
             Some(StopField::One(s)) => vec![s.clone()],
@@ -107,6 +113,7 @@ impl CommonParams {
             stop,
             logprobs,
             n: self.n.unwrap_or(1),
+            fill,
         })
     }
 }

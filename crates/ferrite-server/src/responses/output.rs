@@ -81,13 +81,17 @@ impl Responder {
             .filter(|b| b.kind == BlockKind::Reasoning)
             .map(|b| self.app.model.encode(&b.text, false).map_or(0, |ids| ids.len()))
             .sum();
-        json!({
+        let mut v = json!({
             "input_tokens": u.prompt_tokens,
             "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": u.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": reasoning.min(u.completion_tokens)},
             "total_tokens": u.prompt_tokens + u.completion_tokens,
-        })
+        });
+        if let Some(o) = v.as_object_mut() {
+            o.extend(crate::generate::usage_extensions(u));
+        }
+        v
     }
 
     /// The response object with its status, finished output items and usage.

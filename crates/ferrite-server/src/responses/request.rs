@@ -29,6 +29,7 @@ pub struct ResponsesRequest {
     text: Option<Value>,
     pub reasoning: Option<Value>,
     pub metadata: Option<Value>,
+    pub fill: Option<String>,
 }
 
 fn bad(param: impl Into<String>, message: impl Into<String>) -> ApiError {
@@ -129,6 +130,7 @@ impl ResponsesRequest {
             top_p: self.top_p,
             max_tokens: self.max_output_tokens,
             stream: self.stream,
+            fill: self.fill.clone(),
             ..CommonParams::default()
         }
     }

@@ -5,6 +5,7 @@ mod chat;
 mod common;
 mod completions;
 mod errors;
+mod fill;
 mod lifecycle;
 mod ops;
 mod responses;

@@ -1,0 +1,200 @@
+//! Deciding and streaming a row's tokens after the forward: sample the next token, or judge a
+//! verify proposal position by position (each emitted token goes through the same stop,
+//! end-token and length checks, in order), assert a tool-call scaffold after its trigger,
+//! then commit — the KV keeps only the positions that stood.
+
+use std::borrow::Cow;
+
+use super::{usage, Emitted, EngineCore};
+use crate::request::{FinishReason, Finished, Output};
+use crate::sampling::{apply_processors, sample, token_logprobs, SamplingParams, TokenLogprob};
+use crate::sequence::Sequence;
+use crate::spec::usage as tally;
+use crate::spec::verify::{judge, Verdict};
+use crate::spec::{Origin, Policy, Proposal};
+
+/// `row` after the request's logit processors (penalties, bias, the `min_tokens` ban).
+fn processed<'a>(seq: &Sequence, row: &'a [f32], eos: &[u32]) -> Cow<'a, [f32]> {
+    let p = &seq.params;
+    let sp = &p.sampling;
+    let mut banned = Vec::new();
+    if seq.generated() < p.min_tokens {
+        banned.extend(eos.iter().chain(&p.stop_token_ids).copied());
+    }
+    if !(sp.has_penalties() || !sp.logit_bias.is_empty() || !banned.is_empty()) {
+        return Cow::Borrowed(row);
+    }
+    let mut out = row.to_vec();
+    apply_processors(&mut out, sp, &seq.tokens[..seq.prompt_len], &seq.counts, &banned);
+    Cow::Owned(out)
+}
+
+impl EngineCore {
+    /// Decide the tokens of `running[idx]` from `rows`: one logits row per position from its
+    /// pending token on (1 + the proposal's length), then commit its KV.
+    pub(super) fn decide(&mut self, idx: usize, rows: &[f32], proposal: Option<Proposal>) -> Emitted {
+        let vocab = self.limits.vocab_size;
+        let (drafts, origin) = match &proposal {
+            Some(p) => (&p.ids[..], p.origin),
+            None => (&[][..], Origin::Draft),
+        };
+        if let Some(p) = &proposal {
+            let s = &mut self.sched.running[idx];
+            tally::proposed(&mut s.fill.usage, &mut s.spec.usage, p.origin, p.policy, p.len());
+            self.metrics.add_proposed(p.len());
+        }
+        let mut used = 0;
+        let mut outcome = Emitted::Running;
+        for j in 0..=drafts.len() {
+            used = j;
+            let seq = &mut self.sched.running[idx];
+            let logits = processed(seq, &rows[j * vocab..(j + 1) * vocab], &self.eos);
+            let sp = SamplingParams { seed: seq.seed, ..seq.params.sampling.clone() };
+            let step = seq.generated() as u64;
+            let (token, agreed) = match drafts.get(j) {
+                Some(&d) => {
+                    let q = proposal.as_ref().and_then(|p| p.draft_probs.get(j)).map_or(&[][..], |q| &q[..]);
+                    match judge(&logits, &sp, step, d, q) {
+                        Verdict::Accept => (d, true),
+                        Verdict::Reject(t) => (t, false),
+                    }
+                }
+                None => (sample(&logits, &sp, step), false),
+            };
+            if agreed {
+                tally::accepted(&mut seq.fill.usage, &mut seq.spec.usage, origin);
+                self.metrics.add_accepted(1);
+            } else if j < drafts.len() {
+                tally::rejected(&mut seq.fill.usage, origin);
+            }
+            let logprobs = seq.params.logprobs.map(|k| token_logprobs(&logits, token, k)).into_iter().collect();
+            outcome = self.emit(idx, token, logprobs);
+            if !matches!(outcome, Emitted::Running) {
+                break;
+            }
+            if let Some(after) = self.assert_scaffold(idx, token) {
+                outcome = after;
+                break;
+            }
+            if !agreed {
+                break;
+            }
+        }
+        let s = &mut self.sched.running[idx];
+        // The logits rows 0..=used stood: their query positions' KV is kept.
+        s.num_computed += used;
+        if proposal.is_some() {
+            self.kvm.truncate(&mut s.kv, s.tokens.len());
+        }
+        self.kvm.after_step(&mut s.kv, &s.tokens, s.num_computed);
+        if let Some(d) = self.drafter.as_mut() {
+            d.rollback(&mut s.spec.draft, s.num_computed);
+        }
+        outcome
+    }
+
+    /// After the model chose `token`: when it triggers the next run of the tool-call scaffold
+    /// (fill strict), append the rest of the run without sampling. `None` when nothing was
+    /// asserted. Requests that want logprobs are never asserted into (there are no logits).
+    fn assert_scaffold(&mut self, idx: usize, token: u32) -> Option<Emitted> {
+        let scaffold = self.scaffold.clone()?;
+        let max_len = self.limits.max_model_len;
+        let seq = &mut self.sched.running[idx];
+        if !seq.fill.mode.asserts_scaffolds() || seq.params.logprobs.is_some() {
+            return None;
+        }
+        let rest = scaffold.after(&mut seq.fill.cursor, token);
+        let mut p = Proposal::new(rest.to_vec(), Policy::Assert, Origin::Scaffold);
+        p.clamp(seq.room(max_len), &seq.end_tokens(&self.eos));
+        if p.is_empty() {
+            return None;
+        }
+        tally::proposed(&mut seq.fill.usage, &mut seq.spec.usage, p.origin, p.policy, p.len());
+        self.metrics.add_asserted(p.len());
+        for t in p.ids {
+            let out = self.emit(idx, t, Vec::new());
+            if !matches!(out, Emitted::Running) {
+                return Some(out);
+            }
+        }
+        Some(Emitted::Running)
+    }
+
+    /// Append `token` to `running[idx]`, detokenize, check its ends and stream it.
+    fn emit(&mut self, idx: usize, token: u32, logprobs: Vec<TokenLogprob>) -> Emitted {
+        let seq = &mut self.sched.running[idx];
+        let p = seq.params.clone();
+        seq.tokens.push(token);
+        *seq.counts.entry(token).or_insert(0) += 1;
+        self.metrics.add_generated(1);
+        let generated = seq.generated();
+
+        let is_end = (!p.ignore_eos && self.eos.contains(&token)) || p.stop_token_ids.contains(&token);
+        let mut text = String::new();
+        let mut reason = None;
+        let (mut stop_string, mut stop_token, mut error) = (None, None, None);
+        if is_end {
+            reason = Some(FinishReason::Stop);
+            stop_token = Some(token);
+        } else if let Some(tok) = &self.tokenizer {
+            match seq.detok.push(tok, token) {
+                Ok(piece) => {
+                    let (emit, hit) = seq.stops.push(&piece);
+                    text = emit;
+                    if hit.is_some() {
+                        reason = Some(FinishReason::Stop);
+                        stop_string = hit;
+                    }
+                }
+                Err(e) => {
+                    reason = Some(FinishReason::Error);
+                    error = Some(format!("detokenize: {e}"));
+                }
+            }
+        }
+        if reason.is_none() && (generated >= seq.max_tokens || seq.tokens.len() >= self.limits.max_model_len) {
+            reason = Some(FinishReason::Length);
+        }
+        if reason == Some(FinishReason::Length) {
+            if let Some(tok) = &self.tokenizer {
+                let tail = seq.detok.finish(tok).unwrap_or_default();
+                text.push_str(&seq.stops.push(&tail).0);
+                text.push_str(&seq.stops.flush());
+            }
+        }
+        let finished = reason.map(|reason| Finished { reason, stop_string, stop_token, error, usage: usage(seq) });
+        let done = finished.is_some();
+        let out = Output { choice: seq.choice, token_ids: vec![token], text, logprobs, finished };
+        if seq.sink.send(out).is_err() {
+            // The receiver is gone: the caller disconnected.
+            return Emitted::Disconnected;
+        }
+        if done {
+            self.metrics.request_finished();
+            Emitted::Finished
+        } else {
+            Emitted::Running
+        }
+    }
+
+    /// Send a final output for `seq` with no new token and free its blocks.
+    pub(super) fn finish(
+        &mut self,
+        seq: &mut Sequence,
+        reason: FinishReason,
+        stop_string: Option<String>,
+        stop_token: Option<u32>,
+        error: Option<String>,
+    ) {
+        let out = Output {
+            choice: seq.choice,
+            token_ids: vec![],
+            text: String::new(),
+            logprobs: vec![],
+            finished: Some(Finished { reason, stop_string, stop_token, error, usage: usage(seq) }),
+        };
+        let _ = seq.sink.send(out);
+        self.release(seq);
+        self.metrics.request_finished();
+    }
+}

@@ -1,0 +1,134 @@
+//! `Drafter`: a small draft model with its own paged KV cache inside the engine. Each step it
+//! runs up to k batched forwards over every row that speculates — the first one catches each
+//! row's draft KV up with the tokens the target committed since, the next ones feed back the
+//! token just drafted — and returns one verify proposal per row. After verification the row's
+//! draft KV is rolled back to the tokens that stood.
+
+use std::sync::Arc;
+
+use ferrite_models::model::CausalLm;
+use ferrite_runtime::batch::RowLogits;
+use ferrite_runtime::{ForwardBatch, KvCache};
+use rand::Rng;
+
+use super::proposal::{Origin, Policy, Proposal};
+use crate::config::EngineConfig;
+use crate::error::EngineError;
+use crate::kv::{KvManager, SeqKv};
+use crate::sampling::{distribution, draw, rng_for, sample, SamplingParams};
+
+/// Salt mixed into a request's seed for the draft's own draws, so they are independent of the
+/// target's acceptance draws at the same output position.
+const DRAFT_SALT: u64 = 0xD4AF_7000_0000_0001;
+
+/// One sequence's KV in the draft model: its blocks and how many of its tokens they hold.
+#[derive(Debug, Default)]
+pub struct DraftKv {
+    pub kv: SeqKv,
+    pub computed: usize,
+}
+
+/// One row to draft for.
+pub struct DraftJob<'a> {
+    /// The sequence so far (prompt, output and the pending token).
+    pub tokens: &'a [u32],
+    pub state: &'a mut DraftKv,
+    /// The most tokens to draft.
+    pub room: usize,
+    pub sampling: &'a SamplingParams,
+    /// The sequence's own seed (its choice's).
+    pub seed: u64,
+    /// Tokens that end the request (drafting stops after one).
+    pub ends: Vec<u32>,
+}
+
+pub struct Drafter {
+    model: Arc<dyn CausalLm>,
+    kv: KvCache,
+    kvm: KvManager,
+    max_len: usize,
+    /// Draft forward passes run so far.
+    pub forwards: u64,
+}
+
+impl Drafter {
+    pub fn new(model: Arc<dyn CausalLm>, cfg: &EngineConfig, max_model_len: usize) -> Result<Drafter, EngineError> {
+        let max_len = max_model_len.min(model.config().max_context());
+        let layout = model.kv_layout();
+        let group_blocks = cfg.group_blocks(&layout, max_len)?;
+        let kv = KvCache::new(&layout, &group_blocks, cfg.block_size)?;
+        let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, None);
+        Ok(Drafter { model, kv, kvm, max_len, forwards: 0 })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
+    /// Draft for every job at once: one proposal per job (empty where the draft KV had no room).
+    pub fn propose(&mut self, jobs: &mut [DraftJob<'_>]) -> Result<Vec<Proposal>, EngineError> {
+        let mut out: Vec<Proposal> =
+            jobs.iter().map(|_| Proposal::new(Vec::new(), Policy::Verify, Origin::Draft)).collect();
+        let mut active: Vec<usize> = Vec::new();
+        for (i, job) in jobs.iter_mut().enumerate() {
+            if job.state.kv.tables.is_empty() {
+                job.state.kv = self.kvm.new_seq();
+            }
+            let room = job.room.min((self.max_len + 1).saturating_sub(job.tokens.len()));
+            job.room = room;
+            if room > 0 && self.kvm.allocate(&mut job.state.kv, job.tokens.len() + room - 1) {
+                active.push(i);
+            }
+        }
+        let vocab = self.vocab_size();
+        let mut round = 0;
+        while !active.is_empty() {
+            let mut batch = ForwardBatch::default();
+            for &i in &active {
+                let job = &jobs[i];
+                let last = out[i].ids.last().copied();
+                let query: Vec<u32> = match last {
+                    None => job.tokens[job.state.computed..].to_vec(),
+                    Some(t) => vec![t],
+                };
+                batch.push_row(&query, job.state.computed + query.len(), job.state.kv.tables.clone(), RowLogits::Last);
+            }
+            let logits = self.model.forward(&batch, &mut self.kv)?;
+            self.forwards += 1;
+            let mut still = Vec::with_capacity(active.len());
+            for (k, &i) in active.iter().enumerate() {
+                let job = &mut jobs[i];
+                job.state.computed += batch.rows[k].query_len;
+                let row = &logits[k * vocab..(k + 1) * vocab];
+                let step = (job.tokens.len() + round) as u64;
+                let sp = job.sampling;
+                let token = if sp.is_greedy() {
+                    sample(row, sp, step)
+                } else {
+                    let q = distribution(row, sp);
+                    let t = draw(&q, rng_for(job.seed ^ DRAFT_SALT, step).random());
+                    out[i].draft_probs.push(q);
+                    t
+                };
+                out[i].ids.push(token);
+                if out[i].ids.len() < job.room && !job.ends.contains(&token) {
+                    still.push(i);
+                }
+            }
+            active = still;
+            round += 1;
+        }
+        Ok(out)
+    }
+
+    /// Keep the draft KV of the first `valid` tokens of a sequence.
+    pub fn rollback(&mut self, state: &mut DraftKv, valid: usize) {
+        state.computed = state.computed.min(valid);
+        self.kvm.truncate(&mut state.kv, state.computed);
+    }
+
+    pub fn free(&mut self, state: &mut DraftKv) {
+        self.kvm.free(&mut state.kv);
+        state.computed = 0;
+    }
+}
