@@ -93,7 +93,9 @@ impl Drafter {
                 };
                 batch.push_row(&query, job.state.computed + query.len(), job.state.kv.tables.clone(), RowLogits::Last);
             }
-            let logits = self.model.forward(&batch, &mut self.kv)?;
+            // On a pool worker, as the target's forward (see `threads::run`).
+            let (model, kv) = (&self.model, &mut self.kv);
+            let logits = ferrite_runtime::threads::run(|| model.forward(&batch, kv))?;
             self.forwards += 1;
             let mut still = Vec::with_capacity(active.len());
             for (k, &i) in active.iter().enumerate() {
