@@ -350,3 +350,38 @@ fn sliding_window_releases_blocks_and_matches_recompute() {
         assert_eq!(c.kv_manager().free_blocks().0, free0);
     }
 }
+
+/// Prefix caching with a sliding window: a hit needs only the blocks the window still reads
+/// (the earlier ones were released), and gives the tokens of a cold run.
+#[test]
+fn sliding_window_prefix_hit_equals_cold_run() {
+    let (_dir, m) = sliding_model(8);
+    let (_, prompts) = model();
+    let base = prompts[2].clone(); // 40 tokens
+    let mut other = base[..33].to_vec();
+    other.extend([5, 6, 7]);
+    let cfg = EngineConfig { block_size: 4, max_num_batched_tokens: 7, ..EngineConfig::default() };
+    let cold = alone(&m, EngineConfig { prefix_cache: false, ..cfg.clone() }, other.clone(), greedy(12));
+    assert_eq!(cold[0], recompute_greedy(&m, &other, 12));
+    let mut c = core(&m, cfg);
+    let mut rx = add(&mut c, 1, base, greedy(5));
+    run_to_end(&mut c);
+    collect(&mut rx, 1);
+    let mut rx = add(&mut c, 2, other, greedy(12));
+    let mut cached = None;
+    let mut toks = Vec::new();
+    while c.has_work() {
+        c.step().expect("step");
+        c.kv_manager().check_invariants().expect("invariants");
+    }
+    while let Ok(o) = rx.try_recv() {
+        toks.extend(o.token_ids);
+        if let Some(f) = o.finished {
+            cached = Some(f.usage.cached_tokens);
+        }
+    }
+    assert_eq!(cached, Some(32), "8 full blocks of 4, the window's last two among them");
+    assert_eq!(vec![toks], cold);
+    let (free, total) = c.kv_manager().free_blocks();
+    assert_eq!(free, total, "every block is released");
+}

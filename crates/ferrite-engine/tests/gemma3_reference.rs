@@ -6,8 +6,9 @@
 //!
 //! The reference is f32 math on the dequantized weights, so these tests run the exact kernels
 //! (`KernelMode::Reference`, set for the whole test process); the fast 8-bit-activation kernels
-//! drift from it within a few tokens on this model. The prefix cache stays off for this model:
-//! it is only enabled when every KV group is full attention, and Gemma 3 has sliding layers.
+//! drift from it within a few tokens on this model. After the batched run, each prompt runs
+//! again on the same engine: a prefix-cache hit (the sliding layers keep only their window's
+//! blocks) must give the same continuation.
 
 mod common;
 
@@ -86,7 +87,6 @@ fn greedy_matches_transformers_batched_and_chunked() {
     // 96-token steps: the long prompt is prefilled in chunks whose boundaries straddle the
     // window, while the short prompts decode in the same batches.
     let mut core = core(&loaded.model, engine_config(96, cases.len()));
-    assert!(core.kv_manager().prefix_cache().is_none(), "prefix cache with sliding-window layers");
     let mut rxs: Vec<_> = cases
         .iter()
         .enumerate()
@@ -95,6 +95,20 @@ fn greedy_matches_transformers_batched_and_chunked() {
     run_to_end(&mut core);
     for ((text, _, want), rx) in cases.iter().zip(rxs.iter_mut()) {
         assert_eq!(&collect(rx, 1)[0], want, "batched greedy continuation of {text:?}");
+    }
+    // The same prompts again: prefix-cache hits, including one past the sliding window.
+    for (i, (text, prompt, want)) in cases.iter().enumerate() {
+        let mut rx = add(&mut core, 100 + i as u64, prompt.clone(), greedy(want.len()));
+        run_to_end(&mut core);
+        let (mut toks, mut cached) = (Vec::new(), 0);
+        while let Ok(o) = rx.try_recv() {
+            toks.extend(o.token_ids);
+            if let Some(f) = o.finished {
+                cached = f.usage.cached_tokens;
+            }
+        }
+        assert!(cached > 0 || prompt.len() <= 16, "no prefix hit for {text:?}");
+        assert_eq!(&toks, want, "greedy continuation of {text:?} after a prefix hit of {cached} tokens");
     }
     core.kv_manager().check_invariants().expect("KV invariants");
     let (free, total) = core.kv_manager().free_blocks();

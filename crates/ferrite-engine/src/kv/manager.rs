@@ -2,8 +2,10 @@
 //!
 //! Each group (full attention, sliding window) has its own `BlockPool`; a sequence has one
 //! block table per group (`SeqKv`). Sliding groups release blocks that fall out of the window.
-//! Full blocks of the first group are registered in the `PrefixCache` (when it is on and every
-//! group is full attention) so later sequences with the same prefix reuse them.
+//! When the prefix cache is on, every group's full blocks are registered in the `PrefixCache`
+//! so later sequences with the same prefix reuse them: a hit of `h` blocks needs all `h` in a
+//! full-attention group, but in a sliding group only the blocks the window still reads at
+//! position `h · block_size` (the ones before were released and may be gone).
 
 use ferrite_runtime::batch::NO_BLOCK;
 use ferrite_runtime::{KvGroupKind, KvLayout};
@@ -37,17 +39,16 @@ pub struct KvManager {
 }
 
 impl KvManager {
-    /// `prefix_namespace` turns the prefix cache on (for layouts of full-attention groups).
+    /// `prefix_namespace` turns the prefix cache on.
     pub fn new(
         layout: &KvLayout,
         group_blocks: &[usize],
         block_size: usize,
         prefix_namespace: Option<u64>,
     ) -> KvManager {
-        let all_full = layout.groups.iter().all(|g| *g == KvGroupKind::Full);
         let groups =
             layout.groups.iter().zip(group_blocks).map(|(&kind, &n)| Group { kind, pool: BlockPool::new(n) }).collect();
-        let cache = prefix_namespace.filter(|_| all_full).map(PrefixCache::new);
+        let cache = prefix_namespace.map(|ns| PrefixCache::new(ns, layout.groups.len()));
         KvManager { groups, block_size, cache, namespace: prefix_namespace.unwrap_or(0) }
     }
 
@@ -86,17 +87,40 @@ impl KvManager {
     pub fn acquire_prefix(&mut self, kv: &mut SeqKv, tokens: &[u32]) -> usize {
         let bs = self.block_size;
         let Some(cache) = self.cache.as_mut() else { return 0 };
-        let max_blocks = tokens.len().saturating_sub(1) / bs;
-        let hits = cache.lookup(tokens, bs, max_blocks);
-        cache.queried_tokens += tokens.len() as u64;
-        cache.hit_tokens += (hits.len() * bs) as u64;
-        let pool = &mut self.groups[0].pool;
-        for &(block, hash) in &hits {
-            pool.retain(block);
-            kv.tables[0].push(block);
-            kv.hashes.push(hash);
+        let mut hashes = cache.block_hashes(tokens, bs);
+        hashes.truncate(tokens.len().saturating_sub(1) / bs);
+        let block = |cache: &PrefixCache, g: usize, i: usize| cache.get(g, hashes[i], &tokens[i * bs..(i + 1) * bs]);
+        // Full groups: the longest run of cached blocks from the start.
+        let mut hit = hashes.len();
+        for (g, group) in self.groups.iter().enumerate() {
+            if group.kind == KvGroupKind::Full {
+                hit = (0..hit).take_while(|&i| block(cache, g, i).is_some()).count();
+            }
         }
-        hits.len() * bs
+        // Sliding groups: the longest such hit whose window is cached.
+        let window_cached = |hit: usize| {
+            self.groups
+                .iter()
+                .enumerate()
+                .all(|(g, group)| (first_needed(group.kind, hit * bs, bs)..hit).all(|i| block(cache, g, i).is_some()))
+        };
+        while hit > 0 && !window_cached(hit) {
+            hit -= 1;
+        }
+        cache.queried_tokens += tokens.len() as u64;
+        cache.hit_tokens += (hit * bs) as u64;
+        for (g, group) in self.groups.iter_mut().enumerate() {
+            let first = first_needed(group.kind, hit * bs, bs);
+            for i in 0..hit {
+                let id = if i < first { None } else { block(cache, g, i) };
+                if let Some(id) = id {
+                    group.pool.retain(id);
+                }
+                kv.tables[g].push(id.unwrap_or(NO_BLOCK));
+            }
+        }
+        kv.hashes = hashes[..hit].to_vec();
+        hit * bs
     }
 
     /// Grow every table to cover `total` positions; all or nothing.
@@ -110,7 +134,7 @@ impl KvManager {
             for _ in 0..n {
                 let Some((block, evicted)) = group.pool.allocate() else { return false };
                 if let (Some(h), Some(cache)) = (evicted, self.cache.as_mut()) {
-                    cache.remove(h, block);
+                    cache.remove(g, h, block);
                 }
                 kv.tables[g].push(block);
             }
@@ -118,33 +142,33 @@ impl KvManager {
         true
     }
 
-    /// After `computed` positions of `tokens` are in the cache: release blocks that left a
-    /// sliding window and register newly full blocks in the prefix cache.
+    /// After `computed` positions of `tokens` are in the cache: register newly full blocks in
+    /// the prefix cache, then release blocks that left a sliding window (a block leaves only
+    /// after it is full, so it is registered first and stays findable until evicted).
     pub fn after_step(&mut self, kv: &mut SeqKv, tokens: &[u32], computed: usize) {
         let bs = self.block_size;
-        for (group, table) in self.groups.iter_mut().zip(kv.tables.iter_mut()) {
-            if let KvGroupKind::Sliding { window } = group.kind {
-                // The next query (position `computed`) reads positions from computed + 1 - window.
-                let first_needed = (computed + 1).saturating_sub(window) / bs;
-                for slot in table.iter_mut().take(first_needed) {
-                    if *slot != NO_BLOCK {
-                        group.pool.release(*slot);
-                        *slot = NO_BLOCK;
+        if let Some(cache) = self.cache.as_mut() {
+            while kv.hashes.len() < computed / bs {
+                let i = kv.hashes.len();
+                let block_tokens = &tokens[i * bs..(i + 1) * bs];
+                let h = chain_hash(kv.hashes.last().copied().unwrap_or(0), self.namespace, block_tokens);
+                for (g, (group, table)) in self.groups.iter_mut().zip(&kv.tables).enumerate() {
+                    let block = table[i];
+                    if block != NO_BLOCK && group.pool.hash(block).is_none() && cache.insert(g, h, block, block_tokens)
+                    {
+                        group.pool.set_hash(block, Some(h));
                     }
                 }
+                kv.hashes.push(h);
             }
         }
-        let Some(cache) = self.cache.as_mut() else { return };
-        let pool = &mut self.groups[0].pool;
-        while kv.hashes.len() < computed / bs {
-            let i = kv.hashes.len();
-            let block_tokens = &tokens[i * bs..(i + 1) * bs];
-            let h = chain_hash(kv.hashes.last().copied().unwrap_or(0), self.namespace, block_tokens);
-            let block = kv.tables[0][i];
-            if pool.hash(block).is_none() && cache.insert(h, block, block_tokens) {
-                pool.set_hash(block, Some(h));
+        for (group, table) in self.groups.iter_mut().zip(kv.tables.iter_mut()) {
+            for slot in table.iter_mut().take(first_needed(group.kind, computed, bs)) {
+                if *slot != NO_BLOCK {
+                    group.pool.release(*slot);
+                    *slot = NO_BLOCK;
+                }
             }
-            kv.hashes.push(h);
         }
     }
 
@@ -189,5 +213,14 @@ impl KvManager {
 
     pub fn check_invariants(&self) -> Result<(), String> {
         self.groups.iter().try_for_each(|g| g.pool.check_invariants())
+    }
+}
+
+/// The first block a group still reads once `computed` positions are in the cache: the next
+/// query (position `computed`) of a sliding group reads from `computed + 1 - window` on.
+fn first_needed(kind: KvGroupKind, computed: usize, block_size: usize) -> usize {
+    match kind {
+        KvGroupKind::Full => 0,
+        KvGroupKind::Sliding { window } => (computed + 1).saturating_sub(window) / block_size,
     }
 }

@@ -2,15 +2,19 @@
 //! namespace). The namespace folds in the model fingerprint, the KV scheme and the adapter
 //! set, so blocks are never shared across things that would compute different KV.
 //!
-//! Contract: `lookup` walks a token sequence block by block and returns the cached block ids
-//! of its longest cached prefix; `insert` registers a full block; `remove` forgets an evicted
-//! one. Entries keep their tokens, so a hash collision can never return a wrong block.
+//! Each KV group (full attention, sliding window) has its own entries under the same chained
+//! hashes: a block id means something only within its group's pool. `get` finds the cached
+//! block of one group for one block of tokens; `insert` registers a full block; `remove`
+//! forgets an evicted one. Entries keep their tokens, so a hash collision can never return a
+//! wrong block. Which blocks a hit needs (all of them for full attention, only those inside
+//! the window for a sliding group) is the `KvManager`'s business.
 
 use std::collections::HashMap;
 
 pub struct PrefixCache {
     namespace: u64,
-    map: HashMap<u64, (u32, Vec<u32>)>,
+    /// Per KV group: chained hash → (block, the block's tokens).
+    groups: Vec<HashMap<u64, (u32, Vec<u32>)>>,
     pub queried_tokens: u64,
     pub hit_tokens: u64,
 }
@@ -33,8 +37,8 @@ pub fn chain_hash(parent: u64, namespace: u64, tokens: &[u32]) -> u64 {
 }
 
 impl PrefixCache {
-    pub fn new(namespace: u64) -> PrefixCache {
-        PrefixCache { namespace, map: HashMap::new(), queried_tokens: 0, hit_tokens: 0 }
+    pub fn new(namespace: u64, groups: usize) -> PrefixCache {
+        PrefixCache { namespace, groups: vec![HashMap::new(); groups], queried_tokens: 0, hit_tokens: 0 }
     }
 
     /// Hashes of the full blocks of `tokens`, chained.
@@ -49,42 +53,36 @@ impl PrefixCache {
             .collect()
     }
 
-    /// The cached blocks of the longest cached prefix among the first `max_blocks` blocks.
-    pub fn lookup(&self, tokens: &[u32], block_size: usize, max_blocks: usize) -> Vec<(u32, u64)> {
-        let mut out = Vec::new();
-        for (i, h) in self.block_hashes(tokens, block_size).into_iter().take(max_blocks).enumerate() {
-            match self.map.get(&h) {
-                Some((block, toks)) if toks[..] == tokens[i * block_size..(i + 1) * block_size] => {
-                    out.push((*block, h))
-                }
-                _ => break,
-            }
-        }
-        out
+    /// The block of `group` caching `tokens` (one block's worth) under `hash`.
+    pub fn get(&self, group: usize, hash: u64, tokens: &[u32]) -> Option<u32> {
+        self.groups[group].get(&hash).filter(|(_, toks)| toks[..] == *tokens).map(|&(block, _)| block)
     }
 
-    /// Register `block` as holding the tokens that hash to `hash`; false when that content is
-    /// already cached in another block.
-    pub fn insert(&mut self, hash: u64, block: u32, tokens: &[u32]) -> bool {
-        if self.map.contains_key(&hash) {
+    /// Register `block` of `group` as holding the tokens that hash to `hash`; false when that
+    /// content is already cached in another block.
+    pub fn insert(&mut self, group: usize, hash: u64, block: u32, tokens: &[u32]) -> bool {
+        let map = &mut self.groups[group];
+        if map.contains_key(&hash) {
             return false;
         }
-        self.map.insert(hash, (block, tokens.to_vec()));
+        map.insert(hash, (block, tokens.to_vec()));
         true
     }
 
-    pub fn remove(&mut self, hash: u64, block: u32) {
-        if self.map.get(&hash).is_some_and(|(b, _)| *b == block) {
-            self.map.remove(&hash);
+    pub fn remove(&mut self, group: usize, hash: u64, block: u32) {
+        let map = &mut self.groups[group];
+        if map.get(&hash).is_some_and(|(b, _)| *b == block) {
+            map.remove(&hash);
         }
     }
 
+    /// Cached blocks over all groups.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.groups.iter().map(HashMap::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len() == 0
     }
 
     pub fn hit_rate(&self) -> f64 {
