@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use ferrite_models::model::CausalLm;
+use ferrite_models::model::{CausalLm, StepLimits};
 use ferrite_models::tokenizer::{IncrementalDecoder, Tokenizer};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::{ForwardBatch, KvCache};
@@ -50,8 +50,15 @@ impl EngineCore {
             return Err(EngineError::Config("block size, batch tokens and batch rows must be at least 1".into()));
         }
         let layout = model.kv_layout();
-        let group_blocks = cfg.group_blocks(&layout, max_model_len)?;
-        let kv = KvCache::new(&layout, &group_blocks, cfg.block_size)?;
+        model.prepare(&StepLimits {
+            max_tokens: cfg.max_num_batched_tokens,
+            max_rows: cfg.max_num_seqs,
+            max_model_len,
+            block_size: cfg.block_size,
+        })?;
+        let block_bytes = model.kv_block_bytes(cfg.block_size);
+        let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_model_len)?;
+        let kv = model.new_kv_cache(&group_blocks, cfg.block_size)?;
         let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, cfg.prefix_cache.then_some(cfg.namespace));
         let limits = Limits {
             max_model_len,
@@ -163,8 +170,16 @@ impl EngineCore {
             }
         }
         self.metrics.add_batch(batch.num_tokens());
-        let logits = match self.model.forward(&batch, &mut self.kv) {
-            Ok(l) => l,
+        // When every row picks its argmax with nothing to adjust, the model may pick them
+        // itself (on its device) and hand back only the ids.
+        let greedy = sampled.iter().all(|&i| self.plain_greedy(i));
+        let picked = if greedy {
+            self.model.forward_greedy(&batch, &mut self.kv).map(Picks::Tokens)
+        } else {
+            self.model.forward(&batch, &mut self.kv).map(Picks::Logits)
+        };
+        let picks = match picked {
+            Ok(p) => p,
             Err(e) => {
                 let msg = e.to_string();
                 for r in rows.iter().rev() {
@@ -185,11 +200,14 @@ impl EngineCore {
         let mut disconnected = Vec::new();
         let mut children = Vec::new();
         for (k, &idx) in sampled.iter().enumerate() {
-            let row = &logits[k * vocab..(k + 1) * vocab];
+            let pick = match &picks {
+                Picks::Logits(logits) => Pick::Logits(&logits[k * vocab..(k + 1) * vocab]),
+                Picks::Tokens(ids) => Pick::Token(ids[k]),
+            };
             if self.sched.running[idx].pending_children > 0 {
                 children.extend(self.fork(idx));
             }
-            match self.sample_and_emit(idx, row) {
+            match self.sample_and_emit(idx, pick) {
                 Emitted::Running => {}
                 Emitted::Finished => done.push(idx),
                 Emitted::Disconnected => disconnected.push(self.sched.running[idx].request),
@@ -256,29 +274,44 @@ impl EngineCore {
         out
     }
 
-    /// Sample the next token of `running[idx]` from `row` and stream it.
-    fn sample_and_emit(&mut self, idx: usize, row: &[f32]) -> Emitted {
+    /// Whether `running[idx]` takes the argmax of the raw logits this step: greedy, no
+    /// penalty, bias or banned token, no logprobs.
+    fn plain_greedy(&self, idx: usize) -> bool {
+        let seq = &self.sched.running[idx];
+        let (p, sp) = (&seq.params, &seq.params.sampling);
+        let bans = seq.generated() < p.min_tokens && !(self.eos.is_empty() && p.stop_token_ids.is_empty());
+        sp.is_greedy() && !sp.has_penalties() && sp.logit_bias.is_empty() && !bans && p.logprobs.is_none()
+    }
+
+    /// Sample the next token of `running[idx]` (from its logits row, or the token the model
+    /// picked when `plain_greedy`) and stream it.
+    fn sample_and_emit(&mut self, idx: usize, pick: Pick) -> Emitted {
         let eos = &self.eos;
         let seq = &mut self.sched.running[idx];
         let p = seq.params.clone();
         let sp = &p.sampling;
         let generated = seq.generated();
-        let mut banned = Vec::new();
-        if generated < p.min_tokens {
-            banned.extend(eos.iter().chain(&p.stop_token_ids).copied());
-        }
-        let needs_processing = sp.has_penalties() || !sp.logit_bias.is_empty() || !banned.is_empty();
-        let mut processed;
-        let logits = if needs_processing {
-            processed = row.to_vec();
-            apply_processors(&mut processed, sp, &seq.tokens[..seq.prompt_len], &seq.counts, &banned);
-            &processed[..]
-        } else {
-            row
+        let (token, logprobs) = match pick {
+            Pick::Token(token) => (token, Vec::new()),
+            Pick::Logits(row) => {
+                let mut banned = Vec::new();
+                if generated < p.min_tokens {
+                    banned.extend(eos.iter().chain(&p.stop_token_ids).copied());
+                }
+                let needs_processing = sp.has_penalties() || !sp.logit_bias.is_empty() || !banned.is_empty();
+                let mut processed;
+                let logits = if needs_processing {
+                    processed = row.to_vec();
+                    apply_processors(&mut processed, sp, &seq.tokens[..seq.prompt_len], &seq.counts, &banned);
+                    &processed[..]
+                } else {
+                    row
+                };
+                let step_params = crate::sampling::SamplingParams { seed: seq.seed, ..sp.clone() };
+                let token = sample(logits, &step_params, generated as u64);
+                (token, p.logprobs.map(|k| token_logprobs(logits, token, k)).into_iter().collect())
+            }
         };
-        let step_params = crate::sampling::SamplingParams { seed: seq.seed, ..sp.clone() };
-        let token = sample(logits, &step_params, generated as u64);
-        let logprobs = p.logprobs.map(|k| token_logprobs(logits, token, k)).into_iter().collect();
         seq.tokens.push(token);
         *seq.counts.entry(token).or_insert(0) += 1;
         self.metrics.add_generated(1);
@@ -345,6 +378,18 @@ impl EngineCore {
         self.kvm.free(&mut seq.kv);
         self.metrics.request_finished();
     }
+}
+
+/// What a step's forward pass returned for the rows it sampled.
+enum Picks {
+    Logits(Vec<f32>),
+    Tokens(Vec<u32>),
+}
+
+/// One row's part of `Picks`.
+enum Pick<'a> {
+    Logits(&'a [f32]),
+    Token(u32),
 }
 
 /// What became of a sequence after its token was sampled.

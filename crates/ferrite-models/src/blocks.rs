@@ -226,7 +226,7 @@ impl Attention {
         }
         self.rope.apply(&mut q, batch, p.n_heads, p.head_dim);
         let block_size = kv.block_size();
-        let layer = kv.layer_mut(self.kv_index);
+        let layer = kv.layer_mut(self.kv_index)?;
         if let Some(KvProjection { k, v, k_norm, v_norm }) = &self.kv {
             let mut keys = k.forward(h, t)?;
             let mut values = match v {

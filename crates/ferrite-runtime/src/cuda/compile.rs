@@ -42,6 +42,7 @@ pub(crate) const SOURCES: &[Source] = sources![
     "paged_attention",
     "prefill_attention",
     "sampling",
+    "init",
 ];
 
 /// What NVRTC is asked to produce.

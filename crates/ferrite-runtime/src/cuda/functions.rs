@@ -27,6 +27,7 @@ pub(crate) struct Functions {
     pub prefill_attention: [CudaFunction; 3],
     pub argmax_rows: CudaFunction,
     pub sample_rows: CudaFunction,
+    pub random_bf16: CudaFunction,
 }
 
 impl Functions {
@@ -74,6 +75,7 @@ impl Functions {
             prefill_attention: per_head_dim("prefill_attention", "prefill_attention")?,
             argmax_rows: get("sampling", "argmax_rows")?,
             sample_rows: get("sampling", "sample_rows")?,
+            random_bf16: get("init", "random_bf16")?,
         })
     }
 }

@@ -1,6 +1,6 @@
 //! Row-wise and element-wise ops on bf16 activations: embedding gather, RMSNorm (with the
-//! fused residual add), RoPE, gated activations, the KV-cache write, a device copy, and the
-//! cuBLASLt linear layer.
+//! fused residual add), RoPE, gated activations, the KV-cache write, a device copy, random
+//! fill (synthetic weights), and the cuBLASLt linear layer.
 //!
 //! Activations are bf16 `[tokens, features]` rows; every kernel computes in f32. Norm weights
 //! and RoPE frequencies are small f32 buffers. Inputs read as "rows of `stride` values" may be
@@ -196,6 +196,18 @@ pub fn copy<T>(gpu: &Gpu, src: &impl DevicePtr<T>, dst: &mut impl DevicePtrMut<T
     }
     let grid = gpu.grid_for(words as usize, 256);
     gpu.launch(&gpu.fns.copy_words, cfg((grid, 1, 1), 256, 0), &[&sp, &dp, &words])
+}
+
+/// Fill `out` with values uniform in [-scale, scale), a pure function of (`seed`, index):
+/// the weights of a synthetic model, made on the device.
+pub fn random_uniform(gpu: &Gpu, out: &mut impl DevicePtrMut<bf16>, seed: u64, scale: f32) -> CudaResult<()> {
+    let n = out.len() as u64;
+    if n == 0 {
+        return Ok(());
+    }
+    let op = gpu.ptr_mut(out);
+    let grid = gpu.grid_for(n as usize, 256);
+    gpu.launch(&gpu.fns.random_bf16, cfg((grid, 1, 1), 256, 0), &[&op, &n, &seed, &scale])
 }
 
 /// `y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])` through cuBLASLt (bf16 in, f32 accumulate,
