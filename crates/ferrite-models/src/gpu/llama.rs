@@ -186,9 +186,9 @@ impl GpuLlama {
         self.state.lock().map_err(|_| RuntimeError::Shape("the CUDA model's state was poisoned by a panic".into()))
     }
 
-    /// Block-table entries per row for contexts up to `context` (its power-of-two bucket).
+    /// Block-table entries per row for contexts up to `context` (its bucket).
     fn table_len(context: usize, block_size: usize) -> usize {
-        context.max(MIN_CONTEXT_BUCKET).next_power_of_two().div_ceil(block_size.max(1))
+        context_bucket(context).div_ceil(block_size.max(1))
     }
 
     /// A workspace for steps of `tokens` tokens, `rows` rows and `blocks` table entries a
@@ -292,8 +292,9 @@ impl GpuLlama {
         let rows = batch.rows.len();
         let ws = st.ws.as_mut().ok_or_else(no_workspace)?;
         self.upload_inputs(ws, batch, kv.block_size(), rows, None)?;
+        // Decode splits keys as a graph of the same rows would, so both give the same bits.
         let plan = if ws.meta.max_query <= 1 {
-            let plan = DecodePlan::new(&self.gpu, rows, &self.params, ws.meta.max_context);
+            let plan = DecodePlan::new(&self.gpu, rows, &self.params, context_bucket(ws.meta.max_context));
             self.ensure_scratch(st, rows, plan)?;
             Some(plan)
         } else {
@@ -307,7 +308,7 @@ impl GpuLlama {
     /// first use of its (bucket, context bucket)).
     fn run_graph(&self, st: &mut State, batch: &ForwardBatch, kv: &mut KvCache, bucket: usize) -> RtResult<()> {
         let longest = batch.rows.iter().map(|r| r.context_len).max().unwrap_or(0);
-        let context = longest.max(MIN_CONTEXT_BUCKET).next_power_of_two();
+        let context = context_bucket(longest);
         let block_size = kv.block_size();
         let stride = context.div_ceil(block_size);
         let kv_id = kv.device_layer_mut(0)?.k.device_ptr(self.gpu.stream()).0;
@@ -357,6 +358,12 @@ impl GpuLlama {
         }
         Ok(st)
     }
+}
+
+/// The context a decode plan (and a graph) is built for: `longest` rounded up to a power of
+/// two, at least `MIN_CONTEXT_BUCKET`.
+fn context_bucket(longest: usize) -> usize {
+    longest.max(MIN_CONTEXT_BUCKET).next_power_of_two()
 }
 
 fn no_workspace() -> RuntimeError {
