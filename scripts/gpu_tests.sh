@@ -51,7 +51,7 @@ run | bench | all)
         [ -x ".gpu/$name" ] || { echo "missing .gpu/$name: run 'scripts/gpu_tests.sh build' first"; failed+=("$name"); continue; }
         echo "=== $name"
         start=$(date +%s%N)
-        ".gpu/$name" --test-threads=1 --nocapture > "$out/$name.log" 2>&1
+        timeout 240 ".gpu/$name" --test-threads=1 --nocapture > "$out/$name.log" 2>&1
         rc=$?
         grep -E '^(test |SKIP|FAIL|.*: seed [0-9]+)' "$out/$name.log" | head -60
         grep -A2 'panicked at' "$out/$name.log" | head -12
@@ -64,7 +64,7 @@ run | bench | all)
             local label=$1
             shift
             echo "=== bench $label: ferrite $*"
-            if .gpu/ferrite "$@" --json > "$out/bench_$label.json" 2> "$out/bench_$label.err"; then
+            if timeout 150 .gpu/ferrite "$@" --json > "$out/bench_$label.json" 2> "$out/bench_$label.err"; then
                 python3 - "$label" "$out/bench_$label.json" >> "$out/bench.table" <<'PY'
 import json, sys
 label, path = sys.argv[1], sys.argv[2]
