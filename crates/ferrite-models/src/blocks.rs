@@ -291,6 +291,10 @@ impl LmHead {
     pub fn logits(&self, x: &[f32], batch: &ForwardBatch) -> RtResult<Vec<f32>> {
         let d = self.w.row_len();
         let n = batch.logits_indices.len();
+        if n == 0 {
+            // A prefill chunk that ends no prompt.
+            return Ok(Vec::new());
+        }
         let mut picked = Vec::with_capacity(n * d);
         for &idx in &batch.logits_indices {
             picked.extend_from_slice(&x[idx * d..(idx + 1) * d]);

@@ -72,9 +72,16 @@ enum Storage {
 }
 
 pub struct KvCache {
+    /// Unique per cache in this process (a captured graph remembers which cache it writes).
+    id: u64,
     storage: Storage,
     group_blocks: Vec<usize>,
     block_size: usize,
+}
+
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 fn check_blocks(layout: &KvLayout, group_blocks: &[usize], block_size: usize) -> Result<()> {
@@ -99,7 +106,7 @@ impl KvCache {
                 LayerKv { spec, k: vec![0.0; n], v: vec![0.0; n] }
             })
             .collect();
-        Ok(KvCache { storage: Storage::Host(layers), group_blocks: group_blocks.to_vec(), block_size })
+        Ok(KvCache { id: next_id(), storage: Storage::Host(layers), group_blocks: group_blocks.to_vec(), block_size })
     }
 
     /// Device (bf16) storage on `gpu`, same shapes as `new`.
@@ -110,11 +117,16 @@ impl KvCache {
             .iter()
             .map(|spec| DeviceKv::new(gpu, group_blocks[spec.group], block_size, spec.n_kv_heads, spec.head_dim))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(KvCache { storage: Storage::Device(layers), group_blocks: group_blocks.to_vec(), block_size })
+        Ok(KvCache { id: next_id(), storage: Storage::Device(layers), group_blocks: group_blocks.to_vec(), block_size })
     }
 
     pub fn group_blocks(&self) -> &[usize] {
         &self.group_blocks
+    }
+
+    /// This cache's identity, unique in the process.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     pub fn block_size(&self) -> usize {

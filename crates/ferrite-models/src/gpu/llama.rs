@@ -51,8 +51,7 @@ struct State {
     ws: Option<Workspace>,
     /// Captured decode graphs by (rows, context bucket).
     graphs: HashMap<(usize, usize), Graph>,
-    /// The KV cache the graphs write (its first K pool's address): another cache means
-    /// capturing again.
+    /// The KV cache the graphs write (`KvCache::id`): another cache means capturing again.
     graph_kv: u64,
 }
 
@@ -245,6 +244,10 @@ impl GpuLlama {
             ops::gated_activation(gpu, self.act, &ws.gate_up, &up, (tokens, inter, 2 * inter), &mut ws.act)?;
             ops::linear(gpu, &ws.act, &l.down, None, &mut ws.o, (tokens, d, inter))?;
         }
+        if out_rows == 0 {
+            // A prefill chunk that ends no prompt: only its KV was wanted.
+            return Ok(());
+        }
         ops::rms_norm(gpu, &ws.o, Some(&mut ws.x), &self.w.final_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
         // The rows that want logits, gathered by the embedding kernel over the normed rows.
         ops::embedding(gpu, &ws.h, (tokens, d), &ws.logit_rows, out_rows, 1.0, &mut ws.picked)?;
@@ -311,10 +314,9 @@ impl GpuLlama {
         let context = context_bucket(longest);
         let block_size = kv.block_size();
         let stride = context.div_ceil(block_size);
-        let kv_id = kv.device_layer_mut(0)?.k.device_ptr(self.gpu.stream()).0;
-        if st.graph_kv != kv_id {
+        if st.graph_kv != kv.id() {
             st.graphs.clear();
-            st.graph_kv = kv_id;
+            st.graph_kv = kv.id();
         }
         let plan = DecodePlan::new(&self.gpu, bucket, &self.params, context);
         self.ensure_scratch(st, bucket, plan)?;
@@ -336,7 +338,7 @@ impl GpuLlama {
     /// `logits` and `next` hold its logits and greedy ids.
     fn run(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<std::sync::MutexGuard<'_, State>> {
         let (tokens, rows, out_rows) = (batch.num_tokens(), batch.rows.len(), batch.logits_indices.len());
-        if tokens == 0 || out_rows == 0 || batch.logits_indices.iter().any(|&i| i >= tokens) {
+        if tokens == 0 || batch.logits_indices.iter().any(|&i| i >= tokens) {
             return Err(RuntimeError::Shape(format!(
                 "a step of {tokens} tokens with logits rows {:?}",
                 batch.logits_indices
@@ -350,6 +352,7 @@ impl GpuLlama {
         self.ensure(&mut st, tokens, rows.max(out_rows), Self::table_len(longest, kv.block_size()))?;
         let capacity = st.ws.as_ref().map_or(0, |w| w.rows);
         let decode = self.graphs_enabled.load(Ordering::Relaxed)
+            && out_rows == rows
             && batch.rows.iter().all(|r| r.query_len == 1)
             && batch.logits_indices.iter().copied().eq(0..rows);
         match ROW_BUCKETS.iter().copied().find(|&b| b >= rows).filter(|&b| decode && b <= capacity) {
@@ -383,12 +386,19 @@ impl CausalLm for GpuLlama {
         let st = self.run(batch, kv)?;
         let ws = st.ws.as_ref().ok_or_else(no_workspace)?;
         let n = batch.logits_indices.len() * self.cfg.vocab_size;
+        if n == 0 {
+            // Nothing to copy back: the step stays queued (a later step's copy waits for it).
+            return Ok(Vec::new());
+        }
         Ok(self.gpu.download(&ws.logits.slice(..n))?)
     }
 
     fn forward_greedy(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<u32>> {
         let st = self.run(batch, kv)?;
         let ws = st.ws.as_ref().ok_or_else(no_workspace)?;
+        if batch.logits_indices.is_empty() {
+            return Ok(Vec::new());
+        }
         Ok(self.gpu.download(&ws.next.slice(..batch.logits_indices.len()))?)
     }
 

@@ -43,6 +43,7 @@ pub(crate) const SOURCES: &[Source] = sources![
     "prefill_attention",
     "sampling",
     "init",
+    "gemv",
 ];
 
 /// What NVRTC is asked to produce.
