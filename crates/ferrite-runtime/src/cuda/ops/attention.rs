@@ -305,7 +305,7 @@ pub struct DecodePlan {
 }
 
 impl DecodePlan {
-    /// Enough CTAs to keep every SM busy (four per SM), partitions of 64 to
+    /// Enough CTAs to keep every SM busy (four per SM), partitions of 32 to
     /// `MAX_PARTITION` keys within the shared-memory budget. `max_context` bounds every
     /// row's context.
     pub fn new(gpu: &Gpu, rows: usize, p: &AttentionParams, max_context: usize) -> DecodePlan {
@@ -316,7 +316,7 @@ impl DecodePlan {
         let cap = ((DECODE_SHARED_TARGET / 4).saturating_sub(fixed) / (group + 1)) / 32 * 32;
         let ctas = (rows * p.n_kv_heads).max(1);
         let want_splits = (4 * gpu.info().multiprocessors).div_ceil(ctas).max(1);
-        let partition = visible.div_ceil(want_splits).next_multiple_of(32).clamp(64, MAX_PARTITION).min(cap.max(32));
+        let partition = visible.div_ceil(want_splits).next_multiple_of(32).clamp(32, MAX_PARTITION).min(cap.max(32));
         DecodePlan { partition, splits: visible.div_ceil(partition) }
     }
 

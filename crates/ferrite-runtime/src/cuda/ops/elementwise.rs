@@ -137,7 +137,7 @@ pub fn rope(
     let [nh, hd, half_i, st] = [s.n_heads, s.head_dim, half, s.stride].map(|v| v as i32);
     gpu.launch(
         &gpu.fns.rope,
-        cfg((s.tokens as u32, 1, 1), 128, 2 * half * 4),
+        cfg((s.tokens as u32, s.n_heads as u32, 1), half.next_multiple_of(32).min(256) as u32, 0),
         &[&xp, &pp, &fp, &nh, &hd, &half_i, &scaling, &st],
     )
 }
@@ -237,6 +237,6 @@ pub fn linear<O: GemmOutput>(
     let yp = gpu.ptr_mut(y);
     let f = if bf16_out { &gpu.fns.gemv_bf16[m - 1] } else { &gpu.fns.gemv_f32[m - 1] };
     let (n_i, k_i) = (n as i32, k as i32);
-    // 8 warps of 2 output rows each per block (GEMV_WARPS, GEMV_ROWS).
-    gpu.launch(f, cfg((n.div_ceil(16) as u32, 1, 1), 256, 0), &[&xp, &wp, &bp, &yp, &n_i, &k_i])
+    // Blocks of 256 threads (GEMV_THREADS), each computing 4 output features (GEMV_ROWS).
+    gpu.launch(f, cfg((n.div_ceil(4) as u32, 1, 1), 256, 0), &[&xp, &wp, &bp, &yp, &n_i, &k_i])
 }
