@@ -93,8 +93,8 @@ PY
     echo "=== summary (tolerance checks: max abs error, relative L2 error; measurements: medians)"
     table=$(cat "$out"/cuda_*.log "$out"/bench.table 2>/dev/null | grep -h '^TABLE|' | sed 's/^TABLE|//')
     if command -v column >/dev/null; then echo "$table" | column -t -s '|'; else echo "$table" | sed 's/|/   /g'; fi
-    # The logs come back as one archive ($OUT returns at most 8 files).
-    (cd "$out" && tar czf logs.tgz --exclude logs.tgz -- * && find . -maxdepth 1 -type f ! -name logs.tgz -delete)
+    # The logs come back as one archive ($OUT returns at most 8 files); other files there stay.
+    (cd "$out" && tar czf logs.tgz -- cuda_*.log bench* 2>/dev/null && rm -f -- cuda_*.log bench*)
     if [ ${#failed[@]} -gt 0 ]; then
         echo "FAILED: ${failed[*]}"
         exit 1
