@@ -308,7 +308,12 @@ fn cuda_graph_replay_equals_eager() {
 
 /// Run `requests` on one fresh core over `model`; each request's tokens (choice 0), and the
 /// prefix-cache hit tokens.
-fn run_engine(model: &Arc<dyn CausalLm>, cfg: &EngineConfig, requests: &[Vec<u32>], n: usize) -> (Vec<Vec<u32>>, usize) {
+fn run_engine(
+    model: &Arc<dyn CausalLm>,
+    cfg: &EngineConfig,
+    requests: &[Vec<u32>],
+    n: usize,
+) -> (Vec<Vec<u32>>, usize) {
     let mut core = EngineCore::new(model.clone(), None, vec![], cfg).expect("engine core");
     let mut rxs = Vec::new();
     for (i, p) in requests.iter().enumerate() {
@@ -384,9 +389,11 @@ fn cuda_engine_greedy_batched_and_prefix() {
                 random_prompt(&mut rng, n)
             })
             .collect();
-        let alone: Vec<Vec<u32>> = prompts.iter().map(|p| run_engine(&gpu, &cfg, &[p.clone()], 24).0.remove(0)).collect();
+        let alone: Vec<Vec<u32>> =
+            prompts.iter().map(|p| run_engine(&gpu, &cfg, &[p.clone()], 24).0.remove(0)).collect();
         let (batched, _) = run_engine(&gpu, &cfg, &prompts, 24);
-        let same = count_equal_or_tie(cpu.as_ref(), &prompts, &alone, &batched, &format!("GPU batched vs alone {}", v.name));
+        let same =
+            count_equal_or_tie(cpu.as_ref(), &prompts, &alone, &batched, &format!("GPU batched vs alone {}", v.name));
         println!("TABLE|engine GPU batched == alone {}|{same}/{} identical|||", v.name, prompts.len());
         let (on_cpu, _) = run_engine(&cpu, &cfg, &prompts, 24);
         let same = count_equal_or_tie(cpu.as_ref(), &prompts, &on_cpu, &alone, &format!("GPU vs CPU {}", v.name));

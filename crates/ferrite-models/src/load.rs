@@ -85,7 +85,10 @@ pub fn load_on(path: &Path, choice: DeviceChoice) -> Result<LoadedModel> {
 pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64) -> Result<LoadedModel> {
     let t0 = Instant::now();
     let cfg = crate::gpu::synthetic_config(name).ok_or_else(|| {
-        LoadError::Other(format!("unknown synthetic model '{name}' (known: {})", crate::gpu::SYNTHETIC_MODELS.join(", ")))
+        LoadError::Other(format!(
+            "unknown synthetic model '{name}' (known: {})",
+            crate::gpu::SYNTHETIC_MODELS.join(", ")
+        ))
     })?;
     let ordinal = match resolve_device(choice)? {
         Device::Cuda(n) => n,
@@ -166,7 +169,8 @@ fn build(cfg: ModelConfig, src: &ConfigSource, weights: &Weights, target: &Targe
 fn progress_bar(layers: usize) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(layers as u64);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     bar
 }
@@ -178,7 +182,9 @@ fn build_cpu(cfg: ModelConfig, src: &ConfigSource, weights: &Weights) -> Result<
         Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => {
             Arc::new(Llama::load(cfg, weights, &progress)?)
         }
-        Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => Arc::new(Gemma::load(cfg, src, weights, &progress)?),
+        Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => {
+            Arc::new(Gemma::load(cfg, src, weights, &progress)?)
+        }
         Architecture::Gemma4 => Arc::new(Gemma4::load(cfg, src, weights, &progress)?),
     };
     bar.finish_and_clear();
@@ -193,7 +199,8 @@ fn load_hf_dir(dir: &Path, target: &Target) -> Result<LoadedModel> {
     let json = read_json(&cfg_path)?;
     let cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
     let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), GgufLayout::default());
-    let (model, device, device_note) = build(cfg, &ConfigSource::Hf { path: &cfg_path, json: &json }, &weights, target)?;
+    let (model, device, device_note) =
+        build(cfg, &ConfigSource::Hf { path: &cfg_path, json: &json }, &weights, target)?;
     let tok_path = dir.join("tokenizer.json");
     let tokenizer = if tok_path.is_file() { Some(Arc::new(Tokenizer::from_file(&tok_path)?)) } else { None };
     let templates = ModelChatTemplates::from_model_dir(dir).map_err(|e| LoadError::format(dir, e.to_string()))?;
@@ -202,7 +209,8 @@ fn load_hf_dir(dir: &Path, target: &Target) -> Result<LoadedModel> {
         None => None,
     };
     let gen_path = dir.join("generation_config.json");
-    let generation = if gen_path.is_file() { generation_defaults(&read_json(&gen_path)?) } else { GenerationDefaults::default() };
+    let generation =
+        if gen_path.is_file() { generation_defaults(&read_json(&gen_path)?) } else { GenerationDefaults::default() };
     Ok(LoadedModel {
         model,
         tokenizer,
