@@ -203,7 +203,11 @@ fn decode(a: DecodeArgs) -> Result<()> {
         });
         println!("{out}");
     } else {
-        println!("model   {}  ({device}, load {:.0} ms, ready {ready_ms:.0} ms after start)", path.display(), loaded.load_secs * 1e3);
+        println!(
+            "model   {}  ({device}, load {:.0} ms, ready {ready_ms:.0} ms after start)",
+            path.display(),
+            loaded.load_secs * 1e3
+        );
         println!("test          min      median   max   (tok/s, {} reps)", a.reps);
         println!("pp{:<8} {:>8.1} {pmed:>8.1} {:>8.1}", a.prompt_tokens, pp[0], pp[pp.len() - 1]);
         println!("tg{:<8} {:>8.1} {dmed:>8.1} {:>8.1}", a.gen_tokens, tg[0], tg[tg.len() - 1]);

@@ -15,6 +15,7 @@
 //!   only at a near tie of the CPU logits: the GPU's split-K and GEMM summation order depend
 //!   on the batch shape);
 //! - a prefix-cache hit on the GPU gives the tokens of a cold run.
+//!
 //! Every comparison prints a `TABLE|…` row for `scripts/gpu_tests.sh`.
 
 use std::path::Path;
@@ -390,7 +391,7 @@ fn cuda_engine_greedy_batched_and_prefix() {
             })
             .collect();
         let alone: Vec<Vec<u32>> =
-            prompts.iter().map(|p| run_engine(&gpu, &cfg, &[p.clone()], 24).0.remove(0)).collect();
+            prompts.iter().map(|p| run_engine(&gpu, &cfg, std::slice::from_ref(p), 24).0.remove(0)).collect();
         let (batched, _) = run_engine(&gpu, &cfg, &prompts, 24);
         let same =
             count_equal_or_tie(cpu.as_ref(), &prompts, &alone, &batched, &format!("GPU batched vs alone {}", v.name));
@@ -420,7 +421,7 @@ fn cuda_engine_greedy_batched_and_prefix() {
             got.push(t);
         }
         let hits = core.kv_manager().prefix_cache().map_or(0, |c| c.hit_tokens);
-        let cold = run_engine(&gpu, &cfg, &[second.clone()], 16).0.remove(0);
+        let cold = run_engine(&gpu, &cfg, std::slice::from_ref(&second), 16).0.remove(0);
         let what = format!("GPU prefix hit vs cold {}", v.name);
         let same = count_equal_or_tie(cpu.as_ref(), &[second], &[cold], &got[1..], &what);
         println!("TABLE|engine GPU prefix hit == cold {}|{hits} hit tokens|{same}/1 identical||", v.name);
