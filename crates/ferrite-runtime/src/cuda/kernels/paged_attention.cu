@@ -209,19 +209,17 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
         part_ml[2 * at] = ml[2 * h];
         part_ml[2 * at + 1] = ml[2 * h + 1];
     }
-    // The last partition of (row, kv head) to finish merges them all. The flag lives in the
-    // block-id area of shared memory, unused by now (static shared memory would not fit
-    // beside the dynamic opt-in maximum).
-    int* last = blocks;
+    // The last partition of (row, kv head) to finish merges them all.
+    __shared__ int last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
         const int before = atomicAdd(done + row * n_kv_heads + g, 1);
-        *last = before == n_split - 1;
-        if (*last) done[row * n_kv_heads + g] = 0;
+        last = before == n_split - 1;
+        if (last) done[row * n_kv_heads + g] = 0;
     }
     __syncthreads();
-    if (!*last) return;
+    if (!last) return;
     __threadfence();
     for (int idx = threadIdx.x; idx < group * HD; idx += blockDim.x) {
         const int h = idx / HD, d = idx - h * HD;
