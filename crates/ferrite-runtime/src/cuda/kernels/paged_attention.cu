@@ -13,9 +13,8 @@
 // memory latency, not arithmetic), and the partition's block ids are staged in shared memory
 // so a key's address costs no dependent global load.
 // With one partition the row's output is written directly (bf16); otherwise each partition
-// writes its normalized f32 output and (max, sum) to the workspace, counts itself done in
-// `done[row][kv_head]`, and the last partition to finish merges them all (an online softmax
-// over the partitions) and resets the counter to zero for the next launch. Cache layout: [block][kv_head][slot][head_dim] bf16; block tables are int32
+// writes its normalized f32 output and (max, sum) to the workspace and `paged_decode_reduce`
+// merges them. Cache layout: [block][kv_head][slot][head_dim] bf16; block tables are int32
 // [rows][bt_stride]; a negative entry (a released block) reads as zeros.
 
 #define DEC_WARPS 4
@@ -49,8 +48,7 @@ __device__ __forceinline__ void load_bf16<8>(const bf16_t* p, float* f) {
 
 template <int HD>
 __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_stride, float* __restrict__ part_out,
-                                             float* __restrict__ part_ml, int* __restrict__ done,
-                                             const bf16_t* __restrict__ q, int q_stride,
+                                             float* __restrict__ part_ml, const bf16_t* __restrict__ q, int q_stride,
                                              const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
                                              const int* __restrict__ block_tables, int bt_stride,
                                              const int* __restrict__ context_lens, int n_heads, int n_kv_heads,
@@ -203,50 +201,22 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
         }
         __syncthreads();
     }
-    if (n_split <= 1) return;
-    for (int h = threadIdx.x; h < group; h += blockDim.x) {
-        u64 at = ((u64)row * n_heads + head0 + h) * max_splits + split;
-        part_ml[2 * at] = ml[2 * h];
-        part_ml[2 * at + 1] = ml[2 * h + 1];
-    }
-    // The last partition of (row, kv head) to finish merges them all.
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const int before = atomicAdd(done + row * n_kv_heads + g, 1);
-        last = before == n_split - 1;
-        if (last) done[row * n_kv_heads + g] = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int idx = threadIdx.x; idx < group * HD; idx += blockDim.x) {
-        const int h = idx / HD, d = idx - h * HD;
-        const u64 base = ((u64)row * n_heads + head0 + h) * max_splits;
-        float m = -FERRITE_INF, total = 0.f, o = 0.f;
-        for (int sp = 0; sp < n_split; sp++) {
-            // L2 reads (__ldcg): other CTAs wrote these.
-            const float ms = __ldcg(part_ml + 2 * (base + sp)), ls = __ldcg(part_ml + 2 * (base + sp) + 1);
-            const float os = __ldcg(part_out + (base + sp) * HD + d);
-            const float mn = fmaxf(m, ms);
-            const float keep = __expf(m - mn), w = ls * __expf(ms - mn);
-            total = total * keep + w;
-            o = o * keep + w * os;
-            m = mn;
+    if (n_split > 1) {
+        for (int h = threadIdx.x; h < group; h += blockDim.x) {
+            u64 at = ((u64)row * n_heads + head0 + h) * max_splits + split;
+            part_ml[2 * at] = ml[2 * h];
+            part_ml[2 * at + 1] = ml[2 * h + 1];
         }
-        out[(u64)row * out_stride + (head0 + h) * HD + d] = f2bf(o / total);
     }
 }
 
 #define DECODE(HD)                                                                                                  \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS, 4) paged_decode_hd##HD(                               \
-        bf16_t* out, int out_stride, float* part_out, float* part_ml, int* done, const bf16_t* q, int q_stride,    \
+        bf16_t* out, int out_stride, float* part_out, float* part_ml, const bf16_t* q, int q_stride,               \
         const bf16_t* k_cache, const bf16_t* v_cache, const int* block_tables, int bt_stride,                      \
         const int* context_lens, int n_heads, int n_kv_heads, int block_size, float scale, float softcap,          \
         int window, int partition, int max_splits) {                                                                \
-        paged_decode<HD>(out, out_stride, part_out, part_ml, done, q, q_stride, k_cache, v_cache, block_tables,       \
-                         bt_stride,                                                                                 \
+        paged_decode<HD>(out, out_stride, part_out, part_ml, q, q_stride, k_cache, v_cache, block_tables, bt_stride, \
                          context_lens, n_heads, n_kv_heads, block_size, scale, softcap, window, partition,          \
                          max_splits);                                                                               \
     }
@@ -254,3 +224,33 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
 DECODE(64)
 DECODE(128)
 DECODE(256)
+
+// Merge the partitions of each (row, head) in one pass: an online softmax over the
+// partitions' (max, sum) rescales the running output as each partition's normalized output
+// is added. Grid (n_heads, rows), a thread per output dim; rows with one partition were
+// finished by the main kernel.
+extern "C" __global__ void paged_decode_reduce(bf16_t* __restrict__ out, int out_stride,
+                                               const float* __restrict__ part_out, const float* __restrict__ part_ml,
+                                               const int* __restrict__ context_lens, int n_heads, int head_dim,
+                                               int window, int partition, int max_splits) {
+    const int h = blockIdx.x, row = blockIdx.y;
+    const int ctx = context_lens[row];
+    const int lo = window > 0 ? max(0, ctx - window) : 0;
+    const int n_split = (ctx - lo + partition - 1) / partition;
+    if (n_split <= 1) return;
+    const u64 base = ((u64)row * n_heads + h) * max_splits;
+    const float* ml = part_ml + 2 * base;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float m = -FERRITE_INF, total = 0.f, o = 0.f;
+#pragma unroll 4
+        for (int s = 0; s < n_split; s++) {
+            const float ms = ml[2 * s], ls = ml[2 * s + 1], os = part_out[(base + s) * head_dim + d];
+            const float mn = fmaxf(m, ms);
+            const float keep = __expf(m - mn), w = ls * __expf(ms - mn);
+            total = total * keep + w;
+            o = o * keep + w * os;
+            m = mn;
+        }
+        out[(u64)row * out_stride + h * head_dim + d] = f2bf(o / total);
+    }
+}

@@ -327,25 +327,22 @@ impl DecodePlan {
     }
 }
 
-/// Split-K partial results of a decode step (reused across steps and layers), and per
-/// (row, KV head) the count of partitions done (zero between launches: the last partition
-/// resets it).
+/// Split-K partial results of a decode step (reused across steps and layers).
 pub struct DecodeScratch {
     out: CudaSlice<f32>,
     ml: CudaSlice<f32>,
-    done: CudaSlice<i32>,
 }
 
 impl DecodeScratch {
     pub fn new(gpu: &Gpu, rows: usize, n_heads: usize, head_dim: usize, splits: usize) -> CudaResult<DecodeScratch> {
         let n = (rows * n_heads * splits).max(1);
-        Ok(DecodeScratch { out: gpu.alloc(n * head_dim)?, ml: gpu.alloc(2 * n)?, done: gpu.alloc((rows * n_heads).max(1))? })
+        Ok(DecodeScratch { out: gpu.alloc(n * head_dim)?, ml: gpu.alloc(2 * n)? })
     }
 
     /// Whether a decode step of `rows` rows of `n_heads` heads in `splits` splits fits.
     pub fn fits(&self, rows: usize, n_heads: usize, head_dim: usize, splits: usize) -> bool {
         let n = rows * n_heads * splits;
-        self.out.len() >= n * head_dim && self.ml.len() >= 2 * n && self.done.len() >= rows * n_heads
+        self.out.len() >= n * head_dim && self.ml.len() >= 2 * n
     }
 }
 
@@ -397,20 +394,30 @@ pub fn attention(
         if plan.partition == 0 || splits * plan.partition < visible {
             return Err(CudaError::Shape(format!("decode plan {plan:?} does not cover {visible} keys")));
         }
-        if !scratch.fits(meta.rows, p.n_heads, p.head_dim, splits) {
+        if scratch.out.len() < meta.rows * p.n_heads * splits * p.head_dim
+            || scratch.ml.len() < 2 * meta.rows * p.n_heads * splits
+        {
             return Err(CudaError::Shape(format!("decode scratch too small for {} rows x {splits} splits", meta.rows)));
         }
-        let (po, pm, dn) = (gpu.ptr_mut(&mut scratch.out), gpu.ptr_mut(&mut scratch.ml), gpu.ptr_mut(&mut scratch.done));
+        let (po, pm) = (gpu.ptr_mut(&mut scratch.out), gpu.ptr_mut(&mut scratch.ml));
         let (part, ms) = (plan.partition as i32, splits as i32);
         let grid = (p.n_kv_heads as u32, meta.rows as u32, splits as u32);
         gpu.launch(
             &gpu.fns.paged_decode[hd],
             cfg(grid, THREADS, plan.shared_bytes(p, kv.block_size)),
             &[
-                &op, &os, &po, &pm, &dn, &qp, &qs, &kc, &vc, &bt, &bts, &cl, &nh, &nkv, &bs, &p.scale, &softcap,
-                &window, &part, &ms,
+                &op, &os, &po, &pm, &qp, &qs, &kc, &vc, &bt, &bts, &cl, &nh, &nkv, &bs, &p.scale, &softcap, &window,
+                &part, &ms,
             ],
         )?;
+        if splits > 1 {
+            let hd_i = p.head_dim as i32;
+            gpu.launch(
+                &gpu.fns.paged_decode_reduce,
+                cfg((p.n_heads as u32, meta.rows as u32, 1), THREADS, 0),
+                &[&op, &os, &po, &pm, &cl, &nh, &hd_i, &window, &part, &ms],
+            )?;
+        }
         return Ok(());
     }
     let (qsp, tp) = (gpu.ptr(&meta.query_start), gpu.ptr(&meta.tiles));
