@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # The CUDA tests: built on a machine with Rust (no GPU needed), run on one with an NVIDIA GPU.
 #
-#   bash scripts/gpu_tests.sh build   # here: build the ferrite-runtime test binaries and copy
-#                                     # the CUDA ones into .gpu/ (git-ignored)
+#   bash scripts/gpu_tests.sh build   # here: build the CUDA test binaries (ferrite-runtime ops,
+#                                     # ferrite-engine's cuda_model) and the ferrite binary, and
+#                                     # copy them into .gpu/ (git-ignored)
 #   bash scripts/gpu_tests.sh run     # there: run .gpu/cuda_* with FERRITE_TEST_CUDA=1 (CUDA op
-#                                     # tests against the CPU ops, then the ceiling and baseline
-#                                     # measurements), logs under $OUT (or /tmp), table last
+#                                     # tests against the CPU ops, the model against the CPU
+#                                     # model and the engine invariants on the GPU, then the
+#                                     # ceiling and baseline measurements), logs under $OUT (or
+#                                     # /tmp), table last
+#   bash scripts/gpu_tests.sh bench   # there: `ferrite bench` on synthetic models (decode at
+#                                     # B=1, 2,048-token prefill, throughput, start-up), table last
+#   bash scripts/gpu_tests.sh all     # there: run, then bench
 #
 # The binaries load the driver, NVRTC and cuBLASLt at run time; the first one to open the
 # device compiles the kernels into a fresh $FERRITE_HOME/kernels, the later ones read them.
@@ -17,7 +23,10 @@ build)
     set -e
     log=$(mktemp)
     cargo test --release -p ferrite-runtime --no-run 2>&1 | tee "$log"
+    cargo test --release -p ferrite-engine --test cuda_model --no-run 2>&1 | tee -a "$log"
+    cargo build --release --bin ferrite
     rm -rf .gpu && mkdir -p .gpu
+    cp target/release/ferrite .gpu/ferrite
     # "Executable tests/cuda_ops.rs (target/release/deps/cuda_ops-0123abcd)"
     sed -n 's/.*Executable tests\/\(cuda_[a-z_]*\)\.rs (\(.*\))$/\1 \2/p' "$log" | while read -r name path; do
         cp "$path" ".gpu/$name"
@@ -25,7 +34,7 @@ build)
     rm -f "$log"
     ls -l .gpu
     ;;
-run)
+run | bench | all)
     out=${OUT:-/tmp/ferrite-gpu}
     mkdir -p "$out"
     export FERRITE_TEST_CUDA=1
@@ -35,22 +44,57 @@ run)
     done
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
     failed=()
+    tests=(cuda_ops cuda_attention cuda_sampling cuda_model cuda_ceiling)
+    [ "$1" = bench ] && tests=()
     # Correctness first; the measurements last, on a warm device.
-    for name in cuda_ops cuda_attention cuda_sampling cuda_ceiling; do
+    for name in "${tests[@]}"; do
         [ -x ".gpu/$name" ] || { echo "missing .gpu/$name: run 'scripts/gpu_tests.sh build' first"; failed+=("$name"); continue; }
         echo "=== $name"
         start=$(date +%s%N)
-        ".gpu/$name" --test-threads=1 --nocapture > "$out/$name.log" 2>&1
+        timeout 240 ".gpu/$name" --test-threads=1 --nocapture > "$out/$name.log" 2>&1
         rc=$?
         grep -E '^(test |SKIP|FAIL|.*: seed [0-9]+)' "$out/$name.log" | head -60
         grep -A2 'panicked at' "$out/$name.log" | head -12
         echo "$name: exit $rc in $(( ($(date +%s%N) - start) / 1000000 )) ms"
         [ "$rc" -eq 0 ] || failed+=("$name")
     done
+    if [ "$1" != run ]; then
+        # Each bench prints one JSON line; the table keeps the headline numbers.
+        bench() {
+            local label=$1
+            shift
+            echo "=== bench $label: ferrite $*"
+            if timeout 150 .gpu/ferrite "$@" --json > "$out/bench_$label.json" 2> "$out/bench_$label.err"; then
+                python3 - "$label" "$out/bench_$label.json" >> "$out/bench.table" <<'PY'
+import json, sys
+label, path = sys.argv[1], sys.argv[2]
+r = json.loads(open(path).read().strip().splitlines()[-1])
+keys = ["prompt_tok_s", "decode_tok_s", "output_tok_s", "total_tok_s", "tpot_ms_p50", "ttft_ms_p50", "load_ms", "ready_ms"]
+print("TABLE|bench " + label + "|" + "|".join(f"{k} {r[k]:.1f}" for k in keys if k in r))
+PY
+                cat "$out/bench_$label.json"
+            else
+                tail -5 "$out/bench_$label.err"
+                failed+=("bench $label")
+            fi
+        }
+        s8=(--synthetic llama-3.1-8b --dtype bf16)
+        s1=(--synthetic llama-3.2-1b --dtype bf16)
+        # The first start compiles the kernels into $FERRITE_HOME; every later one reads them.
+        bench decode-8b bench decode "${s8[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
+        bench decode-1b bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
+        bench prefill-8b bench decode "${s8[@]}" --prompt-tokens 2048 --gen-tokens 2 --reps 3
+        bench throughput-8b bench throughput "${s8[@]}" --num-requests 768 --input-len 128 --output-len 128 \
+            --concurrency 256 --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 512
+        bench decode-qwen bench decode --synthetic qwen2.5-1.5b --prompt-tokens 512 --gen-tokens 64 --reps 2
+        bench decode-smollm bench decode --synthetic smollm2-135m --prompt-tokens 512 --gen-tokens 64 --reps 2
+    fi
     echo
     echo "=== summary (tolerance checks: max abs error, relative L2 error; measurements: medians)"
-    table=$(grep -h '^TABLE|' "$out"/cuda_*.log | sed 's/^TABLE|//')
+    table=$(cat "$out"/cuda_*.log "$out"/bench.table 2>/dev/null | grep -h '^TABLE|' | sed 's/^TABLE|//')
     if command -v column >/dev/null; then echo "$table" | column -t -s '|'; else echo "$table" | sed 's/|/   /g'; fi
+    # The logs come back as one archive ($OUT returns at most 8 files); other files there stay.
+    (cd "$out" && tar czf logs.tgz -- cuda_*.log bench* 2>/dev/null && rm -f -- cuda_*.log bench*)
     if [ ${#failed[@]} -gt 0 ]; then
         echo "FAILED: ${failed[*]}"
         exit 1
@@ -58,7 +102,7 @@ run)
     echo "all CUDA tests passed"
     ;;
 *)
-    echo "usage: $0 build|run" >&2
+    echo "usage: $0 build|run|bench|all" >&2
     exit 2
     ;;
 esac

@@ -198,6 +198,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
         ..EngineArgs::default()
     };
     let engine = engine_args.start(&loaded, &path)?;
+    let ready_ms = crate::STARTED.get().map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
+    let device = crate::session::device_report(&loaded, threads);
     let (mut pp, mut tg, mut generated) = (Vec::new(), Vec::new(), 0);
     // One warm-up run (pages in the weights), then the measured repetitions.
     for rep in 0..=a.reps {
@@ -218,19 +220,23 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let (pmed, dmed) = (pct(&pp, 0.5), pct(&tg, 0.5));
     if a.json {
         let out = json!({
-            "model": path.display().to_string(), "threads": threads,
+            "model": path.display().to_string(), "threads": threads, "device": device,
             "prompt_tokens": prompt_tokens, "gen_tokens": generated, "reps": a.reps,
             "spec": a.spec.spec, "draft_model": a.spec.draft_model, "num_draft_tokens": a.spec.num_draft_tokens,
             "fill": format!("{:?}", a.spec.fill).to_lowercase(),
             "acceptance": acceptance, "proposed_tokens": proposed, "accepted_tokens": accepted,
             "forward_passes_per_run": steps, "draft_forwards": m.draft_forwards.load(Ordering::Relaxed),
-            "load_ms": loaded.load_secs * 1e3,
+            "load_ms": loaded.load_secs * 1e3, "ready_ms": ready_ms,
             "prompt_tok_s": pmed, "prompt_tok_s_min": pp[0], "prompt_tok_s_max": pp[pp.len() - 1],
             "decode_tok_s": dmed, "decode_tok_s_min": tg[0], "decode_tok_s_max": tg[tg.len() - 1],
         });
         println!("{out}");
     } else {
-        println!("model   {}  ({threads} threads, load {:.0} ms)", path.display(), loaded.load_secs * 1e3);
+        println!(
+            "model   {}  ({device}, load {:.0} ms, ready {ready_ms:.0} ms after start)",
+            path.display(),
+            loaded.load_secs * 1e3
+        );
         println!("test          min      median   max   (tok/s, {} reps)", a.reps);
         println!("pp{:<8} {:>8.1} {pmed:>8.1} {:>8.1}", prompt_tokens, pp[0], pp[pp.len() - 1]);
         println!("tg{:<8} {:>8.1} {dmed:>8.1} {:>8.1}", generated, tg[0], tg[tg.len() - 1]);
@@ -274,6 +280,7 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
     let mut engine_args = a.engine.clone();
     engine_args.max_num_seqs = engine_args.max_num_seqs.max(a.concurrency);
     let engine = Arc::new(engine_args.start(&loaded, &path)?);
+    let device = crate::session::device_report(&loaded, threads);
     let next = Arc::new(AtomicUsize::new(0));
     let results = Arc::new(Mutex::new(Vec::new()));
     let t0 = Instant::now();
@@ -303,7 +310,7 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
     tpot.sort_by(f64::total_cmp);
     let m = engine.metrics();
     let out = json!({
-        "model": path.display().to_string(), "threads": threads,
+        "model": path.display().to_string(), "threads": threads, "device": device,
         "num_requests": a.num_requests, "input_len": a.input_len, "output_len": a.output_len,
         "concurrency": a.concurrency, "duration_s": wall,
         "output_tok_s": out_tokens as f64 / wall, "total_tok_s": (in_tokens + out_tokens) as f64 / wall,
@@ -316,20 +323,8 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
     if a.json {
         println!("{out}");
     } else {
-        println!(
-            "model {} ({threads} threads), {} requests of {} in / {} out at concurrency {}",
-            path.display(),
-            a.num_requests,
-            a.input_len,
-            a.output_len,
-            a.concurrency
-        );
-        println!(
-            "output {:.1} tok/s, total {:.1} tok/s, {:.2} req/s over {wall:.1} s",
-            out["output_tok_s"].as_f64().unwrap_or(0.0),
-            out["total_tok_s"].as_f64().unwrap_or(0.0),
-            out["request_s"].as_f64().unwrap_or(0.0)
-        );
+        println!("model {} ({device}), {} requests of {} in / {} out at concurrency {}", path.display(), a.num_requests, a.input_len, a.output_len, a.concurrency);
+        println!("output {:.1} tok/s, total {:.1} tok/s, {:.2} req/s over {wall:.1} s", out["output_tok_s"].as_f64().unwrap_or(0.0), out["total_tok_s"].as_f64().unwrap_or(0.0), out["request_s"].as_f64().unwrap_or(0.0));
         println!("TTFT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&ttft, 0.5), pct(&ttft, 0.9), pct(&ttft, 0.99));
         println!("TPOT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&tpot, 0.5), pct(&tpot, 0.9), pct(&tpot, 0.99));
     }

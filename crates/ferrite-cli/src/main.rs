@@ -41,7 +41,11 @@ enum Command {
     },
 }
 
+/// When the process started (for start-up times).
+pub(crate) static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
 fn main() {
+    STARTED.get_or_init(std::time::Instant::now);
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::serve(args),

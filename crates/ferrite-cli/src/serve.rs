@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use ferrite_runtime::cuda::Device;
 use ferrite_server::{App, ModelInfo, ServerConfig, Shutdown};
 
 use crate::session::{EngineArgs, ModelArgs};
@@ -58,7 +59,9 @@ fn model_names(arg: &str, path: &Path, served: Option<&str>) -> (String, Vec<Str
 pub fn serve(args: ServeArgs) -> Result<()> {
     let (loaded, path, threads) = args.model.load()?;
     let mut engine_args = args.engine.clone();
-    engine_args.kv_cache_memory.get_or_insert(DEFAULT_KV_BYTES);
+    if loaded.device == Device::Cpu {
+        engine_args.kv_cache_memory.get_or_insert(DEFAULT_KV_BYTES);
+    }
     let mut engine = engine_args.start(&loaded, &path)?;
     let kv_tokens = engine.limits().kv_capacity_tokens;
     if engine_args.max_model_len.is_none() && kv_tokens < engine.limits().max_model_len {
@@ -69,13 +72,14 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     }
     let limits = engine.limits().clone();
     eprintln!(
-        "loaded {} in {:.0} ms on {threads} threads; context {} tokens, KV cache {} tokens",
+        "loaded {} in {:.0} ms on {}; context {} tokens, KV cache {} tokens",
         path.display(),
         loaded.load_secs * 1e3,
+        crate::session::device_report(&loaded, threads),
         limits.max_model_len,
         limits.kv_capacity_tokens
     );
-    let (name, aliases) = model_names(&args.model.model, &path, args.served_model_name.as_deref());
+    let (name, aliases) = model_names(args.model.name(), &path, args.served_model_name.as_deref());
     let config = ServerConfig {
         api_key: args.api_key.clone(),
         max_queue: Some(args.max_queue),

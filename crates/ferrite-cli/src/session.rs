@@ -12,24 +12,52 @@ use ferrite_engine::{Engine, EngineConfig, FillMode, Request, RequestParams, Sam
 use ferrite_models::chat_template::ChatRenderRequest;
 use ferrite_models::tokenizer::Tokenizer;
 use ferrite_models::LoadedModel;
+use ferrite_runtime::cuda::{Device, DeviceChoice};
 use serde_json::Value;
 
 #[derive(Args, Clone)]
 pub struct ModelArgs {
     /// A model path (HF directory or .gguf) or a name: smollm2, gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b
-    pub model: String,
+    #[arg(required_unless_present = "synthetic")]
+    pub model: Option<String>,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Where the model runs: auto (a CUDA GPU when present), cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceChoice,
+    /// Instead of a model file, a model of a real shape with random weights generated on the
+    /// GPU (for benchmarks; no tokenizer): llama-3.1-8b, llama-3.2-1b, qwen2.5-1.5b, smollm2-135m.
+    #[arg(long, conflicts_with = "model")]
+    pub synthetic: Option<String>,
+    /// Weight dtype of a synthetic model (bf16).
+    #[arg(long, default_value = "bf16", requires = "synthetic")]
+    pub dtype: String,
+    /// Seed of a synthetic model's weights.
+    #[arg(long, default_value_t = 0, requires = "synthetic")]
+    pub weight_seed: u64,
 }
 
 impl ModelArgs {
-    /// Size the thread pool, resolve the model and load it: (model, its path, threads).
+    /// Size the thread pool, resolve the model and load it: (model, its path, threads). A
+    /// synthetic model's path is `synthetic:NAME`.
     pub fn load(&self) -> Result<(LoadedModel, std::path::PathBuf, usize)> {
         let threads = ferrite_runtime::threads::init(self.threads)?;
-        let path = crate::model_arg::resolve(&self.model)?;
-        let loaded = ferrite_models::load(&path)?;
+        if let Some(name) = &self.synthetic {
+            if self.dtype != "bf16" {
+                bail!("synthetic models are bf16 for now (got --dtype {})", self.dtype);
+            }
+            let loaded = ferrite_models::synthetic(name, self.device, self.weight_seed)?;
+            return Ok((loaded, format!("synthetic:{name}").into(), threads));
+        }
+        let path = crate::model_arg::resolve(self.name())?;
+        let loaded = ferrite_models::load_on(&path, self.device)?;
         Ok((loaded, path, threads))
+    }
+
+    /// The MODEL argument as given (or `synthetic:NAME`).
+    pub fn name(&self) -> &str {
+        self.model.as_deref().or(self.synthetic.as_deref()).unwrap_or_default()
     }
 }
 
@@ -55,6 +83,10 @@ pub struct EngineArgs {
     /// Turn the prefix cache off.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Fraction of the GPU's free memory, after weights and workspaces, the KV cache takes
+    /// (when --kv-cache-memory is not given).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f32,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
@@ -95,7 +127,9 @@ impl SpecArgs {
             (Some(name), _) => {
                 let path = crate::model_arg::resolve(name)?;
                 let opts = ferrite_models::LoadOptions { max_layers: self.draft_layers };
-                let draft = ferrite_models::load_with(&path, &opts).with_context(|| format!("draft model {name}"))?;
+                // The draft runs on the CPU (speculation on the GPU path is not built yet).
+                let draft = ferrite_models::load_with(&path, ferrite_runtime::cuda::DeviceChoice::Cpu, &opts)
+                    .with_context(|| format!("draft model {name}"))?;
                 Speculation::Draft(draft.model)
             }
             (None, "ngram") => Speculation::Ngram,
@@ -122,6 +156,7 @@ impl Default for EngineArgs {
             kv_cache_memory: None,
             block_size: d.block_size,
             no_prefix_cache: false,
+            gpu_memory_utilization: d.gpu_memory_utilization,
             spec: SpecArgs::default(),
         }
     }
@@ -135,6 +170,7 @@ impl EngineArgs {
             max_model_len: self.max_model_len,
             block_size: self.block_size,
             kv_cache_memory: self.kv_cache_memory,
+            gpu_memory_utilization: self.gpu_memory_utilization,
             prefix_cache: !self.no_prefix_cache,
             namespace: model_namespace(path),
             num_draft_tokens: self.spec.num_draft_tokens,
@@ -198,11 +234,12 @@ impl Session {
         };
         let engine = engine_args.start(&loaded, &path)?;
         eprintln!(
-            "loaded {} ({} layers, {:.0} MB of weights) in {:.0} ms on {threads} threads",
+            "loaded {} ({} layers, {:.0} MB of weights) in {:.0} ms on {}",
             path.display(),
             cfg.num_layers,
             loaded.weight_bytes as f64 / 1e6,
-            loaded.load_secs * 1e3
+            loaded.load_secs * 1e3,
+            device_report(&loaded, threads)
         );
         Ok(Session { loaded, engine })
     }
@@ -279,6 +316,14 @@ impl Session {
             }
         }
         bail!("stdout closed")
+    }
+}
+
+/// Where a loaded model runs, for the load line: the GPU and its kernels, or the CPU threads.
+pub fn device_report(loaded: &LoadedModel, threads: usize) -> String {
+    match loaded.device {
+        Device::Cpu => format!("{threads} threads"),
+        Device::Cuda(_) => loaded.device_note.clone(),
     }
 }
 

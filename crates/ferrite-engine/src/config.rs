@@ -21,8 +21,12 @@ pub struct EngineConfig {
     pub max_model_len: Option<usize>,
     /// Positions per KV block.
     pub block_size: usize,
-    /// KV cache bytes (`--kv-cache-memory`); default `max_model_len × max_num_seqs` positions.
+    /// KV cache bytes (`--kv-cache-memory`); default: this fraction of the free memory of a
+    /// model that keeps its KV on a device, else `max_model_len × max_num_seqs` positions.
     pub kv_cache_memory: Option<usize>,
+    /// Fraction of the device's free memory (after weights and workspaces) the KV cache of a
+    /// device model takes (`--gpu-memory-utilization`).
+    pub gpu_memory_utilization: f32,
     pub prefix_cache: bool,
     /// Prefix-cache namespace: model fingerprint, KV scheme and adapter set, hashed.
     pub namespace: u64,
@@ -65,6 +69,7 @@ impl Default for EngineConfig {
             max_model_len: None,
             block_size: 16,
             kv_cache_memory: None,
+            gpu_memory_utilization: 0.9,
             prefix_cache: true,
             namespace: 0,
             speculation: Speculation::Off,
@@ -76,12 +81,24 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
-    /// Blocks per KV group for `layout`.
-    pub fn group_blocks(&self, layout: &KvLayout, max_model_len: usize) -> Result<Vec<usize>, EngineError> {
-        let per_block: usize = layout.block_bytes(self.block_size).iter().sum();
-        let blocks = match self.kv_cache_memory {
-            Some(bytes) => bytes / per_block.max(1),
-            None => (max_model_len * self.max_num_seqs).div_ceil(self.block_size),
+    /// Blocks per KV group for `layout`, whose blocks take `block_bytes` per group; `free`
+    /// is the free memory of a device that holds the cache (None: host memory).
+    pub fn group_blocks(
+        &self,
+        layout: &KvLayout,
+        block_bytes: &[usize],
+        free: Option<usize>,
+        max_model_len: usize,
+    ) -> Result<Vec<usize>, EngineError> {
+        let per_block: usize = block_bytes.iter().sum();
+        let u = self.gpu_memory_utilization;
+        if !(u > 0.0 && u <= 1.0) {
+            return Err(EngineError::Config(format!("--gpu-memory-utilization must be in (0, 1], got {u}")));
+        }
+        let blocks = match (self.kv_cache_memory, free) {
+            (Some(bytes), _) => bytes / per_block.max(1),
+            (None, Some(free)) => (free as f64 * u as f64) as usize / per_block.max(1),
+            (None, None) => (max_model_len * self.max_num_seqs).div_ceil(self.block_size),
         };
         if blocks == 0 {
             return Err(EngineError::Config(format!(

@@ -10,7 +10,7 @@ mod propose;
 
 use std::sync::Arc;
 
-use ferrite_models::model::CausalLm;
+use ferrite_models::model::{CausalLm, StepLimits};
 use ferrite_models::tokenizer::{IncrementalDecoder, Tokenizer};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::{ForwardBatch, KvCache};
@@ -63,8 +63,15 @@ impl EngineCore {
             return Err(EngineError::Config("block size, batch tokens and batch rows must be at least 1".into()));
         }
         let layout = model.kv_layout();
-        let group_blocks = cfg.group_blocks(&layout, max_model_len)?;
-        let kv = KvCache::new(&layout, &group_blocks, cfg.block_size)?;
+        model.prepare(&StepLimits {
+            max_tokens: cfg.max_num_batched_tokens,
+            max_rows: cfg.max_num_seqs,
+            max_model_len,
+            block_size: cfg.block_size,
+        })?;
+        let block_bytes = model.kv_block_bytes(cfg.block_size);
+        let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_model_len)?;
+        let kv = model.new_kv_cache(&group_blocks, cfg.block_size)?;
         let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, cfg.prefix_cache.then_some(cfg.namespace));
         let limits = Limits {
             max_model_len,
@@ -226,9 +233,19 @@ impl EngineCore {
         self.metrics.add_batch(batch.num_tokens());
         // On a pool worker: each op's parallel loop then forks within the pool instead of
         // waking it from outside (see `threads::run`).
+        // When every row takes the plain argmax of one logits row, the model may pick the
+        // tokens itself (on its device) and hand back only the ids.
+        let greedy = plan.iter().all(|(idx, _, n, proposal)| *n == 0 || (proposal.is_none() && self.plain_greedy(*idx)));
         let (model, kv) = (&self.model, &mut self.kv);
-        let logits = match ferrite_runtime::threads::run(|| model.forward(&batch, kv)) {
-            Ok(l) => l,
+        let picked = ferrite_runtime::threads::run(|| {
+            if greedy {
+                model.forward_greedy(&batch, kv).map(Picks::Tokens)
+            } else {
+                model.forward(&batch, kv).map(Picks::Logits)
+            }
+        });
+        let picks = match picked {
+            Ok(p) => p,
             Err(e) => return Err(self.fail_rows(&rows, e.into())),
         };
         let vocab = self.limits.vocab_size;
@@ -243,13 +260,16 @@ impl EngineCore {
                 self.kvm.after_step(&mut s.kv, &s.tokens, s.num_computed);
                 continue;
             }
-            let rows_logits = &logits[offset * vocab..(offset + n_logits) * vocab];
+            let pick = match &picks {
+                Picks::Logits(logits) => Pick::Logits(&logits[offset * vocab..(offset + n_logits) * vocab]),
+                Picks::Tokens(ids) => Pick::Token(ids[offset]),
+            };
             offset += n_logits;
             if s.pending_children > 0 {
                 self.kvm.after_step(&mut s.kv, &s.tokens, s.num_computed);
                 children.extend(self.fork(idx));
             }
-            match self.decide(idx, rows_logits, proposal) {
+            match self.decide(idx, pick, proposal) {
                 Emitted::Running => {}
                 Emitted::Finished => done.push(idx),
                 Emitted::Disconnected => disconnected.push(self.sched.running[idx].request),
@@ -328,6 +348,27 @@ impl EngineCore {
         }
         out
     }
+
+    /// Whether `running[idx]` takes the argmax of the raw logits this step: greedy, no
+    /// penalty, bias or banned token, no logprobs.
+    fn plain_greedy(&self, idx: usize) -> bool {
+        let seq = &self.sched.running[idx];
+        let (p, sp) = (&seq.params, &seq.params.sampling);
+        let bans = seq.generated() < p.min_tokens && !(self.eos.is_empty() && p.stop_token_ids.is_empty());
+        sp.is_greedy() && !sp.has_penalties() && sp.logit_bias.is_empty() && !bans && p.logprobs.is_none()
+    }
+}
+
+/// What a step's forward pass returned for the rows it sampled.
+enum Picks {
+    Logits(Vec<f32>),
+    Tokens(Vec<u32>),
+}
+
+/// One row's part of `Picks`.
+enum Pick<'a> {
+    Logits(&'a [f32]),
+    Token(u32),
 }
 
 /// What became of a sequence after its tokens were decided.

@@ -226,7 +226,7 @@ impl Attention {
         }
         self.rope.apply(&mut q, batch, p.n_heads, p.head_dim);
         let block_size = kv.block_size();
-        let layer = kv.layer_mut(self.kv_index);
+        let layer = kv.layer_mut(self.kv_index)?;
         if let Some(KvProjection { k, v, k_norm, v_norm }) = &self.kv {
             let mut keys = k.forward(h, t)?;
             let mut values = match v {
@@ -291,6 +291,10 @@ impl LmHead {
     pub fn logits(&self, x: &[f32], batch: &ForwardBatch) -> RtResult<Vec<f32>> {
         let d = self.w.row_len();
         let n = batch.logits_indices.len();
+        if n == 0 {
+            // A prefill chunk that ends no prompt.
+            return Ok(Vec::new());
+        }
         let mut picked = Vec::with_capacity(n * d);
         for &idx in &batch.logits_indices {
             picked.extend_from_slice(&x[idx * d..(idx + 1) * d]);

@@ -33,3 +33,9 @@ impl From<ferrite_runtime::RuntimeError> for LoadError {
 }
 
 pub type Result<T> = std::result::Result<T, LoadError>;
+
+impl From<ferrite_runtime::cuda::CudaError> for LoadError {
+    fn from(e: ferrite_runtime::cuda::CudaError) -> Self {
+        LoadError::Other(e.to_string())
+    }
+}

@@ -11,6 +11,7 @@ pub mod error;
 pub mod gemma;
 pub mod gemma4;
 pub mod gguf;
+pub mod gpu;
 pub mod llama;
 pub mod load;
 pub mod model;
@@ -23,4 +24,4 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use error::{LoadError, Result};
-pub use load::{load, load_with, LoadOptions, LoadedModel};
+pub use load::{load, load_on, load_with, synthetic, LoadOptions, LoadedModel};

@@ -1,5 +1,6 @@
 //! `load`: from a path (HF model directory or `.gguf` file) to a ready model with its
-//! tokenizer, chat template and generation defaults.
+//! tokenizer, chat template and generation defaults, on the CPU or a CUDA device; and
+//! `synthetic`: a model of a named real shape with random weights made on the device.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use crate::model::CausalLm;
 use crate::safetensors::SafetensorsDir;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{GgufLayout, WeightSource, Weights};
+use ferrite_runtime::cuda::{resolve_device, Device, DeviceChoice, Gpu};
 
 /// Sampling defaults a model ships in `generation_config.json`.
 #[derive(Debug, Clone, Default)]
@@ -33,9 +35,13 @@ pub struct LoadedModel {
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub chat_template: Option<ChatTemplate>,
     pub generation: GenerationDefaults,
-    /// Bytes of the weight files (mapped, not copied).
+    /// Bytes of the weight files (mapped, not copied), or of the weights on the device.
     pub weight_bytes: usize,
     pub load_secs: f64,
+    /// Where the model runs.
+    pub device: Device,
+    /// How the device was set up (its name and how the kernels were obtained), for reports.
+    pub device_note: String,
 }
 
 impl LoadedModel {
@@ -75,16 +81,26 @@ impl LoadOptions {
     }
 }
 
+/// Load the model at `path` on the CPU.
 pub fn load(path: &Path) -> Result<LoadedModel> {
-    load_with(path, &LoadOptions::default())
+    load_with(path, DeviceChoice::Cpu, &LoadOptions::default())
 }
 
-pub fn load_with(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+/// Load the model at `path` on the device `choice` names. `auto` takes CUDA device 0 when
+/// there is one and the architecture has a CUDA path, the CPU otherwise (saying why on
+/// stderr when a GPU was there); an explicit `cuda` that cannot run the model is an error.
+pub fn load_on(path: &Path, choice: DeviceChoice) -> Result<LoadedModel> {
+    load_with(path, choice, &LoadOptions::default())
+}
+
+/// `load_on` with `opts`.
+pub fn load_with(path: &Path, choice: DeviceChoice, opts: &LoadOptions) -> Result<LoadedModel> {
     let t0 = Instant::now();
+    let target = Target::resolve(choice)?;
     let mut loaded = if path.is_dir() {
-        load_hf_dir(path, opts)?
+        load_hf_dir(path, &target, opts)?
     } else if path.is_file() {
-        load_gguf(path, opts)?
+        load_gguf(path, &target, opts)?
     } else {
         return Err(LoadError::format(path, "no such model directory or .gguf file"));
     };
@@ -92,18 +108,103 @@ pub fn load_with(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     Ok(loaded)
 }
 
+/// A synthetic model (`gpu::SYNTHETIC_MODELS`) with random bf16 weights generated on the CUDA
+/// device from `seed`; no tokenizer.
+pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64) -> Result<LoadedModel> {
+    let t0 = Instant::now();
+    let cfg = crate::gpu::synthetic_config(name).ok_or_else(|| {
+        LoadError::Other(format!(
+            "unknown synthetic model '{name}' (known: {})",
+            crate::gpu::SYNTHETIC_MODELS.join(", ")
+        ))
+    })?;
+    let ordinal = match resolve_device(choice)? {
+        Device::Cuda(n) => n,
+        Device::Cpu => {
+            return Err(LoadError::Other(
+                "synthetic models are generated on a CUDA device, and none is available".into(),
+            ))
+        }
+    };
+    let (gpu, device_note) = open_gpu(ordinal)?;
+    let weights = crate::gpu::LlamaWeights::random(&cfg, &gpu, seed)?;
+    let weight_bytes = weights.bytes;
+    let model = Arc::new(crate::gpu::GpuLlama::new(cfg, weights, gpu)?);
+    Ok(LoadedModel {
+        model,
+        tokenizer: None,
+        chat_template: None,
+        generation: GenerationDefaults::default(),
+        weight_bytes,
+        load_secs: t0.elapsed().as_secs_f64(),
+        device: Device::Cuda(ordinal),
+        device_note,
+    })
+}
+
+/// Open CUDA device `ordinal`: the device and a note saying what it is and how its kernels
+/// were obtained.
+fn open_gpu(ordinal: usize) -> Result<(Arc<Gpu>, String)> {
+    let gpu = Gpu::new(ordinal)?;
+    let (info, r) = (gpu.info(), gpu.compile_report());
+    let note = format!(
+        "cuda:{ordinal} {} ({} kernel modules compiled, {} cached, {:.2} s, {})",
+        info.name, r.compiled, r.cached, r.seconds, r.arch
+    );
+    Ok((Arc::new(gpu), note))
+}
+
+/// The device a load was asked for, resolved.
+struct Target {
+    choice: DeviceChoice,
+    device: Device,
+}
+
+impl Target {
+    fn resolve(choice: DeviceChoice) -> Result<Target> {
+        Ok(Target { choice, device: resolve_device(choice)? })
+    }
+}
+
 fn read_json(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path).map_err(|e| LoadError::io(path, e))?;
     serde_json::from_str(&text).map_err(|e| LoadError::format(path, format!("invalid JSON: {e}")))
 }
 
-/// The architecture's module builds the model (`config::ARCHITECTURES` names them).
-fn build(cfg: ModelConfig, src: &ConfigSource, weights: &Weights) -> Result<Arc<dyn CausalLm>> {
-    let bar = indicatif::ProgressBar::new(cfg.num_layers as u64);
+/// The model on its device, the device and its note.
+type Built = (Arc<dyn CausalLm>, Device, String);
+
+/// The architecture's module builds the model (`config::ARCHITECTURES` names them), on the
+/// CUDA device when `target` resolved to one and the architecture has a CUDA path.
+fn build(cfg: ModelConfig, src: &ConfigSource, weights: &Weights, target: &Target) -> Result<Built> {
+    if let Device::Cuda(ordinal) = target.device {
+        match crate::gpu::unsupported(&cfg) {
+            None => {
+                let (gpu, note) = open_gpu(ordinal)?;
+                let bar = progress_bar(cfg.num_layers);
+                let w = crate::gpu::LlamaWeights::upload(&cfg, weights, &gpu, &|n| bar.set_position(n as u64))?;
+                bar.finish_and_clear();
+                let model = Arc::new(crate::gpu::GpuLlama::new(cfg, w, gpu)?);
+                return Ok((model, target.device, note));
+            }
+            Some(why) if target.choice == DeviceChoice::Auto => eprintln!("note: {why}; running on the CPU"),
+            Some(why) => return Err(LoadError::Other(format!("cannot run this model on cuda:{ordinal}: {why}"))),
+        }
+    }
+    Ok((build_cpu(cfg, src, weights)?, Device::Cpu, "cpu".into()))
+}
+
+fn progress_bar(layers: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(layers as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    bar
+}
+
+fn build_cpu(cfg: ModelConfig, src: &ConfigSource, weights: &Weights) -> Result<Arc<dyn CausalLm>> {
+    let bar = progress_bar(cfg.num_layers);
     let progress = |n: usize| bar.set_position(n as u64);
     let model: Arc<dyn CausalLm> = match cfg.arch {
         Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => {
@@ -118,7 +219,7 @@ fn build(cfg: ModelConfig, src: &ConfigSource, weights: &Weights) -> Result<Arc<
     Ok(model)
 }
 
-fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+fn load_hf_dir(dir: &Path, target: &Target, opts: &LoadOptions) -> Result<LoadedModel> {
     let cfg_path = dir.join("config.json");
     if !cfg_path.is_file() {
         return Err(LoadError::format(dir, "not a model directory: config.json is missing"));
@@ -127,7 +228,8 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let mut cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
     opts.apply(dir, &mut cfg)?;
     let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), GgufLayout::default());
-    let model = build(cfg, &ConfigSource::Hf { path: &cfg_path, json: &json }, &weights)?;
+    let (model, device, device_note) =
+        build(cfg, &ConfigSource::Hf { path: &cfg_path, json: &json }, &weights, target)?;
     let tok_path = dir.join("tokenizer.json");
     let tokenizer = if tok_path.is_file() { Some(Arc::new(Tokenizer::from_file(&tok_path)?)) } else { None };
     let templates = ModelChatTemplates::from_model_dir(dir).map_err(|e| LoadError::format(dir, e.to_string()))?;
@@ -138,7 +240,16 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let gen_path = dir.join("generation_config.json");
     let generation =
         if gen_path.is_file() { generation_defaults(&read_json(&gen_path)?) } else { GenerationDefaults::default() };
-    Ok(LoadedModel { model, tokenizer, chat_template, generation, weight_bytes: weights.file_bytes(), load_secs: 0.0 })
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        chat_template,
+        generation,
+        weight_bytes: weights.file_bytes(),
+        load_secs: 0.0,
+        device,
+        device_note,
+    })
 }
 
 fn generation_defaults(v: &Value) -> GenerationDefaults {
@@ -156,7 +267,7 @@ fn generation_defaults(v: &Value) -> GenerationDefaults {
     }
 }
 
-fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+fn load_gguf(path: &Path, target: &Target, opts: &LoadOptions) -> Result<LoadedModel> {
     let g = GgufFile::open(path)?;
     let mut cfg = ModelConfig::from_gguf(&g)?;
     opts.apply(path, &mut cfg)?;
@@ -176,7 +287,7 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let WeightSource::Gguf(g) = weights.source() else {
         return Err(LoadError::format(path, "GGUF weights without a GGUF file"));
     };
-    let model = build(cfg, &ConfigSource::Gguf(g), &weights)?;
+    let (model, device, device_note) = build(cfg, &ConfigSource::Gguf(g), &weights, target)?;
     Ok(LoadedModel {
         model,
         tokenizer: Some(Arc::new(tokenizer)),
@@ -184,5 +295,7 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         generation: GenerationDefaults::default(),
         weight_bytes: weights.file_bytes(),
         load_secs: 0.0,
+        device,
+        device_note,
     })
 }

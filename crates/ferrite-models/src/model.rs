@@ -1,9 +1,27 @@
-//! `CausalLm`: what the engine needs from any architecture — its config, its KV layout, and
-//! one forward pass over a flat `ForwardBatch` that returns the requested logits.
+//! `CausalLm`: what the engine needs from any architecture — its config, its KV layout and
+//! storage, and one forward pass over a flat `ForwardBatch` that returns the requested logits
+//! (or, for greedy rows, just the chosen ids).
+//!
+//! A model on the CPU keeps its KV cache in host memory (the defaults below); a model on a
+//! CUDA device allocates it on the device, sizes it from the device's free memory, and picks
+//! greedy tokens there, so the engine, scheduler and prefix cache are the same for both.
 
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout};
 
 use crate::config::ModelConfig;
+
+/// The largest step the engine will run, told to the model before the first one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepLimits {
+    /// Query tokens per step.
+    pub max_tokens: usize,
+    /// Rows (sequences) per step.
+    pub max_rows: usize,
+    /// Longest sequence.
+    pub max_model_len: usize,
+    /// Positions per KV block.
+    pub block_size: usize,
+}
 
 pub trait CausalLm: Send + Sync {
     fn config(&self) -> &ModelConfig;
@@ -14,4 +32,35 @@ pub trait CausalLm: Send + Sync {
     /// Run the batch: write its tokens' K/V into `kv` and return the logits of the
     /// positions in `batch.logits_indices`, row-major `[logits_indices.len(), vocab]`.
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> ferrite_runtime::Result<Vec<f32>>;
+
+    /// Like `forward`, but return the argmax token of each logits position (lowest id on
+    /// ties). A device model picks them on the device and copies only the ids back.
+    fn forward_greedy(&self, batch: &ForwardBatch, kv: &mut KvCache) -> ferrite_runtime::Result<Vec<u32>> {
+        let vocab = self.config().vocab_size;
+        let logits = self.forward(batch, kv)?;
+        Ok(logits.chunks_exact(vocab).map(|row| ferrite_runtime::cpu::argmax(row) as u32).collect())
+    }
+
+    /// Reserve what steps up to `limits` need (device workspaces); called once before
+    /// `kv_memory_budget`.
+    fn prepare(&self, _limits: &StepLimits) -> ferrite_runtime::Result<()> {
+        Ok(())
+    }
+
+    /// Free bytes of the memory the KV cache would live in, when the model sizes it (a
+    /// device model: the device's free memory); None: the engine's default sizing.
+    fn free_kv_memory(&self) -> ferrite_runtime::Result<Option<usize>> {
+        Ok(None)
+    }
+
+    /// Bytes one block of `block_size` positions takes in each KV group of `new_kv_cache`'s
+    /// storage.
+    fn kv_block_bytes(&self, block_size: usize) -> Vec<usize> {
+        self.kv_layout().block_bytes(block_size)
+    }
+
+    /// The KV storage `forward` reads: `group_blocks[g]` blocks of `block_size` in group g.
+    fn new_kv_cache(&self, group_blocks: &[usize], block_size: usize) -> ferrite_runtime::Result<KvCache> {
+        KvCache::new(&self.kv_layout(), group_blocks, block_size)
+    }
 }

@@ -14,6 +14,8 @@ pub enum RuntimeError {
     BlockAlignment { dtype: DType, len: usize, block: usize },
     #[error("thread pool: {0}")]
     Threads(String),
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
 }
 
 pub type Result<T> = std::result::Result<T, RuntimeError>;

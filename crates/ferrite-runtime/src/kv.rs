@@ -4,7 +4,12 @@
 //! `block_size` positions. The layout of one pool is `[block][kv_head][slot][head_dim]`, so
 //! the attention loop reads one head's keys contiguously. Which blocks a sequence owns is the
 //! engine's business (block tables); this type only stores values.
+//!
+//! The pools live in host memory as f32 (the CPU op set) or on a CUDA device as bf16 (the
+//! CUDA op set); a model reads the storage its ops need and gets an error for the other.
 
+use crate::cuda::ops::DeviceKv;
+use crate::cuda::Gpu;
 use crate::error::{Result, RuntimeError};
 
 /// Shape of one KV-owning layer and the KV group whose blocks it uses.
@@ -41,9 +46,14 @@ impl KvLayout {
 
     /// f32 bytes one block of `block_size` positions takes, per group.
     pub fn block_bytes(&self, block_size: usize) -> Vec<usize> {
+        self.block_bytes_of(block_size, std::mem::size_of::<f32>())
+    }
+
+    /// Bytes one block of `block_size` positions takes, per group, at `elem_bytes` a value.
+    pub fn block_bytes_of(&self, block_size: usize, elem_bytes: usize) -> Vec<usize> {
         let mut out = vec![0; self.groups.len()];
         for l in &self.layers {
-            out[l.group] += 2 * l.n_kv_heads * l.head_dim * block_size * std::mem::size_of::<f32>();
+            out[l.group] += 2 * l.n_kv_heads * l.head_dim * block_size * elem_bytes;
         }
         out
     }
@@ -55,21 +65,39 @@ pub struct LayerKv {
     pub v: Vec<f32>,
 }
 
+/// Where the pools are.
+enum Storage {
+    Host(Vec<LayerKv>),
+    Device(Vec<DeviceKv>),
+}
+
 pub struct KvCache {
-    layers: Vec<LayerKv>,
+    /// Unique per cache in this process (a captured graph remembers which cache it writes).
+    id: u64,
+    storage: Storage,
     group_blocks: Vec<usize>,
     block_size: usize,
 }
 
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+fn check_blocks(layout: &KvLayout, group_blocks: &[usize], block_size: usize) -> Result<()> {
+    if block_size == 0 || group_blocks.len() != layout.groups.len() || group_blocks.contains(&0) {
+        return Err(RuntimeError::Shape(format!(
+            "KV cache needs blocks for each of its {} groups: {group_blocks:?} blocks of {block_size}",
+            layout.groups.len()
+        )));
+    }
+    Ok(())
+}
+
 impl KvCache {
-    /// Storage for `layout` with `group_blocks[g]` blocks of `block_size` in group `g`.
+    /// Host (f32) storage for `layout` with `group_blocks[g]` blocks of `block_size` in group `g`.
     pub fn new(layout: &KvLayout, group_blocks: &[usize], block_size: usize) -> Result<KvCache> {
-        if block_size == 0 || group_blocks.len() != layout.groups.len() || group_blocks.contains(&0) {
-            return Err(RuntimeError::Shape(format!(
-                "KV cache needs blocks for each of its {} groups: {group_blocks:?} blocks of {block_size}",
-                layout.groups.len()
-            )));
-        }
+        check_blocks(layout, group_blocks, block_size)?;
         let layers = layout
             .layers
             .iter()
@@ -78,34 +106,60 @@ impl KvCache {
                 LayerKv { spec, k: vec![0.0; n], v: vec![0.0; n] }
             })
             .collect();
-        Ok(KvCache { layers, group_blocks: group_blocks.to_vec(), block_size })
+        Ok(KvCache { id: next_id(), storage: Storage::Host(layers), group_blocks: group_blocks.to_vec(), block_size })
+    }
+
+    /// Device (bf16) storage on `gpu`, same shapes as `new`.
+    pub fn on_device(gpu: &Gpu, layout: &KvLayout, group_blocks: &[usize], block_size: usize) -> Result<KvCache> {
+        check_blocks(layout, group_blocks, block_size)?;
+        let layers = layout
+            .layers
+            .iter()
+            .map(|spec| DeviceKv::new(gpu, group_blocks[spec.group], block_size, spec.n_kv_heads, spec.head_dim))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(KvCache { id: next_id(), storage: Storage::Device(layers), group_blocks: group_blocks.to_vec(), block_size })
     }
 
     pub fn group_blocks(&self) -> &[usize] {
         &self.group_blocks
     }
 
-    /// Copy block `src` to `dst` in every layer of `group` (copy-on-write of a shared block).
-    pub fn copy_block(&mut self, group: usize, src: u32, dst: u32) {
-        let bs = self.block_size;
-        for l in self.layers.iter_mut().filter(|l| l.spec.group == group) {
-            let n = bs * l.spec.n_kv_heads * l.spec.head_dim;
-            let (s, d) = (src as usize * n, dst as usize * n);
-            l.k.copy_within(s..s + n, d);
-            l.v.copy_within(s..s + n, d);
-        }
+    /// This cache's identity, unique in the process.
+    pub fn id(&self) -> u64 {
+        self.id
     }
+
     pub fn block_size(&self) -> usize {
         self.block_size
     }
+
     pub fn num_layers(&self) -> usize {
-        self.layers.len()
+        match &self.storage {
+            Storage::Host(l) => l.len(),
+            Storage::Device(l) => l.len(),
+        }
     }
-    pub fn layer(&self, i: usize) -> &LayerKv {
-        &self.layers[i]
+
+    /// Host layer `i`; an error for device storage or a layer that does not exist.
+    pub fn layer_mut(&mut self, i: usize) -> Result<&mut LayerKv> {
+        match &mut self.storage {
+            Storage::Host(l) => {
+                let n = l.len();
+                l.get_mut(i).ok_or_else(|| RuntimeError::Shape(format!("KV layer {i} of {n}")))
+            }
+            Storage::Device(_) => Err(RuntimeError::Shape("a CPU model was given a KV cache on a CUDA device".into())),
+        }
     }
-    pub fn layer_mut(&mut self, i: usize) -> &mut LayerKv {
-        &mut self.layers[i]
+
+    /// Device layer `i`; an error for host storage or a layer that does not exist.
+    pub fn device_layer_mut(&mut self, i: usize) -> Result<&mut DeviceKv> {
+        match &mut self.storage {
+            Storage::Device(l) => {
+                let n = l.len();
+                l.get_mut(i).ok_or_else(|| RuntimeError::Shape(format!("KV layer {i} of {n}")))
+            }
+            Storage::Host(_) => Err(RuntimeError::Shape("a CUDA model was given a KV cache in host memory".into())),
+        }
     }
 }
 

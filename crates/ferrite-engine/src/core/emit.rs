@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use super::{usage, Emitted, EngineCore};
+use super::{usage, Emitted, EngineCore, Pick};
 use crate::request::{FinishReason, Finished, Output};
 use crate::sampling::{apply_processors, sample, token_logprobs, SamplingParams, TokenLogprob};
 use crate::sequence::Sequence;
@@ -30,9 +30,10 @@ fn processed<'a>(seq: &Sequence, row: &'a [f32], eos: &[u32]) -> Cow<'a, [f32]> 
 }
 
 impl EngineCore {
-    /// Decide the tokens of `running[idx]` from `rows`: one logits row per position from its
-    /// pending token on (1 + the proposal's length), then commit its KV.
-    pub(super) fn decide(&mut self, idx: usize, rows: &[f32], proposal: Option<Proposal>) -> Emitted {
+    /// Decide the tokens of `running[idx]` from `pick`: one logits row per position from its
+    /// pending token on (1 + the proposal's length), or the token the model already picked
+    /// (a plain-greedy row without a proposal); then commit its KV.
+    pub(super) fn decide(&mut self, idx: usize, pick: Pick<'_>, proposal: Option<Proposal>) -> Emitted {
         let vocab = self.limits.vocab_size;
         let (drafts, origin) = match &proposal {
             Some(p) => (&p.ids[..], p.origin),
@@ -48,18 +49,26 @@ impl EngineCore {
         for j in 0..=drafts.len() {
             used = j;
             let seq = &mut self.sched.running[idx];
-            let logits = processed(seq, &rows[j * vocab..(j + 1) * vocab], &self.eos);
-            let sp = SamplingParams { seed: seq.seed, ..seq.params.sampling.clone() };
-            let step = seq.generated() as u64;
-            let (token, agreed) = match drafts.get(j) {
-                Some(&d) => {
-                    let q = proposal.as_ref().and_then(|p| p.draft_probs.get(j)).map_or(&[][..], |q| &q[..]);
-                    match judge(&logits, &sp, step, d, q) {
-                        Verdict::Accept => (d, true),
-                        Verdict::Reject(t) => (t, false),
-                    }
+            let (token, agreed, logprobs) = match pick {
+                Pick::Token(token) => (token, false, Vec::new()),
+                Pick::Logits(rows) => {
+                    let logits = processed(seq, &rows[j * vocab..(j + 1) * vocab], &self.eos);
+                    let sp = SamplingParams { seed: seq.seed, ..seq.params.sampling.clone() };
+                    let step = seq.generated() as u64;
+                    let (token, agreed) = match drafts.get(j) {
+                        Some(&d) => {
+                            let q = proposal.as_ref().and_then(|p| p.draft_probs.get(j)).map_or(&[][..], |q| &q[..]);
+                            match judge(&logits, &sp, step, d, q) {
+                                Verdict::Accept => (d, true),
+                                Verdict::Reject(t) => (t, false),
+                            }
+                        }
+                        None => (sample(&logits, &sp, step), false),
+                    };
+                    let logprobs: Vec<TokenLogprob> =
+                        seq.params.logprobs.map(|k| token_logprobs(&logits, token, k)).into_iter().collect();
+                    (token, agreed, logprobs)
                 }
-                None => (sample(&logits, &sp, step), false),
             };
             if agreed {
                 tally::accepted(&mut seq.fill.usage, &mut seq.spec.usage, origin);
@@ -67,7 +76,6 @@ impl EngineCore {
             } else if j < drafts.len() {
                 tally::rejected(&mut seq.fill.usage, origin);
             }
-            let logprobs = seq.params.logprobs.map(|k| token_logprobs(&logits, token, k)).into_iter().collect();
             outcome = self.emit(idx, token, logprobs);
             if !matches!(outcome, Emitted::Running) {
                 break;

@@ -55,8 +55,9 @@ impl Drafter {
     pub fn new(model: Arc<dyn CausalLm>, cfg: &EngineConfig, max_model_len: usize) -> Result<Drafter, EngineError> {
         let max_len = max_model_len.min(model.config().max_context());
         let layout = model.kv_layout();
-        let group_blocks = cfg.group_blocks(&layout, max_len)?;
-        let kv = KvCache::new(&layout, &group_blocks, cfg.block_size)?;
+        let block_bytes = model.kv_block_bytes(cfg.block_size);
+        let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_len)?;
+        let kv = model.new_kv_cache(&group_blocks, cfg.block_size)?;
         let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, None);
         Ok(Drafter { model, kv, kvm, max_len, forwards: 0 })
     }

@@ -42,6 +42,8 @@ pub(crate) const SOURCES: &[Source] = sources![
     "paged_attention",
     "prefill_attention",
     "sampling",
+    "init",
+    "gemv",
 ];
 
 /// What NVRTC is asked to produce.

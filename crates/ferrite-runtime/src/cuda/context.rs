@@ -8,10 +8,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
-    ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
 };
 
 use super::blas::Blas;
@@ -134,6 +134,20 @@ impl Gpu {
         Ok(start.elapsed_ms(&end)?)
     }
 
+    /// Record the work `f` queues into a CUDA graph instead of running it. `f` must queue
+    /// only kernel launches and cuBLASLt calls on buffers that outlive the graph (no
+    /// allocation, no host copy); the graph replays them on the same addresses.
+    pub fn capture<E: From<CudaError>>(&self, f: impl FnOnce() -> Result<(), E>) -> Result<Graph, E> {
+        self.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(CudaError::from)?;
+        let queued = f();
+        // End the capture whatever happened, so the stream is usable again.
+        let graph = self.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(CudaError::from);
+        queued?;
+        let graph = graph?.ok_or_else(|| CudaError::Unsupported("stream capture produced no graph".into()))?;
+        graph.upload().map_err(CudaError::from)?;
+        Ok(Graph(graph))
+    }
+
     /// The raw device address of a buffer, for a kernel argument.
     pub(crate) fn ptr<T>(&self, buf: &(impl DevicePtr<T> + ?Sized)) -> u64 {
         buf.device_ptr(&self.stream).0
@@ -160,6 +174,20 @@ impl Gpu {
         // are kept together; the CUDA tests exercise every one).
         unsafe { b.launch(cfg) }?;
         Ok(())
+    }
+}
+
+/// A captured CUDA graph (see `Gpu::capture`).
+pub struct Graph(CudaGraph);
+
+// SAFETY: a graph is only launched by its owner, which keeps it behind a lock (cudarc leaves
+// graphs !Send because the driver does not synchronize concurrent use of one graph).
+unsafe impl Send for Graph {}
+
+impl Graph {
+    /// Queue one replay on the stream it was captured on.
+    pub fn replay(&self) -> CudaResult<()> {
+        Ok(self.0.launch()?)
     }
 }
 

@@ -27,6 +27,10 @@ pub(crate) struct Functions {
     pub prefill_attention: [CudaFunction; 3],
     pub argmax_rows: CudaFunction,
     pub sample_rows: CudaFunction,
+    pub random_bf16: CudaFunction,
+    /// `gemv_{bf16,f32}_m{1..=8}`: the skinny GEMM for m = index + 1 rows.
+    pub gemv_bf16: [CudaFunction; 8],
+    pub gemv_f32: [CudaFunction; 8],
 }
 
 impl Functions {
@@ -60,6 +64,10 @@ impl Functions {
             }
             Ok(fns)
         };
+        let per_rows = |prefix: &str| -> CudaResult<[CudaFunction; 8]> {
+            let fns = (1..=8).map(|m| get("gemv", &format!("{prefix}_m{m}"))).collect::<CudaResult<Vec<_>>>()?;
+            fns.try_into().map_err(|_| CudaError::Nvrtc(format!("{prefix}: expected 8 kernels")))
+        };
         Ok(Functions {
             embedding_bf16: get("embedding", "embedding_bf16")?,
             embedding_f32: get("embedding", "embedding_f32")?,
@@ -74,6 +82,9 @@ impl Functions {
             prefill_attention: per_head_dim("prefill_attention", "prefill_attention")?,
             argmax_rows: get("sampling", "argmax_rows")?,
             sample_rows: get("sampling", "sample_rows")?,
+            random_bf16: get("init", "random_bf16")?,
+            gemv_bf16: per_rows("gemv_bf16")?,
+            gemv_f32: per_rows("gemv_f32")?,
         })
     }
 }

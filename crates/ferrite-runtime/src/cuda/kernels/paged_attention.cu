@@ -21,6 +21,9 @@
 #define DEC_THREADS (DEC_WARPS * 32)
 #define GCH 8         // query heads per register chunk in the value phase
 #define DEC_UNROLL 4  // keys whose loads each lane (group) issues before using them
+// Keys each warp loads at once in the value phase: more for narrow heads (fewer registers a
+// key), so a short partition takes fewer dependent round trips.
+#define V_UNROLL(HD) ((HD) <= 128 ? 8 : 4)
 
 template <int N>
 __device__ __forceinline__ void load_bf16(const bf16_t* p, float* f);
@@ -145,7 +148,7 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     }
     __syncthreads();
 
-    // 3. Values, GCH heads at a time, DEC_UNROLL keys per warp in flight.
+    // 3. Values, GCH heads at a time, V_UNROLL keys per warp in flight.
     for (int h0 = 0; h0 < group; h0 += GCH) {
         const int gh = min(GCH, group - h0);
         float acc[GCH][DPL];
@@ -153,10 +156,11 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
         for (int a = 0; a < GCH; a++)
 #pragma unroll
             for (int i = 0; i < DPL; i++) acc[a][i] = 0.f;
-        for (int jb = warp * DEC_UNROLL; jb < n; jb += DEC_WARPS * DEC_UNROLL) {
-            float vf[DEC_UNROLL][DPL];
+        constexpr int VU = V_UNROLL(HD);
+        for (int jb = warp * VU; jb < n; jb += DEC_WARPS * VU) {
+            float vf[VU][DPL];
 #pragma unroll
-            for (int u = 0; u < DEC_UNROLL; u++) {
+            for (int u = 0; u < VU; u++) {
                 long long at = jb + u < n ? key_at(jb + u) : -1;
                 if (at >= 0) {
                     load_bf16<DPL>(v_cache + at + lane * DPL, vf[u]);
@@ -166,7 +170,7 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
                 }
             }
 #pragma unroll
-            for (int u = 0; u < DEC_UNROLL; u++) {
+            for (int u = 0; u < VU; u++) {
                 if (jb + u >= n) break;
 #pragma unroll
                 for (int a = 0; a < GCH; a++) {
@@ -221,9 +225,10 @@ DECODE(64)
 DECODE(128)
 DECODE(256)
 
-// Merge the partitions of each (row, head): rescale each partition's normalized output by
-// sum * exp(max - global max). Grid (n_heads, rows); rows with one partition were finished
-// by the main kernel.
+// Merge the partitions of each (row, head) in one pass: an online softmax over the
+// partitions' (max, sum) rescales the running output as each partition's normalized output
+// is added. Grid (n_heads, rows), a thread per output dim; rows with one partition were
+// finished by the main kernel.
 extern "C" __global__ void paged_decode_reduce(bf16_t* __restrict__ out, int out_stride,
                                                const float* __restrict__ part_out, const float* __restrict__ part_ml,
                                                const int* __restrict__ context_lens, int n_heads, int head_dim,
@@ -235,13 +240,17 @@ extern "C" __global__ void paged_decode_reduce(bf16_t* __restrict__ out, int out
     if (n_split <= 1) return;
     const u64 base = ((u64)row * n_heads + h) * max_splits;
     const float* ml = part_ml + 2 * base;
-    float m = -FERRITE_INF;
-    for (int s = 0; s < n_split; s++) m = fmaxf(m, ml[2 * s]);
-    float total = 0.f;
-    for (int s = 0; s < n_split; s++) total += ml[2 * s + 1] * __expf(ml[2 * s] - m);
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float o = 0.f;
-        for (int s = 0; s < n_split; s++) o += ml[2 * s + 1] * __expf(ml[2 * s] - m) * part_out[(base + s) * head_dim + d];
+        float m = -FERRITE_INF, total = 0.f, o = 0.f;
+#pragma unroll 4
+        for (int s = 0; s < n_split; s++) {
+            const float ms = ml[2 * s], ls = ml[2 * s + 1], os = part_out[(base + s) * head_dim + d];
+            const float mn = fmaxf(m, ms);
+            const float keep = __expf(m - mn), w = ls * __expf(ms - mn);
+            total = total * keep + w;
+            o = o * keep + w * os;
+            m = mn;
+        }
         out[(u64)row * out_stride + h * head_dim + d] = f2bf(o / total);
     }
 }

@@ -53,6 +53,9 @@ impl DeviceKv {
 }
 
 /// A step's attention metadata for one KV group, on the device.
+///
+/// The buffers keep their addresses from one step to the next (`update` copies into them),
+/// so a CUDA graph captured over a step replays over the next step's metadata.
 pub struct AttentionMeta {
     pub rows: usize,
     pub tokens: usize,
@@ -70,9 +73,29 @@ pub struct AttentionMeta {
     n_tiles: usize,
 }
 
-impl AttentionMeta {
-    /// Build and upload the metadata of `batch` for KV group `group` with `block_size`.
-    pub fn upload(gpu: &Gpu, batch: &ForwardBatch, group: usize, block_size: usize) -> CudaResult<AttentionMeta> {
+/// The host side of `AttentionMeta` before it is copied to the device.
+struct HostMeta {
+    max_context: usize,
+    max_query: usize,
+    bt_stride: usize,
+    block_tables: Vec<i32>,
+    context_lens: Vec<i32>,
+    query_start: Vec<i32>,
+    slot_mapping: Vec<i32>,
+    tiles: Vec<i32>,
+}
+
+impl HostMeta {
+    /// `batch`'s metadata for `group`; block tables padded to `stride` entries when given,
+    /// and `pad_rows` empty one-token rows appended (context 0, no slot: a decode graph's
+    /// bucket padding, whose outputs are zeros and whose keys are never stored).
+    fn build(
+        batch: &ForwardBatch,
+        group: usize,
+        block_size: usize,
+        stride: Option<usize>,
+        pad_rows: usize,
+    ) -> CudaResult<HostMeta> {
         let rows = batch.rows.len();
         let tokens = batch.num_tokens();
         if rows == 0 || tokens == 0 || block_size == 0 || batch.positions.len() != tokens {
@@ -86,8 +109,15 @@ impl AttentionMeta {
             .map(|r| r.block_tables.get(group).map(Vec::as_slice))
             .collect::<Option<_>>()
             .ok_or_else(|| CudaError::Shape(format!("a row has no block table for KV group {group}")))?;
-        let bt_stride = tables.iter().map(|t| t.len()).max().unwrap_or(0).max(1);
-        let mut block_tables = vec![-1i32; rows * bt_stride];
+        let longest = tables.iter().map(|t| t.len()).max().unwrap_or(0).max(1);
+        let bt_stride = match stride {
+            Some(s) if s < longest => {
+                return Err(CudaError::Shape(format!("a block table of {longest} blocks exceeds the {s} planned")))
+            }
+            Some(s) => s,
+            None => longest,
+        };
+        let mut block_tables = vec![-1i32; (rows + pad_rows) * bt_stride];
         for (dst, t) in block_tables.chunks_exact_mut(bt_stride).zip(&tables) {
             for (d, &b) in dst.iter_mut().zip(t.iter()) {
                 *d = if b == NO_BLOCK { -1 } else { b as i32 };
@@ -121,22 +151,103 @@ impl AttentionMeta {
                 tiles.extend([r as i32, t0 as i32]);
             }
         }
-        query_start.push(tokens as i32);
-        let context_lens: Vec<i32> = batch.rows.iter().map(|r| r.context_len as i32).collect();
-        Ok(AttentionMeta {
-            rows,
-            tokens,
+        query_start.extend((0..pad_rows).map(|i| (tokens + i) as i32));
+        slot_mapping.resize(tokens + pad_rows, -1);
+        tiles.extend((0..pad_rows).flat_map(|i| [(rows + i) as i32, 0]));
+        query_start.push((tokens + pad_rows) as i32);
+        let mut context_lens: Vec<i32> = batch.rows.iter().map(|r| r.context_len as i32).collect();
+        context_lens.resize(rows + pad_rows, 0);
+        Ok(HostMeta {
             max_context: batch.rows.iter().map(|r| r.context_len).max().unwrap_or(0),
             max_query: batch.rows.iter().map(|r| r.query_len).max().unwrap_or(0),
-            block_size,
             bt_stride,
-            block_tables: gpu.upload(&block_tables)?,
-            context_lens: gpu.upload(&context_lens)?,
-            query_start: gpu.upload(&query_start)?,
-            slot_mapping: gpu.upload(&slot_mapping)?,
-            n_tiles: tiles.len() / 2,
-            tiles: gpu.upload(if tiles.is_empty() { &[0, 0] } else { &tiles })?,
+            block_tables,
+            context_lens,
+            query_start,
+            slot_mapping,
+            tiles,
         })
+    }
+}
+
+impl AttentionMeta {
+    /// Build and upload the metadata of `batch` for KV group `group` with `block_size`.
+    pub fn upload(gpu: &Gpu, batch: &ForwardBatch, group: usize, block_size: usize) -> CudaResult<AttentionMeta> {
+        let h = HostMeta::build(batch, group, block_size, None, 0)?;
+        let mut meta = AttentionMeta::with_capacity(gpu, batch.rows.len(), batch.num_tokens(), h.bt_stride)?;
+        meta.block_size = block_size;
+        meta.store(gpu, h, batch.rows.len(), batch.num_tokens())?;
+        Ok(meta)
+    }
+
+    /// Room for steps of up to `rows` rows and `tokens` tokens whose block tables have up to
+    /// `bt_stride` entries.
+    pub fn with_capacity(gpu: &Gpu, rows: usize, tokens: usize, bt_stride: usize) -> CudaResult<AttentionMeta> {
+        let (rows, tokens, bt_stride) = (rows.max(1), tokens.max(1), bt_stride.max(1));
+        Ok(AttentionMeta {
+            rows: 0,
+            tokens: 0,
+            max_context: 0,
+            max_query: 0,
+            block_size: 0,
+            bt_stride,
+            block_tables: gpu.alloc(rows * bt_stride)?,
+            context_lens: gpu.alloc(rows)?,
+            query_start: gpu.alloc(rows + 1)?,
+            slot_mapping: gpu.alloc(tokens)?,
+            tiles: gpu.alloc(2 * (rows + tokens.div_ceil(PREFILL_TILE)))?,
+            n_tiles: 0,
+        })
+    }
+
+    /// Copy the metadata of `batch` into these buffers (an error when it does not fit),
+    /// padded with empty one-token rows up to `rows` rows (see `HostMeta::build`), block
+    /// tables `stride` entries apart when given (what a captured decode graph was built
+    /// with), else as long as the longest.
+    pub fn update(
+        &mut self,
+        gpu: &Gpu,
+        batch: &ForwardBatch,
+        group: usize,
+        block_size: usize,
+        rows: usize,
+        stride: Option<usize>,
+    ) -> CudaResult<()> {
+        let pad = rows.saturating_sub(batch.rows.len());
+        let h = HostMeta::build(batch, group, block_size, stride, pad)?;
+        self.block_size = block_size;
+        self.store(gpu, h, batch.rows.len() + pad, batch.num_tokens() + pad)
+    }
+
+    /// Whether a step of `rows` rows and `tokens` tokens fits without reallocating.
+    pub fn fits(&self, rows: usize, tokens: usize) -> bool {
+        rows <= self.context_lens.len() && tokens <= self.slot_mapping.len()
+    }
+
+    fn store(&mut self, gpu: &Gpu, h: HostMeta, rows: usize, tokens: usize) -> CudaResult<()> {
+        if !self.fits(rows, tokens)
+            || h.block_tables.len() > self.block_tables.len()
+            || h.tiles.len() > self.tiles.len()
+        {
+            return Err(CudaError::Shape(format!(
+                "attention metadata of {rows} rows, {tokens} tokens, {} table entries exceeds its buffers",
+                h.block_tables.len()
+            )));
+        }
+        gpu.upload_into(&h.block_tables, &mut self.block_tables)?;
+        gpu.upload_into(&h.context_lens, &mut self.context_lens)?;
+        gpu.upload_into(&h.query_start, &mut self.query_start)?;
+        gpu.upload_into(&h.slot_mapping, &mut self.slot_mapping)?;
+        if !h.tiles.is_empty() {
+            gpu.upload_into(&h.tiles, &mut self.tiles)?;
+        }
+        self.rows = rows;
+        self.tokens = tokens;
+        self.max_context = h.max_context;
+        self.max_query = h.max_query;
+        self.bt_stride = h.bt_stride;
+        self.n_tiles = h.tiles.len() / 2;
+        Ok(())
     }
 }
 
@@ -194,7 +305,7 @@ pub struct DecodePlan {
 }
 
 impl DecodePlan {
-    /// Enough CTAs to keep every SM busy (four per SM), partitions of 64 to
+    /// Enough CTAs to keep every SM busy (four per SM), partitions of 32 to
     /// `MAX_PARTITION` keys within the shared-memory budget. `max_context` bounds every
     /// row's context.
     pub fn new(gpu: &Gpu, rows: usize, p: &AttentionParams, max_context: usize) -> DecodePlan {
@@ -205,7 +316,7 @@ impl DecodePlan {
         let cap = ((DECODE_SHARED_TARGET / 4).saturating_sub(fixed) / (group + 1)) / 32 * 32;
         let ctas = (rows * p.n_kv_heads).max(1);
         let want_splits = (4 * gpu.info().multiprocessors).div_ceil(ctas).max(1);
-        let partition = visible.div_ceil(want_splits).next_multiple_of(32).clamp(64, MAX_PARTITION).min(cap.max(32));
+        let partition = visible.div_ceil(want_splits).next_multiple_of(32).clamp(32, MAX_PARTITION).min(cap.max(32));
         DecodePlan { partition, splits: visible.div_ceil(partition) }
     }
 
@@ -226,6 +337,12 @@ impl DecodeScratch {
     pub fn new(gpu: &Gpu, rows: usize, n_heads: usize, head_dim: usize, splits: usize) -> CudaResult<DecodeScratch> {
         let n = (rows * n_heads * splits).max(1);
         Ok(DecodeScratch { out: gpu.alloc(n * head_dim)?, ml: gpu.alloc(2 * n)? })
+    }
+
+    /// Whether a decode step of `rows` rows of `n_heads` heads in `splits` splits fits.
+    pub fn fits(&self, rows: usize, n_heads: usize, head_dim: usize, splits: usize) -> bool {
+        let n = rows * n_heads * splits;
+        self.out.len() >= n * head_dim && self.ml.len() >= 2 * n
     }
 }
 

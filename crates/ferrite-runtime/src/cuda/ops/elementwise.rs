@@ -1,6 +1,6 @@
 //! Row-wise and element-wise ops on bf16 activations: embedding gather, RMSNorm (with the
-//! fused residual add), RoPE, gated activations, the KV-cache write, a device copy, and the
-//! cuBLASLt linear layer.
+//! fused residual add), RoPE, gated activations, the KV-cache write, a device copy, random
+//! fill (synthetic weights), and the linear layer (our skinny GEMM for decode, cuBLASLt).
 //!
 //! Activations are bf16 `[tokens, features]` rows; every kernel computes in f32. Norm weights
 //! and RoPE frequencies are small f32 buffers. Inputs read as "rows of `stride` values" may be
@@ -137,7 +137,7 @@ pub fn rope(
     let [nh, hd, half_i, st] = [s.n_heads, s.head_dim, half, s.stride].map(|v| v as i32);
     gpu.launch(
         &gpu.fns.rope,
-        cfg((s.tokens as u32, 1, 1), 128, 2 * half * 4),
+        cfg((s.tokens as u32, s.n_heads as u32, 1), half.next_multiple_of(32).min(256) as u32, 0),
         &[&xp, &pp, &fp, &nh, &hd, &half_i, &scaling, &st],
     )
 }
@@ -198,15 +198,45 @@ pub fn copy<T>(gpu: &Gpu, src: &impl DevicePtr<T>, dst: &mut impl DevicePtrMut<T
     gpu.launch(&gpu.fns.copy_words, cfg((grid, 1, 1), 256, 0), &[&sp, &dp, &words])
 }
 
-/// `y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])` through cuBLASLt (bf16 in, f32 accumulate,
-/// bf16 or f32 out).
+/// Fill `out` with values uniform in [-scale, scale), a pure function of (`seed`, index):
+/// the weights of a synthetic model, made on the device.
+pub fn random_uniform(gpu: &Gpu, out: &mut impl DevicePtrMut<bf16>, seed: u64, scale: f32) -> CudaResult<()> {
+    let n = out.len() as u64;
+    if n == 0 {
+        return Ok(());
+    }
+    let op = gpu.ptr_mut(out);
+    let grid = gpu.grid_for(n as usize, 256);
+    gpu.launch(&gpu.fns.random_bf16, cfg((grid, 1, 1), 256, 0), &[&op, &n, &seed, &scale])
+}
+
+/// Most rows of x the skinny GEMM kernel takes (decode batches); more go to cuBLASLt.
+pub const GEMV_MAX_ROWS: usize = 8;
+
+/// `y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`, bf16 in, f32 accumulate, bf16 or f32 out:
+/// our skinny GEMM kernel for decode-sized m (≤ `GEMV_MAX_ROWS`, k a multiple of 8, a bias
+/// only with bf16 output), cuBLASLt otherwise.
 pub fn linear<O: GemmOutput>(
     gpu: &Gpu,
     x: &impl DevicePtr<bf16>,
     w: &impl DevicePtr<bf16>,
     bias: Option<&dyn DevicePtr<O>>,
     y: &mut impl DevicePtrMut<O>,
-    mnk: (usize, usize, usize),
+    (m, n, k): (usize, usize, usize),
 ) -> CudaResult<()> {
-    gpu.blas.linear(x, w, bias, y, mnk)
+    let bf16_out = O::TYPE == cudarc::cublaslt::sys::cudaDataType::CUDA_R_16BF;
+    let (xp, wp) = (gpu.ptr(x), gpu.ptr(w));
+    let skinny = (1..=GEMV_MAX_ROWS).contains(&m) && n > 0 && k.is_multiple_of(8) && k > 0;
+    if !skinny || (bias.is_some() && !bf16_out) || !xp.is_multiple_of(16) || !wp.is_multiple_of(16) {
+        return gpu.blas.linear(x, w, bias, y, (m, n, k));
+    }
+    check(x.len() >= m * k && w.len() >= n * k && y.len() >= m * n && bias.is_none_or(|b| b.len() >= n), || {
+        format!("linear m={m} n={n} k={k}: x {}, w {}, y {}", x.len(), w.len(), y.len())
+    })?;
+    let bp: u64 = bias.map_or(0, |b| gpu.ptr(b));
+    let yp = gpu.ptr_mut(y);
+    let f = if bf16_out { &gpu.fns.gemv_bf16[m - 1] } else { &gpu.fns.gemv_f32[m - 1] };
+    let (n_i, k_i) = (n as i32, k as i32);
+    // Blocks of 256 threads (GEMV_THREADS), each computing 4 output features (GEMV_ROWS).
+    gpu.launch(f, cfg((n.div_ceil(4) as u32, 1, 1), 256, 0), &[&xp, &wp, &bp, &yp, &n_i, &k_i])
 }

@@ -1,0 +1,78 @@
+//! Synthetic models for benchmarks: the configs of real llama-family checkpoints, to be filled
+//! with random weights on the device (`LlamaWeights::random`), so a benchmark of a real shape
+//! needs no files.
+
+use crate::config::{Activation, Architecture, ModelConfig};
+use crate::rope_scaling::{RopeKind, RopeScaling};
+
+/// The shapes `--synthetic` knows, by name.
+pub const SYNTHETIC_MODELS: [&str; 4] = ["llama-3.1-8b", "llama-3.2-1b", "qwen2.5-1.5b", "smollm2-135m"];
+
+/// Llama 3's RoPE schedule with `factor`.
+fn llama3_rope(head_dim: usize, factor: f64) -> RopeScaling {
+    RopeScaling {
+        theta: 500_000.0,
+        rotary_dim: head_dim,
+        kind: RopeKind::Llama3 {
+            factor,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        },
+    }
+}
+
+/// The config of synthetic model `name` (one of `SYNTHETIC_MODELS`), as its HF config.json has it.
+pub fn synthetic_config(name: &str) -> Option<ModelConfig> {
+    let llama = |vocab, hidden, inter, layers, heads, kv_heads, head_dim, rope, max_pos, tie| ModelConfig {
+        arch: Architecture::Llama,
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: inter,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim,
+        rms_norm_eps: 1e-5,
+        rope,
+        max_position_embeddings: max_pos,
+        hidden_act: Activation::Silu,
+        tie_word_embeddings: tie,
+        qkv_bias: false,
+        qk_norm: false,
+        sliding_window: None,
+        bos_token_id: None,
+        eos_token_ids: vec![],
+    };
+    let plain = |theta: f64, head_dim| RopeScaling { theta, rotary_dim: head_dim, kind: RopeKind::Default };
+    match name {
+        "llama-3.1-8b" => Some(llama(128_256, 4096, 14_336, 32, 32, 8, 128, llama3_rope(128, 8.0), 131_072, false)),
+        "llama-3.2-1b" => Some(llama(128_256, 2048, 8192, 16, 32, 8, 64, llama3_rope(64, 32.0), 131_072, true)),
+        "qwen2.5-1.5b" => Some(ModelConfig {
+            arch: Architecture::Qwen2,
+            qkv_bias: true,
+            rms_norm_eps: 1e-6,
+            ..llama(151_936, 1536, 8960, 28, 12, 2, 128, plain(1_000_000.0, 128), 32_768, true)
+        }),
+        "smollm2-135m" => Some(llama(49_152, 576, 1536, 30, 9, 3, 64, plain(100_000.0, 64), 8192, true)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_synthetic_name_has_a_cuda_ready_config() {
+        for name in SYNTHETIC_MODELS {
+            let cfg = synthetic_config(name).expect(name);
+            assert_eq!(cfg.num_heads * cfg.head_dim % cfg.num_kv_heads, 0, "{name}");
+            assert_eq!(super::super::llama::unsupported(&cfg), None, "{name}");
+        }
+        assert!(synthetic_config("llama-9000").is_none());
+        // Llama-3.1-8B has 8.03 B parameters.
+        let p = super::super::weights::weight_bytes(&synthetic_config("llama-3.1-8b").expect("8b")) / 2;
+        assert!((8_000_000_000..8_100_000_000).contains(&p), "{p}");
+    }
+}
