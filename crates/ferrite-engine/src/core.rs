@@ -1,6 +1,7 @@
 //! `EngineCore`: the step loop, synchronous and single-threaded — `schedule()`, build one
 //! `ForwardBatch`, `model.forward()`, sample each row that reached the end of its tokens, then
-//! append, detokenize, check stops, stream, and free what finished. The engine thread
+//! append, detokenize, check stops, stream, and free what finished. Constrained rows compute
+//! their token masks while the model runs and sample under them. The engine thread
 //! (`engine.rs`) drives it; tests drive it directly.
 
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use crate::sampling::{apply_processors, sample, token_logprobs};
 use crate::scheduler::Scheduler;
 use crate::sequence::Sequence;
 use crate::stop::StopStrings;
+use crate::structured::{Grammars, Guide};
 
 pub struct EngineCore {
     model: Arc<dyn CausalLm>,
@@ -30,6 +32,7 @@ pub struct EngineCore {
     sched: Scheduler,
     limits: Limits,
     metrics: Arc<Metrics>,
+    grammars: Arc<Grammars>,
 }
 
 /// The seed of choice `i` of a request seeded with `seed`.
@@ -62,6 +65,7 @@ impl EngineCore {
         };
         let metrics = Arc::new(Metrics::default());
         metrics.set_kv(kvm.free_blocks());
+        let grammars = Arc::new(Grammars::new(tokenizer.clone(), mcfg.vocab_size, eos.clone()));
         Ok(EngineCore {
             model,
             tokenizer,
@@ -71,6 +75,7 @@ impl EngineCore {
             sched: Scheduler::new(cfg.max_num_batched_tokens, cfg.max_num_seqs),
             limits,
             metrics,
+            grammars,
         })
     }
 
@@ -86,9 +91,25 @@ impl EngineCore {
     pub fn kv_manager(&self) -> &KvManager {
         &self.kvm
     }
+    /// What output constraints compile against (shared with the `Engine` front).
+    pub fn grammars(&self) -> Arc<Grammars> {
+        self.grammars.clone()
+    }
 
     /// Queue a validated request; its outputs go to `sink`.
     pub fn add_request(&mut self, id: RequestId, req: Request, sink: UnboundedSender<Output>) -> Result<(), EngineError> {
+        let guide = req.params.constraint.as_ref().map(|c| self.grammars.compile(c)).transpose()?;
+        self.add_guided(id, req, guide, sink)
+    }
+
+    /// Queue a request whose constraint, if it has one, is already compiled into `guide`.
+    pub fn add_guided(
+        &mut self,
+        id: RequestId,
+        req: Request,
+        guide: Option<Guide>,
+        sink: UnboundedSender<Output>,
+    ) -> Result<(), EngineError> {
         let max_tokens = self.limits.validate(&req)?;
         let n = req.params.n;
         let seed = choice_seed(req.params.sampling.seed, 0);
@@ -109,6 +130,7 @@ impl EngineCore {
             params: Arc::new(req.params),
             sink,
             pending_children: n - 1,
+            guide,
         };
         self.metrics.requests_added();
         self.sched.waiting.push_back(seq);
@@ -163,7 +185,7 @@ impl EngineCore {
             }
         }
         self.metrics.add_batch(batch.num_tokens());
-        let logits = match self.model.forward(&batch, &mut self.kv) {
+        let logits = match self.forward_guided(&batch, &sampled) {
             Ok(l) => l,
             Err(e) => {
                 let msg = e.to_string();
@@ -209,6 +231,23 @@ impl EngineCore {
         Ok(())
     }
 
+    /// Run the model on `batch`; meanwhile, on a helper thread, the constrained rows about to
+    /// sample (`sampled`) compute their token masks.
+    fn forward_guided(&mut self, batch: &ForwardBatch, sampled: &[usize]) -> ferrite_runtime::Result<Vec<f32>> {
+        let guides: Vec<&mut Guide> = (self.sched.running.iter_mut().enumerate())
+            .filter(|(i, _)| sampled.contains(i))
+            .filter_map(|(_, s)| s.guide.as_mut())
+            .collect();
+        if guides.is_empty() {
+            return self.model.forward(batch, &mut self.kv);
+        }
+        let (model, kv) = (&self.model, &mut self.kv);
+        std::thread::scope(|scope| {
+            scope.spawn(move || guides.into_iter().for_each(Guide::prepare_mask));
+            model.forward(batch, kv)
+        })
+    }
+
     fn after_step_bookkeeping(&mut self) {
         self.metrics.set_queue(self.sched.running.len(), self.sched.waiting.len());
         self.metrics.set_kv(self.kvm.free_blocks());
@@ -251,6 +290,7 @@ impl EngineCore {
                 stops: StopStrings::new(p.params.stop.clone()),
                 sink: p.sink.clone(),
                 pending_children: 0,
+                guide: p.guide.clone(),
             });
         }
         out
@@ -267,11 +307,17 @@ impl EngineCore {
         if generated < p.min_tokens {
             banned.extend(eos.iter().chain(&p.stop_token_ids).copied());
         }
-        let needs_processing = sp.has_penalties() || !sp.logit_bias.is_empty() || !banned.is_empty();
+        let needs_processing =
+            sp.has_penalties() || !sp.logit_bias.is_empty() || !banned.is_empty() || seq.guide.is_some();
         let mut processed;
+        // A grammar failure ends the row with an error (after this token).
+        let mut guide_error = None;
         let logits = if needs_processing {
             processed = row.to_vec();
             apply_processors(&mut processed, sp, &seq.tokens[..seq.prompt_len], &seq.counts, &banned);
+            if let Some(guide) = seq.guide.as_mut() {
+                guide_error = guide.constrain(&mut processed, row).err();
+            }
             &processed[..]
         } else {
             row
@@ -283,6 +329,13 @@ impl EngineCore {
         *seq.counts.entry(token).or_insert(0) += 1;
         self.metrics.add_generated(1);
         let generated = generated + 1;
+        let mut complete = false;
+        if let (Some(guide), None) = (seq.guide.as_mut(), &guide_error) {
+            match guide.commit(&[token]) {
+                Ok(()) => complete = guide.is_finished(),
+                Err(e) => guide_error = Some(e),
+            }
+        }
 
         let is_end = (!p.ignore_eos && eos.contains(&token)) || p.stop_token_ids.contains(&token);
         let mut text = String::new();
@@ -307,10 +360,19 @@ impl EngineCore {
                 }
             }
         }
+        if let Some(e) = guide_error {
+            reason = Some(FinishReason::Error);
+            error = Some(e.to_string());
+        }
+        // The grammar is complete: nothing more may follow.
+        complete &= reason.is_none();
+        if complete {
+            reason = Some(FinishReason::Stop);
+        }
         if reason.is_none() && (generated >= seq.max_tokens || seq.tokens.len() >= self.limits.max_model_len) {
             reason = Some(FinishReason::Length);
         }
-        if reason == Some(FinishReason::Length) {
+        if complete || reason == Some(FinishReason::Length) {
             if let Some(tok) = &self.tokenizer {
                 let tail = seq.detok.finish(tok).unwrap_or_default();
                 text.push_str(&seq.stops.push(&tail).0);

@@ -1,6 +1,7 @@
 //! Requests into the engine and the outputs that stream back.
 
 use crate::sampling::{SamplingParams, TokenLogprob};
+use crate::structured::Constraint;
 
 pub type RequestId = u64;
 
@@ -22,6 +23,8 @@ pub struct RequestParams {
     pub logprobs: Option<usize>,
     /// Number of independent choices for the prompt (they share its KV blocks).
     pub n: usize,
+    /// The shape the output must take (structured output); every choice follows it.
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for RequestParams {
@@ -35,6 +38,7 @@ impl Default for RequestParams {
             stop: Vec::new(),
             logprobs: None,
             n: 1,
+            constraint: None,
         }
     }
 }

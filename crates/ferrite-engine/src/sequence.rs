@@ -10,6 +10,7 @@ use crate::kv::SeqKv;
 use crate::request::{Output, RequestId, RequestParams};
 use crate::sampling::TokenCounts;
 use crate::stop::StopStrings;
+use crate::structured::Guide;
 
 pub(crate) struct Sequence {
     pub request: RequestId,
@@ -34,6 +35,8 @@ pub(crate) struct Sequence {
     pub sink: UnboundedSender<Output>,
     /// For the first choice of an n > 1 request: children still to fork once the prompt is in.
     pub pending_children: usize,
+    /// Its position in the output grammar, for a constrained request.
+    pub guide: Option<Guide>,
 }
 
 impl Sequence {
