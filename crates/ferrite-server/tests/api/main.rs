@@ -8,5 +8,6 @@ mod errors;
 mod lifecycle;
 mod ops;
 mod responses;
+mod structured;
 mod tools;
 mod web;
