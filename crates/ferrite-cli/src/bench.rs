@@ -1,5 +1,6 @@
 //! `ferrite bench`: `decode` measures one sequence's prompt and decode speed the way
-//! llama-bench does (random prompt ids, a fixed number of generated tokens, EOS ignored);
+//! llama-bench does (random prompt ids, a fixed number of generated tokens, EOS ignored) —
+//! with `--json-schema`, also constrained to a JSON schema, side by side with unconstrained;
 //! `throughput` drives many concurrent requests through the engine and reports output and
 //! total tokens per second with TTFT and TPOT percentiles; `serve` (in `bench_serve`) drives
 //! an OpenAI-compatible server over HTTP. Each can print one JSON object.
@@ -10,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use ferrite_engine::{Engine, Request, RequestParams, SamplingParams};
+use ferrite_engine::{Constraint, Engine, Request, RequestParams, SamplingParams};
 use serde_json::{json, Value};
 
 use crate::session::{EngineArgs, ModelArgs};
@@ -54,6 +55,9 @@ pub struct DecodeArgs {
     pub gen_tokens: usize,
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// Also decode constrained to this JSON schema (a file), and report the speed ratio.
+    #[arg(long)]
+    pub json_schema: Option<std::path::PathBuf>,
     /// Print one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -139,10 +143,21 @@ pub(crate) fn pct(v: &[f64], q: f64) -> f64 {
 
 /// One request through `engine`: (ttft s, tpot s, output tokens).
 fn timed_request(engine: &Engine, prompt: Vec<u32>, max_tokens: usize) -> Result<(f64, f64, usize)> {
+    timed_constrained(engine, prompt, max_tokens, None)
+}
+
+/// `timed_request` under an output constraint (which may end it before `max_tokens`).
+fn timed_constrained(
+    engine: &Engine,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    constraint: Option<Constraint>,
+) -> Result<(f64, f64, usize)> {
     let params = RequestParams {
         sampling: SamplingParams::default(),
         max_tokens: Some(max_tokens),
         ignore_eos: true,
+        constraint,
         ..Default::default()
     };
     let t0 = Instant::now();
@@ -179,18 +194,36 @@ fn decode(a: DecodeArgs) -> Result<()> {
     };
     let engine = engine_args.start(&loaded, &path)?;
     let prompt = Lcg(0x2545_F491_4F6C_DD1D).ids(a.prompt_tokens, vocab);
-    let (mut pp, mut tg) = (Vec::new(), Vec::new());
-    // One warm-up run (pages in the weights), then the measured repetitions.
+    let schema = match &a.json_schema {
+        Some(file) => {
+            let text = std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
+            let schema = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
+            Some(Constraint::JsonSchema(schema))
+        }
+        None => None,
+    };
+    let (mut pp, mut tg, mut tg_json, mut json_tokens) = (Vec::new(), Vec::new(), Vec::new(), 0);
+    // One warm-up run (pages in the weights), then the measured repetitions; constrained and
+    // free runs alternate, so both see the same machine load.
     for rep in 0..=a.reps {
         let (ttft, tpot, _) = timed_request(&engine, prompt.clone(), a.gen_tokens)?;
         if rep > 0 {
             pp.push(a.prompt_tokens as f64 / ttft);
             tg.push(1.0 / tpot.max(1e-9));
         }
+        if let Some(c) = &schema {
+            let (_, tpot, n) = timed_constrained(&engine, prompt.clone(), a.gen_tokens, Some(c.clone()))?;
+            if rep > 0 {
+                tg_json.push(1.0 / tpot.max(1e-9));
+                json_tokens = n;
+            }
+        }
     }
     pp.sort_by(f64::total_cmp);
     tg.sort_by(f64::total_cmp);
+    tg_json.sort_by(f64::total_cmp);
     let (pmed, dmed) = (pct(&pp, 0.5), pct(&tg, 0.5));
+    let jmed = (!tg_json.is_empty()).then(|| pct(&tg_json, 0.5));
     if a.json {
         let out = json!({
             "model": path.display().to_string(), "threads": threads,
@@ -198,6 +231,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
             "load_ms": loaded.load_secs * 1e3,
             "prompt_tok_s": pmed, "prompt_tok_s_min": pp[0], "prompt_tok_s_max": pp[pp.len() - 1],
             "decode_tok_s": dmed, "decode_tok_s_min": tg[0], "decode_tok_s_max": tg[tg.len() - 1],
+            "json_schema_decode_tok_s": jmed, "json_schema_tokens": jmed.map(|_| json_tokens),
+            "json_schema_ratio": jmed.map(|j| j / dmed),
         });
         println!("{out}");
     } else {
@@ -205,6 +240,13 @@ fn decode(a: DecodeArgs) -> Result<()> {
         println!("test          min      median   max   (tok/s, {} reps)", a.reps);
         println!("pp{:<8} {:>8.1} {pmed:>8.1} {:>8.1}", a.prompt_tokens, pp[0], pp[pp.len() - 1]);
         println!("tg{:<8} {:>8.1} {dmed:>8.1} {:>8.1}", a.gen_tokens, tg[0], tg[tg.len() - 1]);
+        if let Some(j) = jmed {
+            let (lo, hi) = (tg_json[0], tg_json[tg_json.len() - 1]);
+            println!(
+                "tg json    {lo:>8.1} {j:>8.1} {hi:>8.1}   ({json_tokens} tokens; {:.3} × unconstrained)",
+                j / dmed
+            );
+        }
     }
     Ok(())
 }
@@ -281,8 +323,20 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
     if a.json {
         println!("{out}");
     } else {
-        println!("model {} ({threads} threads), {} requests of {} in / {} out at concurrency {}", path.display(), a.num_requests, a.input_len, a.output_len, a.concurrency);
-        println!("output {:.1} tok/s, total {:.1} tok/s, {:.2} req/s over {wall:.1} s", out["output_tok_s"].as_f64().unwrap_or(0.0), out["total_tok_s"].as_f64().unwrap_or(0.0), out["request_s"].as_f64().unwrap_or(0.0));
+        println!(
+            "model {} ({threads} threads), {} requests of {} in / {} out at concurrency {}",
+            path.display(),
+            a.num_requests,
+            a.input_len,
+            a.output_len,
+            a.concurrency
+        );
+        println!(
+            "output {:.1} tok/s, total {:.1} tok/s, {:.2} req/s over {wall:.1} s",
+            out["output_tok_s"].as_f64().unwrap_or(0.0),
+            out["total_tok_s"].as_f64().unwrap_or(0.0),
+            out["request_s"].as_f64().unwrap_or(0.0)
+        );
         println!("TTFT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&ttft, 0.5), pct(&ttft, 0.9), pct(&ttft, 0.99));
         println!("TPOT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&tpot, 0.5), pct(&tpot, 0.9), pct(&tpot, 0.99));
     }
@@ -329,8 +383,17 @@ fn prefix(a: PrefixArgs) -> Result<()> {
         });
         println!("{out}");
     } else {
-        println!("model {} ({threads} threads): {} shared + {} new prompt tokens", path.display(), a.prefix_len, a.suffix_len);
-        println!("TTFT cold {cold_med:.1} ms, prefix hit {hit:.1} ms ({:.1}x), medians of {}", cold_med / hit.max(1e-9), a.reps);
+        println!(
+            "model {} ({threads} threads): {} shared + {} new prompt tokens",
+            path.display(),
+            a.prefix_len,
+            a.suffix_len
+        );
+        println!(
+            "TTFT cold {cold_med:.1} ms, prefix hit {hit:.1} ms ({:.1}x), medians of {}",
+            cold_med / hit.max(1e-9),
+            a.reps
+        );
     }
     Ok(())
 }

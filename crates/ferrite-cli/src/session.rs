@@ -84,12 +84,7 @@ impl EngineArgs {
     }
 
     pub fn start(&self, loaded: &LoadedModel, path: &std::path::Path) -> Result<Engine> {
-        Ok(Engine::start(
-            loaded.model.clone(),
-            loaded.tokenizer.clone(),
-            loaded.eos_token_ids(),
-            &self.config(path),
-        )?)
+        Ok(Engine::start(loaded.model.clone(), loaded.tokenizer.clone(), loaded.eos_token_ids(), &self.config(path))?)
     }
 }
 
@@ -151,14 +146,23 @@ impl Session {
     }
 
     pub fn tokenizer(&self) -> Result<&Tokenizer> {
-        self.loaded.tokenizer.as_deref().ok_or_else(|| anyhow!("this model has no tokenizer (tokenizer.json is missing)"))
+        self.loaded
+            .tokenizer
+            .as_deref()
+            .ok_or_else(|| anyhow!("this model has no tokenizer (tokenizer.json is missing)"))
     }
 
     /// Prompt ids for a conversation through the chat template.
     pub fn chat_prompt(&self, messages: &[Value]) -> Result<Vec<u32>> {
-        let tmpl = self.loaded.chat_template.as_ref().ok_or_else(|| anyhow!("this model has no chat template; use --raw"))?;
+        let tmpl =
+            self.loaded.chat_template.as_ref().ok_or_else(|| anyhow!("this model has no chat template; use --raw"))?;
         let text = tmpl
-            .render(&ChatRenderRequest { messages, tools: None, add_generation_prompt: true, extra: Default::default() })
+            .render(&ChatRenderRequest {
+                messages,
+                tools: None,
+                add_generation_prompt: true,
+                extra: Default::default(),
+            })
             .context("chat template")?;
         // The template writes every special token itself (BOS included, where the model uses one).
         Ok(self.tokenizer()?.encode(&text, false)?)

@@ -97,7 +97,12 @@ impl EngineCore {
     }
 
     /// Queue a validated request; its outputs go to `sink`.
-    pub fn add_request(&mut self, id: RequestId, req: Request, sink: UnboundedSender<Output>) -> Result<(), EngineError> {
+    pub fn add_request(
+        &mut self,
+        id: RequestId,
+        req: Request,
+        sink: UnboundedSender<Output>,
+    ) -> Result<(), EngineError> {
         let guide = req.params.constraint.as_ref().map(|c| self.grammars.compile(c)).transpose()?;
         self.add_guided(id, req, guide, sink)
     }
@@ -395,7 +400,14 @@ impl EngineCore {
     }
 
     /// Send a final output for `seq` with no new token.
-    fn finish(&mut self, seq: &mut Sequence, reason: FinishReason, stop_string: Option<String>, stop_token: Option<u32>, error: Option<String>) {
+    fn finish(
+        &mut self,
+        seq: &mut Sequence,
+        reason: FinishReason,
+        stop_string: Option<String>,
+        stop_token: Option<u32>,
+        error: Option<String>,
+    ) {
         let out = Output {
             choice: seq.choice,
             token_ids: vec![],

@@ -20,7 +20,7 @@ use crate::request::{Output, Request, RequestId};
 use crate::structured::{Grammars, Guide};
 
 enum Command {
-    Add(RequestId, Box<Request>, Option<Guide>, tokio::sync::mpsc::UnboundedSender<Output>),
+    Add(RequestId, Box<Request>, Option<Box<Guide>>, tokio::sync::mpsc::UnboundedSender<Output>),
     Abort(RequestId),
 }
 
@@ -89,7 +89,7 @@ impl Engine {
     /// Validate and queue a request. Bad requests fail here, before reaching the engine.
     pub fn submit(&self, req: Request) -> Result<RequestStream, EngineError> {
         self.limits.validate(&req)?;
-        let guide = req.params.constraint.as_ref().map(|c| self.grammars.compile(c)).transpose()?;
+        let guide = req.params.constraint.as_ref().map(|c| self.grammars.compile(c).map(Box::new)).transpose()?;
         let tx = self.tx.as_ref().ok_or(EngineError::Stopped)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (out_tx, out_rx) = unbounded_channel();
@@ -117,7 +117,7 @@ impl Drop for Engine {
 fn apply(core: &mut EngineCore, cmd: Command) {
     match cmd {
         Command::Add(id, req, guide, sink) => {
-            if let Err(e) = core.add_guided(id, *req, guide, sink) {
+            if let Err(e) = core.add_guided(id, *req, guide.map(|g| *g), sink) {
                 // Validated at submit; reaching here means the limits changed under it.
                 eprintln!("ferrite-engine: request {id} rejected: {e}");
             }

@@ -25,7 +25,13 @@ pub(crate) struct Scheduler {
 
 impl Scheduler {
     pub fn new(max_num_batched_tokens: usize, max_num_seqs: usize) -> Scheduler {
-        Scheduler { waiting: VecDeque::new(), running: Vec::new(), max_num_batched_tokens, max_num_seqs, preemptions: 0 }
+        Scheduler {
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            max_num_batched_tokens,
+            max_num_seqs,
+            preemptions: 0,
+        }
     }
 
     pub fn has_work(&self) -> bool {

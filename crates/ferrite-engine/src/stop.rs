@@ -19,7 +19,8 @@ impl StopStrings {
             return (text.to_string(), None);
         }
         self.pending.push_str(text);
-        let hit = self.stops.iter().filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s))).min_by_key(|(at, _)| *at);
+        let hit =
+            self.stops.iter().filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s))).min_by_key(|(at, _)| *at);
         if let Some((at, s)) = hit {
             let out = self.pending[..at].to_string();
             let s = s.clone();

@@ -32,13 +32,15 @@ fn batch_invariance_greedy_and_seeded() {
         .map(|i| {
             let len = rng.random_range(1..60);
             let prompt = random_prompt(&mut rng, len, vocab);
-            let params = if i % 2 == 0 { greedy(rng.random_range(1..24)) } else { seeded(rng.random_range(1..24), i, 0.8) };
+            let params =
+                if i % 2 == 0 { greedy(rng.random_range(1..24)) } else { seeded(rng.random_range(1..24), i, 0.8) };
             (prompt, params)
         })
         .collect();
     let cfg = EngineConfig { max_num_batched_tokens: 37, block_size: 4, ..EngineConfig::default() };
     let mut c = core(&m, cfg.clone());
-    let mut rxs: Vec<_> = reqs.iter().enumerate().map(|(i, (p, params))| add(&mut c, i as u64, p.clone(), params.clone())).collect();
+    let mut rxs: Vec<_> =
+        reqs.iter().enumerate().map(|(i, (p, params))| add(&mut c, i as u64, p.clone(), params.clone())).collect();
     run_to_end(&mut c);
     for (i, (p, params)) in reqs.iter().enumerate() {
         let together = collect(&mut rxs[i], 1);
@@ -52,7 +54,8 @@ fn batch_invariance_greedy_and_seeded() {
 fn chunked_prefill_equals_whole_prefill() {
     let (m, prompts) = model();
     let prompt = prompts[2].clone();
-    let whole = alone(&m, EngineConfig { max_num_batched_tokens: 4096, ..EngineConfig::default() }, prompt.clone(), greedy(20));
+    let whole =
+        alone(&m, EngineConfig { max_num_batched_tokens: 4096, ..EngineConfig::default() }, prompt.clone(), greedy(20));
     for chunk in [1, 3, 7, 16, 39] {
         for block in [1, 4, 16] {
             let cfg = EngineConfig { max_num_batched_tokens: chunk, block_size: block, ..EngineConfig::default() };
@@ -99,15 +102,23 @@ fn preemption_equals_uninterrupted() {
     let block_bytes: usize = layout.block_bytes(4).iter().sum();
     let cfg = EngineConfig { block_size: 4, kv_cache_memory: Some(24 * block_bytes), ..EngineConfig::default() };
     let mut c = core(&m, cfg);
-    let mut rxs: Vec<_> = reqs.iter().enumerate().map(|(i, (p, pr))| add(&mut c, i as u64, p.clone(), pr.clone())).collect();
+    let mut rxs: Vec<_> =
+        reqs.iter().enumerate().map(|(i, (p, pr))| add(&mut c, i as u64, p.clone(), pr.clone())).collect();
     while c.has_work() {
         c.step().expect("step");
         c.kv_manager().check_invariants().expect("invariants");
     }
-    assert!(c.metrics().preemptions.load(std::sync::atomic::Ordering::Relaxed) > 0, "the tiny pool forced no preemption");
+    assert!(
+        c.metrics().preemptions.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the tiny pool forced no preemption"
+    );
     for (i, (p, pr)) in reqs.iter().enumerate() {
         let got = collect(&mut rxs[i], 1);
-        assert_eq!(got, alone(&m, EngineConfig { block_size: 4, ..EngineConfig::default() }, p.clone(), pr.clone()), "request {i}");
+        assert_eq!(
+            got,
+            alone(&m, EngineConfig { block_size: 4, ..EngineConfig::default() }, p.clone(), pr.clone()),
+            "request {i}"
+        );
     }
 }
 
@@ -208,9 +219,27 @@ fn bad_requests_get_typed_errors_and_the_engine_carries_on() {
         (bad(p.clone(), greedy(ctx)), "exceed the context"),
         (bad(p.clone(), RequestParams { n: 0, ..greedy(4) }), "n must be between"),
         (bad(p.clone(), RequestParams { n: 1000, ..greedy(4) }), "n must be between"),
-        (bad(p.clone(), RequestParams { sampling: SamplingParams { top_p: 0.0, ..Default::default() }, ..greedy(4) }), "top_p"),
-        (bad(p.clone(), RequestParams { sampling: SamplingParams { top_p: 1.5, ..Default::default() }, ..greedy(4) }), "top_p"),
-        (bad(p.clone(), RequestParams { sampling: SamplingParams { temperature: -1.0, ..Default::default() }, ..greedy(4) }), "temperature"),
+        (
+            bad(
+                p.clone(),
+                RequestParams { sampling: SamplingParams { top_p: 0.0, ..Default::default() }, ..greedy(4) },
+            ),
+            "top_p",
+        ),
+        (
+            bad(
+                p.clone(),
+                RequestParams { sampling: SamplingParams { top_p: 1.5, ..Default::default() }, ..greedy(4) },
+            ),
+            "top_p",
+        ),
+        (
+            bad(
+                p.clone(),
+                RequestParams { sampling: SamplingParams { temperature: -1.0, ..Default::default() }, ..greedy(4) },
+            ),
+            "temperature",
+        ),
         (bad(p.clone(), RequestParams { logprobs: Some(21), ..greedy(4) }), "top_logprobs"),
         (bad(vec![1, 999_999], greedy(4)), "outside the vocabulary"),
         (bad(p.clone(), RequestParams { stop: vec!["x".into()], ..greedy(4) }), "tokenizer"),

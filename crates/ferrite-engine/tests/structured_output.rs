@@ -71,8 +71,9 @@ fn add_to(core: &mut EngineCore, id: u64, prompt: Vec<u32>, params: RequestParam
 }
 
 fn finish(rx: &mut UnboundedReceiver<Output>, n: usize) -> Vec<Done> {
-    let mut out: Vec<Done> =
-        (0..n).map(|_| Done { text: String::new(), tokens: vec![], reason: FinishReason::Abort, error: None }).collect();
+    let mut out: Vec<Done> = (0..n)
+        .map(|_| Done { text: String::new(), tokens: vec![], reason: FinishReason::Abort, error: None })
+        .collect();
     let mut ended = 0;
     while let Ok(o) = rx.try_recv() {
         let d = &mut out[o.choice];
@@ -154,7 +155,10 @@ fn regex_lark_and_choice_constraints_hold() {
     let choices = vec!["Paris".to_string(), "London".to_string(), "Rome".to_string()];
     let mut requests = Vec::new();
     for sampling in [greedy_sampling(), seeded_sampling(7), seeded_sampling(8)] {
-        requests.push((chat("Give me a phone number."), constrained(40, Constraint::Regex(regex.into()), sampling.clone())));
+        requests.push((
+            chat("Give me a phone number."),
+            constrained(40, Constraint::Regex(regex.into()), sampling.clone()),
+        ));
         requests.push((chat("Is the sky green?"), constrained(40, Constraint::Lark(lark.into()), sampling.clone())));
         requests.push((chat("Capital of France?"), constrained(20, Constraint::Choice(choices.clone()), sampling)));
     }
@@ -191,8 +195,11 @@ fn free_rows_are_unchanged_by_constrained_neighbours() {
         RequestParams { max_tokens: Some(24), ..Default::default() },
         RequestParams { max_tokens: Some(24), sampling: seeded_sampling(3), ..Default::default() },
     ];
-    let alone: Vec<Vec<u32>> =
-        free_prompts.iter().zip(&free).map(|(p, params)| run_batch(vec![(p.clone(), params.clone())]).remove(0).tokens).collect();
+    let alone: Vec<Vec<u32>> = free_prompts
+        .iter()
+        .zip(&free)
+        .map(|(p, params)| run_batch(vec![(p.clone(), params.clone())]).remove(0).tokens)
+        .collect();
     let schema = serde_json::json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
     let mut mixed = vec![
         (chat("A number in JSON."), constrained(30, Constraint::JsonSchema(schema), greedy_sampling())),
@@ -269,7 +276,8 @@ fn forced_tokens_commit_and_rollback() {
     guide.commit(&forced).expect("commit all");
     assert!(guide.is_finished());
     // A schema forces its fixed opening.
-    let schema = serde_json::json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]});
+    let schema =
+        serde_json::json!({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]});
     let mut guide = grammars.compile(&Constraint::JsonSchema(schema)).expect("compiles");
     let text = tokenizer().decode(&guide.forced_tokens(), false).expect("decode");
     assert!(text.len() >= "{\"name\":".len() && "{\"name\": \"".starts_with(&text), "forced {text:?}");

@@ -128,7 +128,8 @@ impl LayerType {
         list.iter()
             .map(|t| {
                 let name = t.as_str().unwrap_or("");
-                LayerType::from_hf(name).ok_or_else(|| format!("layer type {t} is not supported (full_attention, sliding_attention)"))
+                LayerType::from_hf(name)
+                    .ok_or_else(|| format!("layer type {t} is not supported (full_attention, sliding_attention)"))
             })
             .collect()
     }
@@ -196,13 +197,13 @@ impl ModelConfig {
             Architecture::Gemma2 | Architecture::Gemma3 | Architecture::Gemma4 => "hidden_activation",
             _ => "hidden_act",
         };
-        let act_name = cfg
-            .get(act_key)
-            .and_then(Value::as_str)
-            .unwrap_or(if arch.is_gemma() { "gelu_pytorch_tanh" } else { "silu" });
-        let hidden_act = Activation::from_hf(act_name).ok_or_else(|| {
-            err(format!("activation '{act_name}' is not supported (silu, gelu_pytorch_tanh)"))
-        })?;
+        let act_name = cfg.get(act_key).and_then(Value::as_str).unwrap_or(if arch.is_gemma() {
+            "gelu_pytorch_tanh"
+        } else {
+            "silu"
+        });
+        let hidden_act = Activation::from_hf(act_name)
+            .ok_or_else(|| err(format!("activation '{act_name}' is not supported (silu, gelu_pytorch_tanh)")))?;
         if cfg.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
             return Err(err("mlp_bias = true is not supported".into()));
         }
@@ -258,7 +259,10 @@ impl ModelConfig {
         let arch = Architecture::from_gguf(arch_name).ok_or_else(|| {
             LoadError::format(
                 path,
-                format!("unsupported architecture '{arch_name}' (supported in GGUF: {})", Architecture::supported(true)),
+                format!(
+                    "unsupported architecture '{arch_name}' (supported in GGUF: {})",
+                    Architecture::supported(true)
+                ),
             )
         })?;
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -266,7 +270,8 @@ impl ModelConfig {
         let hidden_size = req("embedding_length")?;
         let num_heads = req("attention.head_count")?;
         let num_kv_heads = g.get_u64(&key("attention.head_count_kv")).map(|v| v as usize).unwrap_or(num_heads);
-        let head_dim = g.get_u64(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / num_heads.max(1));
+        let head_dim =
+            g.get_u64(&key("attention.key_length")).map(|v| v as usize).unwrap_or(hidden_size / num_heads.max(1));
         let max_position_embeddings = req("context_length")?;
         let vocab_size = match g.get_u64(&key("vocab_size")) {
             Some(v) => v as usize,
@@ -292,14 +297,20 @@ impl ModelConfig {
                 mscale_all_dim: None,
                 truncate: true,
             },
-            Some(other) => return Err(LoadError::format(path, format!("rope scaling type '{other}' is not supported"))),
+            Some(other) => {
+                return Err(LoadError::format(path, format!("rope scaling type '{other}' is not supported")))
+            }
         };
         // llama.cpp bakes llama3-style scaling into per-frequency divisors.
         let kind = match (kind, g.tensor_info("rope_freqs.weight")) {
             (RopeKind::Default, Some(_)) => {
                 let factors = g.tensor("rope_freqs.weight")?.to_f32_vec()?;
                 if factors.len() != rotary_dim / 2 {
-                    return Err(LoadError::tensor(path, "rope_freqs.weight", format!("{} values, expected {}", factors.len(), rotary_dim / 2)));
+                    return Err(LoadError::tensor(
+                        path,
+                        "rope_freqs.weight",
+                        format!("{} values, expected {}", factors.len(), rotary_dim / 2),
+                    ));
                 }
                 RopeKind::FreqFactors { factors: factors.into_iter().map(f64::from).collect() }
             }
@@ -372,7 +383,12 @@ impl ModelConfig {
 
 /// RoPE settings from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling`; for
 /// a per-layer-type `rope_parameters` (Gemma 3), those of the full-attention layers.
-fn rope_from_hf(cfg: &Value, arch: Architecture, head_dim: usize, max_pos: usize) -> std::result::Result<RopeScaling, String> {
+fn rope_from_hf(
+    cfg: &Value,
+    arch: Architecture,
+    head_dim: usize,
+    max_pos: usize,
+) -> std::result::Result<RopeScaling, String> {
     let empty = Value::Object(Default::default());
     let params = cfg
         .get("rope_parameters")
@@ -395,7 +411,8 @@ pub(crate) fn rope_from_params(
     max_pos: usize,
 ) -> std::result::Result<RopeScaling, String> {
     let theta = get_f64(params, "rope_theta").or_else(|| get_f64(top, "rope_theta")).unwrap_or(default_theta);
-    let partial = get_f64(params, "partial_rotary_factor").or_else(|| get_f64(top, "partial_rotary_factor")).unwrap_or(1.0);
+    let partial =
+        get_f64(params, "partial_rotary_factor").or_else(|| get_f64(top, "partial_rotary_factor")).unwrap_or(1.0);
     let rope_type = params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str).unwrap_or("default");
     let rotary_dim = match rope_type {
         "default" | "proportional" => head_dim,

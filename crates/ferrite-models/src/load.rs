@@ -74,14 +74,17 @@ fn read_json(path: &Path) -> Result<Value> {
 fn build(cfg: ModelConfig, src: &ConfigSource, weights: &Weights) -> Result<Arc<dyn CausalLm>> {
     let bar = indicatif::ProgressBar::new(cfg.num_layers as u64);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let progress = |n: usize| bar.set_position(n as u64);
     let model: Arc<dyn CausalLm> = match cfg.arch {
         Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => {
             Arc::new(Llama::load(cfg, weights, &progress)?)
         }
-        Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => Arc::new(Gemma::load(cfg, src, weights, &progress)?),
+        Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => {
+            Arc::new(Gemma::load(cfg, src, weights, &progress)?)
+        }
         Architecture::Gemma4 => Arc::new(Gemma4::load(cfg, src, weights, &progress)?),
     };
     bar.finish_and_clear();
@@ -105,7 +108,8 @@ fn load_hf_dir(dir: &Path) -> Result<LoadedModel> {
         None => None,
     };
     let gen_path = dir.join("generation_config.json");
-    let generation = if gen_path.is_file() { generation_defaults(&read_json(&gen_path)?) } else { GenerationDefaults::default() };
+    let generation =
+        if gen_path.is_file() { generation_defaults(&read_json(&gen_path)?) } else { GenerationDefaults::default() };
     Ok(LoadedModel { model, tokenizer, chat_template, generation, weight_bytes: weights.file_bytes(), load_secs: 0.0 })
 }
 

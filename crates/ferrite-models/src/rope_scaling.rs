@@ -9,12 +9,24 @@ use ferrite_runtime::cpu::Rope;
 #[derive(Debug, Clone, PartialEq)]
 pub enum RopeKind {
     Default,
-    Linear { factor: f64 },
+    Linear {
+        factor: f64,
+    },
     /// NTK-aware scaling that grows the base once a sequence passes `max_position_embeddings`.
-    Dynamic { factor: f64, max_position_embeddings: usize },
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: usize },
+    Dynamic {
+        factor: f64,
+        max_position_embeddings: usize,
+    },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
     /// Per-frequency divisors, as llama.cpp stores llama3 scaling (`rope_freqs.weight`).
-    FreqFactors { factors: Vec<f64> },
+    FreqFactors {
+        factors: Vec<f64>,
+    },
     Yarn {
         factor: f64,
         original_max_position_embeddings: usize,
@@ -27,7 +39,10 @@ pub enum RopeKind {
     },
     /// Gemma 4's global layers: the first `rope_angles` frequency pairs of a full-width
     /// schedule (exponent over the whole head_dim), the rest zero (not rotated), all / `factor`.
-    Proportional { factor: f64, rope_angles: usize },
+    Proportional {
+        factor: f64,
+        rope_angles: usize,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -47,9 +62,8 @@ impl RopeScaling {
 
     pub fn rope_for(&self, seq_len: usize) -> Rope {
         let dim = self.rotary_dim;
-        let base_freqs = |base: f64| -> Vec<f64> {
-            (0..dim / 2).map(|i| 1.0 / base.powf((2 * i) as f64 / dim as f64)).collect()
-        };
+        let base_freqs =
+            |base: f64| -> Vec<f64> { (0..dim / 2).map(|i| 1.0 / base.powf((2 * i) as f64 / dim as f64)).collect() };
         let (inv, scaling) = match &self.kind {
             RopeKind::Default => (base_freqs(self.theta), 1.0),
             RopeKind::Linear { factor } => (base_freqs(self.theta).iter().map(|f| f / factor).collect(), 1.0),
@@ -149,7 +163,11 @@ mod tests {
 
     #[test]
     fn proportional_rotates_the_first_pairs_of_a_full_width_schedule() {
-        let rope = RopeScaling { theta: 10000.0, rotary_dim: 16, kind: RopeKind::Proportional { factor: 2.0, rope_angles: 2 } };
+        let rope = RopeScaling {
+            theta: 10000.0,
+            rotary_dim: 16,
+            kind: RopeKind::Proportional { factor: 2.0, rope_angles: 2 },
+        };
         let r = rope.rope_for(0);
         let want = [0.5, 0.5 * 10000f64.powf(-2.0 / 16.0), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
         assert_eq!(r.inv_freq.len(), 8);

@@ -105,11 +105,7 @@ impl Weights {
             WeightSource::Gguf(g) => g.tensor(&name)?,
         };
         if t.shape() != shape {
-            return Err(LoadError::tensor(
-                self.path(hf),
-                &name,
-                format!("shape {:?}, expected {shape:?}", t.shape()),
-            ));
+            return Err(LoadError::tensor(self.path(hf), &name, format!("shape {:?}, expected {shape:?}", t.shape())));
         }
         match self.layout.unpermute_qk {
             Some((nh, _, hd)) if hf.ends_with("q_proj.weight") => unpermute(&t, nh, hd),

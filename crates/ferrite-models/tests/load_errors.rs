@@ -185,7 +185,11 @@ fn gemma4_unknown_or_unsupported_settings() {
     let cases = [
         ("altup_num_inputs", serde_json::json!(4), "config key 'altup_num_inputs' is not supported"),
         ("use_bidirectional_attention", serde_json::json!("all"), "use_bidirectional_attention"),
-        ("per_layer_config", serde_json::json!({"1": {"intermediate_size": 64}}), "per-layer override 'intermediate_size'"),
+        (
+            "per_layer_config",
+            serde_json::json!({"1": {"intermediate_size": 64}}),
+            "per-layer override 'intermediate_size'",
+        ),
         ("num_kv_shared_layers", serde_json::json!(4), "KV-shared layer 1 has no earlier full_attention layer"),
     ];
     for (key, value, want) in cases {

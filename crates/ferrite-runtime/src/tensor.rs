@@ -50,11 +50,7 @@ impl Tensor {
         let need = Self::byte_len(dtype, &shape)?;
         let got = buffer.bytes().len();
         if got != need {
-            return Err(RuntimeError::ShortBuffer {
-                what: format!("{dtype} tensor of shape {shape:?}"),
-                need,
-                got,
-            });
+            return Err(RuntimeError::ShortBuffer { what: format!("{dtype} tensor of shape {shape:?}"), need, got });
         }
         Ok(Tensor { dtype, shape, buffer })
     }

@@ -28,10 +28,9 @@ pub fn from_format(format: &Value, param: &str) -> Result<Option<Constraint>, Ap
                 None => Err(bad(".schema", format!("'{param}' of type json_schema needs a schema"))),
             }
         }
-        Some(other) => Err(bad(
-            ".type",
-            format!("'{param}.type' must be 'text', 'json_object' or 'json_schema', got '{other}'"),
-        )),
+        Some(other) => {
+            Err(bad(".type", format!("'{param}.type' must be 'text', 'json_object' or 'json_schema', got '{other}'")))
+        }
         None => Err(bad(".type", format!("'{param}.type' must be a string"))),
     }
 }
@@ -104,10 +103,17 @@ mod tests {
     #[test]
     fn guided_fields() {
         let g = GuidedFields { guided_json: Some(json!("{\"type\": \"integer\"}")), ..Default::default() };
-        assert_eq!(g.constraint().expect("ok"), Some((Constraint::JsonSchema(json!({"type": "integer"})), "guided_json")));
+        assert_eq!(
+            g.constraint().expect("ok"),
+            Some((Constraint::JsonSchema(json!({"type": "integer"})), "guided_json"))
+        );
         let g = GuidedFields { guided_choice: Some(vec!["a".into()]), ..Default::default() };
         assert_eq!(g.constraint().expect("ok"), Some((Constraint::Choice(vec!["a".into()]), "guided_choice")));
-        let two = GuidedFields { guided_regex: Some("a".into()), guided_grammar: Some("start: \"a\"".into()), ..Default::default() };
+        let two = GuidedFields {
+            guided_regex: Some("a".into()),
+            guided_grammar: Some("start: \"a\"".into()),
+            ..Default::default()
+        };
         assert!(two.constraint().is_err());
         let bad = GuidedFields { guided_json: Some(json!("{not json")), ..Default::default() };
         assert_eq!(bad.constraint().expect_err("400").param.as_deref(), Some("guided_json"));

@@ -38,14 +38,15 @@ pub struct KvManager {
 
 impl KvManager {
     /// `prefix_namespace` turns the prefix cache on (for layouts of full-attention groups).
-    pub fn new(layout: &KvLayout, group_blocks: &[usize], block_size: usize, prefix_namespace: Option<u64>) -> KvManager {
+    pub fn new(
+        layout: &KvLayout,
+        group_blocks: &[usize],
+        block_size: usize,
+        prefix_namespace: Option<u64>,
+    ) -> KvManager {
         let all_full = layout.groups.iter().all(|g| *g == KvGroupKind::Full);
-        let groups = layout
-            .groups
-            .iter()
-            .zip(group_blocks)
-            .map(|(&kind, &n)| Group { kind, pool: BlockPool::new(n) })
-            .collect();
+        let groups =
+            layout.groups.iter().zip(group_blocks).map(|(&kind, &n)| Group { kind, pool: BlockPool::new(n) }).collect();
         let cache = prefix_namespace.filter(|_| all_full).map(PrefixCache::new);
         KvManager { groups, block_size, cache, namespace: prefix_namespace.unwrap_or(0) }
     }
@@ -100,7 +101,8 @@ impl KvManager {
 
     /// Grow every table to cover `total` positions; all or nothing.
     pub fn allocate(&mut self, kv: &mut SeqKv, total: usize) -> bool {
-        let need: Vec<usize> = kv.tables.iter().map(|t| total.div_ceil(self.block_size).saturating_sub(t.len())).collect();
+        let need: Vec<usize> =
+            kv.tables.iter().map(|t| total.div_ceil(self.block_size).saturating_sub(t.len())).collect();
         if self.groups.iter().zip(&need).any(|(g, &n)| g.pool.num_free() < n) {
             return false;
         }

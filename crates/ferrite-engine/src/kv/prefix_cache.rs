@@ -54,7 +54,9 @@ impl PrefixCache {
         let mut out = Vec::new();
         for (i, h) in self.block_hashes(tokens, block_size).into_iter().take(max_blocks).enumerate() {
             match self.map.get(&h) {
-                Some((block, toks)) if toks[..] == tokens[i * block_size..(i + 1) * block_size] => out.push((*block, h)),
+                Some((block, toks)) if toks[..] == tokens[i * block_size..(i + 1) * block_size] => {
+                    out.push((*block, h))
+                }
                 _ => break,
             }
         }

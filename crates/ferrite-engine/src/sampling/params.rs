@@ -69,7 +69,9 @@ impl SamplingParams {
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
             return Err(SamplingError::RepetitionPenalty(self.repetition_penalty));
         }
-        for (name, value) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+        for (name, value) in
+            [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)]
+        {
             if !(-2.0..=2.0).contains(&value) {
                 return Err(SamplingError::Penalty { name, value });
             }

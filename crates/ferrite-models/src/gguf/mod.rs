@@ -87,13 +87,15 @@ impl GgufFile {
             tensors.push(GgufTensorInfo { name, dims, dtype, offset });
         }
         let alignment = match metadata.get("general.alignment") {
-            Some(v) => v.as_u64().filter(|a| *a > 0 && a.is_power_of_two()).ok_or_else(|| {
-                LoadError::format(path, "general.alignment is not a power of two")
-            })?,
+            Some(v) => v
+                .as_u64()
+                .filter(|a| *a > 0 && a.is_power_of_two())
+                .ok_or_else(|| LoadError::format(path, "general.alignment is not a power of two"))?,
             None => DEFAULT_ALIGNMENT,
         };
         let data_start = (r.pos() as u64).div_ceil(alignment) * alignment;
-        let file = GgufFile { path: path.to_path_buf(), map, version, metadata, tensors, data_start: data_start as usize };
+        let file =
+            GgufFile { path: path.to_path_buf(), map, version, metadata, tensors, data_start: data_start as usize };
         for t in &file.tensors {
             file.check_extent(t)?;
         }
@@ -102,8 +104,8 @@ impl GgufFile {
 
     fn check_extent(&self, t: &GgufTensorInfo) -> Result<(usize, usize)> {
         let shape = t.shape();
-        let len = Tensor::byte_len(t.dtype, &shape)
-            .map_err(|e| LoadError::tensor(&self.path, &t.name, e.to_string()))?;
+        let len =
+            Tensor::byte_len(t.dtype, &shape).map_err(|e| LoadError::tensor(&self.path, &t.name, e.to_string()))?;
         let start = self.data_start as u64 + t.offset;
         let end = start + len as u64;
         if end > self.map.len() as u64 {
@@ -150,7 +152,8 @@ impl GgufFile {
 
     /// A required metadata key as an integer.
     pub fn require_u64(&self, key: &str) -> Result<u64> {
-        self.get_u64(key).ok_or_else(|| LoadError::format(&self.path, format!("metadata key {key} is missing or not an integer")))
+        self.get_u64(key)
+            .ok_or_else(|| LoadError::format(&self.path, format!("metadata key {key} is missing or not an integer")))
     }
 
     pub fn architecture(&self) -> Result<&str> {

@@ -42,19 +42,39 @@ pub fn linear(x: &[f32], m: usize, w: &Tensor, bias: Option<&[f32]>, out: &mut [
 
 /// `dst[m, n] (row stride dst_rs) = x[m, k] · w[n, k]ᵀ`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_f32(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, dst: &mut [f32], dst_rs: usize, par: Parallelism) {
+pub(crate) fn gemm_f32(
+    x: &[f32],
+    m: usize,
+    w: &[f32],
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    dst_rs: usize,
+    par: Parallelism,
+) {
     debug_assert!(dst.len() >= (m - 1) * dst_rs + n);
     // SAFETY: the slices cover every element the strides address (checked by the callers'
     // shape checks above), and dst does not overlap x or w.
     unsafe {
         gemm::gemm(
-            m, n, k,
-            dst.as_mut_ptr(), 1, dst_rs as isize,
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
             false,
-            x.as_ptr(), 1, k as isize,
-            w.as_ptr(), k as isize, 1,
-            0.0, 1.0,
-            false, false, false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
             par,
         );
     }

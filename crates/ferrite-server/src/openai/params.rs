@@ -60,10 +60,9 @@ impl CommonParams {
             None => None,
         };
         match (format, self.guided.constraint()?) {
-            (Some(_), Some((_, field))) => Err(ApiError::invalid_param(
-                field,
-                format!("{field} and a json response_format cannot both be set"),
-            )),
+            (Some(_), Some((_, field))) => {
+                Err(ApiError::invalid_param(field, format!("{field} and a json response_format cannot both be set")))
+            }
             (Some(c), None) | (None, Some((c, _))) => Ok(Some(c)),
             (None, None) => Ok(None),
         }

@@ -39,7 +39,8 @@ fn chat_with(extra: Value) -> Value {
 
 #[tokio::test]
 async fn chat_response_format_json_schema_strict() {
-    let format = json!({"type": "json_schema", "json_schema": {"name": "person", "schema": person_schema(), "strict": true}});
+    let format =
+        json!({"type": "json_schema", "json_schema": {"name": "person", "schema": person_schema(), "strict": true}});
     let (status, body) = post(&smol().at("/v1/chat/completions"), &chat_with(json!({"response_format": format}))).await;
     assert_eq!(status, 200, "{body}");
     let choice = &body["choices"][0];
@@ -121,7 +122,8 @@ async fn responses_text_format_json_schema() {
 #[tokio::test]
 async fn bad_constraints_are_400() {
     let chat = smol().at("/v1/chat/completions");
-    let unresolvable = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/nowhere"}}});
+    let unresolvable =
+        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/nowhere"}}});
     let got = post(&chat, &chat_with(json!({"response_format": unresolvable}))).await;
     let body = assert_error(got, 400, None, "does not compile");
     assert_eq!(body["error"]["code"], "invalid_constraint");

@@ -43,17 +43,20 @@ fn slot_of(table: &[u32], block_size: usize, pos: usize) -> Result<(usize, usize
     match table.get(pos / block_size) {
         Some(&b) if b != NO_BLOCK => Ok((b as usize, pos % block_size)),
         Some(_) => Err(RuntimeError::Shape(format!("position {pos} is in a released block"))),
-        None => Err(RuntimeError::Shape(format!(
-            "position {pos} is past the row's block table ({} blocks)",
-            table.len()
-        ))),
+        None => {
+            Err(RuntimeError::Shape(format!("position {pos} is past the row's block table ({} blocks)", table.len())))
+        }
     }
 }
 
 /// The row's block table for the KV group `layer` belongs to.
 fn table<'a>(row: &'a RowSpan, layer: &LayerKv) -> Result<&'a [u32]> {
     row.block_tables.get(layer.spec.group).map(Vec::as_slice).ok_or_else(|| {
-        RuntimeError::Shape(format!("row has {} block tables, layer needs group {}", row.block_tables.len(), layer.spec.group))
+        RuntimeError::Shape(format!(
+            "row has {} block tables, layer needs group {}",
+            row.block_tables.len(),
+            layer.spec.group
+        ))
     })
 }
 
