@@ -3,6 +3,9 @@
 //! vLLM's `guided_json`, `guided_regex`, `guided_grammar` (llguidance's Lark) and
 //! `guided_choice`, and the Responses API's `text.format` (the same formats, flattened). A
 //! constraint that does not compile is a 400 from the engine, naming the problem.
+//!
+//! Anthropic's Messages API has no output-format field; a `tool_choice` naming a tool forces
+//! the call's opening (see `conversation`) but its input is not grammar-constrained yet.
 
 use ferrite_engine::Constraint;
 use serde_json::Value;
