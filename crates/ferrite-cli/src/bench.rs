@@ -1,5 +1,6 @@
 //! `ferrite bench`: `decode` measures one sequence's prompt and decode speed the way
-//! llama-bench does (random prompt ids, a fixed number of generated tokens, EOS ignored);
+//! llama-bench does (random prompt ids, a fixed number of generated tokens, EOS ignored) —
+//! with `--json-schema`, also constrained to a JSON schema, side by side with unconstrained;
 //! `throughput` drives many concurrent requests through the engine and reports output and
 //! total tokens per second with TTFT and TPOT percentiles; `serve` (in `bench_serve`) drives
 //! an OpenAI-compatible server over HTTP. Each can print one JSON object.
@@ -10,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use ferrite_engine::{Engine, Request, RequestParams, SamplingParams};
+use ferrite_engine::{Constraint, Engine, Request, RequestParams, SamplingParams};
 use serde_json::{json, Value};
 
 use crate::session::{EngineArgs, ModelArgs, SpecArgs};
@@ -60,6 +61,9 @@ pub struct DecodeArgs {
     pub prompt_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// Also decode constrained to this JSON schema (a file), and report the speed ratio.
+    #[arg(long)]
+    pub json_schema: Option<std::path::PathBuf>,
     /// Print one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -146,10 +150,22 @@ pub(crate) fn pct(v: &[f64], q: f64) -> f64 {
 /// One request through `engine` (end tokens ignored unless `stop_at_eos`): (ttft s, tpot s,
 /// output tokens).
 fn timed_request(engine: &Engine, prompt: Vec<u32>, max_tokens: usize, stop_at_eos: bool) -> Result<(f64, f64, usize)> {
+    timed_constrained(engine, prompt, max_tokens, stop_at_eos, None)
+}
+
+/// `timed_request` under an output constraint (which may end it before `max_tokens`).
+fn timed_constrained(
+    engine: &Engine,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    stop_at_eos: bool,
+    constraint: Option<Constraint>,
+) -> Result<(f64, f64, usize)> {
     let params = RequestParams {
         sampling: SamplingParams::default(),
         max_tokens: Some(max_tokens),
         ignore_eos: !stop_at_eos,
+        constraint,
         ..Default::default()
     };
     let t0 = Instant::now();
@@ -200,14 +216,30 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let engine = engine_args.start(&loaded, &path)?;
     let ready_ms = crate::STARTED.get().map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
     let device = crate::session::device_report(&loaded, threads);
-    let (mut pp, mut tg, mut generated) = (Vec::new(), Vec::new(), 0);
-    // One warm-up run (pages in the weights), then the measured repetitions.
+    let schema = match &a.json_schema {
+        Some(file) => {
+            let text = std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
+            let schema = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
+            Some(Constraint::JsonSchema(schema))
+        }
+        None => None,
+    };
+    let (mut pp, mut tg, mut tg_json, mut json_tokens, mut generated) = (Vec::new(), Vec::new(), Vec::new(), 0, 0);
+    // One warm-up run (pages in the weights), then the measured repetitions; constrained and
+    // free runs alternate, so both see the same machine load.
     for rep in 0..=a.reps {
         let (ttft, tpot, n) = timed_request(&engine, prompt.clone(), a.gen_tokens, a.prompt_file.is_some())?;
         if rep > 0 {
             pp.push(prompt_tokens as f64 / ttft);
             tg.push(1.0 / tpot.max(1e-9));
             generated = n;
+        }
+        if let Some(c) = &schema {
+            let (_, tpot, n) = timed_constrained(&engine, prompt.clone(), a.gen_tokens, false, Some(c.clone()))?;
+            if rep > 0 {
+                tg_json.push(1.0 / tpot.max(1e-9));
+                json_tokens = n;
+            }
         }
     }
     let m = engine.metrics();
@@ -217,7 +249,9 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let steps = m.steps.load(Ordering::Relaxed) as f64 / (a.reps + 1) as f64;
     pp.sort_by(f64::total_cmp);
     tg.sort_by(f64::total_cmp);
+    tg_json.sort_by(f64::total_cmp);
     let (pmed, dmed) = (pct(&pp, 0.5), pct(&tg, 0.5));
+    let jmed = (!tg_json.is_empty()).then(|| pct(&tg_json, 0.5));
     if a.json {
         let out = json!({
             "model": path.display().to_string(), "threads": threads, "device": device,
@@ -229,6 +263,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
             "load_ms": loaded.load_secs * 1e3, "ready_ms": ready_ms,
             "prompt_tok_s": pmed, "prompt_tok_s_min": pp[0], "prompt_tok_s_max": pp[pp.len() - 1],
             "decode_tok_s": dmed, "decode_tok_s_min": tg[0], "decode_tok_s_max": tg[tg.len() - 1],
+            "json_schema_decode_tok_s": jmed, "json_schema_tokens": jmed.map(|_| json_tokens),
+            "json_schema_ratio": jmed.map(|j| j / dmed),
         });
         println!("{out}");
     } else {
@@ -240,6 +276,13 @@ fn decode(a: DecodeArgs) -> Result<()> {
         println!("test          min      median   max   (tok/s, {} reps)", a.reps);
         println!("pp{:<8} {:>8.1} {pmed:>8.1} {:>8.1}", prompt_tokens, pp[0], pp[pp.len() - 1]);
         println!("tg{:<8} {:>8.1} {dmed:>8.1} {:>8.1}", generated, tg[0], tg[tg.len() - 1]);
+        if let Some(j) = jmed {
+            let (lo, hi) = (tg_json[0], tg_json[tg_json.len() - 1]);
+            println!(
+                "tg json    {lo:>8.1} {j:>8.1} {hi:>8.1}   ({json_tokens} tokens; {:.3} × unconstrained)",
+                j / dmed
+            );
+        }
         if proposed > 0 {
             println!(
                 "acceptance {:.1} % ({accepted} of {proposed} proposed tokens), {steps:.0} forward passes a run",

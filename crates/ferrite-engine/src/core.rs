@@ -3,7 +3,8 @@
 //! reached the end of its tokens decide its tokens (sample, or verify its proposal), append,
 //! detokenize, check stops, stream, roll back rejected KV and free what finished. The engine
 //! thread (`engine.rs`) drives it; tests drive it directly. Proposal planning lives in
-//! `core/propose.rs`, token decisions and streaming in `core/emit.rs`.
+//! `core/propose.rs`, token decisions and streaming in `core/emit.rs`. Constrained rows
+//! (structured output) compute their token masks while the model runs and sample under them.
 
 mod emit;
 mod propose;
@@ -27,6 +28,7 @@ use crate::scheduler::Scheduler;
 use crate::sequence::Sequence;
 use crate::spec::{Drafter, Proposal, SpecState};
 use crate::stop::StopStrings;
+use crate::structured::{Grammars, Guide};
 
 pub struct EngineCore {
     model: Arc<dyn CausalLm>,
@@ -43,6 +45,7 @@ pub struct EngineCore {
     num_draft_tokens: usize,
     fill: crate::fill::FillMode,
     scaffold: Option<Arc<ToolScaffold>>,
+    grammars: Arc<Grammars>,
 }
 
 /// The seed of choice `i` of a request seeded with `seed`.
@@ -100,6 +103,7 @@ impl EngineCore {
         }
         let metrics = Arc::new(Metrics::default());
         metrics.set_kv(kvm.free_blocks());
+        let grammars = Arc::new(Grammars::new(tokenizer.clone(), mcfg.vocab_size, eos.clone()));
         Ok(EngineCore {
             model,
             tokenizer,
@@ -114,6 +118,7 @@ impl EngineCore {
             num_draft_tokens: cfg.num_draft_tokens,
             fill: cfg.fill,
             scaffold: cfg.tool_scaffold.clone(),
+            grammars,
         })
     }
 
@@ -129,12 +134,23 @@ impl EngineCore {
     pub fn kv_manager(&self) -> &KvManager {
         &self.kvm
     }
+    /// What output constraints compile against (shared with the `Engine` front).
+    pub fn grammars(&self) -> Arc<Grammars> {
+        self.grammars.clone()
+    }
 
     /// Queue a validated request; its outputs go to `sink`.
-    pub fn add_request(
+    pub fn add_request(&mut self, id: RequestId, req: Request, sink: UnboundedSender<Output>) -> Result<(), EngineError> {
+        let guide = req.params.constraint.as_ref().map(|c| self.grammars.compile(c)).transpose()?;
+        self.add_guided(id, req, guide, sink)
+    }
+
+    /// Queue a request whose constraint, if it has one, is already compiled into `guide`.
+    pub fn add_guided(
         &mut self,
         id: RequestId,
         req: Request,
+        guide: Option<Guide>,
         sink: UnboundedSender<Output>,
     ) -> Result<(), EngineError> {
         let max_tokens = self.limits.validate(&req)?;
@@ -165,6 +181,7 @@ impl EngineCore {
             pending_children: n - 1,
             fill,
             spec: SpecState::default(),
+            guide,
         };
         self.metrics.requests_added();
         self.sched.waiting.push_back(seq);
@@ -236,13 +253,25 @@ impl EngineCore {
         // When every row takes the plain argmax of one logits row, the model may pick the
         // tokens itself (on its device) and hand back only the ids.
         let greedy = plan.iter().all(|(idx, _, n, proposal)| *n == 0 || (proposal.is_none() && self.plain_greedy(*idx)));
+        // Constrained rows about to sample compute their token masks on a helper thread
+        // meanwhile.
+        let sampling: Vec<usize> = plan.iter().filter(|(_, _, n, _)| *n > 0).map(|(idx, ..)| *idx).collect();
+        let guides: Vec<&mut Guide> = (self.sched.running.iter_mut().enumerate())
+            .filter(|(i, _)| sampling.contains(i))
+            .filter_map(|(_, s)| s.guide.as_mut())
+            .collect();
         let (model, kv) = (&self.model, &mut self.kv);
-        let picked = ferrite_runtime::threads::run(|| {
-            if greedy {
-                model.forward_greedy(&batch, kv).map(Picks::Tokens)
-            } else {
-                model.forward(&batch, kv).map(Picks::Logits)
+        let picked = std::thread::scope(|scope| {
+            if !guides.is_empty() {
+                scope.spawn(move || guides.into_iter().for_each(Guide::prepare_mask));
             }
+            ferrite_runtime::threads::run(|| {
+                if greedy {
+                    model.forward_greedy(&batch, kv).map(Picks::Tokens)
+                } else {
+                    model.forward(&batch, kv).map(Picks::Logits)
+                }
+            })
         });
         let picks = match picked {
             Ok(p) => p,
@@ -344,18 +373,24 @@ impl EngineCore {
                 pending_children: 0,
                 fill: FillState { mode: p.fill.mode, cursor: p.fill.cursor, ..Default::default() },
                 spec: SpecState::default(),
+                guide: p.guide.clone(),
             });
         }
         out
     }
 
     /// Whether `running[idx]` takes the argmax of the raw logits this step: greedy, no
-    /// penalty, bias or banned token, no logprobs.
+    /// penalty, bias or banned token, no logprobs, no output constraint.
     fn plain_greedy(&self, idx: usize) -> bool {
         let seq = &self.sched.running[idx];
         let (p, sp) = (&seq.params, &seq.params.sampling);
         let bans = seq.generated() < p.min_tokens && !(self.eos.is_empty() && p.stop_token_ids.is_empty());
-        sp.is_greedy() && !sp.has_penalties() && sp.logit_bias.is_empty() && !bans && p.logprobs.is_none()
+        sp.is_greedy()
+            && !sp.has_penalties()
+            && sp.logit_bias.is_empty()
+            && !bans
+            && p.logprobs.is_none()
+            && seq.guide.is_none()
     }
 }
 

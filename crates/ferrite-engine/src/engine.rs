@@ -1,6 +1,7 @@
 //! `Engine`: one thread per loaded model owns the model, the KV cache and the scheduler
 //! (`EngineCore`). Requests arrive on a channel, each with its own output channel; dropping a
-//! `RequestStream` (a client that went away) aborts its request within one step.
+//! `RequestStream` (a client that went away) aborts its request within one step. A request's
+//! output constraint is compiled on the caller's thread, so a bad grammar fails `submit`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -16,9 +17,10 @@ use crate::core::EngineCore;
 use crate::error::EngineError;
 use crate::metrics::Metrics;
 use crate::request::{Output, Request, RequestId};
+use crate::structured::{Grammars, Guide};
 
 enum Command {
-    Add(RequestId, Box<Request>, tokio::sync::mpsc::UnboundedSender<Output>),
+    Add(RequestId, Box<Request>, Option<Box<Guide>>, tokio::sync::mpsc::UnboundedSender<Output>),
     Abort(RequestId),
 }
 
@@ -26,6 +28,7 @@ pub struct Engine {
     tx: Option<mpsc::Sender<Command>>,
     limits: Limits,
     metrics: Arc<Metrics>,
+    grammars: Arc<Grammars>,
     next_id: AtomicU64,
     thread: Option<JoinHandle<()>>,
 }
@@ -66,12 +69,13 @@ impl Engine {
         let core = EngineCore::new(model, tokenizer, eos, cfg)?;
         let limits = core.limits().clone();
         let metrics = core.metrics();
+        let grammars = core.grammars();
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("ferrite-engine".into())
             .spawn(move || run(core, rx))
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
-        Ok(Engine { tx: Some(tx), limits, metrics, next_id: AtomicU64::new(1), thread: Some(thread) })
+        Ok(Engine { tx: Some(tx), limits, metrics, grammars, next_id: AtomicU64::new(1), thread: Some(thread) })
     }
 
     pub fn limits(&self) -> &Limits {
@@ -85,10 +89,11 @@ impl Engine {
     /// Validate and queue a request. Bad requests fail here, before reaching the engine.
     pub fn submit(&self, req: Request) -> Result<RequestStream, EngineError> {
         self.limits.validate(&req)?;
+        let guide = req.params.constraint.as_ref().map(|c| self.grammars.compile(c).map(Box::new)).transpose()?;
         let tx = self.tx.as_ref().ok_or(EngineError::Stopped)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (out_tx, out_rx) = unbounded_channel();
-        tx.send(Command::Add(id, Box::new(req), out_tx)).map_err(|_| EngineError::Stopped)?;
+        tx.send(Command::Add(id, Box::new(req), guide, out_tx)).map_err(|_| EngineError::Stopped)?;
         Ok(RequestStream { id, rx: out_rx, tx: tx.clone() })
     }
 
@@ -111,8 +116,8 @@ impl Drop for Engine {
 
 fn apply(core: &mut EngineCore, cmd: Command) {
     match cmd {
-        Command::Add(id, req, sink) => {
-            if let Err(e) = core.add_request(id, *req, sink) {
+        Command::Add(id, req, guide, sink) => {
+            if let Err(e) = core.add_guided(id, *req, guide.map(|g| *g), sink) {
                 // Validated at submit; reaching here means the limits changed under it.
                 eprintln!("ferrite-engine: request {id} rejected: {e}");
             }

@@ -1,6 +1,7 @@
 //! Typed errors of the engine: bad requests (the caller's fault) and model failures.
 
 use crate::sampling::SamplingError;
+use crate::structured::GuideError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -26,6 +27,8 @@ pub enum EngineError {
     MinTokens { min_tokens: usize, max_tokens: usize },
     #[error(transparent)]
     Sampling(#[from] SamplingError),
+    #[error(transparent)]
+    Guide(#[from] GuideError),
     #[error("engine configuration: {0}")]
     Config(String),
     #[error("the engine has stopped")]

@@ -3,7 +3,8 @@
 //! One engine thread per model (`Engine`) owns the model, the paged KV cache and the
 //! iteration-level scheduler (`EngineCore`). Every request — one prompt or a thousand
 //! concurrent ones — runs through the same step loop: chunked prefill mixed with decode under
-//! a token budget, prefix caching, preemption by recomputation, and per-request sampling.
+//! a token budget, prefix caching, preemption by recomputation, per-request sampling, and
+//! structured output (grammar-constrained rows sharing the batch with free ones).
 
 pub mod config;
 pub mod core;
@@ -18,6 +19,7 @@ mod scheduler;
 mod sequence;
 pub mod spec;
 pub mod stop;
+pub mod structured;
 
 pub use config::{EngineConfig, Limits, Speculation};
 pub use core::EngineCore;
@@ -28,3 +30,4 @@ pub use metrics::Metrics;
 pub use request::{FinishReason, Finished, Output, Request, RequestId, RequestParams, Usage};
 pub use sampling::SamplingParams;
 pub use spec::{FillUsage, SpecUsage};
+pub use structured::{Constraint, GuideError};

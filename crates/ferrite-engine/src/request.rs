@@ -3,6 +3,7 @@
 use crate::fill::FillMode;
 use crate::sampling::{SamplingParams, TokenLogprob};
 use crate::spec::{FillUsage, SpecUsage};
+use crate::structured::Constraint;
 
 pub type RequestId = u64;
 
@@ -26,6 +27,8 @@ pub struct RequestParams {
     pub n: usize,
     /// Fill mode; `None` takes the engine's default.
     pub fill: Option<FillMode>,
+    /// The shape the output must take (structured output); every choice follows it.
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for RequestParams {
@@ -40,6 +43,7 @@ impl Default for RequestParams {
             logprobs: None,
             n: 1,
             fill: None,
+            constraint: None,
         }
     }
 }

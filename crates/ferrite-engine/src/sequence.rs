@@ -12,6 +12,7 @@ use crate::request::{Output, RequestId, RequestParams};
 use crate::sampling::TokenCounts;
 use crate::spec::SpecState;
 use crate::stop::StopStrings;
+use crate::structured::Guide;
 
 pub(crate) struct Sequence {
     pub request: RequestId,
@@ -38,6 +39,8 @@ pub(crate) struct Sequence {
     pub pending_children: usize,
     pub fill: FillState,
     pub spec: SpecState,
+    /// Its position in the output grammar, for a constrained request.
+    pub guide: Option<Guide>,
 }
 
 impl Sequence {

@@ -10,7 +10,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use ferrite_engine::sampling::SamplingError;
-use ferrite_engine::EngineError;
+use ferrite_engine::{EngineError, GuideError};
 use serde_json::json;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -138,6 +138,8 @@ impl From<EngineError> for ApiError {
             EngineError::StopWithoutTokenizer => bad("stop"),
             EngineError::MinTokens { .. } => bad("min_tokens"),
             EngineError::Sampling(s) => bad(sampling_param(s)),
+            EngineError::Guide(GuideError::Matcher(_)) => ApiError::internal(message),
+            EngineError::Guide(_) => ApiError::bad_request(message).with_code("invalid_constraint"),
             EngineError::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message),
             EngineError::Config(_) | EngineError::Model(_) => ApiError::internal(message),
         }

@@ -31,6 +31,7 @@ pub mod prompt;
 pub mod responses;
 pub mod sse;
 pub mod state;
+pub mod structured;
 pub mod web;
 
 use std::future::{Future, IntoFuture};

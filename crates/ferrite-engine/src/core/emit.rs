@@ -49,10 +49,16 @@ impl EngineCore {
         for j in 0..=drafts.len() {
             used = j;
             let seq = &mut self.sched.running[idx];
+            // A grammar failure ends the row with an error (after this token).
+            let mut failure = None;
             let (token, agreed, logprobs) = match pick {
                 Pick::Token(token) => (token, false, Vec::new()),
                 Pick::Logits(rows) => {
-                    let logits = processed(seq, &rows[j * vocab..(j + 1) * vocab], &self.eos);
+                    let raw = &rows[j * vocab..(j + 1) * vocab];
+                    let mut logits = processed(seq, raw, &self.eos);
+                    if let Some(guide) = seq.guide.as_mut() {
+                        failure = guide.constrain(logits.to_mut(), raw).err().map(|e| e.to_string());
+                    }
                     let sp = SamplingParams { seed: seq.seed, ..seq.params.sampling.clone() };
                     let step = seq.generated() as u64;
                     let (token, agreed) = match drafts.get(j) {
@@ -76,7 +82,7 @@ impl EngineCore {
             } else if j < drafts.len() {
                 tally::rejected(&mut seq.fill.usage, origin);
             }
-            outcome = self.emit(idx, token, logprobs);
+            outcome = self.emit(idx, token, logprobs, failure);
             if !matches!(outcome, Emitted::Running) {
                 break;
             }
@@ -108,7 +114,7 @@ impl EngineCore {
         let scaffold = self.scaffold.clone()?;
         let max_len = self.limits.max_model_len;
         let seq = &mut self.sched.running[idx];
-        if !seq.fill.mode.asserts_scaffolds() || seq.params.logprobs.is_some() {
+        if !seq.fill.mode.asserts_scaffolds() || seq.params.logprobs.is_some() || seq.guide.is_some() {
             return None;
         }
         let rest = scaffold.after(&mut seq.fill.cursor, token);
@@ -120,7 +126,7 @@ impl EngineCore {
         tally::proposed(&mut seq.fill.usage, &mut seq.spec.usage, p.origin, p.policy, p.len());
         self.metrics.add_asserted(p.len());
         for t in p.ids {
-            let out = self.emit(idx, t, Vec::new());
+            let out = self.emit(idx, t, Vec::new(), None);
             if !matches!(out, Emitted::Running) {
                 return Some(out);
             }
@@ -128,14 +134,22 @@ impl EngineCore {
         Some(Emitted::Running)
     }
 
-    /// Append `token` to `running[idx]`, detokenize, check its ends and stream it.
-    fn emit(&mut self, idx: usize, token: u32, logprobs: Vec<TokenLogprob>) -> Emitted {
+    /// Append `token` to `running[idx]` (advancing its grammar, if constrained), detokenize,
+    /// check its ends and stream it. `failure` ends the row with that error after the token.
+    fn emit(&mut self, idx: usize, token: u32, logprobs: Vec<TokenLogprob>, mut failure: Option<String>) -> Emitted {
         let seq = &mut self.sched.running[idx];
         let p = seq.params.clone();
         seq.tokens.push(token);
         *seq.counts.entry(token).or_insert(0) += 1;
         self.metrics.add_generated(1);
         let generated = seq.generated();
+        let mut complete = false;
+        if let (Some(guide), None) = (seq.guide.as_mut(), &failure) {
+            match guide.commit(&[token]) {
+                Ok(()) => complete = guide.is_finished(),
+                Err(e) => failure = Some(e.to_string()),
+            }
+        }
 
         let is_end = (!p.ignore_eos && self.eos.contains(&token)) || p.stop_token_ids.contains(&token);
         let mut text = String::new();
@@ -163,7 +177,16 @@ impl EngineCore {
         if reason.is_none() && (generated >= seq.max_tokens || seq.tokens.len() >= self.limits.max_model_len) {
             reason = Some(FinishReason::Length);
         }
-        if reason == Some(FinishReason::Length) {
+        if let Some(e) = failure {
+            reason = Some(FinishReason::Error);
+            error = Some(e);
+        }
+        // The grammar is complete: nothing more may follow.
+        complete &= reason.is_none();
+        if complete {
+            reason = Some(FinishReason::Stop);
+        }
+        if complete || reason == Some(FinishReason::Length) {
             if let Some(tok) = &self.tokenizer {
                 let tail = seq.detok.finish(tok).unwrap_or_default();
                 text.push_str(&seq.stops.push(&tail).0);

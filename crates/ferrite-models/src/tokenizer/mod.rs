@@ -6,19 +6,23 @@
 //! same code. On top of it sit the model's special tokens: the BOS we add (once) on request,
 //! and the set of ids that end generation.
 //!
-//! [`IncrementalDecoder`] turns a stream of generated ids into a stream of text deltas.
+//! [`IncrementalDecoder`] turns a stream of generated ids into a stream of text deltas, and
+//! [`Tokenizer::token_bytes`] gives the raw bytes of every token (for grammar-constrained
+//! decoding).
 
 mod config;
 mod gguf_vocab;
 mod incremental;
 mod pretokenize;
 mod spm;
+mod token_bytes;
 
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
 pub use incremental::IncrementalDecoder;
+pub use token_bytes::SPECIAL_TOKEN_MARKER;
 
 use crate::error::LoadError;
 use crate::gguf::GgufFile;

@@ -89,7 +89,6 @@ pub async fn chat_completions(State(app): State<Arc<App>>, body: JsonBody) -> Re
     let common: CommonParams = body.parse()?;
     let chat: ChatFields = body.parse()?;
     app.model.check(common.model.as_deref())?;
-    common.check_supported()?;
     let conversation = Conversation {
         messages: normalize_messages(&chat.messages)?,
         tools: check_tools(chat.tools.as_deref())?,

@@ -117,7 +117,6 @@ pub async fn completions(State(app): State<Arc<App>>, body: JsonBody) -> Result<
     let common: CommonParams = body.parse()?;
     let f: CompletionFields = body.parse()?;
     app.model.check(common.model.as_deref())?;
-    common.check_supported()?;
     if f.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid_param("suffix", "suffix is not supported"));
     }

@@ -1,16 +1,18 @@
 //! The request fields chat and completions share — model, sampling, stops, `n`, streaming —
 //! and their translation into the engine's `RequestParams`. Fields absent from a request take
 //! the model's `generation_config` defaults, then OpenAI's. vLLM's extras (`top_k`, `min_p`,
-//! `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`) are accepted too.
+//! `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`) are accepted too, and
+//! structured output: `response_format` or vLLM's `guided_*` fields (`structured`).
 
 use std::collections::HashMap;
 
-use ferrite_engine::{FillMode, RequestParams, SamplingParams};
+use ferrite_engine::{Constraint, FillMode, RequestParams, SamplingParams};
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::state::ModelInfo;
+use crate::structured::{self, GuidedFields};
 
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -48,15 +50,23 @@ pub struct CommonParams {
     pub response_format: Option<Value>,
     /// Fill mode (ferrite extension): "off", "strict" or "echo"; absent = the server's default.
     pub fill: Option<String>,
+    #[serde(flatten)]
+    pub guided: GuidedFields,
 }
 
 impl CommonParams {
-    /// Reject what this server cannot honour rather than ignore it.
-    pub fn check_supported(&self) -> Result<(), ApiError> {
-        match &self.response_format {
-            None | Some(Value::Null) => Ok(()),
-            Some(v) if v.get("type").and_then(Value::as_str) == Some("text") => Ok(()),
-            Some(_) => Err(ApiError::invalid_param("response_format", "structured output is not supported yet")),
+    /// The output constraint: `response_format` or one `guided_*` field, not both.
+    pub fn constraint(&self) -> Result<Option<Constraint>, ApiError> {
+        let format = match &self.response_format {
+            Some(f) => structured::from_format(f, "response_format")?,
+            None => None,
+        };
+        match (format, self.guided.constraint()?) {
+            (Some(_), Some((_, field))) => {
+                Err(ApiError::invalid_param(field, format!("{field} and a json response_format cannot both be set")))
+            }
+            (Some(c), None) | (None, Some((c, _))) => Ok(Some(c)),
+            (None, None) => Ok(None),
         }
     }
 
@@ -114,6 +124,7 @@ impl CommonParams {
             logprobs,
             n: self.n.unwrap_or(1),
             fill,
+            constraint: self.constraint()?,
         })
     }
 }

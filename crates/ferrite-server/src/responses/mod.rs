@@ -37,7 +37,7 @@ async fn create(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response,
     let started = Instant::now();
     let req: ResponsesRequest = body.parse()?;
     app.model.check(req.model.as_deref())?;
-    req.check_supported()?;
+    let constraint = req.constraint()?;
     let mut history = match &req.previous_response_id {
         Some(id) => {
             app.responses.get(id).ok_or_else(|| not_stored(id).with_param("previous_response_id"))?.messages.clone()
@@ -46,7 +46,9 @@ async fn create(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response,
     };
     history.extend(req.input_messages()?);
     let prepared = app.model.prepare_chat(&req.conversation(&history)?)?;
-    let params = prepared.request_params(req.params().to_request_params(&app.model, req.max_output_tokens, None)?);
+    let mut params =
+        prepared.request_params(req.params().to_request_params(&app.model, req.max_output_tokens, None)?);
+    params.constraint = constraint;
     let store = req.store.unwrap_or(true);
     let frame = json!({
         "id": random_id("resp_"),
@@ -66,7 +68,7 @@ async fn create(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response,
         "store": store,
         "temperature": params.sampling.temperature,
         "top_p": params.sampling.top_p,
-        "text": {"format": {"type": "text"}},
+        "text": req.text_config(),
         "tool_choice": req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
         "tools": req.tools.clone().unwrap_or_default(),
         "truncation": "disabled",

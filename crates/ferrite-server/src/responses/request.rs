@@ -3,14 +3,18 @@
 //! items are skipped), after the messages of the `previous_response_id` chain, with
 //! `instructions` as the system message (instructions are not carried along the chain);
 //! flat function `tools`; `tool_choice`; `reasoning.effort` as the template's
-//! `reasoning_effort`. `text.format` other than text is a 400 (structured output comes later).
+//! `reasoning_effort`; `text.format` (`text`, `json_object`, `json_schema`) as the output
+//! constraint.
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use ferrite_engine::Constraint;
+
 use crate::conversation::{Conversation, ToolChoice};
 use crate::error::ApiError;
 use crate::openai::params::CommonParams;
+use crate::structured;
 
 #[derive(Debug, Deserialize)]
 pub struct ResponsesRequest {
@@ -37,13 +41,17 @@ fn bad(param: impl Into<String>, message: impl Into<String>) -> ApiError {
 }
 
 impl ResponsesRequest {
-    /// Reject what this server cannot honour.
-    pub fn check_supported(&self) -> Result<(), ApiError> {
-        let format = self.text.as_ref().and_then(|t| t.get("format")).and_then(|f| f.get("type"));
-        match format.and_then(Value::as_str) {
-            None | Some("text") => Ok(()),
-            Some(_) => Err(bad("text.format", "structured output (text.format other than text) is not supported yet")),
+    /// The output constraint of `text.format`.
+    pub fn constraint(&self) -> Result<Option<Constraint>, ApiError> {
+        match self.text.as_ref().and_then(|t| t.get("format")) {
+            Some(format) => structured::from_format(format, "text.format"),
+            None => Ok(None),
         }
+    }
+
+    /// `text` as the response echoes it.
+    pub fn text_config(&self) -> Value {
+        self.text.clone().filter(|t| t.get("format").is_some()).unwrap_or_else(|| json!({"format": {"type": "text"}}))
     }
 
     /// The messages of `input`.
@@ -269,7 +277,9 @@ mod tests {
             let err = request(body).input_messages().expect_err("bad");
             assert_eq!(err.param.as_deref(), Some(param), "{err}");
         }
-        let err = request(json!({"input": "x", "text": {"format": {"type": "json_object"}}})).check_supported();
-        assert_eq!(err.expect_err("400").param.as_deref(), Some("text.format"));
+        let ok = request(json!({"input": "x", "text": {"format": {"type": "json_object"}}})).constraint();
+        assert_eq!(ok.expect("json_object"), Some(Constraint::JsonObject));
+        let err = request(json!({"input": "x", "text": {"format": {"type": "xml"}}})).constraint();
+        assert_eq!(err.expect_err("400").param.as_deref(), Some("text.format.type"));
     }
 }

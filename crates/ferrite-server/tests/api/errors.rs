@@ -125,31 +125,6 @@ async fn invalid_values_are_400_with_the_engine_message() {
 }
 
 #[tokio::test]
-async fn structured_output_is_refused_not_ignored() {
-    let m = json!([{"role": "user", "content": "x"}]);
-    for format in
-        [json!({"type": "json_object"}), json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})]
-    {
-        let body = json!({"messages": m, "response_format": format, "max_tokens": 1});
-        assert_error(
-            post(&smol().at("/v1/chat/completions"), &body).await,
-            400,
-            Some("response_format"),
-            "structured output is not supported yet",
-        );
-        let body = json!({"prompt": [1], "response_format": format});
-        assert_error(
-            post(&tiny().at("/v1/completions"), &body).await,
-            400,
-            Some("response_format"),
-            "structured output is not supported yet",
-        );
-    }
-    let body = json!({"messages": m, "response_format": {"type": "text"}, "max_tokens": 1});
-    assert_eq!(post(&smol().at("/v1/chat/completions"), &body).await.0, 200);
-}
-
-#[tokio::test]
 async fn chat_without_a_template_is_400() {
     let body = json!({"messages": [{"role": "user", "content": "x"}]});
     assert_error(post(&tiny().at("/v1/chat/completions"), &body).await, 400, None, "no chat template");

@@ -9,5 +9,6 @@ mod fill;
 mod lifecycle;
 mod ops;
 mod responses;
+mod structured;
 mod tools;
 mod web;

@@ -1,0 +1,109 @@
+//! `Constraint`: what a request's output must match, and its llguidance grammar.
+
+use llguidance::api::TopLevelGrammar;
+use serde_json::{json, Value};
+
+/// The shape a request's output must take.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// JSON valid under this JSON Schema.
+    JsonSchema(Value),
+    /// Any JSON object.
+    JsonObject,
+    /// Text matching this regular expression (Rust `regex` syntax), whole.
+    Regex(String),
+    /// Text in the language of this Lark grammar (llguidance's dialect, `start` rule).
+    Lark(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+}
+
+/// JSON laid out the way `json.dumps` writes it — `", "` and `": "`, no free whitespace — so a
+/// model cannot wander into endless blank lines. A schema's own `x-guidance` options win.
+fn layout() -> Value {
+    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+}
+
+impl Constraint {
+    pub(crate) fn grammar(&self) -> Result<TopLevelGrammar, String> {
+        Ok(match self {
+            Constraint::JsonSchema(schema) => {
+                let mut schema = schema.clone();
+                close_objects(&mut schema);
+                if let Some(obj) = schema.as_object_mut() {
+                    obj.entry("x-guidance").or_insert_with(layout);
+                }
+                TopLevelGrammar::from_json_schema(schema)
+            }
+            Constraint::JsonObject => {
+                TopLevelGrammar::from_json_schema(json!({"type": "object", "x-guidance": layout()}))
+            }
+            Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            Constraint::Lark(grammar) => TopLevelGrammar::from_lark(grammar.clone()),
+            Constraint::Choice(choices) => {
+                if choices.is_empty() {
+                    return Err("the choice list is empty".into());
+                }
+                if choices.iter().any(String::is_empty) {
+                    return Err("a choice is the empty string".into());
+                }
+                // Lark string literals are JSON strings.
+                let alts: Vec<String> = choices.iter().map(|c| Value::from(c.as_str()).to_string()).collect();
+                TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
+            }
+        })
+    }
+}
+
+/// Give every object schema that lists `properties` and says nothing about other keys
+/// `additionalProperties: false` — xgrammar's strict mode, and what OpenAI's strict schemas
+/// spell out — so a model is not led into inventing keys. Output valid under the closed schema
+/// is valid under the original. `allOf` is left alone: its branches merge, and closing one
+/// would forbid the keys of the others.
+fn close_objects(schema: &mut Value) {
+    let Some(obj) = schema.as_object_mut() else { return };
+    let open = ["additionalProperties", "patternProperties", "unevaluatedProperties", "allOf", "$ref"];
+    if obj.contains_key("properties") && !open.iter().any(|k| obj.contains_key(*k)) {
+        obj.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (key, child) in obj.iter_mut() {
+        match key.as_str() {
+            "properties" | "$defs" | "definitions" | "patternProperties" => {
+                child.as_object_mut().into_iter().flat_map(|m| m.values_mut()).for_each(close_objects)
+            }
+            "prefixItems" | "anyOf" | "oneOf" => child.as_array_mut().into_iter().flatten().for_each(close_objects),
+            "items" | "additionalProperties" => match child {
+                Value::Array(items) => items.iter_mut().for_each(close_objects),
+                other => close_objects(other),
+            },
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closes_objects_that_do_not_say() {
+        let mut s = json!({
+            "type": "object",
+            "properties": {"a": {"type": "object", "properties": {"b": {}}}, "m": {"type": "object"}},
+            "$defs": {"d": {"properties": {"x": {}}, "additionalProperties": true}},
+            "anyOf": [{"properties": {"y": {}}}],
+            "items": [{"properties": {"z": {}}}],
+        });
+        close_objects(&mut s);
+        assert_eq!(s["additionalProperties"], json!(false));
+        assert_eq!(s["properties"]["a"]["additionalProperties"], json!(false));
+        assert_eq!(s["properties"]["m"].get("additionalProperties"), None, "no properties: any object");
+        assert_eq!(s["$defs"]["d"]["additionalProperties"], json!(true), "said: kept");
+        assert_eq!(s["anyOf"][0]["additionalProperties"], json!(false));
+        assert_eq!(s["items"][0]["additionalProperties"], json!(false));
+        let mut merged = json!({"allOf": [{"properties": {"a": {}}}], "properties": {"b": {}}});
+        close_objects(&mut merged);
+        assert_eq!(merged.get("additionalProperties"), None);
+        assert_eq!(merged["allOf"][0].get("additionalProperties"), None);
+    }
+}
