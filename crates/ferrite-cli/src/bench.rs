@@ -366,8 +366,20 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
     if a.json {
         println!("{out}");
     } else {
-        println!("model {} ({device}), {} requests of {} in / {} out at concurrency {}", path.display(), a.num_requests, a.input_len, a.output_len, a.concurrency);
-        println!("output {:.1} tok/s, total {:.1} tok/s, {:.2} req/s over {wall:.1} s", out["output_tok_s"].as_f64().unwrap_or(0.0), out["total_tok_s"].as_f64().unwrap_or(0.0), out["request_s"].as_f64().unwrap_or(0.0));
+        println!(
+            "model {} ({device}), {} requests of {} in / {} out at concurrency {}",
+            path.display(),
+            a.num_requests,
+            a.input_len,
+            a.output_len,
+            a.concurrency
+        );
+        println!(
+            "output {:.1} tok/s, total {:.1} tok/s, {:.2} req/s over {wall:.1} s",
+            out["output_tok_s"].as_f64().unwrap_or(0.0),
+            out["total_tok_s"].as_f64().unwrap_or(0.0),
+            out["request_s"].as_f64().unwrap_or(0.0)
+        );
         println!("TTFT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&ttft, 0.5), pct(&ttft, 0.9), pct(&ttft, 0.99));
         println!("TPOT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&tpot, 0.5), pct(&tpot, 0.9), pct(&tpot, 0.99));
     }

@@ -140,7 +140,12 @@ impl EngineCore {
     }
 
     /// Queue a validated request; its outputs go to `sink`.
-    pub fn add_request(&mut self, id: RequestId, req: Request, sink: UnboundedSender<Output>) -> Result<(), EngineError> {
+    pub fn add_request(
+        &mut self,
+        id: RequestId,
+        req: Request,
+        sink: UnboundedSender<Output>,
+    ) -> Result<(), EngineError> {
         let guide = req.params.constraint.as_ref().map(|c| self.grammars.compile(c)).transpose()?;
         self.add_guided(id, req, guide, sink)
     }
@@ -252,7 +257,8 @@ impl EngineCore {
         // waking it from outside (see `threads::run`).
         // When every row takes the plain argmax of one logits row, the model may pick the
         // tokens itself (on its device) and hand back only the ids.
-        let greedy = plan.iter().all(|(idx, _, n, proposal)| *n == 0 || (proposal.is_none() && self.plain_greedy(*idx)));
+        let greedy =
+            plan.iter().all(|(idx, _, n, proposal)| *n == 0 || (proposal.is_none() && self.plain_greedy(*idx)));
         // Constrained rows about to sample compute their token masks on a helper thread
         // meanwhile.
         let sampling: Vec<usize> = plan.iter().filter(|(_, _, n, _)| *n > 0).map(|(idx, ..)| *idx).collect();

@@ -14,6 +14,7 @@ use common::*;
 use ferrite_engine::{EngineConfig, EngineCore, FillMode, RequestParams, SamplingParams, Speculation};
 use ferrite_models::model::CausalLm;
 use ferrite_models::LoadOptions;
+use ferrite_runtime::cuda::DeviceChoice;
 
 /// Requests: a prompt and its parameters each.
 type Requests = [(Vec<u32>, RequestParams)];
@@ -29,7 +30,9 @@ fn target() -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
 
 /// The fixture cut to its first layer: a draft that often disagrees with the full model.
 fn weak_draft() -> Arc<dyn CausalLm> {
-    ferrite_models::load_with(&fixture_dir("llama"), &LoadOptions { max_layers: Some(1) }).expect("load").model
+    ferrite_models::load_with(&fixture_dir("llama"), DeviceChoice::Cpu, &LoadOptions { max_layers: Some(1) })
+        .expect("load")
+        .model
 }
 
 fn cfg(speculation: Speculation, k: usize) -> EngineConfig {

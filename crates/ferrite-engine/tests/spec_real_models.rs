@@ -18,6 +18,7 @@ use ferrite_engine::{EngineConfig, EngineCore, FillMode, RequestParams, Speculat
 use ferrite_models::chat_template::ChatRenderRequest;
 use ferrite_models::{paths, registry, LoadOptions, LoadedModel};
 use ferrite_runtime::cpu::{set_kernel_mode, KernelMode};
+use ferrite_runtime::cuda::DeviceChoice;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::unbounded_channel;
 
@@ -25,7 +26,7 @@ fn load(name: &str, opts: LoadOptions) -> LoadedModel {
     set_kernel_mode(KernelMode::Reference);
     let path =
         registry::resolve(name, &paths::models_dir()).unwrap_or_else(|_| panic!("{name} (run `ferrite pull {name}`)"));
-    ferrite_models::load_with(&path, &opts).expect("load")
+    ferrite_models::load_with(&path, DeviceChoice::Cpu, &opts).expect("load")
 }
 
 fn smollm2() -> &'static LoadedModel {
