@@ -276,7 +276,8 @@ fn live_mask(live: usize) -> u16 {
 
 /// The few-row kernels walk 16 rows side by side, 16 short strided streams that the hardware
 /// prefetcher follows poorly. Instead, while they work on one group of 16 rows they fetch the
-/// next group (contiguous in memory) front to back, one slice per step.
+/// next group (contiguous in memory) front to back, one slice per step, into L2 (prefetching
+/// into L1 evicted the current group's lines: Qwen2.5-Coder-1.5B decode 12.1 → 12.8–13.3 tok/s).
 struct Ahead {
     next: *const u8,
     per_step: usize,
@@ -290,7 +291,10 @@ impl Ahead {
 
     #[inline(always)]
     unsafe fn step(&self, i: usize) {
-        prefetch(self.next.wrapping_add(i * self.per_step), self.per_step);
+        let p = self.next.wrapping_add(i * self.per_step);
+        for off in (0..self.per_step).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off) as *const i8);
+        }
     }
 }
 
