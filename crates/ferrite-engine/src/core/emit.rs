@@ -86,7 +86,7 @@ impl EngineCore {
             if !matches!(outcome, Emitted::Running) {
                 break;
             }
-            if let Some(after) = self.assert_scaffold(idx, token) {
+            if let Some(after) = self.assert_after(idx, token) {
                 outcome = after;
                 break;
             }
@@ -107,18 +107,22 @@ impl EngineCore {
         outcome
     }
 
-    /// After the model chose `token`: when it triggers the next run of the tool-call scaffold
-    /// (fill strict), append the rest of the run without sampling. `None` when nothing was
+    /// After the model chose `token` (fill strict or echo): append without sampling what is
+    /// known to follow — for a constrained row the tokens its grammar forces, otherwise the
+    /// rest of a tool-call scaffold run that `token` triggered. `None` when nothing was
     /// asserted. Requests that want logprobs are never asserted into (there are no logits).
-    fn assert_scaffold(&mut self, idx: usize, token: u32) -> Option<Emitted> {
-        let scaffold = self.scaffold.clone()?;
+    fn assert_after(&mut self, idx: usize, token: u32) -> Option<Emitted> {
+        let scaffold = self.scaffold.clone();
         let max_len = self.limits.max_model_len;
         let seq = &mut self.sched.running[idx];
-        if !seq.fill.mode.asserts_scaffolds() || seq.params.logprobs.is_some() || seq.guide.is_some() {
+        if !seq.fill.mode.asserts_scaffolds() || seq.params.logprobs.is_some() {
             return None;
         }
-        let rest = scaffold.after(&mut seq.fill.cursor, token);
-        let mut p = Proposal::new(rest.to_vec(), Policy::Assert, Origin::Scaffold);
+        let (ids, origin) = match seq.guide.as_mut() {
+            Some(guide) => (guide.forced_tokens(), Origin::Grammar),
+            None => (scaffold?.after(&mut seq.fill.cursor, token).to_vec(), Origin::Scaffold),
+        };
+        let mut p = Proposal::new(ids, Policy::Assert, origin);
         p.clamp(seq.room(max_len), &seq.end_tokens(&self.eos));
         if p.is_empty() {
             return None;

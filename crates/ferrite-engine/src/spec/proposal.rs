@@ -18,6 +18,8 @@ pub enum Policy {
 pub enum Origin {
     /// A tool-call scaffold of the chat template (`--fill strict`).
     Scaffold,
+    /// Tokens the request's output grammar forces next (`--fill strict`, constrained rows).
+    Grammar,
     /// An echo span found by n-gram lookup over the conversation (`--fill echo`).
     Echo,
     /// Prompt lookup as a speculative method (`--spec ngram`).
@@ -29,7 +31,7 @@ pub enum Origin {
 impl Origin {
     /// Fill proposals count in `usage.fill`, speculative ones in `usage.speculation`.
     pub fn is_fill(self) -> bool {
-        matches!(self, Origin::Scaffold | Origin::Echo)
+        matches!(self, Origin::Scaffold | Origin::Grammar | Origin::Echo)
     }
 }
 
