@@ -5,8 +5,8 @@
 # single request against `ferrite bench throughput --concurrency 1` in-process.
 #
 #   scripts/bench_serve_vs_llamacpp.sh [--threads 2] [--concurrency "1 8 32"] [--input-len 256]
-#                                      [--output-len 128] [--requests-per-client 3] [--overhead-rounds 3]
-#                                      [--only ferrite|llama]
+#                                      [--output-len 128] [--requests-per-client 3] [--overhead-rounds 9]
+#                                      [--overhead-requests 3] [--only ferrite|llama]
 #
 # What it does:
 #   1. Builds `ferrite` (cargo build --release) unless $FERRITE_BIN is set, pulls smollm2.
@@ -16,12 +16,12 @@
 #      llama-server: `-t T -np MAXC -c MAXC*1024`), waits for /health, then at each concurrency
 #      C runs `ferrite bench serve --json` with max(8, C × requests-per-client) requests against
 #      one and then the other, and stops them.
-#   4. Server overhead: --overhead-rounds rounds, each one single-request run through HTTP
-#      (`bench serve --concurrency 1` against the ferrite server) followed at once by the same
-#      workload in-process (`bench throughput --concurrency 1`: same engine settings, prompt and
-#      output lengths, greedy, EOS ignored). Decode tok/s is 1000 / TPOT p50 on both sides; the
-#      overhead is the median of the per-round ratios (pairs run back to back, so a change in
-#      the machine's load hits both).
+#   4. Server overhead: --overhead-rounds rounds, each --overhead-requests sequential requests
+#      through HTTP (`bench serve --concurrency 1` against the ferrite server) followed at once
+#      by the same workload in-process (`bench throughput --concurrency 1`: same engine
+#      settings, prompt and output lengths, greedy, EOS ignored). Decode tok/s is 1000 / TPOT
+#      p50 on both sides; the overhead is the median of the per-round ratios (short pairs run
+#      back to back, so a change in the machine's load hits both alike).
 #   5. Prints a Markdown table; the raw JSON lines go to $OUT (default
 #      $FERRITE_HOME/bench-serve-vs-llamacpp.jsonl).
 #
@@ -44,7 +44,8 @@ levels="1 8 32"
 input_len=256
 output_len=128
 per_client=3
-overhead_rounds=3
+overhead_rounds=9
+overhead_requests=3
 only=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -54,6 +55,7 @@ while [ $# -gt 0 ]; do
     --output-len) output_len="${2:?}"; shift 2 ;;
     --requests-per-client) per_client="${2:?}"; shift 2 ;;
     --overhead-rounds) overhead_rounds="${2:?}"; shift 2 ;;
+    --overhead-requests) overhead_requests="${2:?}"; shift 2 ;;
     --only) only="${2:?}"; shift 2 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -105,16 +107,15 @@ echo "load before: $(uptime)" >&2
 label() { # engine [round]: tag the JSON object on stdin
   python3 -c 'import json,sys; d=json.load(sys.stdin); d["engine"]=sys.argv[1]; d["round"]=int(sys.argv[2]); print(json.dumps(d))' "$@"
 }
-run_level() { # engine url concurrency [round]
-  local n=$(( $3 * per_client > 8 ? $3 * per_client : 8 ))
+run_level() { # engine url concurrency [round requests]
+  local n=${5:-$(( $3 * per_client > 8 ? $3 * per_client : 8 ))}
   echo "$1: concurrency $3, $n requests ($(cut -d' ' -f1-3 /proc/loadavg))" >&2
   "$FERRITE_BIN" bench serve --url "$2" --num-requests "$n" --input-len "$input_len" \
     --output-len "$output_len" --concurrency "$3" --json | label "$1" "${4:-0}" >> "$OUT"
 }
 run_in_process() { # round
-  local n=$(( per_client > 8 ? per_client : 8 ))
-  echo "ferrite in-process: concurrency 1, $n requests ($(cut -d' ' -f1-3 /proc/loadavg))" >&2
-  "$FERRITE_BIN" bench throughput smollm2 --threads "$threads" --num-requests "$n" --input-len "$input_len" \
+  echo "ferrite in-process: concurrency 1, $overhead_requests requests ($(cut -d' ' -f1-3 /proc/loadavg))" >&2
+  "$FERRITE_BIN" bench throughput smollm2 --threads "$threads" --num-requests "$overhead_requests" --input-len "$input_len" \
     --output-len "$output_len" --concurrency 1 --json | label ferrite-in-process "$1" >> "$OUT"
 }
 
@@ -142,7 +143,7 @@ done
 # ---- 4. server overhead: single request through HTTP vs in-process, back to back ---------------
 if [ -n "$fpid" ]; then
   for r in $(seq 1 "$overhead_rounds"); do
-    run_level ferrite-http-overhead "http://127.0.0.1:$fport" 1 "$r"
+    run_level ferrite-http-overhead "http://127.0.0.1:$fport" 1 "$r" "$overhead_requests"
     run_in_process "$r"
   done
 fi
