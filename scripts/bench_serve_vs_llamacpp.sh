@@ -2,10 +2,11 @@
 # Serving benchmark, ferrite against llama.cpp's llama-server on the same GGUF and threads, both
 # driven by the same harness (`ferrite bench serve`: streaming /v1/completions, random-word
 # prompts sized with each server's /tokenize, ignore_eos, greedy), plus the HTTP overhead of a
-# single request against `ferrite bench decode` in-process.
+# single request against `ferrite bench throughput --concurrency 1` in-process.
 #
 #   scripts/bench_serve_vs_llamacpp.sh [--threads 2] [--concurrency "1 8 32"] [--input-len 256]
-#                                      [--output-len 128] [--requests-per-client 3] [--only ferrite|llama]
+#                                      [--output-len 128] [--requests-per-client 3] [--overhead-rounds 9]
+#                                      [--overhead-requests 3] [--only ferrite|llama]
 #
 # What it does:
 #   1. Builds `ferrite` (cargo build --release) unless $FERRITE_BIN is set, pulls smollm2.
@@ -15,7 +16,12 @@
 #      llama-server: `-t T -np MAXC -c MAXC*1024`), waits for /health, then at each concurrency
 #      C runs `ferrite bench serve --json` with max(8, C × requests-per-client) requests against
 #      one and then the other, and stops them.
-#   4. Runs `ferrite bench decode` with the same prompt/output lengths.
+#   4. Server overhead: --overhead-rounds rounds, each --overhead-requests sequential requests
+#      through HTTP (`bench serve --concurrency 1` against the ferrite server) followed at once
+#      by the same workload in-process (`bench throughput --concurrency 1`: same engine
+#      settings, prompt and output lengths, greedy, EOS ignored). Decode tok/s is 1000 / TPOT
+#      p50 on both sides; the overhead is the median of the per-round ratios (short pairs run
+#      back to back, so a change in the machine's load hits both alike).
 #   5. Prints a Markdown table; the raw JSON lines go to $OUT (default
 #      $FERRITE_HOME/bench-serve-vs-llamacpp.jsonl).
 #
@@ -38,6 +44,8 @@ levels="1 8 32"
 input_len=256
 output_len=128
 per_client=3
+overhead_rounds=9
+overhead_requests=3
 only=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -46,6 +54,8 @@ while [ $# -gt 0 ]; do
     --input-len) input_len="${2:?}"; shift 2 ;;
     --output-len) output_len="${2:?}"; shift 2 ;;
     --requests-per-client) per_client="${2:?}"; shift 2 ;;
+    --overhead-rounds) overhead_rounds="${2:?}"; shift 2 ;;
+    --overhead-requests) overhead_requests="${2:?}"; shift 2 ;;
     --only) only="${2:?}"; shift 2 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -94,12 +104,19 @@ trap stop_servers EXIT
 
 echo "load before: $(uptime)" >&2
 : > "$OUT"
-run_level() { # engine url concurrency
-  local n=$(( $3 * per_client > 8 ? $3 * per_client : 8 ))
+label() { # engine [round]: tag the JSON object on stdin
+  python3 -c 'import json,sys; d=json.load(sys.stdin); d["engine"]=sys.argv[1]; d["round"]=int(sys.argv[2]); print(json.dumps(d))' "$@"
+}
+run_level() { # engine url concurrency [round requests]
+  local n=${5:-$(( $3 * per_client > 8 ? $3 * per_client : 8 ))}
   echo "$1: concurrency $3, $n requests ($(cut -d' ' -f1-3 /proc/loadavg))" >&2
   "$FERRITE_BIN" bench serve --url "$2" --num-requests "$n" --input-len "$input_len" \
-    --output-len "$output_len" --concurrency "$3" --json |
-    python3 -c 'import json,sys; d=json.load(sys.stdin); d["engine"]=sys.argv[1]; print(json.dumps(d))' "$1" >> "$OUT"
+    --output-len "$output_len" --concurrency "$3" --json | label "$1" "${4:-0}" >> "$OUT"
+}
+run_in_process() { # round
+  echo "ferrite in-process: concurrency 1, $overhead_requests requests ($(cut -d' ' -f1-3 /proc/loadavg))" >&2
+  "$FERRITE_BIN" bench throughput smollm2 --threads "$threads" --num-requests "$overhead_requests" --input-len "$input_len" \
+    --output-len "$output_len" --concurrency 1 --json | label ferrite-in-process "$1" >> "$OUT"
 }
 
 # Both servers stay up and the levels alternate between them, so a change in the machine's load
@@ -122,34 +139,40 @@ for c in $levels; do
   if [ -n "$fpid" ]; then run_level ferrite "http://127.0.0.1:$fport" "$c"; fi
   if [ -n "$lpid" ]; then run_level llama-server "http://127.0.0.1:$lport" "$c"; fi
 done
-stop_servers
 
-# ---- 4. in-process decode ---------------------------------------------------------------------
-if [ "$only" != llama ]; then
-  "$FERRITE_BIN" bench decode smollm2 --threads "$threads" --prompt-tokens "$input_len" \
-    --gen-tokens "$output_len" --reps 3 --json |
-    python3 -c 'import json,sys; d=json.load(sys.stdin); d["engine"]="ferrite-in-process"; print(json.dumps(d))' >> "$OUT"
+# ---- 4. server overhead: single request through HTTP vs in-process, back to back ---------------
+if [ -n "$fpid" ]; then
+  for r in $(seq 1 "$overhead_rounds"); do
+    run_level ferrite-http-overhead "http://127.0.0.1:$fport" 1 "$r" "$overhead_requests"
+    run_in_process "$r"
+  done
 fi
+stop_servers
 echo "load after: $(uptime)" >&2
 
 # ---- 5. the table -----------------------------------------------------------------------------
 python3 - "$OUT" "$threads" "$input_len" "$output_len" <<'EOF'
-import json, sys
+import json, statistics, sys
 path, threads, inp, outp = sys.argv[1:]
 rows = [json.loads(l) for l in open(path) if l.strip()]
 print(f"smollm2 Q4_1, {threads} threads, {inp} prompt tokens / {outp} output tokens, streaming /v1/completions\n")
 print("| server | conc | requests | errors | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | ITL p99 ms |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
-    if "concurrency" not in r:
+    if r["engine"] not in ("ferrite", "llama-server"):
         continue
     print(f"| {r['engine']} | {r['concurrency']} | {r['num_requests']} | {r['errors']} | {r['request_s']:.2f} | "
           f"{r['output_tok_s']:.1f} | {r['ttft_ms_p50']:.0f} | {r['ttft_ms_p99']:.0f} | {r['tpot_ms_p50']:.1f} | "
           f"{r['tpot_ms_p99']:.1f} | {r['itl_ms_p99']:.1f} |")
-single = next((r for r in rows if r.get("engine") == "ferrite" and r.get("concurrency") == 1), None)
-inproc = next((r for r in rows if r.get("engine") == "ferrite-in-process"), None)
-if single and inproc:
-    http = single["decode_tok_s_p50"]
-    print(f"\nsingle-request decode: HTTP {http:.1f} tok/s vs in-process {inproc['decode_tok_s']:.1f} tok/s "
-          f"= {100 * http / inproc['decode_tok_s']:.1f} % (floor 95 %)")
+rate = lambda r: 1000 / r["tpot_ms_p50"]  # noqa: E731 - decode tok/s of the median request
+http = {r["round"]: rate(r) for r in rows if r["engine"] == "ferrite-http-overhead"}
+inproc = {r["round"]: rate(r) for r in rows if r["engine"] == "ferrite-in-process"}
+pairs = [(http[k], inproc[k]) for k in sorted(http) if k in inproc]
+if pairs:
+    print("\nsingle-request decode tok/s (1000 / TPOT p50), HTTP vs in-process, back to back:\n")
+    print("| round | HTTP | in-process | HTTP / in-process |")
+    print("|---:|---:|---:|---:|")
+    for k, (h, i) in enumerate(pairs, 1):
+        print(f"| {k} | {h:.1f} | {i:.1f} | {100 * h / i:.1f} % |")
+    print(f"\nmedian ratio {100 * statistics.median(h / i for h, i in pairs):.1f} % (floor 95 %)")
 EOF

@@ -5,10 +5,14 @@ speaking HTTP/1.1 by hand).
 
     python3 scripts/load_test.py [--bin target/release/ferrite] [--requests 2000] [--concurrency 64]
 
-1. Starts `ferrite serve smollm2 --threads 2 --max-num-seqs 64` on a free port of 127.0.0.1.
-2. Warm-up: long prompts whose tokens add up to the whole KV cache (the cache is zeroed memory
-   that becomes resident as blocks are first written, so RSS only settles once every block has
-   been used), then one round of the short workload. RSS (VmRSS) is read after it.
+1. Starts `ferrite serve smollm2 --threads 2 --max-num-seqs 64 --kv-cache-memory 384 MiB` on a
+   free port of 127.0.0.1 (a KV cache sized for the load, not the 2 GiB default, so that
+   writing all of it during the warm-up is cheap).
+2. Warm-up: distinct 120-240-word prompts (max_tokens 1) at --concurrency until their prompt
+   tokens add up to 1.05x the KV cache. The cache is zeroed memory that becomes resident as its
+   blocks are first written, and the allocator hands out the least recently freed block, so
+   every block gets written once and RSS settles. Then one round of the short workload; RSS
+   (VmRSS) is read after it.
 3. The run: --requests streaming chat completions at --concurrency, varied short prompts,
    max_tokens 8-16; every fifth client closes its socket after the first SSE chunk (alternately
    FIN and RST) of a longer request (max_tokens 64), so the server must notice and abort it.
@@ -21,6 +25,7 @@ Prints one PASS/FAIL line per check, a summary and `N passed, M failed`; exits n
 """
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -64,8 +69,9 @@ class Totals:
 class Server:
     """`ferrite serve` on a free loopback port (--port 0; the port is read from its log)."""
 
-    def __init__(self, binary: str, args: list[str]):
-        self.proc = subprocess.Popen([binary, "serve", *args, "--host", "127.0.0.1", "--port", "0"],
+    def __init__(self, binary: str, model: str, args: list[str]):
+        self.model = model
+        self.proc = subprocess.Popen([binary, "serve", model, *args, "--host", "127.0.0.1", "--port", "0"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.log: list[str] = []
         self.port = None
@@ -192,10 +198,10 @@ async def stream_chat(port: int, body: dict, disconnect: int, res: Result) -> No
             writer.close()
 
 
-def short_body(rng: random.Random, i: int, disconnect: bool) -> dict:
-    words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12)))
+def short_body(model: str, rng: random.Random, i: int, disconnect: bool) -> dict:
+    words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6)))
     return {
-        "model": "smollm2",
+        "model": model,
         "messages": [{"role": "user", "content": f"({i}) " + rng.choice(QUESTIONS).format(words)}],
         "max_tokens": 64 if disconnect else rng.randint(8, 16),
         "temperature": rng.choice([0.0, 0.7, 1.0]),
@@ -204,13 +210,13 @@ def short_body(rng: random.Random, i: int, disconnect: bool) -> dict:
     }
 
 
-async def run_load(port: int, n: int, concurrency: int, deadline: float, seed: int,
+async def run_load(port: int, model: str, n: int, concurrency: int, deadline: float, seed: int,
                    disconnect_every: int = 5) -> Totals:
     rng = random.Random(seed)
     plans = []
     for i in range(n):
         d = 0 if i % disconnect_every else 1 + (i // disconnect_every) % 2
-        plans.append((short_body(rng, i, d != 0), d))
+        plans.append((short_body(model, rng, i, d != 0), d))
     totals = Totals()
     next_i = iter(range(n))
 
@@ -233,31 +239,35 @@ async def run_load(port: int, n: int, concurrency: int, deadline: float, seed: i
     return totals
 
 
-async def fill_kv(server: Server, deadline: float, words_per: int = 1500, wave: int = 8) -> tuple[int, int]:
-    """Write every KV block once: waves of long prompts (max_tokens 1) until their tokens add up
-    to 1.03x the cache (each request leaves under one block part-used), or until a wave no longer
-    grows RSS (a cache that is resident from the start). Returns (tokens sent, failed requests)."""
+async def fill_kv(server: Server, concurrency: int, deadline: float, words_per: int = 240) -> tuple[int, int]:
+    """Write every KV block once: distinct prompts (max_tokens 1) whose prompt tokens add up to
+    1.05x the cache. Returns (prompt tokens the server counted, failed requests)."""
     rng = random.Random(7)
-    sent = failed = i = 0
+    goal = 1.05 * (server.kv_tokens or 0)
+    planned = sent = failed = 0  # planned: a word is at least one token
+    next_i = itertools.count()
 
-    async def one(i):
-        nonlocal failed
-        text = f"Document {i}: " + " ".join(rng.choice(WORDS) for _ in range(words_per))
-        try:
-            st, _ = await asyncio.wait_for(
-                request(server.port, "POST", "/v1/completions",
-                        {"model": "smollm2", "prompt": text, "max_tokens": 1, "temperature": 0}), deadline)
-            failed += st != 200
-        except Exception:  # noqa: BLE001
-            failed += 1
+    async def client():
+        nonlocal planned, sent, failed
+        for i in next_i:
+            if planned >= goal or failed > 10:
+                return
+            words = [rng.choice(WORDS) for _ in range(rng.randint(words_per // 2, words_per))]
+            planned += len(words)
+            text = f"Document {i}: " + " ".join(words)
+            try:
+                st, body = await asyncio.wait_for(
+                    request(server.port, "POST", "/v1/completions",
+                            {"model": server.model, "prompt": text, "max_tokens": 1, "temperature": 0}), deadline)
+            except Exception:  # noqa: BLE001 - counted as a failed warm-up request
+                failed += 1
+                continue
+            if st == 200:
+                sent += json.loads(body)["usage"]["prompt_tokens"]
+            else:
+                failed += 1
 
-    while sent < 1.03 * (server.kv_tokens or 0):
-        before = server.rss_kib()
-        await asyncio.gather(*(one(i + k) for k in range(wave)))
-        i += wave
-        sent += wave * words_per
-        if server.rss_kib() - before < 0.02 * before:
-            break
+    await asyncio.gather(*(client() for _ in range(concurrency)))
     return sent, failed
 
 
@@ -308,16 +318,17 @@ class Checks:
 async def main_async(args) -> int:
     c = Checks()
     t_start = time.monotonic()
-    server = Server(args.bin, [args.model, "--threads", str(args.threads), "--max-num-seqs", "64"])
+    server = Server(args.bin, args.model, ["--threads", str(args.threads), "--max-num-seqs", str(args.concurrency),
+                               "--kv-cache-memory", str(args.kv_cache_mib << 20)])
     print(f"ferrite serve {args.model} on port {server.port}, KV cache {server.kv_tokens} tokens, "
           f"RSS {server.rss_kib() / 1024:.0f} MiB at start", flush=True)
     code = None
     try:
         t0 = time.monotonic()
-        sent, failed = (0, 0) if args.no_fill else await fill_kv(server, args.deadline * 4)
+        sent, failed = (0, 0) if args.no_fill else await fill_kv(server, args.concurrency, args.deadline)
         print(f"KV fill: {sent} prompt tokens in {time.monotonic() - t0:.1f} s, RSS {server.rss_kib() / 1024:.0f} MiB",
               flush=True)
-        warm = await run_load(server.port, args.concurrency * 2, args.concurrency, args.deadline, seed=1)
+        warm = await run_load(server.port, args.model, args.concurrency * 2, args.concurrency, args.deadline, seed=1)
         await settled(server.port)
         rss0 = server.rss_kib()
         warm_bad = failed + warm.count(lambda r: r.error is not None and not r.disconnect)
@@ -326,7 +337,7 @@ async def main_async(args) -> int:
         m_before = await metrics(server.port)
 
         t0 = time.monotonic()
-        tot = await run_load(server.port, args.requests, args.concurrency, args.deadline, seed=args.seed)
+        tot = await run_load(server.port, args.model, args.requests, args.concurrency, args.deadline, seed=args.seed)
         wall = time.monotonic() - t0
         m = await settled(server.port)
         rss1 = server.rss_kib()
@@ -366,7 +377,7 @@ async def main_async(args) -> int:
         c.check("RSS within 10 % of post-warm-up", abs(growth) <= 0.10,
                 f"{rss0 / 1024:.0f} MiB -> {rss1 / 1024:.0f} MiB ({growth * 100:+.1f} %)")
         st, body = await request(server.port, "POST", "/v1/chat/completions",
-                                 {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+                                 {"model": args.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
         c.check("the server still answers", st == 200 and b"chat.completion" in body, f"HTTP {st}")
     finally:
         code = server.stop()
@@ -385,6 +396,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--deadline", type=float, default=60.0, help="seconds any one request may take")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-cache-mib", type=int, default=384, help="the server's KV cache size")
     ap.add_argument("--no-fill", action="store_true", help="skip writing the whole KV cache during warm-up")
     return asyncio.run(main_async(ap.parse_args()))
 
