@@ -1,7 +1,9 @@
 //! Deciding and streaming a row's tokens after the forward: sample the next token, or judge a
 //! verify proposal position by position (each emitted token goes through the same stop,
-//! end-token and length checks, in order), assert a tool-call scaffold after its trigger,
-//! then commit — the KV keeps only the positions that stood.
+//! end-token and length checks, in order; a constrained row's grammar masks every position,
+//! advanced by the tokens that stood before it), assert what is known to follow (a tool-call
+//! scaffold after its trigger, or the tokens a grammar forces), then commit — the KV keeps
+//! only the positions that stood.
 
 use std::borrow::Cow;
 

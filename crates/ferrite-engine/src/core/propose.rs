@@ -23,8 +23,7 @@ impl EngineCore {
             s.spec.reserve = 0;
             // A proposal follows the pending token: at most room − 1 tokens.
             let room = s.room(max_len).saturating_sub(1);
-            // Constrained rows take no proposals: their grammar masks one position a step.
-            if s.remaining() != 1 || s.pending_children > 0 || room == 0 || s.guide.is_some() {
+            if s.remaining() != 1 || s.pending_children > 0 || room == 0 {
                 continue;
             }
             let ends = s.end_tokens(&self.eos);
