@@ -1,7 +1,7 @@
 //! Row-wise and element-wise ops on bf16 activations: embedding gather, RMSNorm (with the
-//! fused residual add), RoPE (optionally storing the rotated keys), gated activations, the KV-cache write, a device copy, random
-//! fill (synthetic weights), and the linear layer (our skinny GEMM for decode, cuBLASLt), alone
-//! or with a gated activation after it.
+//! fused residual add), RoPE (optionally storing the rotated keys and the values into the KV
+//! cache), gated activations, a device copy, random fill (synthetic weights), and the linear
+//! layer (our skinny GEMM for decode, cuBLASLt), alone or with a gated activation after it.
 //!
 //! Activations are bf16 `[tokens, features]` rows; every kernel computes in f32. Norm weights
 //! and RoPE frequencies are small f32 buffers. Inputs read as "rows of `stride` values" may be
