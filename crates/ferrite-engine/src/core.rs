@@ -11,7 +11,7 @@ mod propose;
 
 use std::sync::Arc;
 
-use ferrite_models::model::{CausalLm, StepLimits};
+use ferrite_models::model::{run_forward, CausalLm, StepLimits};
 use ferrite_models::tokenizer::{IncrementalDecoder, Tokenizer};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::{ForwardBatch, KvCache};
@@ -253,8 +253,8 @@ impl EngineCore {
             plan.push((r.index, end - s.num_computed, n_logits, proposal));
         }
         self.metrics.add_batch(batch.num_tokens());
-        // On a pool worker: each op's parallel loop then forks within the pool instead of
-        // waking it from outside (see `threads::run`).
+        // A CPU model runs on a pool worker: each op's parallel loop then forks within the
+        // pool instead of waking it from outside (see `threads::run`, `run_forward`).
         // When every row takes the plain argmax of one logits row, the model may pick the
         // tokens itself (on its device) and hand back only the ids.
         let greedy =
@@ -271,7 +271,7 @@ impl EngineCore {
             if !guides.is_empty() {
                 scope.spawn(move || guides.into_iter().for_each(Guide::prepare_mask));
             }
-            ferrite_runtime::threads::run(|| {
+            run_forward(&**model, || {
                 if greedy {
                     model.forward_greedy(&batch, kv).map(Picks::Tokens)
                 } else {

@@ -41,6 +41,14 @@ pub trait CausalLm: Send + Sync {
         Ok(logits.chunks_exact(vocab).map(|row| ferrite_runtime::cpu::argmax(row) as u32).collect())
     }
 
+    /// Whether `forward` runs its ops on the host's thread pool (a CPU model): the engine then
+    /// calls it from a pool worker (`ferrite_runtime::threads::run`), so each op forks within
+    /// the pool. A device model only queues work and waits for its device; it is called
+    /// directly, without a hop to a pool thread and back on every step.
+    fn uses_host_pool(&self) -> bool {
+        true
+    }
+
     /// Reserve what steps up to `limits` need (device workspaces); called once before
     /// `kv_memory_budget`.
     fn prepare(&self, _limits: &StepLimits) -> ferrite_runtime::Result<()> {
@@ -62,5 +70,15 @@ pub trait CausalLm: Send + Sync {
     /// The KV storage `forward` reads: `group_blocks[g]` blocks of `block_size` in group g.
     fn new_kv_cache(&self, group_blocks: &[usize], block_size: usize) -> ferrite_runtime::Result<KvCache> {
         KvCache::new(&self.kv_layout(), group_blocks, block_size)
+    }
+}
+
+/// Run `f`, a forward of `model`, where it runs best: on a pool worker for a model whose ops
+/// use the host's thread pool (`CausalLm::uses_host_pool`), directly for a device model.
+pub fn run_forward<R: Send>(model: &dyn CausalLm, f: impl FnOnce() -> R + Send) -> R {
+    if model.uses_host_pool() {
+        ferrite_runtime::threads::run(f)
+    } else {
+        f()
     }
 }

@@ -17,7 +17,7 @@ mod cuda_common;
 use cuda_common::{compare, gpu, poisoned_bf16, rand_bf16, rng, to_f32};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cpu::{self, AttentionParams};
-use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv};
+use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv, RopeShape};
 use ferrite_runtime::cuda::Gpu;
 use ferrite_runtime::kv::{KvLayerSpec, LayerKv};
 use ferrite_runtime::ForwardBatch;
@@ -128,6 +128,76 @@ fn params(h: Heads, window: Option<usize>, softcap: Option<f32>) -> AttentionPar
 /// for the cap to bend them.
 fn variants(h: Heads) -> [(AttentionParams, f32); 3] {
     [(params(h, None, None), 2.0), (params(h, Some(100), None), 2.0), (params(h, None, Some(5.0)), 8.0)]
+}
+
+/// RoPE storing the rotated keys and the values (one launch) against the CPU's RoPE then
+/// `write_kv`, and bit for bit against the GPU's RoPE then `write_kv`: a fused QKV buffer of
+/// decode rows, a prefill chunk and a padding token (slot -1), full and partial rotary.
+#[test]
+fn cuda_rope_with_kv_store_matches_cpu() {
+    let Some((gpu, _checks)) = gpu("cuda_rope_with_kv_store_matches_cpu") else { return };
+    let mut rng = rng("rope_kv");
+    for (h, rotary) in [(HEADS[0], 64), (HEADS[1], 128), (HEADS[2], 256), (HEADS[1], 32)] {
+        let (nh, nkv, hd) = (h.nh, h.nkv, h.hd);
+        let shapes: [(usize, usize); 5] = [(1, 1), (40, 1), (700, 1), (37, 37), (90, 20)];
+        let pool = shapes.iter().map(|&(ctx, _)| ctx.div_ceil(BLOCK)).sum::<usize>() + 3;
+        let mut ids: Vec<u32> = (0..pool as u32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.random_range(0..=i));
+        }
+        let mut batch = ForwardBatch::default();
+        for &(ctx, len) in &shapes {
+            let table: Vec<u32> = ids.drain(..ctx.div_ceil(BLOCK)).collect();
+            batch.push_row(&vec![0; len], ctx, vec![table], RowLogits::None);
+        }
+        let tokens = batch.num_tokens();
+        let width = (nh + 2 * nkv) * hd;
+        let (qkv_h, qkv_f) = rand_bf16(&mut rng, tokens * width, 1.0);
+        let inv_freq: Vec<f32> =
+            (0..rotary / 2).map(|i| 1.0 / 10_000f32.powf(2.0 * i as f32 / rotary as f32)).collect();
+        let scaling = 1.1f32;
+        let r = cpu::Rope { inv_freq: inv_freq.clone(), attention_scaling: scaling };
+        let part =
+            |lo: usize, hi: usize| -> Vec<f32> { qkv_f.chunks(width).flat_map(|t| t[lo..hi].to_vec()).collect() };
+        let (mut q, mut k, v) = (part(0, nh * hd), part(nh * hd, (nh + nkv) * hd), part((nh + nkv) * hd, width));
+        r.apply(&mut q, &batch.positions, nh, hd);
+        r.apply(&mut k, &batch.positions, nkv, hd);
+        let n = pool * BLOCK * nkv * hd;
+        let mut layer =
+            LayerKv { spec: KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 }, k: vec![0.0; n], v: vec![0.0; n] };
+        cpu::write_kv(&k, &v, &batch, &mut layer, BLOCK).unwrap();
+        // A padding token after the rows: the metadata gives it no slot.
+        let meta = {
+            let mut m = AttentionMeta::with_capacity(gpu, shapes.len() + 1, tokens + 1, 64).unwrap();
+            m.update(gpu, &batch, 0, BLOCK, shapes.len() + 1, None).unwrap();
+            m
+        };
+        let (pad_h, _) = rand_bf16(&mut rng, width, 1.0);
+        let all_h: Vec<_> = qkv_h.iter().chain(&pad_h).copied().collect();
+        let mut positions = batch.positions.clone();
+        positions.push(5);
+        let (pos_d, f_d) = (gpu.upload(&positions).unwrap(), gpu.upload(&inv_freq).unwrap());
+        let shape = RopeShape { tokens: tokens + 1, n_heads: nh + nkv, head_dim: hd, stride: width };
+        let mut fused = DeviceKv::new(gpu, pool, BLOCK, nkv, hd).unwrap();
+        let mut qkv_d = gpu.upload(&all_h).unwrap();
+        ops::rope(gpu, &mut qkv_d, &pos_d, &f_d, scaling, shape, Some((&meta, &mut fused))).unwrap();
+        let case = format!("{nh}/{nkv}x{hd} rot={rotary} tokens={tokens}+1 pad");
+        // As cuda_ops' RoPE test: half a bf16 ulp of |x| < 1 plus the result's rounding.
+        let got_k = to_f32(&gpu.download(&fused.k).unwrap());
+        compare("rope+kv", &format!("{case} K"), &got_k, &layer.k, 4e-3 * scaling, 1.0 / 256.0);
+        compare("rope+kv", &format!("{case} V"), &to_f32(&gpu.download(&fused.v).unwrap()), &layer.v, 0.0, 0.0);
+        let got = to_f32(&gpu.download(&qkv_d).unwrap());
+        let got_q: Vec<f32> = got.chunks(width).take(tokens).flat_map(|t| t[..nh * hd].to_vec()).collect();
+        compare("rope+kv", &format!("{case} q"), &got_q, &q, 4e-3 * scaling, 1.0 / 256.0);
+        // The two ops it replaces, on the same input: the same bits everywhere.
+        let mut apart = DeviceKv::new(gpu, pool, BLOCK, nkv, hd).unwrap();
+        let mut qkv2 = gpu.upload(&all_h).unwrap();
+        ops::rope(gpu, &mut qkv2, &pos_d, &f_d, scaling, shape, None).unwrap();
+        ops::write_kv(gpu, &qkv2.slice(nh * hd..), &qkv2.slice((nh + nkv) * hd..), width, &meta, &mut apart).unwrap();
+        compare("rope+kv", &format!("{case} == two ops: qkv"), &got, &to_f32(&gpu.download(&qkv2).unwrap()), 0.0, 0.0);
+        let apart_k = to_f32(&gpu.download(&apart.k).unwrap());
+        compare("rope+kv", &format!("{case} == two ops: K"), &got_k, &apart_k, 0.0, 0.0);
+    }
 }
 
 #[test]

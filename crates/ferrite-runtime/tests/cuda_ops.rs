@@ -125,7 +125,7 @@ fn cuda_rope_matches_cpu() {
             let mut qkv_d = gpu.upload(&qkv_h).unwrap();
             let (pos_d, f_d) = (gpu.upload(&positions).unwrap(), gpu.upload(&inv_freq).unwrap());
             let shape = RopeShape { tokens, n_heads: nq + nkv, head_dim: hd, stride: width };
-            ops::rope(gpu, &mut qkv_d, &pos_d, &f_d, scaling, shape).unwrap();
+            ops::rope(gpu, &mut qkv_d, &pos_d, &f_d, scaling, shape, None).unwrap();
             let got = to_f32(&gpu.download(&qkv_d).unwrap());
             let got_q: Vec<f32> = got.chunks(width).flat_map(|t| t[..nq * hd].to_vec()).collect();
             let got_k: Vec<f32> = got.chunks(width).flat_map(|t| t[nq * hd..(nq + nkv) * hd].to_vec()).collect();
@@ -175,6 +175,54 @@ fn cuda_gated_activations_match_cpu() {
                 &gate,
                 1e-6,
                 RTOL,
+            );
+        }
+    }
+}
+
+/// The gated MLP's gate-up projection and activation in one op: against the CPU's linear
+/// then activation (gate and up rounded to bf16, as the GPU stores them), and bit for bit
+/// against the two GPU ops it replaces. m ≤ 8 takes the skinny GEMM with the activation as its
+/// epilogue (n odd: a block's second output past the end); m = 13 falls back to the two ops.
+#[test]
+fn cuda_linear_gated_matches_cpu() {
+    let Some((gpu, _checks)) = gpu("cuda_linear_gated_matches_cpu") else { return };
+    let mut rng = rng("linear_gated");
+    for (m, n, k) in [(1, 64, 64), (3, 1001, 968), (8, 130, 4096), (13, 96, 872), (2, 7, 16)] {
+        for act in [GatedActivation::Silu, GatedActivation::GeluTanh] {
+            let (xh, xf) = rand_bf16(&mut rng, m * k, 1.0);
+            let (wh, _) = rand_bf16(&mut rng, 2 * n * k, 1.0);
+            let mut gu = vec![0f32; m * 2 * n];
+            cpu::linear(&xf, m, &bf16_tensor(2 * n, k, &wh), None, &mut gu).unwrap();
+            let gu: Vec<f32> = gu.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+            let mut want: Vec<f32> = gu.chunks(2 * n).flat_map(|r| r[..n].to_vec()).collect();
+            let up: Vec<f32> = gu.chunks(2 * n).flat_map(|r| r[n..].to_vec()).collect();
+            match act {
+                GatedActivation::Silu => cpu::silu_mul(&mut want, &up),
+                GatedActivation::GeluTanh => cpu::gelu_tanh_mul(&mut want, &up),
+            }
+            let (x_d, w_d) = (gpu.upload(&xh).unwrap(), gpu.upload(&wh).unwrap());
+            let mut scratch = poisoned_bf16(gpu, m * 2 * n);
+            let mut y = poisoned_bf16(gpu, m * n);
+            ops::linear_gated(gpu, act, &x_d, &w_d, &mut scratch, &mut y, (m, n, k)).unwrap();
+            let got = to_f32(&gpu.download(&y).unwrap());
+            // g and u may round to neighbouring bf16 values on the two sides (f32 sums in
+            // different orders, ~1e-6·k apart): act(g)·u then moves by ≤ 2^-7 of |g|+|u|
+            // (the activation's slope is ≤ 1.1), beyond the output's own rounding.
+            let case = format!("{act:?} m={m} n={n} k={k}");
+            let gmax = gu.iter().fold(0f32, |s, v| s.max(v.abs()));
+            compare("linear_gated", &case, &got, &want, 1e-6 * k as f32 + gmax * gmax / 64.0, RTOL);
+            let mut gu_d = poisoned_bf16(gpu, m * 2 * n);
+            ops::linear::<bf16>(gpu, &x_d, &w_d, None, &mut gu_d, (m, 2 * n, k)).unwrap();
+            let mut y2 = poisoned_bf16(gpu, m * n);
+            ops::gated_activation(gpu, act, &gu_d.slice(..), &gu_d.slice(n..), (m, n, 2 * n), &mut y2).unwrap();
+            compare(
+                "linear_gated",
+                &format!("{case} == two ops"),
+                &got,
+                &to_f32(&gpu.download(&y2).unwrap()),
+                0.0,
+                0.0,
             );
         }
     }

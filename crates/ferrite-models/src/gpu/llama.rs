@@ -2,10 +2,11 @@
 //! on one CUDA device, behind the same `CausalLm` interface as the CPU model.
 //!
 //! A step is: embedding gather → per layer [RMSNorm (fused with the residual add) → fused
-//! QKV GEMM (+bias) → RoPE on q and k in place → KV write → paged attention → output GEMM →
-//! RMSNorm + residual → fused gate-up GEMM → SwiGLU → down GEMM] → final norm → gather of the
-//! rows that want logits → LM head GEMM (f32 logits) → argmax. Activations are bf16, every
-//! kernel computes in f32, GEMMs accumulate in f32.
+//! QKV GEMM (+bias) → RoPE on q and k in place with the KV write (one kernel) → paged
+//! attention → output GEMM → RMSNorm + residual → fused gate-up GEMM → SwiGLU (one kernel in
+//! decode) → down GEMM] → final norm → gather of the rows that want logits → LM head GEMM (f32
+//! logits) → argmax. Activations are bf16, every kernel computes in f32, GEMMs accumulate in
+//! f32.
 //!
 //! All buffers of a step live in a `Workspace` sized once from the engine's `StepLimits`, so
 //! the decode loop allocates nothing. Pure decode steps (one query token per row, logits for
@@ -220,7 +221,7 @@ impl GpuLlama {
         let cfg = &self.cfg;
         let (d, v, inter) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
         let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let (q_w, kv_w, qkv_w) = (nh * hd, nkv * hd, qkv_rows(cfg));
+        let (q_w, qkv_w) = (nh * hd, qkv_rows(cfg));
         let eps = cfg.rms_norm_eps;
         ops::embedding(gpu, &*self.w.embed, (v, d), &ws.ids, tokens, 1.0, &mut ws.x)?;
         for (i, l) in self.w.layers.iter().enumerate() {
@@ -232,16 +233,14 @@ impl GpuLlama {
             let bias = l.qkv_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
             ops::linear(gpu, &ws.h, &l.qkv, bias, &mut ws.qkv, (tokens, qkv_w, d))?;
             let shape = RopeShape { tokens, n_heads: nh + nkv, head_dim: hd, stride: qkv_w };
-            ops::rope(gpu, &mut ws.qkv, &ws.positions, &self.inv_freq, self.rope_scaling, shape)?;
             let layer_kv = kv.device_layer_mut(i)?;
-            ops::write_kv(gpu, &ws.qkv.slice(q_w..), &ws.qkv.slice(q_w + kv_w..), qkv_w, &ws.meta, layer_kv)?;
+            let store = Some((&ws.meta, &mut *layer_kv));
+            ops::rope(gpu, &mut ws.qkv, &ws.positions, &self.inv_freq, self.rope_scaling, shape, store)?;
             let p = &self.params;
             ops::attention(gpu, &ws.qkv, qkv_w, &ws.meta, layer_kv, p, plan, &mut ws.scratch, &mut ws.attn, q_w)?;
             ops::linear(gpu, &ws.attn, &l.o, None, &mut ws.o, (tokens, d, q_w))?;
             ops::rms_norm(gpu, &ws.o, Some(&mut ws.x), &l.ffn_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
-            ops::linear(gpu, &ws.h, &l.gate_up, None, &mut ws.gate_up, (tokens, 2 * inter, d))?;
-            let up = ws.gate_up.slice(inter..);
-            ops::gated_activation(gpu, self.act, &ws.gate_up, &up, (tokens, inter, 2 * inter), &mut ws.act)?;
+            ops::linear_gated(gpu, self.act, &ws.h, &l.gate_up, &mut ws.gate_up, &mut ws.act, (tokens, inter, d))?;
             ops::linear(gpu, &ws.act, &l.down, None, &mut ws.o, (tokens, d, inter))?;
         }
         if out_rows == 0 {
@@ -400,6 +399,10 @@ impl CausalLm for GpuLlama {
             return Ok(Vec::new());
         }
         Ok(self.gpu.download(&ws.next.slice(..batch.logits_indices.len()))?)
+    }
+
+    fn uses_host_pool(&self) -> bool {
+        false
     }
 
     fn prepare(&self, limits: &StepLimits) -> RtResult<()> {

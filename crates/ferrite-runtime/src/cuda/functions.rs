@@ -31,6 +31,9 @@ pub(crate) struct Functions {
     /// `gemv_{bf16,f32}_m{1..=8}`: the skinny GEMM for m = index + 1 rows.
     pub gemv_bf16: [CudaFunction; 8],
     pub gemv_f32: [CudaFunction; 8],
+    /// `gemv_{silu,gelu}_m{1..=8}`: the skinny GEMM over `act(gate) * up` formed on load.
+    pub gemv_silu: [CudaFunction; 8],
+    pub gemv_gelu: [CudaFunction; 8],
 }
 
 impl Functions {
@@ -85,6 +88,8 @@ impl Functions {
             random_bf16: get("init", "random_bf16")?,
             gemv_bf16: per_rows("gemv_bf16")?,
             gemv_f32: per_rows("gemv_f32")?,
+            gemv_silu: per_rows("gemv_silu")?,
+            gemv_gelu: per_rows("gemv_gelu")?,
         })
     }
 }

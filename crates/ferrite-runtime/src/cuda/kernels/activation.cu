@@ -1,13 +1,7 @@
 // Gated activations: out = act(gate) * up, f32 math, bf16 in and out. gate and up are rows of
 // `in_stride` values (separate buffers, or the two halves of a fused gate_up GEMM output);
-// out is [tokens, inter] contiguous. Grid-stride over tokens * inter.
-
-__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
-
-__device__ __forceinline__ float gelu_tanh(float g) {
-    const float k = 0.7978845608f;  // sqrt(2 / pi)
-    return 0.5f * g * (1.f + tanhf(k * (g + 0.044715f * g * g * g)));
-}
+// out is [tokens, inter] contiguous. Grid-stride over tokens * inter. (The skinny GEMM of
+// gemv.cu applies the same activations as its epilogue, `gemv_silu_m*` / `gemv_gelu_m*`.)
 
 #define GATED(NAME, ACT)                                                                               \
     extern "C" __global__ void NAME(const bf16_t* __restrict__ gate, const bf16_t* __restrict__ up,     \

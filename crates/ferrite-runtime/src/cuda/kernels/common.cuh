@@ -65,3 +65,11 @@ __device__ __forceinline__ void unpack8(uint4 raw, float* f) {
         f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
 }
+
+// The gated activations' nonlinearities (activation.cu, and gemv.cu's fused input).
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+__device__ __forceinline__ float gelu_tanh(float g) {
+    const float k = 0.7978845608f;  // sqrt(2 / pi)
+    return 0.5f * g * (1.f + tanhf(k * (g + 0.044715f * g * g * g)));
+}

@@ -6,6 +6,13 @@
 // shared memory. A row of 4096 values is one step, so a layer's GEMV costs about one memory
 // round trip plus the streaming. Needs k % 8 == 0 and 16-byte aligned rows.
 // Grid: ceil(n / GEMV_ROWS) blocks of GEMV_THREADS threads.
+//
+// The gated variants (`gemv_silu_m*`, `gemv_gelu_m*`) are a gated MLP's gate-up projection
+// with its activation as the epilogue: W holds 2n rows (gate rows, then up rows) and
+// y[m, n] = act(gate) * up. A block takes the gate and up rows of 2 outputs (its 4 rows),
+// rounds both sums to bf16 as the plain GEMV stores them, and stores act(g) * u as
+// `silu_mul` / `gelu_tanh_mul` would: the same bits as the two kernels, one launch, and no
+// round trip of the gate-up output through memory. Grid: ceil(n / 2) blocks.
 
 #define GEMV_THREADS 256
 #define GEMV_ROWS 4
@@ -13,17 +20,25 @@
 __device__ __forceinline__ void store_out(bf16_t* y, float v) { *y = f2bf(v); }
 __device__ __forceinline__ void store_out(float* y, float v) { *y = v; }
 
-template <int M, typename Out>
+#define ACT_NONE 0
+#define ACT_SILU 1
+#define ACT_GELU 2
+
+template <int M, int ACT, typename Out>
 __device__ __forceinline__ void gemv(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
                                      const bf16_t* __restrict__ bias, Out* __restrict__ y, int n, int k) {
     __shared__ float part[GEMV_THREADS / 32][M][GEMV_ROWS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = blockIdx.x * GEMV_ROWS;
+    // Plain: rows row0 .. row0 + 3. Gated: gate rows j0, j0 + 1 and up rows n + j0, n + j0 + 1.
+    const int row0 = blockIdx.x * (ACT == ACT_NONE ? GEMV_ROWS : 2);
     const int k8 = k >> 3;
     const uint4 zero = make_uint4(0, 0, 0, 0);
     const uint4* wr[GEMV_ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) wr[r] = (const uint4*)(w + (u64)min(row0 + r, n - 1) * k);
+    for (int r = 0; r < GEMV_ROWS; r++) {
+        const int row = ACT == ACT_NONE ? min(row0 + r, n - 1) : (r < 2 ? 0 : n) + min(row0 + (r & 1), n - 1);
+        wr[r] = (const uint4*)(w + (u64)row * k);
+    }
     float acc[M][GEMV_ROWS];
 #pragma unroll
     for (int i = 0; i < M; i++)
@@ -62,6 +77,21 @@ __device__ __forceinline__ void gemv(const bf16_t* __restrict__ x, const bf16_t*
             if (lane == 0) part[warp][i][r] = v;
         }
     __syncthreads();
+    if (ACT != ACT_NONE) {
+        if (threadIdx.x < M * 2) {
+            const int i = threadIdx.x / 2, q = threadIdx.x % 2, row = row0 + q;
+            float g = 0.f, u = 0.f;
+#pragma unroll
+            for (int p = 0; p < GEMV_THREADS / 32; p++) {
+                g += part[p][i][q];
+                u += part[p][i][q + 2];
+            }
+            g = bf2f(f2bf(g));
+            u = bf2f(f2bf(u));
+            if (row < n) store_out(y + (u64)i * n + row, (ACT == ACT_SILU ? silu(g) : gelu_tanh(g)) * u);
+        }
+        return;
+    }
     if (threadIdx.x < M * GEMV_ROWS) {
         const int i = threadIdx.x / GEMV_ROWS, r = threadIdx.x % GEMV_ROWS, row = row0 + r;
         float v = 0.f;
@@ -71,14 +101,22 @@ __device__ __forceinline__ void gemv(const bf16_t* __restrict__ x, const bf16_t*
     }
 }
 
-#define GEMV_KERNELS(M)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                            \
-        gemv_bf16_m##M(const bf16_t* x, const bf16_t* w, const bf16_t* bias, bf16_t* y, int n, int k) {  \
-        gemv<M, bf16_t>(x, w, bias, y, n, k);                                                             \
-    }                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                            \
-        gemv_f32_m##M(const bf16_t* x, const bf16_t* w, const bf16_t* bias, float* y, int n, int k) {    \
-        gemv<M, float>(x, w, bias, y, n, k);                                                              \
+#define GEMV_KERNELS(M)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                           \
+        gemv_bf16_m##M(const bf16_t* x, const bf16_t* w, const bf16_t* bias, bf16_t* y, int n, int k) { \
+        gemv<M, ACT_NONE, bf16_t>(x, w, bias, y, n, k);                                                  \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                           \
+        gemv_f32_m##M(const bf16_t* x, const bf16_t* w, const bf16_t* bias, float* y, int n, int k) {   \
+        gemv<M, ACT_NONE, float>(x, w, bias, y, n, k);                                                   \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                           \
+        gemv_silu_m##M(const bf16_t* x, const bf16_t* w, bf16_t* y, int n, int k) {                      \
+        gemv<M, ACT_SILU, bf16_t>(x, w, nullptr, y, n, k);                                               \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                           \
+        gemv_gelu_m##M(const bf16_t* x, const bf16_t* w, bf16_t* y, int n, int k) {                      \
+        gemv<M, ACT_GELU, bf16_t>(x, w, nullptr, y, n, k);                                               \
     }
 
 GEMV_KERNELS(1)

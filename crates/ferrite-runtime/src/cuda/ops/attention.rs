@@ -171,6 +171,12 @@ impl HostMeta {
 }
 
 impl AttentionMeta {
+    /// The cache slot of each query token (negative: none) and the block size it counts in,
+    /// for kernels that store keys besides `write_kv`.
+    pub(crate) fn slots(&self) -> (&CudaSlice<i32>, usize) {
+        (&self.slot_mapping, self.block_size)
+    }
+
     /// Build and upload the metadata of `batch` for KV group `group` with `block_size`.
     pub fn upload(gpu: &Gpu, batch: &ForwardBatch, group: usize, block_size: usize) -> CudaResult<AttentionMeta> {
         let h = HostMeta::build(batch, group, block_size, None, 0)?;

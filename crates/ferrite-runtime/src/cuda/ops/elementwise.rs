@@ -1,17 +1,19 @@
 //! Row-wise and element-wise ops on bf16 activations: embedding gather, RMSNorm (with the
-//! fused residual add), RoPE, gated activations, the KV-cache write, a device copy, random
-//! fill (synthetic weights), and the linear layer (our skinny GEMM for decode, cuBLASLt).
+//! fused residual add), RoPE (optionally storing the rotated keys and the values into the KV
+//! cache), gated activations, a device copy, random fill (synthetic weights), and the linear
+//! layer (our skinny GEMM for decode, cuBLASLt), alone or with a gated activation after it.
 //!
 //! Activations are bf16 `[tokens, features]` rows; every kernel computes in f32. Norm weights
 //! and RoPE frequencies are small f32 buffers. Inputs read as "rows of `stride` values" may be
 //! views into a wider buffer (the q, k, v parts of a fused QKV projection).
 
-use cudarc::driver::{DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
 
 use crate::cuda::blas::GemmOutput;
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
+use crate::cuda::ops::attention::{AttentionMeta, DeviceKv};
 
 fn check(ok: bool, what: impl FnOnce() -> String) -> CudaResult<()> {
     if ok {
@@ -116,6 +118,10 @@ pub struct RopeShape {
 /// Rotate the heads of `x` in place (rotate-half layout) at `positions`; `inv_freq` has
 /// rotary_dim / 2 values (partial rotary when rotary_dim < head_dim); cos and sin are scaled
 /// by `scaling`. A fused QKV buffer rotates its q and k heads in one call.
+///
+/// With `kv`, the last `kv.n_kv_heads` of the shape's heads are key heads followed in each
+/// row by as many value heads (a fused QKV row), and the same launch stores the rotated keys
+/// and the values into the cache at `meta`'s slots, as `write_kv` would.
 pub fn rope(
     gpu: &Gpu,
     x: &mut impl DevicePtrMut<bf16>,
@@ -123,22 +129,46 @@ pub fn rope(
     inv_freq: &impl DevicePtr<f32>,
     scaling: f32,
     s: RopeShape,
+    kv: Option<(&AttentionMeta, &mut DeviceKv)>,
 ) -> CudaResult<()> {
     let half = inv_freq.len();
-    let width = s.n_heads * s.head_dim;
+    let n_kv = kv.as_ref().map_or(0, |(_, c)| c.n_kv_heads);
+    let width = (s.n_heads + n_kv) * s.head_dim;
     let need = if s.tokens == 0 { 0 } else { (s.tokens - 1) * s.stride + width };
     check(2 * half <= s.head_dim && s.stride >= width && positions.len() >= s.tokens && x.len() >= need, || {
-        format!("rope {s:?} with {half} frequencies: x {}, positions {}", x.len(), positions.len())
+        format!("rope {s:?} with {half} frequencies and {n_kv} KV heads: x {}, positions {}", x.len(), positions.len())
     })?;
-    if s.tokens == 0 || half == 0 {
+    let (mut sp, mut kc, mut vc, mut bs) = (0u64, 0u64, 0u64, 0i32);
+    if let Some((meta, cache)) = kv {
+        let (slots, block_size) = meta.slots();
+        let pool = cache.num_blocks * cache.block_size * cache.n_kv_heads * cache.head_dim;
+        check(
+            meta.tokens == s.tokens
+                && block_size == cache.block_size
+                && cache.head_dim == s.head_dim
+                && n_kv <= s.n_heads
+                && cache.k.len() >= pool
+                && cache.v.len() >= pool,
+            || {
+                format!(
+                    "rope {s:?} storing into a cache of {n_kv} KV heads x {}, block size {} (meta: {} tokens, block \
+                     size {block_size})",
+                    cache.head_dim, cache.block_size, meta.tokens
+                )
+            },
+        )?;
+        (sp, kc, vc, bs) =
+            (gpu.ptr(slots), gpu.ptr_mut(&mut cache.k), gpu.ptr_mut(&mut cache.v), cache.block_size as i32);
+    }
+    if s.tokens == 0 || (half == 0 && sp == 0) {
         return Ok(());
     }
     let (xp, pp, fp) = (gpu.ptr_mut(x), gpu.ptr(positions), gpu.ptr(inv_freq));
-    let [nh, hd, half_i, st] = [s.n_heads, s.head_dim, half, s.stride].map(|v| v as i32);
+    let [nh, hd, half_i, st, nkv] = [s.n_heads, s.head_dim, half, s.stride, n_kv].map(|v| v as i32);
     gpu.launch(
         &gpu.fns.rope,
-        cfg((s.tokens as u32, s.n_heads as u32, 1), half.next_multiple_of(32).min(256) as u32, 0),
-        &[&xp, &pp, &fp, &nh, &hd, &half_i, &scaling, &st],
+        cfg((s.tokens as u32, s.n_heads as u32, 1), half.next_multiple_of(32).clamp(32, 256) as u32, 0),
+        &[&xp, &pp, &fp, &nh, &hd, &half_i, &scaling, &st, &sp, &nkv, &kc, &vc, &bs],
     )
 }
 
@@ -239,4 +269,38 @@ pub fn linear<O: GemmOutput>(
     let (n_i, k_i) = (n as i32, k as i32);
     // Blocks of 256 threads (GEMV_THREADS), each computing 4 output features (GEMV_ROWS).
     gpu.launch(f, cfg((n.div_ceil(4) as u32, 1, 1), 256, 0), &[&xp, &wp, &bp, &yp, &n_i, &k_i])
+}
+
+/// `y[m, n] = act(x·W_gateᵀ) * (x·W_upᵀ)`, bf16 out: a gated MLP's fused gate-up projection
+/// (`w` of `[2n, k]`, the gate rows then the up rows) and its activation. For decode-sized m
+/// the skinny GEMM applies the activation as its epilogue (the same bits as `linear` into
+/// `gate_up` then `gated_activation`, one launch and no round trip of the gate-up output);
+/// otherwise it is those two ops, with `gate_up` (at least m·2n values) between them.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_gated(
+    gpu: &Gpu,
+    activation: GatedActivation,
+    x: &impl DevicePtr<bf16>,
+    w: &impl DevicePtr<bf16>,
+    gate_up: &mut CudaSlice<bf16>,
+    y: &mut impl DevicePtrMut<bf16>,
+    (m, n, k): (usize, usize, usize),
+) -> CudaResult<()> {
+    let (xp, wp) = (gpu.ptr(x), gpu.ptr(w));
+    let skinny = (1..=GEMV_MAX_ROWS).contains(&m) && n > 0 && k > 0 && k.is_multiple_of(8);
+    if !skinny || !xp.is_multiple_of(16) || !wp.is_multiple_of(16) {
+        linear::<bf16>(gpu, x, w, None, gate_up, (m, 2 * n, k))?;
+        return gated_activation(gpu, activation, &*gate_up, &gate_up.slice(n..), (m, n, 2 * n), y);
+    }
+    check(x.len() >= m * k && w.len() >= 2 * n * k && y.len() >= m * n, || {
+        format!("gated linear m={m} n={n} k={k}: x {}, w {}, y {}", x.len(), w.len(), y.len())
+    })?;
+    let f = match activation {
+        GatedActivation::Silu => &gpu.fns.gemv_silu[m - 1],
+        GatedActivation::GeluTanh => &gpu.fns.gemv_gelu[m - 1],
+    };
+    let yp = gpu.ptr_mut(y);
+    let (n_i, k_i) = (n as i32, k as i32);
+    // A block per 2 outputs: their gate and up rows are its 4 rows (GEMV_ROWS).
+    gpu.launch(f, cfg((n.div_ceil(2) as u32, 1, 1), 256, 0), &[&xp, &wp, &yp, &n_i, &k_i])
 }

@@ -6,6 +6,7 @@ pub mod sampling;
 
 pub use attention::{attention, write_kv, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv};
 pub use elementwise::{
-    copy, embedding, gated_activation, linear, random_uniform, rms_norm, rope, GatedActivation, RopeShape, TableElement,
+    copy, embedding, gated_activation, linear, linear_gated, random_uniform, rms_norm, rope, GatedActivation,
+    RopeShape, TableElement,
 };
 pub use sampling::{argmax, sample, RowSampling, SamplingParamsDev};
