@@ -130,6 +130,38 @@ fn pack(rows: PanelRows<'_>, cols: usize, pc: usize, kc: usize, scratch: &mut Sc
     Ok(())
 }
 
+/// The `R` × 32 output tile at `c` (row stride `ldc`; `mask` marks its live columns) as
+/// accumulators: its current values when `accumulate`, zeros otherwise.
+#[inline(always)]
+pub(crate) unsafe fn load_tile<const R: usize>(
+    c: *mut f32,
+    ldc: usize,
+    mask: u32,
+    accumulate: bool,
+) -> [[__m512; 2]; R] {
+    let (m0, m1) = ((mask & 0xFFFF) as u16, (mask >> 16) as u16);
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    if accumulate {
+        for (i, a) in acc.iter_mut().enumerate() {
+            let row = c.add(i * ldc);
+            a[0] = _mm512_maskz_loadu_ps(m0, row);
+            a[1] = _mm512_maskz_loadu_ps(m1, row.wrapping_add(16));
+        }
+    }
+    acc
+}
+
+/// Store accumulators `acc` to the live columns of the output tile at `c` (see `load_tile`).
+#[inline(always)]
+pub(crate) unsafe fn store_tile<const R: usize>(acc: &[[__m512; 2]; R], c: *mut f32, ldc: usize, mask: u32) {
+    let (m0, m1) = ((mask & 0xFFFF) as u16, (mask >> 16) as u16);
+    for (i, a) in acc.iter().enumerate() {
+        let row = c.add(i * ldc);
+        _mm512_mask_storeu_ps(row, m0, a[0]);
+        _mm512_mask_storeu_ps(row.wrapping_add(16), m1, a[1]);
+    }
+}
+
 /// One micro-tile: `R ≤ MR` packed activation rows at `a` times one packed sliver at `b`, over
 /// `kc` steps, into `c` (adding to it when `accumulate`; columns outside `mask` untouched).
 struct Tile {
@@ -145,15 +177,7 @@ struct Tile {
 impl Tile {
     #[inline(always)]
     unsafe fn run<const R: usize>(&self) {
-        let (m0, m1) = ((self.mask & 0xFFFF) as u16, (self.mask >> 16) as u16);
-        let row = |i: usize| self.c.add(i * self.ldc);
-        let mut acc = [[_mm512_setzero_ps(); 2]; R];
-        if self.accumulate {
-            for (i, a) in acc.iter_mut().enumerate() {
-                a[0] = _mm512_maskz_loadu_ps(m0, row(i));
-                a[1] = _mm512_maskz_loadu_ps(m1, row(i).wrapping_add(16));
-            }
-        }
+        let mut acc = load_tile::<R>(self.c, self.ldc, self.mask, self.accumulate);
         let (mut ap, mut bp) = (self.a, self.b);
         for _ in 0..self.kc {
             let b0 = _mm512_loadu_ps(bp);
@@ -166,10 +190,7 @@ impl Tile {
             ap = ap.add(MR);
             bp = bp.add(NR);
         }
-        for (i, a) in acc.iter().enumerate() {
-            _mm512_mask_storeu_ps(row(i), m0, a[0]);
-            _mm512_mask_storeu_ps(row(i).wrapping_add(16), m1, a[1]);
-        }
+        store_tile(&acc, self.c, self.ldc, self.mask);
     }
 }
 

@@ -590,15 +590,7 @@ struct Tile {
 impl Tile {
     #[inline(always)]
     unsafe fn run<const R: usize>(&self) {
-        let (m0, m1) = ((self.mask & 0xFFFF) as u16, (self.mask >> 16) as u16);
-        let row = |i: usize| self.c.add(i * self.ldc);
-        let mut acc = [[_mm512_setzero_ps(); 2]; R];
-        if self.accumulate {
-            for (i, a) in acc.iter_mut().enumerate() {
-                a[0] = _mm512_maskz_loadu_ps(m0, row(i));
-                a[1] = _mm512_maskz_loadu_ps(m1, row(i).wrapping_add(16));
-            }
-        }
+        let mut acc = super::gemm512::load_tile::<R>(self.c, self.ldc, self.mask, self.accumulate);
         for b in 0..self.blocks {
             let mut dot = [[_mm512_setzero_si512(); 2]; R];
             let (w, a) = (self.w.add(b * B / 2 * NR), self.a.add(b * B / 2 * MR));
@@ -624,9 +616,6 @@ impl Tile {
                 }
             }
         }
-        for (i, a) in acc.iter().enumerate() {
-            _mm512_mask_storeu_ps(row(i), m0, a[0]);
-            _mm512_mask_storeu_ps(row(i).wrapping_add(16), m1, a[1]);
-        }
+        super::gemm512::store_tile(&acc, self.c, self.ldc, self.mask);
     }
 }
