@@ -5,7 +5,7 @@
 //! linear layer); quantized rows hold a whole number of blocks.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::dtype::DType;
 use crate::error::{Result, RuntimeError};
@@ -36,6 +36,8 @@ pub struct Tensor {
     dtype: DType,
     shape: Vec<usize>,
     buffer: Buffer,
+    /// The weights re-laid out for a CPU kernel, built on first use and shared by clones.
+    derived: Arc<OnceLock<Vec<u8>>>,
 }
 
 impl std::fmt::Debug for Tensor {
@@ -52,7 +54,7 @@ impl Tensor {
         if got != need {
             return Err(RuntimeError::ShortBuffer { what: format!("{dtype} tensor of shape {shape:?}"), need, got });
         }
-        Ok(Tensor { dtype, shape, buffer })
+        Ok(Tensor { dtype, shape, buffer, derived: Arc::default() })
     }
 
     pub fn from_f32(shape: Vec<usize>, values: Vec<f32>) -> Result<Tensor> {
@@ -74,6 +76,11 @@ impl Tensor {
     }
     pub fn bytes(&self) -> &[u8] {
         self.buffer.bytes()
+    }
+    /// The bytes `build` derives from this tensor (a kernel's own layout of the weights),
+    /// built on the first call and kept with the tensor and its clones.
+    pub(crate) fn derived(&self, build: impl FnOnce() -> Vec<u8>) -> &[u8] {
+        self.derived.get_or_init(build)
     }
     pub fn elem_count(&self) -> usize {
         self.shape.iter().product()

@@ -35,6 +35,7 @@ use super::acts;
 use super::isa::{f16x2, prefetch, Level};
 use super::kquants::{k4k5_high, k4k5_scales_mins, k4k5_values, q6k_d, q6k_values};
 use super::legacy::{Legacy, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::packed::{self, Packing};
 use crate::cpu::SharedMut;
 use crate::dtype::DType;
 use crate::error::{Result, RuntimeError};
@@ -52,6 +53,9 @@ const KC: usize = 256;
 const QMAX: f32 = 8191.0;
 /// Up to this many activation rows, the reduction kernel beats transposing the weights.
 const FEW_ROWS: usize = 2;
+/// Up to this many activation rows, packed weights are expanded by each tile, not once per
+/// sliver into a buffer.
+const DIRECT_ROWS: usize = 2 * MR;
 /// Most slivers per panel (a panel is one work item of the pool).
 const MAX_PANEL_SLIVERS: usize = 16;
 
@@ -65,7 +69,8 @@ pub(crate) fn supports(dtype: DType) -> bool {
 
 /// Quantized activations. `q` holds each row's codes (`[m][k]`); `d` and `s` are laid out
 /// `[m / MR][k / B][MR]`; for more than `FEW_ROWS` rows, `pairs[(blk * k / 2 + p) * MR + i]`
-/// holds codes `2p, 2p + 1` of row `blk * MR + i`. Padding rows are zero.
+/// holds codes `2p, 2p + 1` of row `blk * MR + i` (when the kernel needs them). Padding rows
+/// are zero.
 struct Acts {
     k: usize,
     q: Vec<i16>,
@@ -75,7 +80,8 @@ struct Acts {
 }
 
 impl Acts {
-    fn new(x: &[f32], m: usize, k: usize) -> Acts {
+    /// `pairs` is filled when `with_pairs` (the register-tiled kernels need it).
+    fn new(x: &[f32], m: usize, k: usize, with_pairs: bool) -> Acts {
         let blocks = m.div_ceil(MR);
         let (kb, kp) = (k / B, k / 2);
         let (mut q, mut d, mut s) = (vec![0i16; m * k], vec![0f32; blocks * kb * MR], vec![0f32; blocks * kb * MR]);
@@ -92,7 +98,7 @@ impl Acts {
             },
         );
         let mut pairs = Vec::new();
-        if m > FEW_ROWS {
+        if with_pairs {
             pairs = vec![0i32; blocks * kp * MR];
             pairs.par_chunks_mut(kp * MR).zip(q.par_chunks(k * MR)).for_each(|(pairs, q)| {
                 for (i, q) in q.chunks_exact(k).enumerate() {
@@ -141,27 +147,115 @@ pub(crate) unsafe fn linear(x: &[f32], m: usize, w: &Tensor, out: &mut [f32]) ->
     // Rows hold whole blocks: `k` is a multiple of 32 (of 256 for the K-quants, whose slices
     // are then always whole super-blocks).
     let (n, k) = (w.rows(), w.row_len());
-    let acts = Acts::new(x, m, k);
+    let packed = packed::packs(w.dtype());
+    let acts = Acts::new(x, m, k, packed || m > FEW_ROWS);
     // About four panels per thread, so a thread slowed by other work sheds panels to the rest.
     let threads = rayon::current_num_threads().max(1);
     let slivers = n.div_ceil(NR);
     let panels = (4 * threads * slivers.div_ceil(4 * threads * MAX_PANEL_SLIVERS)).min(slivers);
     let rows_per_panel = NR * slivers.div_ceil(panels);
     let panels = n.div_ceil(rows_per_panel);
-    let (rb, bytes, dtype) = (w.row_bytes(), w.bytes(), w.dtype());
+    let dtype = w.dtype();
+    // Packed weights come in groups of `GROUP` rows (a panel starts on a group), the others
+    // as GGUF rows.
+    let (bytes, rb) = if packed {
+        (packed::packed(w), packed::group_bytes(dtype, k) / packed::GROUP)
+    } else {
+        (w.bytes(), w.row_bytes())
+    };
     let dst = SharedMut(out.as_mut_ptr());
     (0..panels).into_par_iter().try_for_each_init(Sliver::default, |sliver, c| {
         let r0 = c * rows_per_panel;
         let r1 = (r0 + rows_per_panel).min(n);
+        let end = if packed { r1.next_multiple_of(packed::GROUP) } else { r1 };
         let src = bytes
-            .get(r0 * rb..r1 * rb)
+            .get(r0 * rb..end * rb)
             .ok_or_else(|| RuntimeError::Shape(format!("rows {r0}..{r1} of {w:?}: short buffer")))?;
         let base = dst;
         // SAFETY: the caller vouches for the CPU; this panel writes columns r0..r1 of every
         // row of `out`, which no other panel touches.
-        unsafe { panel(&acts, m, dtype, src, rb, r1 - r0, base.ptr().add(r0), n, sliver) };
+        unsafe {
+            let c = base.ptr().add(r0);
+            match dtype {
+                _ if !packed => panel(&acts, m, dtype, src, rb, r1 - r0, c, n, sliver),
+                DType::Q4_0 => packed_panel::<Q4_0>(&acts, m, src, r1 - r0, c, n, sliver),
+                DType::Q4_1 => packed_panel::<Q4_1>(&acts, m, src, r1 - r0, c, n, sliver),
+                DType::Q5_0 => packed_panel::<Q5_0>(&acts, m, src, r1 - r0, c, n, sliver),
+                DType::Q5_1 => packed_panel::<Q5_1>(&acts, m, src, r1 - r0, c, n, sliver),
+                _ => packed_panel::<Q8_0>(&acts, m, src, r1 - r0, c, n, sliver),
+            }
+        }
         Ok(())
     })
+}
+
+/// One panel of `cols` weight rows from their packed groups (`src`) into `c` (row stride
+/// `ldc`), sliver by sliver. Up to `DIRECT_ROWS` activation rows, each `MR`-row tile expands
+/// the codes itself over the whole of `k`; with more, a `KC` slice of the sliver is expanded
+/// once into `sl` and every tile reads it from there (same integers, same order of blocks).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn packed_panel<F: Packing>(
+    acts: &Acts,
+    m: usize,
+    src: &[u8],
+    cols: usize,
+    c: *mut f32,
+    ldc: usize,
+    sl: &mut Sliver,
+) {
+    let k = acts.k;
+    let group = src.len() / cols.div_ceil(packed::GROUP);
+    for j0 in (0..cols).step_by(NR) {
+        let nr = NR.min(cols - j0);
+        let mask = if nr >= 32 { u32::MAX } else { (1u32 << nr) - 1 };
+        let first = src.as_ptr().add(j0 / packed::GROUP * group);
+        // A lone last group reads itself twice; the second half's lanes are never stored.
+        let second = if nr > packed::GROUP { first.add(group) } else { first };
+        let w = PackedWeights::<F> {
+            groups: [first, second],
+            next: NR / packed::GROUP * group,
+            kind: std::marker::PhantomData,
+        };
+        let slice = if m <= DIRECT_ROWS { k } else { KC };
+        for pc in (0..k).step_by(slice) {
+            let blocks = slice.min(k - pc) / B;
+            let b0 = pc / B;
+            if m > DIRECT_ROWS {
+                for b in 0..blocks {
+                    for z in 0..2 {
+                        let (ws, wm) = w.scales(b0 + b, z);
+                        _mm512_storeu_ps(sl.ws.as_mut_ptr().add(b * NR + 16 * z), ws);
+                        _mm512_storeu_ps(sl.wm.as_mut_ptr().add(b * NR + 16 * z), wm);
+                        for p in 0..B / 2 {
+                            let at = sl.pairs.as_mut_ptr().add((b * B / 2 + p) * NR + 16 * z);
+                            _mm512_storeu_si512(at as *mut __m512i, w.pairs(b0 + b, p, z));
+                        }
+                    }
+                }
+            }
+            for blk in 0..m.div_ceil(MR) {
+                let tile = Tile {
+                    blocks,
+                    a: acts.pairs.as_ptr().add((blk * k + pc) / 2 * MR),
+                    da: acts.d.as_ptr().add((blk * k + pc) / B * MR),
+                    sa: acts.s.as_ptr().add((blk * k + pc) / B * MR),
+                    w: (),
+                    c: c.add(j0 + blk * MR * ldc),
+                    ldc,
+                    mask,
+                    accumulate: pc > 0,
+                    offsets: F::AFFINE,
+                };
+                if m <= DIRECT_ROWS {
+                    tile.with(w).run_rows(m - blk * MR);
+                } else {
+                    tile.with(SliverWeights { pairs: sl.pairs.as_ptr(), ws: sl.ws.as_ptr(), wm: sl.wm.as_ptr() })
+                        .run_rows(m - blk * MR);
+                }
+            }
+        }
+    }
 }
 
 /// One panel of `cols` weight rows (`src`, `rb` bytes each) into `c` (row stride `ldc`).
@@ -242,23 +336,14 @@ unsafe fn panel(
                     a: acts.pairs.as_ptr().add((blk * k + pc) / 2 * MR),
                     da: acts.d.as_ptr().add((blk * k + pc) / B * MR),
                     sa: acts.s.as_ptr().add((blk * k + pc) / B * MR),
-                    w: sl.pairs.as_ptr(),
-                    ws: sl.ws.as_ptr(),
-                    wm: sl.wm.as_ptr(),
+                    w: SliverWeights { pairs: sl.pairs.as_ptr(), ws: sl.ws.as_ptr(), wm: sl.wm.as_ptr() },
                     c: cs.add(blk * MR * ldc),
                     ldc,
                     mask: if nr >= 32 { u32::MAX } else { (1u32 << nr) - 1 },
                     accumulate: pc > 0,
                     offsets,
                 };
-                match MR.min(m - blk * MR) {
-                    6 => t.run::<6>(),
-                    5 => t.run::<5>(),
-                    4 => t.run::<4>(),
-                    3 => t.run::<3>(),
-                    2 => t.run::<2>(),
-                    _ => t.run::<1>(),
-                }
+                t.run_rows(m - blk * MR);
             }
             pc += kc;
         }
@@ -570,15 +655,71 @@ unsafe fn legacy<F: Legacy>(blk: *const u8, kc: usize, out: *mut i16, scales: &m
     }
 }
 
-/// One micro-tile: `R ≤ MR` activation rows times one 32-row sliver over `blocks` blocks.
-struct Tile {
+/// Where a micro-tile reads its 32 weight columns (two halves `z` of 16): per block `b`, the
+/// halves' `(ws, wm)` and, per step `p`, their pairs `(v[2p], v[2p + 1])`.
+trait TileWeights {
+    unsafe fn scales(&self, b: usize, z: usize) -> (__m512, __m512);
+    unsafe fn pairs(&self, b: usize, p: usize, z: usize) -> __m512i;
+}
+
+/// A decoded and transposed `Sliver`.
+struct SliverWeights {
+    pairs: *const i32,
+    ws: *const f32,
+    wm: *const f32,
+}
+
+impl TileWeights for SliverWeights {
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize, z: usize) -> (__m512, __m512) {
+        (_mm512_loadu_ps(self.ws.add(b * NR + 16 * z)), _mm512_loadu_ps(self.wm.add(b * NR + 16 * z)))
+    }
+    #[inline(always)]
+    unsafe fn pairs(&self, b: usize, p: usize, z: usize) -> __m512i {
+        _mm512_loadu_si512(self.pairs.add((b * B / 2 + p) * NR + 16 * z) as *const __m512i)
+    }
+}
+
+/// Two packed groups of 16 rows (`packed`). Reading a block's scales also fetches the same
+/// block of the next sliver (`next` bytes on) into L2, so the weights stream in ahead of use.
+struct PackedWeights<F> {
+    groups: [*const u8; 2],
+    next: usize,
+    kind: std::marker::PhantomData<F>,
+}
+
+impl<F> Clone for PackedWeights<F> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<F> Copy for PackedWeights<F> {}
+
+impl<F: Packing> TileWeights for PackedWeights<F> {
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize, z: usize) -> (__m512, __m512) {
+        let hdr = self.groups[z].add(b * F::PACKED);
+        let ahead = hdr.wrapping_add(self.next);
+        for off in (0..F::PACKED).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(off) as *const i8);
+        }
+        let half = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(hdr.add(at) as *const __m256i));
+        (half(0), if F::AFFINE { half(32) } else { _mm512_setzero_ps() })
+    }
+    #[inline(always)]
+    unsafe fn pairs(&self, b: usize, p: usize, z: usize) -> __m512i {
+        F::pairs(self.groups[z].add(b * F::PACKED + F::HEADER), p)
+    }
+}
+
+/// One micro-tile: `R ≤ MR` activation rows times 32 weight columns over `blocks` blocks.
+#[derive(Clone, Copy)]
+struct Tile<W> {
     blocks: usize,
     a: *const i32,
     da: *const f32,
     sa: *const f32,
-    w: *const i32,
-    ws: *const f32,
-    wm: *const f32,
+    w: W,
     c: *mut f32,
     ldc: usize,
     mask: u32,
@@ -587,24 +728,45 @@ struct Tile {
     offsets: bool,
 }
 
-impl Tile {
+impl Tile<()> {
+    /// This tile reading `w`.
+    #[inline(always)]
+    fn with<W>(&self, w: W) -> Tile<W> {
+        let Tile { blocks, a, da, sa, w: (), c, ldc, mask, accumulate, offsets } = *self;
+        Tile { blocks, a, da, sa, w, c, ldc, mask, accumulate, offsets }
+    }
+}
+
+impl<W: TileWeights> Tile<W> {
+    /// `run` for the first `rows.min(MR)` activation rows.
+    #[inline(always)]
+    unsafe fn run_rows(&self, rows: usize) {
+        match rows.min(MR) {
+            6 => self.run::<6>(),
+            5 => self.run::<5>(),
+            4 => self.run::<4>(),
+            3 => self.run::<3>(),
+            2 => self.run::<2>(),
+            _ => self.run::<1>(),
+        }
+    }
+
     #[inline(always)]
     unsafe fn run<const R: usize>(&self) {
         let mut acc = super::gemm512::load_tile::<R>(self.c, self.ldc, self.mask, self.accumulate);
         for b in 0..self.blocks {
             let mut dot = [[_mm512_setzero_si512(); 2]; R];
-            let (w, a) = (self.w.add(b * B / 2 * NR), self.a.add(b * B / 2 * MR));
+            let a = self.a.add(b * B / 2 * MR);
             for p in 0..B / 2 {
-                let w0 = _mm512_loadu_si512(w.add(p * NR) as *const __m512i);
-                let w1 = _mm512_loadu_si512(w.add(p * NR + 16) as *const __m512i);
+                let (w0, w1) = (self.w.pairs(b, p, 0), self.w.pairs(b, p, 1));
                 for (i, d) in dot.iter_mut().enumerate() {
                     let x = _mm512_set1_epi32(*a.add(p * MR + i));
                     d[0] = _mm512_dpwssd_epi32(d[0], w0, x);
                     d[1] = _mm512_dpwssd_epi32(d[1], w1, x);
                 }
             }
-            let ws = [_mm512_loadu_ps(self.ws.add(b * NR)), _mm512_loadu_ps(self.ws.add(b * NR + 16))];
-            let wm = [_mm512_loadu_ps(self.wm.add(b * NR)), _mm512_loadu_ps(self.wm.add(b * NR + 16))];
+            let (s0, s1) = (self.w.scales(b, 0), self.w.scales(b, 1));
+            let (ws, wm) = ([s0.0, s1.0], [s0.1, s1.1]);
             for (i, (a, d)) in acc.iter_mut().zip(&dot).enumerate() {
                 let da = _mm512_set1_ps(*self.da.add(b * MR + i));
                 let sa = _mm512_set1_ps(*self.sa.add(b * MR + i));

@@ -28,6 +28,8 @@ pub(crate) mod isa;
 mod kquants;
 mod legacy;
 mod mode;
+#[cfg(target_arch = "x86_64")]
+mod packed;
 mod panel;
 #[cfg(test)]
 mod tests;
