@@ -79,8 +79,20 @@ impl Tensor {
     }
     /// The bytes `build` derives from this tensor (a kernel's own layout of the weights),
     /// built on the first call and kept with the tensor and its clones.
+    ///
+    /// The kernel then reads only the derived bytes, so a memory-mapped tensor's pages are
+    /// handed back to the page cache (they fault in again if read, e.g. by an embedding lookup
+    /// of a tied weight): the process holds the weights once.
     pub(crate) fn derived(&self, build: impl FnOnce() -> Vec<u8>) -> &[u8] {
-        self.derived.get_or_init(build)
+        self.derived.get_or_init(|| {
+            let derived = build();
+            if let Buffer::Mapped { map, range } = &self.buffer {
+                // SAFETY: the map is a read-only view of a file nobody writes while it is
+                // loaded; dropping its pages only makes the next read fault them in again.
+                let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, range.start, range.len()) };
+            }
+            derived
+        })
     }
     pub fn elem_count(&self) -> usize {
         self.shape.iter().product()

@@ -1,9 +1,10 @@
-//! Fast linear layers over GGUF-quantized, f16 and bf16 weights, read in place.
+//! Fast linear layers over GGUF-quantized, f16 and bf16 weights.
 //!
 //! - **Quantized weights** take one kernel for every number of activation rows `m`, so a
 //!   row's result never depends on the batch it runs in. With AVX-512 VNNI that is `igemm`
-//!   (14-bit activations against the weights decoded to 16-bit integers, a reduction kernel for
-//!   decode and a register-tiled GEMM for more rows, with the same arithmetic). Below it, the
+//!   (14-bit activations against 16-bit integer weight codes in one register-tiled kernel),
+//!   reading a copy of the weights interleaved 16 rows at a time (`packed`, built once per
+//!   tensor, the same size as the GGUF blocks). Below it, the
 //!   row kernels: the activations are quantized once per call to 15-bit integer blocks (`acts`)
 //!   and each weight row is dotted with them straight from its GGUF blocks: `legacy` (Q4_0,
 //!   Q4_1, Q5_0, Q5_1, Q8_0 against 32-blocks) and `kquants` (Q4_K, Q5_K, Q6_K against
