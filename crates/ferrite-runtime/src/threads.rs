@@ -2,8 +2,10 @@
 
 use crate::error::{Result, RuntimeError};
 
-/// Size the global pool once at start-up; later calls keep the first size.
+/// Size the global pool once at start-up; later calls keep the first size. Also keeps freed
+/// activation buffers in the heap (`keep_freed_memory`).
 pub fn init(threads: Option<usize>) -> Result<usize> {
+    keep_freed_memory();
     let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     if n == 0 {
         return Err(RuntimeError::Threads("--threads must be at least 1".into()));
@@ -11,6 +13,19 @@ pub fn init(threads: Option<usize>) -> Result<usize> {
     // An error here means the pool already exists (e.g. in tests); its size stands.
     let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
     Ok(rayon::current_num_threads())
+}
+
+/// A forward allocates its activations afresh; glibc serves large blocks with fresh `mmap`s
+/// and unmaps them when freed, so every step paid page faults and kernel zeroing (SmolLM2,
+/// eight 128-token prompts prefilled together: 0.91 s, 0.57–0.67 s with this). Keeping freed
+/// memory in the heap lets the next step reuse it; the heap stays at its high-water mark.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `mallopt` only changes allocator thresholds; any value is valid.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
 }
 
 pub fn current() -> usize {
