@@ -1,12 +1,37 @@
-//! Synthetic models for benchmarks: the configs of real llama-family checkpoints, to be filled
-//! with random weights on the device (`LlamaWeights::random`), so a benchmark of a real shape
-//! needs no files.
+//! Synthetic models for benchmarks: the configs of real llama-family and Gemma checkpoints,
+//! to be filled with random weights on the device (`LlamaWeights::random`,
+//! `GemmaWeights::random`), so a benchmark of a real shape needs no files.
 
 use crate::config::{Activation, Architecture, ModelConfig};
 use crate::rope_scaling::{RopeKind, RopeScaling};
 
 /// The shapes `--synthetic` knows, by name.
 pub const SYNTHETIC_MODELS: [&str; 4] = ["llama-3.1-8b", "llama-3.2-1b", "qwen2.5-1.5b", "smollm2-135m"];
+
+/// The Gemma shapes `--synthetic` knows (their configs are HF `config.json` values).
+pub const SYNTHETIC_GEMMA: [&str; 1] = ["gemma-4-e4b"];
+
+/// The `config.json` of synthetic Gemma model `name` (one of `SYNTHETIC_GEMMA`).
+///
+/// `gemma-4-e4b` is the text decoder of Gemma 4 E4B: transformers 5.17's `Gemma4TextConfig`
+/// defaults (head_dim 256, global head_dim 512, window 512, every 6th layer global and the
+/// last forced global, proportional RoPE θ 1e6 on a quarter of the global dims, default RoPE
+/// θ 1e4 on sliding layers, per-layer inputs of 256 over a 262,144 vocabulary, tied
+/// embeddings) with the E4B checkpoint's sizes: hidden 2560, MLP 10240, 42 layers, 8 query
+/// and 2 KV heads, the last 18 layers KV-shared, final logit softcap 30.
+pub fn synthetic_gemma(name: &str) -> Option<serde_json::Value> {
+    match name {
+        "gemma-4-e4b" => Some(serde_json::json!({
+            "model_type": "gemma4_text", "vocab_size": 262_144, "hidden_size": 2560, "intermediate_size": 10_240,
+            "num_hidden_layers": 42, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
+            "global_head_dim": 512, "sliding_window": 512, "num_kv_shared_layers": 18,
+            "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262_144,
+            "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": true, "final_logit_softcapping": 30.0, "bos_token_id": 2, "eos_token_id": 1,
+        })),
+        _ => None,
+    }
+}
 
 /// Llama 3's RoPE schedule with `factor`.
 fn llama3_rope(head_dim: usize, factor: f64) -> RopeScaling {
