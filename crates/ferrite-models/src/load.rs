@@ -112,7 +112,8 @@ pub fn load_with(path: &Path, choice: DeviceChoice, opts: &LoadOptions) -> Resul
 /// weights generated on the CUDA device from `seed`; no tokenizer.
 pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64) -> Result<LoadedModel> {
     let t0 = Instant::now();
-    let known = || [crate::gpu::SYNTHETIC_MODELS.as_slice(), crate::gpu::SYNTHETIC_GEMMA.as_slice()].concat().join(", ");
+    let known =
+        || [crate::gpu::SYNTHETIC_MODELS.as_slice(), crate::gpu::SYNTHETIC_GEMMA.as_slice()].concat().join(", ");
     let gemma = crate::gpu::synthetic_gemma(name);
     let llama = crate::gpu::synthetic_config(name);
     if gemma.is_none() && llama.is_none() {
@@ -190,7 +191,8 @@ type Built = (Arc<dyn CausalLm>, Device, String);
 /// The architecture's module builds the model (`config::ARCHITECTURES` names them), on the
 /// CUDA device when `target` resolved to one and the architecture has a CUDA path.
 fn build(cfg: ModelConfig, src: &ConfigSource, weights: &Weights, target: &Target) -> Result<Built> {
-    let gemma = matches!(cfg.arch, Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 | Architecture::Gemma4);
+    let gemma =
+        matches!(cfg.arch, Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 | Architecture::Gemma4);
     if let (Device::Cuda(ordinal), true) = (target.device, gemma) {
         let mut cfg = cfg.clone();
         let plan = crate::gemma_plan::plan(&mut cfg, src)?;

@@ -199,7 +199,14 @@ impl GemmaLayers {
     }
 
     /// `h = norm(x)`, first adding a pending sublayer output `o` to `x` (Gemma 1).
-    fn norm_into(&self, gpu: &Gpu, io: &mut StepIo, b: &mut Buffers, w: &CudaSlice<f32>, tokens: usize) -> RtResult<()> {
+    fn norm_into(
+        &self,
+        gpu: &Gpu,
+        io: &mut StepIo,
+        b: &mut Buffers,
+        w: &CudaSlice<f32>,
+        tokens: usize,
+    ) -> RtResult<()> {
         let (d, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
         if std::mem::take(&mut b.pending) {
             ops::rms_norm(gpu, &b.o, Some(&mut io.x), w, (tokens, d), eps, 0.0, &mut io.h)?;
@@ -252,8 +259,14 @@ impl GemmaLayers {
         ops::linear(gpu, &io.h, &l.qkv, bias, &mut b.qkv, (tokens, qkv_w, d))?;
         let own = if a.shared { 0 } else { nkv };
         if a.qk_norm.is_some() {
-            let heads =
-                QkvHeads { tokens, stride: qkv_w, head_dim: hd, n_q: nh, n_k: own, n_v: if a.v_norm { own } else { 0 } };
+            let heads = QkvHeads {
+                tokens,
+                stride: qkv_w,
+                head_dim: hd,
+                n_q: nh,
+                n_k: own,
+                n_v: if a.v_norm { own } else { 0 },
+            };
             let wq = l.q_norm.as_ref().map(|w| w as &dyn DevicePtr<f32>);
             let wk = l.k_norm.as_ref().map(|w| w as &dyn DevicePtr<f32>);
             ops::qkv_norm(gpu, &mut b.qkv, heads, wq, wk, eps)?;

@@ -88,6 +88,30 @@ pub fn synthetic_config(name: &str) -> Option<ModelConfig> {
 mod tests {
     use super::*;
 
+    /// bf16 KV bytes per token of the device pool `GpuGemma` allocates for `json`.
+    fn gemma_kv_bytes_per_token(json: &serde_json::Value) -> usize {
+        let path = std::path::Path::new("config.json");
+        let mut cfg = ModelConfig::from_hf_json(path, json).expect("config");
+        let plan = crate::gemma_plan::plan(&mut cfg, &crate::config::ConfigSource::Hf { path, json }).expect("plan");
+        assert_eq!(super::super::gemma::gemma_unsupported(&plan), None);
+        plan.layout.block_bytes_of(1, 2).iter().sum()
+    }
+
+    #[test]
+    fn gemma_4_e4b_shared_layers_take_proportionally_less_device_kv() {
+        let json = synthetic_gemma("gemma-4-e4b").expect("e4b");
+        let mut unshared = json.clone();
+        unshared["num_kv_shared_layers"] = serde_json::json!(0);
+        let (with, without) = (gemma_kv_bytes_per_token(&json), gemma_kv_bytes_per_token(&unshared));
+        // 42 layers, every 6th global (7): sliding K+V 2 heads x 256, global 2 heads x 512, bf16.
+        let (sliding, global) = (2 * 2 * 256 * 2, 2 * 2 * 512 * 2);
+        assert_eq!(without, 35 * sliding + 7 * global);
+        // The last 18 layers (15 sliding, 3 global) own no KV.
+        assert_eq!(with, 20 * sliding + 4 * global);
+        println!("gemma-4-e4b KV bytes per token: {with} with shared layers, {without} without");
+        assert!(synthetic_config("gemma-4-e4b").is_none() && synthetic_gemma("llama-3.1-8b").is_none());
+    }
+
     #[test]
     fn every_synthetic_name_has_a_cuda_ready_config() {
         for name in SYNTHETIC_MODELS {

@@ -65,7 +65,10 @@ impl Functions {
             Ok(m.load_function(name)?)
         };
         let per_head_dim = |module: &str, prefix: &str| -> CudaResult<[CudaFunction; 6]> {
-            let fns = HEAD_DIMS.map(|hd| get(module, &format!("{prefix}_hd{hd}"))).into_iter().collect::<CudaResult<Vec<_>>>()?;
+            let fns = HEAD_DIMS
+                .map(|hd| get(module, &format!("{prefix}_hd{hd}")))
+                .into_iter()
+                .collect::<CudaResult<Vec<_>>>()?;
             let fns: [CudaFunction; 6] =
                 fns.try_into().map_err(|_| CudaError::Nvrtc(format!("{prefix}: expected 6 kernels")))?;
             for f in &fns {

@@ -335,7 +335,11 @@ impl DecodePlan {
     fn shared_bytes(&self, p: &AttentionParams, block_size: usize) -> usize {
         let group = p.n_heads / p.n_kv_heads;
         let blocks = self.partition / block_size + 2;
-        4 * (group * p.head_dim + group * self.partition + DEC_WARPS * group.min(gch(p.head_dim)) * p.head_dim + 2 * group + blocks)
+        4 * (group * p.head_dim
+            + group * self.partition
+            + DEC_WARPS * group.min(gch(p.head_dim)) * p.head_dim
+            + 2 * group
+            + blocks)
     }
 }
 

@@ -124,7 +124,10 @@ pub fn per_layer_inputs(
 ) -> CudaResult<()> {
     let n = s.tokens * s.layers * s.width;
     check(
-        proj.len() >= n && out.len() >= n && ids.len() >= s.tokens && w.len() >= s.width
+        proj.len() >= n
+            && out.len() >= n
+            && ids.len() >= s.tokens
+            && w.len() >= s.width
             && table.len() >= s.vocab * s.layers * s.width,
         || format!("per_layer_inputs {s:?}: proj {}, table {}, out {}", proj.len(), table.len(), out.len()),
     )?;
