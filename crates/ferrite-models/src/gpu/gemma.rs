@@ -27,7 +27,7 @@ use super::runner::{Decode, GpuModel, Layers, StepIo};
 use crate::config::{Activation, ModelConfig};
 use crate::error::{LoadError, Result};
 use crate::gemma_plan::GemmaPlan;
-use crate::moe::{route_row, MoeShape};
+use crate::moe::route_row;
 
 /// The Gemma families on the device.
 pub type GpuGemma = GpuModel<GemmaLayers>;
@@ -147,9 +147,9 @@ impl GemmaLayers {
         o: &mut CudaSlice<bf16>,
         m: &mut MoeBuffers,
         w: &MoeWeights,
-        shape: MoeShape,
         tokens: usize,
     ) -> RtResult<()> {
+        let Some(shape) = self.plan.moe else { return Ok(()) };
         let (d, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
         let (e, k, mi) = (shape.num_experts, shape.top_k, shape.intermediate);
         ops::rms_norm(gpu, &*o, None, &w.post_mlp_norm, (tokens, d), eps, 0.0, &mut m.mixed)?;
@@ -284,8 +284,8 @@ impl GemmaLayers {
         self.norm_into(gpu, io, b, &l.ffn_norm, tokens)?;
         ops::linear_gated(gpu, self.act, &io.h, &l.gate_up, &mut b.gate_up, &mut b.act, (tokens, inter, d))?;
         ops::linear(gpu, &b.act, &l.down, None, &mut b.o, (tokens, d, inter))?;
-        if let (Some(w), Some(m), Some(shape)) = (&l.moe, b.moe.as_mut(), self.plan.moe) {
-            self.queue_moe(gpu, &io.x, &mut b.o, m, w, shape, tokens)?;
+        if let (Some(w), Some(m)) = (&l.moe, b.moe.as_mut()) {
+            self.queue_moe(gpu, &io.x, &mut b.o, m, w, tokens)?;
         }
         let after_ffn = if l.input.is_some() { 1.0 } else { l.scalar };
         self.residual(gpu, io, b, l.post_ffn_norm.as_ref(), tokens, after_ffn)?;
