@@ -2,7 +2,7 @@
 # The CUDA tests: built on a machine with Rust (no GPU needed), run on one with an NVIDIA GPU.
 #
 #   bash scripts/gpu_tests.sh build   # here: build the CUDA test binaries (ferrite-runtime ops,
-#                                     # ferrite-engine's cuda_model) and the ferrite binary, and
+#                                     # ferrite-engine's cuda_model and cuda_gemma) and the ferrite binary, and
 #                                     # copy them into .gpu/ (git-ignored)
 #   bash scripts/gpu_tests.sh run     # there: run .gpu/cuda_* with FERRITE_TEST_CUDA=1 (CUDA op
 #                                     # tests against the CPU ops, the model against the CPU
@@ -24,6 +24,7 @@ build)
     log=$(mktemp)
     cargo test --release -p ferrite-runtime --no-run 2>&1 | tee "$log"
     cargo test --release -p ferrite-engine --test cuda_model --no-run 2>&1 | tee -a "$log"
+    cargo test --release -p ferrite-engine --test cuda_gemma --no-run 2>&1 | tee -a "$log"
     cargo build --release --bin ferrite
     rm -rf .gpu && mkdir -p .gpu
     cp target/release/ferrite .gpu/ferrite
@@ -44,7 +45,7 @@ run | bench | all)
     done
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
     failed=()
-    tests=(cuda_ops cuda_attention cuda_sampling cuda_model cuda_ceiling)
+    tests=(cuda_ops cuda_attention cuda_sampling cuda_model cuda_gemma cuda_ceiling)
     [ "$1" = bench ] && tests=()
     # Correctness first; the measurements last, on a warm device.
     for name in "${tests[@]}"; do
@@ -69,7 +70,8 @@ run | bench | all)
 import json, sys
 label, path = sys.argv[1], sys.argv[2]
 r = json.loads(open(path).read().strip().splitlines()[-1])
-keys = ["prompt_tok_s", "decode_tok_s", "output_tok_s", "total_tok_s", "tpot_ms_p50", "ttft_ms_p50", "load_ms", "ready_ms"]
+keys = ["prompt_tok_s", "decode_tok_s", "output_tok_s", "total_tok_s", "tpot_ms_p50", "ttft_ms_p50", "load_ms", "ready_ms",
+        "weight_bytes", "kv_bytes_per_token"]
 print("TABLE|bench " + label + "|" + "|".join(f"{k} {r[k]:.1f}" for k in keys if k in r))
 PY
                 cat "$out/bench_$label.json"
@@ -88,6 +90,8 @@ PY
             --concurrency 256 --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 512
         bench decode-qwen bench decode --synthetic qwen2.5-1.5b --prompt-tokens 512 --gen-tokens 64 --reps 2
         bench decode-smollm bench decode --synthetic smollm2-135m --prompt-tokens 512 --gen-tokens 64 --reps 2
+        bench decode-gemma4-e4b bench decode --synthetic gemma-4-e4b --dtype bf16 --prompt-tokens 512 --gen-tokens 128 \
+            --reps 3
     fi
     echo
     echo "=== summary (tolerance checks: max abs error, relative L2 error; measurements: medians)"

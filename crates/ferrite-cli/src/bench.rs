@@ -261,6 +261,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
             "acceptance": acceptance, "proposed_tokens": proposed, "accepted_tokens": accepted,
             "forward_passes_per_run": steps, "draft_forwards": m.draft_forwards.load(Ordering::Relaxed),
             "load_ms": loaded.load_secs * 1e3, "ready_ms": ready_ms,
+            "weight_bytes": loaded.weight_bytes,
+            "kv_bytes_per_token": loaded.model.kv_block_bytes(1).iter().sum::<usize>(),
             "prompt_tok_s": pmed, "prompt_tok_s_min": pp[0], "prompt_tok_s_max": pp[pp.len() - 1],
             "decode_tok_s": dmed, "decode_tok_s_min": tg[0], "decode_tok_s_max": tg[tg.len() - 1],
             "json_schema_decode_tok_s": jmed, "json_schema_tokens": jmed.map(|_| json_tokens),

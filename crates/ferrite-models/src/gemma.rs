@@ -14,6 +14,7 @@ use serde_json::Value;
 use crate::blocks::{self, Attention, AttentionConfig, GatedMlp, LayerKv, LmHead, RmsNorm};
 use crate::config::{get_f64, get_usize, rope_from_params, Architecture, ConfigSource, LayerType, ModelConfig};
 use crate::error::Result;
+use crate::gemma_plan::{GemmaPlan, LayerPlan};
 use crate::gguf::GgufFile;
 use crate::model::CausalLm;
 use crate::rope_scaling::{RopeKind, RopeScaling};
@@ -169,49 +170,68 @@ pub struct Gemma {
     layout: KvLayout,
 }
 
+/// The layer plan of a Gemma 1/2/3 config.
+pub fn plan(cfg: &ModelConfig, src: &ConfigSource) -> Result<GemmaPlan> {
+    let s = match src {
+        ConfigSource::Hf { json, .. } => Settings::from_hf(cfg, json),
+        ConfigSource::Gguf(g) => Settings::from_gguf(cfg, g),
+    }
+    .map_err(|m| src.error(m))?;
+    let (eps, offset) = (cfg.rms_norm_eps, cfg.arch.norm_offset());
+    let window = |t: LayerType| match (t, cfg.sliding_window) {
+        (LayerType::Sliding, Some(w)) => Ok(Some(w)),
+        (LayerType::Sliding, None) => Err(src.error("sliding_attention layers need a sliding_window")),
+        (LayerType::Full, _) => Ok(None),
+    };
+    let mut kv_layers = Vec::with_capacity(cfg.num_layers);
+    for &t in &s.layer_types {
+        let kind = window(t)?.map_or(KvGroupKind::Full, |window| KvGroupKind::Sliding { window });
+        kv_layers.push(LayerKv::Own { kind, n_kv_heads: cfg.num_kv_heads, head_dim: cfg.head_dim });
+    }
+    let (layout, _) = blocks::kv_layout(&kv_layers).map_err(|m| src.error(m))?;
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    for (i, &t) in s.layer_types.iter().enumerate() {
+        let attn = AttentionConfig {
+            params: AttentionParams {
+                n_heads: cfg.num_heads,
+                n_kv_heads: cfg.num_kv_heads,
+                head_dim: cfg.head_dim,
+                scale: s.query_pre_attn_scalar.powf(-0.5) as f32,
+                window: window(t)?,
+                softcap: s.attn_softcap,
+            },
+            rope: if t == LayerType::Sliding { s.local_rope.clone() } else { cfg.rope.clone() },
+            bias: cfg.qkv_bias,
+            qk_norm: cfg.qk_norm.then_some(offset),
+            v_norm: false,
+            k_eq_v: false,
+            shared: false,
+            kv_index: i,
+            eps,
+        };
+        layers.push(LayerPlan { attn, intermediate: cfg.intermediate_size });
+    }
+    Ok(GemmaPlan {
+        layers,
+        layout,
+        norm_offset: offset,
+        sandwich: cfg.arch != Architecture::Gemma,
+        final_softcap: s.final_softcap,
+        per_layer_input: None,
+        moe: None,
+        layer_scalar: false,
+    })
+}
+
 impl Gemma {
     pub fn load(cfg: ModelConfig, src: &ConfigSource, w: &Weights, progress: &dyn Fn(usize)) -> Result<Gemma> {
-        let s = match src {
-            ConfigSource::Hf { json, .. } => Settings::from_hf(&cfg, json),
-            ConfigSource::Gguf(g) => Settings::from_gguf(&cfg, g),
-        }
-        .map_err(|m| src.error(m))?;
-        let (d, eps, offset) = (cfg.hidden_size, cfg.rms_norm_eps, cfg.arch.norm_offset());
-        let window = |t: LayerType| match (t, cfg.sliding_window) {
-            (LayerType::Sliding, Some(w)) => Ok(Some(w)),
-            (LayerType::Sliding, None) => Err(src.error("sliding_attention layers need a sliding_window")),
-            (LayerType::Full, _) => Ok(None),
-        };
-        let mut kv_layers = Vec::with_capacity(cfg.num_layers);
-        for &t in &s.layer_types {
-            let kind = window(t)?.map_or(KvGroupKind::Full, |window| KvGroupKind::Sliding { window });
-            kv_layers.push(LayerKv::Own { kind, n_kv_heads: cfg.num_kv_heads, head_dim: cfg.head_dim });
-        }
-        let (layout, _) = blocks::kv_layout(&kv_layers).map_err(|m| src.error(m))?;
-        let sandwich = cfg.arch != Architecture::Gemma;
+        let plan = plan(&cfg, src)?;
+        let (d, eps, offset) = (cfg.hidden_size, cfg.rms_norm_eps, plan.norm_offset);
         let mut layers = Vec::with_capacity(cfg.num_layers);
-        for (i, &t) in s.layer_types.iter().enumerate() {
+        for (i, l) in plan.layers.into_iter().enumerate() {
             let p = |name: &str| format!("model.layers.{i}.{name}");
             let norm = |name: &str| RmsNorm::load(w, &p(&format!("{name}.weight")), d, offset, eps);
-            let attn = AttentionConfig {
-                params: AttentionParams {
-                    n_heads: cfg.num_heads,
-                    n_kv_heads: cfg.num_kv_heads,
-                    head_dim: cfg.head_dim,
-                    scale: s.query_pre_attn_scalar.powf(-0.5) as f32,
-                    window: window(t)?,
-                    softcap: s.attn_softcap,
-                },
-                rope: if t == LayerType::Sliding { s.local_rope.clone() } else { cfg.rope.clone() },
-                bias: cfg.qkv_bias,
-                qk_norm: cfg.qk_norm.then_some(offset),
-                v_norm: false,
-                k_eq_v: false,
-                shared: false,
-                kv_index: i,
-                eps,
-            };
-            let (post_attn_norm, pre_ffn_norm, post_ffn_norm) = if sandwich {
+            let (post_attn_norm, pre_ffn_norm, post_ffn_norm) = if plan.sandwich {
                 (
                     Some(norm("post_attention_layernorm")?),
                     norm("pre_feedforward_layernorm")?,
@@ -222,17 +242,17 @@ impl Gemma {
             };
             layers.push(Layer {
                 input_norm: norm("input_layernorm")?,
-                attn: Attention::load(w, &p("self_attn"), d, attn)?,
+                attn: Attention::load(w, &p("self_attn"), d, l.attn)?,
                 post_attn_norm,
                 pre_ffn_norm,
-                mlp: GatedMlp::load(w, &p("mlp"), d, cfg.intermediate_size, cfg.hidden_act)?,
+                mlp: GatedMlp::load(w, &p("mlp"), d, l.intermediate, cfg.hidden_act)?,
                 post_ffn_norm,
             });
             progress(i + 1);
         }
         let embed = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
-        let head = LmHead::load(w, &cfg, &embed, offset, s.final_softcap)?;
-        Ok(Gemma { embed_scale: (d as f64).sqrt() as f32, cfg, embed, layers, head, layout })
+        let head = LmHead::load(w, &cfg, &embed, offset, plan.final_softcap)?;
+        Ok(Gemma { embed_scale: (d as f64).sqrt() as f32, cfg, embed, layers, head, layout: plan.layout })
     }
 }
 

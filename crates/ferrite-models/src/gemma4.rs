@@ -23,6 +23,7 @@ use serde_json::Value;
 use crate::blocks::{self, Attention, AttentionConfig, GatedMlp, LayerKv, Linear, LmHead, RmsNorm};
 use crate::config::{get_usize, rope_from_params, ConfigSource, LayerType, ModelConfig};
 use crate::error::Result;
+use crate::gemma_plan::{GemmaPlan, LayerPlan};
 use crate::model::CausalLm;
 use crate::moe::{Moe, MoeShape};
 use crate::rope_scaling::RopeScaling;
@@ -304,42 +305,65 @@ pub struct Gemma4 {
     layout: KvLayout,
 }
 
+/// The layer plan of a `gemma4_text` config; sets `cfg.rope` to the global layers' schedule
+/// (at their head_dim).
+pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<GemmaPlan> {
+    let s = match src {
+        ConfigSource::Hf { json, .. } => Settings::from_hf(cfg, json).map_err(|m| src.error(m))?,
+        ConfigSource::Gguf(_) => return Err(src.error("gemma4 GGUF files are not supported yet")),
+    };
+    let (layout, kv_index) = blocks::kv_layout(&s.kv_plan()).map_err(|m| src.error(m))?;
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    for (i, &kv_index) in kv_index.iter().enumerate() {
+        let (t, shape, shared) = (s.layer_types[i], s.shapes[i], s.donors[i].is_some());
+        if let Some(donor) = s.donors[i].filter(|&dn| s.shapes[dn] != shape) {
+            return Err(src.error(format!("KV-shared layer {i} has another head shape than its donor {donor}")));
+        }
+        let attn = AttentionConfig {
+            params: AttentionParams {
+                n_heads: cfg.num_heads,
+                n_kv_heads: shape.n_kv_heads,
+                head_dim: shape.head_dim,
+                scale: 1.0,
+                window: s.window(t),
+                softcap: None,
+            },
+            rope: s.ropes[i].clone(),
+            bias: cfg.qkv_bias,
+            qk_norm: Some(0.0),
+            v_norm: true,
+            k_eq_v: s.k_eq_v && t == LayerType::Full,
+            shared,
+            kv_index,
+            eps: cfg.rms_norm_eps,
+        };
+        let intermediate = cfg.intermediate_size * if s.double_wide && shared { 2 } else { 1 };
+        layers.push(LayerPlan { attn, intermediate });
+    }
+    if let Some(i) = s.layer_types.iter().position(|t| *t == LayerType::Full) {
+        cfg.rope = s.ropes[i].clone();
+    }
+    Ok(GemmaPlan {
+        layers,
+        layout,
+        norm_offset: 0.0,
+        sandwich: true,
+        final_softcap: s.final_softcap,
+        per_layer_input: s.per_layer_input,
+        moe: s.moe,
+        layer_scalar: true,
+    })
+}
+
 impl Gemma4 {
     pub fn load(mut cfg: ModelConfig, src: &ConfigSource, w: &Weights, progress: &dyn Fn(usize)) -> Result<Gemma4> {
-        let s = match src {
-            ConfigSource::Hf { json, .. } => Settings::from_hf(&cfg, json).map_err(|m| src.error(m))?,
-            ConfigSource::Gguf(_) => return Err(src.error("gemma4 GGUF files are not supported yet")),
-        };
+        let plan = plan(&mut cfg, src)?;
         let (d, eps, n) = (cfg.hidden_size, cfg.rms_norm_eps, cfg.num_layers);
-        let (layout, kv_index) = blocks::kv_layout(&s.kv_plan()).map_err(|m| src.error(m))?;
         let mut layers = Vec::with_capacity(n);
-        for (i, &kv_index) in kv_index.iter().enumerate() {
+        for (i, l) in plan.layers.into_iter().enumerate() {
             let p = |name: &str| format!("model.layers.{i}.{name}");
             let norm = |name: &str| RmsNorm::load(w, &p(&format!("{name}.weight")), d, 0.0, eps);
-            let (t, shape, shared) = (s.layer_types[i], s.shapes[i], s.donors[i].is_some());
-            if let Some(donor) = s.donors[i].filter(|&dn| s.shapes[dn] != shape) {
-                return Err(src.error(format!("KV-shared layer {i} has another head shape than its donor {donor}")));
-            }
-            let attn = AttentionConfig {
-                params: AttentionParams {
-                    n_heads: cfg.num_heads,
-                    n_kv_heads: shape.n_kv_heads,
-                    head_dim: shape.head_dim,
-                    scale: 1.0,
-                    window: s.window(t),
-                    softcap: None,
-                },
-                rope: s.ropes[i].clone(),
-                bias: cfg.qkv_bias,
-                qk_norm: Some(0.0),
-                v_norm: true,
-                k_eq_v: s.k_eq_v && t == LayerType::Full,
-                shared,
-                kv_index,
-                eps,
-            };
-            let inter = cfg.intermediate_size * if s.double_wide && shared { 2 } else { 1 };
-            let input = match s.per_layer_input {
+            let input = match plan.per_layer_input {
                 Some((_, width)) => Some(LayerInput {
                     gate: Linear::load(w, &p("per_layer_input_gate"), width, d, false)?,
                     projection: Linear::load(w, &p("per_layer_projection"), d, width, false)?,
@@ -350,11 +374,11 @@ impl Gemma4 {
             let scalar = w.get_f32(&p("layer_scalar"), &[1])?;
             layers.push(Layer {
                 input_norm: norm("input_layernorm")?,
-                attn: Attention::load(w, &p("self_attn"), d, attn)?,
+                attn: Attention::load(w, &p("self_attn"), d, l.attn)?,
                 post_attn_norm: norm("post_attention_layernorm")?,
                 pre_ffn_norm: norm("pre_feedforward_layernorm")?,
-                mlp: GatedMlp::load(w, &p("mlp"), d, inter, cfg.hidden_act)?,
-                moe: s
+                mlp: GatedMlp::load(w, &p("mlp"), d, l.intermediate, cfg.hidden_act)?,
+                moe: plan
                     .moe
                     .map(|shape| Moe::load(w, &format!("model.layers.{i}"), d, shape, cfg.hidden_act, eps))
                     .transpose()?,
@@ -364,7 +388,7 @@ impl Gemma4 {
             });
             progress(i + 1);
         }
-        let per_layer_input = match s.per_layer_input {
+        let per_layer_input = match plan.per_layer_input {
             Some((vocab, width)) => Some(PerLayerInput {
                 embed: w.get("model.embed_tokens_per_layer.weight", &[vocab, n * width])?,
                 embed_scale: (width as f64).sqrt() as f32,
@@ -376,11 +400,8 @@ impl Gemma4 {
             None => None,
         };
         let embed = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
-        let head = LmHead::load(w, &cfg, &embed, 0.0, s.final_softcap)?;
-        // `ModelConfig::rope` is the global layers' schedule (at their head_dim).
-        if let Some(i) = s.layer_types.iter().position(|t| *t == LayerType::Full) {
-            cfg.rope = s.ropes[i].clone();
-        }
+        let head = LmHead::load(w, &cfg, &embed, 0.0, plan.final_softcap)?;
+        let layout = plan.layout;
         Ok(Gemma4 { embed_scale: (d as f64).sqrt() as f32, cfg, embed, per_layer_input, layers, head, layout })
     }
 }

@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod gemma;
 pub mod gemma4;
+pub mod gemma_plan;
 pub mod gguf;
 pub mod gpu;
 pub mod llama;

@@ -108,16 +108,17 @@ pub fn load_with(path: &Path, choice: DeviceChoice, opts: &LoadOptions) -> Resul
     Ok(loaded)
 }
 
-/// A synthetic model (`gpu::SYNTHETIC_MODELS`) with random bf16 weights generated on the CUDA
-/// device from `seed`; no tokenizer.
+/// A synthetic model (`gpu::SYNTHETIC_MODELS`, `gpu::SYNTHETIC_GEMMA`) with random bf16
+/// weights generated on the CUDA device from `seed`; no tokenizer.
 pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64) -> Result<LoadedModel> {
     let t0 = Instant::now();
-    let cfg = crate::gpu::synthetic_config(name).ok_or_else(|| {
-        LoadError::Other(format!(
-            "unknown synthetic model '{name}' (known: {})",
-            crate::gpu::SYNTHETIC_MODELS.join(", ")
-        ))
-    })?;
+    let known =
+        || [crate::gpu::SYNTHETIC_MODELS.as_slice(), crate::gpu::SYNTHETIC_GEMMA.as_slice()].concat().join(", ");
+    let gemma = crate::gpu::synthetic_gemma(name);
+    let llama = crate::gpu::synthetic_config(name);
+    if gemma.is_none() && llama.is_none() {
+        return Err(LoadError::Other(format!("unknown synthetic model '{name}' (known: {})", known())));
+    }
     let ordinal = match resolve_device(choice)? {
         Device::Cuda(n) => n,
         Device::Cpu => {
@@ -127,9 +128,22 @@ pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64) -> Result<LoadedMo
         }
     };
     let (gpu, device_note) = open_gpu(ordinal)?;
-    let weights = crate::gpu::LlamaWeights::random(&cfg, &gpu, seed)?;
-    let weight_bytes = weights.bytes;
-    let model = Arc::new(crate::gpu::GpuLlama::new(cfg, weights, gpu)?);
+    let (model, weight_bytes): (Arc<dyn CausalLm>, usize) = match (gemma, llama) {
+        (Some(json), _) => {
+            let path = Path::new("synthetic/config.json");
+            let mut cfg = ModelConfig::from_hf_json(path, &json)?;
+            let plan = crate::gemma_plan::plan(&mut cfg, &ConfigSource::Hf { path, json: &json })?;
+            let weights = crate::gpu::GemmaWeights::random(&cfg, &plan, &gpu, seed)?;
+            let bytes = weights.bytes;
+            (Arc::new(crate::gpu::GpuGemma::new(cfg, plan, weights, gpu)?), bytes)
+        }
+        (None, Some(cfg)) => {
+            let weights = crate::gpu::LlamaWeights::random(&cfg, &gpu, seed)?;
+            let bytes = weights.bytes;
+            (Arc::new(crate::gpu::GpuLlama::new(cfg, weights, gpu)?), bytes)
+        }
+        (None, None) => return Err(LoadError::Other(format!("unknown synthetic model '{name}'"))),
+    };
     Ok(LoadedModel {
         model,
         tokenizer: None,
@@ -177,7 +191,24 @@ type Built = (Arc<dyn CausalLm>, Device, String);
 /// The architecture's module builds the model (`config::ARCHITECTURES` names them), on the
 /// CUDA device when `target` resolved to one and the architecture has a CUDA path.
 fn build(cfg: ModelConfig, src: &ConfigSource, weights: &Weights, target: &Target) -> Result<Built> {
-    if let Device::Cuda(ordinal) = target.device {
+    let gemma =
+        matches!(cfg.arch, Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 | Architecture::Gemma4);
+    if let (Device::Cuda(ordinal), true) = (target.device, gemma) {
+        let mut cfg = cfg.clone();
+        let plan = crate::gemma_plan::plan(&mut cfg, src)?;
+        match crate::gpu::gemma_unsupported(&plan) {
+            None => {
+                let (gpu, note) = open_gpu(ordinal)?;
+                let bar = progress_bar(cfg.num_layers);
+                let w = crate::gpu::GemmaWeights::upload(&cfg, &plan, weights, &gpu, &|n| bar.set_position(n as u64))?;
+                bar.finish_and_clear();
+                let model = Arc::new(crate::gpu::GpuGemma::new(cfg, plan, w, gpu)?);
+                return Ok((model, target.device, note));
+            }
+            Some(why) if target.choice == DeviceChoice::Auto => eprintln!("note: {why}; running on the CPU"),
+            Some(why) => return Err(LoadError::Other(format!("cannot run this model on cuda:{ordinal}: {why}"))),
+        }
+    } else if let Device::Cuda(ordinal) = target.device {
         match crate::gpu::unsupported(&cfg) {
             None => {
                 let (gpu, note) = open_gpu(ordinal)?;

@@ -36,6 +36,19 @@ pub struct Moe {
     post_norm: RmsNorm,
 }
 
+/// One token's route from its router scores (`scores`, one per expert, softmaxed in place):
+/// its `top_k` (expert, weight) pairs, best first, the weights renormalized to sum to 1 and
+/// times `per_expert_scale`. The CPU and CUDA models route with it.
+pub fn route_row(scores: &mut [f32], top_k: usize, per_expert_scale: &[f32]) -> Vec<(usize, f32)> {
+    cpu::softmax_in_place(scores);
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    // Stable: equal probabilities keep the lower expert first.
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+    let top = &order[..top_k.min(scores.len())];
+    let sum: f32 = top.iter().map(|&i| scores[i]).sum();
+    top.iter().map(|&i| (i, scores[i] / sum * per_expert_scale[i])).collect()
+}
+
 impl Moe {
     /// The router, experts and norms of the layer `prefix` (`model.layers.N`).
     pub fn load(w: &Weights, prefix: &str, hidden: usize, shape: MoeShape, act: Activation, eps: f32) -> Result<Moe> {
@@ -81,18 +94,7 @@ impl Moe {
         }
         let mut scores = self.router.forward(&normed, t)?;
         let e = self.per_expert_scale.len();
-        Ok(scores
-            .chunks_exact_mut(e)
-            .map(|probs| {
-                cpu::softmax_in_place(probs);
-                let mut order: Vec<usize> = (0..e).collect();
-                // Stable: equal probabilities keep the lower expert first.
-                order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
-                let top = &order[..self.top_k];
-                let sum: f32 = top.iter().map(|&i| probs[i]).sum();
-                top.iter().map(|&i| (i, probs[i] / sum * self.per_expert_scale[i])).collect()
-            })
-            .collect())
+        Ok(scores.chunks_exact_mut(e).map(|row| route_row(row, self.top_k, &self.per_expert_scale)).collect())
     }
 
     /// `mlp_out = post_mlp_norm(mlp_out) + post_norm(experts(pre_norm(residual)))`, where

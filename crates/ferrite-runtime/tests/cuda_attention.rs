@@ -5,7 +5,7 @@
 //! exactly), and compares attention outputs: decode batches (contexts 1..2048, split-K with
 //! the automatic plan, a forced 64-key partition and a single partition) and mixed batches
 //! (cold prefill, chunked continuation, decode rows, tile edges at 64/65/130 queries), for
-//! GQA 9/3 × 64, 32/8 × 128 and 16/8 × 256, plain, sliding-window and soft-capped.
+//! GQA 9/3 × 64, 32/8 × 128, 16/8 × 256, 4/2 × 16, 4/1 × 32 and 8/2 × 512, plain, sliding-window and soft-capped.
 //!
 //! Tolerance: the output is a convex combination of values |v| < 1. The GPU rounds the output
 //! to bf16 (2^-9 relative) and, in the prefill kernel, the probabilities to bf16 before P·V
@@ -35,8 +35,15 @@ struct Heads {
     hd: usize,
 }
 
-const HEADS: [Heads; 3] =
-    [Heads { nh: 9, nkv: 3, hd: 64 }, Heads { nh: 32, nkv: 8, hd: 128 }, Heads { nh: 16, nkv: 8, hd: 256 }];
+const HEADS: [Heads; 6] = [
+    Heads { nh: 9, nkv: 3, hd: 64 },
+    Heads { nh: 32, nkv: 8, hd: 128 },
+    Heads { nh: 16, nkv: 8, hd: 256 },
+    // Gemma: the tiny fixtures' heads and Gemma 4's wide global heads.
+    Heads { nh: 4, nkv: 2, hd: 16 },
+    Heads { nh: 4, nkv: 1, hd: 32 },
+    Heads { nh: 8, nkv: 2, hd: 512 },
+];
 
 /// Which decode split to use: the automatic plan, or a fixed partition length.
 #[derive(Debug, Clone, Copy)]

@@ -44,6 +44,7 @@ pub(crate) const SOURCES: &[Source] = sources![
     "sampling",
     "init",
     "gemv",
+    "gemma",
 ];
 
 /// What NVRTC is asked to produce.

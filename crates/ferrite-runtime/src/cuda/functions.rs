@@ -11,7 +11,7 @@ use super::compile::{Image, SOURCES};
 use super::error::{CudaError, CudaResult};
 
 /// Head dims the attention kernels are instantiated for, in the order of their arrays below.
-pub(crate) const HEAD_DIMS: [usize; 3] = [64, 128, 256];
+pub(crate) const HEAD_DIMS: [usize; 6] = [16, 32, 64, 128, 256, 512];
 
 pub(crate) struct Functions {
     pub embedding_bf16: CudaFunction,
@@ -22,9 +22,9 @@ pub(crate) struct Functions {
     pub gelu_tanh_mul: CudaFunction,
     pub write_kv: CudaFunction,
     pub copy_words: CudaFunction,
-    pub paged_decode: [CudaFunction; 3],
+    pub paged_decode: [CudaFunction; 6],
     pub paged_decode_reduce: CudaFunction,
-    pub prefill_attention: [CudaFunction; 3],
+    pub prefill_attention: [CudaFunction; 6],
     pub argmax_rows: CudaFunction,
     pub sample_rows: CudaFunction,
     pub random_bf16: CudaFunction,
@@ -34,6 +34,12 @@ pub(crate) struct Functions {
     /// `gemv_{silu,gelu}_m{1..=8}`: the skinny GEMM over `act(gate) * up` formed on load.
     pub gemv_silu: [CudaFunction; 8],
     pub gemv_gelu: [CudaFunction; 8],
+    /// The Gemma families' kernels (`gemma.cu`).
+    pub qkv_norm: CudaFunction,
+    pub rms_norm_add: CudaFunction,
+    pub softcap_f32: CudaFunction,
+    pub per_layer_inputs: CudaFunction,
+    pub moe_combine: CudaFunction,
 }
 
 impl Functions {
@@ -58,9 +64,13 @@ impl Functions {
                 .ok_or_else(|| CudaError::Nvrtc(format!("kernel module {module} is missing")))?;
             Ok(m.load_function(name)?)
         };
-        let per_head_dim = |module: &str, prefix: &str| -> CudaResult<[CudaFunction; 3]> {
-            let [a, b, c] = HEAD_DIMS.map(|hd| get(module, &format!("{prefix}_hd{hd}")));
-            let fns = [a?, b?, c?];
+        let per_head_dim = |module: &str, prefix: &str| -> CudaResult<[CudaFunction; 6]> {
+            let fns = HEAD_DIMS
+                .map(|hd| get(module, &format!("{prefix}_hd{hd}")))
+                .into_iter()
+                .collect::<CudaResult<Vec<_>>>()?;
+            let fns: [CudaFunction; 6] =
+                fns.try_into().map_err(|_| CudaError::Nvrtc(format!("{prefix}: expected 6 kernels")))?;
             for f in &fns {
                 let attr = CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
                 f.set_attribute(attr, max_shared as i32)?;
@@ -90,6 +100,11 @@ impl Functions {
             gemv_f32: per_rows("gemv_f32")?,
             gemv_silu: per_rows("gemv_silu")?,
             gemv_gelu: per_rows("gemv_gelu")?,
+            qkv_norm: get("gemma", "qkv_norm")?,
+            rms_norm_add: get("gemma", "rms_norm_add")?,
+            softcap_f32: get("gemma", "softcap_f32")?,
+            per_layer_inputs: get("gemma", "per_layer_inputs")?,
+            moe_combine: get("gemma", "moe_combine")?,
         })
     }
 }

@@ -4,11 +4,12 @@
 // Grid (n_kv_heads, rows, max_splits), DEC_THREADS threads. Row r's query sits at position
 // context_lens[r] - 1 and sees keys [lo, ctx) (lo = ctx - window for sliding layers). The
 // visible keys are cut into partitions of `partition` keys; CTA `split` takes one:
-//   1. scores: TG = HD/8 lanes read one key with 16-byte loads, dot it against every query
-//      head of the group (kept in shared memory as f32) and reduce over the TG lanes;
+//   1. scores: TG lanes read one key with 16-byte loads (TG = HD/8, at most a warp: a
+//      512-wide key takes two loads a lane), dot it against every query head of the group
+//      (kept in shared memory as f32) and reduce over the TG lanes;
 //   2. softmax per head over the partition (one warp per head), scores become probabilities;
-//   3. values: warps take runs of keys, each lane owns HD/32 output dims; the warps' sums
-//      meet in shared memory.
+//   3. values: warps take runs of keys, each lane owns HD/32 output dims (one dim on the first
+//      HD lanes when HD < 32); the warps' sums meet in shared memory.
 // Both passes over the cache keep DEC_UNROLL loads per lane in flight (decode is bound by
 // memory latency, not arithmetic), and the partition's block ids are staged in shared memory
 // so a key's address costs no dependent global load.
@@ -19,14 +20,20 @@
 
 #define DEC_WARPS 4
 #define DEC_THREADS (DEC_WARPS * 32)
-#define GCH 8         // query heads per register chunk in the value phase
+// Query heads per register chunk in the value phase (fewer for the widest heads, whose
+// accumulators take HD/32 registers each).
+#define GCH(HD) ((HD) > 256 ? 4 : 8)
 #define DEC_UNROLL 4  // keys whose loads each lane (group) issues before using them
 // Keys each warp loads at once in the value phase: more for narrow heads (fewer registers a
 // key), so a short partition takes fewer dependent round trips.
-#define V_UNROLL(HD) ((HD) <= 128 ? 8 : 4)
+#define V_UNROLL(HD) ((HD) <= 128 ? 8 : (HD) <= 256 ? 4 : 2)
 
 template <int N>
 __device__ __forceinline__ void load_bf16(const bf16_t* p, float* f);
+template <>
+__device__ __forceinline__ void load_bf16<1>(const bf16_t* p, float* f) {
+    f[0] = bf2f(*p);
+}
 template <>
 __device__ __forceinline__ void load_bf16<2>(const bf16_t* p, float* f) {
     unsigned w = *(const unsigned*)p;
@@ -45,6 +52,11 @@ template <>
 __device__ __forceinline__ void load_bf16<8>(const bf16_t* p, float* f) {
     unpack8(*(const uint4*)p, f);
 }
+template <>
+__device__ __forceinline__ void load_bf16<16>(const bf16_t* p, float* f) {
+    unpack8(*(const uint4*)p, f);
+    unpack8(*(const uint4*)(p + 8), f + 8);
+}
 
 template <int HD>
 __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_stride, float* __restrict__ part_out,
@@ -54,12 +66,16 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
                                              const int* __restrict__ context_lens, int n_heads, int n_kv_heads,
                                              int block_size, float scale, float softcap, int window, int partition,
                                              int max_splits) {
-    constexpr int TG = HD / 8;
+    // Key words (8 values) a lane reads per key, lanes per key, keys per warp, output dims
+    // per lane (lanes past HD own none when HD < 32).
+    constexpr int KW = HD > 256 ? HD / 256 : 1;
+    constexpr int TG = HD / (8 * KW);
     constexpr int KPW = 32 / TG;
-    constexpr int DPL = HD / 32;
+    constexpr int DPL = HD >= 32 ? HD / 32 : 1;
+    constexpr int GC = GCH(HD);
     extern __shared__ float smem[];
     const int group = n_heads / n_kv_heads;
-    const int gch = min(group, GCH);
+    const int gch = min(group, GC);
     const int g = blockIdx.x, row = blockIdx.y, split = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int head0 = g * group;
@@ -99,23 +115,26 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     //    so every lane reaches the shuffles.
     const int kslot = lane / TG, part = lane % TG;
     for (int jb = warp * KPW * DEC_UNROLL; jb < n; jb += DEC_WARPS * KPW * DEC_UNROLL) {
-        uint4 raw[DEC_UNROLL];
+        uint4 raw[DEC_UNROLL][KW];
 #pragma unroll
         for (int u = 0; u < DEC_UNROLL; u++) {
             const int j = jb + u * KPW + kslot;
             long long at = j < n ? key_at(j) : -1;
-            raw[u] = at >= 0 ? *(const uint4*)(k_cache + at + part * 8) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int w = 0; w < KW; w++)
+                raw[u][w] = at >= 0 ? *(const uint4*)(k_cache + at + (part * KW + w) * 8) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < DEC_UNROLL; u++) {
             const int j = jb + u * KPW + kslot;
-            float kf[8];
-            unpack8(raw[u], kf);
+            float kf[8 * KW];
+#pragma unroll
+            for (int w = 0; w < KW; w++) unpack8(raw[u][w], kf + 8 * w);
             for (int h = 0; h < group; h++) {
-                const float* qh = q_s + h * HD + part * 8;
+                const float* qh = q_s + h * HD + part * 8 * KW;
                 float d = 0.f;
 #pragma unroll
-                for (int i = 0; i < 8; i++) d += kf[i] * qh[i];
+                for (int i = 0; i < 8 * KW; i++) d += kf[i] * qh[i];
 #pragma unroll
                 for (int o = TG / 2; o > 0; o >>= 1) d += __shfl_xor_sync(FULL_MASK, d, o);
                 if (part == 0 && j < n) {
@@ -148,12 +167,13 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     }
     __syncthreads();
 
-    // 3. Values, GCH heads at a time, V_UNROLL keys per warp in flight.
-    for (int h0 = 0; h0 < group; h0 += GCH) {
-        const int gh = min(GCH, group - h0);
-        float acc[GCH][DPL];
+    // 3. Values, GC heads at a time, V_UNROLL keys per warp in flight.
+    const bool owner = lane * DPL < HD;
+    for (int h0 = 0; h0 < group; h0 += GC) {
+        const int gh = min(GC, group - h0);
+        float acc[GC][DPL];
 #pragma unroll
-        for (int a = 0; a < GCH; a++)
+        for (int a = 0; a < GC; a++)
 #pragma unroll
             for (int i = 0; i < DPL; i++) acc[a][i] = 0.f;
         constexpr int VU = V_UNROLL(HD);
@@ -161,7 +181,7 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
             float vf[VU][DPL];
 #pragma unroll
             for (int u = 0; u < VU; u++) {
-                long long at = jb + u < n ? key_at(jb + u) : -1;
+                long long at = jb + u < n && owner ? key_at(jb + u) : -1;
                 if (at >= 0) {
                     load_bf16<DPL>(v_cache + at + lane * DPL, vf[u]);
                 } else {
@@ -173,7 +193,7 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
             for (int u = 0; u < VU; u++) {
                 if (jb + u >= n) break;
 #pragma unroll
-                for (int a = 0; a < GCH; a++) {
+                for (int a = 0; a < GC; a++) {
                     if (a < gh) {
                         float p = sc[(h0 + a) * partition + jb + u];
 #pragma unroll
@@ -183,8 +203,8 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
             }
         }
 #pragma unroll
-        for (int a = 0; a < GCH; a++)
-            if (a < gh)
+        for (int a = 0; a < GC; a++)
+            if (a < gh && owner)
 #pragma unroll
                 for (int i = 0; i < DPL; i++) red[(warp * gch + a) * HD + lane * DPL + i] = acc[a][i];
         __syncthreads();
@@ -221,9 +241,12 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
                          max_splits);                                                                               \
     }
 
+DECODE(16)
+DECODE(32)
 DECODE(64)
 DECODE(128)
 DECODE(256)
+DECODE(512)
 
 // Merge the partitions of each (row, head) in one pass: an online softmax over the
 // partitions' (max, sum) rescales the running output as each partition's normalized output

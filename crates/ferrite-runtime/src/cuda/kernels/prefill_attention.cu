@@ -224,6 +224,9 @@ __device__ __forceinline__ void prefill(bf16_t* __restrict__ out, int out_stride
                     context_lens, tiles, n_heads, n_kv_heads, block_size, scale, softcap, window);                  \
     }
 
+PREFILL(16)
+PREFILL(32)
 PREFILL(64)
 PREFILL(128)
 PREFILL(256)
+PREFILL(512)

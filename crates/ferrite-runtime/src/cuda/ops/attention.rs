@@ -20,9 +20,15 @@ use crate::cuda::functions::head_dim_index;
 /// Query tokens per prefill tile (the kernel's BM), and threads of both kernels.
 const PREFILL_TILE: usize = 64;
 const THREADS: u32 = 128;
-/// The decode kernel's warps and query heads per register chunk (DEC_WARPS, GCH).
+/// The decode kernel's warps, and its query heads per register chunk (`GCH(HD)`).
 const DEC_WARPS: usize = 4;
-const GCH: usize = 8;
+fn gch(head_dim: usize) -> usize {
+    if head_dim > 256 {
+        4
+    } else {
+        8
+    }
+}
 /// Dynamic shared memory the decode kernel aims to stay under (keeps several CTAs per SM),
 /// and the longest partition it plans (longer ones only cost parallelism).
 const DECODE_SHARED_TARGET: usize = 48 << 10;
@@ -317,7 +323,7 @@ impl DecodePlan {
     pub fn new(gpu: &Gpu, rows: usize, p: &AttentionParams, max_context: usize) -> DecodePlan {
         let visible = p.window.map_or(max_context, |w| w.min(max_context)).max(1);
         let group = (p.n_heads / p.n_kv_heads.max(1)).max(1);
-        let fixed = group * p.head_dim + DEC_WARPS * group.min(GCH) * p.head_dim + 2 * group + 2;
+        let fixed = group * p.head_dim + DEC_WARPS * group.min(gch(p.head_dim)) * p.head_dim + 2 * group + 2;
         // Per key: one score per head and (at block size 1, the worst case) one block id.
         let cap = ((DECODE_SHARED_TARGET / 4).saturating_sub(fixed) / (group + 1)) / 32 * 32;
         let ctas = (rows * p.n_kv_heads).max(1);
@@ -329,7 +335,11 @@ impl DecodePlan {
     fn shared_bytes(&self, p: &AttentionParams, block_size: usize) -> usize {
         let group = p.n_heads / p.n_kv_heads;
         let blocks = self.partition / block_size + 2;
-        4 * (group * p.head_dim + group * self.partition + DEC_WARPS * group.min(GCH) * p.head_dim + 2 * group + blocks)
+        4 * (group * p.head_dim
+            + group * self.partition
+            + DEC_WARPS * group.min(gch(p.head_dim)) * p.head_dim
+            + 2 * group
+            + blocks)
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod elementwise;
+pub mod gemma;
 pub mod sampling;
 
 pub use attention::{attention, write_kv, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv};
@@ -9,4 +10,5 @@ pub use elementwise::{
     copy, embedding, gated_activation, linear, linear_gated, random_uniform, rms_norm, rope, GatedActivation,
     RopeShape, TableElement,
 };
+pub use gemma::{moe_combine, per_layer_inputs, qkv_norm, rms_norm_add, softcap, PerLayerShape, QkvHeads};
 pub use sampling::{argmax, sample, RowSampling, SamplingParamsDev};

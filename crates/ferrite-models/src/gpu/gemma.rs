@@ -1,0 +1,414 @@
+//! `GpuGemma`: Gemma 1, 2, 3 and 4 on one CUDA device, built from the same `GemmaPlan` as
+//! the CPU models and run by the shared step machinery (`runner`).
+//!
+//! A layer is: RMSNorm → fused QKV GEMM → per-head q/k (and Gemma 4's unscaled v) norms →
+//! RoPE of the layer's schedule with the KV write (none for a KV-shared layer, which reads
+//! its donor's cache layer) → paged attention (the layer's window, scale and softcap) →
+//! output GEMM → post-attention norm added to the residual → pre-FFN norm → fused gate-up
+//! GEMM with GeGLU → down GEMM (plus Gemma 4's routed experts) → post-FFN norm added to the
+//! residual, then Gemma 4's per-layer input and layer scalar. Gemma 1 has no sandwich norms:
+//! its sublayer outputs are added by the next norm (fused), as in the llama family. The
+//! embedding is scaled by `sqrt(hidden)`; the logits are softcapped when the model says so.
+//!
+//! Experts are routed on the host: a MoE layer copies its router logits back, picks each
+//! token's experts as the CPU model does, and runs each expert over the tokens routed to it.
+//! Such a step is not capturable, so MoE models decode eagerly.
+
+use std::sync::Arc;
+
+use ferrite_runtime::cpu::AttentionParams;
+use ferrite_runtime::cuda::ops::{self, GatedActivation, PerLayerShape, QkvHeads, RopeShape};
+use ferrite_runtime::cuda::{CudaSlice, DevicePtr, Gpu};
+use ferrite_runtime::{KvCache, KvLayout, Result as RtResult};
+use half::bf16;
+
+use super::gemma_weights::{GemmaWeights, LayerWeights, MoeWeights};
+use super::runner::{Decode, GpuModel, Layers, StepIo};
+use crate::config::{Activation, ModelConfig};
+use crate::error::{LoadError, Result};
+use crate::gemma_plan::GemmaPlan;
+use crate::moe::route_row;
+
+/// The Gemma families on the device.
+pub type GpuGemma = GpuModel<GemmaLayers>;
+
+/// Head widths the CUDA attention kernels are built for.
+const HEAD_DIMS: [usize; 6] = [16, 32, 64, 128, 256, 512];
+
+/// One layer's RoPE on the device.
+struct LayerRope {
+    inv_freq: CudaSlice<f32>,
+    scaling: f32,
+}
+
+pub struct GemmaLayers {
+    cfg: ModelConfig,
+    plan: GemmaPlan,
+    /// Each layer's attention shape (in layer order).
+    params: Vec<AttentionParams>,
+    ropes: Vec<LayerRope>,
+    act: GatedActivation,
+    w: GemmaWeights,
+}
+
+/// Why a Gemma plan cannot run on this path, if it cannot.
+pub fn gemma_unsupported(plan: &GemmaPlan) -> Option<String> {
+    for (i, l) in plan.layers.iter().enumerate() {
+        let hd = l.attn.params.head_dim;
+        if !HEAD_DIMS.contains(&hd) {
+            return Some(format!("layer {i}: head_dim {hd} has no CUDA attention kernel ({HEAD_DIMS:?})"));
+        }
+        if l.attn.rope.is_dynamic() {
+            return Some("dynamic NTK RoPE has no CUDA path yet".into());
+        }
+        if l.attn.v_norm && l.attn.qk_norm.is_none() {
+            return Some(format!("layer {i}: a v norm without q/k norms has no CUDA path"));
+        }
+    }
+    None
+}
+
+/// The Gemma families' activation buffers.
+pub struct Buffers {
+    qkv: CudaSlice<bf16>,
+    attn: CudaSlice<bf16>,
+    /// A sublayer's output before its norm and residual add.
+    o: CudaSlice<bf16>,
+    gate_up: CudaSlice<bf16>,
+    act: CudaSlice<bf16>,
+    /// Gemma 1: `o` still has to be added to the residual (by the next norm, fused).
+    pending: bool,
+    per_layer: Option<PerLayerBuffers>,
+    moe: Option<MoeBuffers>,
+}
+
+struct PerLayerBuffers {
+    /// `[tokens, layers * width]`, then the inputs `[layers][tokens][width]`.
+    proj: CudaSlice<bf16>,
+    inputs: CudaSlice<bf16>,
+    gate: CudaSlice<bf16>,
+    act: CudaSlice<bf16>,
+}
+
+struct MoeBuffers {
+    /// The dense MLP's normed output plus the experts' normed output.
+    mixed: CudaSlice<bf16>,
+    /// Normed residual rows (router input, then expert input).
+    normed: CudaSlice<bf16>,
+    logits: CudaSlice<f32>,
+    /// Per routed (token, expert) pair: its input row, scratch, output row.
+    input: CudaSlice<bf16>,
+    gate_up: CudaSlice<bf16>,
+    act: CudaSlice<bf16>,
+    output: CudaSlice<bf16>,
+    /// Each pair's token, and each token's pairs and weights.
+    rows: CudaSlice<u32>,
+    pairs: CudaSlice<i32>,
+    weights: CudaSlice<f32>,
+    sum: CudaSlice<bf16>,
+}
+
+impl GpuGemma {
+    /// A model of `cfg` laid out by `plan`, with weights `w` already on `gpu`.
+    pub fn new(cfg: ModelConfig, plan: GemmaPlan, w: GemmaWeights, gpu: Arc<Gpu>) -> Result<GpuGemma> {
+        if let Some(why) = gemma_unsupported(&plan) {
+            return Err(LoadError::Other(why));
+        }
+        let ropes = plan
+            .layers
+            .iter()
+            .map(|l| {
+                let r = l.attn.rope.rope_for(0);
+                Ok(LayerRope { inv_freq: gpu.upload(&r.inv_freq)?, scaling: r.attention_scaling })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let act = match cfg.hidden_act {
+            Activation::Silu => GatedActivation::Silu,
+            Activation::GeluTanh => GatedActivation::GeluTanh,
+        };
+        let params = plan.layers.iter().map(|l| l.attn.params).collect();
+        let bytes = w.bytes;
+        Ok(GpuModel::from_layers(GemmaLayers { cfg, plan, params, ropes, act, w }, gpu, bytes))
+    }
+}
+
+/// Width of a layer's fused QKV rows.
+fn qkv_width(p: &AttentionParams, shared: bool) -> usize {
+    (p.n_heads + if shared { 0 } else { 2 * p.n_kv_heads }) * p.head_dim
+}
+
+impl GemmaLayers {
+    /// Queue a MoE block: `o` (the dense MLP's output) becomes `post_mlp_norm(o) +
+    /// post_norm(experts(pre_norm(x)))`, with the experts routed on the host.
+    fn queue_moe(
+        &self,
+        gpu: &Gpu,
+        x: &CudaSlice<bf16>,
+        o: &mut CudaSlice<bf16>,
+        m: &mut MoeBuffers,
+        w: &MoeWeights,
+        tokens: usize,
+    ) -> RtResult<()> {
+        let Some(shape) = self.plan.moe else { return Ok(()) };
+        let (d, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
+        let (e, k, mi) = (shape.num_experts, shape.top_k, shape.intermediate);
+        ops::rms_norm(gpu, &*o, None, &w.post_mlp_norm, (tokens, d), eps, 0.0, &mut m.mixed)?;
+        ops::rms_norm(gpu, x, None, &w.router_norm, (tokens, d), eps, 0.0, &mut m.normed)?;
+        ops::linear::<f32>(gpu, &m.normed, &w.router, None, &mut m.logits, (tokens, e, d))?;
+        let mut scores = gpu.download(&m.logits.slice(..tokens * e))?;
+        let routes: Vec<Vec<(usize, f32)>> =
+            scores.chunks_exact_mut(e).map(|row| route_row(row, k, &w.per_expert_scale)).collect();
+        // Pairs expert-major (each expert's tokens contiguous); each token's pairs in
+        // ascending expert order, as the CPU sums them.
+        let mut rows = Vec::with_capacity(tokens * k);
+        let mut counts = vec![0usize; e];
+        let mut pair_of = vec![Vec::with_capacity(k); tokens];
+        for (expert, count) in counts.iter_mut().enumerate() {
+            for (t, route) in routes.iter().enumerate() {
+                if let Some(&(_, weight)) = route.iter().find(|(x, _)| *x == expert) {
+                    pair_of[t].push((rows.len() as i32, weight));
+                    rows.push(t as u32);
+                    *count += 1;
+                }
+            }
+        }
+        let (pairs, weights): (Vec<i32>, Vec<f32>) = pair_of.into_iter().flatten().unzip();
+        gpu.upload_into(&rows, &mut m.rows)?;
+        gpu.upload_into(&pairs, &mut m.pairs)?;
+        gpu.upload_into(&weights, &mut m.weights)?;
+        ops::rms_norm(gpu, x, None, &w.pre_norm, (tokens, d), eps, 0.0, &mut m.normed)?;
+        ops::embedding(gpu, &m.normed, (tokens, d), &m.rows, rows.len(), 1.0, &mut m.input)?;
+        let mut first = 0;
+        for (expert, &n) in counts.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let input = m.input.slice(first * d..(first + n) * d);
+            let gate_up = w.gate_up.slice(expert * 2 * mi * d..(expert + 1) * 2 * mi * d);
+            let mut act = m.act.slice_mut(..n * mi);
+            ops::linear_gated(gpu, self.act, &input, &gate_up, &mut m.gate_up, &mut act, (n, mi, d))?;
+            let down = w.down.slice(expert * d * mi..(expert + 1) * d * mi);
+            let mut out = m.output.slice_mut(first * d..(first + n) * d);
+            ops::linear(gpu, &m.act.slice(..n * mi), &down, None, &mut out, (n, d, mi))?;
+            first += n;
+        }
+        ops::moe_combine(gpu, &m.output, &m.pairs, &m.weights, (tokens, k, d), &mut m.sum)?;
+        ops::rms_norm_add(gpu, &m.sum, &w.post_norm, &mut m.mixed, (tokens, d), eps, 1.0)?;
+        ops::copy(gpu, &m.mixed.slice(..tokens * d), &mut o.slice_mut(..tokens * d))?;
+        Ok(())
+    }
+
+    /// `h = norm(x)`, first adding a pending sublayer output `o` to `x` (Gemma 1).
+    fn norm_into(
+        &self,
+        gpu: &Gpu,
+        io: &mut StepIo,
+        b: &mut Buffers,
+        w: &CudaSlice<f32>,
+        tokens: usize,
+    ) -> RtResult<()> {
+        let (d, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
+        if std::mem::take(&mut b.pending) {
+            ops::rms_norm(gpu, &b.o, Some(&mut io.x), w, (tokens, d), eps, 0.0, &mut io.h)?;
+        } else {
+            ops::rms_norm(gpu, &io.x, None, w, (tokens, d), eps, 0.0, &mut io.h)?;
+        }
+        Ok(())
+    }
+
+    /// The sublayer output in `b.o` joins the residual: normed and added (scaled by `scale`)
+    /// with a sandwich norm, else left pending for the next norm.
+    fn residual(
+        &self,
+        gpu: &Gpu,
+        io: &mut StepIo,
+        b: &mut Buffers,
+        post_norm: Option<&CudaSlice<f32>>,
+        tokens: usize,
+        scale: f32,
+    ) -> RtResult<()> {
+        let (d, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
+        match post_norm {
+            Some(w) => ops::rms_norm_add(gpu, &b.o, w, &mut io.x, (tokens, d), eps, scale)?,
+            None => b.pending = true,
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn queue_layer(
+        &self,
+        gpu: &Gpu,
+        io: &mut StepIo,
+        b: &mut Buffers,
+        kv: &mut KvCache,
+        tokens: usize,
+        decode: Option<Decode>,
+        i: usize,
+        l: &LayerWeights,
+    ) -> RtResult<()> {
+        let cfg = &self.cfg;
+        let (d, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        let a = &self.plan.layers[i].attn;
+        let p = &self.params[i];
+        let (nh, nkv, hd) = (p.n_heads, p.n_kv_heads, p.head_dim);
+        let (q_w, qkv_w) = (nh * hd, qkv_width(p, a.shared));
+        let inter = self.plan.layers[i].intermediate;
+        self.norm_into(gpu, io, b, &l.input_norm, tokens)?;
+        let bias = l.qkv_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
+        ops::linear(gpu, &io.h, &l.qkv, bias, &mut b.qkv, (tokens, qkv_w, d))?;
+        let own = if a.shared { 0 } else { nkv };
+        if a.qk_norm.is_some() {
+            let heads = QkvHeads {
+                tokens,
+                stride: qkv_w,
+                head_dim: hd,
+                n_q: nh,
+                n_k: own,
+                n_v: if a.v_norm { own } else { 0 },
+            };
+            let wq = l.q_norm.as_ref().map(|w| w as &dyn DevicePtr<f32>);
+            let wk = l.k_norm.as_ref().map(|w| w as &dyn DevicePtr<f32>);
+            ops::qkv_norm(gpu, &mut b.qkv, heads, wq, wk, eps)?;
+        }
+        let group = self.plan.layout.layers[a.kv_index].group;
+        let layer_kv = kv.device_layer_mut(a.kv_index)?;
+        let rope = &self.ropes[i];
+        let shape = RopeShape { tokens, n_heads: nh + own, head_dim: hd, stride: qkv_w };
+        let store = (!a.shared).then_some((&io.metas[group], &mut *layer_kv));
+        ops::rope(gpu, &mut b.qkv, &io.positions, &rope.inv_freq, rope.scaling, shape, store)?;
+        let plan = decode.map(|dec| dec.plan(gpu, p));
+        ops::attention(gpu, &b.qkv, qkv_w, &io.metas[group], layer_kv, p, plan, &mut io.scratch, &mut b.attn, q_w)?;
+        ops::linear(gpu, &b.attn, &l.o, None, &mut b.o, (tokens, d, q_w))?;
+        self.residual(gpu, io, b, l.post_attn_norm.as_ref(), tokens, 1.0)?;
+        self.norm_into(gpu, io, b, &l.ffn_norm, tokens)?;
+        ops::linear_gated(gpu, self.act, &io.h, &l.gate_up, &mut b.gate_up, &mut b.act, (tokens, inter, d))?;
+        ops::linear(gpu, &b.act, &l.down, None, &mut b.o, (tokens, d, inter))?;
+        if let (Some(w), Some(m)) = (&l.moe, b.moe.as_mut()) {
+            self.queue_moe(gpu, &io.x, &mut b.o, m, w, tokens)?;
+        }
+        let after_ffn = if l.input.is_some() { 1.0 } else { l.scalar };
+        self.residual(gpu, io, b, l.post_ffn_norm.as_ref(), tokens, after_ffn)?;
+        if let (Some(li), Some(pl), Some((_, width))) = (&l.input, b.per_layer.as_mut(), self.plan.per_layer_input) {
+            ops::linear(gpu, &io.x, &li.gate, None, &mut pl.gate, (tokens, width, d))?;
+            let mine = pl.inputs.slice(i * tokens * width..(i + 1) * tokens * width);
+            ops::gated_activation(gpu, self.act, &pl.gate, &mine, (tokens, width, width), &mut pl.act)?;
+            ops::linear(gpu, &pl.act, &li.projection, None, &mut b.o, (tokens, d, width))?;
+            ops::rms_norm_add(gpu, &b.o, &li.norm, &mut io.x, (tokens, d), eps, l.scalar)?;
+        }
+        Ok(())
+    }
+}
+
+impl Layers for GemmaLayers {
+    type Buffers = Buffers;
+
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn layout(&self) -> &KvLayout {
+        &self.plan.layout
+    }
+
+    fn attention(&self) -> &[AttentionParams] {
+        &self.params
+    }
+
+    fn buffers(&self, gpu: &Gpu, tokens: usize) -> RtResult<Buffers> {
+        let (d, n) = (self.cfg.hidden_size, self.plan.layers.len());
+        let bf = |len: usize| gpu.alloc::<bf16>(len);
+        let max = |f: &dyn Fn(usize) -> usize| (0..n).map(f).max().unwrap_or(0);
+        let qkv = max(&|i| qkv_width(&self.params[i], self.plan.layers[i].attn.shared));
+        let attn = max(&|i| self.params[i].n_heads * self.params[i].head_dim);
+        let inter = max(&|i| self.plan.layers[i].intermediate);
+        let per_layer = match self.plan.per_layer_input {
+            Some((_, width)) => Some(PerLayerBuffers {
+                proj: bf(tokens * n * width)?,
+                inputs: bf(tokens * n * width)?,
+                gate: bf(tokens * width)?,
+                act: bf(tokens * width)?,
+            }),
+            None => None,
+        };
+        let moe = match self.plan.moe {
+            Some(s) => {
+                let pairs = tokens * s.top_k;
+                Some(MoeBuffers {
+                    mixed: bf(tokens * d)?,
+                    normed: bf(tokens * d)?,
+                    logits: gpu.alloc(tokens * s.num_experts)?,
+                    input: bf(pairs * d)?,
+                    gate_up: bf(pairs * 2 * s.intermediate)?,
+                    act: bf(pairs * s.intermediate)?,
+                    output: bf(pairs * d)?,
+                    rows: gpu.alloc(pairs)?,
+                    pairs: gpu.alloc(pairs)?,
+                    weights: gpu.alloc(pairs)?,
+                    sum: bf(tokens * d)?,
+                })
+            }
+            None => None,
+        };
+        Ok(Buffers {
+            qkv: bf(tokens * qkv)?,
+            attn: bf(tokens * attn)?,
+            o: bf(tokens * d)?,
+            gate_up: bf(tokens * 2 * inter)?,
+            act: bf(tokens * inter)?,
+            pending: false,
+            per_layer,
+            moe,
+        })
+    }
+
+    fn queue_layers(
+        &self,
+        gpu: &Gpu,
+        io: &mut StepIo,
+        b: &mut Buffers,
+        kv: &mut KvCache,
+        tokens: usize,
+        decode: Option<Decode>,
+    ) -> RtResult<()> {
+        let (d, v, n) = (self.cfg.hidden_size, self.cfg.vocab_size, self.plan.layers.len());
+        let scale = (d as f64).sqrt() as f32;
+        b.pending = false;
+        ops::embedding(gpu, &*self.w.embed, (v, d), &io.ids, tokens, scale, &mut io.x)?;
+        if let (Some(pw), Some(pl), Some((vocab, width))) =
+            (&self.w.per_layer, b.per_layer.as_mut(), self.plan.per_layer_input)
+        {
+            ops::linear(gpu, &io.x, &pw.projection, None, &mut pl.proj, (tokens, n * width, d))?;
+            let shape = PerLayerShape {
+                tokens,
+                layers: n,
+                width,
+                vocab,
+                proj_scale: (d as f64).powf(-0.5) as f32,
+                emb_scale: (width as f64).sqrt() as f32,
+                eps: self.cfg.rms_norm_eps,
+            };
+            ops::per_layer_inputs(gpu, &pl.proj, &pw.table, &io.ids, &pw.norm, shape, &mut pl.inputs)?;
+        }
+        for (i, l) in self.w.layers.iter().enumerate() {
+            self.queue_layer(gpu, io, b, kv, tokens, decode, i, l)?;
+        }
+        Ok(())
+    }
+
+    fn final_norm(&self, gpu: &Gpu, io: &mut StepIo, b: &mut Buffers, tokens: usize) -> RtResult<()> {
+        self.norm_into(gpu, io, b, &self.w.final_norm, tokens)
+    }
+
+    fn lm_head(&self) -> &CudaSlice<bf16> {
+        &self.w.lm_head
+    }
+
+    fn final_softcap(&self) -> Option<f32> {
+        self.plan.final_softcap
+    }
+
+    fn graph_safe(&self) -> bool {
+        self.plan.moe.is_none()
+    }
+}

@@ -1,0 +1,415 @@
+//! The step machinery every CUDA model shares, around a family's decoder (`Layers`): the
+//! workspace sized once from the engine's `StepLimits`, the per-step inputs and attention
+//! metadata (one per KV group), CUDA-graph capture and replay of decode steps, the LM head
+//! (gather of the rows that want logits, f32 logits, optional softcap) and the argmax, and
+//! the `CausalLm` interface.
+//!
+//! All buffers of a step live in the workspace, so the decode loop allocates nothing. Pure
+//! decode steps (one query token per row, logits for every row) replay a CUDA graph captured
+//! per (row bucket, context bucket): the rows are padded to the bucket with empty rows, block
+//! tables are padded to the context bucket, and the split-K plans cover it. Other steps
+//! (prefill chunks, mixed batches) run eagerly.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ferrite_runtime::cpu::AttentionParams;
+use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch};
+use ferrite_runtime::cuda::{CudaSlice, Gpu, Graph};
+use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError};
+use half::bf16;
+
+use crate::config::ModelConfig;
+use crate::model::{CausalLm, StepLimits};
+
+/// Row counts a decode graph is captured for; larger decode steps run eagerly.
+const ROW_BUCKETS: [usize; 19] = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512];
+/// The smallest context bucket of a decode graph (contexts round up to a power of two).
+const MIN_CONTEXT_BUCKET: usize = 256;
+
+/// A model family's decoder on the device: what the shared runner cannot know.
+pub trait Layers: Send + Sync {
+    /// The family's activation buffers beyond `StepIo`'s.
+    type Buffers: Send;
+    fn config(&self) -> &ModelConfig;
+    fn layout(&self) -> &KvLayout;
+    /// The attention shapes of the layers (decode plans and their scratch cover each).
+    fn attention(&self) -> &[AttentionParams];
+    /// Buffers for steps of up to `tokens` tokens.
+    fn buffers(&self, gpu: &Gpu, tokens: usize) -> RtResult<Self::Buffers>;
+    /// Queue the decoder over the inputs in `io` (`tokens` query tokens): from the embedding
+    /// to the residual stream after the last layer. With `decode`, attention uses its plans.
+    fn queue_layers(
+        &self,
+        gpu: &Gpu,
+        io: &mut StepIo,
+        b: &mut Self::Buffers,
+        kv: &mut KvCache,
+        tokens: usize,
+        decode: Option<Decode>,
+    ) -> RtResult<()>;
+    /// Queue the final norm into `io.h`.
+    fn final_norm(&self, gpu: &Gpu, io: &mut StepIo, b: &mut Self::Buffers, tokens: usize) -> RtResult<()>;
+    fn lm_head(&self) -> &CudaSlice<bf16>;
+    /// `cap * tanh(logit / cap)` on the logits (Gemma 2+).
+    fn final_softcap(&self) -> Option<f32> {
+        None
+    }
+    /// Whether a step runs on the device alone (no host round trip), so decode steps can be
+    /// captured as graphs.
+    fn graph_safe(&self) -> bool {
+        true
+    }
+}
+
+/// A decode step's shape: every layer plans its split-K from it, the same way for a graph's
+/// capture as for an eager step of the same rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decode {
+    pub rows: usize,
+    /// The context bucket the plan covers.
+    pub context: usize,
+}
+
+impl Decode {
+    pub fn plan(&self, gpu: &Gpu, p: &AttentionParams) -> DecodePlan {
+        DecodePlan::new(gpu, self.rows, p, self.context)
+    }
+}
+
+/// The buffers of a step every family uses, sized for the largest step.
+pub struct StepIo {
+    pub tokens: usize,
+    pub rows: usize,
+    /// Block-table entries a row can have.
+    pub blocks: usize,
+    pub ids: CudaSlice<u32>,
+    pub positions: CudaSlice<u32>,
+    pub logit_rows: CudaSlice<u32>,
+    /// The residual stream `[tokens, hidden]`.
+    pub x: CudaSlice<bf16>,
+    /// Normed activations `[tokens, hidden]`.
+    pub h: CudaSlice<bf16>,
+    /// The gathered rows that want logits `[rows, hidden]`, their f32 logits and argmax.
+    pub picked: CudaSlice<bf16>,
+    pub logits: CudaSlice<f32>,
+    pub next: CudaSlice<u32>,
+    /// The attention metadata of each KV group.
+    pub metas: Vec<AttentionMeta>,
+    pub scratch: DecodeScratch,
+}
+
+/// The largest heads and head width over `attention`.
+fn widest(attention: &[AttentionParams]) -> (usize, usize) {
+    let heads = attention.iter().map(|p| p.n_heads).max().unwrap_or(1);
+    (heads, attention.iter().map(|p| p.head_dim).max().unwrap_or(1))
+}
+
+impl StepIo {
+    fn new<L: Layers>(layers: &L, gpu: &Gpu, tokens: usize, rows: usize, max_blocks: usize) -> RtResult<StepIo> {
+        let cfg = layers.config();
+        let d = cfg.hidden_size;
+        let rows = rows.max(1);
+        let tokens = tokens.max(rows);
+        let bf = |n: usize| gpu.alloc::<bf16>(n);
+        let (heads, hd) = widest(layers.attention());
+        let metas = (0..layers.layout().groups.len().max(1))
+            .map(|_| AttentionMeta::with_capacity(gpu, rows, tokens, max_blocks))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(StepIo {
+            tokens,
+            rows,
+            blocks: max_blocks,
+            ids: gpu.alloc(tokens)?,
+            positions: gpu.alloc(tokens)?,
+            logit_rows: gpu.alloc(rows)?,
+            x: bf(tokens * d)?,
+            h: bf(tokens * d)?,
+            picked: bf(rows * d)?,
+            logits: gpu.alloc(rows * cfg.vocab_size)?,
+            next: gpu.alloc(rows)?,
+            metas,
+            scratch: DecodeScratch::new(gpu, rows, heads, hd, 1)?,
+        })
+    }
+}
+
+/// What a step needs besides the weights; behind a lock because `forward` takes `&self`.
+struct State<B> {
+    ws: Option<(StepIo, B)>,
+    /// Captured decode graphs by (rows, context bucket).
+    graphs: HashMap<(usize, usize), Graph>,
+    /// The KV cache the graphs write (`KvCache::id`): another cache means capturing again.
+    graph_kv: u64,
+}
+
+/// A model on one CUDA device: a family's `Layers` run by the shared step machinery.
+pub struct GpuModel<L: Layers> {
+    layers: L,
+    gpu: Arc<Gpu>,
+    weight_bytes: usize,
+    graphs_enabled: AtomicBool,
+    state: Mutex<State<L::Buffers>>,
+}
+
+impl<L: Layers> GpuModel<L> {
+    /// A model of `layers` (weights already on `gpu`, `weight_bytes` of them).
+    pub(crate) fn from_layers(layers: L, gpu: Arc<Gpu>, weight_bytes: usize) -> GpuModel<L> {
+        GpuModel {
+            layers,
+            gpu,
+            weight_bytes,
+            graphs_enabled: AtomicBool::new(true),
+            state: Mutex::new(State { ws: None, graphs: HashMap::new(), graph_kv: 0 }),
+        }
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Device bytes of the weights.
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// Replay CUDA graphs for decode steps (the default) or run every step eagerly.
+    pub fn set_cuda_graphs(&self, on: bool) {
+        self.graphs_enabled.store(on, Ordering::Relaxed);
+    }
+
+    fn lock(&self) -> RtResult<std::sync::MutexGuard<'_, State<L::Buffers>>> {
+        self.state.lock().map_err(|_| RuntimeError::Shape("the CUDA model's state was poisoned by a panic".into()))
+    }
+
+    /// Block-table entries per row for contexts up to `context` (its bucket).
+    fn table_len(context: usize, block_size: usize) -> usize {
+        context_bucket(context).div_ceil(block_size.max(1))
+    }
+
+    /// A workspace for steps of `tokens` tokens, `rows` rows and `blocks` table entries a
+    /// row (at least), replacing a smaller one (which drops the graphs captured over it).
+    fn ensure(&self, st: &mut State<L::Buffers>, tokens: usize, rows: usize, blocks: usize) -> RtResult<()> {
+        let (t0, r0, b0) = st.ws.as_ref().map_or((0, 0, 0), |(w, _)| (w.tokens, w.rows, w.blocks));
+        if tokens <= t0 && rows <= r0 && blocks <= b0 {
+            return Ok(());
+        }
+        st.graphs.clear();
+        st.ws = None;
+        self.gpu.synchronize()?;
+        let io = StepIo::new(&self.layers, &self.gpu, tokens.max(t0), rows.max(r0), blocks.max(b0))?;
+        let b = self.layers.buffers(&self.gpu, io.tokens)?;
+        st.ws = Some((io, b));
+        Ok(())
+    }
+
+    /// Queue one step over the inputs already in the workspace (`tokens` query tokens,
+    /// `out_rows` rows wanting logits): the layers, the LM head and the argmax.
+    fn queue_step(
+        &self,
+        (io, b): &mut (StepIo, L::Buffers),
+        kv: &mut KvCache,
+        tokens: usize,
+        out_rows: usize,
+        decode: Option<Decode>,
+    ) -> RtResult<()> {
+        let gpu = &*self.gpu;
+        let cfg = self.layers.config();
+        let (d, v) = (cfg.hidden_size, cfg.vocab_size);
+        self.layers.queue_layers(gpu, io, b, kv, tokens, decode)?;
+        if out_rows == 0 {
+            // A prefill chunk that ends no prompt: only its KV was wanted.
+            return Ok(());
+        }
+        self.layers.final_norm(gpu, io, b, tokens)?;
+        // The rows that want logits, gathered by the embedding kernel over the normed rows.
+        ops::embedding(gpu, &io.h, (tokens, d), &io.logit_rows, out_rows, 1.0, &mut io.picked)?;
+        ops::linear::<f32>(gpu, &io.picked, self.layers.lm_head(), None, &mut io.logits, (out_rows, v, d))?;
+        if let Some(cap) = self.layers.final_softcap() {
+            ops::softcap(gpu, &mut io.logits, out_rows * v, cap)?;
+        }
+        ops::argmax(gpu, &io.logits, (out_rows, v, v), &mut io.next)?;
+        Ok(())
+    }
+
+    /// Copy the step's inputs into `io`: ids and positions padded to `rows` one-token rows
+    /// when the batch has fewer (a graph bucket), the logits rows, and the attention
+    /// metadata of every KV group (tables `stride` apart when given).
+    fn upload_inputs(
+        &self,
+        io: &mut StepIo,
+        batch: &ForwardBatch,
+        block_size: usize,
+        rows: usize,
+        stride: Option<usize>,
+    ) -> RtResult<()> {
+        let gpu = &*self.gpu;
+        let pad = rows.saturating_sub(batch.rows.len());
+        let padded = |v: &[u32]| v.iter().copied().chain(std::iter::repeat_n(0, pad)).collect::<Vec<u32>>();
+        gpu.upload_into(&padded(&batch.tokens), &mut io.ids)?;
+        gpu.upload_into(&padded(&batch.positions), &mut io.positions)?;
+        let mut logit_rows: Vec<u32> = batch.logits_indices.iter().map(|&i| i as u32).collect();
+        logit_rows.extend((batch.num_tokens()..batch.num_tokens() + pad).map(|i| i as u32));
+        gpu.upload_into(&logit_rows, &mut io.logit_rows)?;
+        for (group, meta) in io.metas.iter_mut().enumerate() {
+            meta.update(gpu, batch, group, block_size, rows, stride)?;
+        }
+        Ok(())
+    }
+
+    /// A scratch for a decode step of `decode`'s shape under every layer's plan (a larger
+    /// one drops the graphs captured over the old).
+    fn ensure_scratch(&self, st: &mut State<L::Buffers>, decode: Decode) -> RtResult<()> {
+        let attention = self.layers.attention();
+        let splits = attention.iter().map(|p| decode.plan(&self.gpu, p).splits).max().unwrap_or(1);
+        let (heads, hd) = widest(attention);
+        let (io, _) = st.ws.as_mut().ok_or_else(no_workspace)?;
+        if !io.scratch.fits(decode.rows, heads, hd, splits) {
+            st.graphs.clear();
+            io.scratch = DecodeScratch::new(&self.gpu, decode.rows, heads, hd, splits)?;
+        }
+        Ok(())
+    }
+
+    fn run_eager(&self, st: &mut State<L::Buffers>, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<()> {
+        let rows = batch.rows.len();
+        let (io, _) = st.ws.as_mut().ok_or_else(no_workspace)?;
+        self.upload_inputs(io, batch, kv.block_size(), rows, None)?;
+        // Decode splits keys as a graph of the same rows would, so both give the same bits.
+        let decode = if io.metas[0].max_query <= 1 {
+            let decode = Decode { rows, context: context_bucket(io.metas[0].max_context) };
+            self.ensure_scratch(st, decode)?;
+            Some(decode)
+        } else {
+            None
+        };
+        let ws = st.ws.as_mut().ok_or_else(no_workspace)?;
+        self.queue_step(ws, kv, batch.num_tokens(), batch.logits_indices.len(), decode)
+    }
+
+    /// A pure decode step of `batch` padded to `bucket` rows, by graph replay (captured on
+    /// first use of its (bucket, context bucket)).
+    fn run_graph(
+        &self,
+        st: &mut State<L::Buffers>,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        bucket: usize,
+    ) -> RtResult<()> {
+        let longest = batch.rows.iter().map(|r| r.context_len).max().unwrap_or(0);
+        let context = context_bucket(longest);
+        let block_size = kv.block_size();
+        let stride = context.div_ceil(block_size);
+        if st.graph_kv != kv.id() {
+            st.graphs.clear();
+            st.graph_kv = kv.id();
+        }
+        let decode = Decode { rows: bucket, context };
+        self.ensure_scratch(st, decode)?;
+        let State { ws, graphs, .. } = st;
+        let ws = ws.as_mut().ok_or_else(no_workspace)?;
+        self.upload_inputs(&mut ws.0, batch, block_size, bucket, Some(stride))?;
+        if let Some(graph) = graphs.get(&(bucket, context)) {
+            return Ok(graph.replay()?);
+        }
+        // First use: run it eagerly (this step's result; it also builds the cuBLASLt plans
+        // outside the capture), then capture the same work for the next steps.
+        self.queue_step(ws, kv, bucket, bucket, Some(decode))?;
+        let graph = self.gpu.capture(|| self.queue_step(ws, kv, bucket, bucket, Some(decode)))?;
+        graphs.insert((bucket, context), graph);
+        Ok(())
+    }
+
+    /// Run `batch`; afterwards the first `logits_indices.len()` rows of the workspace's
+    /// `logits` and `next` hold its logits and greedy ids.
+    fn run(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<std::sync::MutexGuard<'_, State<L::Buffers>>> {
+        let (tokens, rows, out_rows) = (batch.num_tokens(), batch.rows.len(), batch.logits_indices.len());
+        if tokens == 0 || batch.logits_indices.iter().any(|&i| i >= tokens) {
+            return Err(RuntimeError::Shape(format!(
+                "a step of {tokens} tokens with logits rows {:?}",
+                batch.logits_indices
+            )));
+        }
+        let vocab = self.layers.config().vocab_size;
+        if let Some(&t) = batch.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(RuntimeError::Shape(format!("token {t} is outside the vocabulary of {vocab}")));
+        }
+        let longest = batch.rows.iter().map(|r| r.context_len).max().unwrap_or(0);
+        let mut st = self.lock()?;
+        self.ensure(&mut st, tokens, rows.max(out_rows), Self::table_len(longest, kv.block_size()))?;
+        let capacity = st.ws.as_ref().map_or(0, |(w, _)| w.rows);
+        let decode = self.graphs_enabled.load(Ordering::Relaxed)
+            && self.layers.graph_safe()
+            && out_rows == rows
+            && batch.rows.iter().all(|r| r.query_len == 1)
+            && batch.logits_indices.iter().copied().eq(0..rows);
+        match ROW_BUCKETS.iter().copied().find(|&b| b >= rows).filter(|&b| decode && b <= capacity) {
+            Some(bucket) => self.run_graph(&mut st, batch, kv, bucket)?,
+            None => self.run_eager(&mut st, batch, kv)?,
+        }
+        Ok(st)
+    }
+}
+
+/// The context a decode plan (and a graph) is built for: `longest` rounded up to a power of
+/// two, at least `MIN_CONTEXT_BUCKET`.
+fn context_bucket(longest: usize) -> usize {
+    longest.max(MIN_CONTEXT_BUCKET).next_power_of_two()
+}
+
+fn no_workspace() -> RuntimeError {
+    RuntimeError::Shape("the CUDA model has no workspace".into())
+}
+
+impl<L: Layers> CausalLm for GpuModel<L> {
+    fn config(&self) -> &ModelConfig {
+        self.layers.config()
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        self.layers.layout().clone()
+    }
+
+    fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<f32>> {
+        let st = self.run(batch, kv)?;
+        let (io, _) = st.ws.as_ref().ok_or_else(no_workspace)?;
+        let n = batch.logits_indices.len() * self.layers.config().vocab_size;
+        if n == 0 {
+            // Nothing to copy back: the step stays queued (a later step's copy waits for it).
+            return Ok(Vec::new());
+        }
+        Ok(self.gpu.download(&io.logits.slice(..n))?)
+    }
+
+    fn forward_greedy(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<u32>> {
+        let st = self.run(batch, kv)?;
+        let (io, _) = st.ws.as_ref().ok_or_else(no_workspace)?;
+        if batch.logits_indices.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self.gpu.download(&io.next.slice(..batch.logits_indices.len()))?)
+    }
+
+    fn uses_host_pool(&self) -> bool {
+        false
+    }
+
+    fn prepare(&self, limits: &StepLimits) -> RtResult<()> {
+        let mut st = self.lock()?;
+        let blocks = Self::table_len(limits.max_model_len, limits.block_size);
+        self.ensure(&mut st, limits.max_tokens, limits.max_rows, blocks)
+    }
+
+    fn free_kv_memory(&self) -> RtResult<Option<usize>> {
+        Ok(Some(self.gpu.memory()?.0))
+    }
+
+    fn kv_block_bytes(&self, block_size: usize) -> Vec<usize> {
+        self.layers.layout().block_bytes_of(block_size, std::mem::size_of::<bf16>())
+    }
+
+    fn new_kv_cache(&self, group_blocks: &[usize], block_size: usize) -> RtResult<KvCache> {
+        KvCache::on_device(&self.gpu, self.layers.layout(), group_blocks, block_size)
+    }
+}

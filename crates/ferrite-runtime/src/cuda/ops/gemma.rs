@@ -1,0 +1,167 @@
+//! The ops only the Gemma families need (kernels in `gemma.cu`): per-head q/k/v RMSNorm of a
+//! fused QKV buffer, the sandwich norm's residual add (with a scale), the final logit
+//! softcap, Gemma 4's per-layer inputs, and the weighted combine of routed experts.
+
+use cudarc::driver::{DevicePtr, DevicePtrMut};
+use half::bf16;
+
+use crate::cuda::context::{cfg, Gpu};
+use crate::cuda::error::{CudaError, CudaResult};
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> CudaResult<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(CudaError::Shape(what()))
+    }
+}
+
+/// Threads for a block over rows of `d` values (a multiple of 32, at most 256).
+fn threads(d: usize) -> u32 {
+    d.next_multiple_of(32).clamp(32, 256) as u32
+}
+
+/// The heads of a fused QKV buffer a `qkv_norm` normalizes: `n_q` with `wq`, then `n_k`
+/// with `wk`, then `n_v` without a learned scale.
+#[derive(Debug, Clone, Copy)]
+pub struct QkvHeads {
+    pub tokens: usize,
+    pub stride: usize,
+    pub head_dim: usize,
+    pub n_q: usize,
+    pub n_k: usize,
+    pub n_v: usize,
+}
+
+/// RMSNorm each head of `x` (rows of `h.stride` values) in place over `head_dim` values:
+/// the q heads times `wq`, the k heads times `wk` (each `head_dim` values; None: unit), the
+/// v heads unscaled.
+pub fn qkv_norm(
+    gpu: &Gpu,
+    x: &mut impl DevicePtrMut<bf16>,
+    h: QkvHeads,
+    wq: Option<&dyn DevicePtr<f32>>,
+    wk: Option<&dyn DevicePtr<f32>>,
+    eps: f32,
+) -> CudaResult<()> {
+    let heads = h.n_q + h.n_k + h.n_v;
+    let need = if h.tokens == 0 { 0 } else { (h.tokens - 1) * h.stride + heads * h.head_dim };
+    let w_ok = |w: Option<&dyn DevicePtr<f32>>| w.is_none_or(|w| w.len() >= h.head_dim);
+    check(x.len() >= need && h.stride >= heads * h.head_dim && w_ok(wq) && w_ok(wk), || {
+        format!("qkv_norm {h:?}: x {}", x.len())
+    })?;
+    if h.tokens == 0 || heads == 0 {
+        return Ok(());
+    }
+    let (wq, wk) = (wq.map_or(0, |w| gpu.ptr(w)), wk.map_or(0, |w| gpu.ptr(w)));
+    let xp = gpu.ptr_mut(x);
+    let [st, nq, nk, hd] = [h.stride, h.n_q, h.n_k, h.head_dim].map(|v| v as i32);
+    gpu.launch(
+        &gpu.fns.qkv_norm,
+        cfg((h.tokens as u32, heads as u32, 1), threads(h.head_dim), 0),
+        &[&xp, &st, &nq, &nk, &hd, &wq, &wk, &eps],
+    )
+}
+
+/// `x = (x + rmsnorm(y) * w) * scale` over `rows` rows of `d` values: a sublayer's output
+/// normed and added to the residual stream (Gemma 4 scales the sum by its layer scalar).
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_add(
+    gpu: &Gpu,
+    y: &impl DevicePtr<bf16>,
+    w: &impl DevicePtr<f32>,
+    x: &mut impl DevicePtrMut<bf16>,
+    (rows, d): (usize, usize),
+    eps: f32,
+    scale: f32,
+) -> CudaResult<()> {
+    check(y.len() >= rows * d && x.len() >= rows * d && w.len() >= d, || {
+        format!("rms_norm_add [{rows}, {d}]: y {}, x {}, w {}", y.len(), x.len(), w.len())
+    })?;
+    if rows * d == 0 {
+        return Ok(());
+    }
+    let (yp, wp, xp) = (gpu.ptr(y), gpu.ptr(w), gpu.ptr_mut(x));
+    let d_i = d as i32;
+    gpu.launch(&gpu.fns.rms_norm_add, cfg((rows as u32, 1, 1), threads(d / 4), 0), &[&yp, &wp, &xp, &d_i, &eps, &scale])
+}
+
+/// `x = cap * tanh(x / cap)` over the first `n` values (final logit softcapping).
+pub fn softcap(gpu: &Gpu, x: &mut impl DevicePtrMut<f32>, n: usize, cap: f32) -> CudaResult<()> {
+    check(x.len() >= n && cap > 0.0, || format!("softcap {cap} of {n} values: x {}", x.len()))?;
+    if n == 0 {
+        return Ok(());
+    }
+    let xp = gpu.ptr_mut(x);
+    let n64 = n as u64;
+    gpu.launch(&gpu.fns.softcap_f32, cfg((gpu.grid_for(n, 256), 1, 1), 256, 0), &[&xp, &n64, &cap])
+}
+
+/// Shapes and scales of Gemma 4's per-layer inputs.
+#[derive(Debug, Clone, Copy)]
+pub struct PerLayerShape {
+    pub tokens: usize,
+    pub layers: usize,
+    pub width: usize,
+    pub vocab: usize,
+    pub proj_scale: f32,
+    pub emb_scale: f32,
+    pub eps: f32,
+}
+
+/// Gemma 4's per-layer inputs, layer-major (`out` is `[layers][tokens][width]`):
+/// `(rmsnorm(proj * proj_scale) * w + table[ids] * emb_scale) / sqrt(2)`, where `proj` is
+/// `[tokens, layers * width]` and `table` `[vocab, layers * width]`.
+#[allow(clippy::too_many_arguments)]
+pub fn per_layer_inputs(
+    gpu: &Gpu,
+    proj: &impl DevicePtr<bf16>,
+    table: &impl DevicePtr<bf16>,
+    ids: &impl DevicePtr<u32>,
+    w: &impl DevicePtr<f32>,
+    s: PerLayerShape,
+    out: &mut impl DevicePtrMut<bf16>,
+) -> CudaResult<()> {
+    let n = s.tokens * s.layers * s.width;
+    check(
+        proj.len() >= n
+            && out.len() >= n
+            && ids.len() >= s.tokens
+            && w.len() >= s.width
+            && table.len() >= s.vocab * s.layers * s.width,
+        || format!("per_layer_inputs {s:?}: proj {}, table {}, out {}", proj.len(), table.len(), out.len()),
+    )?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (pp, tp, ip, wp, op) = (gpu.ptr(proj), gpu.ptr(table), gpu.ptr(ids), gpu.ptr(w), gpu.ptr_mut(out));
+    let [t, width, vocab] = [s.tokens, s.width, s.vocab].map(|v| v as i32);
+    gpu.launch(
+        &gpu.fns.per_layer_inputs,
+        cfg((s.tokens as u32, s.layers as u32, 1), threads(s.width), 0),
+        &[&pp, &tp, &ip, &wp, &op, &t, &width, &vocab, &s.proj_scale, &s.emb_scale, &s.eps],
+    )
+}
+
+/// `out[t] = Σ_j weight[t, j] · y[pair[t, j]]` for `tokens` tokens of `top_k` routed pairs
+/// each (`y` rows of `d` values, one per pair).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_combine(
+    gpu: &Gpu,
+    y: &impl DevicePtr<bf16>,
+    pair: &impl DevicePtr<i32>,
+    weight: &impl DevicePtr<f32>,
+    (tokens, top_k, d): (usize, usize, usize),
+    out: &mut impl DevicePtrMut<bf16>,
+) -> CudaResult<()> {
+    let pairs = tokens * top_k;
+    check(pair.len() >= pairs && weight.len() >= pairs && y.len() >= pairs * d && out.len() >= tokens * d, || {
+        format!("moe_combine [{tokens} x {top_k}, {d}]: y {}, out {}", y.len(), out.len())
+    })?;
+    if tokens * d == 0 {
+        return Ok(());
+    }
+    let (yp, pp, wp, op) = (gpu.ptr(y), gpu.ptr(pair), gpu.ptr(weight), gpu.ptr_mut(out));
+    let [k, d_i] = [top_k, d].map(|v| v as i32);
+    gpu.launch(&gpu.fns.moe_combine, cfg((tokens as u32, 1, 1), threads(d / 4), 0), &[&op, &yp, &pp, &wp, &k, &d_i])
+}
