@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 
 use common::*;
-use ferrite_engine::fill::ToolScaffold;
+use ferrite_engine::fill::{ScaffoldCursor, ToolScaffold};
 use ferrite_engine::{EngineConfig, EngineCore, FillMode, RequestParams, Speculation, Usage};
 use ferrite_models::chat_template::ChatRenderRequest;
 use ferrite_models::{paths, registry, LoadOptions, LoadedModel};
@@ -102,7 +102,11 @@ fn qwen_tool_call_fill_strict_equals_plain_in_fewer_passes() {
     // rarely opens one by itself): the name, then the scaffold's later runs, are generated.
     let msg = json!({"role": "user", "content": "What is the weather in Paris?"});
     let mut prompt = chat_ids(&m, &[msg], Some(&tools));
+    // The system prompt shows the call syntax (`<tool_call>\n{"name": <function-name>, …`):
+    // that opens no call, so a plain answer is not asserted into.
+    assert_eq!(scaffold.cursor_after(&prompt), ScaffoldCursor::default());
     prompt.extend(tok.encode(&runs[0], false).expect("encode"));
+    assert_ne!(scaffold.cursor_after(&prompt), ScaffoldCursor::default(), "the prompt opens a call");
     let params = RequestParams { max_tokens: Some(40), ..Default::default() };
     let cfg = EngineConfig { tool_scaffold: Some(Arc::new(scaffold)), ..base_cfg() };
     let (plain, _, plain_steps) = run(&m, cfg.clone(), prompt.clone(), params.clone());
