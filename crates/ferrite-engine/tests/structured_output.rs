@@ -289,8 +289,9 @@ fn forced_tokens_commit_and_rollback() {
 }
 
 /// Fill strict on a constrained row: the tokens the grammar forces (keys, punctuation) are
-/// appended without sampling, so the request takes fewer forward passes, and its output still
-/// validates.
+/// appended without sampling, so the request takes fewer forward passes, and its output is
+/// plain decoding's, token for token — alone, batched with a free row, and again over the
+/// prefix cache the first batch left.
 #[test]
 fn fill_strict_asserts_grammar_forced_tokens() {
     let schema = serde_json::json!({
@@ -313,9 +314,10 @@ fn fill_strict_asserts_grammar_forced_tokens() {
         };
         let mut rx = add_to(&mut core, 1, prompt.clone(), params);
         run_to_end(&mut core);
-        let (mut text, mut injected) = (String::new(), None);
+        let (mut text, mut tokens, mut injected) = (String::new(), Vec::new(), None);
         while let Ok(o) = rx.try_recv() {
             text.push_str(&o.text);
+            tokens.extend(o.token_ids);
             if let Some(f) = o.finished {
                 assert_eq!(f.reason, FinishReason::Stop, "{fill:?}: {:?}", f.error);
                 injected = Some(f.usage.fill.injected_tokens);
@@ -324,12 +326,30 @@ fn fill_strict_asserts_grammar_forced_tokens() {
         let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{fill:?}: {text:?}: {e}"));
         assert!(validator.is_valid(&value), "{fill:?}: {text}");
         let steps = core.metrics().steps.load(std::sync::atomic::Ordering::Relaxed);
-        runs.push((injected.expect("finished"), steps));
+        runs.push((tokens, injected.expect("finished"), steps));
     }
-    let ((off_injected, off_steps), (strict_injected, strict_steps)) = (runs[0], runs[1]);
-    assert_eq!(off_injected, 0, "fill off asserts nothing");
-    assert!(strict_injected > 0, "the grammar forces keys and punctuation");
-    assert!(strict_steps < off_steps, "fill strict took {strict_steps} forward passes, off {off_steps}");
+    let ((plain, off_injected, off_steps), (strict, strict_injected, strict_steps)) = (&runs[0], &runs[1]);
+    assert_eq!(strict, plain, "fill strict changed the output");
+    assert_eq!(*off_injected, 0, "fill off asserts nothing");
+    assert!(*strict_injected > 0, "the grammar forces keys and punctuation");
+    assert_eq!(strict_steps + strict_injected as u64, *off_steps, "one forward pass saved per asserted token");
+
+    let free_prompt = chat("Name a river.");
+    let free = RequestParams { max_tokens: Some(16), ..Default::default() };
+    let free_alone = run_batch(vec![(free_prompt.clone(), free.clone())]).remove(0).tokens;
+    let mut core = guided_core(2);
+    for round in 0..2 {
+        let params = RequestParams {
+            fill: Some(ferrite_engine::FillMode::Strict),
+            ..constrained(64, Constraint::JsonSchema(schema.clone()), greedy_sampling())
+        };
+        let mut rx = add_to(&mut core, 10 * round, prompt.clone(), params);
+        let mut free_rx = add_to(&mut core, 10 * round + 1, free_prompt.clone(), free.clone());
+        run_to_end(&mut core);
+        assert_eq!(&finish(&mut rx, 1).remove(0).tokens, plain, "batched, round {round}");
+        assert_eq!(finish(&mut free_rx, 1).remove(0).tokens, free_alone, "the free row, round {round}");
+    }
+    assert!(core.metrics().prefix_hit_rate() > 0.0, "no prefix hit");
 }
 
 /// The grammar constrains verification: a constrained request with prompt-lookup speculation
