@@ -332,7 +332,7 @@ fn fill_strict_asserts_grammar_forced_tokens() {
     assert_eq!(strict, plain, "fill strict changed the output");
     assert_eq!(*off_injected, 0, "fill off asserts nothing");
     assert!(*strict_injected > 0, "the grammar forces keys and punctuation");
-    assert_eq!(strict_steps + strict_injected as u64, *off_steps, "one forward pass saved per asserted token");
+    assert_eq!(strict_steps + *strict_injected as u64, *off_steps, "one forward pass saved per asserted token");
 
     let free_prompt = chat("Name a river.");
     let free = RequestParams { max_tokens: Some(16), ..Default::default() };
