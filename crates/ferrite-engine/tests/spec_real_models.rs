@@ -2,7 +2,8 @@
 //! temperature 0 prompt lookup, echo fill and draft models (SmolLM2 as its own draft and cut
 //! to its first 20 layers) give exactly plain decoding's tokens on a prompt whose answer
 //! repeats it, with lookups that are right; and a tool call under `--fill strict` (Qwen's
-//! scaffold, found from its chat template) equals plain decoding in fewer forward passes.
+//! scaffold, found from its chat template) equals plain decoding in fewer forward passes —
+//! alone, batched with a plain row, and over the prefix cache.
 //!
 //! The kernels run in `KernelMode::Reference` (exact f32 math): the fast quantized kernels
 //! are not yet batch-invariant for steps of 8 or more tokens, and a verify step is one.
@@ -112,8 +113,28 @@ fn qwen_tool_call_fill_strict_equals_plain_in_fewer_passes() {
     let (plain, _, plain_steps) = run(&m, cfg.clone(), prompt.clone(), params.clone());
     let text = tok.decode(&plain, false).expect("decode");
     assert!(text.starts_with("get_weather\", \"arguments\":"), "{text}");
-    let (strict, usage, steps) = run(&m, cfg, prompt, RequestParams { fill: Some(FillMode::Strict), ..params });
+    let strict_params = RequestParams { fill: Some(FillMode::Strict), ..params.clone() };
+    let (strict, usage, steps) = run(&m, cfg.clone(), prompt.clone(), strict_params.clone());
     assert_eq!(strict, plain, "{text}");
     assert!(usage.fill.injected_tokens >= 3, "{:?}", usage.fill);
     assert_eq!(steps + usage.fill.injected_tokens as u64, plain_steps, "one pass saved per asserted token");
+    // Batched with a plain row of the same prompt, then again over the prefix cache.
+    let mut core = EngineCore::new(m.model.clone(), m.tokenizer.clone(), m.eos_token_ids(), &cfg).expect("core");
+    for round in 0..2u64 {
+        let mut rxs: Vec<_> = [&strict_params, &params]
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let (tx, rx) = unbounded_channel();
+                let req = ferrite_engine::Request { prompt: prompt.clone(), params: p.clone() };
+                core.add_request(10 * round + i as u64, req, tx).expect("request");
+                rx
+            })
+            .collect();
+        run_to_end(&mut core);
+        for rx in &mut rxs {
+            assert_eq!(collect(rx, 1)[0], plain, "batched, round {round}");
+        }
+    }
+    assert!(core.metrics().prefix_hit_rate() > 0.0, "no prefix hit");
 }
