@@ -379,20 +379,29 @@ def anthropic_checks(c: Checks, an, model: str) -> None:
                 expect(inp["unit"] in ("celsius", "fahrenheit"), f"unit {inp}")
             expect(m.stop_reason == "tool_use", f"stop_reason {m.stop_reason}")
             check_usage(m.usage)
-        m = an.messages.create(model=model, max_tokens=64, extra_body=GREEDY, tools=[tool],
-                               tool_choice={"type": "tool", "name": "get_weather"}, messages=msgs)
-        use = [b for b in m.content if b.type == "tool_use"][0]
-        follow = msgs + [
-            {"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                          "content": json.dumps({"temperature_c": 18, "sky": "clear"})}]},
-        ]
-        m2 = an.messages.create(model=model, max_tokens=MAX_TOKENS, extra_body=GREEDY, tools=[tool],
-                                tool_choice={"type": "none"}, messages=follow)
+            if tools == [tool]:
+                use = uses[0]
+
+        def follow_up(result: dict):
+            follow = msgs + [
+                {"role": "assistant",
+                 "content": [{"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                              "content": json.dumps(result)}]},
+            ]
+            return an.messages.create(model=model, max_tokens=MAX_TOKENS, extra_body=GREEDY, tools=[tool],
+                                      tool_choice={"type": "none"}, messages=follow)
+
+        def prompt_tokens(m) -> int:
+            return m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
+
+        m2 = follow_up({"temperature_c": 18, "sky": "clear"})
         texts = [b.text for b in m2.content if b.type == "text"]
         expect(texts and texts[0].strip() != "", f"no text after the tool result: {m2.content}")
-        expect(m2.usage.input_tokens > m.usage.input_tokens,
-               f"the tool result did not reach the prompt ({m2.usage.input_tokens} vs {m.usage.input_tokens})")
+        # A longer tool result must cost more prompt tokens: the result is in the prompt.
+        m3 = follow_up({"temperature_c": 18, "sky": "clear", "wind": "light breeze from the north-west"})
+        expect(prompt_tokens(m3) > prompt_tokens(m2),
+               f"the tool result did not reach the prompt ({prompt_tokens(m3)} vs {prompt_tokens(m2)})")
 
     c.run("anthropic messages + count_tokens", messages)
     c.run("anthropic messages stream", messages_stream)
