@@ -27,7 +27,8 @@ fn load(name: &str) -> LoadedModel {
 
 fn chat(m: &LoadedModel, content: &str) -> Vec<u32> {
     let messages = [json!({"role": "user", "content": content})];
-    let req = ChatRenderRequest { messages: &messages, tools: None, add_generation_prompt: true, extra: Default::default() };
+    let req =
+        ChatRenderRequest { messages: &messages, tools: None, add_generation_prompt: true, extra: Default::default() };
     let text = m.chat_template.as_ref().expect("chat template").render(&req).expect("render");
     m.tokenizer.as_ref().expect("tokenizer").encode(&text, false).expect("encode")
 }

@@ -136,7 +136,11 @@ impl ServerMetrics {
             ("ferrite_generation_tokens_total", "Tokens generated.", load(&engine.generated_tokens)),
             ("ferrite_preemptions_total", "Sequences preempted for KV space.", load(&engine.preemptions)),
             ("ferrite_forward_passes_total", "Engine steps that ran the model.", load(&engine.steps)),
-            ("ferrite_asserted_tokens_total", "Tokens appended by fill without sampling.", load(&engine.asserted_tokens)),
+            (
+                "ferrite_asserted_tokens_total",
+                "Tokens appended by fill without sampling.",
+                load(&engine.asserted_tokens),
+            ),
         ];
         for (name, help, v) in counters {
             sample(&mut out, name, help, "counter", v);

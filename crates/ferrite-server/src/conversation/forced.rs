@@ -25,11 +25,9 @@ fn shape(syntax: ToolSyntax, args_token: Option<u32>) -> Option<CallShape> {
         ToolSyntax::Hermes => CallShape { after_name: text("\", \"arguments\": "), close: "}", quoted: true },
         ToolSyntax::Llama3Json => CallShape { after_name: text("\", \"parameters\": "), close: "}", quoted: true },
         ToolSyntax::MistralList => CallShape { after_name: text("\", \"arguments\": "), close: "}]", quoted: true },
-        ToolSyntax::MistralArgs => CallShape {
-            after_name: args_token.map_or_else(|| text("[ARGS]"), Piece::Token),
-            close: "",
-            quoted: false,
-        },
+        ToolSyntax::MistralArgs => {
+            CallShape { after_name: args_token.map_or_else(|| text("[ARGS]"), Piece::Token), close: "", quoted: false }
+        }
         ToolSyntax::Gemma4 => return None,
     })
 }
