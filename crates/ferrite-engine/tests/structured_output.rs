@@ -352,8 +352,9 @@ fn fill_strict_asserts_grammar_forced_tokens() {
     assert!(core.metrics().prefix_hit_rate() > 0.0, "no prefix hit");
 }
 
-/// The grammar constrains verification: a constrained request with prompt-lookup speculation
-/// gives, at temperature 0, exactly the tokens it gives without, and drafts were verified.
+/// The grammar constrains verification: a constrained request with prompt-lookup speculation,
+/// or with a draft model (SmolLM2 as its own draft, which drafts without the grammar), gives,
+/// at temperature 0, exactly the tokens it gives without, and drafts were verified.
 #[test]
 fn speculation_on_constrained_rows_equals_plain() {
     let schema = serde_json::json!({
@@ -368,8 +369,13 @@ fn speculation_on_constrained_rows_equals_plain() {
     });
     let prompt = chat("List three players with a name and a score from 0 to 9, in JSON.");
     let mut outputs = Vec::new();
-    for speculation in [ferrite_engine::Speculation::Off, ferrite_engine::Speculation::Ngram] {
-        let m = smollm2();
+    let m = smollm2();
+    let methods = [
+        ferrite_engine::Speculation::Off,
+        ferrite_engine::Speculation::Ngram,
+        ferrite_engine::Speculation::Draft(m.model.clone()),
+    ];
+    for speculation in methods {
         let cfg = EngineConfig { max_model_len: Some(768), max_num_seqs: 1, speculation, ..EngineConfig::default() };
         let mut core = EngineCore::new(m.model.clone(), m.tokenizer.clone(), m.eos_token_ids(), &cfg).expect("core");
         let params = constrained(96, Constraint::JsonSchema(schema.clone()), greedy_sampling());
@@ -383,6 +389,8 @@ fn speculation_on_constrained_rows_equals_plain() {
     let value: Value = serde_json::from_str(&outputs[0].1).expect("JSON");
     assert!(jsonschema::validator_for(&schema).expect("schema").is_valid(&value), "{}", outputs[0].1);
     assert_eq!(outputs[0].2, 0);
-    assert!(outputs[1].2 > 0, "prompt lookup proposed nothing");
-    assert_eq!(outputs[1].0, outputs[0].0, "speculation changed a constrained greedy output");
+    for (name, (tokens, _, proposed)) in ["prompt lookup", "draft model"].iter().zip(&outputs[1..]) {
+        assert!(*proposed > 0, "{name} proposed nothing");
+        assert_eq!(tokens, &outputs[0].0, "{name} changed a constrained greedy output");
+    }
 }
