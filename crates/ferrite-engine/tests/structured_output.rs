@@ -2,7 +2,8 @@
 //! nested objects, arrays with bounds, enums, `$ref`, string formats, anyOf/oneOf/allOf) parses
 //! and validates under greedy and seeded sampling; regex, Lark and choice constraints hold;
 //! constrained rows share a batch without changing free rows' tokens; n > 1 forks follow the
-//! grammar; bad constraints are typed errors; forced tokens and rollback work.
+//! grammar; bad constraints are typed errors; forced tokens and rollback work; sequences of
+//! text, JSON and special tokens (forced tool calls' shape) hold.
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::sync::OnceLock;
 use common::*;
 use ferrite_engine::structured::Guide;
 use ferrite_engine::{
-    Constraint, EngineConfig, EngineCore, EngineError, FinishReason, GuideError, Output, Request, RequestParams,
+    Constraint, EngineConfig, EngineCore, EngineError, FinishReason, GuideError, Output, Piece, Request, RequestParams,
     SamplingParams,
 };
 use ferrite_models::tokenizer::Tokenizer;
@@ -178,6 +179,34 @@ fn regex_lark_and_choice_constraints_hold() {
             (_, 1) => assert!(rx(r"The answer is (yes|no|maybe)\.", &done.text), "lark output {:?}", done.text),
             _ => assert!(choices.contains(&done.text), "choice output {:?}", done.text),
         }
+    }
+}
+
+/// A sequence constraint (the shape of a forced tool call): one of two alternatives, each
+/// text with quotes in it, JSON under its schema, then a special token (the end token here,
+/// so the row stops on it). The output is exactly one alternative.
+#[test]
+fn sequences_of_text_json_and_tokens_hold() {
+    let eos = smollm2().eos_token_ids()[0];
+    let schema =
+        |key: &str| serde_json::json!({"type": "object", "required": [key], "properties": {key: {"type": "integer"}}});
+    let alt = |name: &str, key: &str| {
+        vec![Piece::Text(format!("{name}\", \"args\": ")), Piece::Json(schema(key)), Piece::Token(eos)]
+    };
+    let constraint = Constraint::Sequences(vec![alt("add\"one", "n"), alt("sub", "m")]);
+    let prompt = chat("Call a tool.");
+    let results = run_batch(vec![
+        (prompt.clone(), constrained(40, constraint.clone(), greedy_sampling())),
+        (prompt, constrained(40, constraint, seeded_sampling(3))),
+    ]);
+    for done in results {
+        assert_eq!(done.reason, FinishReason::Stop, "{:?}: {:?}", done.text, done.error);
+        assert_eq!(done.tokens.last(), Some(&eos), "{:?}", done.text);
+        let (name, key) = if done.text.starts_with("add\"one") { ("add\"one", "n") } else { ("sub", "m") };
+        let args =
+            done.text.strip_prefix(&format!("{name}\", \"args\": ")).unwrap_or_else(|| panic!("{:?}", done.text));
+        let v: Value = serde_json::from_str(args).unwrap_or_else(|e| panic!("{e}: {:?}", done.text));
+        assert!(jsonschema::validator_for(&schema(key)).expect("schema").is_valid(&v), "{:?}", done.text);
     }
 }
 
