@@ -32,10 +32,11 @@ fn shape(syntax: ToolSyntax, args_token: Option<u32>) -> Option<CallShape> {
     })
 }
 
-/// The parameter schema of an OpenAI-shaped function tool (no parameters: an empty object).
+/// The parameter schema of an OpenAI-shaped function tool (none, or not an object schema:
+/// an empty object — a call's arguments are an object).
 fn parameters(tool: &Value) -> Value {
     match tool.get("function").and_then(|f| f.get("parameters")) {
-        Some(schema @ (Value::Object(_) | Value::Bool(_))) => schema.clone(),
+        Some(schema @ Value::Object(_)) => schema.clone(),
         _ => json!({"type": "object", "properties": {}}),
     }
 }
