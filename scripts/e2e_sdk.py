@@ -11,7 +11,8 @@ line per check and a final `N passed, M failed`. Exits non-zero on any failure.
 Checks: models list; chat; streaming chat with include_usage; completions (plain and
 streaming); prefix-cache reuse reported as cached tokens (OpenAI and Anthropic); responses
 (plain, streaming, previous_response_id); messages (plain, streaming, count_tokens); a forced
-tool call and its round trip (OpenAI chat, Anthropic messages); a clean SIGTERM shutdown.
+tool call and its round trip (OpenAI chat, Anthropic messages; forced calls' inputs validate
+against their tools' schemas); a clean SIGTERM shutdown.
 """
 import argparse
 import json
@@ -355,27 +356,52 @@ def anthropic_checks(c: Checks, an, model: str) -> None:
     def tool_round_trip():
         tool = {"name": "get_weather", "description": "Get the current weather in a city.",
                 "input_schema": WEATHER_TOOL["function"]["parameters"]}
+        # A forced call's input is constrained to its tool's schema: these enums and bounds hold.
+        forecast = {"name": "get_forecast", "description": "Forecast for a city.", "input_schema": {
+            "type": "object", "required": ["city", "days", "unit"],
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                           "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}
         msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
-        for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
-            m = an.messages.create(model=model, max_tokens=64, extra_body=GREEDY, tools=[tool], tool_choice=choice,
+        for choice, tools in (({"type": "any"}, [tool, forecast]), ({"type": "tool", "name": "get_weather"}, [tool]),
+                              ({"type": "tool", "name": "get_forecast"}, [tool, forecast])):
+            m = an.messages.create(model=model, max_tokens=64, extra_body=GREEDY, tools=tools, tool_choice=choice,
                                    messages=msgs)
             uses = [b for b in m.content if b.type == "tool_use"]
             expect(len(uses) >= 1, f"tool_choice={choice}: no tool_use in {m.content}")
-            expect(uses[0].name == "get_weather" and isinstance(uses[0].input, dict), f"tool_use {uses[0]}")
+            want = choice.get("name") or uses[0].name
+            expect(uses[0].name == want and isinstance(uses[0].input, dict), f"tool_use {uses[0]}")
+            schema = {t["name"]: t["input_schema"] for t in tools}.get(uses[0].name)
+            expect(schema is not None, f"tool_use names no offered tool: {uses[0]}")
+            inp = uses[0].input
+            expect(set(schema["required"]) <= set(inp) <= set(schema["properties"]), f"input keys {inp}")
+            if uses[0].name == "get_forecast":
+                expect(isinstance(inp["days"], int) and 1 <= inp["days"] <= 7, f"days {inp}")
+                expect(inp["unit"] in ("celsius", "fahrenheit"), f"unit {inp}")
             expect(m.stop_reason == "tool_use", f"stop_reason {m.stop_reason}")
             check_usage(m.usage)
-        use = uses[0]
-        follow = msgs + [
-            {"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                          "content": json.dumps({"temperature_c": 18, "sky": "clear"})}]},
-        ]
-        m2 = an.messages.create(model=model, max_tokens=MAX_TOKENS, extra_body=GREEDY, tools=[tool],
-                                tool_choice={"type": "none"}, messages=follow)
+            if tools == [tool]:
+                use = uses[0]
+
+        def follow_up(result: dict):
+            follow = msgs + [
+                {"role": "assistant",
+                 "content": [{"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                              "content": json.dumps(result)}]},
+            ]
+            return an.messages.create(model=model, max_tokens=MAX_TOKENS, extra_body=GREEDY, tools=[tool],
+                                      tool_choice={"type": "none"}, messages=follow)
+
+        def prompt_tokens(m) -> int:
+            return m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
+
+        m2 = follow_up({"temperature_c": 18, "sky": "clear"})
         texts = [b.text for b in m2.content if b.type == "text"]
         expect(texts and texts[0].strip() != "", f"no text after the tool result: {m2.content}")
-        expect(m2.usage.input_tokens > m.usage.input_tokens,
-               f"the tool result did not reach the prompt ({m2.usage.input_tokens} vs {m.usage.input_tokens})")
+        # A longer tool result must cost more prompt tokens: the result is in the prompt.
+        m3 = follow_up({"temperature_c": 18, "sky": "clear", "wind": "light breeze from the north-west"})
+        expect(prompt_tokens(m3) > prompt_tokens(m2),
+               f"the tool result did not reach the prompt ({prompt_tokens(m3)} vs {prompt_tokens(m2)})")
 
     c.run("anthropic messages + count_tokens", messages)
     c.run("anthropic messages stream", messages_stream)

@@ -108,7 +108,8 @@ pub struct SpecArgs {
     #[arg(long, default_value_t = 4)]
     pub num_draft_tokens: usize,
     /// Default fill mode of requests that set none: off, strict (assert the chat template's
-    /// tool-call scaffolds) or echo (strict, and verify spans echoed from the conversation).
+    /// tool-call scaffolds and the tokens an output grammar forces, as in structured output and
+    /// forced tool calls) or echo (strict, and verify spans echoed from the conversation).
     #[arg(long, default_value = "off")]
     pub fill: FillMode,
 }
@@ -140,7 +141,10 @@ impl SpecArgs {
             _ => None,
         };
         if self.fill != FillMode::Off && scaffold.is_none() {
-            eprintln!("note: this model's chat template has no tool-call scaffold; fill asserts nothing");
+            eprintln!(
+                "note: this model's chat template has no tool-call scaffold; fill asserts only the tokens an output \
+                 grammar forces"
+            );
         }
         Ok((speculation, scaffold))
     }

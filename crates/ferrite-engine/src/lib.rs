@@ -30,4 +30,4 @@ pub use metrics::Metrics;
 pub use request::{FinishReason, Finished, Output, Request, RequestId, RequestParams, Usage};
 pub use sampling::SamplingParams;
 pub use spec::{FillUsage, SpecUsage};
-pub use structured::{Constraint, GuideError};
+pub use structured::{Constraint, GuideError, Piece};

@@ -2,7 +2,8 @@
 //! temperature 0 prompt lookup, echo fill and draft models (SmolLM2 as its own draft and cut
 //! to its first 20 layers) give exactly plain decoding's tokens on a prompt whose answer
 //! repeats it, with lookups that are right; and a tool call under `--fill strict` (Qwen's
-//! scaffold, found from its chat template) equals plain decoding in fewer forward passes.
+//! scaffold, found from its chat template) equals plain decoding in fewer forward passes —
+//! alone, batched with a plain row, and over the prefix cache.
 //!
 //! The kernels run in `KernelMode::Reference` (exact f32 math): the fast quantized kernels
 //! are not yet batch-invariant for steps of 8 or more tokens, and a verify step is one.
@@ -13,7 +14,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 
 use common::*;
-use ferrite_engine::fill::ToolScaffold;
+use ferrite_engine::fill::{ScaffoldCursor, ToolScaffold};
 use ferrite_engine::{EngineConfig, EngineCore, FillMode, RequestParams, Speculation, Usage};
 use ferrite_models::chat_template::ChatRenderRequest;
 use ferrite_models::{paths, registry, LoadOptions, LoadedModel};
@@ -102,14 +103,38 @@ fn qwen_tool_call_fill_strict_equals_plain_in_fewer_passes() {
     // rarely opens one by itself): the name, then the scaffold's later runs, are generated.
     let msg = json!({"role": "user", "content": "What is the weather in Paris?"});
     let mut prompt = chat_ids(&m, &[msg], Some(&tools));
+    // The system prompt shows the call syntax (`<tool_call>\n{"name": <function-name>, …`):
+    // that opens no call, so a plain answer is not asserted into.
+    assert_eq!(scaffold.cursor_after(&prompt), ScaffoldCursor::default());
     prompt.extend(tok.encode(&runs[0], false).expect("encode"));
+    assert_ne!(scaffold.cursor_after(&prompt), ScaffoldCursor::default(), "the prompt opens a call");
     let params = RequestParams { max_tokens: Some(40), ..Default::default() };
     let cfg = EngineConfig { tool_scaffold: Some(Arc::new(scaffold)), ..base_cfg() };
     let (plain, _, plain_steps) = run(&m, cfg.clone(), prompt.clone(), params.clone());
     let text = tok.decode(&plain, false).expect("decode");
     assert!(text.starts_with("get_weather\", \"arguments\":"), "{text}");
-    let (strict, usage, steps) = run(&m, cfg, prompt, RequestParams { fill: Some(FillMode::Strict), ..params });
+    let strict_params = RequestParams { fill: Some(FillMode::Strict), ..params.clone() };
+    let (strict, usage, steps) = run(&m, cfg.clone(), prompt.clone(), strict_params.clone());
     assert_eq!(strict, plain, "{text}");
     assert!(usage.fill.injected_tokens >= 3, "{:?}", usage.fill);
     assert_eq!(steps + usage.fill.injected_tokens as u64, plain_steps, "one pass saved per asserted token");
+    // Batched with a plain row of the same prompt, then again over the prefix cache.
+    let mut core = EngineCore::new(m.model.clone(), m.tokenizer.clone(), m.eos_token_ids(), &cfg).expect("core");
+    for round in 0..2u64 {
+        let mut rxs: Vec<_> = [&strict_params, &params]
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let (tx, rx) = unbounded_channel();
+                let req = ferrite_engine::Request { prompt: prompt.clone(), params: p.clone() };
+                core.add_request(10 * round + i as u64, req, tx).expect("request");
+                rx
+            })
+            .collect();
+        run_to_end(&mut core);
+        for rx in &mut rxs {
+            assert_eq!(collect(rx, 1)[0], plain, "batched, round {round}");
+        }
+    }
+    assert!(core.metrics().prefix_hit_rate() > 0.0, "no prefix hit");
 }

@@ -2,7 +2,8 @@
 //! nested objects, arrays with bounds, enums, `$ref`, string formats, anyOf/oneOf/allOf) parses
 //! and validates under greedy and seeded sampling; regex, Lark and choice constraints hold;
 //! constrained rows share a batch without changing free rows' tokens; n > 1 forks follow the
-//! grammar; bad constraints are typed errors; forced tokens and rollback work.
+//! grammar; bad constraints are typed errors; forced tokens and rollback work; sequences of
+//! text, JSON and special tokens (forced tool calls' shape) hold.
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::sync::OnceLock;
 use common::*;
 use ferrite_engine::structured::Guide;
 use ferrite_engine::{
-    Constraint, EngineConfig, EngineCore, EngineError, FinishReason, GuideError, Output, Request, RequestParams,
+    Constraint, EngineConfig, EngineCore, EngineError, FinishReason, GuideError, Output, Piece, Request, RequestParams,
     SamplingParams,
 };
 use ferrite_models::tokenizer::Tokenizer;
@@ -181,6 +182,34 @@ fn regex_lark_and_choice_constraints_hold() {
     }
 }
 
+/// A sequence constraint (the shape of a forced tool call): one of two alternatives, each
+/// text with quotes in it, JSON under its schema, then a special token (the end token here,
+/// so the row stops on it). The output is exactly one alternative.
+#[test]
+fn sequences_of_text_json_and_tokens_hold() {
+    let eos = smollm2().eos_token_ids()[0];
+    let schema =
+        |key: &str| serde_json::json!({"type": "object", "required": [key], "properties": {key: {"type": "integer"}}});
+    let alt = |name: &str, key: &str| {
+        vec![Piece::Text(format!("{name}\", \"args\": ")), Piece::Json(schema(key)), Piece::Token(eos)]
+    };
+    let constraint = Constraint::Sequences(vec![alt("add\"one", "n"), alt("sub", "m")]);
+    let prompt = chat("Call a tool.");
+    let results = run_batch(vec![
+        (prompt.clone(), constrained(40, constraint.clone(), greedy_sampling())),
+        (prompt, constrained(40, constraint, seeded_sampling(3))),
+    ]);
+    for done in results {
+        assert_eq!(done.reason, FinishReason::Stop, "{:?}: {:?}", done.text, done.error);
+        assert_eq!(done.tokens.last(), Some(&eos), "{:?}", done.text);
+        let (name, key) = if done.text.starts_with("add\"one") { ("add\"one", "n") } else { ("sub", "m") };
+        let args =
+            done.text.strip_prefix(&format!("{name}\", \"args\": ")).unwrap_or_else(|| panic!("{:?}", done.text));
+        let v: Value = serde_json::from_str(args).unwrap_or_else(|e| panic!("{e}: {:?}", done.text));
+        assert!(jsonschema::validator_for(&schema(key)).expect("schema").is_valid(&v), "{:?}", done.text);
+    }
+}
+
 /// Whether `text` matches `pattern`, through the jsonschema crate's `pattern` keyword (a real
 /// regex engine), so the test needs no extra regex dependency.
 fn matches_whole(pattern: &str, text: &str) -> bool {
@@ -289,8 +318,9 @@ fn forced_tokens_commit_and_rollback() {
 }
 
 /// Fill strict on a constrained row: the tokens the grammar forces (keys, punctuation) are
-/// appended without sampling, so the request takes fewer forward passes, and its output still
-/// validates.
+/// appended without sampling, so the request takes fewer forward passes, and its output is
+/// plain decoding's, token for token — alone, batched with a free row, and again over the
+/// prefix cache the first batch left.
 #[test]
 fn fill_strict_asserts_grammar_forced_tokens() {
     let schema = serde_json::json!({
@@ -313,9 +343,10 @@ fn fill_strict_asserts_grammar_forced_tokens() {
         };
         let mut rx = add_to(&mut core, 1, prompt.clone(), params);
         run_to_end(&mut core);
-        let (mut text, mut injected) = (String::new(), None);
+        let (mut text, mut tokens, mut injected) = (String::new(), Vec::new(), None);
         while let Ok(o) = rx.try_recv() {
             text.push_str(&o.text);
+            tokens.extend(o.token_ids);
             if let Some(f) = o.finished {
                 assert_eq!(f.reason, FinishReason::Stop, "{fill:?}: {:?}", f.error);
                 injected = Some(f.usage.fill.injected_tokens);
@@ -324,16 +355,35 @@ fn fill_strict_asserts_grammar_forced_tokens() {
         let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{fill:?}: {text:?}: {e}"));
         assert!(validator.is_valid(&value), "{fill:?}: {text}");
         let steps = core.metrics().steps.load(std::sync::atomic::Ordering::Relaxed);
-        runs.push((injected.expect("finished"), steps));
+        runs.push((tokens, injected.expect("finished"), steps));
     }
-    let ((off_injected, off_steps), (strict_injected, strict_steps)) = (runs[0], runs[1]);
-    assert_eq!(off_injected, 0, "fill off asserts nothing");
-    assert!(strict_injected > 0, "the grammar forces keys and punctuation");
-    assert!(strict_steps < off_steps, "fill strict took {strict_steps} forward passes, off {off_steps}");
+    let ((plain, off_injected, off_steps), (strict, strict_injected, strict_steps)) = (&runs[0], &runs[1]);
+    assert_eq!(strict, plain, "fill strict changed the output");
+    assert_eq!(*off_injected, 0, "fill off asserts nothing");
+    assert!(*strict_injected > 0, "the grammar forces keys and punctuation");
+    assert_eq!(strict_steps + *strict_injected as u64, *off_steps, "one forward pass saved per asserted token");
+
+    let free_prompt = chat("Name a river.");
+    let free = RequestParams { max_tokens: Some(16), ..Default::default() };
+    let free_alone = run_batch(vec![(free_prompt.clone(), free.clone())]).remove(0).tokens;
+    let mut core = guided_core(2);
+    for round in 0..2 {
+        let params = RequestParams {
+            fill: Some(ferrite_engine::FillMode::Strict),
+            ..constrained(64, Constraint::JsonSchema(schema.clone()), greedy_sampling())
+        };
+        let mut rx = add_to(&mut core, 10 * round, prompt.clone(), params);
+        let mut free_rx = add_to(&mut core, 10 * round + 1, free_prompt.clone(), free.clone());
+        run_to_end(&mut core);
+        assert_eq!(&finish(&mut rx, 1).remove(0).tokens, plain, "batched, round {round}");
+        assert_eq!(finish(&mut free_rx, 1).remove(0).tokens, free_alone, "the free row, round {round}");
+    }
+    assert!(core.metrics().prefix_hit_rate() > 0.0, "no prefix hit");
 }
 
-/// The grammar constrains verification: a constrained request with prompt-lookup speculation
-/// gives, at temperature 0, exactly the tokens it gives without, and drafts were verified.
+/// The grammar constrains verification: a constrained request with prompt-lookup speculation,
+/// or with a draft model (SmolLM2 as its own draft, which drafts without the grammar), gives,
+/// at temperature 0, exactly the tokens it gives without, and drafts were verified.
 #[test]
 fn speculation_on_constrained_rows_equals_plain() {
     let schema = serde_json::json!({
@@ -348,8 +398,13 @@ fn speculation_on_constrained_rows_equals_plain() {
     });
     let prompt = chat("List three players with a name and a score from 0 to 9, in JSON.");
     let mut outputs = Vec::new();
-    for speculation in [ferrite_engine::Speculation::Off, ferrite_engine::Speculation::Ngram] {
-        let m = smollm2();
+    let m = smollm2();
+    let methods = [
+        ferrite_engine::Speculation::Off,
+        ferrite_engine::Speculation::Ngram,
+        ferrite_engine::Speculation::Draft(m.model.clone()),
+    ];
+    for speculation in methods {
         let cfg = EngineConfig { max_model_len: Some(768), max_num_seqs: 1, speculation, ..EngineConfig::default() };
         let mut core = EngineCore::new(m.model.clone(), m.tokenizer.clone(), m.eos_token_ids(), &cfg).expect("core");
         let params = constrained(96, Constraint::JsonSchema(schema.clone()), greedy_sampling());
@@ -363,6 +418,8 @@ fn speculation_on_constrained_rows_equals_plain() {
     let value: Value = serde_json::from_str(&outputs[0].1).expect("JSON");
     assert!(jsonschema::validator_for(&schema).expect("schema").is_valid(&value), "{}", outputs[0].1);
     assert_eq!(outputs[0].2, 0);
-    assert!(outputs[1].2 > 0, "prompt lookup proposed nothing");
-    assert_eq!(outputs[1].0, outputs[0].0, "speculation changed a constrained greedy output");
+    for (name, (tokens, _, proposed)) in ["prompt lookup", "draft model"].iter().zip(&outputs[1..]) {
+        assert!(*proposed > 0, "{name} proposed nothing");
+        assert_eq!(tokens, &outputs[0].0, "{name} changed a constrained greedy output");
+    }
 }

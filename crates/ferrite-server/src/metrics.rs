@@ -131,10 +131,16 @@ impl ServerMetrics {
             "gauge",
             hit,
         );
-        let counters: [(&str, &str, u64); 3] = [
+        let counters: [(&str, &str, u64); 5] = [
             ("ferrite_prompt_tokens_total", "Prompt tokens submitted.", load(&self.prompt_tokens)),
             ("ferrite_generation_tokens_total", "Tokens generated.", load(&engine.generated_tokens)),
             ("ferrite_preemptions_total", "Sequences preempted for KV space.", load(&engine.preemptions)),
+            ("ferrite_forward_passes_total", "Engine steps that ran the model.", load(&engine.steps)),
+            (
+                "ferrite_asserted_tokens_total",
+                "Tokens appended by fill without sampling.",
+                load(&engine.asserted_tokens),
+            ),
         ];
         for (name, help, v) in counters {
             sample(&mut out, name, help, "counter", v);

@@ -4,8 +4,9 @@
 //! `guided_choice`, and the Responses API's `text.format` (the same formats, flattened). A
 //! constraint that does not compile is a 400 from the engine, naming the problem.
 //!
-//! Anthropic's Messages API has no output-format field; a `tool_choice` naming a tool forces
-//! the call's opening (see `conversation`) but its input is not grammar-constrained yet.
+//! Anthropic's Messages API has no output-format field; its `tool_choice` `any` / `tool`, like
+//! chat's `required` / a named function, forces a call whose input is constrained to the
+//! tool's schema (`conversation::forced`).
 
 use ferrite_engine::Constraint;
 use serde_json::Value;

@@ -1,7 +1,9 @@
 //! Fill: tokens a row appends that the model does not have to sample one by one.
 //!
 //! `--fill strict` asserts tool-call scaffolds (the fixed tokens of the chat template's
-//! tool-call syntax, found by `scaffold::ToolScaffold::discover`); `--fill echo` also verifies
+//! tool-call syntax, found by `scaffold::ToolScaffold::discover`) on free rows, and the tokens
+//! the grammar forces on constrained rows (structured output, forced tool calls); `--fill
+//! echo` also verifies
 //! echo spans (n-gram lookup over the conversation, `spec::ngram`). Both are proposals
 //! (`spec::Proposal`) that share the batch with plain and speculative rows.
 
@@ -27,7 +29,7 @@ pub enum FillMode {
     /// Every token is sampled.
     #[default]
     Off,
-    /// Assert tool-call scaffolds.
+    /// Assert tool-call scaffolds, or what a constrained row's grammar forces.
     Strict,
     /// Strict, plus verify echo spans copied from the conversation.
     Echo,

@@ -112,11 +112,17 @@ impl ToolScaffold {
     }
 
     /// The cursor after `tokens` (a prompt): a prompt that ends inside an opened call (a
-    /// forced tool choice) continues the scaffold from there.
+    /// forced tool choice) continues the scaffold from there. Only whole runs count here — a
+    /// system prompt that shows the syntax (`<tool_call>\n{"name": <function-name>, …`)
+    /// opens no call, and must not leave the reply expecting a call's later runs.
     pub fn cursor_after(&self, tokens: &[u32]) -> ScaffoldCursor {
         let mut cursor = ScaffoldCursor::default();
-        for &t in tokens {
-            self.after(&mut cursor, t);
+        for (i, &t) in tokens.iter().enumerate() {
+            let mut next = cursor;
+            let rest = self.after(&mut next, t);
+            if tokens[i + 1..].starts_with(rest) {
+                cursor = next;
+            }
         }
         cursor
     }

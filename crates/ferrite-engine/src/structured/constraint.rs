@@ -16,6 +16,20 @@ pub enum Constraint {
     Lark(String),
     /// Exactly one of these strings.
     Choice(Vec<String>),
+    /// One of these sequences of pieces (fixed text, special tokens, JSON values under a
+    /// schema): say, the rest of a forced tool call — a name, then arguments its schema allows.
+    Sequences(Vec<Vec<Piece>>),
+}
+
+/// One part of a `Constraint::Sequences` alternative.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece {
+    /// This text, exactly.
+    Text(String),
+    /// This token (a special token, which no text spells).
+    Token(u32),
+    /// JSON valid under this JSON Schema, laid out as `Constraint::JsonSchema` lays it out.
+    Json(Value),
 }
 
 /// JSON laid out the way `json.dumps` writes it — `", "` and `": "`, no free whitespace — so a
@@ -27,14 +41,7 @@ fn layout() -> Value {
 impl Constraint {
     pub(crate) fn grammar(&self) -> Result<TopLevelGrammar, String> {
         Ok(match self {
-            Constraint::JsonSchema(schema) => {
-                let mut schema = schema.clone();
-                close_objects(&mut schema);
-                if let Some(obj) = schema.as_object_mut() {
-                    obj.entry("x-guidance").or_insert_with(layout);
-                }
-                TopLevelGrammar::from_json_schema(schema)
-            }
+            Constraint::JsonSchema(schema) => TopLevelGrammar::from_json_schema(laid_out(schema)),
             Constraint::JsonObject => {
                 TopLevelGrammar::from_json_schema(json!({"type": "object", "x-guidance": layout()}))
             }
@@ -51,8 +58,46 @@ impl Constraint {
                 let alts: Vec<String> = choices.iter().map(|c| Value::from(c.as_str()).to_string()).collect();
                 TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
             }
+            Constraint::Sequences(alternatives) => TopLevelGrammar::from_lark(sequences_lark(alternatives)?),
         })
     }
+}
+
+/// `schema`, closed (`close_objects`) and with the `json.dumps` layout unless it says otherwise.
+fn laid_out(schema: &Value) -> Value {
+    let mut schema = schema.clone();
+    close_objects(&mut schema);
+    if let Some(obj) = schema.as_object_mut() {
+        obj.entry("x-guidance").or_insert_with(layout);
+    }
+    schema
+}
+
+/// A Lark grammar for `Constraint::Sequences`: `start` picks an alternative; each JSON piece
+/// is a rule of its own holding the schema (`%json`), text is a string literal, a token is
+/// `<[id]>`.
+fn sequences_lark(alternatives: &[Vec<Piece>]) -> Result<String, String> {
+    if alternatives.is_empty() || alternatives.iter().any(Vec::is_empty) {
+        return Err("a sequence constraint needs alternatives, none of them empty".into());
+    }
+    let mut rules = Vec::new();
+    let mut alts = Vec::new();
+    for (i, pieces) in alternatives.iter().enumerate() {
+        let mut items = Vec::new();
+        for (j, piece) in pieces.iter().enumerate() {
+            items.push(match piece {
+                // Lark string literals are JSON strings.
+                Piece::Text(text) => Value::from(text.as_str()).to_string(),
+                Piece::Token(id) => format!("<[{id}]>"),
+                Piece::Json(schema) => {
+                    rules.push(format!("json_{i}_{j}: %json {}", laid_out(schema)));
+                    format!("json_{i}_{j}")
+                }
+            });
+        }
+        alts.push(items.join(" "));
+    }
+    Ok(format!("start: {}\n{}", alts.join(" | "), rules.join("\n")))
 }
 
 /// Give every object schema that lists `properties` and says nothing about other keys
@@ -84,6 +129,19 @@ fn close_objects(schema: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sequences_as_lark() {
+        let call = |name: &str| {
+            vec![Piece::Text(format!("{name}\", ")), Piece::Json(json!({"type": "object"})), Piece::Token(7)]
+        };
+        let lark = sequences_lark(&[call("a"), call("b")]).expect("lark");
+        let want = r#"start: "a\", " json_0_1 <[7]> | "b\", " json_1_1 <[7]>"#;
+        assert_eq!(lark.lines().next(), Some(want), "{lark}");
+        assert!(lark.contains("json_1_1: %json {"), "{lark}");
+        assert!(sequences_lark(&[]).is_err());
+        assert!(sequences_lark(&[vec![]]).is_err());
+    }
 
     #[test]
     fn closes_objects_that_do_not_say() {

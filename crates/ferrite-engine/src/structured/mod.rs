@@ -1,5 +1,5 @@
 //! Structured output: a request's `Constraint` (JSON schema, JSON object, regex, Lark grammar,
-//! choice list) compiled by llguidance into a per-row `Guide`.
+//! choice list, sequences of text, special tokens and JSON values) compiled by llguidance into a per-row `Guide`.
 //!
 //! Each step, before the forward, every constrained row that will sample computes its mask of
 //! allowed tokens (on a helper thread while the model runs); sampling sets every other logit to
@@ -12,5 +12,5 @@ mod constraint;
 mod guide;
 mod token_env;
 
-pub use constraint::Constraint;
+pub use constraint::{Constraint, Piece};
 pub use guide::{Grammars, Guide, GuideError};

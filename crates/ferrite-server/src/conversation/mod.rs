@@ -5,10 +5,13 @@
 //!
 //! Tool choice: `none` hides the tools; `required` and a named function force a call by
 //! appending the template family's tool-call opening (with the name, for a named function,
-//! or for `required` with a single tool) to the prompt, and prime the parsers with it. A template that ignores tools gets them
-//! described by the server (`described`).
+//! or for `required` with a single tool) to the prompt, and prime the parsers with it; the
+//! reply is then constrained to the rest of one valid call (`forced`), so its arguments
+//! validate against the tool's schema. A template that ignores tools gets them described by
+//! the server (`described`).
 
 mod described;
+mod forced;
 
 use ferrite_engine::RequestParams;
 use serde_json::{Map, Value};
@@ -54,6 +57,8 @@ pub struct RenderedChat {
     pub text: String,
     /// Text appended to force a tool call (the parsers read it first).
     forced: Option<String>,
+    /// The function a forced call names in its opening (`None`: the model picks one).
+    forced_name: Option<String>,
     format: OutputFormat,
     reasoning_open: bool,
     /// The tools the reply is parsed for (none when hidden).
@@ -114,6 +119,7 @@ impl ModelInfo {
             ToolChoice::Function(name) => Some(Some(name.as_str())),
             ToolChoice::Auto | ToolChoice::None => None,
         };
+        let forced_name = forced.flatten().map(str::to_string);
         let forced = match forced {
             None => None,
             Some(name) => {
@@ -129,7 +135,7 @@ impl ModelInfo {
             }
         };
         text.push_str(forced.as_deref().unwrap_or(""));
-        Ok(RenderedChat { text, forced, format, reasoning_open, tools, kwargs: conv.kwargs.clone() })
+        Ok(RenderedChat { text, forced, forced_name, format, reasoning_open, tools, kwargs: conv.kwargs.clone() })
     }
 
     /// Render and tokenize `conv` (the template writes the special tokens itself).
@@ -144,14 +150,26 @@ impl ModelInfo {
 
 impl PreparedChat {
     /// `params` for this conversation: a forced call ends the reply where the call ends (a
-    /// stop token when the end marker is a special token, else a stop string).
+    /// stop token when the end marker is a special token, else a stop string), and its output
+    /// is constrained to one valid call (which takes the place of any `response_format`: a
+    /// forced call's reply has no other content).
     pub fn request_params(&self, mut params: RequestParams) -> RequestParams {
-        let end = self.rendered.forced.as_ref().and_then(|_| self.rendered.format.tool_call_end());
-        if let Some(end) = end {
+        if self.rendered.forced.is_none() {
+            return params;
+        }
+        let format = &self.rendered.format;
+        if let Some(end) = format.tool_call_end() {
             match self.markers.as_ref().and_then(|m| m.id_of(end)) {
                 Some(id) => params.stop_token_ids.push(id),
                 None => params.stop.push(end.to_string()),
             }
+        }
+        let args_token = self.markers.as_ref().and_then(|m| m.id_of("[ARGS]"));
+        let call = format.tool_syntax().and_then(|syntax| {
+            forced::call_constraint(syntax, &self.rendered.tools, self.rendered.forced_name.as_deref(), args_token)
+        });
+        if call.is_some() {
+            params.constraint = call;
         }
         params
     }

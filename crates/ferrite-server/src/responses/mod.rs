@@ -46,9 +46,10 @@ async fn create(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response,
     };
     history.extend(req.input_messages()?);
     let prepared = app.model.prepare_chat(&req.conversation(&history)?)?;
-    let mut params =
-        prepared.request_params(req.params().to_request_params(&app.model, req.max_output_tokens, None)?);
+    let mut params = req.params().to_request_params(&app.model, req.max_output_tokens, None)?;
     params.constraint = constraint;
+    // A forced tool call's constraint takes the place of `text.format`.
+    let params = prepared.request_params(params);
     let store = req.store.unwrap_or(true);
     let frame = json!({
         "id": random_id("resp_"),

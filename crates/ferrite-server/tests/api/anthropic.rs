@@ -1,5 +1,6 @@
 //! `/v1/messages` and `/v1/messages/count_tokens` on SmolLM2: the message shape and usage,
-//! the exact streaming event sequence, tool_use blocks (forced) and their round trip, stop
+//! the exact streaming event sequence, tool_use blocks (forced, their input valid under the
+//! tool's input_schema) and their round trip, stop
 //! sequences, thinking blocks, and every error class in Anthropic's shape.
 
 use std::time::Duration;
@@ -9,7 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::common::*;
-use crate::tools::{smol_with_template, THINKING_TEMPLATE};
+use crate::tools::{forecast_schema, smol_with_template, validates, THINKING_TEMPLATE};
 
 fn body(user: &str, max_tokens: usize) -> Value {
     json!({"model": "smollm2", "max_tokens": max_tokens, "temperature": 0, "system": "You are brief.",
@@ -152,6 +153,27 @@ async fn a_forced_tool_use_streams_and_round_trips() {
     req["tool_choice"] = json!({"type": "any"});
     let (_, any) = post(&server.at("/v1/messages"), &req).await;
     assert!(any["content"].as_array().expect("content").iter().any(|b| b["type"] == "tool_use"), "{any}");
+}
+
+#[tokio::test]
+async fn a_forced_tool_use_input_validates_against_its_input_schema() {
+    let forecast = json!({"name": "get_forecast", "description": "Forecast", "input_schema": forecast_schema()});
+    for choice in [json!({"type": "any"}), json!({"type": "tool", "name": "get_forecast"})] {
+        let mut req = body("Forecast for Paris?", 64);
+        req["tools"] = json!([weather_tool(), forecast]);
+        req["tool_choice"] = choice.clone();
+        let (status, msg) = post(&smol().at("/v1/messages"), &req).await;
+        assert_eq!(status, 200, "{msg}");
+        let blocks = msg["content"].as_array().expect("content");
+        let block = blocks.iter().find(|b| b["type"] == "tool_use").unwrap_or_else(|| panic!("tool_use: {msg}"));
+        let schema = match block["name"].as_str() {
+            Some("get_forecast") => forecast_schema(),
+            Some("get_weather") => weather_tool()["input_schema"].clone(),
+            other => panic!("{choice}: a call of {other:?}: {msg}"),
+        };
+        assert!(validates(&schema, &block["input"]), "{choice}: {msg}");
+        assert_eq!(msg["stop_reason"], "tool_use", "{msg}");
+    }
 }
 
 #[tokio::test]

@@ -1,11 +1,12 @@
 //! `/v1/responses` on SmolLM2: the response object and usage, the streaming event sequence
 //! with sequence numbers, `previous_response_id` (and `store: false`), `GET
-//! /v1/responses/{id}`, a forced function call and its output going back, and the 400s.
+//! /v1/responses/{id}`, a forced function call (its arguments valid under the tool's schema)
+//! and its output going back, and the 400s.
 
 use serde_json::{json, Value};
 
 use crate::common::*;
-use crate::tools::THINKING_TEMPLATE;
+use crate::tools::{forecast_schema, validates, THINKING_TEMPLATE};
 
 fn weather_tool() -> Value {
     json!({"type": "function", "name": "get_weather", "description": "Current weather in a city", "strict": true,
@@ -181,6 +182,20 @@ async fn a_forced_function_call_streams_and_its_output_goes_back() {
         json!({"input": output, "previous_response_id": resp["id"], "tools": [weather_tool()], "max_output_tokens": 4});
     let answer = create(&server, &follow).await;
     assert!(matches!(answer["status"].as_str(), Some("completed" | "incomplete")));
+}
+
+#[tokio::test]
+async fn forced_call_arguments_validate_even_with_a_text_format() {
+    let forecast = json!({"type": "function", "name": "get_forecast", "parameters": forecast_schema()});
+    let body = json!({"input": "Forecast for Paris?", "tools": [weather_tool(), forecast], "temperature": 0,
+                      "tool_choice": {"type": "function", "name": "get_forecast"}, "max_output_tokens": 64,
+                      "text": {"format": {"type": "json_object"}}});
+    let resp = create(smol(), &body).await;
+    let call =
+        resp["output"].as_array().expect("output").iter().find(|i| i["type"] == "function_call").expect("call").clone();
+    assert_eq!(call["name"], "get_forecast", "{resp}");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().expect("arguments")).expect("JSON arguments");
+    assert!(validates(&forecast_schema(), &args), "{resp}");
 }
 
 #[tokio::test]

@@ -2,12 +2,25 @@
 //! `tool_choice` (named and required) in the template's family syntax — described by the
 //! server for SmolLM2's tool-less template, rendered by a Hermes template — streamed as
 //! deltas; tool history round trips; reasoning split out when a template opens a think
-//! block; a family this server cannot force is a 400.
+//! block; a family this server cannot force is a 400. A forced call's arguments are
+//! constrained to its tool's schema.
 
 use ferrite_models::chat_template::ChatTemplate;
 use serde_json::{json, Value};
 
 use crate::common::*;
+
+/// A tool whose schema an unconstrained small model rarely meets: bounds, an enum, required keys.
+pub fn forecast_schema() -> Value {
+    json!({"type": "object", "required": ["city", "days", "unit"],
+           "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                          "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}})
+}
+
+/// Whether `input` validates against `schema`.
+pub fn validates(schema: &Value, input: &Value) -> bool {
+    jsonschema::validator_for(schema).expect("schema").is_valid(input)
+}
 
 pub fn weather_tool() -> Value {
     json!({"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
@@ -120,6 +133,26 @@ async fn required_forces_a_call() {
     let calls = resp["choices"][0]["message"]["tool_calls"].as_array().expect("tool_calls");
     assert!(calls[0]["function"]["name"].as_str().is_some_and(|n| !n.is_empty()), "{resp}");
     object_args(&calls[0]);
+}
+
+#[tokio::test]
+async fn forced_call_arguments_validate_against_the_schema() {
+    let forecast = json!({"type": "function", "function": {"name": "get_forecast", "parameters": forecast_schema()}});
+    let named = json!({"type": "function", "function": {"name": "get_forecast"}});
+    for choice in [json!("required"), named] {
+        let body = json!({"messages": [{"role": "user", "content": "Forecast for Paris?"}], "temperature": 0,
+                          "tools": [weather_tool(), forecast], "tool_choice": choice, "max_tokens": 64});
+        let (status, resp) = post(&smol().at("/v1/chat/completions"), &body).await;
+        assert_eq!(status, 200, "{resp}");
+        let call = &resp["choices"][0]["message"]["tool_calls"][0]["function"];
+        let schema = match call["name"].as_str() {
+            Some("get_forecast") => forecast_schema(),
+            Some("get_weather") => weather_tool()["function"]["parameters"].clone(),
+            other => panic!("{choice}: a call of {other:?}: {resp}"),
+        };
+        assert!(validates(&schema, &object_args(&resp["choices"][0]["message"]["tool_calls"][0])), "{choice}: {resp}");
+        assert_eq!(resp["choices"][0]["finish_reason"], "tool_calls", "{resp}");
+    }
 }
 
 #[tokio::test]
