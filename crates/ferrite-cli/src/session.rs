@@ -110,13 +110,15 @@ pub struct SpecArgs {
     /// Default fill mode of requests that set none: off, strict (assert the chat template's
     /// tool-call scaffolds and the tokens an output grammar forces, as in structured output and
     /// forced tool calls) or echo (strict, and verify spans echoed from the conversation).
-    #[arg(long, default_value = "off")]
+    /// Strict by default: it never changes a greedy output and saves forward passes on tool
+    /// calls and constrained output (BENCHMARKS.md, fill on tool calls).
+    #[arg(long, default_value = "strict")]
     pub fill: FillMode,
 }
 
 impl Default for SpecArgs {
     fn default() -> Self {
-        SpecArgs { spec: "off".into(), draft_model: None, draft_layers: None, num_draft_tokens: 4, fill: FillMode::Off }
+        SpecArgs { spec: "off".into(), draft_model: None, draft_layers: None, num_draft_tokens: 4, fill: FillMode::Strict }
     }
 }
 
