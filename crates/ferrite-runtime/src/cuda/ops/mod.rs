@@ -2,6 +2,8 @@
 
 pub mod attention;
 pub mod elementwise;
+pub mod matrix;
+pub mod quant;
 pub mod sampling;
 
 pub use attention::{attention, write_kv, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv};
@@ -9,4 +11,6 @@ pub use elementwise::{
     copy, embedding, gated_activation, linear, linear_gated, random_uniform, rms_norm, rope, GatedActivation,
     RopeShape, TableElement,
 };
+pub use matrix::Matrix;
+pub use quant::{dequantize, quant_embedding, quant_linear, quant_linear_gated, QuantMatrix};
 pub use sampling::{argmax, sample, RowSampling, SamplingParamsDev};
