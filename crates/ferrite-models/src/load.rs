@@ -20,6 +20,7 @@ use crate::safetensors::SafetensorsDir;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{GgufLayout, WeightSource, Weights};
 use ferrite_runtime::cuda::{resolve_device, Device, DeviceChoice, Gpu};
+use ferrite_runtime::DType;
 
 /// Sampling defaults a model ships in `generation_config.json`.
 #[derive(Debug, Clone, Default)]
@@ -108,9 +109,9 @@ pub fn load_with(path: &Path, choice: DeviceChoice, opts: &LoadOptions) -> Resul
     Ok(loaded)
 }
 
-/// A synthetic model (`gpu::SYNTHETIC_MODELS`) with random bf16 weights generated on the CUDA
-/// device from `seed`; no tokenizer.
-pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64) -> Result<LoadedModel> {
+/// A synthetic model (`gpu::SYNTHETIC_MODELS`) with random weights in `dtype` (bf16 or a GGUF
+/// block type the CUDA kernels read) generated on the CUDA device from `seed`; no tokenizer.
+pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64, dtype: DType) -> Result<LoadedModel> {
     let t0 = Instant::now();
     let cfg = crate::gpu::synthetic_config(name).ok_or_else(|| {
         LoadError::Other(format!(
@@ -127,7 +128,7 @@ pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64) -> Result<LoadedMo
         }
     };
     let (gpu, device_note) = open_gpu(ordinal)?;
-    let weights = crate::gpu::LlamaWeights::random(&cfg, &gpu, seed)?;
+    let weights = crate::gpu::LlamaWeights::random(&cfg, &gpu, seed, dtype)?;
     let weight_bytes = weights.bytes;
     let model = Arc::new(crate::gpu::GpuLlama::new(cfg, weights, gpu)?);
     Ok(LoadedModel {

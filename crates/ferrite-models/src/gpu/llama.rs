@@ -1,5 +1,6 @@
 //! `GpuLlama`: the llama family (llama, mistral, qwen2; SmolLM2, Llama 3.x, Qwen 2.5 shapes)
-//! on one CUDA device, behind the same `CausalLm` interface as the CPU model.
+//! on one CUDA device, behind the same `CausalLm` interface as the CPU model, with bf16 or
+//! GGUF block-quantized weight matrices (`ops::Matrix`).
 //!
 //! A step is: embedding gather → per layer [RMSNorm (fused with the residual add) → fused
 //! QKV GEMM (+bias) → RoPE on q and k in place with the KV write (one kernel) → paged
@@ -81,10 +82,12 @@ struct Workspace {
     next: CudaSlice<u32>,
     meta: AttentionMeta,
     scratch: DecodeScratch,
+    /// Where a quantized matrix is dequantized for a many-row GEMM (none when all are bf16).
+    dequant: Option<CudaSlice<bf16>>,
 }
 
 impl Workspace {
-    fn new(gpu: &Gpu, cfg: &ModelConfig, tokens: usize, rows: usize, max_blocks: usize) -> RtResult<Workspace> {
+    fn new(gpu: &Gpu, cfg: &ModelConfig, w: &LlamaWeights, tokens: usize, rows: usize, max_blocks: usize) -> RtResult<Workspace> {
         let (d, hd) = (cfg.hidden_size, cfg.head_dim);
         let rows = rows.max(1);
         let tokens = tokens.max(rows);
@@ -108,6 +111,10 @@ impl Workspace {
             next: gpu.alloc(rows)?,
             meta: AttentionMeta::with_capacity(gpu, rows, tokens, max_blocks)?,
             scratch: DecodeScratch::new(gpu, rows, cfg.num_heads, hd, 1)?,
+            dequant: match w.scratch_len() {
+                0 => None,
+                n => Some(bf(n)?),
+            },
         })
     }
 }
@@ -201,7 +208,7 @@ impl GpuLlama {
         st.graphs.clear();
         st.ws = None;
         self.gpu.synchronize()?;
-        let ws = Workspace::new(&self.gpu, &self.cfg, tokens.max(t0), rows.max(r0), blocks.max(b0))?;
+        let ws = Workspace::new(&self.gpu, &self.cfg, &self.w, tokens.max(t0), rows.max(r0), blocks.max(b0))?;
         st.ws = Some(ws);
         Ok(())
     }
@@ -223,7 +230,7 @@ impl GpuLlama {
         let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let (q_w, qkv_w) = (nh * hd, qkv_rows(cfg));
         let eps = cfg.rms_norm_eps;
-        ops::embedding(gpu, &*self.w.embed, (v, d), &ws.ids, tokens, 1.0, &mut ws.x)?;
+        self.w.embed.embedding(gpu, (v, d), &ws.ids, tokens, 1.0, &mut ws.x)?;
         for (i, l) in self.w.layers.iter().enumerate() {
             if i == 0 {
                 ops::rms_norm(gpu, &ws.x, None, &l.attn_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
@@ -231,17 +238,18 @@ impl GpuLlama {
                 ops::rms_norm(gpu, &ws.o, Some(&mut ws.x), &l.attn_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
             }
             let bias = l.qkv_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
-            ops::linear(gpu, &ws.h, &l.qkv, bias, &mut ws.qkv, (tokens, qkv_w, d))?;
+            l.qkv.linear(gpu, &ws.h, bias, &mut ws.qkv, (tokens, qkv_w, d), ws.dequant.as_mut())?;
             let shape = RopeShape { tokens, n_heads: nh + nkv, head_dim: hd, stride: qkv_w };
             let layer_kv = kv.device_layer_mut(i)?;
             let store = Some((&ws.meta, &mut *layer_kv));
             ops::rope(gpu, &mut ws.qkv, &ws.positions, &self.inv_freq, self.rope_scaling, shape, store)?;
             let p = &self.params;
             ops::attention(gpu, &ws.qkv, qkv_w, &ws.meta, layer_kv, p, plan, &mut ws.scratch, &mut ws.attn, q_w)?;
-            ops::linear(gpu, &ws.attn, &l.o, None, &mut ws.o, (tokens, d, q_w))?;
+            l.o.linear(gpu, &ws.attn, None, &mut ws.o, (tokens, d, q_w), ws.dequant.as_mut())?;
             ops::rms_norm(gpu, &ws.o, Some(&mut ws.x), &l.ffn_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
-            ops::linear_gated(gpu, self.act, &ws.h, &l.gate_up, &mut ws.gate_up, &mut ws.act, (tokens, inter, d))?;
-            ops::linear(gpu, &ws.act, &l.down, None, &mut ws.o, (tokens, d, inter))?;
+            let shape = (tokens, inter, d);
+            l.gate_up.linear_gated(gpu, self.act, &ws.h, &mut ws.gate_up, &mut ws.act, shape, ws.dequant.as_mut())?;
+            l.down.linear(gpu, &ws.act, None, &mut ws.o, (tokens, d, inter), ws.dequant.as_mut())?;
         }
         if out_rows == 0 {
             // A prefill chunk that ends no prompt: only its KV was wanted.
@@ -250,7 +258,7 @@ impl GpuLlama {
         ops::rms_norm(gpu, &ws.o, Some(&mut ws.x), &self.w.final_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
         // The rows that want logits, gathered by the embedding kernel over the normed rows.
         ops::embedding(gpu, &ws.h, (tokens, d), &ws.logit_rows, out_rows, 1.0, &mut ws.picked)?;
-        ops::linear::<f32>(gpu, &ws.picked, &*self.w.lm_head, None, &mut ws.logits, (out_rows, v, d))?;
+        self.w.lm_head.linear::<f32>(gpu, &ws.picked, None, &mut ws.logits, (out_rows, v, d), None)?;
         ops::argmax(gpu, &ws.logits, (out_rows, v, v), &mut ws.next)?;
         Ok(())
     }
