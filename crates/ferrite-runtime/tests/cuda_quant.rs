@@ -3,9 +3,11 @@
 //! Gated on `FERRITE_TEST_CUDA=1`.
 //!
 //! The GPU's dequantization makes the same single rounding as the CPU's (`quant.cuh`), so the
-//! dequantized rows and the embedding gather are compared exactly. The products differ from the
-//! CPU's f32 `Σ w·x` only in summation order (the skinny GEMM sums `a·Σq·x + b·Σx` per 8
-//! values): within 1e-6·k·max|w| for |x| ≤ 1, plus the bf16 rounding of a bf16 output.
+//! dequantized rows and the embedding gather are compared exactly. The skinny GEMM's products
+//! differ from the CPU's f32 `Σ w·x` only in summation order (it sums `a·Σq·x + b·Σx` per 8
+//! values): within 1e-6·k·max|w| for |x| ≤ 1, plus the bf16 rounding of a bf16 output. The
+//! many-row GEMM multiplies the weights dequantized to bf16 (its scratch), so its reference
+//! rounds the weights to bf16 too (a dequantized Q4_0 value has up to 15 significant bits).
 
 mod cuda_common;
 
@@ -62,6 +64,11 @@ fn row_lengths(dtype: DType) -> [usize; 3] {
     }
 }
 
+/// What the GEMM path multiplies by: the dequantized weights rounded to bf16.
+fn bf16_rounded(w: &[f32]) -> Vec<f32> {
+    w.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
+}
+
 fn max_abs(v: &[f32]) -> f32 {
     v.iter().fold(0f32, |m, x| m.max(x.abs()))
 }
@@ -94,10 +101,11 @@ fn cuda_quant_linear_matches_cpu() {
             let q = upload(gpu, k, &[(dtype, n, &w_bytes)]);
             let x_d = gpu.upload(&xh).unwrap();
             let atol = 1e-6 * k as f32 * max_abs(&w);
-            let want = cpu_linear(&xf, m, &w, n, k, None);
-            let want_b = cpu_linear(&xf, m, &w, n, k, Some(&bf));
             let scratches: &[bool] = if m > 8 { &[true, false] } else { &[false] };
             for &with_scratch in scratches {
+                let w = if with_scratch { bf16_rounded(&w) } else { w.clone() };
+                let want = cpu_linear(&xf, m, &w, n, k, None);
+                let want_b = cpu_linear(&xf, m, &w, n, k, Some(&bf));
                 let mut scratch = with_scratch.then(|| poisoned_bf16(gpu, n * k));
                 let case = format!("{dtype} m={m} n={n} k={k}{}", if with_scratch { " gemm" } else { "" });
                 let mut y = poisoned_bf16(gpu, m * n);
@@ -136,7 +144,7 @@ fn cuda_quant_linear_of_mixed_parts_matches_cpu() {
     assert_eq!((n, q.dtypes()), (228, vec![DType::Q4K, DType::Q6K, DType::Q8_0]));
     for m in [1, 5, 21] {
         let (xh, xf) = rand_bf16(&mut rng, m * k, 1.0);
-        let want = cpu_linear(&xf, m, &w, n, k, None);
+        let want = cpu_linear(&xf, m, &if m > 8 { bf16_rounded(&w) } else { w.clone() }, n, k, None);
         let mut scratch = poisoned_bf16(gpu, n * k);
         let mut y = poisoned_bf16(gpu, m * n);
         ops::quant_linear::<bf16>(gpu, &gpu.upload(&xh).unwrap(), &q, None, &mut y, m, Some(&mut scratch)).unwrap();
@@ -146,7 +154,7 @@ fn cuda_quant_linear_of_mixed_parts_matches_cpu() {
     // The whole matrix dequantized: each part at its rows, exactly.
     let mut out = poisoned_bf16(gpu, n * k);
     ops::dequantize(gpu, &q, &mut out).unwrap();
-    let want: Vec<f32> = w.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+    let want = bf16_rounded(&w);
     compare("dequantize", "mixed parts", &to_f32(&gpu.download(&out).unwrap()), &want, 0.0, 0.0);
 }
 
@@ -206,7 +214,7 @@ fn cuda_dequantize_and_embedding_are_exact() {
         let q = upload(gpu, k, &[(dtype, rows, &bytes)]);
         let mut out = poisoned_bf16(gpu, rows * k);
         ops::dequantize(gpu, &q, &mut out).unwrap();
-        let want: Vec<f32> = w.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+        let want = bf16_rounded(&w);
         compare("dequantize", &format!("{dtype} [{rows},{k}]"), &to_f32(&gpu.download(&out).unwrap()), &want, 0.0, 0.0);
         let mut ids: Vec<u32> = (0..20).map(|_| rng.random_range(0..rows as u32)).collect();
         ids[7] = rows as u32;
