@@ -55,13 +55,12 @@ fn dequantized(dtype: DType, bytes: &[u8], k: usize) -> Vec<f32> {
     out
 }
 
-/// Row lengths for `dtype`: one block (two for the tiled 32-value types: a short run), an odd
-/// number of blocks (33 for those: a full run of 32 and one more), a Llama-sized row.
+/// Row lengths for `dtype`: one block, an odd number of blocks, a Llama-sized row.
 fn row_lengths(dtype: DType) -> [usize; 3] {
     if dtype.block_elems() == 256 {
         [256, 768, 4096]
     } else {
-        [64, 1056, 4096]
+        [64, 992, 4096]
     }
 }
 

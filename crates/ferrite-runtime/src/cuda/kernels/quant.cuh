@@ -5,19 +5,11 @@
 //   random_blocks  random blocks with sane scales (synthetic models).
 //
 // A row of k values is k / 32 "units" of 32 consecutive values. A type's `load` reads the
-// bytes of unit u into registers and `decode8` turns
+// bytes of unit u into registers (at the alignment its block guarantees) and `decode8` turns
 // the 8 values 8c .. 8c + 7 of the unit into small integers q (exact in f32) with the affine
 // map of their half-unit: value = a * q + b, where a * q is exact and the one rounding of the
 // sum is the same one ggml's (and our CPU's) `dequantize_row_*` makes, so `dequant_rows` is
 // bit for bit the CPU dequantization (then rounded to bf16).
-//
-// The 32-value block types are stored tiled (ops/quant.rs rearranges the file's rows on
-// upload): each run of 32 consecutive blocks of a row (fewer at the row's end) keeps its
-// bytes, but halfword j of its block i sits at 2 (j * width + i) in the run, width its block
-// count. The lanes of a warp take consecutive blocks, so their reads of halfword j are 64
-// contiguous bytes — one transaction, where the file's layout puts them 18–34 bytes apart.
-// The 256-value super-blocks keep the file layout (a unit is a sub-block, and Q4_K/Q5_K are
-// 16-byte aligned already).
 //
 // Layouts (ggml's; quant/legacy.rs and quant/kquants.rs describe them):
 //   q4_0  18 B / 32: d f16 | qs[16]            value j: (nibble - 8) * d, j < 16 low nibbles
@@ -58,20 +50,6 @@ __device__ __forceinline__ float small_int(unsigned q, float off) {
     return __int_as_float(0x4B000000 | q) - (8388608.f + off);
 }
 
-// Where block u of a row of `nb` tiled blocks of `bytes` bytes lies: its run, the run's width
-// and its index there.
-struct Tile {
-    const u8* run;
-    int width, i;
-    __device__ __forceinline__ unsigned hw(int j) const { return ld16(run + 2 * (j * width + i)); }
-    __device__ __forceinline__ unsigned word(int j) const { return hw(j) | (hw(j + 1) << 16); }
-};
-
-__device__ __forceinline__ Tile tile_of(const u8* row, int nb, int u, int bytes) {
-    const int first = u & ~31;
-    return Tile{row + (u64)first * bytes, min(32, nb - first), u - first};
-}
-
 // Byte j (0..7) of the 8 bytes in words w0 (bytes 0..3) and w1 (4..7).
 __device__ __forceinline__ unsigned byte_of(unsigned w0, unsigned w1, int j) {
     return ((j < 4 ? w0 : w1) >> (8 * (j & 3))) & 0xff;
@@ -80,13 +58,13 @@ __device__ __forceinline__ unsigned byte_of(unsigned w0, unsigned w1, int j) {
 // --- the 32-value blocks ---
 
 struct q4_0 {
-    enum { BYTES = 18, ELEMS = 32, MIN = 0, TILED = 1 };
+    enum { BYTES = 18, ELEMS = 32, MIN = 0 };
     struct Raw { unsigned qs[4]; float d; };
-    static __device__ __forceinline__ void load(const u8* row, int nb, int u, Raw& r) {
-        const Tile t = tile_of(row, nb, u, BYTES);
-        r.d = half_to_float(t.hw(0));
+    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
+        const u8* b = row + (u64)u * BYTES;
+        r.d = f16_at(b);
 #pragma unroll
-        for (int i = 0; i < 4; i++) r.qs[i] = t.word(1 + 2 * i);
+        for (int i = 0; i < 4; i++) r.qs[i] = ld32_a2(b + 2 + 4 * i);
     }
     static __device__ __forceinline__ void decode8(const Raw& r, int c, float* q, float& a, float& bb) {
         const int w = 2 * (c & 1), shift = c < 2 ? 0 : 4;
@@ -101,14 +79,15 @@ struct q4_0 {
 };
 
 struct q4_1 {
-    enum { BYTES = 20, ELEMS = 32, MIN = 1, TILED = 1 };
+    enum { BYTES = 20, ELEMS = 32, MIN = 1 };
     struct Raw { unsigned qs[4]; float d, m; };
-    static __device__ __forceinline__ void load(const u8* row, int nb, int u, Raw& r) {
-        const Tile t = tile_of(row, nb, u, BYTES);
-        r.d = half_to_float(t.hw(0));
-        r.m = half_to_float(t.hw(1));
+    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
+        const u8* b = row + (u64)u * BYTES;
+        const unsigned dm = ld32(b);
+        r.d = half_to_float(dm & 0xffff);
+        r.m = half_to_float(dm >> 16);
 #pragma unroll
-        for (int i = 0; i < 4; i++) r.qs[i] = t.word(2 + 2 * i);
+        for (int i = 0; i < 4; i++) r.qs[i] = ld32(b + 4 + 4 * i);
     }
     static __device__ __forceinline__ void decode8(const Raw& r, int c, float* q, float& a, float& bb) {
         const int w = 2 * (c & 1), shift = c < 2 ? 0 : 4;
@@ -124,14 +103,14 @@ struct q4_1 {
 };
 
 struct q5_0 {
-    enum { BYTES = 22, ELEMS = 32, MIN = 0, TILED = 1 };
+    enum { BYTES = 22, ELEMS = 32, MIN = 0 };
     struct Raw { unsigned qs[4]; unsigned qh; float d; };
-    static __device__ __forceinline__ void load(const u8* row, int nb, int u, Raw& r) {
-        const Tile t = tile_of(row, nb, u, BYTES);
-        r.d = half_to_float(t.hw(0));
-        r.qh = t.word(1);
+    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
+        const u8* b = row + (u64)u * BYTES;
+        r.d = f16_at(b);
+        r.qh = ld32_a2(b + 2);
 #pragma unroll
-        for (int i = 0; i < 4; i++) r.qs[i] = t.word(3 + 2 * i);
+        for (int i = 0; i < 4; i++) r.qs[i] = ld32_a2(b + 6 + 4 * i);
     }
     static __device__ __forceinline__ void decode8(const Raw& r, int c, float* q, float& a, float& bb) {
         const int w = 2 * (c & 1), shift = c < 2 ? 0 : 4;
@@ -149,13 +128,13 @@ struct q5_0 {
 };
 
 struct q8_0 {
-    enum { BYTES = 34, ELEMS = 32, MIN = 0, TILED = 1 };
+    enum { BYTES = 34, ELEMS = 32, MIN = 0 };
     struct Raw { unsigned qs[8]; float d; };
-    static __device__ __forceinline__ void load(const u8* row, int nb, int u, Raw& r) {
-        const Tile t = tile_of(row, nb, u, BYTES);
-        r.d = half_to_float(t.hw(0));
+    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
+        const u8* b = row + (u64)u * BYTES;
+        r.d = f16_at(b);
 #pragma unroll
-        for (int i = 0; i < 8; i++) r.qs[i] = t.word(1 + 2 * i);
+        for (int i = 0; i < 8; i++) r.qs[i] = ld32_a2(b + 2 + 4 * i);
     }
     static __device__ __forceinline__ void decode8(const Raw& r, int c, float* q, float& a, float& bb) {
         // A signed byte s is the unsigned (s ^ 0x80) = s + 128.
@@ -186,9 +165,9 @@ __device__ __forceinline__ void scale_min_k4(const unsigned* s, int j, unsigned&
 // Q4_K and Q5_K: one sub-block of 32 values is a unit; Q4_K has no fifth bit.
 template <bool FIVE>
 struct qk45 {
-    enum { BYTES = FIVE ? 176 : 144, ELEMS = 256, MIN = 1, TILED = 0 };
+    enum { BYTES = FIVE ? 176 : 144, ELEMS = 256, MIN = 1 };
     struct Raw { unsigned qs[8]; unsigned qh[FIVE ? 8 : 1]; float a, b; int s; };
-    static __device__ __forceinline__ void load(const u8* row, int, int u, Raw& r) {
+    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
         const u8* b = row + (u64)(u >> 3) * BYTES;
         r.s = u & 7;
         const unsigned dd = ld32(b);
@@ -229,9 +208,9 @@ typedef qk45<false> q4_k;
 typedef qk45<true> q5_k;
 
 struct q6_k {
-    enum { BYTES = 210, ELEMS = 256, MIN = 0, TILED = 0 };
+    enum { BYTES = 210, ELEMS = 256, MIN = 0 };
     struct Raw { unsigned ql[8]; unsigned qh[8]; float a0, a1; int p; };
-    static __device__ __forceinline__ void load(const u8* row, int, int u, Raw& r) {
+    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
         const u8* b = row + (u64)(u >> 3) * BYTES;
         const int h = (u >> 2) & 1, p = u & 3, g = 8 * h + 2 * p;
         r.p = p;
@@ -287,8 +266,7 @@ __device__ __forceinline__ void qgemv(const bf16_t* __restrict__ x, const u8* __
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool gated = mode >= QG_SILU;
     const int row0 = blockIdx.x * (gated ? 2 : QG_ROWS);
-    const int nb = k / T::ELEMS;
-    const u64 row_bytes = (u64)nb * T::BYTES;
+    const u64 row_bytes = (u64)(k / T::ELEMS) * T::BYTES;
     const int units = k >> 5;
     const u8* wr[QG_ROWS];
 #pragma unroll
@@ -304,7 +282,7 @@ __device__ __forceinline__ void qgemv(const bf16_t* __restrict__ x, const u8* __
     for (int u = threadIdx.x; u < units; u += QG_THREADS) {
         typename T::Raw raw[QG_ROWS];
 #pragma unroll
-        for (int r = 0; r < QG_ROWS; r++) T::load(wr[r], nb, u, raw[r]);
+        for (int r = 0; r < QG_ROWS; r++) T::load(wr[r], u, raw[r]);
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             float xv[M][8], xs[M];
@@ -378,11 +356,10 @@ __device__ __forceinline__ void dequant_rows_impl(const u8* __restrict__ w, cons
     const int t = blockIdx.x;
     const unsigned src = ids != nullptr ? ids[t] : (unsigned)t;
     uint4* o = (uint4*)(out + (u64)t * k);
-    const int nb = k / T::ELEMS;
-    const u8* row = w + (u64)src * ((u64)nb * T::BYTES);
+    const u8* row = w + (u64)src * ((u64)(k / T::ELEMS) * T::BYTES);
     for (int u = threadIdx.x; u < (k >> 5); u += QG_THREADS) {
         typename T::Raw raw;
-        if (src < (unsigned)vocab) T::load(row, nb, u, raw);
+        if (src < (unsigned)vocab) T::load(row, u, raw);
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             float q[8], a, b, v[8];
@@ -401,27 +378,18 @@ __device__ __forceinline__ void dequant_rows_impl(const u8* __restrict__ w, cons
 }
 
 // Random blocks: every byte from splitmix64 of (seed, byte index), then the type's f16 scales
-// set so values lie roughly in [-amp, amp]; stored in the type's layout (tiled or not) for
-// rows of `nb` blocks. One thread a block, grid-stride.
+// set so values lie roughly in [-amp, amp]. One thread a block, grid-stride.
 template <typename T>
-__device__ __forceinline__ void random_blocks_impl(u8* __restrict__ w, u64 blocks, int nb, u64 seed, float amp) {
+__device__ __forceinline__ void random_blocks_impl(u8* __restrict__ w, u64 blocks, u64 seed, float amp) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < blocks; i += stride) {
-        unsigned short b[T::BYTES / 2];
+        u8* b = w + i * T::BYTES;
         u64 r = 0;
-        for (int j = 0; j < T::BYTES / 2; j++) {
-            if ((j & 3) == 0) r = splitmix64(seed ^ splitmix64(i * T::BYTES + 2 * j));
-            b[j] = (unsigned short)(r >> (16 * (j & 3)));
+        for (int j = 0; j < T::BYTES; j++) {
+            if ((j & 7) == 0) r = splitmix64(seed ^ splitmix64(i * T::BYTES + j));
+            b[j] = (u8)(r >> (8 * (j & 7)));
         }
-        T::set_scales((u8*)b, amp);
-        if (T::TILED) {
-            const u64 row = i / nb;
-            const int u = (int)(i - row * nb), first = u & ~31, width = min(32, nb - first);
-            u8* run = w + (row * nb + first) * T::BYTES;
-            for (int j = 0; j < T::BYTES / 2; j++) *(unsigned short*)(run + 2 * (j * width + u - first)) = b[j];
-        } else {
-            for (int j = 0; j < T::BYTES / 2; j++) *(unsigned short*)(w + i * T::BYTES + 2 * j) = b[j];
-        }
+        T::set_scales(b, amp);
     }
 }
 
@@ -444,6 +412,6 @@ __device__ __forceinline__ void random_blocks_impl(u8* __restrict__ w, u64 block
         dequant_rows(const u8* w, const unsigned* ids, bf16_t* out, int k, int vocab, float scale) {      \
         dequant_rows_impl<T>(w, ids, out, k, vocab, scale);                                                      \
     }                                                                                                       \
-    extern "C" __global__ void random_blocks(u8* w, u64 blocks, int nb, u64 seed, float amp) {             \
-        random_blocks_impl<T>(w, blocks, nb, seed, amp);                                                    \
+    extern "C" __global__ void random_blocks(u8* w, u64 blocks, u64 seed, float amp) {                     \
+        random_blocks_impl<T>(w, blocks, seed, amp);                                                             \
     }

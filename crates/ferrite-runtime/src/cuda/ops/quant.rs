@@ -1,6 +1,5 @@
 //! GGUF block-quantized weight matrices on the device and the ops over them. The blocks keep
-//! their bytes; the 32-value types are stored tiled (`tiled`) so a warp's reads coalesce, the
-//! 256-value ones as in the file. `kernels/quant.cuh` reads them:
+//! their file layout (an upload is a copy); `kernels/quant.cuh` reads them:
 //! - decode-sized batches (m ≤ `GEMV_MAX_ROWS`): the quantized skinny GEMM, which dequantizes
 //!   in registers and reads each weight byte once per step;
 //! - larger batches: the matrix dequantized into the caller's bf16 scratch (sized once for
@@ -75,7 +74,7 @@ impl QuantMatrix {
             if bytes.len() != need || rows == 0 {
                 return Err(shape_err(format!("{rows} {dtype} rows of {cols} values in {} bytes", bytes.len())));
             }
-            out.push(QuantPart { dtype, rows, blocks: gpu.upload(&tiled(dtype, cols, bytes))? });
+            out.push(QuantPart { dtype, rows, blocks: gpu.upload(bytes)? });
         }
         if out.is_empty() {
             return Err(shape_err("a quantized matrix of no parts".into()));
@@ -88,10 +87,10 @@ impl QuantMatrix {
     pub fn random(gpu: &Gpu, dtype: DType, rows: usize, cols: usize, seed: u64, amp: f32) -> CudaResult<QuantMatrix> {
         let bytes = rows * Self::row_bytes(dtype, cols)?;
         let mut blocks = gpu.alloc::<u8>(bytes)?;
-        let (n, nb) = ((bytes / dtype.block_bytes()) as u64, (cols / dtype.block_elems()) as i32);
+        let n = (bytes / dtype.block_bytes()) as u64;
         let wp = gpu.ptr_mut(&mut blocks);
         let grid = gpu.grid_for(n as usize, 256);
-        gpu.launch(&kernels(gpu, dtype)?.random_blocks, cfg((grid, 1, 1), 256, 0), &[&wp, &n, &nb, &seed, &amp])?;
+        gpu.launch(&kernels(gpu, dtype)?.random_blocks, cfg((grid, 1, 1), 256, 0), &[&wp, &n, &seed, &amp])?;
         Ok(QuantMatrix { cols, parts: vec![QuantPart { dtype, rows, blocks }] })
     }
 
@@ -112,32 +111,6 @@ impl QuantMatrix {
     pub fn dtypes(&self) -> Vec<DType> {
         self.parts.iter().map(|p| p.dtype).collect()
     }
-}
-
-/// `bytes` (rows of `cols` values in `dtype`, as in the file) in the device layout: for the
-/// 32-value block types, each run of 32 consecutive blocks of a row (fewer at its end) with
-/// halfword j of its block i moved to 2 (j · width + i), width the run's block count, so the
-/// lanes of a warp, which take consecutive blocks, read 64 contiguous bytes at once; the
-/// 256-value types as they are.
-fn tiled(dtype: DType, cols: usize, bytes: &[u8]) -> Vec<u8> {
-    let (bb, nb) = (dtype.block_bytes(), cols / dtype.block_elems());
-    if dtype.block_elems() != 32 || nb == 0 {
-        return bytes.to_vec();
-    }
-    let mut out = vec![0u8; bytes.len()];
-    for (src, dst) in bytes.chunks_exact(nb * bb).zip(out.chunks_exact_mut(nb * bb)) {
-        for first in (0..nb).step_by(32) {
-            let width = 32.min(nb - first);
-            let (src, dst) = (&src[first * bb..(first + width) * bb], &mut dst[first * bb..(first + width) * bb]);
-            for (i, block) in src.chunks_exact(bb).enumerate() {
-                for (j, half) in block.chunks_exact(2).enumerate() {
-                    let o = 2 * (j * width + i);
-                    dst[o..o + 2].copy_from_slice(half);
-                }
-            }
-        }
-    }
-    out
 }
 
 fn kernels(gpu: &Gpu, dtype: DType) -> CudaResult<&QuantFunctions> {
