@@ -5,7 +5,7 @@ Llama-3.2-1B shape (16 layers, d 2048, 32 / 8 heads of 64, FFN 8192, vocab 128,2
 embeddings, llama3 RoPE) — saves it as bf16 safetensors in OUT_DIR, and writes
 OUT_DIR/reference.json from transformers run in f32 over those same bf16 weights (TF32 off):
   prompts         random token-id prompts (no tokenizer needed)
-  top5            per prompt, per position: the 5 most likely next tokens as [id, logprob]
+  top             per prompt, per position: the 20 most likely next tokens as [id, logprob]
   greedy          per prompt: 16 greedy tokens
   greedy_margins  the top-2 log-probability margin at each of those steps
 The gated Rust test `cuda_model::cuda_matches_transformers` (FERRITE_HF_REFERENCE=OUT_DIR)
@@ -68,13 +68,13 @@ def main() -> None:
     gen = torch.Generator().manual_seed(SEED + 1)
     lengths = [5, 33, 128, 300] if not tiny else [5, 33]
     prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=gen).tolist() for n in lengths]
-    top5, greedy, margins = [], [], []
+    top, greedy, margins = [], [], []
     with torch.no_grad():
         for prompt in prompts:
             ids = torch.tensor([prompt], device=device)
             lp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
-            values, indices = lp.topk(5, dim=-1)
-            top5.append([[[int(i), float(v)] for i, v in zip(ii, vv)] for ii, vv in zip(indices.tolist(), values.tolist())])
+            values, indices = lp.topk(20, dim=-1)
+            top.append([[[int(i), float(v)] for i, v in zip(ii, vv)] for ii, vv in zip(indices.tolist(), values.tolist())])
             tokens, step_margins = [], []
             for _ in range(GREEDY_TOKENS):
                 last = torch.log_softmax(model(ids).logits[0, -1].float(), dim=-1)
@@ -84,7 +84,7 @@ def main() -> None:
                 ids = torch.cat([ids, i[:1].view(1, 1)], dim=1)
             greedy.append(tokens)
             margins.append(step_margins)
-    reference = dict(prompts=prompts, top5=top5, greedy=greedy, greedy_margins=margins,
+    reference = dict(prompts=prompts, top=top, greedy=greedy, greedy_margins=margins,
                      meta=dict(seed=SEED, device=device, torch=torch.__version__,
                                transformers=__import__("transformers").__version__))
     with open(os.path.join(out, "reference.json"), "w") as f:

@@ -46,10 +46,10 @@ impl ModelArgs {
     pub fn load(&self) -> Result<(LoadedModel, std::path::PathBuf, usize)> {
         let threads = ferrite_runtime::threads::init(self.threads)?;
         if let Some(name) = &self.synthetic {
-            let dtype = DType::ALL
-                .into_iter()
-                .find(|t| t.name().eq_ignore_ascii_case(&self.dtype))
-                .ok_or_else(|| anyhow!("unknown --dtype {} (bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k)", self.dtype))?;
+            let dtype =
+                DType::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(&self.dtype)).ok_or_else(|| {
+                    anyhow!("unknown --dtype {} (bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k)", self.dtype)
+                })?;
             let loaded = ferrite_models::synthetic(name, self.device, self.weight_seed, dtype)?;
             let path = match dtype {
                 DType::BF16 => format!("synthetic:{name}"),

@@ -436,15 +436,31 @@ fn cuda_engine_greedy_batched_and_prefix() {
     }
 }
 
-/// Per-position closeness of two log-probability rows in the sense of vLLM's
-/// `check_logprobs_close`: each side's top token is in the other's top 5; plus the largest
-/// difference over the reference's top-5 log-probabilities. `want_top5` is the reference's
-/// (id, logprob) top 5, `got` our full log-softmax row. Returns that difference.
-fn logprobs_close(want_top5: &[(usize, f32)], got: &[f32], what: &str) -> f32 {
-    let ours = top_k(got, 5);
-    let theirs: Vec<usize> = want_top5.iter().map(|&(t, _)| t).collect();
-    assert!(ours.contains(&theirs[0]) && theirs.contains(&ours[0]), "{what}: top-1 not in the other's top-5");
-    want_top5.iter().map(|&(t, lp)| (lp - got[t]).abs()).fold(0f32, f32::max)
+/// How far below the other side's top log-probability a differing top token may be: the
+/// per-token error the real-model and transformers checks allow (bf16 activations; measured
+/// up to 0.43 on the H200).
+const TOP_TIE: f32 = 1.0;
+
+/// Per-position closeness of two log-probability rows, vLLM's `check_logprobs_close` made
+/// tie-aware: where the two top tokens differ, each must be within `TOP_TIE` of the other
+/// side's top log-probability (random-weight models have flat tops — a Llama-3.2-1B-shape one
+/// has 6 tokens within 0.65 — where the strict "in the other's top 5" fails on bf16 noise).
+/// `want_top` is the reference's top 20 as (id, logprob), best first; `got` our full
+/// log-softmax row. Returns the largest difference over the reference's top-5
+/// log-probabilities.
+fn logprobs_close(want_top: &[(usize, f32)], got: &[f32], what: &str) -> f32 {
+    let (ours, (theirs, their_best)) = (top_k(got, 1)[0], want_top[0]);
+    if ours != theirs {
+        let ours_there = want_top.iter().find(|&&(t, _)| t == ours).map(|&(_, lp)| lp);
+        let behind_there = ours_there.map_or(f32::INFINITY, |lp| their_best - lp);
+        let behind_here = got[ours] - got[theirs];
+        assert!(
+            behind_there < TOP_TIE && behind_here < TOP_TIE,
+            "{what}: top tokens {ours} (ours) and {theirs} (reference) are no near tie: ours is {behind_there} behind in \
+             the reference, theirs {behind_here} behind in ours"
+        );
+    }
+    want_top.iter().take(5).map(|&(t, lp)| (lp - got[t]).abs()).fold(0f32, f32::max)
 }
 
 /// The first divergence of greedy `got` from `want` must be at a near tie of the reference
@@ -459,8 +475,8 @@ fn greedy_agree(want: &[u32], got: &[u32], margin_at: impl FnOnce(usize) -> f32,
 
 /// SmolLM2-135M-Instruct Q4_1 (`FERRITE_SMOLLM2_GGUF`, by default the models cache; skipped
 /// when absent): the CUDA model keeps the file's Q4_1 layers and Q8_0 embedding as blocks on
-/// the device, the CPU model runs f32 over the same blocks. Prompt log-probabilities close as
-/// vLLM checks them (each side's top token in the other's top 5), the CPU's top-5
+/// the device, the CPU model runs f32 over the same blocks. Prompt log-probabilities close
+/// (`logprobs_close`: top tokens equal or a near tie on both sides), the CPU's top-5
 /// log-probabilities within 1.0 at every position and 0.25 on average (every activation is
 /// bf16 on the GPU; measured on the H200: up to 0.43, mean 0.07–0.10), and greedy
 /// continuations equal up to a near tie.
@@ -502,8 +518,8 @@ fn cuda_smollm2_q4_1_matches_cpu() {
         let (mut worst, mut sum) = (0f32, 0f32);
         for (p, (w, g)) in want.chunks_exact(vocab).zip(got.chunks_exact(vocab)).enumerate() {
             let lw = log_softmax(w);
-            let top5: Vec<(usize, f32)> = top_k(&lw, 5).into_iter().map(|t| (t, lw[t])).collect();
-            let err = logprobs_close(&top5, &log_softmax(g), &format!("SmolLM2 prompt {i} position {p}"));
+            let top: Vec<(usize, f32)> = top_k(&lw, 20).into_iter().map(|t| (t, lw[t])).collect();
+            let err = logprobs_close(&top, &log_softmax(g), &format!("SmolLM2 prompt {i} position {p}"));
             worst = worst.max(err);
             sum += err;
         }
@@ -522,7 +538,7 @@ fn cuda_smollm2_q4_1_matches_cpu() {
              {agree}/32 equal||",
             prompt.len()
         );
-        assert!(worst < 1.0 && mean < 0.25, "prompt {i}: top-5 logprob error max {worst}, mean {mean}");
+        assert!(worst < TOP_TIE && mean < 0.25, "prompt {i}: top-5 logprob error max {worst}, mean {mean}");
     }
 }
 
@@ -530,8 +546,8 @@ fn cuda_smollm2_q4_1_matches_cpu() {
 /// llama (Llama-3.2-1B shape) with transformers, saves it, and writes transformers' f32 top-5
 /// log-probabilities and greedy tokens; `FERRITE_HF_REFERENCE` names that directory (skipped
 /// when unset). Ferrite runs it on CUDA device 0 (on the CPU without `FERRITE_TEST_CUDA=1`,
-/// which checks the script's small `--tiny` shape anywhere): top tokens as vLLM checks them,
-/// top-5 log-probabilities within 1.0 (mean within 0.25: bf16 activations; measured on the
+/// which checks the script's small `--tiny` shape anywhere): top tokens equal or a near tie
+/// (`logprobs_close`), top-5 log-probabilities within 1.0 (mean within 0.25: bf16 activations; measured on the
 /// H200 for the first prompt: 0.18, mean 0.14), greedy tokens equal up to a near tie.
 #[test]
 fn cuda_matches_transformers() {
@@ -549,7 +565,7 @@ fn cuda_matches_transformers() {
     let reference: Value = serde_json::from_str(&text).expect("reference json");
     let pairs = |v: &Value| -> Vec<(usize, f32)> {
         let pair = |p: &Value| (p[0].as_u64().expect("id") as usize, p[1].as_f64().expect("logprob") as f32);
-        v.as_array().expect("top5").iter().map(pair).collect()
+        v.as_array().expect("top").iter().map(pair).collect()
     };
     let cfg = EngineConfig {
         max_num_batched_tokens: 128,
@@ -562,7 +578,7 @@ fn cuda_matches_transformers() {
         let prompt = common::ids(prompt);
         let logits = prefill_logits(model.as_ref(), &prompt);
         let (mut worst, mut sum) = (0f32, 0f32);
-        let positions = reference["top5"][i].as_array().expect("positions");
+        let positions = reference["top"][i].as_array().expect("positions");
         assert_eq!(positions.len() * vocab, logits.len(), "prompt {i}: positions");
         for (p, (want, row)) in positions.iter().zip(logits.chunks_exact(vocab)).enumerate() {
             let err = logprobs_close(&pairs(want), &log_softmax(row), &format!("HF prompt {i} position {p}"));
@@ -581,6 +597,6 @@ fn cuda_matches_transformers() {
             prompt.len(),
             want.len()
         );
-        assert!(worst < 1.0 && mean < 0.25, "prompt {i}: top-5 logprob error max {worst}, mean {mean}");
+        assert!(worst < TOP_TIE && mean < 0.25, "prompt {i}: top-5 logprob error max {worst}, mean {mean}");
     }
 }

@@ -87,7 +87,14 @@ struct Workspace {
 }
 
 impl Workspace {
-    fn new(gpu: &Gpu, cfg: &ModelConfig, w: &LlamaWeights, tokens: usize, rows: usize, max_blocks: usize) -> RtResult<Workspace> {
+    fn new(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        w: &LlamaWeights,
+        tokens: usize,
+        rows: usize,
+        max_blocks: usize,
+    ) -> RtResult<Workspace> {
         let (d, hd) = (cfg.hidden_size, cfg.head_dim);
         let rows = rows.max(1);
         let tokens = tokens.max(rows);

@@ -189,9 +189,11 @@ impl LlamaWeights {
         final_norm: CudaSlice<f32>,
         lm_head: Arc<Matrix>,
     ) -> LlamaWeights {
-        let matrices: usize = layers.iter().map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes()).sum();
+        let matrices: usize =
+            layers.iter().map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes()).sum();
         let head = if Arc::ptr_eq(&embed, &lm_head) { 0 } else { lm_head.bytes() };
-        let small = 4 * (2 * cfg.num_layers + 1) * cfg.hidden_size + if cfg.qkv_bias { 2 * cfg.num_layers * qkv_rows(cfg) } else { 0 };
+        let small = 4 * (2 * cfg.num_layers + 1) * cfg.hidden_size
+            + if cfg.qkv_bias { 2 * cfg.num_layers * qkv_rows(cfg) } else { 0 };
         LlamaWeights { bytes: matrices + embed.bytes() + head + small, embed, layers, final_norm, lm_head }
     }
 

@@ -37,7 +37,11 @@ impl Matrix {
 
     fn check_quant(q: &QuantMatrix, n: usize, k: usize) -> CudaResult<()> {
         if q.rows() != n || q.cols() != k {
-            return Err(CudaError::Shape(format!("a [{}, {}] quantized matrix used as [{n}, {k}]", q.rows(), q.cols())));
+            return Err(CudaError::Shape(format!(
+                "a [{}, {}] quantized matrix used as [{n}, {k}]",
+                q.rows(),
+                q.cols()
+            )));
         }
         Ok(())
     }

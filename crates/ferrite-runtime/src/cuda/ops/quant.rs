@@ -124,7 +124,17 @@ fn kernels(gpu: &Gpu, dtype: DType) -> CudaResult<&QuantFunctions> {
 /// Launch the skinny GEMM over every part for `m` (1..=8) rows of x at `xp`, into y at `yp`
 /// (rows of `ldy` elements of `out_bytes` each), one part's outputs after the other's.
 #[allow(clippy::too_many_arguments)]
-fn qgemv(gpu: &Gpu, w: &QuantMatrix, m: usize, xp: u64, bp: u64, yp: u64, ldy: usize, out_bytes: usize, mode: i32) -> CudaResult<()> {
+fn qgemv(
+    gpu: &Gpu,
+    w: &QuantMatrix,
+    m: usize,
+    xp: u64,
+    bp: u64,
+    yp: u64,
+    ldy: usize,
+    out_bytes: usize,
+    mode: i32,
+) -> CudaResult<()> {
     let (k, ldy) = (w.cols as i32, ldy as i32);
     let mut row = 0;
     for p in &w.parts {
@@ -132,7 +142,11 @@ fn qgemv(gpu: &Gpu, w: &QuantMatrix, m: usize, xp: u64, bp: u64, yp: u64, ldy: u
         let wp = gpu.ptr(&p.blocks);
         let (yo, bo) = (yp + (row * out_bytes) as u64, if bp == 0 { 0 } else { bp + (row * out_bytes) as u64 });
         let n = p.rows as i32;
-        gpu.launch(f, cfg((p.rows.div_ceil(GEMV_ROWS) as u32, 1, 1), THREADS, 0), &[&xp, &wp, &bo, &yo, &n, &k, &ldy, &mode])?;
+        gpu.launch(
+            f,
+            cfg((p.rows.div_ceil(GEMV_ROWS) as u32, 1, 1), THREADS, 0),
+            &[&xp, &wp, &bo, &yo, &n, &k, &ldy, &mode],
+        )?;
         row += p.rows;
     }
     Ok(())
