@@ -5,10 +5,12 @@
 #                                     # ferrite-engine's cuda_model and cuda_gemma) and the ferrite binary, and
 #                                     # copy them into .gpu/ (git-ignored)
 #   bash scripts/gpu_tests.sh run     # there: run .gpu/cuda_* with FERRITE_TEST_CUDA=1 (CUDA op
-#                                     # tests against the CPU ops, the model against the CPU
-#                                     # model and the engine invariants on the GPU, then the
-#                                     # ceiling and baseline measurements), logs under $OUT (or
-#                                     # /tmp), table last
+#                                     # and quantized-kernel tests against the CPU ops, the
+#                                     # model against the CPU model and against transformers
+#                                     # (scripts/hf_cuda_parity.py, when python3 has torch and
+#                                     # transformers), the engine invariants on the GPU, then
+#                                     # the ceiling and baseline measurements), logs under $OUT
+#                                     # (or /tmp), table last
 #   bash scripts/gpu_tests.sh bench   # there: `ferrite bench` on synthetic models (decode at
 #                                     # B=1, 2,048-token prefill, throughput, start-up), table last
 #   bash scripts/gpu_tests.sh all     # there: run, then bench
@@ -45,8 +47,19 @@ run | bench | all)
     done
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
     failed=()
-    tests=(cuda_ops cuda_attention cuda_sampling cuda_model cuda_gemma cuda_ceiling)
+    tests=(cuda_ops cuda_quant cuda_attention cuda_sampling cuda_model cuda_gemma cuda_ceiling)
     [ "$1" = bench ] && tests=()
+    # cuda_model's comparison with Hugging Face transformers needs their reference, made here
+    # (a 1B-class random llama and transformers' log-probabilities; ~30 s, 2.5 GB of disk).
+    if [ ${#tests[@]} -gt 0 ] && python3 -c 'import torch, transformers' 2>/dev/null; then
+        hf_dir=$(mktemp -d)
+        if python3 scripts/hf_cuda_parity.py "$hf_dir" > "$out/hf_reference.log" 2>&1; then
+            export FERRITE_HF_REFERENCE=$hf_dir
+        else
+            tail -5 "$out/hf_reference.log"
+            failed+=("hf_cuda_parity.py")
+        fi
+    fi
     # Correctness first; the measurements last, on a warm device.
     for name in "${tests[@]}"; do
         [ -x ".gpu/$name" ] || { echo "missing .gpu/$name: run 'scripts/gpu_tests.sh build' first"; failed+=("$name"); continue; }
@@ -85,6 +98,8 @@ PY
         # The first start compiles the kernels into $FERRITE_HOME; every later one reads them.
         bench decode-8b bench decode "${s8[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
         bench decode-1b bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
+        bench decode-8b-q4_0 bench decode --synthetic llama-3.1-8b --dtype q4_0 --prompt-tokens 512 --gen-tokens 128 \
+            --reps 3
         bench prefill-8b bench decode "${s8[@]}" --prompt-tokens 2048 --gen-tokens 2 --reps 3
         bench throughput-8b bench throughput "${s8[@]}" --num-requests 768 --input-len 128 --output-len 128 \
             --concurrency 256 --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 512

@@ -13,6 +13,7 @@ use ferrite_models::chat_template::ChatRenderRequest;
 use ferrite_models::tokenizer::Tokenizer;
 use ferrite_models::LoadedModel;
 use ferrite_runtime::cuda::{Device, DeviceChoice};
+use ferrite_runtime::DType;
 use serde_json::Value;
 
 #[derive(Args, Clone)]
@@ -30,7 +31,8 @@ pub struct ModelArgs {
     /// GPU (for benchmarks; no tokenizer): llama-3.1-8b, llama-3.2-1b, qwen2.5-1.5b, smollm2-135m.
     #[arg(long, conflicts_with = "model")]
     pub synthetic: Option<String>,
-    /// Weight dtype of a synthetic model (bf16).
+    /// Weight dtype of a synthetic model: bf16, or a GGUF block type the CUDA kernels read
+    /// (q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k).
     #[arg(long, default_value = "bf16", requires = "synthetic")]
     pub dtype: String,
     /// Seed of a synthetic model's weights.
@@ -40,15 +42,20 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     /// Size the thread pool, resolve the model and load it: (model, its path, threads). A
-    /// synthetic model's path is `synthetic:NAME`.
+    /// synthetic model's path is `synthetic:NAME` (`synthetic:NAME:DTYPE` when quantized).
     pub fn load(&self) -> Result<(LoadedModel, std::path::PathBuf, usize)> {
         let threads = ferrite_runtime::threads::init(self.threads)?;
         if let Some(name) = &self.synthetic {
-            if self.dtype != "bf16" {
-                bail!("synthetic models are bf16 for now (got --dtype {})", self.dtype);
-            }
-            let loaded = ferrite_models::synthetic(name, self.device, self.weight_seed)?;
-            return Ok((loaded, format!("synthetic:{name}").into(), threads));
+            let dtype =
+                DType::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(&self.dtype)).ok_or_else(|| {
+                    anyhow!("unknown --dtype {} (bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k)", self.dtype)
+                })?;
+            let loaded = ferrite_models::synthetic(name, self.device, self.weight_seed, dtype)?;
+            let path = match dtype {
+                DType::BF16 => format!("synthetic:{name}"),
+                q => format!("synthetic:{name}:{}", q.name().to_lowercase()),
+            };
+            return Ok((loaded, path.into(), threads));
         }
         let path = crate::model_arg::resolve(self.name())?;
         let loaded = ferrite_models::load_on(&path, self.device)?;

@@ -16,7 +16,13 @@
 //!   on the batch shape);
 //! - a prefix-cache hit on the GPU gives the tokens of a cold run.
 //!
+//! - real weights: SmolLM2-135M Q4_1 with its GGUF blocks on the device against the CPU;
+//! - against Hugging Face transformers: a 1B-class random llama made there
+//!   (`scripts/hf_cuda_parity.py`), top-5 log-probabilities and greedy tokens.
+//!
 //! Every comparison prints a `TABLE|…` row for `scripts/gpu_tests.sh`.
+
+mod common;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -427,5 +433,170 @@ fn cuda_engine_greedy_batched_and_prefix() {
         println!("TABLE|engine GPU prefix hit == cold {}|{hits} hit tokens|{same}/1 identical||", v.name);
         // With a sliding window (48) the hit needs only the window's blocks, still cached.
         assert!(hits >= 48, "{}: the second request reused only {hits} cached tokens", v.name);
+    }
+}
+
+/// How far below the other side's top log-probability a differing top token may be: the
+/// per-token error the real-model and transformers checks allow (bf16 activations; measured
+/// up to 0.43 on the H200).
+const TOP_TIE: f32 = 1.0;
+
+/// Per-position closeness of two log-probability rows, vLLM's `check_logprobs_close` made
+/// tie-aware: where the two top tokens differ, each must be within `TOP_TIE` of the other
+/// side's top log-probability (random-weight models have flat tops — a Llama-3.2-1B-shape one
+/// has 6 tokens within 0.65 — where the strict "in the other's top 5" fails on bf16 noise).
+/// `want_top` is the reference's top 20 as (id, logprob), best first; `got` our full
+/// log-softmax row. Returns the largest difference over the reference's top-5
+/// log-probabilities.
+fn logprobs_close(want_top: &[(usize, f32)], got: &[f32], what: &str) -> f32 {
+    let (ours, (theirs, their_best)) = (top_k(got, 1)[0], want_top[0]);
+    if ours != theirs {
+        let ours_there = want_top.iter().find(|&&(t, _)| t == ours).map(|&(_, lp)| lp);
+        let behind_there = ours_there.map_or(f32::INFINITY, |lp| their_best - lp);
+        let behind_here = got[ours] - got[theirs];
+        assert!(
+            behind_there < TOP_TIE && behind_here < TOP_TIE,
+            "{what}: top tokens {ours} (ours) and {theirs} (reference) are no near tie: ours is {behind_there} behind in \
+             the reference, theirs {behind_here} behind in ours"
+        );
+    }
+    want_top.iter().take(5).map(|&(t, lp)| (lp - got[t]).abs()).fold(0f32, f32::max)
+}
+
+/// The first divergence of greedy `got` from `want` must be at a near tie of the reference
+/// (`margin_at(j)`: its top-2 log-probability margin there); returns the tokens that agree.
+fn greedy_agree(want: &[u32], got: &[u32], margin_at: impl FnOnce(usize) -> f32, what: &str) -> usize {
+    let Some(j) = divergence(want, got) else { return want.len() };
+    let margin = margin_at(j);
+    println!("TABLE|{what}: greedy diverged at token {j}|reference top-2 margin {margin:.4}|||");
+    assert!(margin < 2.0 * TIE_MARGIN, "{what}: greedy diverges at token {j}, a clear position (margin {margin})");
+    j
+}
+
+/// SmolLM2-135M-Instruct Q4_1 (`FERRITE_SMOLLM2_GGUF`, by default the models cache; skipped
+/// when absent): the CUDA model keeps the file's Q4_1 layers and Q8_0 embedding as blocks on
+/// the device, the CPU model runs f32 over the same blocks. Prompt log-probabilities close
+/// (`logprobs_close`: top tokens equal or a near tie on both sides), the CPU's top-5
+/// log-probabilities within 1.0 at every position and 0.25 on average (every activation is
+/// bf16 on the GPU; measured on the H200: up to 0.43, mean 0.07–0.10), and greedy
+/// continuations equal up to a near tie.
+#[test]
+fn cuda_smollm2_q4_1_matches_cpu() {
+    if !enabled("cuda_smollm2_q4_1_matches_cpu") {
+        return;
+    }
+    let path = std::env::var_os("FERRITE_SMOLLM2_GGUF").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").map(std::path::PathBuf::from).unwrap_or_default();
+        home.join(".cache/ferrite/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
+    if !path.is_file() {
+        eprintln!("SKIP cuda_smollm2_q4_1_matches_cpu: no {} (set FERRITE_SMOLLM2_GGUF)", path.display());
+        return;
+    }
+    let cpu = ferrite_models::load_on(&path, DeviceChoice::Cpu).expect("cpu load");
+    let gpu = ferrite_models::load_on(&path, DeviceChoice::Cuda(0)).expect("cuda load").model;
+    let tokenizer = cpu.tokenizer.clone().expect("tokenizer");
+    let (cpu, vocab) = (cpu.model, gpu.config().vocab_size);
+    let texts = [
+        "The capital of France is",
+        "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
+        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+        "Photosynthesis is the process by which green plants and some other organisms use sunlight to \
+         synthesize foods from carbon dioxide and water. Photosynthesis in plants generally involves the green \
+         pigment chlorophyll and generates oxygen as a byproduct. In this essay we explain",
+    ];
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 64,
+        max_model_len: Some(1024),
+        kv_cache_memory: Some(64 << 20),
+        ..EngineConfig::default()
+    };
+    for (i, text) in texts.iter().enumerate() {
+        let prompt = tokenizer.encode(text, false).expect("encode");
+        let (want, got) = (prefill_logits(cpu.as_ref(), &prompt), prefill_logits(gpu.as_ref(), &prompt));
+        assert!(got.iter().all(|x| x.is_finite()), "prompt {i}: non-finite CUDA logits");
+        let (mut worst, mut sum) = (0f32, 0f32);
+        for (p, (w, g)) in want.chunks_exact(vocab).zip(got.chunks_exact(vocab)).enumerate() {
+            let lw = log_softmax(w);
+            let top: Vec<(usize, f32)> = top_k(&lw, 20).into_iter().map(|t| (t, lw[t])).collect();
+            let err = logprobs_close(&top, &log_softmax(g), &format!("SmolLM2 prompt {i} position {p}"));
+            worst = worst.max(err);
+            sum += err;
+        }
+        let mean = sum / prompt.len() as f32;
+        let on_cpu = common::alone(&cpu, cfg.clone(), prompt.clone(), common::greedy(32)).remove(0);
+        let on_gpu = common::alone(&gpu, cfg.clone(), prompt.clone(), common::greedy(32)).remove(0);
+        let margin_at = |j: usize| {
+            let logits = prefill_logits(cpu.as_ref(), &[prompt.as_slice(), &on_cpu[..j]].concat());
+            let last = log_softmax(&logits[logits.len() - vocab..]);
+            let top = top_k(&last, 2);
+            last[top[0]] - last[top[1]]
+        };
+        let agree = greedy_agree(&on_cpu, &on_gpu, margin_at, &format!("SmolLM2 Q4_1 prompt {i}"));
+        println!(
+            "TABLE|SmolLM2 Q4_1 GPU vs CPU prompt {i} ({} tokens)|top5 logprob err max {worst:.3} mean {mean:.4}|greedy \
+             {agree}/32 equal||",
+            prompt.len()
+        );
+        assert!(worst < TOP_TIE && mean < 0.25, "prompt {i}: top-5 logprob error max {worst}, mean {mean}");
+    }
+}
+
+/// Against Hugging Face transformers: `scripts/hf_cuda_parity.py` builds a random-weight
+/// llama (Llama-3.2-1B shape) with transformers, saves it, and writes transformers' f32 top-5
+/// log-probabilities and greedy tokens; `FERRITE_HF_REFERENCE` names that directory (skipped
+/// when unset). Ferrite runs it on CUDA device 0 (on the CPU without `FERRITE_TEST_CUDA=1`,
+/// which checks the script's small `--tiny` shape anywhere): top tokens equal or a near tie
+/// (`logprobs_close`), top-5 log-probabilities within 1.0 (mean within 0.25: bf16 activations; measured on the
+/// H200 for the first prompt: 0.18, mean 0.14), greedy tokens equal up to a near tie.
+#[test]
+fn cuda_matches_transformers() {
+    let Some(dir) = std::env::var_os("FERRITE_HF_REFERENCE").map(std::path::PathBuf::from) else {
+        eprintln!("SKIP cuda_matches_transformers: set FERRITE_HF_REFERENCE (scripts/hf_cuda_parity.py writes it)");
+        return;
+    };
+    let device = if std::env::var("FERRITE_TEST_CUDA").as_deref() == Ok("1") {
+        DeviceChoice::Cuda(0)
+    } else {
+        DeviceChoice::Cpu
+    };
+    let model = ferrite_models::load_on(&dir, device).expect("load").model;
+    let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
+    let reference: Value = serde_json::from_str(&text).expect("reference json");
+    let pairs = |v: &Value| -> Vec<(usize, f32)> {
+        let pair = |p: &Value| (p[0].as_u64().expect("id") as usize, p[1].as_f64().expect("logprob") as f32);
+        v.as_array().expect("top").iter().map(pair).collect()
+    };
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 128,
+        max_model_len: Some(1024),
+        kv_cache_memory: Some(256 << 20),
+        ..EngineConfig::default()
+    };
+    let vocab = model.config().vocab_size;
+    for (i, prompt) in reference["prompts"].as_array().expect("prompts").iter().enumerate() {
+        let prompt = common::ids(prompt);
+        let logits = prefill_logits(model.as_ref(), &prompt);
+        let (mut worst, mut sum) = (0f32, 0f32);
+        let positions = reference["top"][i].as_array().expect("positions");
+        assert_eq!(positions.len() * vocab, logits.len(), "prompt {i}: positions");
+        for (p, (want, row)) in positions.iter().zip(logits.chunks_exact(vocab)).enumerate() {
+            let err = logprobs_close(&pairs(want), &log_softmax(row), &format!("HF prompt {i} position {p}"));
+            worst = worst.max(err);
+            sum += err;
+        }
+        let mean = sum / prompt.len() as f32;
+        let want = common::ids(&reference["greedy"][i]);
+        let got = common::alone(&model, cfg.clone(), prompt.clone(), common::greedy(want.len())).remove(0);
+        let margins = &reference["greedy_margins"][i];
+        let margin_at = |j: usize| margins[j].as_f64().expect("margin") as f32;
+        let agree = greedy_agree(&want, &got, margin_at, &format!("transformers prompt {i}"));
+        println!(
+            "TABLE|vs transformers prompt {i} ({} tokens)|top5 logprob err max {worst:.3} mean {mean:.4}|greedy \
+             {agree}/{} equal||",
+            prompt.len(),
+            want.len()
+        );
+        assert!(worst < TOP_TIE && mean < 0.25, "prompt {i}: top-5 logprob error max {worst}, mean {mean}");
     }
 }

@@ -20,6 +20,7 @@ use crate::safetensors::SafetensorsDir;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{GgufLayout, WeightSource, Weights};
 use ferrite_runtime::cuda::{resolve_device, Device, DeviceChoice, Gpu};
+use ferrite_runtime::DType;
 
 /// Sampling defaults a model ships in `generation_config.json`.
 #[derive(Debug, Clone, Default)]
@@ -108,9 +109,10 @@ pub fn load_with(path: &Path, choice: DeviceChoice, opts: &LoadOptions) -> Resul
     Ok(loaded)
 }
 
-/// A synthetic model (`gpu::SYNTHETIC_MODELS`, `gpu::SYNTHETIC_GEMMA`) with random bf16
-/// weights generated on the CUDA device from `seed`; no tokenizer.
-pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64) -> Result<LoadedModel> {
+/// A synthetic model (`gpu::SYNTHETIC_MODELS`, `gpu::SYNTHETIC_GEMMA`) with random weights
+/// in `dtype` (bf16, or for the llama family a GGUF block type the CUDA kernels read)
+/// generated on the CUDA device from `seed`; no tokenizer.
+pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64, dtype: DType) -> Result<LoadedModel> {
     let t0 = Instant::now();
     let known =
         || [crate::gpu::SYNTHETIC_MODELS.as_slice(), crate::gpu::SYNTHETIC_GEMMA.as_slice()].concat().join(", ");
@@ -129,6 +131,9 @@ pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64) -> Result<LoadedMo
     };
     let (gpu, device_note) = open_gpu(ordinal)?;
     let (model, weight_bytes): (Arc<dyn CausalLm>, usize) = match (gemma, llama) {
+        (Some(_), _) if dtype != DType::BF16 => {
+            return Err(LoadError::Other(format!("synthetic {name} is bf16 only (asked for {dtype})")))
+        }
         (Some(json), _) => {
             let path = Path::new("synthetic/config.json");
             let mut cfg = ModelConfig::from_hf_json(path, &json)?;
@@ -138,7 +143,7 @@ pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64) -> Result<LoadedMo
             (Arc::new(crate::gpu::GpuGemma::new(cfg, plan, weights, gpu)?), bytes)
         }
         (None, Some(cfg)) => {
-            let weights = crate::gpu::LlamaWeights::random(&cfg, &gpu, seed)?;
+            let weights = crate::gpu::LlamaWeights::random(&cfg, &gpu, seed, dtype)?;
             let bytes = weights.bytes;
             (Arc::new(crate::gpu::GpuLlama::new(cfg, weights, gpu)?), bytes)
         }

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use ferrite_runtime::cpu::AttentionParams;
-use ferrite_runtime::cuda::ops::{self, GatedActivation, PerLayerShape, QkvHeads, RopeShape};
+use ferrite_runtime::cuda::ops::{self, GatedActivation, Matrix, PerLayerShape, QkvHeads, RopeShape};
 use ferrite_runtime::cuda::{CudaSlice, DevicePtr, Gpu};
 use ferrite_runtime::{KvCache, KvLayout, Result as RtResult};
 use half::bf16;
@@ -374,7 +374,7 @@ impl Layers for GemmaLayers {
         let (d, v, n) = (self.cfg.hidden_size, self.cfg.vocab_size, self.plan.layers.len());
         let scale = (d as f64).sqrt() as f32;
         b.pending = false;
-        ops::embedding(gpu, &*self.w.embed, (v, d), &io.ids, tokens, scale, &mut io.x)?;
+        self.w.embed.embedding(gpu, (v, d), &io.ids, tokens, scale, &mut io.x)?;
         if let (Some(pw), Some(pl), Some((vocab, width))) =
             (&self.w.per_layer, b.per_layer.as_mut(), self.plan.per_layer_input)
         {
@@ -400,7 +400,7 @@ impl Layers for GemmaLayers {
         self.norm_into(gpu, io, b, &self.w.final_norm, tokens)
     }
 
-    fn lm_head(&self) -> &CudaSlice<bf16> {
+    fn lm_head(&self) -> &Matrix {
         &self.w.lm_head
     }
 

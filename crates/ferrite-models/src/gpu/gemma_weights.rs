@@ -8,7 +8,8 @@
 
 use std::sync::Arc;
 
-use ferrite_runtime::cuda::{ops, CudaSlice, Gpu};
+use ferrite_runtime::cuda::ops::{self, Matrix};
+use ferrite_runtime::cuda::{CudaSlice, Gpu};
 use half::bf16;
 
 use crate::config::ModelConfig;
@@ -70,11 +71,11 @@ pub struct PerLayerWeights {
 }
 
 pub struct GemmaWeights {
-    pub embed: Arc<CudaSlice<bf16>>,
+    pub embed: Arc<Matrix>,
     pub layers: Vec<LayerWeights>,
     pub final_norm: CudaSlice<f32>,
     /// The embedding itself when the model ties them.
-    pub lm_head: Arc<CudaSlice<bf16>>,
+    pub lm_head: Arc<Matrix>,
     pub per_layer: Option<PerLayerWeights>,
     /// Bytes of device memory the weights take.
     pub bytes: usize,
@@ -172,7 +173,7 @@ fn build(
         bytes += 4 * dim;
         Ok(gpu.upload(&src.vector(name, dim, offset)?)?)
     };
-    let embed = Arc::new(src.matrix(&[("model.embed_tokens.weight", &[cfg.vocab_size, d])])?);
+    let embed = Arc::new(Matrix::Bf16(src.matrix(&[("model.embed_tokens.weight", &[cfg.vocab_size, d])])?));
     let mut matrix_bytes = cfg.vocab_size * d;
     let mut layers = Vec::with_capacity(n);
     for (i, l) in plan.layers.iter().enumerate() {
@@ -284,7 +285,7 @@ fn build(
         embed.clone()
     } else {
         matrix_bytes += cfg.vocab_size * d;
-        Arc::new(src.matrix(&[("lm_head.weight", &[cfg.vocab_size, d])])?)
+        Arc::new(Matrix::Bf16(src.matrix(&[("lm_head.weight", &[cfg.vocab_size, d])])?))
     };
     let final_norm = norm(src, "model.norm.weight", d, offset)?;
     Ok(GemmaWeights { embed, layers, final_norm, lm_head, per_layer, bytes: bytes + 2 * matrix_bytes })

@@ -1,6 +1,7 @@
 //! `GpuLlama`: the llama family (llama, mistral, qwen2; SmolLM2, Llama 3.x, Qwen 2.5 shapes)
-//! on one CUDA device, behind the same `CausalLm` interface as the CPU model (the step
-//! machinery, graphs and LM head are `runner`'s).
+//! on one CUDA device, behind the same `CausalLm` interface as the CPU model, with bf16 or
+//! GGUF block-quantized weight matrices (`ops::Matrix`); the step machinery, graphs and LM
+//! head are `runner`'s.
 //!
 //! A step is: embedding gather → per layer [RMSNorm (fused with the residual add) → fused
 //! QKV GEMM (+bias) → RoPE on q and k in place with the KV write (one kernel) → paged
@@ -12,7 +13,7 @@
 use std::sync::Arc;
 
 use ferrite_runtime::cpu::AttentionParams;
-use ferrite_runtime::cuda::ops::{self, GatedActivation, RopeShape};
+use ferrite_runtime::cuda::ops::{self, GatedActivation, Matrix, RopeShape};
 use ferrite_runtime::cuda::{CudaSlice, DevicePtr, Gpu};
 use ferrite_runtime::{KvCache, KvGroupKind, KvLayout, Result as RtResult};
 use half::bf16;
@@ -143,7 +144,7 @@ impl Layers for LlamaLayers {
         let (q_w, qkv_w) = (nh * hd, qkv_rows(cfg));
         let eps = cfg.rms_norm_eps;
         let plan = decode.map(|dec| dec.plan(gpu, &self.params[0]));
-        ops::embedding(gpu, &*self.w.embed, (v, d), &ws.ids, tokens, 1.0, &mut ws.x)?;
+        self.w.embed.embedding(gpu, (v, d), &ws.ids, tokens, 1.0, &mut ws.x)?;
         for (i, l) in self.w.layers.iter().enumerate() {
             if i == 0 {
                 ops::rms_norm(gpu, &ws.x, None, &l.attn_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
@@ -151,17 +152,18 @@ impl Layers for LlamaLayers {
                 ops::rms_norm(gpu, &b.o, Some(&mut ws.x), &l.attn_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
             }
             let bias = l.qkv_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
-            ops::linear(gpu, &ws.h, &l.qkv, bias, &mut b.qkv, (tokens, qkv_w, d))?;
+            l.qkv.linear(gpu, &ws.h, bias, &mut b.qkv, (tokens, qkv_w, d), ws.dequant.as_mut())?;
             let shape = RopeShape { tokens, n_heads: nh + nkv, head_dim: hd, stride: qkv_w };
             let layer_kv = kv.device_layer_mut(i)?;
             let store = Some((&ws.metas[0], &mut *layer_kv));
             ops::rope(gpu, &mut b.qkv, &ws.positions, &self.inv_freq, self.rope_scaling, shape, store)?;
             let p = &self.params[0];
             ops::attention(gpu, &b.qkv, qkv_w, &ws.metas[0], layer_kv, p, plan, &mut ws.scratch, &mut b.attn, q_w)?;
-            ops::linear(gpu, &b.attn, &l.o, None, &mut b.o, (tokens, d, q_w))?;
+            l.o.linear(gpu, &b.attn, None, &mut b.o, (tokens, d, q_w), ws.dequant.as_mut())?;
             ops::rms_norm(gpu, &b.o, Some(&mut ws.x), &l.ffn_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
-            ops::linear_gated(gpu, self.act, &ws.h, &l.gate_up, &mut b.gate_up, &mut b.act, (tokens, inter, d))?;
-            ops::linear(gpu, &b.act, &l.down, None, &mut b.o, (tokens, d, inter))?;
+            let shape = (tokens, inter, d);
+            l.gate_up.linear_gated(gpu, self.act, &ws.h, &mut b.gate_up, &mut b.act, shape, ws.dequant.as_mut())?;
+            l.down.linear(gpu, &b.act, None, &mut b.o, (tokens, d, inter), ws.dequant.as_mut())?;
         }
         Ok(())
     }
@@ -172,7 +174,11 @@ impl Layers for LlamaLayers {
         Ok(())
     }
 
-    fn lm_head(&self) -> &CudaSlice<bf16> {
+    fn lm_head(&self) -> &Matrix {
         &self.w.lm_head
+    }
+
+    fn scratch_len(&self) -> usize {
+        self.w.scratch_len()
     }
 }

@@ -1,7 +1,8 @@
 //! Models on a CUDA device: the llama family (`GpuLlama`) and the Gemma families
-//! (`GpuGemma`) with their weights in bf16 device memory, the KV cache in device blocks and
-//! our CUDA op set for the step, both run by the shared step machinery (`runner`); synthetic
-//! models of real shapes with random weights made on the device.
+//! (`GpuGemma`) with their weights in device memory (bf16, or a GGUF file's quantized blocks
+//! for the llama family), the KV cache in device blocks and our CUDA op set for the step, both
+//! run by the shared step machinery (`runner`); synthetic models of real shapes with random
+//! weights made on the device.
 
 mod gemma;
 mod gemma_weights;

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferrite_runtime::cpu::AttentionParams;
-use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch};
+use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, Matrix};
 use ferrite_runtime::cuda::{CudaSlice, Gpu, Graph};
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError};
 use half::bf16;
@@ -51,7 +51,12 @@ pub trait Layers: Send + Sync {
     ) -> RtResult<()>;
     /// Queue the final norm into `io.h`.
     fn final_norm(&self, gpu: &Gpu, io: &mut StepIo, b: &mut Self::Buffers, tokens: usize) -> RtResult<()>;
-    fn lm_head(&self) -> &CudaSlice<bf16>;
+    fn lm_head(&self) -> &Matrix;
+    /// bf16 values of scratch where quantized matrices are dequantized for many-row GEMMs
+    /// (`Matrix::scratch_len` of the largest; none when every matrix is bf16).
+    fn scratch_len(&self) -> usize {
+        0
+    }
     /// `cap * tanh(logit / cap)` on the logits (Gemma 2+).
     fn final_softcap(&self) -> Option<f32> {
         None
@@ -98,6 +103,8 @@ pub struct StepIo {
     /// The attention metadata of each KV group.
     pub metas: Vec<AttentionMeta>,
     pub scratch: DecodeScratch,
+    /// Where a quantized matrix is dequantized for a many-row GEMM (`Layers::scratch_len`).
+    pub dequant: Option<CudaSlice<bf16>>,
 }
 
 /// The largest heads and head width over `attention`.
@@ -131,6 +138,10 @@ impl StepIo {
             next: gpu.alloc(rows)?,
             metas,
             scratch: DecodeScratch::new(gpu, rows, heads, hd, 1)?,
+            dequant: match layers.scratch_len() {
+                0 => None,
+                n => Some(bf(n)?),
+            },
         })
     }
 }
@@ -225,7 +236,7 @@ impl<L: Layers> GpuModel<L> {
         self.layers.final_norm(gpu, io, b, tokens)?;
         // The rows that want logits, gathered by the embedding kernel over the normed rows.
         ops::embedding(gpu, &io.h, (tokens, d), &io.logit_rows, out_rows, 1.0, &mut io.picked)?;
-        ops::linear::<f32>(gpu, &io.picked, self.layers.lm_head(), None, &mut io.logits, (out_rows, v, d))?;
+        self.layers.lm_head().linear::<f32>(gpu, &io.picked, None, &mut io.logits, (out_rows, v, d), None)?;
         if let Some(cap) = self.layers.final_softcap() {
             ops::softcap(gpu, &mut io.logits, out_rows * v, cap)?;
         }

@@ -1,5 +1,5 @@
 //! The compiled kernels of one device, by name: modules loaded from the NVRTC images and the
-//! functions the ops launch.
+//! functions the ops launch (the quantized kernels by GGUF block type).
 
 use std::sync::Arc;
 
@@ -9,6 +9,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::compile::{Image, SOURCES};
 use super::error::{CudaError, CudaResult};
+use crate::dtype::DType;
 
 /// Head dims the attention kernels are instantiated for, in the order of their arrays below.
 pub(crate) const HEAD_DIMS: [usize; 6] = [16, 32, 64, 128, 256, 512];
@@ -40,6 +41,27 @@ pub(crate) struct Functions {
     pub softcap_f32: CudaFunction,
     pub per_layer_inputs: CudaFunction,
     pub moe_combine: CudaFunction,
+    /// The kernels of each GGUF block type with a CUDA path, in `QUANT_TYPES` order.
+    pub quant: Vec<QuantFunctions>,
+}
+
+/// GGUF block types the quantized kernels read, with their module suffixes.
+pub(crate) const QUANT_TYPES: [(DType, &str); 7] = [
+    (DType::Q4_0, "q4_0"),
+    (DType::Q4_1, "q4_1"),
+    (DType::Q5_0, "q5_0"),
+    (DType::Q8_0, "q8_0"),
+    (DType::Q4K, "q4_k"),
+    (DType::Q5K, "q5_k"),
+    (DType::Q6K, "q6_k"),
+];
+
+/// One block type's kernels (`kernels/quant.cuh`).
+pub(crate) struct QuantFunctions {
+    /// `qgemv_m{1..=8}`: the quantized skinny GEMM for m = index + 1 rows.
+    pub gemv: [CudaFunction; 8],
+    pub dequant_rows: CudaFunction,
+    pub random_blocks: CudaFunction,
 }
 
 impl Functions {
@@ -77,10 +99,22 @@ impl Functions {
             }
             Ok(fns)
         };
-        let per_rows = |prefix: &str| -> CudaResult<[CudaFunction; 8]> {
-            let fns = (1..=8).map(|m| get("gemv", &format!("{prefix}_m{m}"))).collect::<CudaResult<Vec<_>>>()?;
+        let per_rows_in = |module: &str, prefix: &str| -> CudaResult<[CudaFunction; 8]> {
+            let fns = (1..=8).map(|m| get(module, &format!("{prefix}_m{m}"))).collect::<CudaResult<Vec<_>>>()?;
             fns.try_into().map_err(|_| CudaError::Nvrtc(format!("{prefix}: expected 8 kernels")))
         };
+        let per_rows = |prefix: &str| per_rows_in("gemv", prefix);
+        let quant = QUANT_TYPES
+            .iter()
+            .map(|(_, suffix)| {
+                let module = format!("quant_{suffix}");
+                Ok(QuantFunctions {
+                    gemv: per_rows_in(&module, "qgemv")?,
+                    dequant_rows: get(&module, "dequant_rows")?,
+                    random_blocks: get(&module, "random_blocks")?,
+                })
+            })
+            .collect::<CudaResult<Vec<_>>>()?;
         Ok(Functions {
             embedding_bf16: get("embedding", "embedding_bf16")?,
             embedding_f32: get("embedding", "embedding_f32")?,
@@ -105,6 +139,7 @@ impl Functions {
             softcap_f32: get("gemma", "softcap_f32")?,
             per_layer_inputs: get("gemma", "per_layer_inputs")?,
             moe_combine: get("gemma", "moe_combine")?,
+            quant,
         })
     }
 }

@@ -56,6 +56,15 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
+// The splitmix64 finalizer: random weights as a pure function of (seed, index) (init.cu,
+// quant.cuh).
+__device__ __forceinline__ u64 splitmix64(u64 x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
 // Eight bf16 (one 16-byte load) to f32.
 __device__ __forceinline__ void unpack8(uint4 raw, float* f) {
     unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};

@@ -3,6 +3,8 @@
 pub mod attention;
 pub mod elementwise;
 pub mod gemma;
+pub mod matrix;
+pub mod quant;
 pub mod sampling;
 
 pub use attention::{attention, write_kv, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv};
@@ -11,4 +13,6 @@ pub use elementwise::{
     RopeShape, TableElement,
 };
 pub use gemma::{moe_combine, per_layer_inputs, qkv_norm, rms_norm_add, softcap, PerLayerShape, QkvHeads};
+pub use matrix::Matrix;
+pub use quant::{dequantize, quant_embedding, quant_linear, quant_linear_gated, QuantMatrix};
 pub use sampling::{argmax, sample, RowSampling, SamplingParamsDev};
