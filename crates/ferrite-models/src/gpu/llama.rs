@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use ferrite_runtime::cpu::AttentionParams;
 use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, GatedActivation, RopeShape};
-use ferrite_runtime::cuda::{CudaSlice, DevicePtr, Gpu, Graph};
+use ferrite_runtime::cuda::{CudaSlice, CudaView, DevicePtr, Gpu, Graph};
 use ferrite_runtime::{ForwardBatch, KvCache, KvGroupKind, KvLayout, Result as RtResult, RuntimeError};
 use half::bf16;
 
@@ -62,9 +62,9 @@ struct Workspace {
     rows: usize,
     /// Block-table entries a row can have.
     blocks: usize,
-    ids: CudaSlice<u32>,
-    positions: CudaSlice<u32>,
-    logit_rows: CudaSlice<u32>,
+    /// A step's token ids, positions and logits rows, one copy: `[tokens | tokens | rows]`
+    /// for the step's (padded) token count (see `StepInputs`).
+    inputs: CudaSlice<u32>,
     /// The residual stream `[tokens, hidden]`.
     x: CudaSlice<bf16>,
     /// Normed activations `[tokens, hidden]`.
@@ -93,9 +93,7 @@ impl Workspace {
             tokens,
             rows,
             blocks: max_blocks,
-            ids: gpu.alloc(tokens)?,
-            positions: gpu.alloc(tokens)?,
-            logit_rows: gpu.alloc(rows)?,
+            inputs: gpu.alloc(2 * tokens + rows)?,
             x: bf(tokens * d)?,
             h: bf(tokens * d)?,
             qkv: bf(tokens * qkv_rows(cfg))?,
@@ -223,7 +221,8 @@ impl GpuLlama {
         let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
         let (q_w, qkv_w) = (nh * hd, qkv_rows(cfg));
         let eps = cfg.rms_norm_eps;
-        ops::embedding(gpu, &*self.w.embed, (v, d), &ws.ids, tokens, 1.0, &mut ws.x)?;
+        let [ids, positions, logit_rows] = step_inputs(&ws.inputs, tokens, out_rows)?;
+        ops::embedding(gpu, &*self.w.embed, (v, d), &ids, tokens, 1.0, &mut ws.x)?;
         for (i, l) in self.w.layers.iter().enumerate() {
             if i == 0 {
                 ops::rms_norm(gpu, &ws.x, None, &l.attn_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
@@ -235,7 +234,7 @@ impl GpuLlama {
             let shape = RopeShape { tokens, n_heads: nh + nkv, head_dim: hd, stride: qkv_w };
             let layer_kv = kv.device_layer_mut(i)?;
             let store = Some((&ws.meta, &mut *layer_kv));
-            ops::rope(gpu, &mut ws.qkv, &ws.positions, &self.inv_freq, self.rope_scaling, shape, store)?;
+            ops::rope(gpu, &mut ws.qkv, &positions, &self.inv_freq, self.rope_scaling, shape, store)?;
             let p = &self.params;
             ops::attention(gpu, &ws.qkv, qkv_w, &ws.meta, layer_kv, p, plan, &mut ws.scratch, &mut ws.attn, q_w)?;
             ops::linear(gpu, &ws.attn, &l.o, None, &mut ws.o, (tokens, d, q_w))?;
@@ -249,7 +248,7 @@ impl GpuLlama {
         }
         ops::rms_norm(gpu, &ws.o, Some(&mut ws.x), &self.w.final_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
         // The rows that want logits, gathered by the embedding kernel over the normed rows.
-        ops::embedding(gpu, &ws.h, (tokens, d), &ws.logit_rows, out_rows, 1.0, &mut ws.picked)?;
+        ops::embedding(gpu, &ws.h, (tokens, d), &logit_rows, out_rows, 1.0, &mut ws.picked)?;
         ops::linear::<f32>(gpu, &ws.picked, &*self.w.lm_head, None, &mut ws.logits, (out_rows, v, d))?;
         ops::argmax(gpu, &ws.logits, (out_rows, v, v), &mut ws.next)?;
         Ok(())
@@ -268,12 +267,15 @@ impl GpuLlama {
     ) -> RtResult<()> {
         let gpu = &*self.gpu;
         let pad = rows.saturating_sub(batch.rows.len());
-        let padded = |v: &[u32]| v.iter().copied().chain(std::iter::repeat_n(0, pad)).collect::<Vec<u32>>();
-        gpu.upload_into(&padded(&batch.tokens), &mut ws.ids)?;
-        gpu.upload_into(&padded(&batch.positions), &mut ws.positions)?;
-        let mut logit_rows: Vec<u32> = batch.logits_indices.iter().map(|&i| i as u32).collect();
-        logit_rows.extend((batch.num_tokens()..batch.num_tokens() + pad).map(|i| i as u32));
-        gpu.upload_into(&logit_rows, &mut ws.logit_rows)?;
+        let tokens = batch.num_tokens() + pad;
+        let mut host = Vec::with_capacity(2 * tokens + batch.logits_indices.len() + pad);
+        for v in [&batch.tokens, &batch.positions] {
+            host.extend_from_slice(v);
+            host.resize(host.len() + pad, 0);
+        }
+        host.extend(batch.logits_indices.iter().map(|&i| i as u32));
+        host.extend((batch.num_tokens()..tokens).map(|i| i as u32));
+        gpu.upload_into(&host, &mut ws.inputs)?;
         ws.meta.update(gpu, batch, 0, block_size, rows, stride)?;
         Ok(())
     }
@@ -360,6 +362,17 @@ impl GpuLlama {
         }
         Ok(st)
     }
+}
+
+/// The ids, positions and logits rows of a step of `tokens` tokens and `out_rows` logits rows
+/// in a workspace's `inputs`.
+fn step_inputs(inputs: &CudaSlice<u32>, tokens: usize, out_rows: usize) -> RtResult<[CudaView<'_, u32>; 3]> {
+    let part = |range: std::ops::Range<usize>| {
+        inputs.try_slice(range.clone()).ok_or_else(|| {
+            RuntimeError::Shape(format!("step inputs {range:?} outside the workspace's {}", inputs.len()))
+        })
+    };
+    Ok([part(0..tokens)?, part(tokens..2 * tokens)?, part(2 * tokens..2 * tokens + out_rows)?])
 }
 
 /// The context a decode plan (and a graph) is built for: `longest` rounded up to a power of

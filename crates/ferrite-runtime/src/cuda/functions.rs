@@ -22,8 +22,8 @@ pub(crate) struct Functions {
     pub gelu_tanh_mul: CudaFunction,
     pub write_kv: CudaFunction,
     pub copy_words: CudaFunction,
-    pub paged_decode: [CudaFunction; 3],
-    pub paged_decode_reduce: CudaFunction,
+    /// `paged_decode_g{4,8}_hd*`: decode attention taking 4 or 8 query heads a CTA.
+    pub paged_decode: [[CudaFunction; 3]; 2],
     pub prefill_attention: [CudaFunction; 3],
     pub argmax_rows: CudaFunction,
     pub sample_rows: CudaFunction,
@@ -80,8 +80,10 @@ impl Functions {
             gelu_tanh_mul: get("activation", "gelu_tanh_mul")?,
             write_kv: get("kv_write", "write_kv")?,
             copy_words: get("copy", "copy_words")?,
-            paged_decode: per_head_dim("paged_attention", "paged_decode")?,
-            paged_decode_reduce: get("paged_attention", "paged_decode_reduce")?,
+            paged_decode: [
+                per_head_dim("paged_attention", "paged_decode_g4")?,
+                per_head_dim("paged_attention", "paged_decode_g8")?,
+            ],
             prefill_attention: per_head_dim("prefill_attention", "prefill_attention")?,
             argmax_rows: get("sampling", "argmax_rows")?,
             sample_rows: get("sampling", "sample_rows")?,
