@@ -5,7 +5,9 @@
 //! exactly), and compares attention outputs: decode batches (contexts 1..2048, split-K with
 //! the automatic plan, a forced 64-key partition and a single partition) and mixed batches
 //! (cold prefill, chunked continuation, decode rows, tile edges at 64/65/130 queries), for
-//! GQA 9/3 × 64, 32/8 × 128 and 16/8 × 256, plain, sliding-window and soft-capped.
+//! GQA 9/3 × 64, 32/8 × 128 and 16/8 × 256, plain, sliding-window and soft-capped; decode
+//! also for groups wider than the 4 heads a decode CTA usually takes (12/2 × 128, 8/1 × 256,
+//! and 20/2 × 64, whose group of 10 spans two CTAs).
 //!
 //! Tolerance: the output is a convex combination of values |v| < 1. The GPU rounds the output
 //! to bf16 (2^-9 relative) and, in the prefill kernel, the probabilities to bf16 before P·V
@@ -37,6 +39,9 @@ struct Heads {
 
 const HEADS: [Heads; 3] =
     [Heads { nh: 9, nkv: 3, hd: 64 }, Heads { nh: 32, nkv: 8, hd: 128 }, Heads { nh: 16, nkv: 8, hd: 256 }];
+/// GQA groups of more than 4 heads (the decode kernel's 8-head variant, and head chunks).
+const WIDE_GROUPS: [Heads; 3] =
+    [Heads { nh: 12, nkv: 2, hd: 128 }, Heads { nh: 8, nkv: 1, hd: 256 }, Heads { nh: 20, nkv: 2, hd: 64 }];
 
 /// Which decode split to use: the automatic plan, or a fixed partition length.
 #[derive(Debug, Clone, Copy)]
@@ -205,7 +210,7 @@ fn cuda_decode_attention_matches_cpu() {
     let Some((gpu, _checks)) = gpu("cuda_decode_attention_matches_cpu") else { return };
     let mut rng = rng("decode");
     let rows: Vec<(usize, usize)> = [1, 15, 16, 17, 100, 511, 513, 1000, 2047, 2048].iter().map(|&c| (c, 1)).collect();
-    for h in HEADS {
+    for h in HEADS.into_iter().chain(WIDE_GROUPS) {
         for (p, amp) in variants(h) {
             for split in [Split::Auto, Split::Partition(64), Split::Partition(4096)] {
                 run_case(gpu, &mut rng, &format!("{split:?}"), h, &rows, p, amp, split);

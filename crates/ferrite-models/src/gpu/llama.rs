@@ -5,8 +5,9 @@
 //! QKV GEMM (+bias) → RoPE on q and k in place with the KV write (one kernel) → paged
 //! attention → output GEMM → RMSNorm + residual → fused gate-up GEMM → SwiGLU (one kernel in
 //! decode) → down GEMM] → final norm → gather of the rows that want logits → LM head GEMM (f32
-//! logits) → argmax. Activations are bf16, every kernel computes in f32, GEMMs accumulate in
-//! f32.
+//! logits) → argmax, or after the step the rows' own sampling (`forward_sampled`: logit edits,
+//! temperature, top-k/top-p/min-p, log-probabilities). Activations are bf16, every kernel
+//! computes in f32, GEMMs accumulate in f32.
 //!
 //! All buffers of a step live in a `Workspace` sized once from the engine's `StepLimits`, so
 //! the decode loop allocates nothing. Pure decode steps (one query token per row, logits for
@@ -19,8 +20,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferrite_runtime::cpu::AttentionParams;
-use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, GatedActivation, RopeShape};
+use ferrite_runtime::cuda::ops::{
+    self, AttentionMeta, DecodePlan, DecodeScratch, GatedActivation, RopeShape, SampledDev, SamplingParamsDev,
+};
 use ferrite_runtime::cuda::{CudaSlice, CudaView, DevicePtr, Gpu, Graph};
+use ferrite_runtime::sampling::{LogitEdit, RowSampler, RowSampling, SampledToken};
 use ferrite_runtime::{ForwardBatch, KvCache, KvGroupKind, KvLayout, Result as RtResult, RuntimeError};
 use half::bf16;
 
@@ -44,6 +48,7 @@ pub struct GpuLlama {
     inv_freq: CudaSlice<f32>,
     rope_scaling: f32,
     graphs_enabled: AtomicBool,
+    device_sampling: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -81,6 +86,9 @@ struct Workspace {
     next: CudaSlice<u32>,
     meta: AttentionMeta,
     scratch: DecodeScratch,
+    /// Device sampling: the rows' parameters and edits in, the picks out.
+    sampling: SamplingParamsDev,
+    sampled: SampledDev,
 }
 
 impl Workspace {
@@ -106,6 +114,8 @@ impl Workspace {
             next: gpu.alloc(rows)?,
             meta: AttentionMeta::with_capacity(gpu, rows, tokens, max_blocks)?,
             scratch: DecodeScratch::new(gpu, rows, cfg.num_heads, hd, 1)?,
+            sampling: SamplingParamsDev::with_capacity(gpu, rows, 0)?,
+            sampled: SampledDev::new(gpu, rows)?,
         })
     }
 }
@@ -159,6 +169,7 @@ impl GpuLlama {
             inv_freq: gpu.upload(&rope.inv_freq)?,
             rope_scaling: rope.attention_scaling,
             graphs_enabled: AtomicBool::new(true),
+            device_sampling: AtomicBool::new(true),
             state: Mutex::new(State { ws: None, graphs: HashMap::new(), graph_kv: 0 }),
             cfg,
             w,
@@ -178,6 +189,11 @@ impl GpuLlama {
     /// Replay CUDA graphs for decode steps (the default) or run every step eagerly.
     pub fn set_cuda_graphs(&self, on: bool) {
         self.graphs_enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Sample on the device (the default) or hand the engine logits to sample on the host.
+    pub fn set_device_sampling(&self, on: bool) {
+        self.device_sampling.store(on, Ordering::Relaxed);
     }
 
     fn lock(&self) -> RtResult<std::sync::MutexGuard<'_, State>> {
@@ -412,6 +428,31 @@ impl CausalLm for GpuLlama {
             return Ok(Vec::new());
         }
         Ok(self.gpu.download(&ws.next.slice(..batch.logits_indices.len()))?)
+    }
+
+    fn samples_on_device(&self) -> bool {
+        self.device_sampling.load(Ordering::Relaxed)
+    }
+
+    fn forward_sampled(&self, batch: &ForwardBatch, kv: &mut KvCache, rows: &[RowSampler]) -> RtResult<Vec<SampledToken>> {
+        let n = batch.logits_indices.len();
+        if rows.len() != n {
+            return Err(RuntimeError::Shape(format!("{} samplers for {n} logits rows", rows.len())));
+        }
+        let mut st = self.run(batch, kv)?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let ws = st.ws.as_mut().ok_or_else(no_workspace)?;
+        let v = self.cfg.vocab_size;
+        let params: Vec<RowSampling> = rows.iter().map(|r| r.params).collect();
+        let edits: Vec<(usize, LogitEdit)> =
+            rows.iter().enumerate().flat_map(|(i, r)| r.edits.iter().map(move |&e| (i, e))).collect();
+        let top: Vec<usize> = rows.iter().map(|r| r.top_logprobs).collect();
+        let most = top.iter().copied().max().unwrap_or(0);
+        ws.sampling.update(&self.gpu, &params, &edits, most, v)?;
+        ops::pick(&self.gpu, &mut ws.logits.slice_mut(..n * v), (v, v), &ws.sampling, &mut ws.sampled)?;
+        Ok(ws.sampled.download(&self.gpu, &top)?)
     }
 
     fn uses_host_pool(&self) -> bool {

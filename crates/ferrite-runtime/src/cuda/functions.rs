@@ -27,6 +27,8 @@ pub(crate) struct Functions {
     pub prefill_attention: [CudaFunction; 3],
     pub argmax_rows: CudaFunction,
     pub sample_rows: CudaFunction,
+    pub edit_logits: CudaFunction,
+    pub top_logprobs_rows: CudaFunction,
     pub random_bf16: CudaFunction,
     /// `gemv_{bf16,f32}_m{1..=8}`: the skinny GEMM for m = index + 1 rows.
     pub gemv_bf16: [CudaFunction; 8],
@@ -87,6 +89,8 @@ impl Functions {
             prefill_attention: per_head_dim("prefill_attention", "prefill_attention")?,
             argmax_rows: get("sampling", "argmax_rows")?,
             sample_rows: get("sampling", "sample_rows")?,
+            edit_logits: get("sampling", "edit_logits")?,
+            top_logprobs_rows: get("sampling", "top_logprobs_rows")?,
             random_bf16: get("init", "random_bf16")?,
             gemv_bf16: per_rows("gemv_bf16")?,
             gemv_f32: per_rows("gemv_f32")?,

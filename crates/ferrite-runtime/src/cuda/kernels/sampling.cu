@@ -309,3 +309,82 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         logprobs[row] = x[token] - lse;
     }
 }
+
+// The rows' logit edits (ferrite_runtime::sampling::LogitEdit::apply): six words an edit —
+// row, token, bias, repetition, subtract (f32 bits), ban. Rounded operations (no contraction
+// into FMAs), so the result is the CPU's, bit for bit.
+extern "C" __global__ void edit_logits(float* __restrict__ logits, int stride, const unsigned* __restrict__ edits,
+                                       int n_edits) {
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n_edits; e += gridDim.x * blockDim.x) {
+        const unsigned* w = edits + 6 * (u64)e;
+        float* p = logits + (u64)w[0] * stride + w[1];
+        if (w[5]) {
+            *p = -FERRITE_INF;
+            continue;
+        }
+        float l = __fadd_rn(*p, __uint_as_float(w[2]));
+        const float r = __uint_as_float(w[3]);
+        if (r != 1.f) l = l > 0.f ? __fdiv_rn(l, r) : __fmul_rn(l, r);
+        *p = __fsub_rn(l, __uint_as_float(w[4]));
+    }
+}
+
+#define TOP_MAX 32
+
+// The n_top (<= TOP_MAX) most likely finite logits of each row, most likely first (equal
+// logits by id), as ids and log-probabilities; slots past the row's finite logits get id
+// 0xffffffff and -inf. A radix select finds the n_top-th in the CPU's order, then the kept
+// tokens are gathered and sorted by one thread.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+    top_logprobs_rows(const float* __restrict__ logits, int vocab, int stride, int n_top, unsigned* __restrict__ ids,
+                      float* __restrict__ lps) {
+    __shared__ float s_v[32];
+    __shared__ Select s;
+    __shared__ int s_n;
+    __shared__ int c_id[TOP_MAX];
+    __shared__ float c_v[TOP_MAX];
+    const int row = blockIdx.x;
+    const float* x = logits + (u64)row * stride;
+    float mr = -FERRITE_INF;
+    for_each(x, vocab, [&](int, float v, bool valid) {
+        if (valid && is_finite(v)) mr = fmaxf(mr, v);
+    });
+    mr = block_max(mr, s_v);
+    float z = 0.f;
+    if (mr != -FERRITE_INF) for_each(x, vocab, [&](int, float v, bool valid) {
+            if (valid && is_finite(v)) z += expf(v - mr);
+        });
+    z = block_sum(z, s_v);
+    const float lse = mr + logf(z);
+    if (threadIdx.x == 0) s_n = 0;
+    const Cut cut = select_cut(x, vocab, mr, 1.f, Cut{0u, NO_ID}, 0.f, false, (unsigned long long)n_top, true, &s);
+    for_each(x, vocab, [&](int i, float v, bool valid) {
+        if (valid && is_finite(v) && kept(order_key(v), i, cut)) {
+            const int at = atomicAdd(&s_n, 1);
+            if (at < TOP_MAX) {
+                c_id[at] = i;
+                c_v[at] = v;
+            }
+        }
+    });
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int n = min(s_n, n_top);
+        for (int a = 1; a < n; a++) {  // insertion sort: logit descending, id ascending
+            const int id = c_id[a];
+            const float v = c_v[a];
+            int b = a - 1;
+            while (b >= 0 && (c_v[b] < v || (c_v[b] == v && c_id[b] > id))) {
+                c_id[b + 1] = c_id[b];
+                c_v[b + 1] = c_v[b];
+                b--;
+            }
+            c_id[b + 1] = id;
+            c_v[b + 1] = v;
+        }
+        for (int a = 0; a < n_top; a++) {
+            ids[(u64)row * n_top + a] = a < n ? (unsigned)c_id[a] : 0xffffffffu;
+            lps[(u64)row * n_top + a] = a < n ? c_v[a] - lse : -FERRITE_INF;
+        }
+    }
+}

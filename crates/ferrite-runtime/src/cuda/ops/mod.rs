@@ -9,4 +9,4 @@ pub use elementwise::{
     copy, embedding, gated_activation, linear, linear_gated, random_uniform, rms_norm, rope, GatedActivation,
     RopeShape, TableElement,
 };
-pub use sampling::{argmax, sample, RowSampling, SamplingParamsDev};
+pub use sampling::{argmax, pick, sample, RowSampling, SampledDev, SamplingParamsDev, MAX_TOP};
