@@ -35,8 +35,8 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     constexpr int TG = HD / 8;    // lanes per key
     constexpr int KPW = 32 / TG;  // keys a warp loads at once
     constexpr int U = DEC_UNROLL(GC);
+    // Dynamic shared memory only: the launch opts into the device's whole per-block budget.
     extern __shared__ float smem[];
-    __shared__ int s_last;
     const int group = n_heads / n_kv_heads;
     const int chunks = (group + GC - 1) / GC;
     const int g = blockIdx.x / chunks, c = blockIdx.x - g * chunks;
@@ -62,7 +62,8 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     float* q_s = smem;                        // [GC][HD]
     float* w_o = q_s + GC * HD;               // [DEC_WARPS][GC][HD]
     float* w_ml = w_o + DEC_WARPS * GC * HD;  // [DEC_WARPS][GC][2]
-    int* blocks = (int*)(w_ml + DEC_WARPS * GC * 2);
+    int* s_last = (int*)(w_ml + DEC_WARPS * GC * 2);  // this CTA merges the partitions
+    int* blocks = s_last + 1;
     const bf16_t* qrow = q + (u64)row * q_stride + head0 * HD;
     for (int i = threadIdx.x; i < GC * HD; i += blockDim.x) q_s[i] = i < gh * HD ? bf2f(qrow[i]) : 0.f;
     const int* table = block_tables + (u64)row * bt_stride;
@@ -188,9 +189,9 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     __threadfence();
     __syncthreads();
     int* counter = counters + (u64)row * gridDim.x + blockIdx.x;
-    if (threadIdx.x == 0) s_last = atomicAdd(counter, 1) == n_split - 1;
+    if (threadIdx.x == 0) *s_last = atomicAdd(counter, 1) == n_split - 1;
     __syncthreads();
-    if (!s_last) return;
+    if (!*s_last) return;
     __threadfence();
     for (int idx = threadIdx.x; idx < gh * HD; idx += blockDim.x) {
         const int a = idx / HD, d = idx - a * HD;
