@@ -278,7 +278,9 @@ fn cuda_pick_edits_samples_and_ranks_like_the_cpu() {
             &format!("pick {rows}x{vocab} tokens"),
             format!("exact={exact}|boundary={boundary}|of {rows}"),
         );
-        compare("sampling", &format!("pick {rows}x{vocab} logprobs"), &got_lp, &want_lp, 1e-4, 1e-5);
+        // f32 log-sum-exp over up to 152k terms in two summation orders (the CPU's sequential
+        // sum drifts by up to ~sqrt(n) ulps of the total): 5e-4 absolute.
+        compare("sampling", &format!("pick {rows}x{vocab} logprobs"), &got_lp, &want_lp, 5e-4, 1e-5);
 
         // Each row alone picks what it picked in the batch, bit for bit.
         let mut alone_equal = 0;

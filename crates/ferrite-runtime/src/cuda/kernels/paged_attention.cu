@@ -184,8 +184,9 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
         }
     }
     if (n_split == 1) return;
-    // The last partition to finish merges them all: an online softmax over the partitions'
-    // (max, sum) rescales the running output as each normalized output is added.
+    // The last partition to finish merges them all, in two rounds of independent loads: the
+    // partitions' (max, sum) into shared memory, each partition's weight l·exp(m − M) there,
+    // then every output dim sums its weighted partial outputs.
     __threadfence();
     __syncthreads();
     int* counter = counters + (u64)row * gridDim.x + blockIdx.x;
@@ -193,21 +194,36 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     __syncthreads();
     if (!*s_last) return;
     __threadfence();
+    float* wt = (float*)(blocks + partition / block_size + 2);  // [2][GC][max_splits]: m, then l
+    float* inv_total = wt + 2 * GC * max_splits;                // [GC]
+    for (int idx = threadIdx.x; idx < gh * n_split; idx += blockDim.x) {
+        const int a = idx / n_split, sp = idx - a * n_split;
+        const u64 at = ((u64)row * n_heads + head0 + a) * max_splits + sp;
+        wt[a * max_splits + sp] = __ldcg(part_ml + 2 * at);
+        wt[(a + GC) * max_splits + sp] = __ldcg(part_ml + 2 * at + 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < gh) {
+        const int a = threadIdx.x;
+        float* m = wt + a * max_splits;
+        const float* l = wt + (a + GC) * max_splits;
+        float mx = -FERRITE_INF, total = 0.f;
+        for (int sp = 0; sp < n_split; sp++) mx = fmaxf(mx, m[sp]);
+        for (int sp = 0; sp < n_split; sp++) {
+            m[sp] = l[sp] * __expf(m[sp] - mx);
+            total += m[sp];
+        }
+        inv_total[a] = 1.f / total;
+    }
+    __syncthreads();
     for (int idx = threadIdx.x; idx < gh * HD; idx += blockDim.x) {
         const int a = idx / HD, d = idx - a * HD;
         const u64 base = ((u64)row * n_heads + head0 + a) * max_splits;
-        float mx = -FERRITE_INF, total = 0.f, o = 0.f;
-#pragma unroll 4
-        for (int sp = 0; sp < n_split; sp++) {
-            const float ms = __ldcg(part_ml + 2 * (base + sp)), ls = __ldcg(part_ml + 2 * (base + sp) + 1);
-            const float os = __ldcg(part_out + (base + sp) * HD + d);
-            const float mn = fmaxf(mx, ms);
-            const float keep = __expf(mx - mn), w = ls * __expf(ms - mn);
-            total = total * keep + w;
-            o = o * keep + w * os;
-            mx = mn;
-        }
-        orow[idx] = f2bf(o / total);
+        const float* w = wt + a * max_splits;
+        float o = 0.f;
+#pragma unroll 8
+        for (int sp = 0; sp < n_split; sp++) o += w[sp] * __ldcg(part_out + (base + sp) * HD + d);
+        orow[idx] = f2bf(o * inv_total[a]);
     }
     if (threadIdx.x == 0) *counter = 0;
 }
