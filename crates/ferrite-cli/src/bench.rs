@@ -247,7 +247,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
         }
         if let Some(c) = &schema {
             let constraint = Some(c.clone());
-            let (_, tpot, n) = timed_constrained(&engine, prompt.clone(), a.gen_tokens, false, constraint, sampling.clone())?;
+            let (_, tpot, n) =
+                timed_constrained(&engine, prompt.clone(), a.gen_tokens, false, constraint, sampling.clone())?;
             if rep > 0 {
                 tg_json.push(1.0 / tpot.max(1e-9));
                 json_tokens = n;

@@ -269,7 +269,10 @@ fn cuda_pick_edits_samples_and_ranks_like_the_cpu() {
                 want_lp.push(lsm[want_id as usize]);
                 // Rank a may hold another id only where the two log-probabilities tie.
                 if id != want_id && (lsm[id as usize] - lsm[want_id as usize]).abs() > 1e-6 {
-                    fail(format!("row {r} rank {a}: id {id} ({lp}), the CPU ranks {want_id} ({})", lsm[want_id as usize]));
+                    fail(format!(
+                        "row {r} rank {a}: id {id} ({lp}), the CPU ranks {want_id} ({})",
+                        lsm[want_id as usize]
+                    ));
                 }
             }
         }

@@ -9,12 +9,14 @@ use std::borrow::Cow;
 
 use super::{usage, Emitted, EngineCore, Pick};
 use crate::request::{FinishReason, Finished, Output};
-use crate::sampling::{apply_processors, processor_edits, sample, token_logprobs, uniform, SamplingParams, TokenLogprob};
-use ferrite_runtime::sampling::{RowSampler, RowSampling};
+use crate::sampling::{
+    apply_processors, processor_edits, sample, token_logprobs, uniform, SamplingParams, TokenLogprob,
+};
 use crate::sequence::Sequence;
 use crate::spec::usage as tally;
 use crate::spec::verify::{judge, Verdict};
 use crate::spec::{Origin, Policy, Proposal};
+use ferrite_runtime::sampling::{RowSampler, RowSampling};
 
 /// The end tokens `seq` may not pick yet (`min_tokens`).
 fn banned(seq: &Sequence, eos: &[u32]) -> Vec<u32> {

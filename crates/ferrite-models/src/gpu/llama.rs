@@ -3,7 +3,8 @@
 //!
 //! A step is: embedding gather → per layer [RMSNorm (fused with the residual add) → fused
 //! QKV GEMM (+bias) → RoPE on q and k in place with the KV write (one kernel) → paged
-//! attention → output GEMM → RMSNorm + residual → fused gate-up GEMM → SwiGLU (one kernel in
+//! attention (in decode, one kernel: the attention rotates q and the new key and stores K and
+//! V itself) → output GEMM → RMSNorm + residual → fused gate-up GEMM → SwiGLU (one kernel in
 //! decode) → down GEMM] → final norm → gather of the rows that want logits → LM head GEMM (f32
 //! logits) → argmax, or after the step the rows' own sampling (`forward_sampled`: logit edits,
 //! temperature, top-k/top-p/min-p, log-probabilities). Activations are bf16, every kernel
@@ -221,8 +222,9 @@ impl GpuLlama {
     }
 
     /// Queue one step over the inputs already in `ws` (`tokens` query tokens, `out_rows`
-    /// rows wanting logits): the layers, the LM head and the argmax. With `plan`, decode
-    /// attention uses it (a graph's fixed split).
+    /// rows wanting logits): the layers, the LM head and the argmax. `plan` is given for a
+    /// decode step (one query token a row): its attention uses that split (a graph's fixed
+    /// one) and rotates q and the new keys itself.
     fn queue_step(
         &self,
         ws: &mut Workspace,
@@ -247,12 +249,31 @@ impl GpuLlama {
             }
             let bias = l.qkv_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
             ops::linear(gpu, &ws.h, &l.qkv, bias, &mut ws.qkv, (tokens, qkv_w, d))?;
-            let shape = RopeShape { tokens, n_heads: nh + nkv, head_dim: hd, stride: qkv_w };
             let layer_kv = kv.device_layer_mut(i)?;
-            let store = Some((&ws.meta, &mut *layer_kv));
-            ops::rope(gpu, &mut ws.qkv, &positions, &self.inv_freq, self.rope_scaling, shape, store)?;
             let p = &self.params;
-            ops::attention(gpu, &ws.qkv, qkv_w, &ws.meta, layer_kv, p, plan, &mut ws.scratch, &mut ws.attn, q_w)?;
+            if let Some(plan) = plan {
+                // Decode: the attention kernel rotates q and the new keys and stores K and V.
+                let rope = (&self.inv_freq, self.rope_scaling);
+                let (meta, scratch) = (&ws.meta, &mut ws.scratch);
+                ops::decode_attention_rope(
+                    gpu,
+                    &ws.qkv,
+                    qkv_w,
+                    meta,
+                    layer_kv,
+                    p,
+                    rope,
+                    plan,
+                    scratch,
+                    &mut ws.attn,
+                    q_w,
+                )?;
+            } else {
+                let shape = RopeShape { tokens, n_heads: nh + nkv, head_dim: hd, stride: qkv_w };
+                let store = Some((&ws.meta, &mut *layer_kv));
+                ops::rope(gpu, &mut ws.qkv, &positions, &self.inv_freq, self.rope_scaling, shape, store)?;
+                ops::attention(gpu, &ws.qkv, qkv_w, &ws.meta, layer_kv, p, None, &mut ws.scratch, &mut ws.attn, q_w)?;
+            }
             ops::linear(gpu, &ws.attn, &l.o, None, &mut ws.o, (tokens, d, q_w))?;
             ops::rms_norm(gpu, &ws.o, Some(&mut ws.x), &l.ffn_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
             ops::linear_gated(gpu, self.act, &ws.h, &l.gate_up, &mut ws.gate_up, &mut ws.act, (tokens, inter, d))?;
@@ -434,7 +455,12 @@ impl CausalLm for GpuLlama {
         self.device_sampling.load(Ordering::Relaxed)
     }
 
-    fn forward_sampled(&self, batch: &ForwardBatch, kv: &mut KvCache, rows: &[RowSampler]) -> RtResult<Vec<SampledToken>> {
+    fn forward_sampled(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        rows: &[RowSampler],
+    ) -> RtResult<Vec<SampledToken>> {
         let n = batch.logits_indices.len();
         if rows.len() != n {
             return Err(RuntimeError::Shape(format!("{} samplers for {n} logits rows", rows.len())));

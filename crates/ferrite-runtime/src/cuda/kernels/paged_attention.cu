@@ -15,6 +15,11 @@
 // With one partition the CTA writes the row's output (bf16). Otherwise it writes its
 // normalized f32 output and (max, sum) to the workspace, and the last CTA of the (row, head
 // chunk) to finish — counted on an atomic counter it then resets — merges the partitions.
+// With `inv_freq` non-null the queries are unrotated: each CTA rotates its query heads (RoPE,
+// `half` pairs, as rope.cu), and the CTA(s) holding a row's last partition rotate the step's
+// new key (at `k_offset` in the query row, its value head n_kv_heads heads on) and store key
+// and value into the cache before reading it — every head chunk's last CTA stores the same
+// bits — so a decode step needs no RoPE launch.
 // Cache layout: [block][kv_head][slot][head_dim] bf16; block tables are int32
 // [rows][bt_stride]; a negative entry (a released block) reads as zeros.
 
@@ -26,12 +31,12 @@
 template <int HD, int GC>
 __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_stride, float* __restrict__ part_out,
                                              float* __restrict__ part_ml, int* __restrict__ counters,
-                                             const bf16_t* __restrict__ q, int q_stride,
-                                             const bf16_t* __restrict__ k_cache, const bf16_t* __restrict__ v_cache,
-                                             const int* __restrict__ block_tables, int bt_stride,
+                                             const bf16_t* __restrict__ q, int q_stride, bf16_t* k_cache,
+                                             bf16_t* v_cache, const int* __restrict__ block_tables, int bt_stride,
                                              const int* __restrict__ context_lens, int n_heads, int n_kv_heads,
                                              int block_size, float scale, float softcap, int window, int partition,
-                                             int max_splits) {
+                                             int max_splits, const float* __restrict__ inv_freq, int half,
+                                             float rope_scaling, int k_offset) {
     constexpr int TG = HD / 8;    // lanes per key
     constexpr int KPW = 32 / TG;  // keys a warp loads at once
     constexpr int U = DEC_UNROLL(GC);
@@ -65,10 +70,47 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     int* s_last = (int*)(w_ml + DEC_WARPS * GC * 2);  // this CTA merges the partitions
     int* blocks = s_last + 1;
     const bf16_t* qrow = q + (u64)row * q_stride + head0 * HD;
-    for (int i = threadIdx.x; i < GC * HD; i += blockDim.x) q_s[i] = i < gh * HD ? bf2f(qrow[i]) : 0.f;
+    const float pos = (float)(ctx - 1);
+    for (int i = threadIdx.x; i < GC * HD; i += blockDim.x) {
+        const int a = i / HD, d = i - a * HD;
+        float v = 0.f;
+        if (a < gh) {
+            if (inv_freq == nullptr || d >= 2 * half) {
+                v = bf2f(qrow[i]);
+            } else {  // the rotated pair (d mod half, + half), this thread's half of it
+                const int j = d < half ? d : d - half;
+                bf16_t ra, rb;
+                rope_pair(bf2f(qrow[a * HD + j]), bf2f(qrow[a * HD + j + half]), pos, inv_freq[j], rope_scaling, &ra,
+                          &rb);
+                v = bf2f(d < half ? ra : rb);
+            }
+        }
+        q_s[i] = v;
+    }
     const int* table = block_tables + (u64)row * bt_stride;
     for (int i = threadIdx.x; i < n_blocks; i += blockDim.x) blocks[i] = table[first_block + i];
     __syncthreads();
+    if (inv_freq != nullptr && split == n_split - 1) {
+        // The new key (rotated) and value into the cache, before this CTA reads them.
+        const int block = blocks[(ctx - 1) / block_size - first_block];
+        if (block >= 0) {
+            const u64 at = (((u64)block * n_kv_heads + g) * block_size + (ctx - 1) % block_size) * HD;
+            const bf16_t* krow = q + (u64)row * q_stride + k_offset + g * HD;
+            const bf16_t* vrow = krow + n_kv_heads * HD;
+            for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+                bf16_t kv = krow[d];
+                if (d < 2 * half) {
+                    const int j = d < half ? d : d - half;
+                    bf16_t ra, rb;
+                    rope_pair(bf2f(krow[j]), bf2f(krow[j + half]), pos, inv_freq[j], rope_scaling, &ra, &rb);
+                    kv = d < half ? ra : rb;
+                }
+                k_cache[at + d] = kv;
+                v_cache[at + d] = vrow[d];
+            }
+        }
+        __syncthreads();
+    }
 
     const int kslot = lane / TG, part = lane % TG;
     float m[GC], l[GC], acc[GC][8];
@@ -232,12 +274,13 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
 #define DECODE(HD, GC)                                                                                              \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS, (GC) <= 4 ? 4 : 3) paged_decode_g##GC##_hd##HD(    \
         bf16_t* out, int out_stride, float* part_out, float* part_ml, int* counters, const bf16_t* q,              \
-        int q_stride, const bf16_t* k_cache, const bf16_t* v_cache, const int* block_tables, int bt_stride,        \
+        int q_stride, bf16_t* k_cache, bf16_t* v_cache, const int* block_tables, int bt_stride,                    \
         const int* context_lens, int n_heads, int n_kv_heads, int block_size, float scale, float softcap,          \
-        int window, int partition, int max_splits) {                                                                \
+        int window, int partition, int max_splits, const float* inv_freq, int half, float rope_scaling,            \
+        int k_offset) {                                                                                             \
         paged_decode<HD, GC>(out, out_stride, part_out, part_ml, counters, q, q_stride, k_cache, v_cache,          \
                              block_tables, bt_stride, context_lens, n_heads, n_kv_heads, block_size, scale,        \
-                             softcap, window, partition, max_splits);                                               \
+                             softcap, window, partition, max_splits, inv_freq, half, rope_scaling, k_offset);       \
     }
 
 DECODE(64, 4)

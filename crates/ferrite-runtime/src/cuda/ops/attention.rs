@@ -431,38 +431,17 @@ pub fn attention(
             "attention: q (stride {q_stride}) must be 16-byte aligned, out (stride {out_stride}) 4-byte"
         )));
     }
+    let (kc, vc) = (gpu.ptr(&kv.k), gpu.ptr(&kv.v));
+    if meta.max_query <= 1 && meta.tokens == meta.rows {
+        let plan = plan.unwrap_or_else(|| DecodePlan::new(gpu, meta.rows, p, meta.max_context));
+        return launch_decode(gpu, (qp, q_stride), meta, (kc, vc), p, plan, scratch, (op, out_stride), NO_ROPE);
+    }
     let r = meta.regions();
     let (bt, cl) = (gpu.ptr(&meta.view(r.block_tables)), gpu.ptr(&meta.view(r.context_lens)));
-    let (kc, vc) = (gpu.ptr(&kv.k), gpu.ptr(&kv.v));
     let [qs, os, bts, nh, nkv, bs] =
         [q_stride, out_stride, meta.bt_stride, p.n_heads, p.n_kv_heads, kv.block_size].map(|x| x as i32);
     let softcap = p.softcap.unwrap_or(0.0);
     let window = p.window.map_or(0, |w| w as i32);
-    if meta.max_query <= 1 && meta.tokens == meta.rows {
-        let plan = plan.unwrap_or_else(|| DecodePlan::new(gpu, meta.rows, p, meta.max_context));
-        let splits = plan.splits.max(1);
-        let visible = p.window.map_or(meta.max_context, |w| w.min(meta.max_context));
-        if plan.partition == 0 || splits * plan.partition < visible {
-            return Err(CudaError::Shape(format!("decode plan {plan:?} does not cover {visible} keys")));
-        }
-        if !scratch.fits(meta.rows, p.n_heads, p.head_dim, splits) {
-            return Err(CudaError::Shape(format!("decode scratch too small for {} rows x {splits} splits", meta.rows)));
-        }
-        let group = p.n_heads / p.n_kv_heads;
-        let gc = heads_per_cta(group);
-        let (po, pm, cn) =
-            (gpu.ptr_mut(&mut scratch.out), gpu.ptr_mut(&mut scratch.ml), gpu.ptr_mut(&mut scratch.counters));
-        let (part, ms) = (plan.partition as i32, splits as i32);
-        let grid = ((p.n_kv_heads * group.div_ceil(gc)) as u32, meta.rows as u32, splits as u32);
-        return gpu.launch(
-            &gpu.fns.paged_decode[usize::from(gc > 4)][hd],
-            cfg(grid, THREADS, plan.shared_bytes(p, kv.block_size)),
-            &[
-                &op, &os, &po, &pm, &cn, &qp, &qs, &kc, &vc, &bt, &bts, &cl, &nh, &nkv, &bs, &p.scale, &softcap,
-                &window, &part, &ms,
-            ],
-        );
-    }
     let (qsp, tp) = (gpu.ptr(&meta.view(r.query_start)), gpu.ptr(&meta.view(r.tiles)));
     let shared = (PREFILL_TILE + 2 * 64) * (p.head_dim + 8) * 2;
     gpu.launch(
@@ -470,4 +449,122 @@ pub fn attention(
         cfg((meta.n_tiles as u32, p.n_heads as u32, 1), THREADS, shared),
         &[&op, &os, &qp, &qs, &kc, &vc, &bt, &bts, &qsp, &cl, &tp, &nh, &nkv, &bs, &p.scale, &softcap, &window],
     )
+}
+
+/// The RoPE a decode launch applies itself: (inv_freq address, pairs, scaling, offset of the
+/// key heads in a query row); a null address for none.
+type RopeArgs = (u64, i32, f32, i32);
+const NO_ROPE: RopeArgs = (0, 0, 1.0, 0);
+
+#[allow(clippy::too_many_arguments)]
+fn launch_decode(
+    gpu: &Gpu,
+    (qp, q_stride): (u64, usize),
+    meta: &AttentionMeta,
+    (kc, vc): (u64, u64),
+    p: &AttentionParams,
+    plan: DecodePlan,
+    scratch: &mut DecodeScratch,
+    (op, out_stride): (u64, usize),
+    (fp, half, rope_scaling, k_offset): RopeArgs,
+) -> CudaResult<()> {
+    let hd = head_dim_index(p.head_dim)?;
+    let splits = plan.splits.max(1);
+    let visible = p.window.map_or(meta.max_context, |w| w.min(meta.max_context));
+    if plan.partition == 0 || splits * plan.partition < visible {
+        return Err(CudaError::Shape(format!("decode plan {plan:?} does not cover {visible} keys")));
+    }
+    if !scratch.fits(meta.rows, p.n_heads, p.head_dim, splits) {
+        return Err(CudaError::Shape(format!("decode scratch too small for {} rows x {splits} splits", meta.rows)));
+    }
+    let r = meta.regions();
+    let (bt, cl) = (gpu.ptr(&meta.view(r.block_tables)), gpu.ptr(&meta.view(r.context_lens)));
+    let [qs, os, bts, nh, nkv, bs] =
+        [q_stride, out_stride, meta.bt_stride, p.n_heads, p.n_kv_heads, meta.block_size].map(|x| x as i32);
+    let softcap = p.softcap.unwrap_or(0.0);
+    let window = p.window.map_or(0, |w| w as i32);
+    let group = p.n_heads / p.n_kv_heads;
+    let gc = heads_per_cta(group);
+    let (po, pm, cn) =
+        (gpu.ptr_mut(&mut scratch.out), gpu.ptr_mut(&mut scratch.ml), gpu.ptr_mut(&mut scratch.counters));
+    let (part, ms) = (plan.partition as i32, splits as i32);
+    let grid = ((p.n_kv_heads * group.div_ceil(gc)) as u32, meta.rows as u32, splits as u32);
+    gpu.launch(
+        &gpu.fns.paged_decode[usize::from(gc > 4)][hd],
+        cfg(grid, THREADS, plan.shared_bytes(p, meta.block_size)),
+        &[
+            &op,
+            &os,
+            &po,
+            &pm,
+            &cn,
+            &qp,
+            &qs,
+            &kc,
+            &vc,
+            &bt,
+            &bts,
+            &cl,
+            &nh,
+            &nkv,
+            &bs,
+            &p.scale,
+            &softcap,
+            &window,
+            &part,
+            &ms,
+            &fp,
+            &half,
+            &rope_scaling,
+            &k_offset,
+        ],
+    )
+}
+
+/// Decode attention over a fused QKV buffer of unrotated rows (`[tokens, (n_heads + 2 ·
+/// n_kv_heads) · head_dim]` rows of `qkv_stride`: query, key, value heads), in one launch
+/// doing what `rope` (rotating by `inv_freq`, scaled by `scaling`, and storing the new keys
+/// and values into `kv`) then `attention` do — the same bits. A decode step's RoPE launch
+/// goes. Every row must have one query token, at position `context_len - 1`.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_attention_rope(
+    gpu: &Gpu,
+    qkv: &impl DevicePtr<bf16>,
+    qkv_stride: usize,
+    meta: &AttentionMeta,
+    kv: &mut DeviceKv,
+    p: &AttentionParams,
+    (inv_freq, scaling): (&impl DevicePtr<f32>, f32),
+    plan: DecodePlan,
+    scratch: &mut DecodeScratch,
+    out: &mut impl DevicePtrMut<bf16>,
+    out_stride: usize,
+) -> CudaResult<()> {
+    check_cache(kv, meta, p)?;
+    let (width, kv_width) = (p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim);
+    let half = inv_freq.len();
+    let need = |stride: usize, w: usize| (meta.tokens.max(1) - 1) * stride + w;
+    if meta.max_query > 1
+        || meta.tokens != meta.rows
+        || 2 * half > p.head_dim
+        || qkv_stride < width + 2 * kv_width
+        || out_stride < width
+        || qkv.len() < need(qkv_stride, width + 2 * kv_width)
+        || out.len() < need(out_stride, width)
+    {
+        return Err(CudaError::Shape(format!(
+            "decode attention with RoPE: {} rows / {} tokens (longest query {}), qkv {} (stride {qkv_stride}), out {} \
+             (stride {out_stride}), {half} rotary pairs of head dim {}",
+            meta.rows,
+            meta.tokens,
+            meta.max_query,
+            qkv.len(),
+            out.len(),
+            p.head_dim
+        )));
+    }
+    let (qp, op) = (gpu.ptr(qkv), gpu.ptr_mut(out));
+    let (kc, vc) = (gpu.ptr_mut(&mut kv.k), gpu.ptr_mut(&mut kv.v));
+    let rope = (gpu.ptr(inv_freq), half as i32, scaling, width as i32);
+    launch_decode(gpu, (qp, qkv_stride), meta, (kc, vc), p, plan, scratch, (op, out_stride), rope)
 }

@@ -4,7 +4,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod sampling;
 
-pub use attention::{attention, write_kv, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv};
+pub use attention::{attention, decode_attention_rope, write_kv, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv};
 pub use elementwise::{
     copy, embedding, gated_activation, linear, linear_gated, random_uniform, rms_norm, rope, GatedActivation,
     RopeShape, TableElement,
