@@ -269,13 +269,11 @@ impl EngineCore {
             && plan.iter().all(|(idx, _, n, proposal)| {
                 *n == 0 || (proposal.is_none() && self.sched.running[*idx].guide.is_none())
             });
-        let samplers: Vec<RowSampler> = match on_device {
-            true => plan
-                .iter()
-                .filter(|(_, _, n, _)| *n > 0)
-                .map(|(idx, ..)| emit::row_sampler(&self.sched.running[*idx], &self.eos))
-                .collect(),
-            false => Vec::new(),
+        let samplers: Vec<RowSampler> = if on_device {
+            let rows = plan.iter().filter(|(_, _, n, _)| *n > 0);
+            rows.map(|(idx, ..)| emit::row_sampler(&self.sched.running[*idx], &self.eos)).collect()
+        } else {
+            Vec::new()
         };
         // Constrained rows about to sample compute their token masks on a helper thread
         // meanwhile.

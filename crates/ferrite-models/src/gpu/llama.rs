@@ -69,7 +69,7 @@ struct Workspace {
     /// Block-table entries a row can have.
     blocks: usize,
     /// A step's token ids, positions and logits rows, one copy: `[tokens | tokens | rows]`
-    /// for the step's (padded) token count (see `StepInputs`).
+    /// for the step's (padded) token count (see `step_inputs`).
     inputs: CudaSlice<u32>,
     /// The residual stream `[tokens, hidden]`.
     x: CudaSlice<bf16>,
@@ -87,7 +87,8 @@ struct Workspace {
     next: CudaSlice<u32>,
     meta: AttentionMeta,
     scratch: DecodeScratch,
-    /// Device sampling: the rows' parameters and edits in, the picks out.
+    /// Device sampling: the rows' parameters and edits in, the picks out (grown, by
+    /// doubling, to the most edits and alternatives a step has asked for).
     sampling: SamplingParamsDev,
     sampled: SampledDev,
 }

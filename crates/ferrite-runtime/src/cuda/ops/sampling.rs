@@ -103,7 +103,7 @@ impl SampledDev {
     fn fit(&mut self, gpu: &Gpu, rows: usize, top: usize) -> CudaResult<()> {
         let need = 2 * rows * (1 + top);
         if need > self.buf.len() {
-            self.buf = gpu.alloc(need)?;
+            self.buf = gpu.alloc(need.next_power_of_two())?;
         }
         (self.rows, self.top) = (rows, top);
         Ok(())
