@@ -12,7 +12,8 @@
 #                                     # the ceiling and baseline measurements), logs under $OUT
 #                                     # (or /tmp), table last
 #   bash scripts/gpu_tests.sh bench   # there: `ferrite bench` on synthetic models (decode at
-#                                     # B=1, 2,048-token prefill, throughput, start-up), table last
+#                                     # B=1 greedy and sampled, 2,048-token prefill, throughput,
+#                                     # start-up), table last
 #   bash scripts/gpu_tests.sh all     # there: run, then bench
 #
 # The binaries load the driver, NVRTC and cuBLASLt at run time; the first one to open the
@@ -100,6 +101,9 @@ PY
         bench decode-1b bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
         bench decode-8b-q4_0 bench decode --synthetic llama-3.1-8b --dtype q4_0 --prompt-tokens 512 --gen-tokens 128 \
             --reps 3
+        # Seeded sampling drawn on the device (only ids come back), against the greedy line.
+        bench decode-1b-sampled bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3 \
+            --temperature 0.8 --top-p 0.9
         bench prefill-8b bench decode "${s8[@]}" --prompt-tokens 2048 --gen-tokens 2 --reps 3
         bench throughput-8b bench throughput "${s8[@]}" --num-requests 768 --input-len 128 --output-len 128 \
             --concurrency 256 --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 512

@@ -64,6 +64,12 @@ pub struct DecodeArgs {
     /// Also decode constrained to this JSON schema (a file), and report the speed ratio.
     #[arg(long)]
     pub json_schema: Option<std::path::PathBuf>,
+    /// Sample at this temperature (seeded) instead of greedy decoding.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Nucleus cut of the sampled decode.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
     /// Print one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -150,19 +156,21 @@ pub(crate) fn pct(v: &[f64], q: f64) -> f64 {
 /// One request through `engine` (end tokens ignored unless `stop_at_eos`): (ttft s, tpot s,
 /// output tokens).
 fn timed_request(engine: &Engine, prompt: Vec<u32>, max_tokens: usize, stop_at_eos: bool) -> Result<(f64, f64, usize)> {
-    timed_constrained(engine, prompt, max_tokens, stop_at_eos, None)
+    timed_constrained(engine, prompt, max_tokens, stop_at_eos, None, SamplingParams::default())
 }
 
-/// `timed_request` under an output constraint (which may end it before `max_tokens`).
+/// `timed_request` under an output constraint (which may end it before `max_tokens`) and
+/// with `sampling`.
 fn timed_constrained(
     engine: &Engine,
     prompt: Vec<u32>,
     max_tokens: usize,
     stop_at_eos: bool,
     constraint: Option<Constraint>,
+    sampling: SamplingParams,
 ) -> Result<(f64, f64, usize)> {
     let params = RequestParams {
-        sampling: SamplingParams::default(),
+        sampling,
         max_tokens: Some(max_tokens),
         ignore_eos: !stop_at_eos,
         constraint,
@@ -227,15 +235,20 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let (mut pp, mut tg, mut tg_json, mut json_tokens, mut generated) = (Vec::new(), Vec::new(), Vec::new(), 0, 0);
     // One warm-up run (pages in the weights), then the measured repetitions; constrained and
     // free runs alternate, so both see the same machine load.
+    let sampling = SamplingParams { temperature: a.temperature, top_p: a.top_p, seed: 7, ..Default::default() };
+    sampling.validate(vocab)?;
     for rep in 0..=a.reps {
-        let (ttft, tpot, n) = timed_request(&engine, prompt.clone(), a.gen_tokens, a.prompt_file.is_some())?;
+        let stop = a.prompt_file.is_some();
+        let (ttft, tpot, n) = timed_constrained(&engine, prompt.clone(), a.gen_tokens, stop, None, sampling.clone())?;
         if rep > 0 {
             pp.push(prompt_tokens as f64 / ttft);
             tg.push(1.0 / tpot.max(1e-9));
             generated = n;
         }
         if let Some(c) = &schema {
-            let (_, tpot, n) = timed_constrained(&engine, prompt.clone(), a.gen_tokens, false, Some(c.clone()))?;
+            let constraint = Some(c.clone());
+            let (_, tpot, n) =
+                timed_constrained(&engine, prompt.clone(), a.gen_tokens, false, constraint, sampling.clone())?;
             if rep > 0 {
                 tg_json.push(1.0 / tpot.max(1e-9));
                 json_tokens = n;
@@ -256,6 +269,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
         let out = json!({
             "model": path.display().to_string(), "threads": threads, "device": device,
             "prompt_tokens": prompt_tokens, "gen_tokens": generated, "reps": a.reps,
+            "temperature": a.temperature, "top_p": a.top_p,
             "spec": a.spec.spec, "draft_model": a.spec.draft_model, "num_draft_tokens": a.spec.num_draft_tokens,
             "fill": format!("{:?}", a.spec.fill).to_lowercase(),
             "acceptance": acceptance, "proposed_tokens": proposed, "accepted_tokens": accepted,

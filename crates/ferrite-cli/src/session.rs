@@ -125,7 +125,13 @@ pub struct SpecArgs {
 
 impl Default for SpecArgs {
     fn default() -> Self {
-        SpecArgs { spec: "off".into(), draft_model: None, draft_layers: None, num_draft_tokens: 4, fill: FillMode::Strict }
+        SpecArgs {
+            spec: "off".into(),
+            draft_model: None,
+            draft_layers: None,
+            num_draft_tokens: 4,
+            fill: FillMode::Strict,
+        }
     }
 }
 

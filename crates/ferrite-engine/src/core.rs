@@ -4,7 +4,9 @@
 //! detokenize, check stops, stream, roll back rejected KV and free what finished. The engine
 //! thread (`engine.rs`) drives it; tests drive it directly. Proposal planning lives in
 //! `core/propose.rs`, token decisions and streaming in `core/emit.rs`. Constrained rows
-//! (structured output) compute their token masks while the model runs and sample under them.
+//! (structured output) compute their token masks while the model runs and sample under them;
+//! other rows are sampled by the model on its device when it can (only ids and requested
+//! logprobs come back).
 
 mod emit;
 mod propose;
@@ -14,6 +16,7 @@ use std::sync::Arc;
 use ferrite_models::model::{run_forward, CausalLm, StepLimits};
 use ferrite_models::tokenizer::{IncrementalDecoder, Tokenizer};
 use ferrite_runtime::batch::RowLogits;
+use ferrite_runtime::sampling::{RowSampler, SampledToken};
 use ferrite_runtime::{ForwardBatch, KvCache};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -259,6 +262,19 @@ impl EngineCore {
         // tokens itself (on its device) and hand back only the ids.
         let greedy =
             plan.iter().all(|(idx, _, n, proposal)| *n == 0 || (proposal.is_none() && self.plain_greedy(*idx)));
+        // Otherwise a model that samples on its device does it for rows without a proposal or
+        // an output constraint (those judge or mask full logits rows on the host).
+        let on_device = !greedy
+            && self.model.samples_on_device()
+            && plan.iter().all(|(idx, _, n, proposal)| {
+                *n == 0 || (proposal.is_none() && self.sched.running[*idx].guide.is_none())
+            });
+        let samplers: Vec<RowSampler> = if on_device {
+            let rows = plan.iter().filter(|(_, _, n, _)| *n > 0);
+            rows.map(|(idx, ..)| emit::row_sampler(&self.sched.running[*idx], &self.eos)).collect()
+        } else {
+            Vec::new()
+        };
         // Constrained rows about to sample compute their token masks on a helper thread
         // meanwhile.
         let sampling: Vec<usize> = plan.iter().filter(|(_, _, n, _)| *n > 0).map(|(idx, ..)| *idx).collect();
@@ -274,6 +290,8 @@ impl EngineCore {
             run_forward(&**model, || {
                 if greedy {
                     model.forward_greedy(&batch, kv).map(Picks::Tokens)
+                } else if on_device {
+                    model.forward_sampled(&batch, kv, &samplers).map(Picks::Sampled)
                 } else {
                     model.forward(&batch, kv).map(Picks::Logits)
                 }
@@ -298,6 +316,7 @@ impl EngineCore {
             let pick = match &picks {
                 Picks::Logits(logits) => Pick::Logits(&logits[offset * vocab..(offset + n_logits) * vocab]),
                 Picks::Tokens(ids) => Pick::Token(ids[offset]),
+                Picks::Sampled(picked) => Pick::Sampled(&picked[offset]),
             };
             offset += n_logits;
             if s.pending_children > 0 {
@@ -404,12 +423,14 @@ impl EngineCore {
 enum Picks {
     Logits(Vec<f32>),
     Tokens(Vec<u32>),
+    Sampled(Vec<SampledToken>),
 }
 
 /// One row's part of `Picks`.
 enum Pick<'a> {
     Logits(&'a [f32]),
     Token(u32),
+    Sampled(&'a SampledToken),
 }
 
 /// What became of a sequence after its tokens were decided.

@@ -14,7 +14,14 @@
 //!   requests on the GPU gives each the tokens it gets alone (in both, a divergence is allowed
 //!   only at a near tie of the CPU logits: the GPU's split-K and GEMM summation order depend
 //!   on the batch shape);
-//! - a prefix-cache hit on the GPU gives the tokens of a cold run.
+//! - a prefix-cache hit on the GPU gives the tokens of a cold run;
+//! - seeded sampling (temperature, top-k/top-p/min-p, penalties, logit bias, logprobs) drawn
+//!   on the device: each request in a batch gets the tokens it gets alone, and the device
+//!   sampler picks what the engine's CPU sampler picks over the same model's logits, with the
+//!   same log-probabilities; two runs may part only where the request's uniform draw sits
+//!   within 0.02 of a boundary of its distribution (recomputed from the GPU model's logits:
+//!   batch shape and the device's fixed-point masses can move a boundary that much, never a
+//!   clear draw).
 //!
 //! - real weights: SmolLM2-135M Q4_1 with its GGUF blocks on the device against the CPU;
 //! - against Hugging Face transformers: a 1B-class random llama made there
@@ -27,7 +34,8 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use ferrite_engine::{EngineConfig, EngineCore, Output, Request, RequestParams};
+use ferrite_engine::sampling::{apply_processors, distribution, uniform, TokenCounts, TokenLogprob};
+use ferrite_engine::{EngineConfig, EngineCore, Output, Request, RequestParams, SamplingParams};
 use ferrite_models::config::ModelConfig;
 use ferrite_models::gpu::{GpuLlama, LlamaWeights};
 use ferrite_models::model::{CausalLm, StepLimits};
@@ -598,5 +606,177 @@ fn cuda_matches_transformers() {
             want.len()
         );
         assert!(worst < TOP_TIE && mean < 0.25, "prompt {i}: top-5 logprob error max {worst}, mean {mean}");
+    }
+}
+
+/// Run `requests` (prompt, params) on one fresh core over `model`: each request's tokens and
+/// logprobs (choice 0).
+fn run_requests(
+    model: &Arc<dyn CausalLm>,
+    cfg: &EngineConfig,
+    requests: &[(Vec<u32>, RequestParams)],
+) -> Vec<(Vec<u32>, Vec<TokenLogprob>)> {
+    let mut core = EngineCore::new(model.clone(), None, vec![], cfg).expect("engine core");
+    let mut rxs = Vec::new();
+    for (i, (prompt, params)) in requests.iter().enumerate() {
+        let (tx, rx) = unbounded_channel::<Output>();
+        core.add_request(i as u64 + 1, Request { prompt: prompt.clone(), params: params.clone() }, tx).expect("add");
+        rxs.push(rx);
+    }
+    let mut steps = 0;
+    while core.has_work() {
+        core.step().expect("step");
+        steps += 1;
+        assert!(steps < 100_000, "engine did not finish");
+    }
+    rxs.iter_mut()
+        .map(|rx| {
+            let (mut t, mut lp) = (Vec::new(), Vec::new());
+            while let Ok(o) = rx.try_recv() {
+                assert!(o.finished.as_ref().is_none_or(|f| f.error.is_none()), "request failed: {o:?}");
+                t.extend(o.token_ids);
+                lp.extend(o.logprobs);
+            }
+            (t, lp)
+        })
+        .collect()
+}
+
+/// How far request `req`'s uniform draw at its `j`-th token lies from the nearest boundary
+/// of the distribution it samples from, after `tokens[..j]`, under `model`'s logits.
+fn draw_margin(model: &dyn CausalLm, req: &(Vec<u32>, RequestParams), tokens: &[u32], j: usize) -> f32 {
+    let (prompt, params) = req;
+    let context = [prompt.as_slice(), &tokens[..j]].concat();
+    let logits = prefill_logits(model, &context);
+    let mut last = logits[logits.len() - VOCAB..].to_vec();
+    let mut counts = TokenCounts::new();
+    for &t in &tokens[..j] {
+        *counts.entry(t).or_insert(0) += 1;
+    }
+    let sp = &params.sampling;
+    let banned = if j < params.min_tokens { params.stop_token_ids.clone() } else { Vec::new() };
+    apply_processors(&mut last, sp, prompt, &counts, &banned);
+    if sp.temperature == 0.0 {
+        let top = top_k(&last, 2);
+        return last[top[0]] - last[top[1]];
+    }
+    let u = uniform(sp.seed, j as u64);
+    let mut cdf = 0.0;
+    let mut margin = f32::INFINITY;
+    for (_, p) in distribution(&last, sp) {
+        cdf += p;
+        margin = margin.min((cdf - u).abs());
+    }
+    margin
+}
+
+/// Compare two runs of the same requests: equal token lists count; where two differ, the
+/// first difference must be at a draw within `DRAW_MARGIN` of a boundary (a logit margin
+/// under `2 * TIE_MARGIN` for greedy rows). Where both agree, logprobs must be close.
+fn check_runs(
+    model: &dyn CausalLm,
+    requests: &[(Vec<u32>, RequestParams)],
+    a: &[(Vec<u32>, Vec<TokenLogprob>)],
+    b: &[(Vec<u32>, Vec<TokenLogprob>)],
+    what: &str,
+) -> usize {
+    const DRAW_MARGIN: f32 = 0.02;
+    let mut equal = 0;
+    for (i, (req, (x, y))) in requests.iter().zip(a.iter().zip(b)).enumerate() {
+        let agree = divergence(&x.0, &y.0).unwrap_or(x.0.len());
+        if agree == x.0.len() && x.0.len() == y.0.len() {
+            equal += 1;
+        } else {
+            let margin = draw_margin(model, req, &x.0, agree);
+            println!("TABLE|engine {what}: request {i} diverged at token {agree}|draw margin {margin:.4}|||");
+            let limit = if req.1.sampling.temperature == 0.0 { 2.0 * TIE_MARGIN } else { DRAW_MARGIN };
+            assert!(margin < limit, "{what}: request {i} diverges at token {agree}, a clear draw (margin {margin})");
+        }
+        let want_lp = req.1.logprobs.map_or(0, |_| agree);
+        assert!(x.1.len() >= want_lp && y.1.len() >= want_lp, "{what}: request {i} lacks logprobs");
+        for (j, (p, q)) in x.1.iter().zip(&y.1).take(agree).enumerate() {
+            let close = |a: f32, b: f32| (a - b).abs() <= 0.05 + 0.01 * b.abs();
+            assert_eq!(p.top.len(), q.top.len(), "{what}: request {i} token {j}: alternatives");
+            assert!(
+                close(p.logprob, q.logprob) && p.top.iter().zip(&q.top).all(|(s, t)| close(s.1, t.1)),
+                "{what}: request {i} token {j}: logprobs {p:?} vs {q:?}"
+            );
+        }
+    }
+    equal
+}
+
+#[test]
+fn cuda_engine_device_sampling() {
+    if !enabled("cuda_engine_device_sampling") {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(14);
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 96,
+        max_num_seqs: 8,
+        kv_cache_memory: Some(64 << 20),
+        prefix_cache: false,
+        ..EngineConfig::default()
+    };
+    let sampling = |seed: u64| -> Vec<(SamplingParams, Option<usize>, usize)> {
+        vec![
+            (SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.9, seed, ..Default::default() }, None, 0),
+            (
+                SamplingParams {
+                    temperature: 1.0,
+                    min_p: 0.05,
+                    repetition_penalty: 1.3,
+                    presence_penalty: 0.5,
+                    frequency_penalty: 0.3,
+                    logit_bias: vec![(7, 2.0), (11, -5.0), (2, 1.5)],
+                    seed: seed + 1,
+                    ..Default::default()
+                },
+                Some(3),
+                4,
+            ),
+            // Greedy with penalties and logprobs: not plain greedy, so it samples too.
+            (SamplingParams { repetition_penalty: 1.5, seed, ..Default::default() }, Some(5), 0),
+            (SamplingParams { temperature: 0.6, top_p: 0.95, seed: seed + 2, ..Default::default() }, Some(0), 0),
+            (SamplingParams { temperature: 1.3, top_k: 5, seed: seed + 3, ..Default::default() }, None, 0),
+        ]
+    };
+    for (vi, v) in variants().iter().enumerate().filter(|(_, v)| ["llama", "qwen2-bias"].contains(&v.name)) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_checkpoint(dir.path(), v, 400 + vi as u64);
+        let llama = Arc::new(gpu_llama(dir.path()));
+        let model: Arc<dyn CausalLm> = llama.clone();
+        let requests: Vec<(Vec<u32>, RequestParams)> = sampling(90 + vi as u64)
+            .into_iter()
+            .map(|(sampling, logprobs, min_tokens)| {
+                let n = rng.random_range(3..200);
+                let params = RequestParams {
+                    sampling,
+                    logprobs,
+                    min_tokens,
+                    max_tokens: Some(24),
+                    ignore_eos: false,
+                    stop_token_ids: vec![2],
+                    ..Default::default()
+                };
+                (random_prompt(&mut rng, n), params)
+            })
+            .collect();
+        assert!(model.samples_on_device());
+        let batched = run_requests(&model, &cfg, &requests);
+        let alone: Vec<_> =
+            requests.iter().map(|r| run_requests(&model, &cfg, std::slice::from_ref(r)).remove(0)).collect();
+        let what = format!("GPU sampled batched vs alone {}", v.name);
+        let same = check_runs(model.as_ref(), &requests, &alone, &batched, &what);
+        println!("TABLE|engine GPU seeded sampling batched == alone {}|{same}/{} identical|||", v.name, requests.len());
+        llama.set_device_sampling(false);
+        let on_host = run_requests(&model, &cfg, &requests);
+        llama.set_device_sampling(true);
+        let what = format!("GPU device vs host sampler {}", v.name);
+        let same = check_runs(model.as_ref(), &requests, &batched, &on_host, &what);
+        println!("TABLE|engine GPU device sampler == host sampler {}|{same}/{} identical|||", v.name, requests.len());
+        let varied = batched.iter().filter(|(t, _)| t.iter().any(|&x| x != t[0])).count();
+        assert!(varied >= requests.len() - 1, "{}: sampled outputs barely vary: {batched:?}", v.name);
     }
 }

@@ -1,11 +1,12 @@
 //! `CausalLm`: what the engine needs from any architecture — its config, its KV layout and
 //! storage, and one forward pass over a flat `ForwardBatch` that returns the requested logits
-//! (or, for greedy rows, just the chosen ids).
+//! (or, for greedy rows, just the chosen ids; a device model may also sample there).
 //!
 //! A model on the CPU keeps its KV cache in host memory (the defaults below); a model on a
 //! CUDA device allocates it on the device, sizes it from the device's free memory, and picks
-//! greedy tokens there, so the engine, scheduler and prefix cache are the same for both.
+//! tokens there, so the engine, scheduler and prefix cache are the same for both.
 
+use ferrite_runtime::sampling::{RowSampler, SampledToken};
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout};
 
 use crate::config::ModelConfig;
@@ -39,6 +40,24 @@ pub trait CausalLm: Send + Sync {
         let vocab = self.config().vocab_size;
         let logits = self.forward(batch, kv)?;
         Ok(logits.chunks_exact(vocab).map(|row| ferrite_runtime::cpu::argmax(row) as u32).collect())
+    }
+
+    /// Whether `forward_sampled` picks tokens on the model's device.
+    fn samples_on_device(&self) -> bool {
+        false
+    }
+
+    /// Like `forward`, but pick the token of each logits position on the device as `rows`
+    /// (one per position, in order) says, and hand back only the picks. Only called when
+    /// `samples_on_device`.
+    fn forward_sampled(
+        &self,
+        _batch: &ForwardBatch,
+        _kv: &mut KvCache,
+        _rows: &[RowSampler],
+    ) -> ferrite_runtime::Result<Vec<SampledToken>> {
+        let why = "this model does not sample on a device".into();
+        Err(ferrite_runtime::cuda::CudaError::Unsupported(why).into())
     }
 
     /// Whether `forward` runs its ops on the host's thread pool (a CPU model): the engine then

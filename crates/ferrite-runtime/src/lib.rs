@@ -12,6 +12,7 @@ pub mod dtype;
 pub mod error;
 pub mod kv;
 pub mod quant;
+pub mod sampling;
 pub mod tensor;
 pub mod threads;
 

@@ -5,7 +5,13 @@
 //! exactly), and compares attention outputs: decode batches (contexts 1..2048, split-K with
 //! the automatic plan, a forced 64-key partition and a single partition) and mixed batches
 //! (cold prefill, chunked continuation, decode rows, tile edges at 64/65/130 queries), for
-//! GQA 9/3 × 64, 32/8 × 128, 16/8 × 256, 4/2 × 16, 4/1 × 32 and 8/2 × 512, plain, sliding-window and soft-capped.
+//! GQA 9/3 × 64, 32/8 × 128, 16/8 × 256, 4/2 × 16, 4/1 × 32 and 8/2 × 512, plain,
+//! sliding-window and soft-capped; decode also for groups wider than the 4 heads a decode CTA
+//! usually takes (12/2 × 128, 8/1 × 256, 16/2 × 512, and 20/2 × 64, whose group of 10 spans two
+//! CTAs).
+//! Decode attention that rotates its own queries and new keys and stores K and V
+//! (`decode_attention_rope`) must give the bits of RoPE with the KV store, then attention:
+//! outputs and caches.
 //!
 //! Tolerance: the output is a convex combination of values |v| < 1. The GPU rounds the output
 //! to bf16 (2^-9 relative) and, in the prefill kernel, the probabilities to bf16 before P·V
@@ -43,6 +49,13 @@ const HEADS: [Heads; 6] = [
     Heads { nh: 4, nkv: 2, hd: 16 },
     Heads { nh: 4, nkv: 1, hd: 32 },
     Heads { nh: 8, nkv: 2, hd: 512 },
+];
+/// GQA groups of more than 4 heads (the decode kernel's 8-head variant, and head chunks).
+const WIDE_GROUPS: [Heads; 4] = [
+    Heads { nh: 12, nkv: 2, hd: 128 },
+    Heads { nh: 8, nkv: 1, hd: 256 },
+    Heads { nh: 20, nkv: 2, hd: 64 },
+    Heads { nh: 16, nkv: 2, hd: 512 },
 ];
 
 /// Which decode split to use: the automatic plan, or a fixed partition length.
@@ -212,7 +225,7 @@ fn cuda_decode_attention_matches_cpu() {
     let Some((gpu, _checks)) = gpu("cuda_decode_attention_matches_cpu") else { return };
     let mut rng = rng("decode");
     let rows: Vec<(usize, usize)> = [1, 15, 16, 17, 100, 511, 513, 1000, 2047, 2048].iter().map(|&c| (c, 1)).collect();
-    for h in HEADS {
+    for h in HEADS.into_iter().chain(WIDE_GROUPS) {
         for (p, amp) in variants(h) {
             for split in [Split::Auto, Split::Partition(64), Split::Partition(4096)] {
                 run_case(gpu, &mut rng, &format!("{split:?}"), h, &rows, p, amp, split);
@@ -233,5 +246,83 @@ fn cuda_prefill_attention_matches_cpu() {
             run_case(gpu, &mut rng, "mixed", h, &mixed, p, amp, Split::Auto);
         }
         run_case(gpu, &mut rng, "cold 1000", h, &[(1000, 1000)], params(h, None, None), 2.0, Split::Auto);
+    }
+}
+
+#[test]
+fn cuda_decode_attention_with_rope_equals_rope_then_attention() {
+    let Some((gpu, _checks)) = gpu("cuda_decode_attention_with_rope_equals_rope_then_attention") else { return };
+    let mut rng = rng("decode_rope");
+    let contexts = [1usize, 17, 100, 513, 2000];
+    for (h, rotary) in [(HEADS[0], 64), (HEADS[1], 128), (HEADS[2], 256), (HEADS[1], 32), (WIDE_GROUPS[2], 64)] {
+        let (nh, nkv, hd) = (h.nh, h.nkv, h.hd);
+        for (p, amp) in variants(h) {
+            let pool = contexts.iter().map(|c| c.div_ceil(BLOCK)).sum::<usize>() + 3;
+            let mut ids: Vec<u32> = (0..pool as u32).collect();
+            for i in (1..ids.len()).rev() {
+                ids.swap(i, rng.random_range(0..=i));
+            }
+            let mut batch = ForwardBatch::default();
+            for &ctx in &contexts {
+                let table: Vec<u32> = ids.drain(..ctx.div_ceil(BLOCK)).collect();
+                batch.push_row(&[0], ctx, vec![table], RowLogits::None);
+            }
+            // One padding row after them (context 0), as a graph bucket adds.
+            let rows = contexts.len() + 1;
+            let mut meta = AttentionMeta::with_capacity(gpu, rows, rows, 2048 / BLOCK).unwrap();
+            meta.update(gpu, &batch, 0, BLOCK, rows, None).unwrap();
+            let width = (nh + 2 * nkv) * hd;
+            let (qkv_h, _) = rand_bf16(&mut rng, rows * width, amp);
+            let n = pool * BLOCK * nkv * hd;
+            let (kh, _) = rand_bf16(&mut rng, n, 1.0);
+            let (vh, _) = rand_bf16(&mut rng, n, 1.0);
+            let fresh = || {
+                let mut c = DeviceKv::new(gpu, pool, BLOCK, nkv, hd).unwrap();
+                gpu.upload_into(&kh, &mut c.k).unwrap();
+                gpu.upload_into(&vh, &mut c.v).unwrap();
+                c
+            };
+            let inv_freq: Vec<f32> =
+                (0..rotary / 2).map(|i| 1.0 / 10_000f32.powf(2.0 * i as f32 / rotary as f32)).collect();
+            let f_d = gpu.upload(&inv_freq).unwrap();
+            let scaling = 1.1f32;
+            let mut positions = batch.positions.clone();
+            positions.push(0);
+            let pos_d = gpu.upload(&positions).unwrap();
+            let plan = DecodePlan::new(gpu, rows, &p, 2048);
+            let mut scratch = DecodeScratch::new(gpu, rows, nh, hd, plan.splits).unwrap();
+
+            let (mut two, mut qkv_two) = (fresh(), gpu.upload(&qkv_h).unwrap());
+            let shape = RopeShape { tokens: rows, n_heads: nh + nkv, head_dim: hd, stride: width };
+            ops::rope(gpu, &mut qkv_two, &pos_d, &f_d, scaling, shape, Some((&meta, &mut two))).unwrap();
+            let mut want = poisoned_bf16(gpu, rows * nh * hd);
+            ops::attention(gpu, &qkv_two, width, &meta, &two, &p, Some(plan), &mut scratch, &mut want, nh * hd)
+                .unwrap();
+
+            let (mut one, qkv_one) = (fresh(), gpu.upload(&qkv_h).unwrap());
+            let mut got = poisoned_bf16(gpu, rows * nh * hd);
+            let rope = (&f_d, scaling);
+            ops::decode_attention_rope(
+                gpu,
+                &qkv_one,
+                width,
+                &meta,
+                &mut one,
+                &p,
+                rope,
+                plan,
+                &mut scratch,
+                &mut got,
+                nh * hd,
+            )
+            .unwrap();
+            let case = format!("{nh}/{nkv}x{hd} rot={rotary} window={:?} softcap={:?}", p.window, p.softcap);
+            let (got, want) = (to_f32(&gpu.download(&got).unwrap()), to_f32(&gpu.download(&want).unwrap()));
+            compare("decode+rope", &format!("{case} == rope then attention: out"), &got, &want, 0.0, 0.0);
+            let (k1, k2) = (to_f32(&gpu.download(&one.k).unwrap()), to_f32(&gpu.download(&two.k).unwrap()));
+            compare("decode+rope", &format!("{case} == rope then attention: K"), &k1, &k2, 0.0, 0.0);
+            let (v1, v2) = (to_f32(&gpu.download(&one.v).unwrap()), to_f32(&gpu.download(&two.v).unwrap()));
+            compare("decode+rope", &format!("{case} == rope then attention: V"), &v1, &v2, 0.0, 0.0);
+        }
     }
 }

@@ -9,12 +9,19 @@
 //! and draws inside runs of equal logits). Greedy rows must match `cpu::argmax`;
 //! log-probabilities must match `cpu::log_softmax` to f32 accuracy; a second run must give
 //! the same tokens.
+//!
+//! `pick` (logit edits, then sampling, then the top alternatives): the edited logits must be
+//! `LogitEdit::apply`'s bit for bit, the tokens follow the same rule over the edited logits,
+//! the alternatives are the CPU's top log-probabilities (ids by rank where the values are
+//! apart, values to f32 accuracy), and every row picks exactly what it picks alone (the
+//! batch never changes a row's result: the engine's seeded-sampling contract).
 
 mod cuda_common;
 
 use cuda_common::{compare, fail, gpu, measure, poisoned_f32, rng};
 use ferrite_runtime::cpu;
-use ferrite_runtime::cuda::ops::{self, RowSampling, SamplingParamsDev};
+use ferrite_runtime::cuda::ops::{self, RowSampling, SampledDev, SamplingParamsDev};
+use ferrite_runtime::sampling::{LogitEdit, SampledToken};
 use rand::Rng;
 
 const NUDGE: f64 = 1e-5;
@@ -106,39 +113,10 @@ fn cuda_sampling_follows_the_cpu_rule() {
                 continue;
             }
             want_lp.push(cpu::log_softmax(row)[tok as usize]);
-            if p.temperature == 0.0 {
-                if tok as usize == cpu::argmax(row) {
-                    exact += 1;
-                } else {
-                    fail(format!("sampling row {r}: greedy drew {tok}, argmax is {}", cpu::argmax(row)));
-                }
-                continue;
-            }
-            let mut sorted: Vec<(u32, f32)> =
-                row.iter().enumerate().filter(|(_, v)| v.is_finite()).map(|(i, &v)| (i as u32, v)).collect();
-            sorted.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            let (u, tp, mp) = (f64::from(p.uniform), f64::from(p.top_p), f64::from(p.min_p));
-            let want = reference(&sorted, p, u, tp, mp);
-            if want == tok {
-                exact += 1;
-                continue;
-            }
-            let nudges = [-NUDGE, 0.0, NUDGE];
-            let reachable = nudges.iter().any(|&dr| {
-                nudges.iter().any(|&dp| {
-                    nudges.iter().any(|&dm| {
-                        let top_p = if tp < 1.0 { (tp + dp).min(1.0) } else { 1.0 };
-                        reference(&sorted, p, (u + dr).clamp(0.0, 1.0), top_p, (mp * (1.0 + dm)).max(0.0)) == tok
-                    })
-                })
-            });
-            if reachable {
-                boundary += 1;
-            } else {
-                fail(format!(
-                    "sampling row {r} {p:?}: GPU drew {tok} (logit {}), CPU rule gives {want} (logit {})",
-                    row[tok as usize], row[want as usize]
-                ));
+            match judge_draw(r, row, p, tok) {
+                Some(true) => exact += 1,
+                Some(false) => boundary += 1,
+                None => {}
             }
         }
         let what = if ties { " bf16 logits (ties)" } else { "" };
@@ -157,4 +135,181 @@ fn cuda_sampling_follows_the_cpu_rule() {
             1e-5,
         );
     }
+}
+
+/// The GPU's draw `tok` for row `r` against the CPU rule (exactly, or by a nudge at a
+/// boundary): Some(true) exact, Some(false) boundary, None wrong (recorded as a failure).
+fn judge_draw(r: usize, row: &[f32], p: &RowSampling, tok: u32) -> Option<bool> {
+    if p.temperature == 0.0 {
+        if tok as usize == cpu::argmax(row) {
+            return Some(true);
+        }
+        fail(format!("row {r}: greedy drew {tok}, argmax is {}", cpu::argmax(row)));
+        return None;
+    }
+    let mut sorted: Vec<(u32, f32)> =
+        row.iter().enumerate().filter(|(_, v)| v.is_finite()).map(|(i, &v)| (i as u32, v)).collect();
+    sorted.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let (u, tp, mp) = (f64::from(p.uniform), f64::from(p.top_p), f64::from(p.min_p));
+    let want = reference(&sorted, p, u, tp, mp);
+    if want == tok {
+        return Some(true);
+    }
+    let nudges = [-NUDGE, 0.0, NUDGE];
+    let reachable = nudges.iter().any(|&dr| {
+        nudges.iter().any(|&dp| {
+            nudges.iter().any(|&dm| {
+                let top_p = if tp < 1.0 { (tp + dp).min(1.0) } else { 1.0 };
+                reference(&sorted, p, (u + dr).clamp(0.0, 1.0), top_p, (mp * (1.0 + dm)).max(0.0)) == tok
+            })
+        })
+    });
+    if reachable {
+        return Some(false);
+    }
+    fail(format!("row {r} {p:?}: GPU drew {tok}, CPU rule gives {want}"));
+    None
+}
+
+/// Run `pick` over `logits` (rows of `vocab`); the edited logits and the picks.
+fn run_pick(
+    gpu: &ferrite_runtime::cuda::Gpu,
+    logits: &[f32],
+    vocab: usize,
+    params: &[RowSampling],
+    edits: &[(usize, LogitEdit)],
+    top: &[usize],
+) -> (Vec<f32>, Vec<SampledToken>) {
+    let mut dev = gpu.upload(logits).unwrap();
+    let most = top.iter().copied().max().unwrap_or(0);
+    let mut p = SamplingParamsDev::with_capacity(gpu, params.len(), 0).unwrap();
+    p.update(gpu, params, edits, most, vocab).unwrap();
+    let mut out = SampledDev::new(gpu, 1).unwrap();
+    ops::pick(gpu, &mut dev, (vocab, vocab), &p, &mut out).unwrap();
+    (gpu.download(&dev).unwrap(), out.download(gpu, top).unwrap())
+}
+
+#[test]
+fn cuda_pick_edits_samples_and_ranks_like_the_cpu() {
+    let Some((gpu, _checks)) = gpu("cuda_pick_edits_samples_and_ranks_like_the_cpu") else { return };
+    let mut rng = rng("pick");
+    for (rows, vocab, ties) in [(12, 32_001, false), (5, 151_936, false), (8, 5_000, true)] {
+        let mut logits = Vec::with_capacity(rows * vocab);
+        for _ in 0..rows {
+            let spread = [2.0f32, 6.0, 12.0][rng.random_range(0..3)];
+            let round = |v: f32| if ties { half::bf16::from_f32(v).to_f32() } else { v };
+            logits.extend((0..vocab).map(|_| round(rng.random_range(-spread..spread))));
+        }
+        let params: Vec<RowSampling> = (0..rows)
+            .map(|r| RowSampling {
+                temperature: if r % 4 == 0 { 0.0 } else { [0.5f32, 0.8, 1.2][rng.random_range(0..3)] },
+                top_k: [0u32, 20, 300][rng.random_range(0..3)],
+                top_p: [1.0f32, 0.9, 0.6][rng.random_range(0..3)],
+                min_p: [0.0f32, 0.02][rng.random_range(0..2)],
+                uniform: rng.random(),
+            })
+            .collect();
+        // Edits on the row's likeliest tokens (so they move the draw) and on random ones;
+        // one per (row, token), as the engine makes them.
+        let mut edits = Vec::new();
+        for r in 0..rows {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            let mut tokens: Vec<u32> = top_ids(row, 6);
+            tokens.extend((0..40).map(|_| rng.random_range(0..vocab as u32)));
+            tokens.sort_unstable();
+            tokens.dedup();
+            for token in tokens {
+                let e = LogitEdit {
+                    token,
+                    bias: [0.0f32, 3.5, -2.25][rng.random_range(0..3)],
+                    repetition: [1.0f32, 1.3, 0.7][rng.random_range(0..3)],
+                    subtract: [0.0f32, 0.4, 1.7][rng.random_range(0..3)],
+                    ban: rng.random_range(0..10) == 0,
+                };
+                edits.push((r, e));
+            }
+        }
+        let top: Vec<usize> = (0..rows).map(|r| [0usize, 1, 5, 20][r % 4]).collect();
+        let (edited, picks) = run_pick(gpu, &logits, vocab, &params, &edits, &top);
+
+        let mut want = logits.clone();
+        for (r, e) in &edits {
+            let l = &mut want[r * vocab + e.token as usize];
+            *l = e.apply(*l);
+        }
+        let same = edited.iter().zip(&want).filter(|(a, b)| a.to_bits() == b.to_bits()).count();
+        measure("sampling", &format!("pick {rows}x{vocab} edits"), format!("{same}/{} bit-equal", want.len()));
+        if same != want.len() {
+            fail(format!("pick {rows}x{vocab}: {} edited logits differ from LogitEdit::apply", want.len() - same));
+        }
+
+        let (mut exact, mut boundary) = (0, 0);
+        let (mut got_lp, mut want_lp) = (Vec::new(), Vec::new());
+        for (r, pick) in picks.iter().enumerate() {
+            let row = &want[r * vocab..(r + 1) * vocab];
+            if pick.token as usize >= vocab || pick.top.iter().any(|&(id, _)| id as usize >= vocab) {
+                fail(format!("pick row {r}: {pick:?} outside the vocabulary"));
+                continue;
+            }
+            match judge_draw(r, row, &params[r], pick.token) {
+                Some(true) => exact += 1,
+                Some(false) => boundary += 1,
+                None => continue,
+            }
+            let lsm = cpu::log_softmax(row);
+            got_lp.push(pick.logprob);
+            want_lp.push(lsm[pick.token as usize]);
+            let ranked = top_ids(&lsm, top[r]);
+            if pick.top.len() != ranked.len() {
+                fail(format!("row {r}: {} alternatives, want {}", pick.top.len(), ranked.len()));
+                continue;
+            }
+            for (a, (&(id, lp), &want_id)) in pick.top.iter().zip(&ranked).enumerate() {
+                got_lp.push(lp);
+                want_lp.push(lsm[want_id as usize]);
+                // Rank a may hold another id only where the two log-probabilities tie.
+                if id != want_id && (lsm[id as usize] - lsm[want_id as usize]).abs() > 1e-6 {
+                    fail(format!(
+                        "row {r} rank {a}: id {id} ({lp}), the CPU ranks {want_id} ({})",
+                        lsm[want_id as usize]
+                    ));
+                }
+            }
+        }
+        measure(
+            "sampling",
+            &format!("pick {rows}x{vocab} tokens"),
+            format!("exact={exact}|boundary={boundary}|of {rows}"),
+        );
+        // f32 log-sum-exp over up to 152k terms in two summation orders (the CPU's sequential
+        // sum drifts by up to ~sqrt(n) ulps of the total): 5e-4 absolute.
+        compare("sampling", &format!("pick {rows}x{vocab} logprobs"), &got_lp, &want_lp, 5e-4, 1e-5);
+
+        // Each row alone picks what it picked in the batch, bit for bit.
+        let mut alone_equal = 0;
+        for r in 0..rows {
+            let row_edits: Vec<(usize, LogitEdit)> =
+                edits.iter().filter(|(er, _)| *er == r).map(|&(_, e)| (0, e)).collect();
+            let (_, one) =
+                run_pick(gpu, &logits[r * vocab..(r + 1) * vocab], vocab, &params[r..=r], &row_edits, &top[r..=r]);
+            let (a, b) = (&one[0], &picks[r]);
+            let bits = |p: &SampledToken| {
+                (p.token, p.logprob.to_bits(), p.top.iter().map(|&(i, l)| (i, l.to_bits())).collect::<Vec<_>>())
+            };
+            if bits(a) == bits(b) {
+                alone_equal += 1;
+            } else {
+                fail(format!("row {r}: alone {a:?}, in the batch {b:?}"));
+            }
+        }
+        measure("sampling", &format!("pick {rows}x{vocab} alone == batched"), format!("{alone_equal}/{rows}"));
+    }
+}
+
+/// The `n` largest values' indices, largest first, ties by index.
+fn top_ids(row: &[f32], n: usize) -> Vec<u32> {
+    let mut idx: Vec<u32> = (0..row.len() as u32).filter(|&i| row[i as usize].is_finite()).collect();
+    idx.sort_unstable_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+    idx.truncate(n);
+    idx
 }

@@ -9,20 +9,47 @@ use std::borrow::Cow;
 
 use super::{usage, Emitted, EngineCore, Pick};
 use crate::request::{FinishReason, Finished, Output};
-use crate::sampling::{apply_processors, sample, token_logprobs, SamplingParams, TokenLogprob};
+use crate::sampling::{
+    apply_processors, processor_edits, sample, token_logprobs, uniform, SamplingParams, TokenLogprob,
+};
 use crate::sequence::Sequence;
 use crate::spec::usage as tally;
 use crate::spec::verify::{judge, Verdict};
 use crate::spec::{Origin, Policy, Proposal};
+use ferrite_runtime::sampling::{RowSampler, RowSampling};
+
+/// The end tokens `seq` may not pick yet (`min_tokens`).
+fn banned(seq: &Sequence, eos: &[u32]) -> Vec<u32> {
+    let p = &seq.params;
+    if seq.generated() < p.min_tokens {
+        eos.iter().chain(&p.stop_token_ids).copied().collect()
+    } else {
+        Vec::new()
+    }
+}
+
+/// What a device that samples does for `seq`'s next token: the processors `processed`
+/// applies (as edits), the cuts and the uniform draw `sample` uses, and its logprobs request.
+pub(super) fn row_sampler(seq: &Sequence, eos: &[u32]) -> RowSampler {
+    let sp = &seq.params.sampling;
+    let step = seq.generated() as u64;
+    RowSampler {
+        params: RowSampling {
+            temperature: sp.temperature,
+            top_k: u32::try_from(sp.top_k).unwrap_or(u32::MAX),
+            top_p: sp.top_p,
+            min_p: sp.min_p,
+            uniform: if sp.is_greedy() { 0.0 } else { uniform(seq.seed, step) },
+        },
+        edits: processor_edits(sp, &seq.tokens[..seq.prompt_len], &seq.counts, &banned(seq, eos)),
+        top_logprobs: seq.params.logprobs.unwrap_or(0),
+    }
+}
 
 /// `row` after the request's logit processors (penalties, bias, the `min_tokens` ban).
 fn processed<'a>(seq: &Sequence, row: &'a [f32], eos: &[u32]) -> Cow<'a, [f32]> {
-    let p = &seq.params;
-    let sp = &p.sampling;
-    let mut banned = Vec::new();
-    if seq.generated() < p.min_tokens {
-        banned.extend(eos.iter().chain(&p.stop_token_ids).copied());
-    }
+    let sp = &seq.params.sampling;
+    let banned = banned(seq, eos);
     if !(sp.has_penalties() || !sp.logit_bias.is_empty() || !banned.is_empty()) {
         return Cow::Borrowed(row);
     }
@@ -34,7 +61,7 @@ fn processed<'a>(seq: &Sequence, row: &'a [f32], eos: &[u32]) -> Cow<'a, [f32]> 
 impl EngineCore {
     /// Decide the tokens of `running[idx]` from `pick`: one logits row per position from its
     /// pending token on (1 + the proposal's length), or the token the model already picked
-    /// (a plain-greedy row without a proposal); then commit its KV.
+    /// (a row without a proposal: plain greedy, or sampled on the device); then commit its KV.
     pub(super) fn decide(&mut self, idx: usize, pick: Pick<'_>, proposal: Option<Proposal>) -> Emitted {
         let vocab = self.limits.vocab_size;
         let (drafts, origin) = match &proposal {
@@ -55,6 +82,14 @@ impl EngineCore {
             let mut failure = None;
             let (token, agreed, logprobs) = match pick {
                 Pick::Token(token) => (token, false, Vec::new()),
+                Pick::Sampled(picked) => {
+                    let logprobs = seq.params.logprobs.map(|k| TokenLogprob {
+                        token: picked.token,
+                        logprob: picked.logprob,
+                        top: picked.top.iter().take(k).copied().collect(),
+                    });
+                    (picked.token, false, logprobs.into_iter().collect())
+                }
                 Pick::Logits(rows) => {
                     let raw = &rows[j * vocab..(j + 1) * vocab];
                     let mut logits = processed(seq, raw, &self.eos);

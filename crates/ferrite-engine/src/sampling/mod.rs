@@ -11,6 +11,6 @@ mod sampler;
 
 pub use logprobs::{token_logprobs, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use params::{SamplingError, SamplingParams};
-pub use processors::{apply as apply_processors, TokenCounts};
+pub use processors::{apply as apply_processors, edits as processor_edits, TokenCounts};
 pub(crate) use sampler::rng_for;
-pub use sampler::{distribution, draw, sample};
+pub use sampler::{distribution, draw, sample, uniform};

@@ -2,40 +2,45 @@
 //! (over prompt and output), presence and frequency (over the output) penalties, then the
 //! `min_tokens` ban on end tokens.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+
+use ferrite_runtime::sampling::LogitEdit;
 
 use super::SamplingParams;
 
 /// Occurrence counts of a sequence's generated tokens, kept up to date as it grows.
 pub type TokenCounts = HashMap<u32, u32>;
 
-pub fn apply(logits: &mut [f32], p: &SamplingParams, prompt: &[u32], counts: &TokenCounts, banned: &[u32]) {
+/// The processors as one edit per touched token (ascending), for the host (`apply`) or a
+/// device that samples. Repeated `logit_bias` entries of a token add up.
+pub fn edits(p: &SamplingParams, prompt: &[u32], counts: &TokenCounts, banned: &[u32]) -> Vec<LogitEdit> {
+    let mut by_token: BTreeMap<u32, LogitEdit> = BTreeMap::new();
+    fn at(m: &mut BTreeMap<u32, LogitEdit>, t: u32) -> &mut LogitEdit {
+        m.entry(t).or_insert_with(|| LogitEdit::none(t))
+    }
     for &(t, bias) in &p.logit_bias {
-        if let Some(l) = logits.get_mut(t as usize) {
-            *l += bias;
-        }
+        at(&mut by_token, t).bias += bias;
     }
     if p.repetition_penalty != 1.0 {
-        let mut penalize = |t: u32| {
-            if let Some(l) = logits.get_mut(t as usize) {
-                *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
-            }
-        };
-        let mut seen: Vec<u32> = prompt.iter().copied().chain(counts.keys().copied()).collect();
-        seen.sort_unstable();
-        seen.dedup();
-        seen.into_iter().for_each(&mut penalize);
+        for &t in prompt.iter().chain(counts.keys()) {
+            at(&mut by_token, t).repetition = p.repetition_penalty;
+        }
     }
     if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
         for (&t, &c) in counts {
-            if let Some(l) = logits.get_mut(t as usize) {
-                *l -= p.presence_penalty + p.frequency_penalty * c as f32;
-            }
+            at(&mut by_token, t).subtract = p.presence_penalty + p.frequency_penalty * c as f32;
         }
     }
     for &t in banned {
-        if let Some(l) = logits.get_mut(t as usize) {
-            *l = f32::NEG_INFINITY;
+        at(&mut by_token, t).ban = true;
+    }
+    by_token.into_values().collect()
+}
+
+pub fn apply(logits: &mut [f32], p: &SamplingParams, prompt: &[u32], counts: &TokenCounts, banned: &[u32]) {
+    for e in edits(p, prompt, counts, banned) {
+        if let Some(l) = logits.get_mut(e.token as usize) {
+            *l = e.apply(*l);
         }
     }
 }

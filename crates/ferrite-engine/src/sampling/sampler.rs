@@ -15,6 +15,11 @@ pub(crate) fn rng_for(seed: u64, step: u64) -> rand::rngs::StdRng {
     rand::rngs::StdRng::seed_from_u64(z ^ (z >> 31))
 }
 
+/// The uniform number in [0, 1) a request draws its token with at `step`.
+pub fn uniform(seed: u64, step: u64) -> f32 {
+    rng_for(seed, step).random::<f32>()
+}
+
 /// The distribution `sample` draws from at temperature > 0: candidate tokens, most likely
 /// first, with their probabilities after the temperature, top-k, min-p and top-p cuts
 /// (normalized to sum to 1). Empty when no logit is finite.
@@ -77,7 +82,7 @@ pub fn sample(logits: &[f32], p: &SamplingParams, step: u64) -> u32 {
     if dist.is_empty() {
         return argmax(logits) as u32;
     }
-    draw(&dist, rng_for(p.seed, step).random::<f32>())
+    draw(&dist, uniform(p.seed, step))
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use ferrite_runtime::{KvCache, KvLayout, Result as RtResult};
 use half::bf16;
 
 use super::gemma_weights::{GemmaWeights, LayerWeights, MoeWeights};
-use super::runner::{Decode, GpuModel, Layers, StepIo};
+use super::runner::{step_inputs, Decode, GpuModel, Layers, StepIo};
 use crate::config::{Activation, ModelConfig};
 use crate::error::{LoadError, Result};
 use crate::gemma_plan::GemmaPlan;
@@ -276,7 +276,8 @@ impl GemmaLayers {
         let rope = &self.ropes[i];
         let shape = RopeShape { tokens, n_heads: nh + own, head_dim: hd, stride: qkv_w };
         let store = (!a.shared).then_some((&io.metas[group], &mut *layer_kv));
-        ops::rope(gpu, &mut b.qkv, &io.positions, &rope.inv_freq, rope.scaling, shape, store)?;
+        let [_, positions, _] = step_inputs(&io.inputs, tokens, 0)?;
+        ops::rope(gpu, &mut b.qkv, &positions, &rope.inv_freq, rope.scaling, shape, store)?;
         let plan = decode.map(|dec| dec.plan(gpu, p));
         ops::attention(gpu, &b.qkv, qkv_w, &io.metas[group], layer_kv, p, plan, &mut io.scratch, &mut b.attn, q_w)?;
         ops::linear(gpu, &b.attn, &l.o, None, &mut b.o, (tokens, d, q_w))?;
@@ -374,7 +375,8 @@ impl Layers for GemmaLayers {
         let (d, v, n) = (self.cfg.hidden_size, self.cfg.vocab_size, self.plan.layers.len());
         let scale = (d as f64).sqrt() as f32;
         b.pending = false;
-        self.w.embed.embedding(gpu, (v, d), &io.ids, tokens, scale, &mut io.x)?;
+        let [ids, _, _] = step_inputs(&io.inputs, tokens, 0)?;
+        self.w.embed.embedding(gpu, (v, d), &ids, tokens, scale, &mut io.x)?;
         if let (Some(pw), Some(pl), Some((vocab, width))) =
             (&self.w.per_layer, b.per_layer.as_mut(), self.plan.per_layer_input)
         {
@@ -388,7 +390,7 @@ impl Layers for GemmaLayers {
                 emb_scale: (width as f64).sqrt() as f32,
                 eps: self.cfg.rms_norm_eps,
             };
-            ops::per_layer_inputs(gpu, &pl.proj, &pw.table, &io.ids, &pw.norm, shape, &mut pl.inputs)?;
+            ops::per_layer_inputs(gpu, &pl.proj, &pw.table, &ids, &pw.norm, shape, &mut pl.inputs)?;
         }
         for (i, l) in self.w.layers.iter().enumerate() {
             self.queue_layer(gpu, io, b, kv, tokens, decode, i, l)?;

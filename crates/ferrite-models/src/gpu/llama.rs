@@ -5,9 +5,11 @@
 //!
 //! A step is: embedding gather → per layer [RMSNorm (fused with the residual add) → fused
 //! QKV GEMM (+bias) → RoPE on q and k in place with the KV write (one kernel) → paged
-//! attention → output GEMM → RMSNorm + residual → fused gate-up GEMM → SwiGLU (one kernel in
+//! attention (in decode, one kernel: the attention rotates q and the new key and stores K and
+//! V itself) → output GEMM → RMSNorm + residual → fused gate-up GEMM → SwiGLU (one kernel in
 //! decode) → down GEMM] → final norm → gather of the rows that want logits → LM head GEMM (f32
-//! logits) → argmax. Activations are bf16, every kernel computes in f32, GEMMs accumulate in
+//! logits) → argmax, or after the step the rows' own sampling (`forward_sampled`: logit edits,
+//! temperature, top-k/top-p/min-p, log-probabilities). Activations are bf16, every kernel computes in f32, GEMMs accumulate in
 //! f32.
 
 use std::sync::Arc;
@@ -18,7 +20,7 @@ use ferrite_runtime::cuda::{CudaSlice, DevicePtr, Gpu};
 use ferrite_runtime::{KvCache, KvGroupKind, KvLayout, Result as RtResult};
 use half::bf16;
 
-use super::runner::{Decode, GpuModel, Layers, StepIo};
+use super::runner::{step_inputs, Decode, GpuModel, Layers, StepIo};
 use super::weights::{qkv_rows, LlamaWeights};
 use crate::config::{Activation, ModelConfig};
 use crate::error::{LoadError, Result};
@@ -144,7 +146,8 @@ impl Layers for LlamaLayers {
         let (q_w, qkv_w) = (nh * hd, qkv_rows(cfg));
         let eps = cfg.rms_norm_eps;
         let plan = decode.map(|dec| dec.plan(gpu, &self.params[0]));
-        self.w.embed.embedding(gpu, (v, d), &ws.ids, tokens, 1.0, &mut ws.x)?;
+        let [ids, positions, _] = step_inputs(&ws.inputs, tokens, 0)?;
+        self.w.embed.embedding(gpu, (v, d), &ids, tokens, 1.0, &mut ws.x)?;
         for (i, l) in self.w.layers.iter().enumerate() {
             if i == 0 {
                 ops::rms_norm(gpu, &ws.x, None, &l.attn_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
@@ -153,12 +156,31 @@ impl Layers for LlamaLayers {
             }
             let bias = l.qkv_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
             l.qkv.linear(gpu, &ws.h, bias, &mut b.qkv, (tokens, qkv_w, d), ws.dequant.as_mut())?;
-            let shape = RopeShape { tokens, n_heads: nh + nkv, head_dim: hd, stride: qkv_w };
             let layer_kv = kv.device_layer_mut(i)?;
-            let store = Some((&ws.metas[0], &mut *layer_kv));
-            ops::rope(gpu, &mut b.qkv, &ws.positions, &self.inv_freq, self.rope_scaling, shape, store)?;
             let p = &self.params[0];
-            ops::attention(gpu, &b.qkv, qkv_w, &ws.metas[0], layer_kv, p, plan, &mut ws.scratch, &mut b.attn, q_w)?;
+            if let Some(plan) = plan {
+                // Decode: the attention kernel rotates q and the new keys and stores K and V.
+                let rope = (&self.inv_freq, self.rope_scaling);
+                let (meta, scratch) = (&ws.metas[0], &mut ws.scratch);
+                ops::decode_attention_rope(
+                    gpu,
+                    &b.qkv,
+                    qkv_w,
+                    meta,
+                    layer_kv,
+                    p,
+                    rope,
+                    plan,
+                    scratch,
+                    &mut b.attn,
+                    q_w,
+                )?;
+            } else {
+                let shape = RopeShape { tokens, n_heads: nh + nkv, head_dim: hd, stride: qkv_w };
+                let store = Some((&ws.metas[0], &mut *layer_kv));
+                ops::rope(gpu, &mut b.qkv, &positions, &self.inv_freq, self.rope_scaling, shape, store)?;
+                ops::attention(gpu, &b.qkv, qkv_w, &ws.metas[0], layer_kv, p, None, &mut ws.scratch, &mut b.attn, q_w)?;
+            }
             l.o.linear(gpu, &b.attn, None, &mut b.o, (tokens, d, q_w), ws.dequant.as_mut())?;
             ops::rms_norm(gpu, &b.o, Some(&mut ws.x), &l.ffn_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
             let shape = (tokens, inter, d);

@@ -15,8 +15,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferrite_runtime::cpu::AttentionParams;
-use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, Matrix};
-use ferrite_runtime::cuda::{CudaSlice, Gpu, Graph};
+use ferrite_runtime::cuda::ops::{
+    self, AttentionMeta, DecodePlan, DecodeScratch, Matrix, SampledDev, SamplingParamsDev,
+};
+use ferrite_runtime::cuda::{CudaSlice, CudaView, Gpu, Graph};
+use ferrite_runtime::sampling::{LogitEdit, RowSampler, RowSampling, SampledToken};
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError};
 use half::bf16;
 
@@ -89,9 +92,9 @@ pub struct StepIo {
     pub rows: usize,
     /// Block-table entries a row can have.
     pub blocks: usize,
-    pub ids: CudaSlice<u32>,
-    pub positions: CudaSlice<u32>,
-    pub logit_rows: CudaSlice<u32>,
+    /// A step's token ids, positions and logits rows, one copy: `[tokens | tokens | rows]`
+    /// for the step's (padded) token count (`step_inputs` takes them apart).
+    pub inputs: CudaSlice<u32>,
     /// The residual stream `[tokens, hidden]`.
     pub x: CudaSlice<bf16>,
     /// Normed activations `[tokens, hidden]`.
@@ -103,8 +106,23 @@ pub struct StepIo {
     /// The attention metadata of each KV group.
     pub metas: Vec<AttentionMeta>,
     pub scratch: DecodeScratch,
+    /// Device sampling: the rows' parameters and edits in, the picks out (grown, by
+    /// doubling, to the most edits and alternatives a step has asked for).
+    pub sampling: SamplingParamsDev,
+    pub sampled: SampledDev,
     /// Where a quantized matrix is dequantized for a many-row GEMM (`Layers::scratch_len`).
     pub dequant: Option<CudaSlice<bf16>>,
+}
+
+/// The ids, positions and logits rows of a step of `tokens` tokens and `out_rows` logits rows
+/// in a workspace's `inputs`.
+pub fn step_inputs(inputs: &CudaSlice<u32>, tokens: usize, out_rows: usize) -> RtResult<[CudaView<'_, u32>; 3]> {
+    let part = |range: std::ops::Range<usize>| {
+        inputs.try_slice(range.clone()).ok_or_else(|| {
+            RuntimeError::Shape(format!("step inputs {range:?} outside the workspace's {}", inputs.len()))
+        })
+    };
+    Ok([part(0..tokens)?, part(tokens..2 * tokens)?, part(2 * tokens..2 * tokens + out_rows)?])
 }
 
 /// The largest heads and head width over `attention`.
@@ -128,9 +146,7 @@ impl StepIo {
             tokens,
             rows,
             blocks: max_blocks,
-            ids: gpu.alloc(tokens)?,
-            positions: gpu.alloc(tokens)?,
-            logit_rows: gpu.alloc(rows)?,
+            inputs: gpu.alloc(2 * tokens + rows)?,
             x: bf(tokens * d)?,
             h: bf(tokens * d)?,
             picked: bf(rows * d)?,
@@ -138,6 +154,8 @@ impl StepIo {
             next: gpu.alloc(rows)?,
             metas,
             scratch: DecodeScratch::new(gpu, rows, heads, hd, 1)?,
+            sampling: SamplingParamsDev::with_capacity(gpu, rows, 0)?,
+            sampled: SampledDev::new(gpu, rows)?,
             dequant: match layers.scratch_len() {
                 0 => None,
                 n => Some(bf(n)?),
@@ -161,6 +179,7 @@ pub struct GpuModel<L: Layers> {
     gpu: Arc<Gpu>,
     weight_bytes: usize,
     graphs_enabled: AtomicBool,
+    device_sampling: AtomicBool,
     state: Mutex<State<L::Buffers>>,
 }
 
@@ -172,6 +191,7 @@ impl<L: Layers> GpuModel<L> {
             gpu,
             weight_bytes,
             graphs_enabled: AtomicBool::new(true),
+            device_sampling: AtomicBool::new(true),
             state: Mutex::new(State { ws: None, graphs: HashMap::new(), graph_kv: 0 }),
         }
     }
@@ -188,6 +208,11 @@ impl<L: Layers> GpuModel<L> {
     /// Replay CUDA graphs for decode steps (the default) or run every step eagerly.
     pub fn set_cuda_graphs(&self, on: bool) {
         self.graphs_enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Sample on the device (the default) or hand the engine logits to sample on the host.
+    pub fn set_device_sampling(&self, on: bool) {
+        self.device_sampling.store(on, Ordering::Relaxed);
     }
 
     fn lock(&self) -> RtResult<std::sync::MutexGuard<'_, State<L::Buffers>>> {
@@ -235,7 +260,8 @@ impl<L: Layers> GpuModel<L> {
         }
         self.layers.final_norm(gpu, io, b, tokens)?;
         // The rows that want logits, gathered by the embedding kernel over the normed rows.
-        ops::embedding(gpu, &io.h, (tokens, d), &io.logit_rows, out_rows, 1.0, &mut io.picked)?;
+        let [_, _, logit_rows] = step_inputs(&io.inputs, tokens, out_rows)?;
+        ops::embedding(gpu, &io.h, (tokens, d), &logit_rows, out_rows, 1.0, &mut io.picked)?;
         self.layers.lm_head().linear::<f32>(gpu, &io.picked, None, &mut io.logits, (out_rows, v, d), None)?;
         if let Some(cap) = self.layers.final_softcap() {
             ops::softcap(gpu, &mut io.logits, out_rows * v, cap)?;
@@ -257,12 +283,15 @@ impl<L: Layers> GpuModel<L> {
     ) -> RtResult<()> {
         let gpu = &*self.gpu;
         let pad = rows.saturating_sub(batch.rows.len());
-        let padded = |v: &[u32]| v.iter().copied().chain(std::iter::repeat_n(0, pad)).collect::<Vec<u32>>();
-        gpu.upload_into(&padded(&batch.tokens), &mut io.ids)?;
-        gpu.upload_into(&padded(&batch.positions), &mut io.positions)?;
-        let mut logit_rows: Vec<u32> = batch.logits_indices.iter().map(|&i| i as u32).collect();
-        logit_rows.extend((batch.num_tokens()..batch.num_tokens() + pad).map(|i| i as u32));
-        gpu.upload_into(&logit_rows, &mut io.logit_rows)?;
+        let tokens = batch.num_tokens() + pad;
+        let mut host = Vec::with_capacity(2 * tokens + batch.logits_indices.len() + pad);
+        for v in [&batch.tokens, &batch.positions] {
+            host.extend_from_slice(v);
+            host.resize(host.len() + pad, 0);
+        }
+        host.extend(batch.logits_indices.iter().map(|&i| i as u32));
+        host.extend((batch.num_tokens()..tokens).map(|i| i as u32));
+        gpu.upload_into(&host, &mut io.inputs)?;
         for (group, meta) in io.metas.iter_mut().enumerate() {
             meta.update(gpu, batch, group, block_size, rows, stride)?;
         }
@@ -400,6 +429,36 @@ impl<L: Layers> CausalLm for GpuModel<L> {
             return Ok(Vec::new());
         }
         Ok(self.gpu.download(&io.next.slice(..batch.logits_indices.len()))?)
+    }
+
+    fn samples_on_device(&self) -> bool {
+        self.device_sampling.load(Ordering::Relaxed)
+    }
+
+    fn forward_sampled(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        rows: &[RowSampler],
+    ) -> RtResult<Vec<SampledToken>> {
+        let n = batch.logits_indices.len();
+        if rows.len() != n {
+            return Err(RuntimeError::Shape(format!("{} samplers for {n} logits rows", rows.len())));
+        }
+        let mut st = self.run(batch, kv)?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let (io, _) = st.ws.as_mut().ok_or_else(no_workspace)?;
+        let v = self.layers.config().vocab_size;
+        let params: Vec<RowSampling> = rows.iter().map(|r| r.params).collect();
+        let edits: Vec<(usize, LogitEdit)> =
+            rows.iter().enumerate().flat_map(|(i, r)| r.edits.iter().map(move |&e| (i, e))).collect();
+        let top: Vec<usize> = rows.iter().map(|r| r.top_logprobs).collect();
+        let most = top.iter().copied().max().unwrap_or(0);
+        io.sampling.update(&self.gpu, &params, &edits, most, v)?;
+        ops::pick(&self.gpu, &mut io.logits.slice_mut(..n * v), (v, v), &io.sampling, &mut io.sampled)?;
+        Ok(io.sampled.download(&self.gpu, &top)?)
     }
 
     fn uses_host_pool(&self) -> bool {

@@ -20,6 +20,6 @@ pub mod ops;
 pub use blas::GemmOutput;
 pub use compile::{default_kernel_cache_dir, CompileReport};
 pub use context::{DeviceInfo, Gpu, Graph};
-pub use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+pub use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 pub use device::{cuda_device_count, resolve_device, Device, DeviceChoice};
 pub use error::{CudaError, CudaResult};

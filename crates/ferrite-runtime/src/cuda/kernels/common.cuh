@@ -75,6 +75,19 @@ __device__ __forceinline__ void unpack8(uint4 raw, float* f) {
     }
 }
 
+// RoPE of the pair (a, b) ("rotate half": dims i and i + half) at angle pos * freq, cos and
+// sin scaled by `scaling`, rounded to bf16 (rope.cu, and the decode attention that rotates its
+// own queries and keys). Rounded operations, so every kernel gets the same bits.
+__device__ __forceinline__ void rope_pair(float a, float b, float pos, float freq, float scaling, bf16_t* ra,
+                                          bf16_t* rb) {
+    float s, c;
+    sincosf(__fmul_rn(pos, freq), &s, &c);
+    c = __fmul_rn(c, scaling);
+    s = __fmul_rn(s, scaling);
+    *ra = f2bf(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+    *rb = f2bf(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+}
+
 // The gated activations' nonlinearities (activation.cu, and gemv.cu's fused input).
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 

@@ -29,12 +29,8 @@ extern "C" __global__ void rope(bf16_t* __restrict__ x, const unsigned* __restri
         vc = v_cache + at;
     }
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float s, c;
-        sincosf(pos * inv_freq[i], &s, &c);
-        c *= scaling;
-        s *= scaling;
-        const float a = bf2f(p[i]), b = bf2f(p[i + half]);
-        const bf16_t ra = f2bf(a * c - b * s), rb = f2bf(b * c + a * s);
+        bf16_t ra, rb;
+        rope_pair(bf2f(p[i]), bf2f(p[i + half]), pos, inv_freq[i], scaling, &ra, &rb);
         p[i] = ra;
         p[i + half] = rb;
         if (kc != nullptr) {

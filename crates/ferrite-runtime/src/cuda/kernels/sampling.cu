@@ -6,7 +6,7 @@
 // 8 bits, each a 256-bin histogram over the row), which finds the same token sets without a
 // sort. Probability masses are summed as 2^-40 fixed point in 64-bit integers, so sums do not
 // depend on the order the atomics land in: a row's result is deterministic. Rows are read as
-// 16-byte words, two per thread in flight; lanes of a warp that land in the same histogram
+// 16-byte words, several per thread in flight; lanes of a warp that land in the same histogram
 // bin add their weights first (match + warp reduce), so a crowded bin costs one atomic per
 // warp, not one per element.
 //
@@ -31,22 +31,29 @@ __device__ __forceinline__ unsigned order_key(float x) {
 
 // Calls f(i, v, valid) for every element of x[0..n); lanes past the end get valid = false.
 // The trip counts are uniform across the block, so f may use warp-collective operations.
-template <class F>
+// Each thread keeps LOADS 16-byte loads in flight: one block walks a whole row in
+// n / (4 · LOADS · blockDim) dependent round trips. The argmax kernel takes 8 (2 round trips
+// for a 128k vocabulary); the sampling passes, whose bodies hold more registers, 2.
+template <int LOADS = 2, class F>
 __device__ __forceinline__ void for_each(const float* __restrict__ x, int n, F f) {
     const int n4 = ((size_t)x & 15) == 0 ? n / 4 : 0;
     const float4* x4 = (const float4*)x;
     const float4 none = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int base = 0; base < n4; base += 2 * blockDim.x) {
-        const int i = base + threadIdx.x, j = i + blockDim.x;
-        const float4 a = i < n4 ? x4[i] : none, b = j < n4 ? x4[j] : none;
-        f(4 * i, a.x, i < n4);
-        f(4 * i + 1, a.y, i < n4);
-        f(4 * i + 2, a.z, i < n4);
-        f(4 * i + 3, a.w, i < n4);
-        f(4 * j, b.x, j < n4);
-        f(4 * j + 1, b.y, j < n4);
-        f(4 * j + 2, b.z, j < n4);
-        f(4 * j + 3, b.w, j < n4);
+    for (int base = 0; base < n4; base += LOADS * blockDim.x) {
+        float4 a[LOADS];
+#pragma unroll
+        for (int u = 0; u < LOADS; u++) {
+            const int i = base + u * blockDim.x + threadIdx.x;
+            a[u] = i < n4 ? x4[i] : none;
+        }
+#pragma unroll
+        for (int u = 0; u < LOADS; u++) {
+            const int i = base + u * blockDim.x + threadIdx.x;
+            f(4 * i, a[u].x, i < n4);
+            f(4 * i + 1, a[u].y, i < n4);
+            f(4 * i + 2, a[u].z, i < n4);
+            f(4 * i + 3, a[u].w, i < n4);
+        }
     }
     for (int base = 4 * n4; base < n; base += blockDim.x) {
         const int k = base + threadIdx.x;
@@ -65,10 +72,11 @@ __device__ __forceinline__ void hist_add(unsigned long long* hist, int bin, unsi
 }
 
 // (value, index) of the row's argmax: the first index on ties; NaN never wins.
+template <int LOADS>
 __device__ void row_argmax(const float* x, int n, float* s_v, int* s_i, float* best_v, int* best_i) {
     float bv = -FERRITE_INF;
     int bi = 0x7fffffff;
-    for_each(x, n, [&](int i, float v, bool valid) {
+    for_each<LOADS>(x, n, [&](int i, float v, bool valid) {
         if (valid && (v > bv || (v == bv && i < bi))) {
             bv = v;
             bi = i;
@@ -111,7 +119,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) argmax_rows(const f
     __shared__ int s_i[32];
     float v;
     int i;
-    row_argmax(logits + (u64)blockIdx.x * stride, vocab, s_v, s_i, &v, &i);
+    row_argmax<8>(logits + (u64)blockIdx.x * stride, vocab, s_v, s_i, &v, &i);
     if (threadIdx.x == 0) out[blockIdx.x] = (unsigned)i;
 }
 
@@ -264,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 
     float amax_v;
     int amax;
-    row_argmax(x, vocab, s_v, s_i, &amax_v, &amax);
+    row_argmax<2>(x, vocab, s_v, s_i, &amax_v, &amax);
     float mr = -FERRITE_INF;
     for_each(x, vocab, [&](int, float v, bool valid) {
         if (valid && is_finite(v)) mr = fmaxf(mr, v);
@@ -299,5 +307,84 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     if (threadIdx.x == 0) {
         tokens[row] = (unsigned)token;
         logprobs[row] = x[token] - lse;
+    }
+}
+
+// The rows' logit edits (ferrite_runtime::sampling::LogitEdit::apply): six words an edit —
+// row, token, bias, repetition, subtract (f32 bits), ban. Rounded operations (no contraction
+// into FMAs), so the result is the CPU's, bit for bit.
+extern "C" __global__ void edit_logits(float* __restrict__ logits, int stride, const unsigned* __restrict__ edits,
+                                       int n_edits) {
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n_edits; e += gridDim.x * blockDim.x) {
+        const unsigned* w = edits + 6 * (u64)e;
+        float* p = logits + (u64)w[0] * stride + w[1];
+        if (w[5]) {
+            *p = -FERRITE_INF;
+            continue;
+        }
+        float l = __fadd_rn(*p, __uint_as_float(w[2]));
+        const float r = __uint_as_float(w[3]);
+        if (r != 1.f) l = l > 0.f ? __fdiv_rn(l, r) : __fmul_rn(l, r);
+        *p = __fsub_rn(l, __uint_as_float(w[4]));
+    }
+}
+
+#define TOP_MAX 32
+
+// The n_top (<= TOP_MAX) most likely finite logits of each row, most likely first (equal
+// logits by id), as ids and log-probabilities; slots past the row's finite logits get id
+// 0xffffffff and -inf. A radix select finds the n_top-th in the CPU's order, then the kept
+// tokens are gathered and sorted by one thread.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+    top_logprobs_rows(const float* __restrict__ logits, int vocab, int stride, int n_top, unsigned* __restrict__ ids,
+                      float* __restrict__ lps) {
+    __shared__ float s_v[32];
+    __shared__ Select s;
+    __shared__ int s_n;
+    __shared__ int c_id[TOP_MAX];
+    __shared__ float c_v[TOP_MAX];
+    const int row = blockIdx.x;
+    const float* x = logits + (u64)row * stride;
+    float mr = -FERRITE_INF;
+    for_each(x, vocab, [&](int, float v, bool valid) {
+        if (valid && is_finite(v)) mr = fmaxf(mr, v);
+    });
+    mr = block_max(mr, s_v);
+    float z = 0.f;
+    if (mr != -FERRITE_INF) for_each(x, vocab, [&](int, float v, bool valid) {
+            if (valid && is_finite(v)) z += expf(v - mr);
+        });
+    z = block_sum(z, s_v);
+    const float lse = mr + logf(z);
+    if (threadIdx.x == 0) s_n = 0;
+    const Cut cut = select_cut(x, vocab, mr, 1.f, Cut{0u, NO_ID}, 0.f, false, (unsigned long long)n_top, true, &s);
+    for_each(x, vocab, [&](int i, float v, bool valid) {
+        if (valid && is_finite(v) && kept(order_key(v), i, cut)) {
+            const int at = atomicAdd(&s_n, 1);
+            if (at < TOP_MAX) {
+                c_id[at] = i;
+                c_v[at] = v;
+            }
+        }
+    });
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int n = min(s_n, n_top);
+        for (int a = 1; a < n; a++) {  // insertion sort: logit descending, id ascending
+            const int id = c_id[a];
+            const float v = c_v[a];
+            int b = a - 1;
+            while (b >= 0 && (c_v[b] < v || (c_v[b] == v && c_id[b] > id))) {
+                c_id[b + 1] = c_id[b];
+                c_v[b + 1] = c_v[b];
+                b--;
+            }
+            c_id[b + 1] = id;
+            c_v[b + 1] = v;
+        }
+        for (int a = 0; a < n_top; a++) {
+            ids[(u64)row * n_top + a] = a < n ? (unsigned)c_id[a] : 0xffffffffu;
+            lps[(u64)row * n_top + a] = a < n ? c_v[a] - lse : -FERRITE_INF;
+        }
     }
 }

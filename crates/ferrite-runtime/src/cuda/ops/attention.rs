@@ -1,5 +1,5 @@
 //! Paged attention on the device: the per-step metadata, the KV write, decode attention
-//! (split-K) and variable-length prefill attention (tensor cores).
+//! (split-K, merged in the same launch) and variable-length prefill attention (tensor cores).
 //!
 //! A step's `ForwardBatch` becomes one `AttentionMeta` per KV group — block tables, context
 //! lengths, query spans, the slot of every new token and the prefill tile list — uploaded
@@ -8,7 +8,7 @@
 //! `AttentionParams` (GQA, sliding window, softcap) and read the cache layout
 //! `[block][kv_head][slot][head_dim]` in bf16.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 use half::bf16;
 
 use crate::batch::{ForwardBatch, NO_BLOCK};
@@ -20,19 +20,27 @@ use crate::cuda::functions::head_dim_index;
 /// Query tokens per prefill tile (the kernel's BM), and threads of both kernels.
 const PREFILL_TILE: usize = 64;
 const THREADS: u32 = 128;
-/// The decode kernel's warps, and its query heads per register chunk (`GCH(HD)`).
+/// The decode kernel's warps (DEC_WARPS).
 const DEC_WARPS: usize = 4;
-fn gch(head_dim: usize) -> usize {
-    if head_dim > 256 {
+/// The longest partition a decode plan makes (longer ones only cost parallelism).
+const MAX_PARTITION: usize = 512;
+
+/// Query heads one decode CTA takes (the kernel's GC) for a GQA group of `group` heads.
+fn heads_per_cta(group: usize) -> usize {
+    if group <= 4 {
         4
     } else {
         8
     }
 }
-/// Dynamic shared memory the decode kernel aims to stay under (keeps several CTAs per SM),
-/// and the longest partition it plans (longer ones only cost parallelism).
-const DECODE_SHARED_TARGET: usize = 48 << 10;
-const MAX_PARTITION: usize = 512;
+
+/// Keys a decode CTA reads per round (every lane group one load of K and V in flight per
+/// key it takes): DEC_WARPS × keys per warp load (32 lanes / (head_dim / 8)) ×
+/// DEC_UNROLL(GC).
+fn keys_per_round(head_dim: usize, gc: usize) -> usize {
+    let unroll = if gc <= 4 { 4 } else { 2 };
+    DEC_WARPS * (256 / head_dim).max(1) * unroll
+}
 
 /// One layer's paged K and V pools on the device.
 pub struct DeviceKv {
@@ -60,8 +68,11 @@ impl DeviceKv {
 
 /// A step's attention metadata for one KV group, on the device.
 ///
-/// The buffers keep their addresses from one step to the next (`update` copies into them),
-/// so a CUDA graph captured over a step replays over the next step's metadata.
+/// The arrays travel as one buffer in one copy: context lengths, query starts, slots,
+/// prefill tiles, then block tables, each starting where the one before ends for this step's
+/// shape. The buffer keeps its address from one step to the next (`update` copies into it),
+/// and a step's offsets depend only on its (rows, tokens, table stride, tiles), so a CUDA
+/// graph captured over a step replays over the next step of the same shape.
 pub struct AttentionMeta {
     pub rows: usize,
     pub tokens: usize,
@@ -71,12 +82,34 @@ pub struct AttentionMeta {
     pub max_query: usize,
     block_size: usize,
     bt_stride: usize,
-    block_tables: CudaSlice<i32>,
-    context_lens: CudaSlice<i32>,
-    query_start: CudaSlice<i32>,
-    slot_mapping: CudaSlice<i32>,
-    tiles: CudaSlice<i32>,
+    packed: CudaSlice<i32>,
     n_tiles: usize,
+}
+
+/// Where each array of a step sits in `AttentionMeta::packed`: (offset, length).
+#[derive(Debug, Clone, Copy)]
+struct Regions {
+    context_lens: (usize, usize),
+    query_start: (usize, usize),
+    slot_mapping: (usize, usize),
+    tiles: (usize, usize),
+    block_tables: (usize, usize),
+}
+
+impl Regions {
+    fn new(rows: usize, tokens: usize, bt_stride: usize, n_tiles: usize) -> Regions {
+        let lens = [rows, rows + 1, tokens, 2 * n_tiles, rows * bt_stride];
+        let mut at = 0;
+        let [c, q, s, t, b] = lens.map(|n| {
+            at += n;
+            (at - n, n)
+        });
+        Regions { context_lens: c, query_start: q, slot_mapping: s, tiles: t, block_tables: b }
+    }
+
+    fn end(&self) -> usize {
+        self.block_tables.0 + self.block_tables.1
+    }
 }
 
 /// The host side of `AttentionMeta` before it is copied to the device.
@@ -177,10 +210,18 @@ impl HostMeta {
 }
 
 impl AttentionMeta {
+    fn regions(&self) -> Regions {
+        Regions::new(self.rows, self.tokens, self.bt_stride, self.n_tiles)
+    }
+
+    fn view(&self, (at, len): (usize, usize)) -> CudaView<'_, i32> {
+        self.packed.slice(at..at + len)
+    }
+
     /// The cache slot of each query token (negative: none) and the block size it counts in,
     /// for kernels that store keys besides `write_kv`.
-    pub(crate) fn slots(&self) -> (&CudaSlice<i32>, usize) {
-        (&self.slot_mapping, self.block_size)
+    pub(crate) fn slots(&self) -> (CudaView<'_, i32>, usize) {
+        (self.view(self.regions().slot_mapping), self.block_size)
     }
 
     /// Build and upload the metadata of `batch` for KV group `group` with `block_size`.
@@ -196,6 +237,7 @@ impl AttentionMeta {
     /// `bt_stride` entries.
     pub fn with_capacity(gpu: &Gpu, rows: usize, tokens: usize, bt_stride: usize) -> CudaResult<AttentionMeta> {
         let (rows, tokens, bt_stride) = (rows.max(1), tokens.max(1), bt_stride.max(1));
+        let most = Regions::new(rows, tokens, bt_stride, rows + tokens.div_ceil(PREFILL_TILE));
         Ok(AttentionMeta {
             rows: 0,
             tokens: 0,
@@ -203,16 +245,12 @@ impl AttentionMeta {
             max_query: 0,
             block_size: 0,
             bt_stride,
-            block_tables: gpu.alloc(rows * bt_stride)?,
-            context_lens: gpu.alloc(rows)?,
-            query_start: gpu.alloc(rows + 1)?,
-            slot_mapping: gpu.alloc(tokens)?,
-            tiles: gpu.alloc(2 * (rows + tokens.div_ceil(PREFILL_TILE)))?,
+            packed: gpu.alloc(most.end())?,
             n_tiles: 0,
         })
     }
 
-    /// Copy the metadata of `batch` into these buffers (an error when it does not fit),
+    /// Copy the metadata of `batch` into this buffer (an error when it does not fit),
     /// padded with empty one-token rows up to `rows` rows (see `HostMeta::build`), block
     /// tables `stride` entries apart when given (what a captured decode graph was built
     /// with), else as long as the longest.
@@ -231,34 +269,27 @@ impl AttentionMeta {
         self.store(gpu, h, batch.rows.len() + pad, batch.num_tokens() + pad)
     }
 
-    /// Whether a step of `rows` rows and `tokens` tokens fits without reallocating.
-    pub fn fits(&self, rows: usize, tokens: usize) -> bool {
-        rows <= self.context_lens.len() && tokens <= self.slot_mapping.len()
-    }
-
     fn store(&mut self, gpu: &Gpu, h: HostMeta, rows: usize, tokens: usize) -> CudaResult<()> {
-        if !self.fits(rows, tokens)
-            || h.block_tables.len() > self.block_tables.len()
-            || h.tiles.len() > self.tiles.len()
-        {
+        let n_tiles = h.tiles.len() / 2;
+        let r = Regions::new(rows, tokens, h.bt_stride, n_tiles);
+        if r.end() > self.packed.len() {
             return Err(CudaError::Shape(format!(
-                "attention metadata of {rows} rows, {tokens} tokens, {} table entries exceeds its buffers",
+                "attention metadata of {rows} rows, {tokens} tokens, {} table entries exceeds its buffer",
                 h.block_tables.len()
             )));
         }
-        gpu.upload_into(&h.block_tables, &mut self.block_tables)?;
-        gpu.upload_into(&h.context_lens, &mut self.context_lens)?;
-        gpu.upload_into(&h.query_start, &mut self.query_start)?;
-        gpu.upload_into(&h.slot_mapping, &mut self.slot_mapping)?;
-        if !h.tiles.is_empty() {
-            gpu.upload_into(&h.tiles, &mut self.tiles)?;
+        let mut host = Vec::with_capacity(r.end());
+        for part in [&h.context_lens, &h.query_start, &h.slot_mapping, &h.tiles, &h.block_tables] {
+            host.extend_from_slice(part);
         }
+        debug_assert_eq!(host.len(), r.end());
+        gpu.upload_into(&host, &mut self.packed)?;
         self.rows = rows;
         self.tokens = tokens;
         self.max_context = h.max_context;
         self.max_query = h.max_query;
         self.bt_stride = h.bt_stride;
-        self.n_tiles = h.tiles.len() / 2;
+        self.n_tiles = n_tiles;
         Ok(())
     }
 }
@@ -301,7 +332,7 @@ pub fn write_kv(
             meta.tokens
         )));
     }
-    let (kp, vp, sp) = (gpu.ptr(k), gpu.ptr(v), gpu.ptr(&meta.slot_mapping));
+    let (kp, vp, sp) = (gpu.ptr(k), gpu.ptr(v), gpu.ptr(&meta.slots().0));
     let (kc, vc) = (gpu.ptr_mut(&mut kv.k), gpu.ptr_mut(&mut kv.v));
     let [st, t, nkv, hd, bs] = [kv_stride, meta.tokens, kv.n_kv_heads, kv.head_dim, kv.block_size].map(|x| x as i32);
     let grid = gpu.grid_for(meta.tokens * width, 256);
@@ -317,48 +348,50 @@ pub struct DecodePlan {
 }
 
 impl DecodePlan {
-    /// Enough CTAs to keep every SM busy (four per SM), partitions of 32 to
-    /// `MAX_PARTITION` keys within the shared-memory budget. `max_context` bounds every
-    /// row's context.
+    /// Enough CTAs to give every SM two, in partitions of whole rounds of the kernel (at
+    /// most `MAX_PARTITION` keys). `max_context` bounds every row's context.
     pub fn new(gpu: &Gpu, rows: usize, p: &AttentionParams, max_context: usize) -> DecodePlan {
         let visible = p.window.map_or(max_context, |w| w.min(max_context)).max(1);
         let group = (p.n_heads / p.n_kv_heads.max(1)).max(1);
-        let fixed = group * p.head_dim + DEC_WARPS * group.min(gch(p.head_dim)) * p.head_dim + 2 * group + 2;
-        // Per key: one score per head and (at block size 1, the worst case) one block id.
-        let cap = ((DECODE_SHARED_TARGET / 4).saturating_sub(fixed) / (group + 1)) / 32 * 32;
-        let ctas = (rows * p.n_kv_heads).max(1);
-        let want_splits = (4 * gpu.info().multiprocessors).div_ceil(ctas).max(1);
-        let partition = visible.div_ceil(want_splits).next_multiple_of(32).clamp(32, MAX_PARTITION).min(cap.max(32));
+        let gc = heads_per_cta(group);
+        let round = keys_per_round(p.head_dim, gc);
+        let ctas = (rows * p.n_kv_heads * group.div_ceil(gc)).max(1);
+        let want_splits = (2 * gpu.info().multiprocessors).div_ceil(ctas).max(1);
+        let partition = visible.div_ceil(want_splits).next_multiple_of(round).clamp(round, MAX_PARTITION.max(round));
         DecodePlan { partition, splits: visible.div_ceil(partition) }
     }
 
     fn shared_bytes(&self, p: &AttentionParams, block_size: usize) -> usize {
-        let group = p.n_heads / p.n_kv_heads;
+        let gc = heads_per_cta(p.n_heads / p.n_kv_heads);
         let blocks = self.partition / block_size + 2;
-        4 * (group * p.head_dim
-            + group * self.partition
-            + DEC_WARPS * group.min(gch(p.head_dim)) * p.head_dim
-            + 2 * group
-            + blocks)
+        // q, the warps' outputs and (max, sum), the merge flag, the block ids, then the
+        // merge's per-partition (max, sum) and each head's total.
+        let merge = 2 * gc * self.splits + gc;
+        4 * (gc * p.head_dim + DEC_WARPS * gc * p.head_dim + DEC_WARPS * gc * 2 + 1 + blocks + merge)
     }
 }
 
-/// Split-K partial results of a decode step (reused across steps and layers).
+/// Split-K partial results of a decode step (reused across steps and layers), and the
+/// counters by which the last partition of each (row, head chunk) finds itself; the kernel
+/// leaves them at zero.
 pub struct DecodeScratch {
     out: CudaSlice<f32>,
     ml: CudaSlice<f32>,
+    counters: CudaSlice<i32>,
 }
 
 impl DecodeScratch {
     pub fn new(gpu: &Gpu, rows: usize, n_heads: usize, head_dim: usize, splits: usize) -> CudaResult<DecodeScratch> {
         let n = (rows * n_heads * splits).max(1);
-        Ok(DecodeScratch { out: gpu.alloc(n * head_dim)?, ml: gpu.alloc(2 * n)? })
+        // A head chunk has at least one head: rows × n_heads counters cover every chunk.
+        let counters = gpu.alloc((rows * n_heads).max(1))?;
+        Ok(DecodeScratch { out: gpu.alloc(n * head_dim)?, ml: gpu.alloc(2 * n)?, counters })
     }
 
     /// Whether a decode step of `rows` rows of `n_heads` heads in `splits` splits fits.
     pub fn fits(&self, rows: usize, n_heads: usize, head_dim: usize, splits: usize) -> bool {
         let n = rows * n_heads * splits;
-        self.out.len() >= n * head_dim && self.ml.len() >= 2 * n
+        self.out.len() >= n * head_dim && self.ml.len() >= 2 * n && self.counters.len() >= rows * n_heads
     }
 }
 
@@ -398,49 +431,140 @@ pub fn attention(
             "attention: q (stride {q_stride}) must be 16-byte aligned, out (stride {out_stride}) 4-byte"
         )));
     }
-    let (kc, vc, bt, cl) = (gpu.ptr(&kv.k), gpu.ptr(&kv.v), gpu.ptr(&meta.block_tables), gpu.ptr(&meta.context_lens));
+    let (kc, vc) = (gpu.ptr(&kv.k), gpu.ptr(&kv.v));
+    if meta.max_query <= 1 && meta.tokens == meta.rows {
+        let plan = plan.unwrap_or_else(|| DecodePlan::new(gpu, meta.rows, p, meta.max_context));
+        return launch_decode(gpu, (qp, q_stride), meta, (kc, vc), p, plan, scratch, (op, out_stride), NO_ROPE);
+    }
+    let r = meta.regions();
+    let (bt, cl) = (gpu.ptr(&meta.view(r.block_tables)), gpu.ptr(&meta.view(r.context_lens)));
     let [qs, os, bts, nh, nkv, bs] =
         [q_stride, out_stride, meta.bt_stride, p.n_heads, p.n_kv_heads, kv.block_size].map(|x| x as i32);
     let softcap = p.softcap.unwrap_or(0.0);
     let window = p.window.map_or(0, |w| w as i32);
-    if meta.max_query <= 1 && meta.tokens == meta.rows {
-        let plan = plan.unwrap_or_else(|| DecodePlan::new(gpu, meta.rows, p, meta.max_context));
-        let splits = plan.splits.max(1);
-        let visible = p.window.map_or(meta.max_context, |w| w.min(meta.max_context));
-        if plan.partition == 0 || splits * plan.partition < visible {
-            return Err(CudaError::Shape(format!("decode plan {plan:?} does not cover {visible} keys")));
-        }
-        if scratch.out.len() < meta.rows * p.n_heads * splits * p.head_dim
-            || scratch.ml.len() < 2 * meta.rows * p.n_heads * splits
-        {
-            return Err(CudaError::Shape(format!("decode scratch too small for {} rows x {splits} splits", meta.rows)));
-        }
-        let (po, pm) = (gpu.ptr_mut(&mut scratch.out), gpu.ptr_mut(&mut scratch.ml));
-        let (part, ms) = (plan.partition as i32, splits as i32);
-        let grid = (p.n_kv_heads as u32, meta.rows as u32, splits as u32);
-        gpu.launch(
-            &gpu.fns.paged_decode[hd],
-            cfg(grid, THREADS, plan.shared_bytes(p, kv.block_size)),
-            &[
-                &op, &os, &po, &pm, &qp, &qs, &kc, &vc, &bt, &bts, &cl, &nh, &nkv, &bs, &p.scale, &softcap, &window,
-                &part, &ms,
-            ],
-        )?;
-        if splits > 1 {
-            let hd_i = p.head_dim as i32;
-            gpu.launch(
-                &gpu.fns.paged_decode_reduce,
-                cfg((p.n_heads as u32, meta.rows as u32, 1), THREADS, 0),
-                &[&op, &os, &po, &pm, &cl, &nh, &hd_i, &window, &part, &ms],
-            )?;
-        }
-        return Ok(());
-    }
-    let (qsp, tp) = (gpu.ptr(&meta.query_start), gpu.ptr(&meta.tiles));
+    let (qsp, tp) = (gpu.ptr(&meta.view(r.query_start)), gpu.ptr(&meta.view(r.tiles)));
     let shared = (PREFILL_TILE + 2 * 64) * (p.head_dim + 8) * 2;
     gpu.launch(
         &gpu.fns.prefill_attention[hd],
         cfg((meta.n_tiles as u32, p.n_heads as u32, 1), THREADS, shared),
         &[&op, &os, &qp, &qs, &kc, &vc, &bt, &bts, &qsp, &cl, &tp, &nh, &nkv, &bs, &p.scale, &softcap, &window],
     )
+}
+
+/// The RoPE a decode launch applies itself: (inv_freq address, pairs, scaling, offset of the
+/// key heads in a query row); a null address for none.
+type RopeArgs = (u64, i32, f32, i32);
+const NO_ROPE: RopeArgs = (0, 0, 1.0, 0);
+
+#[allow(clippy::too_many_arguments)]
+fn launch_decode(
+    gpu: &Gpu,
+    (qp, q_stride): (u64, usize),
+    meta: &AttentionMeta,
+    (kc, vc): (u64, u64),
+    p: &AttentionParams,
+    plan: DecodePlan,
+    scratch: &mut DecodeScratch,
+    (op, out_stride): (u64, usize),
+    (fp, half, rope_scaling, k_offset): RopeArgs,
+) -> CudaResult<()> {
+    let hd = head_dim_index(p.head_dim)?;
+    let splits = plan.splits.max(1);
+    let visible = p.window.map_or(meta.max_context, |w| w.min(meta.max_context));
+    if plan.partition == 0 || splits * plan.partition < visible {
+        return Err(CudaError::Shape(format!("decode plan {plan:?} does not cover {visible} keys")));
+    }
+    if !scratch.fits(meta.rows, p.n_heads, p.head_dim, splits) {
+        return Err(CudaError::Shape(format!("decode scratch too small for {} rows x {splits} splits", meta.rows)));
+    }
+    let r = meta.regions();
+    let (bt, cl) = (gpu.ptr(&meta.view(r.block_tables)), gpu.ptr(&meta.view(r.context_lens)));
+    let [qs, os, bts, nh, nkv, bs] =
+        [q_stride, out_stride, meta.bt_stride, p.n_heads, p.n_kv_heads, meta.block_size].map(|x| x as i32);
+    let softcap = p.softcap.unwrap_or(0.0);
+    let window = p.window.map_or(0, |w| w as i32);
+    let group = p.n_heads / p.n_kv_heads;
+    let gc = heads_per_cta(group);
+    let (po, pm, cn) =
+        (gpu.ptr_mut(&mut scratch.out), gpu.ptr_mut(&mut scratch.ml), gpu.ptr_mut(&mut scratch.counters));
+    let (part, ms) = (plan.partition as i32, splits as i32);
+    let grid = ((p.n_kv_heads * group.div_ceil(gc)) as u32, meta.rows as u32, splits as u32);
+    gpu.launch(
+        &gpu.fns.paged_decode[usize::from(gc > 4)][hd],
+        cfg(grid, THREADS, plan.shared_bytes(p, meta.block_size)),
+        &[
+            &op,
+            &os,
+            &po,
+            &pm,
+            &cn,
+            &qp,
+            &qs,
+            &kc,
+            &vc,
+            &bt,
+            &bts,
+            &cl,
+            &nh,
+            &nkv,
+            &bs,
+            &p.scale,
+            &softcap,
+            &window,
+            &part,
+            &ms,
+            &fp,
+            &half,
+            &rope_scaling,
+            &k_offset,
+        ],
+    )
+}
+
+/// Decode attention over a fused QKV buffer of unrotated rows (`[tokens, (n_heads + 2 ·
+/// n_kv_heads) · head_dim]` rows of `qkv_stride`: query, key, value heads), in one launch
+/// doing what `rope` (rotating by `inv_freq`, scaled by `scaling`, and storing the new keys
+/// and values into `kv`) then `attention` do — the same bits. A decode step's RoPE launch
+/// goes. Every row must have one query token, at position `context_len - 1`.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_attention_rope(
+    gpu: &Gpu,
+    qkv: &impl DevicePtr<bf16>,
+    qkv_stride: usize,
+    meta: &AttentionMeta,
+    kv: &mut DeviceKv,
+    p: &AttentionParams,
+    (inv_freq, scaling): (&impl DevicePtr<f32>, f32),
+    plan: DecodePlan,
+    scratch: &mut DecodeScratch,
+    out: &mut impl DevicePtrMut<bf16>,
+    out_stride: usize,
+) -> CudaResult<()> {
+    check_cache(kv, meta, p)?;
+    let (width, kv_width) = (p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim);
+    let half = inv_freq.len();
+    let need = |stride: usize, w: usize| (meta.tokens.max(1) - 1) * stride + w;
+    if meta.max_query > 1
+        || meta.tokens != meta.rows
+        || 2 * half > p.head_dim
+        || qkv_stride < width + 2 * kv_width
+        || out_stride < width
+        || qkv.len() < need(qkv_stride, width + 2 * kv_width)
+        || out.len() < need(out_stride, width)
+    {
+        return Err(CudaError::Shape(format!(
+            "decode attention with RoPE: {} rows / {} tokens (longest query {}), qkv {} (stride {qkv_stride}), out {} \
+             (stride {out_stride}), {half} rotary pairs of head dim {}",
+            meta.rows,
+            meta.tokens,
+            meta.max_query,
+            qkv.len(),
+            out.len(),
+            p.head_dim
+        )));
+    }
+    let (qp, op) = (gpu.ptr(qkv), gpu.ptr_mut(out));
+    let (kc, vc) = (gpu.ptr_mut(&mut kv.k), gpu.ptr_mut(&mut kv.v));
+    let rope = (gpu.ptr(inv_freq), half as i32, scaling, width as i32);
+    launch_decode(gpu, (qp, qkv_stride), meta, (kc, vc), p, plan, scratch, (op, out_stride), rope)
 }

@@ -158,7 +158,7 @@ pub fn rope(
             },
         )?;
         (sp, kc, vc, bs) =
-            (gpu.ptr(slots), gpu.ptr_mut(&mut cache.k), gpu.ptr_mut(&mut cache.v), cache.block_size as i32);
+            (gpu.ptr(&slots), gpu.ptr_mut(&mut cache.k), gpu.ptr_mut(&mut cache.v), cache.block_size as i32);
     }
     if s.tokens == 0 || (half == 0 && sp == 0) {
         return Ok(());

@@ -7,7 +7,7 @@ pub mod matrix;
 pub mod quant;
 pub mod sampling;
 
-pub use attention::{attention, write_kv, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv};
+pub use attention::{attention, decode_attention_rope, write_kv, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv};
 pub use elementwise::{
     copy, embedding, gated_activation, linear, linear_gated, random_uniform, rms_norm, rope, GatedActivation,
     RopeShape, TableElement,
@@ -15,4 +15,4 @@ pub use elementwise::{
 pub use gemma::{moe_combine, per_layer_inputs, qkv_norm, rms_norm_add, softcap, PerLayerShape, QkvHeads};
 pub use matrix::Matrix;
 pub use quant::{dequantize, quant_embedding, quant_linear, quant_linear_gated, QuantMatrix};
-pub use sampling::{argmax, sample, RowSampling, SamplingParamsDev};
+pub use sampling::{argmax, pick, sample, RowSampling, SampledDev, SamplingParamsDev, MAX_TOP};

@@ -1,55 +1,134 @@
-//! Token selection on the device: argmax per row, and sampling with per-row temperature,
-//! top-k, top-p and min-p from a per-row uniform number, returning the chosen token and its
-//! log-probability (under the logits as given, before temperature). Only token ids and
-//! log-probabilities need to cross to the host.
+//! Token selection on the device: argmax per row; and sampling with per-row temperature,
+//! top-k, top-p and min-p from a per-row uniform number after the rows' logit edits (bias,
+//! penalties, bans), returning the chosen token, its log-probability (under the edited logits,
+//! before temperature) and, when asked, the most likely alternatives with theirs. Only token
+//! ids and log-probabilities need to cross to the host.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
+pub use crate::sampling::RowSampling;
+use crate::sampling::{LogitEdit, SampledToken};
 
 /// Threads of the one-block-per-row sampling kernels (SAMPLE_THREADS).
 const THREADS: u32 = 1024;
+/// The most alternatives `top_logprobs_rows` reports (TOP_MAX).
+pub const MAX_TOP: usize = 32;
+/// Words of one edit in the kernel's layout: row, token, bias, repetition, subtract, ban.
+const EDIT_WORDS: usize = 6;
 
-/// One row's sampling parameters. `uniform` in [0, 1) is the row's random draw: the caller
-/// derives it from the request's (seed, step), so a row's token never depends on its batch.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RowSampling {
-    /// 0 means greedy (argmax).
-    pub temperature: f32,
-    /// 0 means no top-k cut.
-    pub top_k: u32,
-    /// 1 means no nucleus cut.
-    pub top_p: f32,
-    /// 0 means no min-p cut.
-    pub min_p: f32,
-    pub uniform: f32,
-}
-
-/// A batch's sampling parameters on the device.
+/// A batch's sampling parameters on the device, in one buffer filled by one copy: five
+/// columns of `rows` words (temperature, top-k, top-p, min-p, uniform), then the edits.
 pub struct SamplingParamsDev {
     rows: usize,
-    temperature: CudaSlice<f32>,
-    top_k: CudaSlice<i32>,
-    top_p: CudaSlice<f32>,
-    min_p: CudaSlice<f32>,
-    uniform: CudaSlice<f32>,
+    edits: usize,
+    /// Alternatives to report per row (the most any row asked for).
+    top: usize,
+    packed: CudaSlice<u32>,
 }
 
 impl SamplingParamsDev {
+    /// The parameters of `rows`, without edits or alternatives.
     pub fn upload(gpu: &Gpu, rows: &[RowSampling]) -> CudaResult<SamplingParamsDev> {
-        let col = |f: fn(&RowSampling) -> f32| -> CudaResult<CudaSlice<f32>> {
-            gpu.upload(&rows.iter().map(f).collect::<Vec<_>>())
-        };
-        let top_k: Vec<i32> = rows.iter().map(|r| r.top_k.min(i32::MAX as u32) as i32).collect();
-        Ok(SamplingParamsDev {
-            rows: rows.len(),
-            temperature: col(|r| r.temperature)?,
-            top_k: gpu.upload(&top_k)?,
-            top_p: col(|r| r.top_p)?,
-            min_p: col(|r| r.min_p)?,
-            uniform: col(|r| r.uniform.clamp(0.0, 1.0 - f32::EPSILON))?,
-        })
+        let mut p = SamplingParamsDev::with_capacity(gpu, rows.len(), 0)?;
+        p.update(gpu, rows, &[], 0, usize::MAX)?;
+        Ok(p)
+    }
+
+    /// Room for `rows` rows and `edits` edits (`update` grows it when a step needs more).
+    pub fn with_capacity(gpu: &Gpu, rows: usize, edits: usize) -> CudaResult<SamplingParamsDev> {
+        Ok(SamplingParamsDev { rows: 0, edits: 0, top: 0, packed: gpu.alloc((5 * rows + EDIT_WORDS * edits).max(1))? })
+    }
+
+    /// Copy a step's parameters in: `rows`, the `(row, edit)` pairs (tokens below `vocab`, at
+    /// most one edit per (row, token)), and `top` alternatives per row (at most `MAX_TOP`).
+    pub fn update(
+        &mut self,
+        gpu: &Gpu,
+        rows: &[RowSampling],
+        edits: &[(usize, LogitEdit)],
+        top: usize,
+        vocab: usize,
+    ) -> CudaResult<()> {
+        if top > MAX_TOP {
+            return Err(CudaError::Shape(format!("{top} top log-probabilities (at most {MAX_TOP})")));
+        }
+        if let Some((r, e)) = edits.iter().find(|(r, e)| *r >= rows.len() || e.token as usize >= vocab) {
+            return Err(CudaError::Shape(format!(
+                "a logit edit of token {} in row {r} ({} rows of {vocab})",
+                e.token,
+                rows.len()
+            )));
+        }
+        let n = rows.len();
+        let mut host = Vec::with_capacity(5 * n + EDIT_WORDS * edits.len());
+        host.extend(rows.iter().map(|r| r.temperature.to_bits()));
+        host.extend(rows.iter().map(|r| r.top_k.min(i32::MAX as u32)));
+        host.extend(rows.iter().map(|r| r.top_p.to_bits()));
+        host.extend(rows.iter().map(|r| r.min_p.to_bits()));
+        host.extend(rows.iter().map(|r| r.uniform.clamp(0.0, 1.0 - f32::EPSILON).to_bits()));
+        for (r, e) in edits {
+            host.extend([*r as u32, e.token, e.bias.to_bits(), e.repetition.to_bits(), e.subtract.to_bits()]);
+            host.push(u32::from(e.ban));
+        }
+        if host.len() > self.packed.len() {
+            self.packed = gpu.alloc(host.len().next_power_of_two())?;
+        }
+        gpu.upload_into(&host, &mut self.packed)?;
+        (self.rows, self.edits, self.top) = (n, edits.len(), top);
+        Ok(())
+    }
+
+    /// Device address of column `c` (0 temperature .. 4 uniform), or of the edits (5).
+    fn column(&self, gpu: &Gpu, c: usize) -> u64 {
+        gpu.ptr(&self.packed) + (c * self.rows * 4) as u64
+    }
+}
+
+/// A batch's picks on the device, in one buffer read back by one copy: tokens, log-probability
+/// bits, then `top` alternative ids and log-probability bits a row.
+pub struct SampledDev {
+    buf: CudaSlice<u32>,
+    rows: usize,
+    top: usize,
+}
+
+impl SampledDev {
+    pub fn new(gpu: &Gpu, rows: usize) -> CudaResult<SampledDev> {
+        Ok(SampledDev { buf: gpu.alloc((2 * rows).max(1))?, rows: 0, top: 0 })
+    }
+
+    /// Room for `rows` rows of `top` alternatives (reallocated only when larger).
+    fn fit(&mut self, gpu: &Gpu, rows: usize, top: usize) -> CudaResult<()> {
+        let need = 2 * rows * (1 + top);
+        if need > self.buf.len() {
+            self.buf = gpu.alloc(need.next_power_of_two())?;
+        }
+        (self.rows, self.top) = (rows, top);
+        Ok(())
+    }
+
+    /// The picks of the last `pick` (waits for the stream); row r keeps `top[r]` alternatives.
+    pub fn download(&self, gpu: &Gpu, top: &[usize]) -> CudaResult<Vec<SampledToken>> {
+        let (n, k) = (self.rows, self.top);
+        if top.len() != n || top.iter().any(|&t| t > k) {
+            return Err(CudaError::Shape(format!("{top:?} alternatives of {n} rows picked with {k}")));
+        }
+        let host = gpu.download(&self.buf.slice(..2 * n * (1 + k)))?;
+        let (tokens, rest) = host.split_at(n);
+        let (lps, rest) = rest.split_at(n);
+        let (ids, top_lps) = rest.split_at(n * k);
+        Ok((0..n)
+            .map(|r| SampledToken {
+                token: tokens[r],
+                logprob: f32::from_bits(lps[r]),
+                top: (0..top[r])
+                    .map(|a| (ids[r * k + a], f32::from_bits(top_lps[r * k + a])))
+                    .filter(|&(id, _)| id != u32::MAX)
+                    .collect(),
+            })
+            .collect())
     }
 }
 
@@ -75,7 +154,8 @@ pub fn argmax(
     gpu.launch(&gpu.fns.argmax_rows, cfg((rows as u32, 1, 1), THREADS, 0), &[&lp, &v, &s, &op])
 }
 
-/// Sample one token per row into `tokens`, with its log-probability into `logprobs`.
+/// Sample one token per row into `tokens`, with its log-probability into `logprobs` (the
+/// logits as they are: `pick` applies the edits first).
 pub fn sample(
     gpu: &Gpu,
     logits: &impl DevicePtr<f32>,
@@ -84,16 +164,48 @@ pub fn sample(
     tokens: &mut impl DevicePtrMut<u32>,
     logprobs: &mut impl DevicePtrMut<f32>,
 ) -> CudaResult<()> {
-    let rows = params.rows;
-    check_logits(logits.len(), (rows, vocab, stride), tokens.len().min(logprobs.len()))?;
-    let (lp, tp, pp) = (gpu.ptr(logits), gpu.ptr_mut(tokens), gpu.ptr_mut(logprobs));
-    let (t, k, p, m, u) = (
-        gpu.ptr(&params.temperature),
-        gpu.ptr(&params.top_k),
-        gpu.ptr(&params.top_p),
-        gpu.ptr(&params.min_p),
-        gpu.ptr(&params.uniform),
-    );
+    check_logits(logits.len(), (params.rows, vocab, stride), tokens.len().min(logprobs.len()))?;
+    launch_sample(gpu, gpu.ptr(logits), (vocab, stride), params, gpu.ptr_mut(tokens), gpu.ptr_mut(logprobs))
+}
+
+fn launch_sample(
+    gpu: &Gpu,
+    lp: u64,
+    (vocab, stride): (usize, usize),
+    params: &SamplingParamsDev,
+    tp: u64,
+    pp: u64,
+) -> CudaResult<()> {
+    let [t, k, p, m, u] = [0, 1, 2, 3, 4].map(|c| params.column(gpu, c));
     let (v, s) = (vocab as i32, stride as i32);
-    gpu.launch(&gpu.fns.sample_rows, cfg((rows as u32, 1, 1), THREADS, 0), &[&lp, &v, &s, &t, &k, &p, &m, &u, &tp, &pp])
+    let grid = (params.rows as u32, 1, 1);
+    gpu.launch(&gpu.fns.sample_rows, cfg(grid, THREADS, 0), &[&lp, &v, &s, &t, &k, &p, &m, &u, &tp, &pp])
+}
+
+/// A step's picks: apply each row's logit edits to `logits` (in place), sample a token per
+/// row, and gather the `params.top` most likely alternatives, all into `out`.
+pub fn pick(
+    gpu: &Gpu,
+    logits: &mut impl DevicePtrMut<f32>,
+    (vocab, stride): (usize, usize),
+    params: &SamplingParamsDev,
+    out: &mut SampledDev,
+) -> CudaResult<()> {
+    let rows = params.rows;
+    check_logits(logits.len(), (rows, vocab, stride), rows)?;
+    out.fit(gpu, rows, params.top)?;
+    let lp = gpu.ptr_mut(logits);
+    let (v, s) = (vocab as i32, stride as i32);
+    if params.edits > 0 {
+        let (ep, n) = (params.column(gpu, 5), params.edits as i32);
+        gpu.launch(&gpu.fns.edit_logits, cfg((gpu.grid_for(params.edits, 256), 1, 1), 256, 0), &[&lp, &s, &ep, &n])?;
+    }
+    let base = gpu.ptr(&out.buf);
+    let at = |words: usize| base + 4 * words as u64;
+    launch_sample(gpu, lp, (vocab, stride), params, at(0), at(rows))?;
+    if params.top > 0 {
+        let (ip, tp, k) = (at(2 * rows), at(2 * rows + rows * params.top), params.top as i32);
+        gpu.launch(&gpu.fns.top_logprobs_rows, cfg((rows as u32, 1, 1), THREADS, 0), &[&lp, &v, &s, &k, &ip, &tp])?;
+    }
+    Ok(())
 }
