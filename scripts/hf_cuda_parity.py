@@ -62,8 +62,10 @@ def main() -> None:
     cfg = config(tiny)
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
-    # The reference: f32 arithmetic over exactly the saved bf16 weights.
-    model = model.float().to(device).eval()
+    # The reference: f32 arithmetic over exactly the saved bf16 weights, loaded back from the
+    # saved directory (casting the bf16 model up instead would keep its RoPE frequencies
+    # rounded to bf16, an error that grows with the position).
+    model = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).to(device).eval()
 
     gen = torch.Generator().manual_seed(SEED + 1)
     lengths = [5, 33, 128, 300] if not tiny else [5, 33]

@@ -450,20 +450,23 @@ fn cuda_engine_greedy_batched_and_prefix() {
 const TOP_TIE: f32 = 1.0;
 
 /// Per-position closeness of two log-probability rows, vLLM's `check_logprobs_close` made
-/// tie-aware: where the two top tokens differ, each must be within `TOP_TIE` of the other
-/// side's top log-probability (random-weight models have flat tops — a Llama-3.2-1B-shape one
-/// has 6 tokens within 0.65 — where the strict "in the other's top 5" fails on bf16 noise).
-/// `want_top` is the reference's top 20 as (id, logprob), best first; `got` our full
-/// log-softmax row. Returns the largest difference over the reference's top-5
-/// log-probabilities.
+/// tie-aware: where the two top tokens differ, each must be in the other side's top 5 (vLLM's
+/// rule) or within `TOP_TIE` of the other side's top log-probability (random-weight models
+/// have flat tops — a Llama-3.2-1B-shape one has 6 tokens within 0.65 — where the top-5 rule
+/// alone fails on bf16 noise). `want_top` is the reference's top 20 as (id, logprob), best
+/// first; `got` our full log-softmax row. Returns the largest difference over the
+/// reference's top-5 log-probabilities.
 fn logprobs_close(want_top: &[(usize, f32)], got: &[f32], what: &str) -> f32 {
     let (ours, (theirs, their_best)) = (top_k(got, 1)[0], want_top[0]);
     if ours != theirs {
-        let ours_there = want_top.iter().find(|&&(t, _)| t == ours).map(|&(_, lp)| lp);
-        let behind_there = ours_there.map_or(f32::INFINITY, |lp| their_best - lp);
+        let ours_there = want_top.iter().position(|&(t, _)| t == ours);
+        let behind_there = ours_there.map_or(f32::INFINITY, |i| their_best - want_top[i].1);
         let behind_here = got[ours] - got[theirs];
+        let theirs_here = top_k(got, 5).contains(&theirs);
+        let close_there = behind_there < TOP_TIE || ours_there.is_some_and(|i| i < 5);
+        let close_here = behind_here < TOP_TIE || theirs_here;
         assert!(
-            behind_there < TOP_TIE && behind_here < TOP_TIE,
+            close_there && close_here,
             "{what}: top tokens {ours} (ours) and {theirs} (reference) are no near tie: ours is {behind_there} behind in \
              the reference, theirs {behind_here} behind in ours"
         );
@@ -555,8 +558,8 @@ fn cuda_smollm2_q4_1_matches_cpu() {
 /// log-probabilities and greedy tokens; `FERRITE_HF_REFERENCE` names that directory (skipped
 /// when unset). Ferrite runs it on CUDA device 0 (on the CPU without `FERRITE_TEST_CUDA=1`,
 /// which checks the script's small `--tiny` shape anywhere): top tokens equal or a near tie
-/// (`logprobs_close`), top-5 log-probabilities within 1.0 (mean within 0.25: bf16 activations; measured on the
-/// H200 for the first prompt: 0.18, mean 0.14), greedy tokens equal up to a near tie.
+/// (`logprobs_close`), top-5 log-probabilities within 1.0 (mean within 0.25: bf16
+/// activations), greedy tokens equal up to a near tie.
 #[test]
 fn cuda_matches_transformers() {
     let Some(dir) = std::env::var_os("FERRITE_HF_REFERENCE").map(std::path::PathBuf::from) else {
