@@ -164,7 +164,8 @@ fn cuda_ceilings_and_baselines() {
     let mut tokens = gpu.alloc::<u32>(256).unwrap();
     let mut lps = gpu.alloc::<f32>(256).unwrap();
     for rows in [1, 256] {
-        let ms = median_ms(gpu, 2, 10, || ops::argmax(gpu, &logits, (rows, vocab, vocab), &mut tokens));
+        let mut scratch = ops::ArgmaxScratch::new(gpu, rows).unwrap();
+        let ms = median_ms(gpu, 2, 10, || ops::argmax(gpu, &logits, (rows, vocab, vocab), &mut scratch, &mut tokens));
         measure("sampling", &format!("argmax {rows}x{vocab}"), format!("{:.1} us", ms * 1e3));
         for (name, top_k, top_p) in [("top_k=50", 50, 1.0), ("top_p=0.9", 0, 0.9)] {
             let params: Vec<RowSampling> = (0..rows)

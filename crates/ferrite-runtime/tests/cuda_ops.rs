@@ -300,8 +300,13 @@ fn cuda_copy_and_argmax_are_exact() {
         }
         let want: Vec<f32> = logits.chunks(vocab).map(|r| cpu::argmax(r) as f32).collect();
         let mut out = gpu.upload(&vec![u32::MAX; rows]).unwrap();
-        ops::argmax(gpu, &gpu.upload(&logits).unwrap(), (rows, vocab, vocab), &mut out).unwrap();
-        let got: Vec<f32> = gpu.download(&out).unwrap().iter().map(|&i| i as f32).collect();
-        compare("argmax", &format!("{rows}x{vocab} ties+NaN"), &got, &want, 0.0, 0.0);
+        let mut scratch = ops::ArgmaxScratch::new(gpu, rows).unwrap();
+        let logits = gpu.upload(&logits).unwrap();
+        // Twice over one scratch: the kernel must leave it cleared.
+        for call in 0..2 {
+            ops::argmax(gpu, &logits, (rows, vocab, vocab), &mut scratch, &mut out).unwrap();
+            let got: Vec<f32> = gpu.download(&out).unwrap().iter().map(|&i| i as f32).collect();
+            compare("argmax", &format!("{rows}x{vocab} ties+NaN, call {call}"), &got, &want, 0.0, 0.0);
+        }
     }
 }

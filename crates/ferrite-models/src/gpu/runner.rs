@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use ferrite_runtime::cpu::AttentionParams;
 use ferrite_runtime::cuda::ops::{
-    self, AttentionMeta, DecodePlan, DecodeScratch, Matrix, SampledDev, SamplingParamsDev,
+    self, ArgmaxScratch, AttentionMeta, DecodePlan, DecodeScratch, Matrix, SampledDev, SamplingParamsDev,
 };
 use ferrite_runtime::cuda::{CudaSlice, CudaView, Gpu, Graph};
 use ferrite_runtime::sampling::{LogitEdit, RowSampler, RowSampling, SampledToken};
@@ -110,6 +110,7 @@ pub struct StepIo {
     /// doubling, to the most edits and alternatives a step has asked for).
     pub sampling: SamplingParamsDev,
     pub sampled: SampledDev,
+    pub argmax: ArgmaxScratch,
     /// Where a quantized matrix is dequantized for a many-row GEMM (`Layers::scratch_len`).
     pub dequant: Option<CudaSlice<bf16>>,
 }
@@ -156,6 +157,7 @@ impl StepIo {
             scratch: DecodeScratch::new(gpu, rows, heads, hd, 1)?,
             sampling: SamplingParamsDev::with_capacity(gpu, rows, 0)?,
             sampled: SampledDev::new(gpu, rows)?,
+            argmax: ArgmaxScratch::new(gpu, rows)?,
             dequant: match layers.scratch_len() {
                 0 => None,
                 n => Some(bf(n)?),
@@ -266,7 +268,7 @@ impl<L: Layers> GpuModel<L> {
         if let Some(cap) = self.layers.final_softcap() {
             ops::softcap(gpu, &mut io.logits, out_rows * v, cap)?;
         }
-        ops::argmax(gpu, &io.logits, (out_rows, v, v), &mut io.next)?;
+        ops::argmax(gpu, &io.logits, (out_rows, v, v), &mut io.argmax, &mut io.next)?;
         Ok(())
     }
 

@@ -71,7 +71,8 @@ __device__ __forceinline__ void hist_add(unsigned long long* hist, int bin, unsi
         atomicAdd(&hist[bin], ((unsigned long long)hi << 20) + lo);
 }
 
-// (value, index) of the row's argmax: the first index on ties; NaN never wins.
+// (value, index) of the row's argmax: the first index on ties; NaN never wins (index
+// 0x7fffffff when every element is NaN).
 template <int LOADS>
 __device__ void row_argmax(const float* x, int n, float* s_v, int* s_i, float* best_v, int* best_i) {
     float bv = -FERRITE_INF;
@@ -109,18 +110,41 @@ __device__ void row_argmax(const float* x, int n, float* s_v, int* s_i, float* b
     }
     __syncthreads();
     *best_v = s_v[0];
-    // Every element NaN: index 0, as the CPU's argmax.
-    *best_i = s_i[0] == 0x7fffffff ? 0 : s_i[0];
+    *best_i = s_i[0];  // 0x7fffffff when every element is NaN
 }
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) argmax_rows(const float* __restrict__ logits, int vocab,
-                                                                         int stride, unsigned* __restrict__ out) {
+// Grid (rows, parts): part p of a row takes a contiguous slice (a multiple of 4 values, so
+// its 16-byte loads stay aligned), folds its best (value, index) into the row's 64-bit key
+// with one atomicMax — order_key(value) above ~index, so a larger value wins and equal values
+// go to the first index — and the last part to finish (a counter it then resets) turns the
+// key into the index and clears it for the next call. A 128k-vocabulary row is read by
+// several blocks at once instead of one (the B=1 decode step's last kernel).
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+    argmax_rows(const float* __restrict__ logits, int vocab, int stride, unsigned long long* keys,
+                unsigned* counters, unsigned* __restrict__ out) {
     __shared__ float s_v[32];
     __shared__ int s_i[32];
+    __shared__ bool s_last;
+    const int per = ((vocab + gridDim.y - 1) / gridDim.y + 3) & ~3;
+    const int lo = min(vocab, (int)blockIdx.y * per);
+    const int n = min(per, vocab - lo);
     float v;
     int i;
-    row_argmax<8>(logits + (u64)blockIdx.x * stride, vocab, s_v, s_i, &v, &i);
-    if (threadIdx.x == 0) out[blockIdx.x] = (unsigned)i;
+    row_argmax<8>(logits + (u64)blockIdx.x * stride + lo, n, s_v, s_i, &v, &i);
+    if (threadIdx.x == 0) {
+        // -0 as +0, so a tie between them goes to the first index as in the comparisons.
+        if (i != 0x7fffffff)
+            atomicMax(keys + blockIdx.x, ((unsigned long long)order_key(v + 0.f) << 32) | (unsigned)~(lo + i));
+        __threadfence();
+        s_last = atomicAdd(counters + blockIdx.x, 1u) == gridDim.y - 1;
+    }
+    __syncthreads();
+    if (s_last && threadIdx.x == 0) {
+        const unsigned long long key = atomicExch(keys + blockIdx.x, 0ull);
+        // Every element NaN: index 0, as the CPU's argmax.
+        out[blockIdx.x] = key == 0 ? 0u : ~(unsigned)key;
+        counters[blockIdx.x] = 0;
+    }
 }
 
 struct Select {
@@ -273,6 +297,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     float amax_v;
     int amax;
     row_argmax<2>(x, vocab, s_v, s_i, &amax_v, &amax);
+    if (amax == 0x7fffffff) amax = 0;  // every logit NaN: index 0, as the CPU's argmax
     float mr = -FERRITE_INF;
     for_each(x, vocab, [&](int, float v, bool valid) {
         if (valid && is_finite(v)) mr = fmaxf(mr, v);

@@ -141,17 +141,41 @@ fn check_logits(logits: usize, (rows, vocab, stride): (usize, usize, usize), out
     Ok(())
 }
 
-/// `out[r]` = index of the largest logit of row r (first on ties; NaN never wins).
+/// Per-row state of `argmax`'s parallel reduction (a 64-bit key and a counter a row, which
+/// the kernel leaves at zero), for up to `rows` rows.
+pub struct ArgmaxScratch {
+    keys: CudaSlice<u64>,
+    counters: CudaSlice<u32>,
+}
+
+impl ArgmaxScratch {
+    pub fn new(gpu: &Gpu, rows: usize) -> CudaResult<ArgmaxScratch> {
+        Ok(ArgmaxScratch { keys: gpu.alloc(rows.max(1))?, counters: gpu.alloc(rows.max(1))? })
+    }
+}
+
+/// Logits each block of `argmax` reads (one round of its loads), and the most blocks a row.
+const ARGMAX_PART: usize = 16_384;
+const ARGMAX_MAX_PARTS: usize = 32;
+
+/// `out[r]` = index of the largest logit of row r (first on ties; NaN never wins), each row
+/// read by up to `ARGMAX_MAX_PARTS` blocks at once.
 pub fn argmax(
     gpu: &Gpu,
     logits: &impl DevicePtr<f32>,
     (rows, vocab, stride): (usize, usize, usize),
+    scratch: &mut ArgmaxScratch,
     out: &mut impl DevicePtrMut<u32>,
 ) -> CudaResult<()> {
     check_logits(logits.len(), (rows, vocab, stride), out.len())?;
+    if scratch.keys.len() < rows {
+        return Err(CudaError::Shape(format!("argmax scratch for {} rows, {rows} asked", scratch.keys.len())));
+    }
+    let parts = vocab.div_ceil(ARGMAX_PART).clamp(1, ARGMAX_MAX_PARTS) as u32;
     let (lp, op) = (gpu.ptr(logits), gpu.ptr_mut(out));
+    let (kp, cp) = (gpu.ptr_mut(&mut scratch.keys), gpu.ptr_mut(&mut scratch.counters));
     let (v, s) = (vocab as i32, stride as i32);
-    gpu.launch(&gpu.fns.argmax_rows, cfg((rows as u32, 1, 1), THREADS, 0), &[&lp, &v, &s, &op])
+    gpu.launch(&gpu.fns.argmax_rows, cfg((rows as u32, parts, 1), THREADS, 0), &[&lp, &v, &s, &kp, &cp, &op])
 }
 
 /// Sample one token per row into `tokens`, with its log-probability into `logprobs` (the
