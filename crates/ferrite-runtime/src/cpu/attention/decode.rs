@@ -77,21 +77,16 @@ pub(super) fn attend(
         }
     }
     let ctx = Ctx { q, layer, block_size, p };
+    let simd = level >= Level::Avx2;
     let partials: Vec<Partial> = items
         .par_iter()
         .map_init(Vec::new, |scores, item| {
             #[cfg(target_arch = "x86_64")]
-            {
-                if level >= Level::Avx512Vnni {
-                    // SAFETY: that level guarantees AVX-512 F, AVX2 and FMA.
-                    return unsafe { chunk_avx512(ctx, item, scores) };
-                }
-                if level >= Level::Avx2 {
-                    // SAFETY: every level from AVX2 up guarantees AVX2 and FMA.
-                    return unsafe { chunk_avx2(ctx, item, scores) };
-                }
+            if simd {
+                // SAFETY: every level from AVX2 up guarantees AVX2 and FMA.
+                return unsafe { chunk_avx2(ctx, item, scores) };
             }
-            let _ = level;
+            let _ = simd;
             chunk::<vf32::Scalar>(ctx, item, scores)
         })
         .collect::<Result<_>>()?;
@@ -102,12 +97,6 @@ pub(super) fn attend(
 #[target_feature(enable = "avx2,fma")]
 unsafe fn chunk_avx2(ctx: Ctx<'_>, item: &Item<'_>, scores: &mut Vec<f32>) -> Result<Partial> {
     chunk::<vf32::Avx2>(ctx, item, scores)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn chunk_avx512(ctx: Ctx<'_>, item: &Item<'_>, scores: &mut Vec<f32>) -> Result<Partial> {
-    chunk::<vf32::Avx512>(ctx, item, scores)
 }
 
 /// Positions ahead of the current one whose cache lines are prefetched: cache blocks are

@@ -1,5 +1,5 @@
 //! The f32 vector primitives of the attention kernels (dot product, axpy, exponentials), as a
-//! trait with a portable, an AVX2+FMA and an AVX-512 implementation. Kernels are generic over it and
+//! trait with a portable and an AVX2+FMA implementation. Kernels are generic over it and
 //! instantiated inside `#[target_feature]` entry points, like the quantized kernels.
 
 /// f32 primitives over raw slices of equal length.
@@ -35,7 +35,7 @@ impl Vf32 for Scalar {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{Avx2, Avx512};
+pub(super) use x86::Avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -68,59 +68,6 @@ mod x86 {
         }
         let scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
         _mm256_mul_ps(p, _mm256_castsi256_ps(scale))
-    }
-
-    /// AVX-512 F for the dot products and axpys (a 64-value head is four registers), AVX2's
-    /// exponentials. Only used inside functions compiled with AVX-512 F, AVX2 and FMA.
-    pub(in super::super) struct Avx512;
-
-    impl Vf32 for Avx512 {
-        #[inline(always)]
-        fn dot(a: &[f32], b: &[f32]) -> f32 {
-            let n = a.len().min(b.len());
-            // SAFETY: callers are compiled with AVX-512 F (see the type's docs); every load
-            // reads 16 values below `n`.
-            unsafe {
-                let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-                let mut i = 0;
-                while i + 32 <= n {
-                    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr().add(i)), _mm512_loadu_ps(b.as_ptr().add(i)), s0);
-                    s1 = _mm512_fmadd_ps(
-                        _mm512_loadu_ps(a.as_ptr().add(i + 16)),
-                        _mm512_loadu_ps(b.as_ptr().add(i + 16)),
-                        s1,
-                    );
-                    i += 32;
-                }
-                if i + 16 <= n {
-                    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr().add(i)), _mm512_loadu_ps(b.as_ptr().add(i)), s0);
-                    i += 16;
-                }
-                let tail: f32 = a[i..n].iter().zip(&b[i..n]).map(|(x, y)| x * y).sum();
-                _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) + tail
-            }
-        }
-
-        #[inline(always)]
-        fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
-            let n = y.len().min(x.len());
-            // SAFETY: as in `dot`.
-            unsafe {
-                let a = _mm512_set1_ps(alpha);
-                let mut i = 0;
-                while i + 16 <= n {
-                    let p = y.as_mut_ptr().add(i);
-                    _mm512_storeu_ps(p, _mm512_fmadd_ps(a, _mm512_loadu_ps(x.as_ptr().add(i)), _mm512_loadu_ps(p)));
-                    i += 16;
-                }
-                y[i..n].iter_mut().zip(&x[i..n]).for_each(|(y, x)| *y += alpha * x);
-            }
-        }
-
-        #[inline(always)]
-        fn exp_sum(x: &mut [f32], max: f32) -> f32 {
-            Avx2::exp_sum(x, max)
-        }
     }
 
     impl Vf32 for Avx2 {

@@ -66,15 +66,19 @@ pub(super) trait Packing {
     unsafe fn pairs(block: Self::Block, p: usize) -> __m512i;
 }
 
-/// Place codes `2p, 2p + 1` of row `j` in each step of `steps` (`bits` wide codes).
-fn put_codes(codes: &[u8], j: usize, bits: u32, steps: &mut [u8]) {
-    let step = match bits {
+/// Bytes of one step of `bits`-wide codes (the layout in the module docs).
+const fn step_bytes(bits: u32) -> usize {
+    match bits {
         4 => 16,
         5 => 20,
         6 => 24,
         _ => 32,
-    };
-    for (pair, step) in codes.chunks_exact(2).zip(steps.chunks_exact_mut(step)) {
+    }
+}
+
+/// Place codes `2p, 2p + 1` of row `j` in each step of `steps` (`bits` wide codes).
+fn put_codes(codes: &[u8], j: usize, bits: u32, steps: &mut [u8]) {
+    for (pair, step) in codes.chunks_exact(2).zip(steps.chunks_exact_mut(step_bytes(bits))) {
         let (c0, c1) = (pair[0], pair[1]);
         if bits == 8 {
             step[2 * j] = c0;
@@ -145,11 +149,7 @@ impl<F: LegacyCodes> Packing for F {
     const GGUF_BYTES: usize = <F as Legacy>::BYTES;
     const WITH_MIN: bool = <F as Legacy>::AFFINE;
     const HEADER: usize = if Self::WITH_MIN { 64 } else { 32 };
-    const STEP: usize = match F::BITS {
-        4 => 16,
-        5 => 20,
-        _ => 32,
-    };
+    const STEP: usize = step_bytes(F::BITS);
     type Block = *const u8;
 
     fn pack(src: &[u8], j: usize, dst: &mut [u8]) {
@@ -197,7 +197,7 @@ impl<const Q5: bool> Packing for K4K5<Q5> {
     const GGUF_BYTES: usize = if Q5 { 176 } else { 144 };
     const WITH_MIN: bool = true;
     const HEADER: usize = 64 + 2 * 128;
-    const STEP: usize = if Q5 { 20 } else { 16 };
+    const STEP: usize = step_bytes(if Q5 { 5 } else { 4 });
     type Block = *const u8;
 
     fn pack(src: &[u8], j: usize, dst: &mut [u8]) {
@@ -244,7 +244,7 @@ impl Packing for Q6K {
     const GGUF_BYTES: usize = 210;
     const WITH_MIN: bool = false;
     const HEADER: usize = 32 + 256;
-    const STEP: usize = 24;
+    const STEP: usize = step_bytes(6);
     /// The codes, and the scales (as i16 pairs) of steps 0..8 and 8..16.
     type Block = (*const u8, __m512i, __m512i);
 
