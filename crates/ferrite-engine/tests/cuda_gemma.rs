@@ -21,19 +21,19 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use common::model::{cache, cuda_enabled, log_softmax, prefill_logits, top_k, BLOCK};
 use common::{add, collect, greedy, ids, run_to_end};
 use ferrite_engine::{EngineConfig, EngineCore};
 use ferrite_models::config::{ConfigSource, ModelConfig};
 use ferrite_models::gpu::{GemmaWeights, GpuGemma};
-use ferrite_models::model::{CausalLm, StepLimits};
+use ferrite_models::model::CausalLm;
 use ferrite_models::safetensors::SafetensorsDir;
 use ferrite_models::weights::{GgufLayout, WeightSource, Weights};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cuda::{DeviceChoice, Gpu};
-use ferrite_runtime::{ForwardBatch, KvCache};
+use ferrite_runtime::ForwardBatch;
 use serde_json::Value;
 
-const BLOCK: usize = 16;
 const FIXTURES: [&str; 6] = ["gemma", "gemma2", "gemma3", "gemma4-shared-ple", "gemma4-kv-eq-v", "gemma4-moe"];
 /// The CPU top-2 log-probability margin under which a differing argmax is a bf16 near tie.
 const TIE_MARGIN: f32 = 0.25;
@@ -42,14 +42,6 @@ const TIE_MARGIN: f32 = 0.25;
 /// rounding of the normed q and k moves low-ranked log-probabilities further (0.52 measured at
 /// 40 tokens of gemma4-shared-ple, with every clear argmax equal and rel L2 1.7e-2).
 const LOGPROB_TOL: f32 = 0.75;
-
-fn enabled(test: &str) -> bool {
-    let on = std::env::var("FERRITE_TEST_CUDA").as_deref() == Ok("1");
-    if !on {
-        eprintln!("SKIP {test}: set FERRITE_TEST_CUDA=1 on a machine with an NVIDIA GPU to run it");
-    }
-    on
-}
 
 /// The fixture directory: under the working directory (the GPU machine runs the tests from a
 /// copy of the repository), else under this crate's source tree.
@@ -85,22 +77,6 @@ fn gpu_gemma(name: &str) -> GpuGemma {
     GpuGemma::new(cfg, plan, w, gpu).expect("model")
 }
 
-/// The KV cache a model wants, with `blocks` blocks in every group.
-fn cache(model: &dyn CausalLm, blocks: usize) -> (KvCache, Vec<Vec<u32>>) {
-    let limits = StepLimits { max_tokens: 512, max_rows: 8, max_model_len: 512, block_size: BLOCK };
-    model.prepare(&limits).expect("prepare");
-    let groups = model.kv_layout().groups.len();
-    let kv = model.new_kv_cache(&vec![blocks; groups], BLOCK).expect("kv cache");
-    (kv, vec![(0..blocks as u32).collect(); groups])
-}
-
-fn prefill_logits(model: &dyn CausalLm, prompt: &[u32]) -> Vec<f32> {
-    let (mut kv, tables) = cache(model, prompt.len().div_ceil(BLOCK));
-    let mut batch = ForwardBatch::default();
-    batch.push_row(prompt, prompt.len(), tables, RowLogits::All);
-    model.forward(&batch, &mut kv).expect("forward")
-}
-
 /// `n` greedy tokens after `prompt`: a prefill, then one decode step per token.
 fn greedy_tokens(model: &dyn CausalLm, prompt: &[u32], n: usize) -> Vec<u32> {
     let (mut kv, tables) = cache(model, (prompt.len() + n).div_ceil(BLOCK));
@@ -113,19 +89,6 @@ fn greedy_tokens(model: &dyn CausalLm, prompt: &[u32], n: usize) -> Vec<u32> {
         out.extend(model.forward_greedy(&batch, &mut kv).expect("decode"));
     }
     out
-}
-
-fn log_softmax(row: &[f32]) -> Vec<f32> {
-    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = m + row.iter().map(|x| (x - m).exp()).sum::<f32>().ln();
-    row.iter().map(|x| x - lse).collect()
-}
-
-fn top_k(row: &[f32], k: usize) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..row.len()).collect();
-    idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-    idx.truncate(k);
-    idx
 }
 
 /// The CPU's top-2 log-probability margin after `context`.
@@ -152,7 +115,7 @@ fn equal_or_tie(cpu: &dyn CausalLm, prompt: &[u32], a: &[u32], b: &[u32], what: 
 
 #[test]
 fn cuda_gemma_goldens_match_cpu() {
-    if !enabled("cuda_gemma_goldens_match_cpu") {
+    if !cuda_enabled("cuda_gemma_goldens_match_cpu") {
         return;
     }
     for name in FIXTURES {
@@ -208,7 +171,7 @@ fn cuda_gemma_goldens_match_cpu() {
 
 #[test]
 fn cuda_gemma_graph_replay_equals_eager() {
-    if !enabled("cuda_gemma_graph_replay_equals_eager") {
+    if !cuda_enabled("cuda_gemma_graph_replay_equals_eager") {
         return;
     }
     for name in ["gemma3", "gemma4-shared-ple"] {
@@ -266,7 +229,7 @@ fn run_engine(model: &Arc<dyn CausalLm>, cfg: &EngineConfig, prompts: &[Vec<u32>
 
 #[test]
 fn cuda_gemma_engine_batched_and_prefix() {
-    if !enabled("cuda_gemma_engine_batched_and_prefix") {
+    if !cuda_enabled("cuda_gemma_engine_batched_and_prefix") {
         return;
     }
     let name = "gemma4-shared-ple";

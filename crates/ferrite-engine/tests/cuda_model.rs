@@ -34,16 +34,17 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
+use common::model::{cache, cuda_enabled, log_softmax, prefill_logits, top_k, BLOCK};
 use ferrite_engine::sampling::{apply_processors, distribution, uniform, TokenCounts, TokenLogprob};
 use ferrite_engine::{EngineConfig, EngineCore, Output, Request, RequestParams, SamplingParams};
 use ferrite_models::config::ModelConfig;
 use ferrite_models::gpu::{GpuLlama, LlamaWeights};
-use ferrite_models::model::{CausalLm, StepLimits};
+use ferrite_models::model::CausalLm;
 use ferrite_models::safetensors::SafetensorsDir;
 use ferrite_models::weights::{GgufLayout, WeightSource, Weights};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cuda::{DeviceChoice, Gpu};
-use ferrite_runtime::{ForwardBatch, KvCache};
+use ferrite_runtime::ForwardBatch;
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -51,15 +52,6 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::unbounded_channel;
 
 const VOCAB: usize = 503;
-const BLOCK: usize = 16;
-
-fn enabled(test: &str) -> bool {
-    let on = std::env::var("FERRITE_TEST_CUDA").as_deref() == Ok("1");
-    if !on {
-        eprintln!("SKIP {test}: set FERRITE_TEST_CUDA=1 on a machine with an NVIDIA GPU to run it");
-    }
-    on
-}
 
 /// One architecture variant: its config.json keys beyond the common ones.
 struct Variant {
@@ -166,35 +158,6 @@ fn load_pair(v: &Variant, seed: u64) -> (Arc<dyn CausalLm>, Arc<dyn CausalLm>, t
     (cpu, gpu, dir)
 }
 
-/// The KV cache a model wants, with `blocks` blocks, and the identity block table.
-fn cache(model: &dyn CausalLm, blocks: usize) -> (KvCache, Vec<Vec<u32>>) {
-    let limits = StepLimits { max_tokens: 1024, max_rows: 8, max_model_len: 1024, block_size: BLOCK };
-    model.prepare(&limits).expect("prepare");
-    let groups = model.kv_layout().groups.len();
-    let kv = model.new_kv_cache(&vec![blocks; groups], BLOCK).expect("kv cache");
-    (kv, vec![(0..blocks as u32).collect(); groups])
-}
-
-fn prefill_logits(model: &dyn CausalLm, prompt: &[u32]) -> Vec<f32> {
-    let (mut kv, tables) = cache(model, prompt.len().div_ceil(BLOCK));
-    let mut batch = ForwardBatch::default();
-    batch.push_row(prompt, prompt.len(), tables, RowLogits::All);
-    model.forward(&batch, &mut kv).expect("forward")
-}
-
-fn log_softmax(row: &[f32]) -> Vec<f32> {
-    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = m + row.iter().map(|x| (x - m).exp()).sum::<f32>().ln();
-    row.iter().map(|x| x - lse).collect()
-}
-
-fn top_k(row: &[f32], k: usize) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..row.len()).collect();
-    idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-    idx.truncate(k);
-    idx
-}
-
 fn random_prompt(rng: &mut StdRng, n: usize) -> Vec<u32> {
     (0..n).map(|_| rng.random_range(3..VOCAB as u32)).collect()
 }
@@ -206,7 +169,7 @@ const TIE_MARGIN: f32 = 0.25;
 
 #[test]
 fn cuda_prefill_logits_match_cpu() {
-    if !enabled("cuda_prefill_logits_match_cpu") {
+    if !cuda_enabled("cuda_prefill_logits_match_cpu") {
         return;
     }
     let mut rng = StdRng::seed_from_u64(11);
@@ -285,7 +248,7 @@ fn gpu_llama(dir: &Path) -> GpuLlama {
 
 #[test]
 fn cuda_graph_replay_equals_eager() {
-    if !enabled("cuda_graph_replay_equals_eager") {
+    if !cuda_enabled("cuda_graph_replay_equals_eager") {
         return;
     }
     let mut rng = StdRng::seed_from_u64(12);
@@ -385,7 +348,7 @@ fn divergence(a: &[u32], b: &[u32]) -> Option<usize> {
 
 #[test]
 fn cuda_engine_greedy_batched_and_prefix() {
-    if !enabled("cuda_engine_greedy_batched_and_prefix") {
+    if !cuda_enabled("cuda_engine_greedy_batched_and_prefix") {
         return;
     }
     let mut rng = StdRng::seed_from_u64(13);
@@ -493,7 +456,7 @@ fn greedy_agree(want: &[u32], got: &[u32], margin_at: impl FnOnce(usize) -> f32,
 /// continuations equal up to a near tie.
 #[test]
 fn cuda_smollm2_q4_1_matches_cpu() {
-    if !enabled("cuda_smollm2_q4_1_matches_cpu") {
+    if !cuda_enabled("cuda_smollm2_q4_1_matches_cpu") {
         return;
     }
     let path = std::env::var_os("FERRITE_SMOLLM2_GGUF").map(std::path::PathBuf::from).unwrap_or_else(|| {
@@ -711,7 +674,7 @@ fn check_runs(
 
 #[test]
 fn cuda_engine_device_sampling() {
-    if !enabled("cuda_engine_device_sampling") {
+    if !cuda_enabled("cuda_engine_device_sampling") {
         return;
     }
     let mut rng = StdRng::seed_from_u64(14);

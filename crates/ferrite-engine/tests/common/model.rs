@@ -1,0 +1,51 @@
+//! Helpers of the tests that run a `CausalLm` directly (the CUDA model tests): the gate on
+//! `FERRITE_TEST_CUDA`, a KV cache for one sequence, teacher-forced logits, and log-softmax /
+//! top-k over a logits row.
+
+use ferrite_models::model::{CausalLm, StepLimits};
+use ferrite_runtime::batch::RowLogits;
+use ferrite_runtime::{ForwardBatch, KvCache};
+
+/// Positions per KV block.
+pub const BLOCK: usize = 16;
+
+/// Whether the CUDA tests run (`FERRITE_TEST_CUDA=1`); says why `test` is skipped when not.
+pub fn cuda_enabled(test: &str) -> bool {
+    let on = std::env::var("FERRITE_TEST_CUDA").as_deref() == Ok("1");
+    if !on {
+        eprintln!("SKIP {test}: set FERRITE_TEST_CUDA=1 on a machine with an NVIDIA GPU to run it");
+    }
+    on
+}
+
+/// The KV cache a model wants, with `blocks` blocks in every group, and the identity block
+/// tables.
+pub fn cache(model: &dyn CausalLm, blocks: usize) -> (KvCache, Vec<Vec<u32>>) {
+    let limits = StepLimits { max_tokens: 1024, max_rows: 8, max_model_len: 1024, block_size: BLOCK };
+    model.prepare(&limits).expect("prepare");
+    let groups = model.kv_layout().groups.len();
+    let kv = model.new_kv_cache(&vec![blocks; groups], BLOCK).expect("kv cache");
+    (kv, vec![(0..blocks as u32).collect(); groups])
+}
+
+/// Logits at every position of `prompt`, in one forward.
+pub fn prefill_logits(model: &dyn CausalLm, prompt: &[u32]) -> Vec<f32> {
+    let (mut kv, tables) = cache(model, prompt.len().div_ceil(BLOCK));
+    let mut batch = ForwardBatch::default();
+    batch.push_row(prompt, prompt.len(), tables, RowLogits::All);
+    model.forward(&batch, &mut kv).expect("forward")
+}
+
+pub fn log_softmax(row: &[f32]) -> Vec<f32> {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = m + row.iter().map(|x| (x - m).exp()).sum::<f32>().ln();
+    row.iter().map(|x| x - lse).collect()
+}
+
+/// The `k` largest entries' indices, best first (equal values by index).
+pub fn top_k(row: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..row.len()).collect();
+    idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
