@@ -284,6 +284,23 @@ __device__ unsigned long long kept_mass(const float* x, int n, float mr, float i
     return s->total;
 }
 
+// The row's largest finite logit (`*max`, -inf when none) and log Σ e^logit over its finite
+// logits, for the whole block.
+__device__ float row_log_sum_exp(const float* x, int vocab, float* s_v, float* max) {
+    float mr = -FERRITE_INF;
+    for_each(x, vocab, [&](int, float v, bool valid) {
+        if (valid && is_finite(v)) mr = fmaxf(mr, v);
+    });
+    mr = block_max(mr, s_v);
+    float z = 0.f;
+    if (mr != -FERRITE_INF) for_each(x, vocab, [&](int, float v, bool valid) {
+            if (valid && is_finite(v)) z += expf(v - mr);
+        });
+    z = block_sum(z, s_v);
+    *max = mr;
+    return mr + logf(z);
+}
+
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_rows(const float* __restrict__ logits, int vocab, int stride, const float* __restrict__ temperature,
                 const int* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ min_p,
@@ -298,17 +315,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     int amax;
     row_argmax<2>(x, vocab, s_v, s_i, &amax_v, &amax);
     if (amax == 0x7fffffff) amax = 0;  // every logit NaN: index 0, as the CPU's argmax
-    float mr = -FERRITE_INF;
-    for_each(x, vocab, [&](int, float v, bool valid) {
-        if (valid && is_finite(v)) mr = fmaxf(mr, v);
-    });
-    mr = block_max(mr, s_v);
-    float z = 0.f;
-    if (mr != -FERRITE_INF) for_each(x, vocab, [&](int, float v, bool valid) {
-            if (valid && is_finite(v)) z += expf(v - mr);
-        });
-    z = block_sum(z, s_v);
-    const float lse = mr + logf(z);
+    float mr;
+    const float lse = row_log_sum_exp(x, vocab, s_v, &mr);
 
     int token = amax;
     const float t = temperature[row];
@@ -370,17 +378,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     __shared__ float c_v[TOP_MAX];
     const int row = blockIdx.x;
     const float* x = logits + (u64)row * stride;
-    float mr = -FERRITE_INF;
-    for_each(x, vocab, [&](int, float v, bool valid) {
-        if (valid && is_finite(v)) mr = fmaxf(mr, v);
-    });
-    mr = block_max(mr, s_v);
-    float z = 0.f;
-    if (mr != -FERRITE_INF) for_each(x, vocab, [&](int, float v, bool valid) {
-            if (valid && is_finite(v)) z += expf(v - mr);
-        });
-    z = block_sum(z, s_v);
-    const float lse = mr + logf(z);
+    float mr;
+    const float lse = row_log_sum_exp(x, vocab, s_v, &mr);
     if (threadIdx.x == 0) s_n = 0;
     const Cut cut = select_cut(x, vocab, mr, 1.f, Cut{0u, NO_ID}, 0.f, false, (unsigned long long)n_top, true, &s);
     for_each(x, vocab, [&](int i, float v, bool valid) {
