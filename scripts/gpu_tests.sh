@@ -99,6 +99,9 @@ PY
         # The first start compiles the kernels into $FERRITE_HOME; every later one reads them.
         bench decode-8b bench decode "${s8[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
         bench decode-1b bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
+        # The same with each step waited for before the next is scheduled (no overlap).
+        bench decode-1b-no-overlap bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3 --no-overlap
+        bench decode-8b-no-overlap bench decode "${s8[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3 --no-overlap
         bench decode-8b-q4_0 bench decode --synthetic llama-3.1-8b --dtype q4_0 --prompt-tokens 512 --gen-tokens 128 \
             --reps 3
         # Seeded sampling drawn on the device (only ids come back), against the greedy line.
@@ -107,6 +110,9 @@ PY
         bench prefill-8b bench decode "${s8[@]}" --prompt-tokens 2048 --gen-tokens 2 --reps 3
         bench throughput-8b bench throughput "${s8[@]}" --num-requests 768 --input-len 128 --output-len 128 \
             --concurrency 256 --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 512
+        bench throughput-8b-no-overlap bench throughput "${s8[@]}" --num-requests 768 --input-len 128 \
+            --output-len 128 --concurrency 256 --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 512 \
+            --no-overlap
         bench decode-qwen bench decode --synthetic qwen2.5-1.5b --prompt-tokens 512 --gen-tokens 64 --reps 2
         bench decode-smollm bench decode --synthetic smollm2-135m --prompt-tokens 512 --gen-tokens 64 --reps 2
         bench decode-gemma4-e4b bench decode --synthetic gemma-4-e4b --dtype bf16 --prompt-tokens 512 --gen-tokens 128 \

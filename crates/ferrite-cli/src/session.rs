@@ -98,7 +98,7 @@ pub struct EngineArgs {
     pub spec: SpecArgs,
 }
 
-/// Speculative decoding and fill.
+/// How the engine runs its steps: speculative decoding, fill, and overlap.
 #[derive(Args, Clone)]
 pub struct SpecArgs {
     /// Speculative decoding by prompt lookup over each request's prompt and output: off or
@@ -121,6 +121,10 @@ pub struct SpecArgs {
     /// calls and constrained output (BENCHMARKS.md, fill on tool calls).
     #[arg(long, default_value = "strict")]
     pub fill: FillMode,
+    /// Wait for each step on the GPU before scheduling the next (by default the next decode
+    /// step is queued while the device still runs this one).
+    #[arg(long)]
+    pub no_overlap: bool,
 }
 
 impl Default for SpecArgs {
@@ -131,6 +135,7 @@ impl Default for SpecArgs {
             draft_layers: None,
             num_draft_tokens: 4,
             fill: FillMode::Strict,
+            no_overlap: false,
         }
     }
 }
@@ -194,6 +199,7 @@ impl EngineArgs {
             namespace: model_namespace(path),
             num_draft_tokens: self.spec.num_draft_tokens,
             fill: self.spec.fill,
+            overlap: !self.spec.no_overlap,
             ..EngineConfig::default()
         }
     }

@@ -38,6 +38,9 @@ pub struct EngineConfig {
     pub fill: FillMode,
     /// The chat template's tool-call scaffold, for `FillMode::Strict` and up.
     pub tool_scaffold: Option<Arc<ToolScaffold>>,
+    /// Queue the next step while the model's device runs this one, when the model can
+    /// (`--no-overlap` turns it off).
+    pub overlap: bool,
 }
 
 /// How the engine drafts tokens for verification.
@@ -76,6 +79,7 @@ impl Default for EngineConfig {
             num_draft_tokens: 4,
             fill: FillMode::Off,
             tool_scaffold: None,
+            overlap: true,
         }
     }
 }

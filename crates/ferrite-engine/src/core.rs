@@ -9,6 +9,7 @@
 //! logprobs come back).
 
 mod emit;
+mod overlap;
 mod propose;
 
 use std::sync::Arc;
@@ -49,6 +50,10 @@ pub struct EngineCore {
     fill: crate::fill::FillMode,
     scaffold: Option<Arc<ToolScaffold>>,
     grammars: Arc<Grammars>,
+    /// Whether steps are queued on the model's device and landed in the next iteration.
+    queue_steps: bool,
+    /// The step queued on the model's device and not landed yet (`overlap`).
+    in_flight: Option<overlap::InFlight>,
 }
 
 /// The seed of choice `i` of a request seeded with `seed`.
@@ -104,6 +109,7 @@ impl EngineCore {
         if speculates && cfg.num_draft_tokens == 0 {
             return Err(EngineError::Config("the number of draft tokens must be at least 1".into()));
         }
+        let queue_steps = cfg.overlap && model.queues_steps();
         let metrics = Arc::new(Metrics::default());
         metrics.set_kv(kvm.free_blocks());
         let grammars = Arc::new(Grammars::new(tokenizer.clone(), mcfg.vocab_size, eos.clone()));
@@ -122,6 +128,8 @@ impl EngineCore {
             fill: cfg.fill,
             scaffold: cfg.tool_scaffold.clone(),
             grammars,
+            queue_steps,
+            in_flight: None,
         })
     }
 
@@ -132,7 +140,7 @@ impl EngineCore {
         self.metrics.clone()
     }
     pub fn has_work(&self) -> bool {
-        self.sched.has_work()
+        self.sched.has_work() || self.in_flight.is_some()
     }
     pub fn kv_manager(&self) -> &KvManager {
         &self.kvm
@@ -197,8 +205,10 @@ impl EngineCore {
         Ok(())
     }
 
-    /// Cancel every choice of request `id`; its blocks are freed now.
+    /// Cancel every choice of request `id`; its blocks are freed now (a queued step lands
+    /// first; its failure has already ended the requests it was for).
     pub fn abort(&mut self, id: RequestId) {
+        let _ = self.drain();
         let mut aborted = Vec::new();
         let mut i = 0;
         while i < self.sched.running.len() {
@@ -225,7 +235,12 @@ impl EngineCore {
     }
 
     /// One engine iteration. A model failure ends the requests of this step with an error.
+    /// With a step queued on the device (`in_flight`), the iteration queues the one after it
+    /// when it can and then lands the queued one (`overlap`).
     pub fn step(&mut self) -> Result<(), EngineError> {
+        if let Some(flight) = self.in_flight.take() {
+            return self.advance(flight);
+        }
         self.plan_proposals();
         let rows = self.sched.schedule(&mut self.kvm);
         if rows.is_empty() {
@@ -236,8 +251,7 @@ impl EngineCore {
             return Err(self.fail_rows(&rows, e));
         }
         let mut batch = ForwardBatch::default();
-        // Per row: (running index, query tokens, logits rows it gets, its proposal).
-        let mut plan: Vec<(usize, usize, usize, Option<Proposal>)> = Vec::with_capacity(rows.len());
+        let mut plan: Vec<PlanRow> = Vec::with_capacity(rows.len());
         for r in &rows {
             let s = &mut self.sched.running[r.index];
             let proposal = s.spec.proposal.take();
@@ -253,36 +267,44 @@ impl EngineCore {
             }
             let context = s.num_computed + query.len();
             batch.push_row(&query, context, s.kv.tables.clone(), logits);
-            plan.push((r.index, end - s.num_computed, n_logits, proposal));
+            plan.push(PlanRow { index: Some(r.index), tokens: end - s.num_computed, logits: n_logits, proposal });
         }
         self.metrics.add_batch(batch.num_tokens());
-        // A CPU model runs on a pool worker: each op's parallel loop then forks within the
-        // pool instead of waking it from outside (see `threads::run`, `run_forward`).
         // When every row takes the plain argmax of one logits row, the model may pick the
         // tokens itself (on its device) and hand back only the ids.
-        let greedy =
-            plan.iter().all(|(idx, _, n, proposal)| *n == 0 || (proposal.is_none() && self.plain_greedy(*idx)));
+        let greedy = plan.iter().all(|r| r.logits == 0 || (r.proposal.is_none() && self.plain_greedy(r.row())));
         // Otherwise a model that samples on its device does it for rows without a proposal or
         // an output constraint (those judge or mask full logits rows on the host).
         let on_device = !greedy
             && self.model.samples_on_device()
-            && plan.iter().all(|(idx, _, n, proposal)| {
-                *n == 0 || (proposal.is_none() && self.sched.running[*idx].guide.is_none())
-            });
+            && plan
+                .iter()
+                .all(|r| r.logits == 0 || (r.proposal.is_none() && self.sched.running[r.row()].guide.is_none()));
         let samplers: Vec<RowSampler> = if on_device {
-            let rows = plan.iter().filter(|(_, _, n, _)| *n > 0);
-            rows.map(|(idx, ..)| emit::row_sampler(&self.sched.running[*idx], &self.eos)).collect()
+            let rows = plan.iter().filter(|r| r.logits > 0);
+            rows.map(|r| emit::row_sampler(&self.sched.running[r.row()], &self.eos, 0)).collect()
         } else {
             Vec::new()
         };
+        // A model that queues steps gets this one queued; the next iteration lands it.
+        if (greedy || on_device) && self.queue_steps {
+            let samplers = on_device.then_some(&samplers[..]);
+            if let Err(e) = self.model.queue_step(&batch, &mut self.kv, samplers, &[]) {
+                return Err(self.fail_rows(&rows, e.into()));
+            }
+            self.in_flight = Some(self.flight(&plan));
+            return Ok(());
+        }
         // Constrained rows about to sample compute their token masks on a helper thread
         // meanwhile.
-        let sampling: Vec<usize> = plan.iter().filter(|(_, _, n, _)| *n > 0).map(|(idx, ..)| *idx).collect();
+        let sampling: Vec<usize> = plan.iter().filter(|r| r.logits > 0).map(PlanRow::row).collect();
         let guides: Vec<&mut Guide> = (self.sched.running.iter_mut().enumerate())
             .filter(|(i, _)| sampling.contains(i))
             .filter_map(|(_, s)| s.guide.as_mut())
             .collect();
         let (model, kv) = (&self.model, &mut self.kv);
+        // A CPU model runs on a pool worker: each op's parallel loop then forks within the
+        // pool instead of waking it from outside (see `threads::run`, `run_forward`).
         let picked = std::thread::scope(|scope| {
             if !guides.is_empty() {
                 scope.spawn(move || guides.into_iter().for_each(Guide::prepare_mask));
@@ -297,28 +319,41 @@ impl EngineCore {
                 }
             })
         });
-        let picks = match picked {
-            Ok(p) => p,
-            Err(e) => return Err(self.fail_rows(&rows, e.into())),
-        };
+        match picked {
+            Ok(picks) => {
+                self.land(plan, &picks);
+                Ok(())
+            }
+            Err(e) => Err(self.fail_rows(&rows, e.into())),
+        }
+    }
+
+    /// Apply a step's `picks` to the rows of its `plan`: count their computed tokens, decide
+    /// the tokens of the rows that sampled, fork children, free what finished.
+    fn land(&mut self, plan: Vec<PlanRow>, picks: &Picks) {
         let vocab = self.limits.vocab_size;
         let mut done = Vec::new();
         let mut disconnected = Vec::new();
         let mut children = Vec::new();
         let mut offset = 0;
-        for (idx, tokens, n_logits, proposal) in plan {
+        for PlanRow { index, tokens, logits: n_logits, proposal } in plan {
+            let first = offset;
+            offset += n_logits;
+            // A row that left while the step ran (landing a queued step) is skipped.
+            let Some(idx) = index else { continue };
             let s = &mut self.sched.running[idx];
             s.num_computed += tokens;
-            if n_logits == 0 {
+            // Without logits, or when known tokens follow (asserted while this step was
+            // queued behind the one that picked them), only the KV counts.
+            if n_logits == 0 || s.num_computed < s.tokens.len() {
                 self.kvm.after_step(&mut s.kv, &s.tokens, s.num_computed);
                 continue;
             }
-            let pick = match &picks {
-                Picks::Logits(logits) => Pick::Logits(&logits[offset * vocab..(offset + n_logits) * vocab]),
-                Picks::Tokens(ids) => Pick::Token(ids[offset]),
-                Picks::Sampled(picked) => Pick::Sampled(&picked[offset]),
+            let pick = match picks {
+                Picks::Logits(logits) => Pick::Logits(&logits[first * vocab..(first + n_logits) * vocab]),
+                Picks::Tokens(ids) => Pick::Token(ids[first]),
+                Picks::Sampled(picked) => Pick::Sampled(&picked[first]),
             };
-            offset += n_logits;
             if s.pending_children > 0 {
                 self.kvm.after_step(&mut s.kv, &s.tokens, s.num_computed);
                 children.extend(self.fork(idx));
@@ -329,6 +364,7 @@ impl EngineCore {
                 Emitted::Disconnected => disconnected.push(self.sched.running[idx].request),
             }
         }
+        done.sort_unstable();
         for idx in done.into_iter().rev() {
             let mut seq = self.sched.running.remove(idx);
             self.release(&mut seq);
@@ -340,14 +376,20 @@ impl EngineCore {
             self.abort(id);
         }
         self.after_step_bookkeeping();
-        Ok(())
     }
 
     /// End the requests of this step's `rows` with the error `e` and return it.
     fn fail_rows(&mut self, rows: &[crate::scheduler::ScheduledRow], e: EngineError) -> EngineError {
+        self.fail(rows.iter().map(|r| r.index).collect(), e)
+    }
+
+    /// End the running sequences at `indices` with the error `e` and return it.
+    fn fail(&mut self, mut indices: Vec<usize>, e: EngineError) -> EngineError {
         let msg = e.to_string();
-        for r in rows.iter().rev() {
-            let mut seq = self.sched.running.remove(r.index);
+        indices.sort_unstable();
+        indices.dedup();
+        for idx in indices.into_iter().rev() {
+            let mut seq = self.sched.running.remove(idx);
             self.finish(&mut seq, FinishReason::Error, None, None, Some(msg.clone()));
         }
         self.after_step_bookkeeping();
@@ -404,18 +446,25 @@ impl EngineCore {
         out
     }
 
-    /// Whether `running[idx]` takes the argmax of the raw logits this step: greedy, no
-    /// penalty, bias or banned token, no logprobs, no output constraint.
+    /// Whether `running[idx]` takes the argmax of the raw logits this step.
     fn plain_greedy(&self, idx: usize) -> bool {
-        let seq = &self.sched.running[idx];
-        let (p, sp) = (&seq.params, &seq.params.sampling);
-        let bans = seq.generated() < p.min_tokens && !(self.eos.is_empty() && p.stop_token_ids.is_empty());
-        sp.is_greedy()
-            && !sp.has_penalties()
-            && sp.logit_bias.is_empty()
-            && !bans
-            && p.logprobs.is_none()
-            && seq.guide.is_none()
+        emit::takes_argmax(&self.sched.running[idx], &self.eos, 0)
+    }
+}
+
+/// A row of a step: which running sequence (None: it left before the step landed), its
+/// query tokens, the logits rows it gets, and its proposal.
+struct PlanRow {
+    index: Option<usize>,
+    tokens: usize,
+    logits: usize,
+    proposal: Option<Proposal>,
+}
+
+impl PlanRow {
+    /// The running index of a row of a step being built.
+    fn row(&self) -> usize {
+        self.index.expect("a scheduled row is running")
     }
 }
 

@@ -24,6 +24,8 @@ pub struct Metrics {
     pub verify_accepted_tokens: AtomicU64,
     /// Tokens appended without sampling (fill asserts).
     pub asserted_tokens: AtomicU64,
+    /// Steps queued on the device while the one before them still ran (`core/overlap.rs`).
+    pub overlapped_steps: AtomicU64,
 }
 
 impl Metrics {
@@ -62,6 +64,9 @@ impl Metrics {
     }
     pub(crate) fn add_asserted(&self, n: usize) {
         self.asserted_tokens.fetch_add(n as u64, Relaxed);
+    }
+    pub(crate) fn add_overlapped(&self) {
+        self.overlapped_steps.fetch_add(1, Relaxed);
     }
     pub(crate) fn add_batch(&self, tokens: usize) {
         self.batched_tokens.fetch_add(tokens as u64, Relaxed);

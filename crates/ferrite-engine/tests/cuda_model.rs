@@ -15,6 +15,8 @@
 //!   only at a near tie of the CPU logits: the GPU's split-K and GEMM summation order depend
 //!   on the batch shape);
 //! - a prefix-cache hit on the GPU gives the tokens of a cold run;
+//! - queueing the next step while the device runs this one (the engine's overlap) gives the
+//!   tokens of waiting for each step;
 //! - seeded sampling (temperature, top-k/top-p/min-p, penalties, logit bias, logprobs) drawn
 //!   on the device: each request in a batch gets the tokens it gets alone, and the device
 //!   sampler picks what the engine's CPU sampler picks over the same model's logits, with the
@@ -575,13 +577,16 @@ fn cuda_matches_transformers() {
     }
 }
 
+/// A request's tokens and logprobs (choice 0).
+type Generated = (Vec<u32>, Vec<TokenLogprob>);
+
 /// Run `requests` (prompt, params) on one fresh core over `model`: each request's tokens and
-/// logprobs (choice 0).
+/// logprobs, and how many steps were queued behind a running one.
 fn run_requests(
     model: &Arc<dyn CausalLm>,
     cfg: &EngineConfig,
     requests: &[(Vec<u32>, RequestParams)],
-) -> Vec<(Vec<u32>, Vec<TokenLogprob>)> {
+) -> (Vec<Generated>, u64) {
     let mut core = EngineCore::new(model.clone(), None, vec![], cfg).expect("engine core");
     let mut rxs = Vec::new();
     for (i, (prompt, params)) in requests.iter().enumerate() {
@@ -595,7 +600,8 @@ fn run_requests(
         steps += 1;
         assert!(steps < 100_000, "engine did not finish");
     }
-    rxs.iter_mut()
+    let outs = rxs
+        .iter_mut()
         .map(|rx| {
             let (mut t, mut lp) = (Vec::new(), Vec::new());
             while let Ok(o) = rx.try_recv() {
@@ -605,7 +611,8 @@ fn run_requests(
             }
             (t, lp)
         })
-        .collect()
+        .collect();
+    (outs, core.metrics().overlapped_steps.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 /// How far request `req`'s uniform draw at its `j`-th token lies from the nearest boundary
@@ -642,8 +649,8 @@ fn draw_margin(model: &dyn CausalLm, req: &(Vec<u32>, RequestParams), tokens: &[
 fn check_runs(
     model: &dyn CausalLm,
     requests: &[(Vec<u32>, RequestParams)],
-    a: &[(Vec<u32>, Vec<TokenLogprob>)],
-    b: &[(Vec<u32>, Vec<TokenLogprob>)],
+    a: &[Generated],
+    b: &[Generated],
     what: &str,
 ) -> usize {
     const DRAW_MARGIN: f32 = 0.02;
@@ -730,14 +737,14 @@ fn cuda_engine_device_sampling() {
             })
             .collect();
         assert!(model.samples_on_device());
-        let batched = run_requests(&model, &cfg, &requests);
+        let (batched, _) = run_requests(&model, &cfg, &requests);
         let alone: Vec<_> =
-            requests.iter().map(|r| run_requests(&model, &cfg, std::slice::from_ref(r)).remove(0)).collect();
+            requests.iter().map(|r| run_requests(&model, &cfg, std::slice::from_ref(r)).0.remove(0)).collect();
         let what = format!("GPU sampled batched vs alone {}", v.name);
         let same = check_runs(model.as_ref(), &requests, &alone, &batched, &what);
         println!("TABLE|engine GPU seeded sampling batched == alone {}|{same}/{} identical|||", v.name, requests.len());
         llama.set_device_sampling(false);
-        let on_host = run_requests(&model, &cfg, &requests);
+        let (on_host, _) = run_requests(&model, &cfg, &requests);
         llama.set_device_sampling(true);
         let what = format!("GPU device vs host sampler {}", v.name);
         let same = check_runs(model.as_ref(), &requests, &batched, &on_host, &what);
@@ -745,4 +752,56 @@ fn cuda_engine_device_sampling() {
         let varied = batched.iter().filter(|(t, _)| t.iter().any(|&x| x != t[0])).count();
         assert!(varied >= requests.len() - 1, "{}: sampled outputs barely vary: {batched:?}", v.name);
     }
+}
+
+/// The next step queued while the device runs this one (the default) against waiting for
+/// each step: the same tokens and logprobs for a mix of greedy rows, seeded rows sampled on
+/// the device (logprobs, `min_tokens`, a logit bias) and a penalized row (which holds the
+/// overlap back while it runs), ending by stop token or length; steps did overlap.
+#[test]
+fn cuda_engine_overlap_equals_waiting() {
+    if !cuda_enabled("cuda_engine_overlap_equals_waiting") {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(15);
+    let v = variants().into_iter().find(|v| v.name == "llama").expect("llama variant");
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_checkpoint(dir.path(), &v, 500);
+    let model: Arc<dyn CausalLm> = Arc::new(gpu_llama(dir.path()));
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 128,
+        max_num_seqs: 8,
+        kv_cache_memory: Some(64 << 20),
+        ..EngineConfig::default()
+    };
+    let seeded = |seed: u64| SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.9, seed, ..Default::default() };
+    let mut requests: Vec<(Vec<u32>, RequestParams)> = Vec::new();
+    for i in 0..8u64 {
+        let sampling = match i {
+            0..=2 => SamplingParams::default(),
+            3 | 4 => seeded(i),
+            5 => SamplingParams { logit_bias: vec![(2, 1.5), (9, -3.0)], ..seeded(i) },
+            6 => SamplingParams { temperature: 1.0, min_p: 0.05, seed: i, ..Default::default() },
+            _ => SamplingParams { repetition_penalty: 1.3, ..Default::default() },
+        };
+        let params = RequestParams {
+            sampling,
+            logprobs: (i % 3 == 1).then_some(3),
+            min_tokens: if i == 6 { 5 } else { 0 },
+            max_tokens: Some(if i == 7 { 6 } else { rng.random_range(8..40) }),
+            stop_token_ids: vec![2],
+            ..Default::default()
+        };
+        let n = rng.random_range(3..150);
+        requests.push((random_prompt(&mut rng, n), params));
+    }
+    let (overlapped, steps) = run_requests(&model, &cfg, &requests);
+    let (waiting, none) = run_requests(&model, &EngineConfig { overlap: false, ..cfg.clone() }, &requests);
+    assert_eq!(none, 0, "--no-overlap queued steps behind others");
+    assert!(steps > 10, "only {steps} steps overlapped");
+    let same = check_runs(model.as_ref(), &requests, &waiting, &overlapped, "GPU overlapped vs waiting");
+    println!(
+        "TABLE|engine GPU overlapped == waiting for each step|{same}/{} identical, {steps} steps overlapped|||",
+        requests.len()
+    );
 }

@@ -3,7 +3,8 @@
 //! to its first 20 layers) give exactly plain decoding's tokens on a prompt whose answer
 //! repeats it, with lookups that are right; and a tool call under `--fill strict` (Qwen's
 //! scaffold, found from its chat template) equals plain decoding in fewer forward passes —
-//! alone, batched with a plain row, and over the prefix cache.
+//! alone, batched with a plain row, over the prefix cache, and with the next step queued
+//! before the host reads a pick (as on the GPU).
 //!
 //! The kernels run in `KernelMode::Reference` (exact f32 math): the fast quantized kernels
 //! are not yet batch-invariant for steps of 8 or more tokens, and a verify step is one.
@@ -13,6 +14,7 @@ mod common;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 
+use common::queued::Queueing;
 use common::*;
 use ferrite_engine::fill::{ScaffoldCursor, ToolScaffold};
 use ferrite_engine::{EngineConfig, EngineCore, FillMode, RequestParams, Speculation, Usage};
@@ -118,6 +120,16 @@ fn qwen_tool_call_fill_strict_equals_plain_in_fewer_passes() {
     assert_eq!(strict, plain, "{text}");
     assert!(usage.fill.injected_tokens >= 3, "{:?}", usage.fill);
     assert_eq!(steps + usage.fill.injected_tokens as u64, plain_steps, "one pass saved per asserted token");
+    // Through a model that queues steps as the GPU does: the scaffold's runs are asserted
+    // after picks the host had not read when the step after them was queued.
+    let queued = Queueing::new(m.model.clone());
+    let mut core = EngineCore::new(queued.clone(), m.tokenizer.clone(), m.eos_token_ids(), &cfg).expect("core");
+    let (tx, mut rx) = unbounded_channel();
+    let req = ferrite_engine::Request { prompt: prompt.clone(), params: strict_params.clone() };
+    core.add_request(1, req, tx).expect("request");
+    run_to_end(&mut core);
+    assert_eq!(collect(&mut rx, 1)[0], plain, "overlapped");
+    assert!(queued.carried_steps() > 0, "no step overlapped");
     // Batched with a plain row of the same prompt, then again over the prefix cache.
     let mut core = EngineCore::new(m.model.clone(), m.tokenizer.clone(), m.eos_token_ids(), &cfg).expect("core");
     for round in 0..2u64 {

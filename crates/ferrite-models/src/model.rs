@@ -4,7 +4,9 @@
 //!
 //! A model on the CPU keeps its KV cache in host memory (the defaults below); a model on a
 //! CUDA device allocates it on the device, sizes it from the device's free memory, and picks
-//! tokens there, so the engine, scheduler and prefix cache are the same for both.
+//! tokens there, so the engine, scheduler and prefix cache are the same for both. Such a
+//! model may also queue a step and hand its picks back later (`queue_step`, `take_picks`), so
+//! the engine schedules the next step while the device runs this one.
 
 use ferrite_runtime::sampling::{RowSampler, SampledToken};
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout};
@@ -22,6 +24,15 @@ pub struct StepLimits {
     pub max_model_len: usize,
     /// Positions per KV block.
     pub block_size: usize,
+}
+
+/// The picks of a queued step (`CausalLm::take_picks`), one per logits row.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Picks {
+    /// The argmax of each row.
+    Ids(Vec<u32>),
+    /// Drawn as the step's row samplers said.
+    Sampled(Vec<SampledToken>),
 }
 
 pub trait CausalLm: Send + Sync {
@@ -57,6 +68,34 @@ pub trait CausalLm: Send + Sync {
         _rows: &[RowSampler],
     ) -> ferrite_runtime::Result<Vec<SampledToken>> {
         let why = "this model does not sample on a device".into();
+        Err(ferrite_runtime::cuda::CudaError::Unsupported(why).into())
+    }
+
+    /// Whether the model can queue a step and hand its picks back later (`queue_step`,
+    /// `take_picks`).
+    fn queues_steps(&self) -> bool {
+        false
+    }
+
+    /// Queue `batch` and return before it has run. Its logits rows are picked on the device —
+    /// the argmax, or as `samplers` says (one per row) — and handed back by `take_picks`.
+    /// `carried` lists (token index in `batch`, logits row of the step queued just before):
+    /// that token's id is the earlier step's pick, still on the device (the id in `batch` is
+    /// a placeholder). Only called when `queues_steps`.
+    fn queue_step(
+        &self,
+        _batch: &ForwardBatch,
+        _kv: &mut KvCache,
+        _samplers: Option<&[RowSampler]>,
+        _carried: &[(usize, usize)],
+    ) -> ferrite_runtime::Result<()> {
+        let why = "this model does not queue steps".into();
+        Err(ferrite_runtime::cuda::CudaError::Unsupported(why).into())
+    }
+
+    /// The picks of the oldest queued step, once it has run.
+    fn take_picks(&self) -> ferrite_runtime::Result<Picks> {
+        let why = "this model does not queue steps".into();
         Err(ferrite_runtime::cuda::CudaError::Unsupported(why).into())
     }
 

@@ -131,7 +131,7 @@ impl ServerMetrics {
             "gauge",
             hit,
         );
-        let counters: [(&str, &str, u64); 5] = [
+        let counters: [(&str, &str, u64); 6] = [
             ("ferrite_prompt_tokens_total", "Prompt tokens submitted.", load(&self.prompt_tokens)),
             ("ferrite_generation_tokens_total", "Tokens generated.", load(&engine.generated_tokens)),
             ("ferrite_preemptions_total", "Sequences preempted for KV space.", load(&engine.preemptions)),
@@ -140,6 +140,11 @@ impl ServerMetrics {
                 "ferrite_asserted_tokens_total",
                 "Tokens appended by fill without sampling.",
                 load(&engine.asserted_tokens),
+            ),
+            (
+                "ferrite_overlapped_steps_total",
+                "Steps queued on the device while the step before them still ran.",
+                load(&engine.overlapped_steps),
             ),
         ];
         for (name, help, v) in counters {

@@ -18,10 +18,11 @@ use crate::spec::verify::{judge, Verdict};
 use crate::spec::{Origin, Policy, Proposal};
 use ferrite_runtime::sampling::{RowSampler, RowSampling};
 
-/// The end tokens `seq` may not pick yet (`min_tokens`).
-fn banned(seq: &Sequence, eos: &[u32]) -> Vec<u32> {
+/// The end tokens `seq` may not pick yet (`min_tokens`), `ahead` tokens after its last known
+/// one.
+fn banned(seq: &Sequence, eos: &[u32], ahead: usize) -> Vec<u32> {
     let p = &seq.params;
-    if seq.generated() < p.min_tokens {
+    if seq.generated() + ahead < p.min_tokens {
         eos.iter().chain(&p.stop_token_ids).copied().collect()
     } else {
         Vec::new()
@@ -30,9 +31,11 @@ fn banned(seq: &Sequence, eos: &[u32]) -> Vec<u32> {
 
 /// What a device that samples does for `seq`'s next token: the processors `processed`
 /// applies (as edits), the cuts and the uniform draw `sample` uses, and its logprobs request.
-pub(super) fn row_sampler(seq: &Sequence, eos: &[u32]) -> RowSampler {
+/// With `ahead` = 1 it is the token after the pending one, whose pick the host has not seen
+/// yet (penalties, which count it, are then not expressible: see `overlap`).
+pub(super) fn row_sampler(seq: &Sequence, eos: &[u32], ahead: usize) -> RowSampler {
     let sp = &seq.params.sampling;
-    let step = seq.generated() as u64;
+    let step = (seq.generated() + ahead) as u64;
     RowSampler {
         params: RowSampling {
             temperature: sp.temperature,
@@ -41,15 +44,27 @@ pub(super) fn row_sampler(seq: &Sequence, eos: &[u32]) -> RowSampler {
             min_p: sp.min_p,
             uniform: if sp.is_greedy() { 0.0 } else { uniform(seq.seed, step) },
         },
-        edits: processor_edits(sp, &seq.tokens[..seq.prompt_len], &seq.counts, &banned(seq, eos)),
+        edits: processor_edits(sp, &seq.tokens[..seq.prompt_len], &seq.counts, &banned(seq, eos, ahead)),
         top_logprobs: seq.params.logprobs.unwrap_or(0),
     }
+}
+
+/// Whether `seq` takes the argmax of the raw logits `ahead` tokens after its last known one:
+/// greedy, no penalty, bias or banned token, no logprobs, no output constraint.
+pub(super) fn takes_argmax(seq: &Sequence, eos: &[u32], ahead: usize) -> bool {
+    let (p, sp) = (&seq.params, &seq.params.sampling);
+    sp.is_greedy()
+        && !sp.has_penalties()
+        && sp.logit_bias.is_empty()
+        && banned(seq, eos, ahead).is_empty()
+        && p.logprobs.is_none()
+        && seq.guide.is_none()
 }
 
 /// `row` after the request's logit processors (penalties, bias, the `min_tokens` ban).
 fn processed<'a>(seq: &Sequence, row: &'a [f32], eos: &[u32]) -> Cow<'a, [f32]> {
     let sp = &seq.params.sampling;
-    let banned = banned(seq, eos);
+    let banned = banned(seq, eos, 0);
     if !(sp.has_penalties() || !sp.logit_bias.is_empty() || !banned.is_empty()) {
         return Cow::Borrowed(row);
     }

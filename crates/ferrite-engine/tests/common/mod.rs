@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod model;
+pub mod queued;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

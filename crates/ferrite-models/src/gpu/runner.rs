@@ -9,8 +9,13 @@
 //! per (row bucket, context bucket): the rows are padded to the bucket with empty rows, block
 //! tables are padded to the context bucket, and the split-K plans cover it. Other steps
 //! (prefill chunks, mixed batches) run eagerly.
+//!
+//! A step can also be queued (`queue_step`): its picks are copied into page-locked host
+//! memory behind it and taken later (`take_picks`), so the engine schedules the next step
+//! while the device runs this one. The next step may take its input ids straight from the
+//! picks still on the device (`carried`), before the host has read them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -18,13 +23,13 @@ use ferrite_runtime::cpu::AttentionParams;
 use ferrite_runtime::cuda::ops::{
     self, ArgmaxScratch, AttentionMeta, DecodePlan, DecodeScratch, Matrix, SampledDev, SamplingParamsDev,
 };
-use ferrite_runtime::cuda::{CudaSlice, CudaView, Gpu, Graph};
+use ferrite_runtime::cuda::{CudaSlice, CudaView, Gpu, Graph, HostBuf};
 use ferrite_runtime::sampling::{LogitEdit, RowSampler, RowSampling, SampledToken};
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError};
 use half::bf16;
 
 use crate::config::ModelConfig;
-use crate::model::{CausalLm, StepLimits};
+use crate::model::{CausalLm, Picks, StepLimits};
 
 /// Row counts a decode graph is captured for; larger decode steps run eagerly.
 const ROW_BUCKETS: [usize; 19] = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512];
@@ -103,6 +108,8 @@ pub struct StepIo {
     pub picked: CudaSlice<bf16>,
     pub logits: CudaSlice<f32>,
     pub next: CudaSlice<u32>,
+    /// (token index, pick row) pairs of a step's carried ids (`queue_step`).
+    pub carried: CudaSlice<u32>,
     /// The attention metadata of each KV group.
     pub metas: Vec<AttentionMeta>,
     pub scratch: DecodeScratch,
@@ -153,6 +160,7 @@ impl StepIo {
             picked: bf(rows * d)?,
             logits: gpu.alloc(rows * cfg.vocab_size)?,
             next: gpu.alloc(rows)?,
+            carried: gpu.alloc(2 * rows)?,
             metas,
             scratch: DecodeScratch::new(gpu, rows, heads, hd, 1)?,
             sampling: SamplingParamsDev::with_capacity(gpu, rows, 0)?,
@@ -173,6 +181,27 @@ struct State<B> {
     graphs: HashMap<(usize, usize), Graph>,
     /// The KV cache the graphs write (`KvCache::id`): another cache means capturing again.
     graph_kv: u64,
+    /// Queued steps whose picks were not taken yet, oldest first.
+    queued: VecDeque<Queued>,
+    /// Host buffers of taken steps, for the next ones.
+    spare: Vec<HostBuf<u32>>,
+    /// Where the last step left picks on the device that a carried step may read.
+    picks: Option<OnDevice>,
+}
+
+/// A queued step: where its picks land on the host, and how to read them.
+struct Queued {
+    landing: HostBuf<u32>,
+    rows: usize,
+    /// Sampled picks: their (rows, alternatives) and the alternatives each row keeps.
+    sampled: Option<((usize, usize), Vec<usize>)>,
+}
+
+/// Which buffer holds the last step's picks, and for how many rows.
+#[derive(Debug, Clone, Copy)]
+enum OnDevice {
+    Argmax(usize),
+    Sampled(usize),
 }
 
 /// A model on one CUDA device: a family's `Layers` run by the shared step machinery.
@@ -194,7 +223,14 @@ impl<L: Layers> GpuModel<L> {
             weight_bytes,
             graphs_enabled: AtomicBool::new(true),
             device_sampling: AtomicBool::new(true),
-            state: Mutex::new(State { ws: None, graphs: HashMap::new(), graph_kv: 0 }),
+            state: Mutex::new(State {
+                ws: None,
+                graphs: HashMap::new(),
+                graph_kv: 0,
+                queued: VecDeque::new(),
+                spare: Vec::new(),
+                picks: None,
+            }),
         }
     }
 
@@ -244,7 +280,7 @@ impl<L: Layers> GpuModel<L> {
 
     /// Queue one step over the inputs already in the workspace (`tokens` query tokens,
     /// `out_rows` rows wanting logits): the layers, the LM head and the argmax.
-    fn queue_step(
+    fn queue_compute(
         &self,
         (io, b): &mut (StepIo, L::Buffers),
         kv: &mut KvCache,
@@ -274,7 +310,9 @@ impl<L: Layers> GpuModel<L> {
 
     /// Copy the step's inputs into `io`: ids and positions padded to `rows` one-token rows
     /// when the batch has fewer (a graph bucket), the logits rows, and the attention
-    /// metadata of every KV group (tables `stride` apart when given).
+    /// metadata of every KV group (tables `stride` apart when given); then the carried ids
+    /// from the last step's picks on the device (`from`).
+    #[allow(clippy::too_many_arguments)]
     fn upload_inputs(
         &self,
         io: &mut StepIo,
@@ -282,6 +320,8 @@ impl<L: Layers> GpuModel<L> {
         block_size: usize,
         rows: usize,
         stride: Option<usize>,
+        carried: &[(usize, usize)],
+        from: Option<OnDevice>,
     ) -> RtResult<()> {
         let gpu = &*self.gpu;
         let pad = rows.saturating_sub(batch.rows.len());
@@ -297,7 +337,17 @@ impl<L: Layers> GpuModel<L> {
         for (group, meta) in io.metas.iter_mut().enumerate() {
             meta.update(gpu, batch, group, block_size, rows, stride)?;
         }
-        Ok(())
+        if carried.is_empty() {
+            return Ok(());
+        }
+        let pairs: Vec<u32> = carried.iter().flat_map(|&(t, r)| [t as u32, r as u32]).collect();
+        gpu.upload_into(&pairs, &mut io.carried)?;
+        let picks = match from {
+            Some(OnDevice::Argmax(_)) => io.next.slice(..),
+            Some(OnDevice::Sampled(_)) => io.sampled.tokens(),
+            None => return Err(RuntimeError::Shape("carried ids without a step's picks on the device".into())),
+        };
+        Ok(ops::carry_picks(gpu, &picks, &io.carried, carried.len(), &mut io.inputs)?)
     }
 
     /// A scratch for a decode step of `decode`'s shape under every layer's plan (a larger
@@ -314,10 +364,17 @@ impl<L: Layers> GpuModel<L> {
         Ok(())
     }
 
-    fn run_eager(&self, st: &mut State<L::Buffers>, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<()> {
+    fn run_eager(
+        &self,
+        st: &mut State<L::Buffers>,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        carried: &[(usize, usize)],
+    ) -> RtResult<()> {
         let rows = batch.rows.len();
+        let from = st.picks;
         let (io, _) = st.ws.as_mut().ok_or_else(no_workspace)?;
-        self.upload_inputs(io, batch, kv.block_size(), rows, None)?;
+        self.upload_inputs(io, batch, kv.block_size(), rows, None, carried, from)?;
         // Decode splits keys as a graph of the same rows would, so both give the same bits.
         let decode = if io.metas[0].max_query <= 1 {
             let decode = Decode { rows, context: context_bucket(io.metas[0].max_context) };
@@ -327,7 +384,7 @@ impl<L: Layers> GpuModel<L> {
             None
         };
         let ws = st.ws.as_mut().ok_or_else(no_workspace)?;
-        self.queue_step(ws, kv, batch.num_tokens(), batch.logits_indices.len(), decode)
+        self.queue_compute(ws, kv, batch.num_tokens(), batch.logits_indices.len(), decode)
     }
 
     /// A pure decode step of `batch` padded to `bucket` rows, by graph replay (captured on
@@ -338,6 +395,7 @@ impl<L: Layers> GpuModel<L> {
         batch: &ForwardBatch,
         kv: &mut KvCache,
         bucket: usize,
+        carried: &[(usize, usize)],
     ) -> RtResult<()> {
         let longest = batch.rows.iter().map(|r| r.context_len).max().unwrap_or(0);
         let context = context_bucket(longest);
@@ -349,23 +407,29 @@ impl<L: Layers> GpuModel<L> {
         }
         let decode = Decode { rows: bucket, context };
         self.ensure_scratch(st, decode)?;
-        let State { ws, graphs, .. } = st;
+        let State { ws, graphs, picks, .. } = st;
         let ws = ws.as_mut().ok_or_else(no_workspace)?;
-        self.upload_inputs(&mut ws.0, batch, block_size, bucket, Some(stride))?;
+        self.upload_inputs(&mut ws.0, batch, block_size, bucket, Some(stride), carried, *picks)?;
         if let Some(graph) = graphs.get(&(bucket, context)) {
             return Ok(graph.replay()?);
         }
         // First use: run it eagerly (this step's result; it also builds the cuBLASLt plans
         // outside the capture), then capture the same work for the next steps.
-        self.queue_step(ws, kv, bucket, bucket, Some(decode))?;
-        let graph = self.gpu.capture(|| self.queue_step(ws, kv, bucket, bucket, Some(decode)))?;
+        self.queue_compute(ws, kv, bucket, bucket, Some(decode))?;
+        let graph = self.gpu.capture(|| self.queue_compute(ws, kv, bucket, bucket, Some(decode)))?;
         graphs.insert((bucket, context), graph);
         Ok(())
     }
 
-    /// Run `batch`; afterwards the first `logits_indices.len()` rows of the workspace's
-    /// `logits` and `next` hold its logits and greedy ids.
-    fn run(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<std::sync::MutexGuard<'_, State<L::Buffers>>> {
+    /// Run `batch` (its `carried` ids from the last step's picks, see `queue_step`);
+    /// afterwards the first `logits_indices.len()` rows of the workspace's `logits` and `next`
+    /// hold its logits and greedy ids.
+    fn run(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        carried: &[(usize, usize)],
+    ) -> RtResult<std::sync::MutexGuard<'_, State<L::Buffers>>> {
         let (tokens, rows, out_rows) = (batch.num_tokens(), batch.rows.len(), batch.logits_indices.len());
         if tokens == 0 || batch.logits_indices.iter().any(|&i| i >= tokens) {
             return Err(RuntimeError::Shape(format!(
@@ -379,7 +443,24 @@ impl<L: Layers> GpuModel<L> {
         }
         let longest = batch.rows.iter().map(|r| r.context_len).max().unwrap_or(0);
         let mut st = self.lock()?;
-        self.ensure(&mut st, tokens, rows.max(out_rows), Self::table_len(longest, kv.block_size()))?;
+        if !carried.is_empty() {
+            let from = match st.picks {
+                Some(OnDevice::Argmax(n) | OnDevice::Sampled(n)) => n,
+                None => 0,
+            };
+            if let Some(&(t, r)) = carried.iter().find(|&&(t, r)| t >= tokens || r >= from) {
+                return Err(RuntimeError::Shape(format!(
+                    "carried pick {r} of {from} into token {t} of a step of {tokens}"
+                )));
+            }
+        }
+        let table = Self::table_len(longest, kv.block_size());
+        let (t0, r0, b0) = st.ws.as_ref().map_or((0, 0, 0), |(w, _)| (w.tokens, w.rows, w.blocks));
+        if !carried.is_empty() && (tokens > t0 || rows.max(out_rows) > r0 || table > b0) {
+            // A new workspace would not hold the picks the step reads.
+            return Err(RuntimeError::Shape("a step with carried ids outgrows the workspace (see `prepare`)".into()));
+        }
+        self.ensure(&mut st, tokens, rows.max(out_rows), table)?;
         let capacity = st.ws.as_ref().map_or(0, |(w, _)| w.rows);
         let decode = self.graphs_enabled.load(Ordering::Relaxed)
             && self.layers.graph_safe()
@@ -387,10 +468,20 @@ impl<L: Layers> GpuModel<L> {
             && batch.rows.iter().all(|r| r.query_len == 1)
             && batch.logits_indices.iter().copied().eq(0..rows);
         match ROW_BUCKETS.iter().copied().find(|&b| b >= rows).filter(|&b| decode && b <= capacity) {
-            Some(bucket) => self.run_graph(&mut st, batch, kv, bucket)?,
-            None => self.run_eager(&mut st, batch, kv)?,
+            Some(bucket) => self.run_graph(&mut st, batch, kv, bucket, carried)?,
+            None => self.run_eager(&mut st, batch, kv, carried)?,
         }
+        // Until a step records where its picks are, none is on the device to carry.
+        st.picks = None;
         Ok(st)
+    }
+
+    /// Refuse a synchronous step while queued steps are still to be taken.
+    fn nothing_queued(&self) -> RtResult<()> {
+        match self.lock()?.queued.len() {
+            0 => Ok(()),
+            n => Err(RuntimeError::Shape(format!("{n} queued steps were not taken before a synchronous one"))),
+        }
     }
 }
 
@@ -414,7 +505,8 @@ impl<L: Layers> CausalLm for GpuModel<L> {
     }
 
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<f32>> {
-        let st = self.run(batch, kv)?;
+        self.nothing_queued()?;
+        let st = self.run(batch, kv, &[])?;
         let (io, _) = st.ws.as_ref().ok_or_else(no_workspace)?;
         let n = batch.logits_indices.len() * self.layers.config().vocab_size;
         if n == 0 {
@@ -425,12 +517,12 @@ impl<L: Layers> CausalLm for GpuModel<L> {
     }
 
     fn forward_greedy(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<u32>> {
-        let st = self.run(batch, kv)?;
-        let (io, _) = st.ws.as_ref().ok_or_else(no_workspace)?;
-        if batch.logits_indices.is_empty() {
-            return Ok(Vec::new());
+        self.nothing_queued()?;
+        self.queue_step(batch, kv, None, &[])?;
+        match self.take_picks()? {
+            Picks::Ids(ids) => Ok(ids),
+            Picks::Sampled(_) => Err(RuntimeError::Shape("a greedy step came back sampled".into())),
         }
-        Ok(self.gpu.download(&io.next.slice(..batch.logits_indices.len()))?)
     }
 
     fn samples_on_device(&self) -> bool {
@@ -443,24 +535,75 @@ impl<L: Layers> CausalLm for GpuModel<L> {
         kv: &mut KvCache,
         rows: &[RowSampler],
     ) -> RtResult<Vec<SampledToken>> {
+        self.nothing_queued()?;
+        self.queue_step(batch, kv, Some(rows), &[])?;
+        match self.take_picks()? {
+            Picks::Sampled(picked) => Ok(picked),
+            Picks::Ids(_) => Err(RuntimeError::Shape("a sampled step came back as argmax ids".into())),
+        }
+    }
+
+    fn queues_steps(&self) -> bool {
+        true
+    }
+
+    fn queue_step(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        samplers: Option<&[RowSampler]>,
+        carried: &[(usize, usize)],
+    ) -> RtResult<()> {
         let n = batch.logits_indices.len();
-        if rows.len() != n {
+        if let Some(rows) = samplers.filter(|rows| rows.len() != n) {
             return Err(RuntimeError::Shape(format!("{} samplers for {n} logits rows", rows.len())));
         }
-        let mut st = self.run(batch, kv)?;
-        if n == 0 {
-            return Ok(Vec::new());
-        }
+        let mut guard = self.run(batch, kv, carried)?;
+        let st = &mut *guard;
+        let mut landing = match st.spare.pop() {
+            Some(buf) => buf,
+            None => self.gpu.host_buf(2 * n.max(1))?,
+        };
         let (io, _) = st.ws.as_mut().ok_or_else(no_workspace)?;
-        let v = self.layers.config().vocab_size;
-        let params: Vec<RowSampling> = rows.iter().map(|r| r.params).collect();
-        let edits: Vec<(usize, LogitEdit)> =
-            rows.iter().enumerate().flat_map(|(i, r)| r.edits.iter().map(move |&e| (i, e))).collect();
-        let top: Vec<usize> = rows.iter().map(|r| r.top_logprobs).collect();
-        let most = top.iter().copied().max().unwrap_or(0);
-        io.sampling.update(&self.gpu, &params, &edits, most, v)?;
-        ops::pick(&self.gpu, &mut io.logits.slice_mut(..n * v), (v, v), &io.sampling, &mut io.sampled)?;
-        Ok(io.sampled.download(&self.gpu, &top)?)
+        let mut sampled = None;
+        if n > 0 {
+            match samplers {
+                None => {
+                    self.gpu.copy_to_host(&io.next.slice(..n), &mut landing)?;
+                    st.picks = Some(OnDevice::Argmax(n));
+                }
+                Some(rows) => {
+                    let v = self.layers.config().vocab_size;
+                    let params: Vec<RowSampling> = rows.iter().map(|r| r.params).collect();
+                    let edits: Vec<(usize, LogitEdit)> =
+                        rows.iter().enumerate().flat_map(|(i, r)| r.edits.iter().map(move |&e| (i, e))).collect();
+                    let top: Vec<usize> = rows.iter().map(|r| r.top_logprobs).collect();
+                    let most = top.iter().copied().max().unwrap_or(0);
+                    io.sampling.update(&self.gpu, &params, &edits, most, v)?;
+                    ops::pick(&self.gpu, &mut io.logits.slice_mut(..n * v), (v, v), &io.sampling, &mut io.sampled)?;
+                    self.gpu.copy_to_host(&io.sampled.picks(), &mut landing)?;
+                    sampled = Some((io.sampled.shape(), top));
+                    st.picks = Some(OnDevice::Sampled(n));
+                }
+            }
+        }
+        st.queued.push_back(Queued { landing, rows: n, sampled });
+        Ok(())
+    }
+
+    fn take_picks(&self) -> RtResult<Picks> {
+        let mut st = self.lock()?;
+        let q = st.queued.pop_front().ok_or_else(|| RuntimeError::Shape("no queued step to take".into()))?;
+        let picks = match (&q.sampled, q.rows) {
+            (None, 0) => Ok(Picks::Ids(Vec::new())),
+            (Some(_), 0) => Ok(Picks::Sampled(Vec::new())),
+            (None, _) => q.landing.wait().map(|ids| Picks::Ids(ids.to_vec())),
+            (Some((shape, top)), _) => {
+                q.landing.wait().and_then(|host| SampledDev::parse(host, *shape, top)).map(Picks::Sampled)
+            }
+        };
+        st.spare.push(q.landing);
+        Ok(picks?)
     }
 
     fn uses_host_pool(&self) -> bool {

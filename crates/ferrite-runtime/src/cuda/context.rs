@@ -3,10 +3,11 @@
 //!
 //! All work goes to the one stream, so cudarc's per-buffer event tracking is switched off:
 //! stream order is the only synchronization, which is also what CUDA-graph capture needs.
-//! Buffers are plain device allocations freed in stream order when dropped.
+//! Buffers are plain device allocations freed in stream order when dropped. Uploads go
+//! through page-locked staging (`pinned`), so queueing one never waits for the device.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
@@ -19,6 +20,7 @@ use super::compile::{build_all, default_kernel_cache_dir, target_for, CompileRep
 use super::device::{check_libraries, cuda_device_count};
 use super::error::{CudaError, CudaResult};
 use super::functions::Functions;
+use super::pinned::{HostBuf, Staging};
 
 /// What the device is.
 #[derive(Debug, Clone)]
@@ -39,6 +41,7 @@ pub struct Gpu {
     pub(crate) blas: Blas,
     info: DeviceInfo,
     report: CompileReport,
+    staging: Mutex<Staging>,
 }
 
 impl Gpu {
@@ -71,7 +74,7 @@ impl Gpu {
         let (images, report) = build_all(&target, cache_dir)?;
         let fns = Functions::load(&ctx, images, info.max_shared_per_block)?;
         let blas = Blas::new(stream.clone())?;
-        Ok(Gpu { ctx, stream, fns, blas, info, report })
+        Ok(Gpu { ctx, stream, fns, blas, info, report, staging: Mutex::default() })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -102,12 +105,15 @@ impl Gpu {
         Ok(self.stream.clone_htod(host)?)
     }
 
-    /// Copy `host` into the start of `dst`.
+    /// Queue a copy of `host` into the start of `dst`; it returns without waiting for the
+    /// device (the values are staged in page-locked memory first).
     pub fn upload_into<T: DeviceRepr>(&self, host: &[T], dst: &mut impl DevicePtrMut<T>) -> CudaResult<()> {
         if host.len() > dst.len() {
             return Err(CudaError::Shape(format!("upload of {} values into {}", host.len(), dst.len())));
         }
-        Ok(self.stream.memcpy_htod(host, dst)?)
+        let dst = self.ptr_mut(dst);
+        let mut staging = self.staging.lock().map_err(|_| CudaError::Shape("upload staging poisoned".into()))?;
+        staging.upload(&self.ctx, &self.stream, host, dst)
     }
 
     /// A host copy of `dev` (waits for the stream).
@@ -115,6 +121,16 @@ impl Gpu {
         let host = self.stream.clone_dtoh(dev)?;
         self.stream.synchronize()?;
         Ok(host)
+    }
+
+    /// Page-locked host memory for `copy_to_host`, room for `len` values to start with.
+    pub fn host_buf<T: DeviceRepr + Copy>(&self, len: usize) -> CudaResult<HostBuf<T>> {
+        HostBuf::new(&self.ctx, len)
+    }
+
+    /// Queue a copy of `dev` into `dst` and return at once; `dst.wait()` gives the values.
+    pub fn copy_to_host<T: DeviceRepr + Copy>(&self, dev: &impl DevicePtr<T>, dst: &mut HostBuf<T>) -> CudaResult<()> {
+        dst.land(&self.ctx, &self.stream, self.ptr(dev), dev.len())
     }
 
     /// Wait until every queued operation has finished; reports errors of earlier launches.

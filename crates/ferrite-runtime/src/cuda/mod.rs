@@ -16,6 +16,7 @@ mod device;
 mod error;
 mod functions;
 pub mod ops;
+mod pinned;
 
 pub use blas::GemmOutput;
 pub use compile::{default_kernel_cache_dir, CompileReport};
@@ -23,3 +24,4 @@ pub use context::{DeviceInfo, Gpu, Graph};
 pub use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 pub use device::{cuda_device_count, resolve_device, Device, DeviceChoice};
 pub use error::{CudaError, CudaResult};
+pub use pinned::HostBuf;

@@ -412,3 +412,11 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         }
     }
 }
+
+// A step's token ids taken from the picks of the step queued before it, still on the device
+// (the host has not read them yet): ids[pairs[2i]] = picks[pairs[2i + 1]] for n pairs.
+extern "C" __global__ void carry_picks(const unsigned int* __restrict__ picks, const unsigned int* __restrict__ pairs,
+                                       unsigned int* __restrict__ ids, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) ids[pairs[2 * i]] = picks[pairs[2 * i + 1]];
+}

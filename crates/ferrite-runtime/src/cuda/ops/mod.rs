@@ -15,4 +15,6 @@ pub use elementwise::{
 pub use gemma::{moe_combine, per_layer_inputs, qkv_norm, rms_norm_add, softcap, PerLayerShape, QkvHeads};
 pub use matrix::Matrix;
 pub use quant::{dequantize, quant_embedding, quant_linear, quant_linear_gated, QuantMatrix};
-pub use sampling::{argmax, pick, sample, ArgmaxScratch, RowSampling, SampledDev, SamplingParamsDev, MAX_TOP};
+pub use sampling::{
+    argmax, carry_picks, pick, sample, ArgmaxScratch, RowSampling, SampledDev, SamplingParamsDev, MAX_TOP,
+};

@@ -4,7 +4,7 @@
 //! before temperature) and, when asked, the most likely alternatives with theirs. Only token
 //! ids and log-probabilities need to cross to the host.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
@@ -111,11 +111,30 @@ impl SampledDev {
 
     /// The picks of the last `pick` (waits for the stream); row r keeps `top[r]` alternatives.
     pub fn download(&self, gpu: &Gpu, top: &[usize]) -> CudaResult<Vec<SampledToken>> {
-        let (n, k) = (self.rows, self.top);
-        if top.len() != n || top.iter().any(|&t| t > k) {
+        SampledDev::parse(&gpu.download(&self.picks())?, self.shape(), top)
+    }
+
+    /// (rows, alternatives a row) of the last `pick`.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows, self.top)
+    }
+
+    /// The last `pick`'s whole result, as `parse` reads it.
+    pub fn picks(&self) -> CudaView<'_, u32> {
+        self.buf.slice(..2 * self.rows * (1 + self.top))
+    }
+
+    /// The last `pick`'s token ids, one a row.
+    pub fn tokens(&self) -> CudaView<'_, u32> {
+        self.buf.slice(..self.rows)
+    }
+
+    /// The picks in `host` (a copy of `picks()` of a pick of `(rows, alternatives)`); row r
+    /// keeps `top[r]` alternatives.
+    pub fn parse(host: &[u32], (n, k): (usize, usize), top: &[usize]) -> CudaResult<Vec<SampledToken>> {
+        if top.len() != n || top.iter().any(|&t| t > k) || host.len() != 2 * n * (1 + k) {
             return Err(CudaError::Shape(format!("{top:?} alternatives of {n} rows picked with {k}")));
         }
-        let host = gpu.download(&self.buf.slice(..2 * n * (1 + k)))?;
         let (tokens, rest) = host.split_at(n);
         let (lps, rest) = rest.split_at(n);
         let (ids, top_lps) = rest.split_at(n * k);
@@ -130,6 +149,25 @@ impl SampledDev {
             })
             .collect())
     }
+}
+
+/// Set the step's token ids listed in `pairs` — (token index, pick row) — from `picks`, the
+/// token ids of the step queued before, without a trip to the host.
+pub fn carry_picks(
+    gpu: &Gpu,
+    picks: &impl DevicePtr<u32>,
+    pairs: &impl DevicePtr<u32>,
+    n: usize,
+    ids: &mut impl DevicePtrMut<u32>,
+) -> CudaResult<()> {
+    if pairs.len() < 2 * n {
+        return Err(CudaError::Shape(format!("{n} carried picks in a buffer of {} words", pairs.len())));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let (sp, pp, ip, n) = (gpu.ptr(picks), gpu.ptr(pairs), gpu.ptr_mut(ids), n as i32);
+    gpu.launch(&gpu.fns.carry_picks, cfg(((n as u32).div_ceil(256), 1, 1), 256, 0), &[&sp, &pp, &ip, &n])
 }
 
 fn check_logits(logits: usize, (rows, vocab, stride): (usize, usize, usize), outs: usize) -> CudaResult<()> {

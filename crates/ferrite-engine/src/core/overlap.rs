@@ -1,0 +1,169 @@
+//! Steps queued on the model's device (a model that `queues_steps`). While the device runs a
+//! queued step, the engine queues the one after it — every row decoding the token the queued
+//! step is picking, its id carried over on the device without the host seeing it — and only
+//! then lands the queued step (takes its picks, streams, checks ends). The host's work for a
+//! step thus runs while the device computes the next one.
+//!
+//! The following step is queued only when it is the step the scheduler would build: nothing
+//! waits to be admitted, every running row was in the queued step and picks its pending token
+//! there, none can end by length, none needs the host between the two steps (a proposal, an
+//! output constraint, penalties that count the unseen pick, a fork), and every row gets the
+//! KV block of one more position. A row that ends when the queued step lands (an end token, a
+//! stop string, a disconnect) had one extra token computed, which is dropped with it; a row
+//! whose next tokens became known (an asserted scaffold) keeps the KV of its pick and goes on
+//! with them in a normal step.
+
+use std::collections::HashMap;
+
+use ferrite_models::model::Picks as DevicePicks;
+use ferrite_runtime::batch::RowLogits;
+use ferrite_runtime::sampling::RowSampler;
+use ferrite_runtime::{ForwardBatch, RuntimeError};
+
+use super::{emit, EngineCore, Picks, PlanRow};
+use crate::error::EngineError;
+use crate::request::RequestId;
+
+/// A step queued on the device whose picks were not taken yet.
+pub(super) struct InFlight {
+    rows: Vec<FlightRow>,
+}
+
+/// A row of a queued step: its sequence (request, choice), first query position, query
+/// tokens and logits rows.
+#[derive(Debug, Clone, Copy)]
+struct FlightRow {
+    key: (RequestId, usize),
+    position: usize,
+    tokens: usize,
+    logits: usize,
+}
+
+impl EngineCore {
+    /// The rows of a step just queued from `plan` (before any of them advanced).
+    pub(super) fn flight(&self, plan: &[PlanRow]) -> InFlight {
+        let rows = plan.iter().map(|r| {
+            let s = &self.sched.running[r.row()];
+            FlightRow { key: (s.request, s.choice), position: s.num_computed, tokens: r.tokens, logits: r.logits }
+        });
+        InFlight { rows: rows.collect() }
+    }
+
+    /// Queue the step after `flight` when it can, then land `flight`. A failure to queue
+    /// ends the requests that step was for, after `flight` landed.
+    pub(super) fn advance(&mut self, flight: InFlight) -> Result<(), EngineError> {
+        let next = self.chain(&flight);
+        let keys: Vec<(RequestId, usize)> = flight.rows.iter().map(|r| r.key).collect();
+        self.land_flight(flight)?;
+        match next {
+            Ok(next) => {
+                self.in_flight = next;
+                Ok(())
+            }
+            Err(e) => {
+                let index = self.running_index();
+                Err(self.fail(keys.iter().filter_map(|k| index.get(k).copied()).collect(), e))
+            }
+        }
+    }
+
+    /// Land the queued step, if any (before anything else changes the running rows).
+    pub(super) fn drain(&mut self) -> Result<(), EngineError> {
+        match self.in_flight.take() {
+            Some(flight) => self.land_flight(flight),
+            None => Ok(()),
+        }
+    }
+
+    /// Running index by (request, choice).
+    fn running_index(&self) -> HashMap<(RequestId, usize), usize> {
+        self.sched.running.iter().enumerate().map(|(i, s)| ((s.request, s.choice), i)).collect()
+    }
+
+    /// Take `flight`'s picks and apply them to the rows still where it left them.
+    fn land_flight(&mut self, flight: InFlight) -> Result<(), EngineError> {
+        let index = self.running_index();
+        let plan: Vec<PlanRow> = (flight.rows.iter())
+            .map(|r| PlanRow {
+                index: index.get(&r.key).copied().filter(|&i| self.sched.running[i].num_computed == r.position),
+                tokens: r.tokens,
+                logits: r.logits,
+                proposal: None,
+            })
+            .collect();
+        let want: usize = plan.iter().map(|r| r.logits).sum();
+        let picks = self.model.take_picks().map_err(EngineError::from).and_then(|p| {
+            let (picks, got) = match p {
+                DevicePicks::Ids(ids) => (ids.len(), Picks::Tokens(ids)),
+                DevicePicks::Sampled(s) => (s.len(), Picks::Sampled(s)),
+            };
+            match picks == want {
+                true => Ok(got),
+                false => Err(EngineError::Model(RuntimeError::Shape(format!(
+                    "a queued step gave {picks} picks for {want} rows"
+                )))),
+            }
+        });
+        match picks {
+            Ok(picks) => {
+                self.land(plan, &picks);
+                Ok(())
+            }
+            Err(e) => Err(self.fail(plan.iter().filter_map(|r| r.index).collect(), e)),
+        }
+    }
+
+    /// Queue the step after `flight` (see the module docs for when); None when it cannot be.
+    fn chain(&mut self, flight: &InFlight) -> Result<Option<InFlight>, EngineError> {
+        let running = &self.sched.running;
+        if !self.sched.waiting.is_empty() || flight.rows.len() != running.len() || self.ngram || self.drafter.is_some()
+        {
+            return Ok(None);
+        }
+        let max_len = self.limits.max_model_len;
+        let mut greedy = true;
+        for (r, s) in flight.rows.iter().zip(running) {
+            let picks_pending =
+                r.logits == 1 && s.num_computed == r.position && r.position + r.tokens == s.tokens.len();
+            let host_free = s.pending_children == 0
+                && s.guide.is_none()
+                && !s.fill.mode.echoes()
+                && !s.params.sampling.has_penalties();
+            // The pick being made ends the row when it reaches max_tokens or the context.
+            let goes_on = s.generated() + 1 < s.max_tokens && s.tokens.len() + 1 < max_len;
+            if r.key != (s.request, s.choice) || !picks_pending || !host_free || !goes_on {
+                return Ok(None);
+            }
+            greedy &= emit::takes_argmax(s, &self.eos, 1);
+        }
+        if !greedy && !self.model.samples_on_device() {
+            return Ok(None);
+        }
+        for s in &mut self.sched.running {
+            if !self.kvm.allocate(&mut s.kv, s.tokens.len() + 1) {
+                return Ok(None);
+            }
+        }
+        let mut batch = ForwardBatch::default();
+        let mut carried = Vec::with_capacity(flight.rows.len());
+        for (i, s) in self.sched.running.iter().enumerate() {
+            // The id is a placeholder: the device carries the queued step's pick of row i in.
+            batch.push_row(&[0], s.tokens.len() + 1, s.kv.tables.clone(), RowLogits::Last);
+            carried.push((i, i));
+        }
+        let samplers: Vec<RowSampler> = match greedy {
+            true => Vec::new(),
+            false => self.sched.running.iter().map(|s| emit::row_sampler(s, &self.eos, 1)).collect(),
+        };
+        self.model.queue_step(&batch, &mut self.kv, (!greedy).then_some(&samplers[..]), &carried)?;
+        self.metrics.add_batch(batch.num_tokens());
+        self.metrics.add_overlapped();
+        let rows = self.sched.running.iter().map(|s| FlightRow {
+            key: (s.request, s.choice),
+            position: s.tokens.len(),
+            tokens: 1,
+            logits: 1,
+        });
+        Ok(Some(InFlight { rows: rows.collect() }))
+    }
+}
