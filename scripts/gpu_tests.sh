@@ -102,6 +102,9 @@ PY
         # The same with each step waited for before the next is scheduled (no overlap).
         bench decode-1b-no-overlap bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3 --no-overlap
         bench decode-8b-no-overlap bench decode "${s8[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3 --no-overlap
+        # And with every kernel launched fully serialized (no programmatic dependent launch).
+        FERRITE_PDL=0 bench decode-1b-no-pdl bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
+        FERRITE_PDL=0 bench decode-8b-no-pdl bench decode "${s8[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
         bench decode-8b-q4_0 bench decode --synthetic llama-3.1-8b --dtype q4_0 --prompt-tokens 512 --gen-tokens 128 \
             --reps 3
         # Seeded sampling drawn on the device (only ids come back), against the greedy line.

@@ -9,10 +9,15 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use std::ffi::c_void;
+
+use cudarc::driver::sys::{
+    cuLaunchKernelEx, CUdevice_attribute, CUevent_flags, CUgraphInstantiate_flags, CUlaunchAttribute,
+    CUlaunchAttributeID, CUlaunchConfig, CUstreamCaptureMode,
+};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
-    PushKernelArg, ValidAsZeroBits,
+    ValidAsZeroBits,
 };
 
 use super::blas::Blas;
@@ -42,6 +47,9 @@ pub struct Gpu {
     info: DeviceInfo,
     report: CompileReport,
     staging: Mutex<Staging>,
+    /// Launch kernels allowing programmatic dependent launch (compute capability 9.0 and up,
+    /// unless `FERRITE_PDL=0`): each may start while the one ahead finishes.
+    pdl: bool,
 }
 
 impl Gpu {
@@ -74,7 +82,8 @@ impl Gpu {
         let (images, report) = build_all(&target, cache_dir)?;
         let fns = Functions::load(&ctx, images, info.max_shared_per_block)?;
         let blas = Blas::new(stream.clone())?;
-        Ok(Gpu { ctx, stream, fns, blas, info, report, staging: Mutex::default() })
+        let pdl = info.compute_capability.0 >= 9 && std::env::var("FERRITE_PDL").map_or(true, |v| v != "0");
+        Ok(Gpu { ctx, stream, fns, blas, info, report, staging: Mutex::default(), pdl })
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -179,16 +188,33 @@ impl Gpu {
         want.min(self.info.multiprocessors.max(1) * 32) as u32
     }
 
-    /// Launch `f` with `cfg` and the argument list `args` (each a `DeviceRepr` value).
+    /// Launch `f` with `cfg` and the argument list `args` (each a `DeviceRepr` value),
+    /// allowing programmatic dependent launch where the device has it (see `pdl`).
     pub(crate) fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[&dyn KernelArg]) -> CudaResult<()> {
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            a.push(&mut b);
-        }
+        let mut params: Vec<*mut c_void> = args.iter().map(|a| a.param()).collect();
+        // SAFETY: a plain-old-data union; the one field the attribute's id names is set.
+        let mut attr: CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: if self.pdl { &mut attr } else { std::ptr::null_mut() },
+            numAttrs: u32::from(self.pdl),
+        };
+        self.ctx.bind_to_thread()?;
         // SAFETY: each op checks its buffers' lengths against the shapes it passes, and the
-        // argument lists match the kernels' parameter lists (the ops and the .cu files
-        // are kept together; the CUDA tests exercise every one).
-        unsafe { b.launch(cfg) }?;
+        // argument lists match the kernels' parameter lists (the ops and the .cu files are
+        // kept together; the CUDA tests exercise every one); `params` points at `args`, which
+        // outlive the call. Every kernel waits for the one ahead before touching memory
+        // (`pdl_wait` in common.cuh), as programmatic dependent launch requires.
+        unsafe { cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }.result()?;
         Ok(())
     }
 }
@@ -209,12 +235,13 @@ impl Graph {
 
 /// A kernel argument: a plain value the launch copies (ints, floats, device addresses).
 pub(crate) trait KernelArg {
-    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
+    /// The value's address, as the launch's parameter array holds it.
+    fn param(&self) -> *mut c_void;
 }
 
 impl<T: DeviceRepr> KernelArg for T {
-    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
-        b.arg(self);
+    fn param(&self) -> *mut c_void {
+        self as *const T as *mut c_void
     }
 }
 

@@ -5,7 +5,7 @@
 
 #define GATED(NAME, ACT)                                                                               \
     extern "C" __global__ void NAME(const bf16_t* __restrict__ gate, const bf16_t* __restrict__ up,     \
-                                    bf16_t* __restrict__ out, int tokens, int inter, int in_stride) {  \
+                                    bf16_t* __restrict__ out, int tokens, int inter, int in_stride) { pdl_entry();  \
         size_t n = (size_t)tokens * inter;                                                             \
         for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;                          \
              i += (size_t)gridDim.x * blockDim.x) {                                                    \

@@ -10,6 +10,19 @@ typedef unsigned long long u64;
 #define FERRITE_INF __int_as_float(0x7f800000)
 #define FULL_MASK 0xffffffffu
 
+// Programmatic dependent launch (sm_90 and up, where the host allows it on every launch): a
+// kernel may start while the kernel ahead of it in the stream still runs. Every kernel calls
+// `pdl_entry` first: it lets the kernel behind it start likewise (once each of its blocks has
+// called it), then blocks until the kernel ahead has finished and its writes are visible — so
+// no kernel touches memory early; what overlaps is the next kernel's launch with this one's
+// tail.
+__device__ __forceinline__ void pdl_entry() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float bf2f(bf16_t v) { return __uint_as_float(((unsigned)v) << 16); }
 
 __device__ __forceinline__ bf16_t f2bf(float f) {

@@ -2,6 +2,7 @@
 // Grid-stride over `words`, four independent loads in flight per thread before the stores.
 
 extern "C" __global__ void copy_words(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t words) {
+    pdl_entry();
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     for (; i + 3 * stride < words; i += 4 * stride) {

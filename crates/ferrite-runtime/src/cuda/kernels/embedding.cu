@@ -4,6 +4,7 @@
 
 extern "C" __global__ void embedding_bf16(const bf16_t* __restrict__ table, const unsigned* __restrict__ ids,
                                           bf16_t* __restrict__ out, int dim, int vocab, float scale) {
+    pdl_entry();
     int t = blockIdx.x;
     unsigned id = ids[t];
     bf16_t* dst = out + (size_t)t * dim;
@@ -21,6 +22,7 @@ extern "C" __global__ void embedding_bf16(const bf16_t* __restrict__ table, cons
 
 extern "C" __global__ void embedding_f32(const float* __restrict__ table, const unsigned* __restrict__ ids,
                                          bf16_t* __restrict__ out, int dim, int vocab, float scale) {
+    pdl_entry();
     int t = blockIdx.x;
     unsigned id = ids[t];
     bf16_t* dst = out + (size_t)t * dim;

@@ -11,6 +11,7 @@
 // weight is a unit one too). Grid (tokens, n_q + n_k + n_v), threads a multiple of 32.
 extern "C" __global__ void qkv_norm(bf16_t* __restrict__ x, int stride, int n_q, int n_k, int head_dim,
                                     const float* __restrict__ wq, const float* __restrict__ wk, float eps) {
+    pdl_entry();
     __shared__ float scratch[32];
     const int h = blockIdx.y;
     bf16_t* p = x + (size_t)blockIdx.x * stride + (size_t)h * head_dim;
@@ -31,6 +32,7 @@ extern "C" __global__ void qkv_norm(bf16_t* __restrict__ x, int stride, int n_q,
 // Grid: one block per row.
 extern "C" __global__ void rms_norm_add(const bf16_t* __restrict__ y, const float* __restrict__ w,
                                         bf16_t* __restrict__ x, int d, float eps, float scale) {
+    pdl_entry();
     __shared__ float scratch[32];
     const bf16_t* yr = y + (size_t)blockIdx.x * d;
     bf16_t* xr = x + (size_t)blockIdx.x * d;
@@ -45,6 +47,7 @@ extern "C" __global__ void rms_norm_add(const bf16_t* __restrict__ y, const floa
 
 // x = cap * tanh(x / cap), grid-stride.
 extern "C" __global__ void softcap_f32(float* __restrict__ x, u64 n, float cap) {
+    pdl_entry();
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
         x[i] = cap * tanhf(x[i] / cap);
 }
@@ -57,6 +60,7 @@ extern "C" __global__ void per_layer_inputs(const bf16_t* __restrict__ proj, con
                                             const unsigned* __restrict__ ids, const float* __restrict__ w,
                                             bf16_t* __restrict__ out, int tokens, int width, int vocab,
                                             float proj_scale, float emb_scale, float eps) {
+    pdl_entry();
     __shared__ float scratch[32];
     const int t = blockIdx.x, l = blockIdx.y, layers = gridDim.y;
     const size_t row = (size_t)layers * width;
@@ -83,6 +87,7 @@ extern "C" __global__ void per_layer_inputs(const bf16_t* __restrict__ proj, con
 extern "C" __global__ void moe_combine(bf16_t* __restrict__ out, const bf16_t* __restrict__ y,
                                        const int* __restrict__ pair, const float* __restrict__ weight, int top_k,
                                        int d) {
+    pdl_entry();
     const int t = blockIdx.x;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         float acc = 0.f;

@@ -39,6 +39,7 @@ __device__ __forceinline__ void gemv(const bf16_t* __restrict__ x, const bf16_t*
         const int row = ACT == ACT_NONE ? min(row0 + r, n - 1) : (r < 2 ? 0 : n) + min(row0 + (r & 1), n - 1);
         wr[r] = (const uint4*)(w + (u64)row * k);
     }
+    pdl_entry();
     float acc[M][GEMV_ROWS];
 #pragma unroll
     for (int i = 0; i < M; i++)

@@ -3,6 +3,7 @@
 // is the same on every run and no weights cross the bus. Grid-stride over n.
 
 extern "C" __global__ void random_bf16(bf16_t* __restrict__ out, u64 n, u64 seed, float scale) {
+    pdl_entry();
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += stride) {
         const u64 r = splitmix64(seed ^ splitmix64(i));

@@ -7,6 +7,7 @@ extern "C" __global__ void write_kv(const bf16_t* __restrict__ k, const bf16_t* 
                                     const int* __restrict__ slot_mapping, bf16_t* __restrict__ k_cache,
                                     bf16_t* __restrict__ v_cache, int tokens, int n_kv_heads, int head_dim,
                                     int block_size) {
+    pdl_entry();
     size_t width = (size_t)n_kv_heads * head_dim;
     size_t n = (size_t)tokens * width;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {

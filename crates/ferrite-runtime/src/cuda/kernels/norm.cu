@@ -9,6 +9,7 @@
 extern "C" __global__ void rms_norm(const bf16_t* __restrict__ x, bf16_t* __restrict__ residual,
                                     const float* __restrict__ w, bf16_t* __restrict__ out, int d, float eps,
                                     float offset) {
+    pdl_entry();
     __shared__ float scratch[32];
     size_t row = blockIdx.x;
     const bf16_t* xr = x + row * d;

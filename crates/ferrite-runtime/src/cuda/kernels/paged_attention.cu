@@ -287,7 +287,7 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
         int q_stride, bf16_t* k_cache, bf16_t* v_cache, const int* block_tables, int bt_stride,                    \
         const int* context_lens, int n_heads, int n_kv_heads, int block_size, float scale, float softcap,          \
         int window, int partition, int max_splits, const float* inv_freq, int half, float rope_scaling,            \
-        int k_offset) {                                                                                             \
+        int k_offset) { pdl_entry();                                                                                             \
         paged_decode<HD, GC>(out, out_stride, part_out, part_ml, counters, q, q_stride, k_cache, v_cache,          \
                              block_tables, bt_stride, context_lens, n_heads, n_kv_heads, block_size, scale,        \
                              softcap, window, partition, max_splits, inv_freq, half, rope_scaling, k_offset);       \

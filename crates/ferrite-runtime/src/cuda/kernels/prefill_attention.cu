@@ -219,7 +219,7 @@ __device__ __forceinline__ void prefill(bf16_t* __restrict__ out, int out_stride
     extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attention_hd##HD(                             \
         bf16_t* out, int out_stride, const bf16_t* q, int q_stride, const bf16_t* k_cache, const bf16_t* v_cache,  \
         const int* block_tables, int bt_stride, const int* query_start, const int* context_lens, const int* tiles, \
-        int n_heads, int n_kv_heads, int block_size, float scale, float softcap, int window) {                      \
+        int n_heads, int n_kv_heads, int block_size, float scale, float softcap, int window) { pdl_entry();                      \
         prefill<HD>(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, bt_stride, query_start,           \
                     context_lens, tiles, n_heads, n_kv_heads, block_size, scale, softcap, window);                  \
     }

@@ -395,7 +395,7 @@ __device__ __forceinline__ void random_blocks_impl(u8* __restrict__ w, u64 block
 
 #define QGEMV_KERNEL(T, M)                                                                                  \
     extern "C" __global__ void __launch_bounds__(QG_THREADS)                                                \
-        qgemv_m##M(const bf16_t* x, const u8* w, const void* bias, void* y, int n, int k, int ldy, int mode) { \
+        qgemv_m##M(const bf16_t* x, const u8* w, const void* bias, void* y, int n, int k, int ldy, int mode) { pdl_entry(); \
         qgemv<T, M>(x, w, bias, y, n, k, ldy, mode);                                                        \
     }
 
@@ -409,9 +409,9 @@ __device__ __forceinline__ void random_blocks_impl(u8* __restrict__ w, u64 block
     QGEMV_KERNEL(T, 7)                                                                                      \
     QGEMV_KERNEL(T, 8)                                                                                      \
     extern "C" __global__ void __launch_bounds__(QG_THREADS)                                                \
-        dequant_rows(const u8* w, const unsigned* ids, bf16_t* out, int k, int vocab, float scale) {      \
+        dequant_rows(const u8* w, const unsigned* ids, bf16_t* out, int k, int vocab, float scale) { pdl_entry();      \
         dequant_rows_impl<T>(w, ids, out, k, vocab, scale);                                                      \
     }                                                                                                       \
-    extern "C" __global__ void random_blocks(u8* w, u64 blocks, u64 seed, float amp) {                     \
+    extern "C" __global__ void random_blocks(u8* w, u64 blocks, u64 seed, float amp) { pdl_entry();                     \
         random_blocks_impl<T>(w, blocks, seed, amp);                                                             \
     }

@@ -15,6 +15,7 @@ extern "C" __global__ void rope(bf16_t* __restrict__ x, const unsigned* __restri
                                 const float* __restrict__ inv_freq, int n_heads, int head_dim, int half, float scaling,
                                 int stride, const int* __restrict__ slot_mapping, int n_kv_heads,
                                 bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache, int block_size) {
+    pdl_entry();
     const int t = blockIdx.x, h = blockIdx.y;
     const float pos = (float)positions[t];
     bf16_t* p = x + (size_t)t * stride + (size_t)h * head_dim;

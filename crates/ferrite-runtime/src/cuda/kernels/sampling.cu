@@ -33,10 +33,14 @@ __device__ __forceinline__ unsigned order_key(float x) {
 // The trip counts are uniform across the block, so f may use warp-collective operations.
 // Each thread keeps LOADS 16-byte loads in flight: one block walks a whole row in
 // n / (4 · LOADS · blockDim) dependent round trips. The argmax kernel takes 8 (2 round trips
-// for a 128k vocabulary); the sampling passes, whose bodies hold more registers, 2.
+// for a 128k vocabulary); the sampling passes, whose bodies hold more registers, 2. A row
+// that does not start on a 16-byte boundary (a vocabulary not a multiple of 4, in a batch)
+// loads its quads as four words: every thread then sees the same elements in the same order
+// wherever the row lies, so float sums over it do not depend on the batch.
 template <int LOADS = 2, class F>
 __device__ __forceinline__ void for_each(const float* __restrict__ x, int n, F f) {
-    const int n4 = ((size_t)x & 15) == 0 ? n / 4 : 0;
+    const int n4 = n / 4;
+    const bool aligned = ((size_t)x & 15) == 0;
     const float4* x4 = (const float4*)x;
     const float4 none = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int base = 0; base < n4; base += LOADS * blockDim.x) {
@@ -44,7 +48,7 @@ __device__ __forceinline__ void for_each(const float* __restrict__ x, int n, F f
 #pragma unroll
         for (int u = 0; u < LOADS; u++) {
             const int i = base + u * blockDim.x + threadIdx.x;
-            a[u] = i < n4 ? x4[i] : none;
+            a[u] = i >= n4 ? none : aligned ? x4[i] : make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
         }
 #pragma unroll
         for (int u = 0; u < LOADS; u++) {
@@ -122,6 +126,7 @@ __device__ void row_argmax(const float* x, int n, float* s_v, int* s_i, float* b
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     argmax_rows(const float* __restrict__ logits, int vocab, int stride, unsigned long long* keys,
                 unsigned* counters, unsigned* __restrict__ out) {
+    pdl_entry();
     __shared__ float s_v[32];
     __shared__ int s_i[32];
     __shared__ bool s_last;
@@ -305,6 +310,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_rows(const float* __restrict__ logits, int vocab, int stride, const float* __restrict__ temperature,
                 const int* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ min_p,
                 const float* __restrict__ uniform, unsigned* __restrict__ tokens, float* __restrict__ logprobs) {
+    pdl_entry();
     __shared__ float s_v[32];
     __shared__ int s_i[32];
     __shared__ Select s;
@@ -348,6 +354,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 // into FMAs), so the result is the CPU's, bit for bit.
 extern "C" __global__ void edit_logits(float* __restrict__ logits, int stride, const unsigned* __restrict__ edits,
                                        int n_edits) {
+    pdl_entry();
     for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n_edits; e += gridDim.x * blockDim.x) {
         const unsigned* w = edits + 6 * (u64)e;
         float* p = logits + (u64)w[0] * stride + w[1];
@@ -371,6 +378,7 @@ extern "C" __global__ void edit_logits(float* __restrict__ logits, int stride, c
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     top_logprobs_rows(const float* __restrict__ logits, int vocab, int stride, int n_top, unsigned* __restrict__ ids,
                       float* __restrict__ lps) {
+    pdl_entry();
     __shared__ float s_v[32];
     __shared__ Select s;
     __shared__ int s_n;
@@ -417,6 +425,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 // (the host has not read them yet): ids[pairs[2i]] = picks[pairs[2i + 1]] for n pairs.
 extern "C" __global__ void carry_picks(const unsigned int* __restrict__ picks, const unsigned int* __restrict__ pairs,
                                        unsigned int* __restrict__ ids, int n) {
+    pdl_entry();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) ids[pairs[2 * i]] = picks[pairs[2 * i + 1]];
 }
