@@ -6,7 +6,9 @@
 //! `core/propose.rs`, token decisions and streaming in `core/emit.rs`. Constrained rows
 //! (structured output) compute their token masks while the model runs and sample under them;
 //! other rows are sampled by the model on its device when it can (only ids and requested
-//! logprobs come back).
+//! logprobs come back). A model that queues steps (the GPU) has its steps queued and landed in
+//! the next iteration, which first queues the step after when it can (`core/overlap.rs`), so
+//! the host's work for one step runs while the device computes the next.
 
 mod emit;
 mod overlap;
