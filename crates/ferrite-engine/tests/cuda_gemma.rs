@@ -21,7 +21,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::model::{cache, cuda_enabled, log_softmax, prefill_logits, top_k, BLOCK};
+use common::model::{cache, cuda_enabled, equal_or_tie, log_softmax, prefill_logits, top_k, BLOCK, TIE_MARGIN};
 use common::{add, collect, greedy, ids, run_to_end};
 use ferrite_engine::{EngineConfig, EngineCore};
 use ferrite_models::config::{ConfigSource, ModelConfig};
@@ -35,8 +35,6 @@ use ferrite_runtime::ForwardBatch;
 use serde_json::Value;
 
 const FIXTURES: [&str; 6] = ["gemma", "gemma2", "gemma3", "gemma4-shared-ple", "gemma4-kv-eq-v", "gemma4-moe"];
-/// The CPU top-2 log-probability margin under which a differing argmax is a bf16 near tie.
-const TIE_MARGIN: f32 = 0.25;
 /// The largest top-5 log-probability difference allowed. Wider than `cuda_model`'s 0.5: with
 /// q/k norms and attention scale 1 (Gemma 4) the 16-wide heads' scores reach ±16, so the bf16
 /// rounding of the normed q and k moves low-ranked log-probabilities further (0.52 measured at
@@ -89,28 +87,6 @@ fn greedy_tokens(model: &dyn CausalLm, prompt: &[u32], n: usize) -> Vec<u32> {
         out.extend(model.forward_greedy(&batch, &mut kv).expect("decode"));
     }
     out
-}
-
-/// The CPU's top-2 log-probability margin after `context`.
-fn cpu_margin(cpu: &dyn CausalLm, context: &[u32]) -> f32 {
-    let vocab = cpu.config().vocab_size;
-    let logits = prefill_logits(cpu, context);
-    let last = log_softmax(&logits[logits.len() - vocab..]);
-    let top = top_k(&last, 2);
-    last[top[0]] - last[top[1]]
-}
-
-/// Whether `a` and `b` (continuations of `prompt`) are equal; where they differ, the first
-/// difference must be at a near tie of the CPU's logits.
-fn equal_or_tie(cpu: &dyn CausalLm, prompt: &[u32], a: &[u32], b: &[u32], what: &str) -> bool {
-    let Some(j) = a.iter().zip(b).position(|(x, y)| x != y) else {
-        assert_eq!(a.len(), b.len(), "{what}: lengths differ");
-        return true;
-    };
-    let margin = cpu_margin(cpu, &[prompt, &a[..j]].concat());
-    println!("TABLE|{what}: diverged at token {j}|CPU top-2 margin {margin:.4}|||");
-    assert!(margin < 2.0 * TIE_MARGIN, "{what}: diverges at token {j}, a clear position (margin {margin})");
-    false
 }
 
 #[test]

@@ -36,7 +36,10 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::model::{cache, cuda_enabled, log_softmax, prefill_logits, top_k, BLOCK};
+use common::model::{
+    cache, cuda_enabled, divergence, equal_or_tie, log_softmax, parting_at_tie, prefill_logits, top2_margin, top_k,
+    BLOCK, TIE_MARGIN,
+};
 use ferrite_engine::sampling::{apply_processors, distribution, uniform, TokenCounts, TokenLogprob};
 use ferrite_engine::{EngineConfig, EngineCore, Output, Request, RequestParams, SamplingParams};
 use ferrite_models::config::ModelConfig;
@@ -163,11 +166,6 @@ fn load_pair(v: &Variant, seed: u64) -> (Arc<dyn CausalLm>, Arc<dyn CausalLm>, t
 fn random_prompt(rng: &mut StdRng, n: usize) -> Vec<u32> {
     (0..n).map(|_| rng.random_range(3..VOCAB as u32)).collect()
 }
-
-/// The CPU margin between its top two log-probabilities under which a differing argmax is a
-/// bf16 near tie rather than an error (these models' sharp attention amplifies the bf16
-/// rounding of q and k: top-5 log-probabilities differ by up to ~0.4 at 150 tokens).
-const TIE_MARGIN: f32 = 0.25;
 
 #[test]
 fn cuda_prefill_logits_match_cpu() {
@@ -321,31 +319,11 @@ fn run_engine(
     (tokens, core.kv_manager().prefix_cache().map_or(0, |c| c.hit_tokens as usize))
 }
 
-/// How many of the token lists `a[i]` and `b[i]` (greedy continuations of `prompts[i]`) are
-/// equal; where two differ, the first difference must be at a near tie of the CPU model's
-/// logits (the GPU's summation order — split-K attention plans and GEMM algorithms depend
-/// on the batch shape — may flip a near tie, never a clear choice).
+/// How many greedy runs of `prompts` agree between `a` and `b` (the others part at a near tie
+/// of `cpu`).
 fn count_equal_or_tie(cpu: &dyn CausalLm, prompts: &[Vec<u32>], a: &[Vec<u32>], b: &[Vec<u32>], what: &str) -> usize {
-    let mut equal = 0;
-    for (p, (x, y)) in prompts.iter().zip(a.iter().zip(b)) {
-        let Some(j) = divergence(x, y) else {
-            equal += 1;
-            continue;
-        };
-        let context = [p.as_slice(), &x[..j]].concat();
-        let logits = prefill_logits(cpu, &context);
-        let last = log_softmax(&logits[logits.len() - VOCAB..]);
-        let top = top_k(&last, 2);
-        let margin = last[top[0]] - last[top[1]];
-        println!("TABLE|engine {what}: diverged at token {j}|CPU top-2 margin {margin:.4}|||");
-        assert!(margin < 2.0 * TIE_MARGIN, "{what}: diverges at token {j}, a clear position (margin {margin})");
-    }
-    equal
-}
-
-/// The first index where `a` and `b` differ.
-fn divergence(a: &[u32], b: &[u32]) -> Option<usize> {
-    a.iter().zip(b).position(|(x, y)| x != y).or((a.len() != b.len()).then(|| a.len().min(b.len())))
+    let what = format!("engine {what}");
+    prompts.iter().zip(a.iter().zip(b)).filter(|(p, (x, y))| equal_or_tie(cpu, p, x, y, &what)).count()
 }
 
 #[test]
@@ -439,16 +417,6 @@ fn logprobs_close(want_top: &[(usize, f32)], got: &[f32], what: &str) -> f32 {
     want_top.iter().take(5).map(|&(t, lp)| (lp - got[t]).abs()).fold(0f32, f32::max)
 }
 
-/// The first divergence of greedy `got` from `want` must be at a near tie of the reference
-/// (`margin_at(j)`: its top-2 log-probability margin there); returns the tokens that agree.
-fn greedy_agree(want: &[u32], got: &[u32], margin_at: impl FnOnce(usize) -> f32, what: &str) -> usize {
-    let Some(j) = divergence(want, got) else { return want.len() };
-    let margin = margin_at(j);
-    println!("TABLE|{what}: greedy diverged at token {j}|reference top-2 margin {margin:.4}|||");
-    assert!(margin < 2.0 * TIE_MARGIN, "{what}: greedy diverges at token {j}, a clear position (margin {margin})");
-    j
-}
-
 /// SmolLM2-135M-Instruct Q4_1 (`FERRITE_SMOLLM2_GGUF`, by default the models cache; skipped
 /// when absent): the CUDA model keeps the file's Q4_1 layers and Q8_0 embedding as blocks on
 /// the device, the CPU model runs f32 over the same blocks. Prompt log-probabilities close
@@ -502,13 +470,8 @@ fn cuda_smollm2_q4_1_matches_cpu() {
         let mean = sum / prompt.len() as f32;
         let on_cpu = common::alone(&cpu, cfg.clone(), prompt.clone(), common::greedy(32)).remove(0);
         let on_gpu = common::alone(&gpu, cfg.clone(), prompt.clone(), common::greedy(32)).remove(0);
-        let margin_at = |j: usize| {
-            let logits = prefill_logits(cpu.as_ref(), &[prompt.as_slice(), &on_cpu[..j]].concat());
-            let last = log_softmax(&logits[logits.len() - vocab..]);
-            let top = top_k(&last, 2);
-            last[top[0]] - last[top[1]]
-        };
-        let agree = greedy_agree(&on_cpu, &on_gpu, margin_at, &format!("SmolLM2 Q4_1 prompt {i}"));
+        let margin_at = |j: usize| top2_margin(cpu.as_ref(), &[prompt.as_slice(), &on_cpu[..j]].concat());
+        let agree = parting_at_tie(&on_cpu, &on_gpu, margin_at, &format!("SmolLM2 Q4_1 prompt {i}")).unwrap_or(32);
         println!(
             "TABLE|SmolLM2 Q4_1 GPU vs CPU prompt {i} ({} tokens)|top5 logprob err max {worst:.3} mean {mean:.4}|greedy \
              {agree}/32 equal||",
@@ -566,7 +529,8 @@ fn cuda_matches_transformers() {
         let got = common::alone(&model, cfg.clone(), prompt.clone(), common::greedy(want.len())).remove(0);
         let margins = &reference["greedy_margins"][i];
         let margin_at = |j: usize| margins[j].as_f64().expect("margin") as f32;
-        let agree = greedy_agree(&want, &got, margin_at, &format!("transformers prompt {i}"));
+        let what = format!("transformers prompt {i}");
+        let agree = parting_at_tie(&want, &got, margin_at, &what).unwrap_or(want.len());
         println!(
             "TABLE|vs transformers prompt {i} ({} tokens)|top5 logprob err max {worst:.3} mean {mean:.4}|greedy \
              {agree}/{} equal||",

@@ -23,7 +23,7 @@ use ferrite_runtime::{KvCache, KvLayout, Result as RtResult};
 use half::bf16;
 
 use super::gemma_weights::{GemmaWeights, LayerWeights, MoeWeights};
-use super::runner::{step_inputs, Decode, GpuModel, Layers, StepIo};
+use super::runner::{step_inputs, Decode, GpuModel, LayerBuffers, Layers, StepIo};
 use crate::config::{Activation, ModelConfig};
 use crate::error::{LoadError, Result};
 use crate::gemma_plan::GemmaPlan;
@@ -70,12 +70,7 @@ pub fn gemma_unsupported(plan: &GemmaPlan) -> Option<String> {
 
 /// The Gemma families' activation buffers.
 pub struct Buffers {
-    qkv: CudaSlice<bf16>,
-    attn: CudaSlice<bf16>,
-    /// A sublayer's output before its norm and residual add.
-    o: CudaSlice<bf16>,
-    gate_up: CudaSlice<bf16>,
-    act: CudaSlice<bf16>,
+    layer: LayerBuffers,
     /// Gemma 1: `o` still has to be added to the residual (by the next norm, fused).
     pending: bool,
     per_layer: Option<PerLayerBuffers>,
@@ -209,14 +204,14 @@ impl GemmaLayers {
     ) -> RtResult<()> {
         let (d, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
         if std::mem::take(&mut b.pending) {
-            ops::rms_norm(gpu, &b.o, Some(&mut io.x), w, (tokens, d), eps, 0.0, &mut io.h)?;
+            ops::rms_norm(gpu, &b.layer.o, Some(&mut io.x), w, (tokens, d), eps, 0.0, &mut io.h)?;
         } else {
             ops::rms_norm(gpu, &io.x, None, w, (tokens, d), eps, 0.0, &mut io.h)?;
         }
         Ok(())
     }
 
-    /// The sublayer output in `b.o` joins the residual: normed and added (scaled by `scale`)
+    /// The sublayer output in `b.layer.o` joins the residual: normed and added (scaled by `scale`)
     /// with a sandwich norm, else left pending for the next norm.
     fn residual(
         &self,
@@ -229,7 +224,7 @@ impl GemmaLayers {
     ) -> RtResult<()> {
         let (d, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
         match post_norm {
-            Some(w) => ops::rms_norm_add(gpu, &b.o, w, &mut io.x, (tokens, d), eps, scale)?,
+            Some(w) => ops::rms_norm_add(gpu, &b.layer.o, w, &mut io.x, (tokens, d), eps, scale)?,
             None => b.pending = true,
         }
         Ok(())
@@ -256,7 +251,7 @@ impl GemmaLayers {
         let inter = self.plan.layers[i].intermediate;
         self.norm_into(gpu, io, b, &l.input_norm, tokens)?;
         let bias = l.qkv_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
-        ops::linear(gpu, &io.h, &l.qkv, bias, &mut b.qkv, (tokens, qkv_w, d))?;
+        ops::linear(gpu, &io.h, &l.qkv, bias, &mut b.layer.qkv, (tokens, qkv_w, d))?;
         let own = if a.shared { 0 } else { nkv };
         if a.qk_norm.is_some() {
             let heads = QkvHeads {
@@ -269,7 +264,7 @@ impl GemmaLayers {
             };
             let wq = l.q_norm.as_ref().map(|w| w as &dyn DevicePtr<f32>);
             let wk = l.k_norm.as_ref().map(|w| w as &dyn DevicePtr<f32>);
-            ops::qkv_norm(gpu, &mut b.qkv, heads, wq, wk, eps)?;
+            ops::qkv_norm(gpu, &mut b.layer.qkv, heads, wq, wk, eps)?;
         }
         let group = self.plan.layout.layers[a.kv_index].group;
         let layer_kv = kv.device_layer_mut(a.kv_index)?;
@@ -277,16 +272,35 @@ impl GemmaLayers {
         let shape = RopeShape { tokens, n_heads: nh + own, head_dim: hd, stride: qkv_w };
         let store = (!a.shared).then_some((&io.metas[group], &mut *layer_kv));
         let [_, positions, _] = step_inputs(&io.inputs, tokens, 0)?;
-        ops::rope(gpu, &mut b.qkv, &positions, &rope.inv_freq, rope.scaling, shape, store)?;
+        ops::rope(gpu, &mut b.layer.qkv, &positions, &rope.inv_freq, rope.scaling, shape, store)?;
         let plan = decode.map(|dec| dec.plan(gpu, p));
-        ops::attention(gpu, &b.qkv, qkv_w, &io.metas[group], layer_kv, p, plan, &mut io.scratch, &mut b.attn, q_w)?;
-        ops::linear(gpu, &b.attn, &l.o, None, &mut b.o, (tokens, d, q_w))?;
+        ops::attention(
+            gpu,
+            &b.layer.qkv,
+            qkv_w,
+            &io.metas[group],
+            layer_kv,
+            p,
+            plan,
+            &mut io.scratch,
+            &mut b.layer.attn,
+            q_w,
+        )?;
+        ops::linear(gpu, &b.layer.attn, &l.o, None, &mut b.layer.o, (tokens, d, q_w))?;
         self.residual(gpu, io, b, l.post_attn_norm.as_ref(), tokens, 1.0)?;
         self.norm_into(gpu, io, b, &l.ffn_norm, tokens)?;
-        ops::linear_gated(gpu, self.act, &io.h, &l.gate_up, &mut b.gate_up, &mut b.act, (tokens, inter, d))?;
-        ops::linear(gpu, &b.act, &l.down, None, &mut b.o, (tokens, d, inter))?;
+        ops::linear_gated(
+            gpu,
+            self.act,
+            &io.h,
+            &l.gate_up,
+            &mut b.layer.gate_up,
+            &mut b.layer.act,
+            (tokens, inter, d),
+        )?;
+        ops::linear(gpu, &b.layer.act, &l.down, None, &mut b.layer.o, (tokens, d, inter))?;
         if let (Some(w), Some(m)) = (&l.moe, b.moe.as_mut()) {
-            self.queue_moe(gpu, &io.x, &mut b.o, m, w, tokens)?;
+            self.queue_moe(gpu, &io.x, &mut b.layer.o, m, w, tokens)?;
         }
         let after_ffn = if l.input.is_some() { 1.0 } else { l.scalar };
         self.residual(gpu, io, b, l.post_ffn_norm.as_ref(), tokens, after_ffn)?;
@@ -294,8 +308,8 @@ impl GemmaLayers {
             ops::linear(gpu, &io.x, &li.gate, None, &mut pl.gate, (tokens, width, d))?;
             let mine = pl.inputs.slice(i * tokens * width..(i + 1) * tokens * width);
             ops::gated_activation(gpu, self.act, &pl.gate, &mine, (tokens, width, width), &mut pl.act)?;
-            ops::linear(gpu, &pl.act, &li.projection, None, &mut b.o, (tokens, d, width))?;
-            ops::rms_norm_add(gpu, &b.o, &li.norm, &mut io.x, (tokens, d), eps, l.scalar)?;
+            ops::linear(gpu, &pl.act, &li.projection, None, &mut b.layer.o, (tokens, d, width))?;
+            ops::rms_norm_add(gpu, &b.layer.o, &li.norm, &mut io.x, (tokens, d), eps, l.scalar)?;
         }
         Ok(())
     }
@@ -351,16 +365,7 @@ impl Layers for GemmaLayers {
             }
             None => None,
         };
-        Ok(Buffers {
-            qkv: bf(tokens * qkv)?,
-            attn: bf(tokens * attn)?,
-            o: bf(tokens * d)?,
-            gate_up: bf(tokens * 2 * inter)?,
-            act: bf(tokens * inter)?,
-            pending: false,
-            per_layer,
-            moe,
-        })
+        Ok(Buffers { layer: LayerBuffers::new(gpu, tokens, qkv, attn, d, inter)?, pending: false, per_layer, moe })
     }
 
     fn queue_layers(

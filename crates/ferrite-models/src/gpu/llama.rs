@@ -20,7 +20,7 @@ use ferrite_runtime::cuda::{CudaSlice, DevicePtr, Gpu};
 use ferrite_runtime::{KvCache, KvGroupKind, KvLayout, Result as RtResult};
 use half::bf16;
 
-use super::runner::{step_inputs, Decode, GpuModel, Layers, StepIo};
+use super::runner::{step_inputs, Decode, GpuModel, LayerBuffers, Layers, StepIo};
 use super::weights::{qkv_rows, LlamaWeights};
 use crate::config::{Activation, ModelConfig};
 use crate::error::{LoadError, Result};
@@ -36,16 +36,6 @@ pub struct LlamaLayers {
     w: LlamaWeights,
     inv_freq: CudaSlice<f32>,
     rope_scaling: f32,
-}
-
-/// The llama family's activation buffers.
-pub struct Buffers {
-    qkv: CudaSlice<bf16>,
-    attn: CudaSlice<bf16>,
-    /// Output of a block (attention or MLP) before its residual add.
-    o: CudaSlice<bf16>,
-    gate_up: CudaSlice<bf16>,
-    act: CudaSlice<bf16>,
 }
 
 /// Why a config cannot run on this path, if it cannot.
@@ -105,7 +95,7 @@ impl GpuLlama {
 }
 
 impl Layers for LlamaLayers {
-    type Buffers = Buffers;
+    type Buffers = LayerBuffers;
 
     fn config(&self) -> &ModelConfig {
         &self.cfg
@@ -119,23 +109,17 @@ impl Layers for LlamaLayers {
         &self.params
     }
 
-    fn buffers(&self, gpu: &Gpu, tokens: usize) -> RtResult<Buffers> {
+    fn buffers(&self, gpu: &Gpu, tokens: usize) -> RtResult<LayerBuffers> {
         let cfg = &self.cfg;
-        let bf = |n: usize| gpu.alloc::<bf16>(n);
-        Ok(Buffers {
-            qkv: bf(tokens * qkv_rows(cfg))?,
-            attn: bf(tokens * cfg.num_heads * cfg.head_dim)?,
-            o: bf(tokens * cfg.hidden_size)?,
-            gate_up: bf(tokens * 2 * cfg.intermediate_size)?,
-            act: bf(tokens * cfg.intermediate_size)?,
-        })
+        let attn = cfg.num_heads * cfg.head_dim;
+        LayerBuffers::new(gpu, tokens, qkv_rows(cfg), attn, cfg.hidden_size, cfg.intermediate_size)
     }
 
     fn queue_layers(
         &self,
         gpu: &Gpu,
         ws: &mut StepIo,
-        b: &mut Buffers,
+        b: &mut LayerBuffers,
         kv: &mut KvCache,
         tokens: usize,
         decode: Option<Decode>,
@@ -190,7 +174,7 @@ impl Layers for LlamaLayers {
         Ok(())
     }
 
-    fn final_norm(&self, gpu: &Gpu, ws: &mut StepIo, b: &mut Buffers, tokens: usize) -> RtResult<()> {
+    fn final_norm(&self, gpu: &Gpu, ws: &mut StepIo, b: &mut LayerBuffers, tokens: usize) -> RtResult<()> {
         let (d, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
         ops::rms_norm(gpu, &b.o, Some(&mut ws.x), &self.w.final_norm, (tokens, d), eps, 0.0, &mut ws.h)?;
         Ok(())

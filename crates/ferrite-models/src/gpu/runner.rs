@@ -122,6 +122,25 @@ pub struct StepIo {
     pub dequant: Option<CudaSlice<bf16>>,
 }
 
+/// The activations of a decoder layer every family has, `[tokens, width]` each.
+pub struct LayerBuffers {
+    pub qkv: CudaSlice<bf16>,
+    pub attn: CudaSlice<bf16>,
+    /// A sublayer's output before it joins the residual.
+    pub o: CudaSlice<bf16>,
+    pub gate_up: CudaSlice<bf16>,
+    pub act: CudaSlice<bf16>,
+}
+
+impl LayerBuffers {
+    /// Room for `tokens` tokens of q/k/v rows `qkv` wide, attention outputs `attn` wide, the
+    /// hidden size `hidden` and an MLP `inter` wide.
+    pub fn new(gpu: &Gpu, tokens: usize, qkv: usize, attn: usize, hidden: usize, inter: usize) -> RtResult<Self> {
+        let bf = |n: usize| gpu.alloc::<bf16>(tokens * n);
+        Ok(LayerBuffers { qkv: bf(qkv)?, attn: bf(attn)?, o: bf(hidden)?, gate_up: bf(2 * inter)?, act: bf(inter)? })
+    }
+}
+
 /// The ids, positions and logits rows of a step of `tokens` tokens and `out_rows` logits rows
 /// in a workspace's `inputs`.
 pub fn step_inputs(inputs: &CudaSlice<u32>, tokens: usize, out_rows: usize) -> RtResult<[CudaView<'_, u32>; 3]> {

@@ -108,3 +108,46 @@ __device__ __forceinline__ float gelu_tanh(float g) {
     const float k = 0.7978845608f;  // sqrt(2 / pi)
     return 0.5f * g * (1.f + tanhf(k * (g + 0.044715f * g * g * g)));
 }
+
+// The end of a skinny-GEMM block (gemv.cu, quant.cuh) of THREADS threads holding partial sums
+// `acc[i][r]` of M activation rows × 4 weight rows: the warps' sums meet in `part` (shared,
+// [THREADS / 32][M][4]) and are added in a fixed order. Plain (`gated` false): weight rows
+// row0 .. row0 + 3, each sum handed to `store(i, row, sum)`. Gated: rows 0-1 are the
+// gate rows and 2-3 the up rows of outputs row0, row0 + 1; both sums are rounded to bf16 as a
+// plain GEMV would store them and `store(i, row, act(g) * u)` gets the product (`silu`
+// or `gelu_tanh` by `gelu`). Rows at or past `n` are not stored.
+template <int M, int THREADS, class Store>
+__device__ __forceinline__ void skinny_gemm_end(float (&acc)[M][4], float (*part)[M][4], int row0, int n, bool gated,
+                                                bool gelu, Store store) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < M; i++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const float v = warp_sum(acc[i][r]);
+            if (lane == 0) part[warp][i][r] = v;
+        }
+    __syncthreads();
+    if (gated) {
+        if (threadIdx.x < M * 2) {
+            const int i = threadIdx.x / 2, q = threadIdx.x % 2, row = row0 + q;
+            float g = 0.f, u = 0.f;
+#pragma unroll
+            for (int p = 0; p < THREADS / 32; p++) {
+                g += part[p][i][q];
+                u += part[p][i][q + 2];
+            }
+            g = bf2f(f2bf(g));
+            u = bf2f(f2bf(u));
+            if (row < n) store(i, row, (gelu ? gelu_tanh(g) : silu(g)) * u);
+        }
+        return;
+    }
+    if (threadIdx.x < M * 4) {
+        const int i = threadIdx.x / 4, r = threadIdx.x % 4, row = row0 + r;
+        float v = 0.f;
+#pragma unroll
+        for (int p = 0; p < THREADS / 32; p++) v += part[p][i][r];
+        if (row < n) store(i, row, v);
+    }
+}

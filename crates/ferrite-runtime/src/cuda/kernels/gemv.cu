@@ -28,7 +28,6 @@ template <int M, int ACT, typename Out>
 __device__ __forceinline__ void gemv(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
                                      const bf16_t* __restrict__ bias, Out* __restrict__ y, int n, int k) {
     __shared__ float part[GEMV_THREADS / 32][M][GEMV_ROWS];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     // Plain: rows row0 .. row0 + 3. Gated: gate rows j0, j0 + 1 and up rows n + j0, n + j0 + 1.
     const int row0 = blockIdx.x * (ACT == ACT_NONE ? GEMV_ROWS : 2);
     const int k8 = k >> 3;
@@ -70,36 +69,10 @@ __device__ __forceinline__ void gemv(const bf16_t* __restrict__ x, const bf16_t*
             }
         }
     }
-#pragma unroll
-    for (int i = 0; i < M; i++)
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) {
-            const float v = warp_sum(acc[i][r]);
-            if (lane == 0) part[warp][i][r] = v;
-        }
-    __syncthreads();
-    if (ACT != ACT_NONE) {
-        if (threadIdx.x < M * 2) {
-            const int i = threadIdx.x / 2, q = threadIdx.x % 2, row = row0 + q;
-            float g = 0.f, u = 0.f;
-#pragma unroll
-            for (int p = 0; p < GEMV_THREADS / 32; p++) {
-                g += part[p][i][q];
-                u += part[p][i][q + 2];
-            }
-            g = bf2f(f2bf(g));
-            u = bf2f(f2bf(u));
-            if (row < n) store_out(y + (u64)i * n + row, (ACT == ACT_SILU ? silu(g) : gelu_tanh(g)) * u);
-        }
-        return;
-    }
-    if (threadIdx.x < M * GEMV_ROWS) {
-        const int i = threadIdx.x / GEMV_ROWS, r = threadIdx.x % GEMV_ROWS, row = row0 + r;
-        float v = 0.f;
-#pragma unroll
-        for (int q = 0; q < GEMV_THREADS / 32; q++) v += part[q][i][r];
-        if (row < n) store_out(y + (u64)i * n + row, v + (bias != nullptr ? bf2f(bias[row]) : 0.f));
-    }
+    const bool gated = ACT != ACT_NONE;
+    skinny_gemm_end<M, GEMV_THREADS>(acc, part, row0, n, gated, ACT == ACT_GELU, [&](int i, int row, float v) {
+        store_out(y + (u64)i * n + row, gated ? v : v + (bias != nullptr ? bf2f(bias[row]) : 0.f));
+    });
 }
 
 #define GEMV_KERNELS(M)                                                                                  \

@@ -263,7 +263,6 @@ template <typename T, int M>
 __device__ __forceinline__ void qgemv(const bf16_t* __restrict__ x, const u8* __restrict__ w, const void* bias,
                                       void* y, int n, int k, int ldy, int mode) {
     __shared__ float part[QG_THREADS / 32][M][QG_ROWS];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool gated = mode >= QG_SILU;
     const int row0 = blockIdx.x * (gated ? 2 : QG_ROWS);
     const u64 row_bytes = (u64)(k / T::ELEMS) * T::BYTES;
@@ -309,42 +308,16 @@ __device__ __forceinline__ void qgemv(const bf16_t* __restrict__ x, const u8* __
             }
         }
     }
-#pragma unroll
-    for (int i = 0; i < M; i++)
-#pragma unroll
-        for (int r = 0; r < QG_ROWS; r++) {
-            const float v = warp_sum(acc[i][r]);
-            if (lane == 0) part[warp][i][r] = v;
+    skinny_gemm_end<M, QG_THREADS>(acc, part, row0, n, gated, mode == QG_GELU, [&](int i, int row, float v) {
+        const u64 at = (u64)i * ldy + row;
+        if (gated) {
+            ((bf16_t*)y)[at] = f2bf(v);
+        } else if (mode == QG_F32) {
+            ((float*)y)[at] = v + (bias != nullptr ? ((const float*)bias)[row] : 0.f);
+        } else {
+            ((bf16_t*)y)[at] = f2bf(v + (bias != nullptr ? bf2f(((const bf16_t*)bias)[row]) : 0.f));
         }
-    __syncthreads();
-    if (gated) {
-        if (threadIdx.x < M * 2) {
-            const int i = threadIdx.x / 2, q = threadIdx.x % 2, row = row0 + q;
-            float g = 0.f, up = 0.f;
-#pragma unroll
-            for (int p = 0; p < QG_THREADS / 32; p++) {
-                g += part[p][i][q];
-                up += part[p][i][q + 2];
-            }
-            g = bf2f(f2bf(g));
-            up = bf2f(f2bf(up));
-            if (row < n) ((bf16_t*)y)[(u64)i * ldy + row] = f2bf((mode == QG_SILU ? silu(g) : gelu_tanh(g)) * up);
-        }
-        return;
-    }
-    if (threadIdx.x < M * QG_ROWS) {
-        const int i = threadIdx.x / QG_ROWS, r = threadIdx.x % QG_ROWS, row = row0 + r;
-        float v = 0.f;
-#pragma unroll
-        for (int p = 0; p < QG_THREADS / 32; p++) v += part[p][i][r];
-        if (row < n) {
-            if (mode == QG_F32) {
-                ((float*)y)[(u64)i * ldy + row] = v + (bias != nullptr ? ((const float*)bias)[row] : 0.f);
-            } else {
-                ((bf16_t*)y)[(u64)i * ldy + row] = f2bf(v + (bias != nullptr ? bf2f(((const bf16_t*)bias)[row]) : 0.f));
-            }
-        }
-    }
+    });
 }
 
 // out[t, :] = bf16(dequantized row src(t) * scale) for t < rows, src(t) = ids[t] (an embedding

@@ -436,19 +436,54 @@ pub fn attention(
         let plan = plan.unwrap_or_else(|| DecodePlan::new(gpu, meta.rows, p, meta.max_context));
         return launch_decode(gpu, (qp, q_stride), meta, (kc, vc), p, plan, scratch, (op, out_stride), NO_ROPE);
     }
+    let a = KernelArgs::new(gpu, meta, p, q_stride, out_stride);
     let r = meta.regions();
-    let (bt, cl) = (gpu.ptr(&meta.view(r.block_tables)), gpu.ptr(&meta.view(r.context_lens)));
-    let [qs, os, bts, nh, nkv, bs] =
-        [q_stride, out_stride, meta.bt_stride, p.n_heads, p.n_kv_heads, kv.block_size].map(|x| x as i32);
-    let softcap = p.softcap.unwrap_or(0.0);
-    let window = p.window.map_or(0, |w| w as i32);
     let (qsp, tp) = (gpu.ptr(&meta.view(r.query_start)), gpu.ptr(&meta.view(r.tiles)));
     let shared = (PREFILL_TILE + 2 * 64) * (p.head_dim + 8) * 2;
     gpu.launch(
         &gpu.fns.prefill_attention[hd],
         cfg((meta.n_tiles as u32, p.n_heads as u32, 1), THREADS, shared),
-        &[&op, &os, &qp, &qs, &kc, &vc, &bt, &bts, &qsp, &cl, &tp, &nh, &nkv, &bs, &p.scale, &softcap, &window],
+        &[
+            &op, &a.os, &qp, &a.qs, &kc, &vc, &a.bt, &a.bts, &qsp, &a.cl, &tp, &a.nh, &a.nkv, &a.bs, &p.scale,
+            &a.softcap, &a.window,
+        ],
     )
+}
+
+/// What both attention kernels take besides their buffers: the block tables and context
+/// lengths of `meta`, the query and output strides, the table stride, head counts, block
+/// size, softcap (0: none) and window (0: none), as the kernels' argument types.
+struct KernelArgs {
+    bt: u64,
+    cl: u64,
+    qs: i32,
+    os: i32,
+    bts: i32,
+    nh: i32,
+    nkv: i32,
+    bs: i32,
+    softcap: f32,
+    window: i32,
+}
+
+impl KernelArgs {
+    fn new(gpu: &Gpu, meta: &AttentionMeta, p: &AttentionParams, q_stride: usize, out_stride: usize) -> KernelArgs {
+        let r = meta.regions();
+        let [qs, os, bts, nh, nkv, bs] =
+            [q_stride, out_stride, meta.bt_stride, p.n_heads, p.n_kv_heads, meta.block_size].map(|x| x as i32);
+        KernelArgs {
+            bt: gpu.ptr(&meta.view(r.block_tables)),
+            cl: gpu.ptr(&meta.view(r.context_lens)),
+            qs,
+            os,
+            bts,
+            nh,
+            nkv,
+            bs,
+            softcap: p.softcap.unwrap_or(0.0),
+            window: p.window.map_or(0, |w| w as i32),
+        }
+    }
 }
 
 /// The RoPE a decode launch applies itself: (inv_freq address, pairs, scaling, offset of the
@@ -477,12 +512,7 @@ fn launch_decode(
     if !scratch.fits(meta.rows, p.n_heads, p.head_dim, splits) {
         return Err(CudaError::Shape(format!("decode scratch too small for {} rows x {splits} splits", meta.rows)));
     }
-    let r = meta.regions();
-    let (bt, cl) = (gpu.ptr(&meta.view(r.block_tables)), gpu.ptr(&meta.view(r.context_lens)));
-    let [qs, os, bts, nh, nkv, bs] =
-        [q_stride, out_stride, meta.bt_stride, p.n_heads, p.n_kv_heads, meta.block_size].map(|x| x as i32);
-    let softcap = p.softcap.unwrap_or(0.0);
-    let window = p.window.map_or(0, |w| w as i32);
+    let a = KernelArgs::new(gpu, meta, p, q_stride, out_stride);
     let group = p.n_heads / p.n_kv_heads;
     let gc = heads_per_cta(group);
     let (po, pm, cn) =
@@ -494,23 +524,23 @@ fn launch_decode(
         cfg(grid, THREADS, plan.shared_bytes(p, meta.block_size)),
         &[
             &op,
-            &os,
+            &a.os,
             &po,
             &pm,
             &cn,
             &qp,
-            &qs,
+            &a.qs,
             &kc,
             &vc,
-            &bt,
-            &bts,
-            &cl,
-            &nh,
-            &nkv,
-            &bs,
+            &a.bt,
+            &a.bts,
+            &a.cl,
+            &a.nh,
+            &a.nkv,
+            &a.bs,
             &p.scale,
-            &softcap,
-            &window,
+            &a.softcap,
+            &a.window,
             &part,
             &ms,
             &fp,
