@@ -231,7 +231,7 @@ fn batched_rows_equal_rows_alone() {
                     out
                 })
                 .collect();
-            for m in [2, 3, 7, 17] {
+            for m in [2, 3, 7, 8, 9, 16, 17] {
                 let mut out = vec![f32::NAN; m * n];
                 linear_at(&x[..m * k], m, &w, &mut out, level).unwrap();
                 for (i, row) in out.chunks_exact(n).enumerate() {
