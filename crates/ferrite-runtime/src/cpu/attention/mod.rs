@@ -133,7 +133,7 @@ pub fn paged_attention(
     out: &mut [f32],
 ) -> Result<()> {
     let (nh, nkv, hd) = (p.n_heads, p.n_kv_heads, p.head_dim);
-    if nkv == 0 || nh % nkv != 0 || layer.spec.n_kv_heads != nkv || layer.spec.head_dim != hd {
+    if nkv == 0 || hd == 0 || nh % nkv != 0 || layer.spec.n_kv_heads != nkv || layer.spec.head_dim != hd {
         return Err(RuntimeError::Shape(format!("attention heads {nh}/{nkv} x {hd} vs cache {:?}", layer.spec)));
     }
     let t_total = batch.num_tokens();

@@ -320,7 +320,7 @@ mod x86 {
         #[inline(always)]
         fn scores<T: KvValue>(q: &[f32], keys: &Rows<'_, T>, scale: f32, out: &mut [f32]) {
             let (n, hd) = (keys.len(), keys.hd);
-            if !hd.is_multiple_of(16) || q.len() % hd != 0 || out.len() != q.len() / hd * n {
+            if !hd.is_multiple_of(16) || !q.len().is_multiple_of(hd) || out.len() != q.len() / hd * n {
                 return scores_by_dot::<Self, T>(q, keys, scale, out);
             }
             // SAFETY: AVX-512 F (see the type's docs); every row is inside `keys.data`
@@ -353,7 +353,7 @@ mod x86 {
         #[inline(always)]
         fn weighted_sum<T: KvValue>(w: &[f32], values: &Rows<'_, T>, out: &mut [f32]) {
             let (n, hd) = (values.len(), values.hd);
-            if !hd.is_multiple_of(64) || out.len() % hd != 0 || w.len() != out.len() / hd * n {
+            if !hd.is_multiple_of(64) || !out.len().is_multiple_of(hd) || w.len() != out.len() / hd * n {
                 return weighted_sum_by_axpy::<Self, T>(w, values, out);
             }
             // SAFETY: as in `scores`; `w` holds `n` weights per head, `out` whole heads.
