@@ -89,6 +89,9 @@ pub(super) fn attend<T: KvValue>(
     let ctx = Ctx { q, layer, pools, block_size, p };
     let partials: Vec<Partial> = items
         .par_iter()
+        // At most two pieces per thread: finer splitting, which an awake pool (`threads::run`)
+        // invites, measured slower (8 rows: 5.6 vs 4.7 ms of attention a step).
+        .with_min_len(items.len().div_ceil(2 * threads))
         .map_init(Scratch::default, |scratch, item| {
             #[cfg(target_arch = "x86_64")]
             match level {
