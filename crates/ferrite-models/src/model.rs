@@ -7,6 +7,7 @@
 //! tokens there, so the engine, scheduler and prefix cache are the same for both.
 
 use ferrite_runtime::sampling::{RowSampler, SampledToken};
+use rayon::prelude::*;
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout};
 
 use crate::config::ModelConfig;
@@ -39,7 +40,9 @@ pub trait CausalLm: Send + Sync {
     fn forward_greedy(&self, batch: &ForwardBatch, kv: &mut KvCache) -> ferrite_runtime::Result<Vec<u32>> {
         let vocab = self.config().vocab_size;
         let logits = self.forward(batch, kv)?;
-        Ok(logits.chunks_exact(vocab).map(|row| ferrite_runtime::cpu::argmax(row) as u32).collect())
+        // One row per task: the rows of a decode batch are independent (8 × 49,152 logits
+        // scanned serially were ~0.4 ms of a SmolLM2 step).
+        Ok(logits.par_chunks_exact(vocab).map(|row| ferrite_runtime::cpu::argmax(row) as u32).collect())
     }
 
     /// Whether `forward_sampled` picks tokens on the model's device.
