@@ -7,8 +7,8 @@
 //! tokens there, so the engine, scheduler and prefix cache are the same for both.
 
 use ferrite_runtime::sampling::{RowSampler, SampledToken};
-use rayon::prelude::*;
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout};
+use rayon::prelude::*;
 
 use crate::config::ModelConfig;
 
