@@ -68,8 +68,34 @@ pub fn run<R: Send>(f: impl FnOnce() -> R + Send) -> R {
                 }
             }
         });
-        let out = f();
-        done_ref.store(true, Ordering::Release);
-        out
+        // Set `done` even if `f` panics: the scope waits for the pollers before it unwinds.
+        let _stop = SetOnDrop(done_ref);
+        f()
     })
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `run` returns `f`'s value with the pool's parallel loops working inside it, and a panic
+    /// in `f` reaches the caller instead of leaving the polling workers waiting.
+    #[test]
+    fn run_returns_and_propagates_panics() {
+        use rayon::prelude::*;
+        let sum: u64 = run(|| (0..10_000u64).into_par_iter().sum());
+        assert_eq!(sum, 10_000 * 9_999 / 2);
+        let caught = std::panic::catch_unwind(|| run(|| panic!("inside the step")));
+        assert!(caught.is_err());
+        assert_eq!(run(|| 7), 7);
+    }
 }
