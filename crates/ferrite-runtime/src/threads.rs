@@ -1,6 +1,7 @@
 //! The process-wide worker pool: one rayon pool sized by `--threads`, shared by every op.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::error::{Result, RuntimeError};
 
@@ -37,6 +38,10 @@ pub fn current() -> usize {
 /// Pause instructions between two polls of an idle worker during `run`.
 const IDLE_PAUSES: usize = 16;
 
+/// How long a worker polls without finding work before it leaves `run`'s polling (and may
+/// sleep).
+const MAX_IDLE_POLL: Duration = Duration::from_micros(200);
+
 /// Run `f` on a worker of the pool and wait for it, the other workers kept awake meanwhile.
 ///
 /// Wrap a whole model step in this: inside a worker, each op's parallel loop forks and joins
@@ -60,8 +65,17 @@ pub fn run<R: Send>(f: impl FnOnce() -> R + Send) -> R {
             if Some(ctx.index()) == caller {
                 return;
             }
+            let mut last_work = Instant::now();
             while !done_ref.load(Ordering::Acquire) {
-                if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                if rayon::yield_now() == Some(rayon::Yield::Executed) {
+                    last_work = Instant::now();
+                } else if last_work.elapsed() > MAX_IDLE_POLL {
+                    // A worker may run this job from inside another job's wait (it was
+                    // stealing when the broadcast came); polling there until `done` would
+                    // hold up that job and, through it, `f` — a deadlock. Bounded idle
+                    // polling ends it, and serial gaps in a step are far shorter.
+                    break;
+                } else {
                     // Back off (~1 µs) between polls: a tight loop of steal attempts keeps
                     // the caller's deque line bouncing between the cores.
                     (0..IDLE_PAUSES).for_each(|_| std::hint::spin_loop());
@@ -97,5 +111,18 @@ mod tests {
         let caught = std::panic::catch_unwind(|| run(|| panic!("inside the step")));
         assert!(caught.is_err());
         assert_eq!(run(|| 7), 7);
+    }
+
+    /// Many steps of nested parallel loops through `run`, each with the right sum. (A smoke
+    /// test: the stall that `MAX_IDLE_POLL` ends needs timing this loop rarely hits.)
+    #[test]
+    fn run_finishes_with_nested_parallel_loops() {
+        use rayon::prelude::*;
+        for step in 0..3000u64 {
+            let got: u64 = run(|| {
+                (0..64u64).into_par_iter().map(|i| (0..50u64).into_par_iter().map(|j| i * j + step).sum::<u64>()).sum()
+            });
+            assert_eq!(got, (64 * 63 / 2) * (50 * 49 / 2) + 64 * 50 * step);
+        }
     }
 }
