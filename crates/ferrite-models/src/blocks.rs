@@ -58,6 +58,16 @@ impl Linear {
     pub fn forward_into(&self, x: &[f32], t: usize, out: &mut [f32]) -> RtResult<()> {
         cpu::linear(x, t, &self.w, self.bias.as_deref(), out)
     }
+
+    /// `[t, out]` of each of `linears`, which read the same `x` (`[t, in]`), in one
+    /// `cpu::linear_many` (one quantization of `x`, one parallel loop).
+    pub fn forward_many<const N: usize>(linears: [&Linear; N], x: &[f32], t: usize) -> RtResult<[Vec<f32>; N]> {
+        let mut outs = linears.map(|l| vec![0f32; t * l.out_features()]);
+        let ws: Vec<_> = linears.iter().map(|l| (&l.w, l.bias.as_deref())).collect();
+        let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+        cpu::linear_many(x, t, &ws, &mut refs)?;
+        Ok(outs)
+    }
 }
 
 /// RMSNorm over rows of its width, with the multiplier the model applies (see `Weights::norm`).
@@ -110,8 +120,7 @@ impl GatedMlp {
 
     /// `x` is `[t, hidden]`; writes `[t, hidden]` into `out`.
     pub fn forward(&self, x: &[f32], t: usize, out: &mut [f32]) -> RtResult<()> {
-        let mut gate = self.gate.forward(x, t)?;
-        let up = self.up.forward(x, t)?;
+        let [mut gate, up] = Linear::forward_many([&self.gate, &self.up], x, t)?;
         self.act.gate(&mut gate, &up);
         self.down.forward_into(&gate, t, out)
     }
@@ -220,19 +229,26 @@ impl Attention {
     pub fn forward(&self, h: &[f32], batch: &ForwardBatch, kv: &mut KvCache, out: &mut [f32]) -> RtResult<()> {
         let t = batch.num_tokens();
         let p = &self.params;
-        let mut q = self.q.forward(h, t)?;
+        // q, k and v read the same input: one call quantizes it once.
+        let (mut q, new_kv) = match &self.kv {
+            Some(KvProjection { k, v: Some(v), .. }) => {
+                let [q, keys, values] = Linear::forward_many([&self.q, k, v], h, t)?;
+                (q, Some((keys, values)))
+            }
+            Some(KvProjection { k, v: None, .. }) => {
+                let [q, keys] = Linear::forward_many([&self.q, k], h, t)?;
+                let values = keys.clone();
+                (q, Some((keys, values)))
+            }
+            None => (self.q.forward(h, t)?, None),
+        };
         if let Some(n) = &self.q_norm {
             n.forward_in_place(&mut q);
         }
         self.rope.apply(&mut q, batch, p.n_heads, p.head_dim);
         let block_size = kv.block_size();
         let layer = kv.layer_mut(self.kv_index)?;
-        if let Some(KvProjection { k, v, k_norm, v_norm }) = &self.kv {
-            let mut keys = k.forward(h, t)?;
-            let mut values = match v {
-                Some(v) => v.forward(h, t)?,
-                None => keys.clone(),
-            };
+        if let (Some(KvProjection { k_norm, v_norm, .. }), Some((mut keys, mut values))) = (&self.kv, new_kv) {
             if let Some(n) = k_norm {
                 n.forward_in_place(&mut keys);
             }

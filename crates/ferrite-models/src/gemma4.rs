@@ -487,9 +487,11 @@ mod tests {
         assert_eq!(index[41], index[23]);
         assert_eq!(index[24], index[22]);
         let (with, without) = (kv_bytes_per_token(&e4b(18)), kv_bytes_per_token(&e4b(0)));
-        // What the 18 shared layers would own (f32 K and V): 15 sliding of 2×256, 3 global of 2×512.
-        let shared: usize = (24..42).map(|i| 2 * 2 * s.shapes[i].head_dim * 4).sum();
-        assert_eq!(shared, (15 * 2 * 256 + 3 * 2 * 512) * 2 * 4);
+        // What the 18 shared layers would own (K and V at the host cache's value size): 15 sliding
+        // of 2×256, 3 global of 2×512.
+        let value = ferrite_runtime::KvDtype::default().bytes();
+        let shared: usize = (24..42).map(|i| 2 * 2 * s.shapes[i].head_dim * value).sum();
+        assert_eq!(shared, (15 * 2 * 256 + 3 * 2 * 512) * 2 * value);
         assert_eq!(without - with, shared);
         assert!(with * 10 < without * 6, "{with} vs {without} bytes per token");
     }

@@ -10,6 +10,7 @@
 
 use ferrite_runtime::sampling::{RowSampler, SampledToken};
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout};
+use rayon::prelude::*;
 
 use crate::config::ModelConfig;
 
@@ -50,7 +51,9 @@ pub trait CausalLm: Send + Sync {
     fn forward_greedy(&self, batch: &ForwardBatch, kv: &mut KvCache) -> ferrite_runtime::Result<Vec<u32>> {
         let vocab = self.config().vocab_size;
         let logits = self.forward(batch, kv)?;
-        Ok(logits.chunks_exact(vocab).map(|row| ferrite_runtime::cpu::argmax(row) as u32).collect())
+        // One row per task: the rows of a decode batch are independent (8 × 49,152 logits
+        // scanned serially were ~0.4 ms of a SmolLM2 step).
+        Ok(logits.par_chunks_exact(vocab).map(|row| ferrite_runtime::cpu::argmax(row) as u32).collect())
     }
 
     /// Whether `forward_sampled` picks tokens on the model's device.

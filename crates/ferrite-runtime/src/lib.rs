@@ -19,5 +19,5 @@ pub mod threads;
 pub use batch::{ForwardBatch, RowSpan};
 pub use dtype::DType;
 pub use error::{Result, RuntimeError};
-pub use kv::{KvCache, KvGroupKind, KvLayout};
+pub use kv::{KvCache, KvDtype, KvGroupKind, KvLayout};
 pub use tensor::{Buffer, Tensor};

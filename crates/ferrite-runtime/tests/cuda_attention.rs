@@ -25,7 +25,7 @@ use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cpu::{self, AttentionParams};
 use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv, RopeShape};
 use ferrite_runtime::cuda::Gpu;
-use ferrite_runtime::kv::{KvLayerSpec, LayerKv};
+use ferrite_runtime::kv::{KvLayerSpec, KvPool, LayerKv};
 use ferrite_runtime::ForwardBatch;
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -92,7 +92,8 @@ fn run_case(
     let n = pool * BLOCK * nkv * hd;
     let (kh, kf) = rand_bf16(rng, n, 1.0);
     let (vh, vf) = rand_bf16(rng, n, 1.0);
-    let mut layer = LayerKv { spec: KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 }, k: kf, v: vf };
+    let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
+    let mut layer = LayerKv { spec, k: KvPool::F32(kf), v: KvPool::F32(vf) };
     let mut dkv = DeviceKv::new(gpu, pool, BLOCK, nkv, hd).unwrap();
     gpu.upload_into(&kh, &mut dkv.k).unwrap();
     gpu.upload_into(&vh, &mut dkv.v).unwrap();
@@ -107,8 +108,8 @@ fn run_case(
     let new_d = gpu.upload(&new_h).unwrap();
     ops::write_kv(gpu, &new_d.slice(..), &new_d.slice(width..), 2 * width, &meta, &mut dkv).unwrap();
     let case = format!("{label} {nh}/{nkv}x{hd} rows={} tokens={tokens}", shapes.len());
-    compare("write_kv", &format!("{case} K"), &to_f32(&gpu.download(&dkv.k).unwrap()), &layer.k, 0.0, 0.0);
-    compare("write_kv", &format!("{case} V"), &to_f32(&gpu.download(&dkv.v).unwrap()), &layer.v, 0.0, 0.0);
+    compare("write_kv", &format!("{case} K"), &to_f32(&gpu.download(&dkv.k).unwrap()), &layer.k.to_f32(), 0.0, 0.0);
+    compare("write_kv", &format!("{case} V"), &to_f32(&gpu.download(&dkv.v).unwrap()), &layer.v.to_f32(), 0.0, 0.0);
 
     let (qh, qf) = rand_bf16(rng, tokens * nh * hd, q_amp);
     let mut want = vec![0f32; qf.len()];
@@ -183,8 +184,11 @@ fn cuda_rope_with_kv_store_matches_cpu() {
         r.apply(&mut q, &batch.positions, nh, hd);
         r.apply(&mut k, &batch.positions, nkv, hd);
         let n = pool * BLOCK * nkv * hd;
-        let mut layer =
-            LayerKv { spec: KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 }, k: vec![0.0; n], v: vec![0.0; n] };
+        let mut layer = LayerKv {
+            spec: KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 },
+            k: KvPool::F32(vec![0.0; n]),
+            v: KvPool::F32(vec![0.0; n]),
+        };
         cpu::write_kv(&k, &v, &batch, &mut layer, BLOCK).unwrap();
         // A padding token after the rows: the metadata gives it no slot.
         let meta = {
@@ -204,8 +208,9 @@ fn cuda_rope_with_kv_store_matches_cpu() {
         let case = format!("{nh}/{nkv}x{hd} rot={rotary} tokens={tokens}+1 pad");
         // As cuda_ops' RoPE test: half a bf16 ulp of |x| < 1 plus the result's rounding.
         let got_k = to_f32(&gpu.download(&fused.k).unwrap());
-        compare("rope+kv", &format!("{case} K"), &got_k, &layer.k, 4e-3 * scaling, 1.0 / 256.0);
-        compare("rope+kv", &format!("{case} V"), &to_f32(&gpu.download(&fused.v).unwrap()), &layer.v, 0.0, 0.0);
+        compare("rope+kv", &format!("{case} K"), &got_k, &layer.k.to_f32(), 4e-3 * scaling, 1.0 / 256.0);
+        let got_v = to_f32(&gpu.download(&fused.v).unwrap());
+        compare("rope+kv", &format!("{case} V"), &got_v, &layer.v.to_f32(), 0.0, 0.0);
         let got = to_f32(&gpu.download(&qkv_d).unwrap());
         let got_q: Vec<f32> = got.chunks(width).take(tokens).flat_map(|t| t[..nh * hd].to_vec()).collect();
         compare("rope+kv", &format!("{case} q"), &got_q, &q, 4e-3 * scaling, 1.0 / 256.0);

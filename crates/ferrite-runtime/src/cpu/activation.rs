@@ -1,13 +1,50 @@
 //! Gated activations, in place on the gate: SwiGLU (`silu(gate) * up`) and GeGLU with the
 //! tanh GELU; and Gemma's logit softcap.
+//!
+//! SwiGLU runs eight lanes at a time with the attention kernels' `exp` (relative error
+//! < 2e-7) where the kernel mode has AVX2: with libm's scalar `expf` it took ~1 ms of each
+//! SmolLM2 step at 8 rows, serial code the other workers wait through.
 
 use rayon::prelude::*;
+
+use super::qmatmul::{kernel_mode, Level};
 
 const PAR_MIN: usize = 1 << 14;
 
 /// `gate = silu(gate) * up`, element-wise.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel_mode().level().is_some_and(|l| l >= Level::Avx2) {
+        assert!(gate.len() == up.len(), "gated activation lengths differ");
+        // SAFETY: every level from AVX2 up guarantees AVX2 and FMA; the slices have equal
+        // lengths.
+        let body = |(g, u): (&mut [f32], &[f32])| unsafe { silu_mul_avx2(g, u) };
+        if gate.len() >= PAR_MIN {
+            gate.par_chunks_mut(PAR_MIN / 4).zip(up.par_chunks(PAR_MIN / 4)).for_each(body);
+        } else {
+            body((gate, up));
+        }
+        return;
+    }
     apply(gate, up, |g| g / (1.0 + (-g).exp()));
+}
+
+/// `silu_mul` for equal-length slices, eight lanes at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
+    use std::arch::x86_64::*;
+    let n = gate.len() / 8 * 8;
+    for i in (0..n).step_by(8) {
+        let g = _mm256_loadu_ps(gate.as_ptr().add(i));
+        // e^-g overflows past 88; there silu(g) is 0 to within 1e-36 either way.
+        let e = super::qmatmul::isa::exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), g), _mm256_set1_ps(88.0)));
+        let s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+        _mm256_storeu_ps(gate.as_mut_ptr().add(i), _mm256_mul_ps(s, _mm256_loadu_ps(up.as_ptr().add(i))));
+    }
+    for (g, u) in gate[n..].iter_mut().zip(&up[n..]) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
 }
 
 /// `gate = gelu_tanh(gate) * up`, the approximation `gelu_pytorch_tanh` uses.
@@ -39,6 +76,20 @@ fn apply(gate: &mut [f32], up: &[f32], f: impl Fn(f32) -> f32 + Sync) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The SIMD SwiGLU against f64, over the range where its `exp` saturates and beyond.
+    #[test]
+    fn silu_mul_matches_f64() {
+        let gate: Vec<f32> = (0..4003).map(|i| -120.0 + i as f32 * 0.06).collect();
+        let up: Vec<f32> = (0..gate.len()).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let mut got = gate.clone();
+        silu_mul(&mut got, &up);
+        for ((g, u), r) in gate.iter().zip(&up).zip(&got) {
+            let (g, u) = (f64::from(*g), f64::from(*u));
+            let want = g / (1.0 + (-g).exp()) * u;
+            assert!((f64::from(*r) - want).abs() <= 1e-6 * want.abs() + 1e-30, "silu({g}) * {u} = {r}, want {want}");
+        }
+    }
 
     #[test]
     fn softcap_bounds_and_keeps_small_values() {

@@ -11,7 +11,31 @@ use crate::dtype::DType;
 use crate::error::{Result, RuntimeError};
 use crate::tensor::Tensor;
 
-pub fn linear(x: &[f32], m: usize, w: &Tensor, bias: Option<&[f32]>, out: &mut [f32]) -> Result<()> {
+/// `outs[i] = x · ws[i].0ᵀ (+ bias ws[i].1)` for weights that read the same input (a layer's
+/// q/k/v or gate/up): quantized weights of one dtype share one quantization of `x` and one
+/// parallel loop. Each output is exactly what `linear` gives it alone.
+pub fn linear_many(x: &[f32], m: usize, ws: &[(&Tensor, Option<&[f32]>)], outs: &mut [&mut [f32]]) -> Result<()> {
+    if ws.len() != outs.len() {
+        return Err(RuntimeError::Shape(format!("linear_many: {} weights, {} outputs", ws.len(), outs.len())));
+    }
+    let k = ws.first().map_or(0, |(w, _)| w.row_len());
+    if ws.iter().any(|(w, _)| w.dtype() == DType::F32 || w.row_len() != k) {
+        return ws.iter().zip(outs.iter_mut()).try_for_each(|((w, b), out)| linear(x, m, w, *b, out));
+    }
+    for ((w, b), out) in ws.iter().zip(outs.iter()) {
+        check_shapes(x, m, w, *b, out)?;
+    }
+    let weights: Vec<&Tensor> = ws.iter().map(|(w, _)| *w).collect();
+    super::qmatmul::linear_many(x, m, &weights, outs)?;
+    for ((w, b), out) in ws.iter().zip(outs.iter_mut()) {
+        if let Some(b) = b {
+            add_bias(out, w.rows(), b);
+        }
+    }
+    Ok(())
+}
+
+fn check_shapes(x: &[f32], m: usize, w: &Tensor, bias: Option<&[f32]>, out: &[f32]) -> Result<()> {
     let (n, k) = (w.rows(), w.row_len());
     if w.shape().len() != 2 || x.len() != m * k || out.len() != m * n {
         return Err(RuntimeError::Shape(format!(
@@ -25,17 +49,27 @@ pub fn linear(x: &[f32], m: usize, w: &Tensor, bias: Option<&[f32]>, out: &mut [
             return Err(RuntimeError::Shape(format!("linear: bias of {} for {n} outputs", b.len())));
         }
     }
+    Ok(())
+}
+
+fn add_bias(out: &mut [f32], n: usize, b: &[f32]) {
+    let add = |row: &mut [f32]| row.iter_mut().zip(b).for_each(|(o, b)| *o += b);
+    if out.len() >= 1 << 14 {
+        out.par_chunks_mut(n).for_each(add);
+    } else {
+        out.chunks_mut(n).for_each(add);
+    }
+}
+
+pub fn linear(x: &[f32], m: usize, w: &Tensor, bias: Option<&[f32]>, out: &mut [f32]) -> Result<()> {
+    check_shapes(x, m, w, bias, out)?;
+    let (n, k) = (w.rows(), w.row_len());
     match (w.dtype(), w.as_f32()) {
         (DType::F32, Some(wf)) => gemm_f32(x, m, wf, n, k, out, n, Parallelism::Rayon(rayon::current_num_threads())),
         _ => super::qmatmul::linear(x, m, w, out)?,
     }
     if let Some(b) = bias {
-        let add = |row: &mut [f32]| row.iter_mut().zip(b).for_each(|(o, b)| *o += b);
-        if out.len() >= 1 << 14 {
-            out.par_chunks_mut(n).for_each(add);
-        } else {
-            out.chunks_mut(n).for_each(add);
-        }
+        add_bias(out, n, b);
     }
     Ok(())
 }

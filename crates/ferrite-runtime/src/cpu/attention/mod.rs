@@ -14,10 +14,13 @@ mod tests;
 mod tiles;
 mod vf32;
 
+use half::f16;
+
+use self::vf32::KvValue;
 use crate::batch::{ForwardBatch, RowSpan, NO_BLOCK};
 use crate::cpu::qmatmul::{kernel_mode, Level};
 use crate::error::{Result, RuntimeError};
-use crate::kv::LayerKv;
+use crate::kv::{KvPool, LayerKv};
 
 /// Rows with at least this many query tokens take the GEMM (tile) path.
 const TILE_MIN_QUERIES: usize = 16;
@@ -60,24 +63,62 @@ fn table<'a>(row: &'a RowSpan, layer: &LayerKv) -> Result<&'a [u32]> {
     })
 }
 
-/// Write `k`, `v` (`[tokens, n_kv_heads * head_dim]`) into the cache at each token's position.
+/// A layer's K and V pools, of one value type.
+pub(super) struct Pools<'a, T> {
+    k: &'a [T],
+    v: &'a [T],
+}
+
+impl<T> Clone for Pools<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Pools<'_, T> {}
+
+fn mixed_pools() -> RuntimeError {
+    RuntimeError::Shape("KV cache layer: K and V pools of different value types".into())
+}
+
+/// Write `k`, `v` (`[tokens, n_kv_heads * head_dim]`) into the cache at each token's position,
+/// rounded to the pools' value type.
 pub fn write_kv(k: &[f32], v: &[f32], batch: &ForwardBatch, layer: &mut LayerKv, block_size: usize) -> Result<()> {
     let (nkv, hd) = (layer.spec.n_kv_heads, layer.spec.head_dim);
     let width = nkv * hd;
     if k.len() != batch.num_tokens() * width || v.len() != k.len() {
         return Err(RuntimeError::Shape(format!("write_kv: {} values for {} tokens", k.len(), batch.num_tokens())));
     }
+    // Slot offsets first (they borrow the layer), then the writes into its pools.
+    let mut at = Vec::with_capacity(batch.num_tokens() * nkv);
     for row in &batch.rows {
         let table = table(row, layer)?;
         for t in row.query_start..row.query_start + row.query_len {
             let (block, slot) = slot_of(table, block_size, batch.positions[t] as usize)?;
-            for h in 0..nkv {
-                let off = layer.offset(block_size, block, h, slot);
-                let src = t * width + h * hd;
-                layer.k[off..off + hd].copy_from_slice(&k[src..src + hd]);
-                layer.v[off..off + hd].copy_from_slice(&v[src..src + hd]);
-            }
+            at.extend((0..nkv).map(|h| (layer.offset(block_size, block, h, slot), t * width + h * hd)));
         }
+    }
+    match (&mut layer.k, &mut layer.v) {
+        (KvPool::F32(kp), KvPool::F32(vp)) => write_rows(k, v, kp, vp, &at, hd),
+        (KvPool::F16(kp), KvPool::F16(vp)) => write_rows(k, v, kp, vp, &at, hd),
+        _ => Err(mixed_pools()),
+    }
+}
+
+/// `kp[off..off + hd] = k[src..src + hd]` (and the same for `v`) for each `(off, src)` of `at`.
+fn write_rows<T: KvValue>(
+    k: &[f32],
+    v: &[f32],
+    kp: &mut [T],
+    vp: &mut [T],
+    at: &[(usize, usize)],
+    hd: usize,
+) -> Result<()> {
+    for &(off, src) in at {
+        let (Some(kd), Some(vd)) = (kp.get_mut(off..off + hd), vp.get_mut(off..off + hd)) else {
+            return Err(RuntimeError::Shape(format!("write_kv: slot at {off} is outside the KV cache")));
+        };
+        T::narrow(&k[src..src + hd], kd);
+        T::narrow(&v[src..src + hd], vd);
     }
     Ok(())
 }
@@ -92,7 +133,7 @@ pub fn paged_attention(
     out: &mut [f32],
 ) -> Result<()> {
     let (nh, nkv, hd) = (p.n_heads, p.n_kv_heads, p.head_dim);
-    if nkv == 0 || nh % nkv != 0 || layer.spec.n_kv_heads != nkv || layer.spec.head_dim != hd {
+    if nkv == 0 || hd == 0 || nh % nkv != 0 || layer.spec.n_kv_heads != nkv || layer.spec.head_dim != hd {
         return Err(RuntimeError::Shape(format!("attention heads {nh}/{nkv} x {hd} vs cache {:?}", layer.spec)));
     }
     let t_total = batch.num_tokens();
@@ -112,8 +153,28 @@ fn attend_at(
     level: Level,
     out: &mut [f32],
 ) -> Result<()> {
+    match (&layer.k, &layer.v) {
+        (KvPool::F32(k), KvPool::F32(v)) => attend_pools(q, batch, layer, Pools { k, v }, block_size, p, level, out),
+        (KvPool::F16(k), KvPool::F16(v)) => {
+            attend_pools::<f16>(q, batch, layer, Pools { k, v }, block_size, p, level, out)
+        }
+        _ => Err(mixed_pools()),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend_pools<T: KvValue>(
+    q: &[f32],
+    batch: &ForwardBatch,
+    layer: &LayerKv,
+    pools: Pools<'_, T>,
+    block_size: usize,
+    p: &AttentionParams,
+    level: Level,
+    out: &mut [f32],
+) -> Result<()> {
     let (tiled, small): (Vec<&RowSpan>, Vec<&RowSpan>) =
         batch.rows.iter().partition(|r| r.query_len >= TILE_MIN_QUERIES);
-    tiles::attend(q, batch, &tiled, layer, block_size, p, level, out)?;
-    decode::attend(q, batch, &small, layer, block_size, p, level, out)
+    tiles::attend(q, batch, &tiled, layer, pools, block_size, p, level, out)?;
+    decode::attend(q, batch, &small, layer, pools, block_size, p, level, out)
 }

@@ -2,15 +2,17 @@
 //! shuffled block tables: decode rows (split key ranges), short and long multi-token rows
 //! (split at `TILE_MIN_QUERIES`), GQA, sliding windows and soft-capping, at every level.
 
+use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
 use crate::batch::RowLogits;
-use crate::kv::KvLayerSpec;
+use crate::kv::{KvDtype, KvLayerSpec, KvPool};
 
 fn reference(q: &[f32], batch: &ForwardBatch, layer: &LayerKv, bs: usize, p: &AttentionParams) -> Vec<f64> {
     let (nh, hd, group) = (p.n_heads, p.head_dim, p.n_heads / p.n_kv_heads);
+    let (kf, vf) = (layer.k.to_f32(), layer.v.to_f32());
     let mut out = vec![0f64; q.len()];
     for row in &batch.rows {
         let table = &row.block_tables[0];
@@ -23,7 +25,7 @@ fn reference(q: &[f32], batch: &ForwardBatch, layer: &LayerKv, bs: usize, p: &At
                 let scores: Vec<f64> = keys
                     .clone()
                     .map(|pos| {
-                        let k = &layer.k[at(pos)..at(pos) + hd];
+                        let k = &kf[at(pos)..at(pos) + hd];
                         let s = qv.iter().zip(k).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>()
                             * f64::from(p.scale);
                         p.softcap.map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh())
@@ -33,7 +35,7 @@ fn reference(q: &[f32], batch: &ForwardBatch, layer: &LayerKv, bs: usize, p: &At
                 let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let sum: f64 = w.iter().sum();
                 for (pos, w) in keys.clone().zip(&w) {
-                    let v = &layer.v[at(pos)..at(pos) + hd];
+                    let v = &vf[at(pos)..at(pos) + hd];
                     for (o, v) in out[(t * nh + h) * hd..(t * nh + h + 1) * hd].iter_mut().zip(v) {
                         *o += w / sum * f64::from(*v);
                     }
@@ -47,15 +49,30 @@ fn reference(q: &[f32], batch: &ForwardBatch, layer: &LayerKv, bs: usize, p: &At
 #[test]
 fn attention_matches_the_reference_at_every_level() {
     let mut rng = StdRng::seed_from_u64(rand::rng().random());
-    let (nh, nkv, hd, bs) = (6, 2, 40, 16);
+    // A head size the AVX-512 decode loops take (a multiple of 64) and one they leave to the
+    // per-row primitives; both cache value types.
+    for (nh, nkv, hd) in [(6, 2, 40), (9, 3, 64)] {
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            check_shape(&mut rng, nh, nkv, hd, dtype);
+        }
+    }
+}
+
+/// A pool of `n` random values in (-1, 1).
+fn random_pool(rng: &mut StdRng, n: usize, dtype: KvDtype) -> KvPool {
+    let values = (0..n).map(|_| rng.random_range(-1.0..1.0));
+    match dtype {
+        KvDtype::F32 => KvPool::F32(values.collect()),
+        KvDtype::F16 => KvPool::F16(values.map(f16::from_f32).collect()),
+    }
+}
+
+fn check_shape(rng: &mut StdRng, nh: usize, nkv: usize, hd: usize, dtype: KvDtype) {
+    let bs = 16;
     let blocks = 64;
     let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
     let n = blocks * bs * nkv * hd;
-    let layer = LayerKv {
-        spec,
-        k: (0..n).map(|_| rng.random_range(-1.0..1.0)).collect(),
-        v: (0..n).map(|_| rng.random_range(-1.0..1.0)).collect(),
-    };
+    let layer = LayerKv { spec, k: random_pool(rng, n, dtype), v: random_pool(rng, n, dtype) };
     // Batches of rows (context length, query tokens); block tables from a shuffled pool. A
     // lone decode token splits its keys into chunks; the mixed batch covers both kernels.
     let batches: [&[(usize, usize)]; 2] = [&[(300, 1)], &[(300, 1), (37, 5), (100, 40), (1, 1), (250, 17)]];
@@ -77,10 +94,41 @@ fn attention_matches_the_reference_at_every_level() {
                 let mut out = vec![f32::NAN; q.len()];
                 attend_at(&q, &batch, &layer, bs, &p, level, &mut out).unwrap();
                 for (i, (got, want)) in out.iter().zip(&want).enumerate() {
-                    let what = format!("{shapes:?} {level:?} {window:?} {softcap:?} value {i}");
+                    let what = format!("{dtype:?} hd {hd} {shapes:?} {level:?} {window:?} {softcap:?} value {i}");
                     assert!((f64::from(*got) - want).abs() < 2e-5, "{what}: {got} vs {want}");
                 }
             }
         }
+    }
+}
+
+/// `write_kv` stores each token's keys and values at its slot, rounded to the pool's type,
+/// and leaves every other slot alone.
+#[test]
+fn write_kv_rounds_to_the_pool_type() {
+    let (nkv, hd, bs, tokens) = (2, 8, 4, 3);
+    let mut batch = ForwardBatch::default();
+    batch.push_row(&[0; 3], tokens, vec![vec![1]], RowLogits::None);
+    // Spaced finer than f16's step near 1 (2^-10), so f16 rounding shows.
+    let k: Vec<f32> = (0..tokens * nkv * hd).map(|i| 1.0 + i as f32 * 1e-4).collect();
+    let v: Vec<f32> = k.iter().map(|x| -x).collect();
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
+        let n = 2 * bs * nkv * hd;
+        let mut layer = LayerKv { spec, k: KvPool::zeroed(dtype, n), v: KvPool::zeroed(dtype, n) };
+        write_kv(&k, &v, &batch, &mut layer, bs).unwrap();
+        let (mut kr, mut vr) = (layer.k.to_f32(), layer.v.to_f32());
+        for t in 0..tokens {
+            for h in 0..nkv {
+                let off = layer.offset(bs, 1, h, t);
+                for d in 0..hd {
+                    let x = k[(t * nkv + h) * hd + d];
+                    let want = if dtype == KvDtype::F16 { f16::from_f32(x).to_f32() } else { x };
+                    assert_eq!((kr[off + d], vr[off + d]), (want, -want), "{dtype:?} token {t} head {h} dim {d}");
+                    (kr[off + d], vr[off + d]) = (0.0, 0.0);
+                }
+            }
+        }
+        assert!(kr.iter().chain(&vr).all(|&x| x == 0.0), "{dtype:?}: a slot outside the tokens' was written");
     }
 }

@@ -1,7 +1,7 @@
 //! Attention for rows with many query tokens (prefill chunks), as GEMMs over query tiles.
 //!
 //! Per (row, KV head, tile of `TILE` query tokens): the keys and values the tile can see are
-//! gathered from the cache blocks into contiguous scratch (values transposed), the tile's
+//! gathered from the cache blocks into contiguous f32 scratch (values transposed), the tile's
 //! queries (all `group` heads of the KV head, stacked) multiply them as two f32 GEMMs —
 //! `S = Q·Kᵀ`, then `O = softmax(S)·V` — with the causal / sliding-window mask applied to each
 //! score row in between (masked scores get probability 0). The GEMMs are the panel path's
@@ -10,8 +10,8 @@
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-use super::vf32::{self, Vf32};
-use super::{slot_of, table, visible_range, AttentionParams};
+use super::vf32::{self, KvValue, Vf32};
+use super::{slot_of, table, visible_range, AttentionParams, Pools};
 use crate::batch::{ForwardBatch, RowSpan};
 use crate::cpu::matmul::gemm_f32;
 use crate::cpu::qmatmul::Level;
@@ -34,17 +34,20 @@ struct Scratch {
     k: Vec<f32>,
     /// Values transposed: `[head_dim][keys]`.
     vt: Vec<f32>,
+    /// One block's run of values as f32, before the transpose.
+    run: Vec<f32>,
     s: Vec<f32>,
     o: Vec<f32>,
     gemm: GemmScratch,
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(super) fn attend(
+pub(super) fn attend<T: KvValue>(
     q: &[f32],
     batch: &ForwardBatch,
     rows: &[&RowSpan],
     layer: &LayerKv,
+    pools: Pools<'_, T>,
     block_size: usize,
     p: &AttentionParams,
     level: Level,
@@ -68,7 +71,7 @@ pub(super) fn attend(
         if o1 > out_len {
             return Err(RuntimeError::Shape("attention: output out of range".into()));
         }
-        tile(q, batch, table, *g, tokens.clone(), layer, block_size, p, level, s)?;
+        tile(q, batch, table, *g, tokens.clone(), layer, pools, block_size, p, level, s)?;
         for (i, t) in tokens.clone().enumerate() {
             let at = (t * p.n_heads + g * group) * hd;
             // SAFETY: token t's heads g*group..(g+1)*group are written by this item only, and
@@ -82,13 +85,14 @@ pub(super) fn attend(
 
 /// Compute the tile's outputs into `s.o` (`[token][head in group][head_dim]`).
 #[allow(clippy::too_many_arguments)]
-fn tile(
+fn tile<T: KvValue>(
     q: &[f32],
     batch: &ForwardBatch,
     table: &[u32],
     g: usize,
     tokens: std::ops::Range<usize>,
     layer: &LayerKv,
+    pools: Pools<'_, T>,
     block_size: usize,
     p: &AttentionParams,
     level: Level,
@@ -106,13 +110,15 @@ fn tile(
         let (block, slot) = slot_of(table, block_size, pos)?;
         let run = (block_size - slot).min(last + 1 - pos);
         let src = layer.offset(block_size, block, g, slot);
-        let (k, v) = match (layer.k.get(src..src + run * hd), layer.v.get(src..src + run * hd)) {
+        let (k, v) = match (pools.k.get(src..src + run * hd), pools.v.get(src..src + run * hd)) {
             (Some(k), Some(v)) => (k, v),
             _ => return Err(RuntimeError::Shape(format!("attention: block {block} is outside the KV cache"))),
         };
         let at = pos - first;
-        s.k[at * hd..(at + run) * hd].copy_from_slice(k);
-        for (j, v) in v.chunks_exact(hd).enumerate() {
+        T::widen(k, &mut s.k[at * hd..(at + run) * hd]);
+        s.run.resize(run * hd, 0.0);
+        T::widen(v, &mut s.run);
+        for (j, v) in s.run.chunks_exact(hd).enumerate() {
             for (d, &x) in v.iter().enumerate() {
                 s.vt[d * n_keys + at + j] = x;
             }

@@ -1,6 +1,101 @@
-//! The f32 vector primitives of the attention kernels (dot product, axpy, exponentials), as a
-//! trait with a portable and an AVX2+FMA implementation. Kernels are generic over it and
-//! instantiated inside `#[target_feature]` entry points, like the quantized kernels.
+//! The f32 vector primitives of the attention kernels, as a trait with a portable, an AVX2+FMA
+//! and an AVX-512 implementation. Kernels are generic over it and instantiated inside
+//! `#[target_feature]` entry points, like the quantized kernels.
+//!
+//! Besides the per-vector primitives (dot product, axpy, exponentials), the trait has the two
+//! loops of decode attention over a set of cache rows (`Rows`, of a `KvValue` type): every query head's scores
+//! against every key, and the score-weighted sum of the values. Their default bodies call
+//! `dot` and `axpy` once per (head, row); the AVX-512 ones keep the work in registers instead
+//! (16 keys' dot products reduced together, 64 output values accumulated across rows).
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+/// A value type of the KV cache: written from f32, read back as f32.
+pub(super) trait KvValue: Copy + Send + Sync {
+    /// `dst = src`, rounded to this type.
+    fn narrow(src: &[f32], dst: &mut [Self]);
+    /// `dst = src` as f32.
+    fn widen(src: &[Self], dst: &mut [f32]);
+    /// 16 values at `p` as f32 (AVX-512 F).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+}
+
+impl KvValue for f32 {
+    fn narrow(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
+    }
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(p)
+    }
+}
+
+impl KvValue for f16 {
+    fn narrow(src: &[f32], dst: &mut [f16]) {
+        dst.convert_from_f32_slice(src)
+    }
+    fn widen(src: &[f16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+}
+
+/// `len` cache rows of `hd` values: row `j` is `data[offs[j]..offs[j] + hd]`, every one inside
+/// `data` (checked on construction, so the kernels may read them unchecked).
+pub(super) struct Rows<'a, T> {
+    data: &'a [T],
+    offs: &'a [usize],
+    hd: usize,
+}
+
+impl<'a, T: KvValue> Rows<'a, T> {
+    /// `None` if a row reaches past `data`.
+    pub(super) fn new(data: &'a [T], offs: &'a [usize], hd: usize) -> Option<Rows<'a, T>> {
+        offs.iter().all(|&o| o.checked_add(hd).is_some_and(|end| end <= data.len())).then_some(Rows { data, offs, hd })
+    }
+
+    fn len(&self) -> usize {
+        self.offs.len()
+    }
+
+    /// Row `j` as f32, into `buf`.
+    fn row_f32<'b>(&self, j: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
+        buf.resize(self.hd, 0.0);
+        T::widen(&self.data[self.offs[j]..self.offs[j] + self.hd], buf);
+        buf
+    }
+
+    /// Ask for the cache lines of row `j` (nothing past the end): rows are scattered over
+    /// cache blocks, so the hardware prefetcher cannot run ahead across them.
+    #[inline(always)]
+    fn prefetch(&self, j: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(&o) = self.offs.get(j) {
+            for line in self.data[o..o + self.hd].chunks(64 / std::mem::size_of::<T>()) {
+                // SAFETY: a prefetch of an address inside `data`; it has no architectural effect.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr() as *const i8)
+                };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = j;
+    }
+}
+
+/// Rows ahead of the current one that the default loops prefetch.
+const PREFETCH_ROWS: usize = 24;
 
 /// f32 primitives over raw slices of equal length.
 pub(super) trait Vf32 {
@@ -10,6 +105,43 @@ pub(super) trait Vf32 {
     fn axpy(y: &mut [f32], alpha: f32, x: &[f32]);
     /// `x[i] = exp(x[i] - max)` in place; returns the sum of the new values.
     fn exp_sum(x: &mut [f32], max: f32) -> f32;
+
+    /// `out[h * n + j] = scale * (q_h · row j)` for the query heads `q_h` (`q` is
+    /// `[heads, hd]`, `out` is `[heads, n]`, `n = keys.len()`).
+    fn scores<T: KvValue>(q: &[f32], keys: &Rows<'_, T>, scale: f32, out: &mut [f32]) {
+        scores_by_dot::<Self, T>(q, keys, scale, out)
+    }
+
+    /// `out[h] += Σ_j w[h * n + j] * row j` for each head `h` (`out` is `[heads, hd]`).
+    fn weighted_sum<T: KvValue>(w: &[f32], values: &Rows<'_, T>, out: &mut [f32]) {
+        weighted_sum_by_axpy::<Self, T>(w, values, out)
+    }
+}
+
+#[inline(always)]
+fn scores_by_dot<V: Vf32 + ?Sized, T: KvValue>(q: &[f32], keys: &Rows<'_, T>, scale: f32, out: &mut [f32]) {
+    let n = keys.len();
+    let mut buf = Vec::new();
+    for j in 0..n {
+        keys.prefetch(j + PREFETCH_ROWS);
+        let key = keys.row_f32(j, &mut buf);
+        for (qh, o) in q.chunks_exact(keys.hd).zip(out.chunks_exact_mut(n)) {
+            o[j] = V::dot(qh, key) * scale;
+        }
+    }
+}
+
+#[inline(always)]
+fn weighted_sum_by_axpy<V: Vf32 + ?Sized, T: KvValue>(w: &[f32], values: &Rows<'_, T>, out: &mut [f32]) {
+    let n = values.len();
+    let mut buf = Vec::new();
+    for j in 0..n {
+        values.prefetch(j + PREFETCH_ROWS);
+        let v = values.row_f32(j, &mut buf);
+        for (wh, o) in w.chunks_exact(n).zip(out.chunks_exact_mut(values.hd)) {
+            V::axpy(o, wh[j], v);
+        }
+    }
 }
 
 pub(super) struct Scalar;
@@ -35,40 +167,17 @@ impl Vf32 for Scalar {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::Avx2;
+pub(super) use x86::{Avx2, Avx512};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::Vf32;
-    use crate::cpu::qmatmul::isa::hsum_ps;
+    use super::{scores_by_dot, weighted_sum_by_axpy, KvValue, Rows, Vf32};
+    use crate::cpu::qmatmul::isa::{exp8, hsum_ps};
 
     /// AVX2 + FMA. Only used inside functions compiled with those features.
     pub(in super::super) struct Avx2;
-
-    /// `e^x` for 8 lanes with `x ≤ 88`: `x = n·ln2 + r` with `|r| ≤ ln2 / 2` (ln2 split in
-    /// two for an exact reduction), `e^r` by its degree-6 Taylor polynomial (relative error
-    /// < 2e-7), times `2^n` built in the exponent bits. Inputs are clamped at -87, so the
-    /// smallest result is `e^-87 ≈ 1.6e-38` rather than a denormal or 0.
-    #[inline(always)]
-    unsafe fn exp8(x: __m256) -> __m256 {
-        const LN2_HI: f32 = 0.693_145_75;
-        const LN2_LO: f32 = 1.428_606_8e-6;
-        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-            x,
-            _mm256_set1_ps(std::f32::consts::LOG2_E),
-        ));
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
-        let mut p = _mm256_set1_ps(1.0 / 720.0);
-        for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-        }
-        let scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-        _mm256_mul_ps(p, _mm256_castsi256_ps(scale))
-    }
 
     impl Vf32 for Avx2 {
         #[inline(always)]
@@ -138,6 +247,128 @@ mod x86 {
                     sum += tail[..rest].iter().sum::<f32>();
                 }
                 sum
+            }
+        }
+    }
+
+    /// AVX-512 F for the decode loops (the per-vector primitives are AVX2's). Only used inside
+    /// functions compiled with AVX-512 F, AVX2 and FMA.
+    pub(in super::super) struct Avx512;
+
+    /// Rows per tile of the value loop: their values stay in L1 while every head reads them.
+    const VALUE_TILE: usize = 32;
+
+    /// Lane `i` = the sum of the lanes of `a[i]`: a transposing reduction tree, 45 shuffles and
+    /// adds for 16 sums instead of 16 separate horizontal reductions.
+    #[inline(always)]
+    unsafe fn reduce16(a: &[__m512; 16]) -> __m512 {
+        // Per 128-bit lane: [x0 + x2, y0 + y2, x1 + x3, y1 + y3] of each pair (x, y).
+        let b: [__m512; 8] = std::array::from_fn(|i| {
+            _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]))
+        });
+        // Per 128-bit lane: one partial sum of each of four consecutive inputs.
+        let c: [__m512; 4] = std::array::from_fn(|i| {
+            let (x, y) = (_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+            _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)))
+        });
+        // Sum the 128-bit lanes pairwise, twice.
+        let fold = |x: __m512, y: __m512| {
+            _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(x, y), _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y))
+        };
+        fold(fold(c[0], c[1]), fold(c[2], c[3]))
+    }
+
+    impl Vf32 for Avx512 {
+        #[inline(always)]
+        fn dot(a: &[f32], b: &[f32]) -> f32 {
+            Avx2::dot(a, b)
+        }
+
+        #[inline(always)]
+        fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+            Avx2::axpy(y, alpha, x)
+        }
+
+        #[inline(always)]
+        fn exp_sum(x: &mut [f32], max: f32) -> f32 {
+            Avx2::exp_sum(x, max)
+        }
+
+        #[inline(always)]
+        fn scores<T: KvValue>(q: &[f32], keys: &Rows<'_, T>, scale: f32, out: &mut [f32]) {
+            let (n, hd) = (keys.len(), keys.hd);
+            if !hd.is_multiple_of(16) || !q.len().is_multiple_of(hd) || out.len() != q.len() / hd * n {
+                return scores_by_dot::<Self, T>(q, keys, scale, out);
+            }
+            // SAFETY: AVX-512 F (see the type's docs); every row is inside `keys.data`
+            // (`Rows`), `q` holds whole heads of `hd` values and `out` `n` scores per head,
+            // all accesses below stay within those.
+            unsafe {
+                let base = keys.data.as_ptr();
+                for t0 in (0..n).step_by(16) {
+                    let valid = (n - t0).min(16);
+                    // A short last tile repeats its last key; those lanes are not stored.
+                    let rows: [*const T; 16] = std::array::from_fn(|j| base.add(keys.offs[t0 + j.min(valid - 1)]));
+                    for j in t0 + 16..(t0 + 32).min(n) {
+                        keys.prefetch(j);
+                    }
+                    for (h, qh) in q.chunks_exact(hd).enumerate() {
+                        let mut acc = [_mm512_setzero_ps(); 16];
+                        for d in (0..hd).step_by(16) {
+                            let qv = _mm512_loadu_ps(qh.as_ptr().add(d));
+                            for (a, r) in acc.iter_mut().zip(&rows) {
+                                *a = _mm512_fmadd_ps(qv, T::load16(r.add(d)), *a);
+                            }
+                        }
+                        let s = _mm512_mul_ps(reduce16(&acc), _mm512_set1_ps(scale));
+                        _mm512_mask_storeu_ps(out.as_mut_ptr().add(h * n + t0), ((1u32 << valid) - 1) as u16, s);
+                    }
+                }
+            }
+        }
+
+        #[inline(always)]
+        fn weighted_sum<T: KvValue>(w: &[f32], values: &Rows<'_, T>, out: &mut [f32]) {
+            let (n, hd) = (values.len(), values.hd);
+            if !hd.is_multiple_of(64) || !out.len().is_multiple_of(hd) || w.len() != out.len() / hd * n {
+                return weighted_sum_by_axpy::<Self, T>(w, values, out);
+            }
+            // SAFETY: as in `scores`; `w` holds `n` weights per head, `out` whole heads.
+            unsafe {
+                let base = values.data.as_ptr();
+                for t0 in (0..n).step_by(VALUE_TILE) {
+                    let t1 = (t0 + VALUE_TILE).min(n);
+                    for j in t1..(t1 + VALUE_TILE).min(n) {
+                        values.prefetch(j);
+                    }
+                    for (wh, oh) in w.chunks_exact(n).zip(out.chunks_exact_mut(hd)) {
+                        for d in (0..hd).step_by(64) {
+                            let o = oh.as_mut_ptr().add(d);
+                            // Two accumulator sets (even and odd rows) for independent FMA chains.
+                            let mut even: [__m512; 4] = std::array::from_fn(|i| _mm512_loadu_ps(o.add(16 * i)));
+                            let mut odd = [_mm512_setzero_ps(); 4];
+                            let row = |acc: &mut [__m512; 4], j: usize| {
+                                let s = _mm512_set1_ps(*wh.get_unchecked(j));
+                                let v = base.add(values.offs[j] + d);
+                                for (i, a) in acc.iter_mut().enumerate() {
+                                    *a = _mm512_fmadd_ps(s, T::load16(v.add(16 * i)), *a);
+                                }
+                            };
+                            let mut j = t0;
+                            while j + 1 < t1 {
+                                row(&mut even, j);
+                                row(&mut odd, j + 1);
+                                j += 2;
+                            }
+                            if j < t1 {
+                                row(&mut even, j);
+                            }
+                            for i in 0..4 {
+                                _mm512_storeu_ps(o.add(16 * i), _mm512_add_ps(even[i], odd[i]));
+                            }
+                        }
+                    }
+                }
             }
         }
     }

@@ -129,6 +129,29 @@ mod x86 {
         _mm256_loadu_si256(p as *const __m256i)
     }
 
+    /// `e^x` for 8 lanes with `x ≤ 88`: `x = n·ln2 + r` with `|r| ≤ ln2 / 2` (ln2 split in
+    /// two for an exact reduction), `e^r` by its degree-6 Taylor polynomial (relative error
+    /// < 2e-7), times `2^n` built in the exponent bits. Inputs are clamped at -87, so the
+    /// smallest result is `e^-87 ≈ 1.6e-38` rather than a denormal or 0.
+    #[inline(always)]
+    pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
+        const LN2_HI: f32 = 0.693_145_75;
+        const LN2_LO: f32 = 1.428_606_8e-6;
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+            x,
+            _mm256_set1_ps(std::f32::consts::LOG2_E),
+        ));
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+        let mut p = _mm256_set1_ps(1.0 / 720.0);
+        for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+        _mm256_mul_ps(p, _mm256_castsi256_ps(scale))
+    }
+
     /// Sum of the 8 f32 lanes.
     #[inline(always)]
     pub(crate) unsafe fn hsum_ps(v: __m256) -> f32 {

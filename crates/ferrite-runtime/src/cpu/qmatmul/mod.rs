@@ -71,7 +71,7 @@ pub(crate) fn linear_at(x: &[f32], m: usize, w: &Tensor, out: &mut [f32], level:
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512Vnni && igemm::supports(dtype) {
         // SAFETY: the level guarantees AVX-512 VNNI; `linear` checked the shapes.
-        return unsafe { igemm::linear(x, m, w, out) };
+        return unsafe { igemm::linear_many(x, m, &[w], &mut [out]) };
     }
     let float = matches!(dtype, DType::F16 | DType::BF16);
     if (float && m >= PANEL_MIN_ROWS) || !rows(x, m, w, out, level) {
@@ -79,6 +79,21 @@ pub(crate) fn linear_at(x: &[f32], m: usize, w: &Tensor, out: &mut [f32], level:
         panel::by_panels(x, m, w, out, &widen, level == Level::Avx512Vnni)?;
     }
     Ok(())
+}
+
+/// `outs[i] = x · ws[i]ᵀ` for weights with the same row length (the caller has checked the
+/// shapes): one quantization of `x` and one parallel loop when the integer GEMM takes them
+/// all (one dtype), else one `linear` each. Either way each output equals its own `linear`.
+pub(crate) fn linear_many(x: &[f32], m: usize, ws: &[&Tensor], outs: &mut [&mut [f32]]) -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(first) = ws.first() {
+        let one_dtype = ws.iter().all(|w| w.dtype() == first.dtype());
+        if one_dtype && kernel_mode().level() == Some(Level::Avx512Vnni) && igemm::supports(first.dtype()) {
+            // SAFETY: the level guarantees AVX-512 VNNI; the caller checked the shapes.
+            return unsafe { igemm::linear_many(x, m, ws, outs) };
+        }
+    }
+    ws.iter().zip(outs.iter_mut()).try_for_each(|(w, out)| linear(x, m, w, out))
 }
 
 fn reference_dequant(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {

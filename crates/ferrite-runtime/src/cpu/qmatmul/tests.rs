@@ -231,7 +231,7 @@ fn batched_rows_equal_rows_alone() {
                     out
                 })
                 .collect();
-            for m in [2, 3, 7, 17] {
+            for m in [2, 3, 7, 8, 9, 16, 17] {
                 let mut out = vec![f32::NAN; m * n];
                 linear_at(&x[..m * k], m, &w, &mut out, level).unwrap();
                 for (i, row) in out.chunks_exact(n).enumerate() {
@@ -256,5 +256,33 @@ fn reference_mode_is_exact() {
     let exact = reference(&x, m, &wf, n, k);
     for (got, want) in out.iter().zip(&exact) {
         assert!((f64::from(*got) - want).abs() <= 1e-5 * want.abs().max(1.0), "{got} vs {want}");
+    }
+}
+
+/// `linear_many` (one quantization, one parallel loop over several weights) gives each output
+/// bit for bit what `linear` gives it alone, for every dtype and on both sides of the
+/// integer GEMM's row thresholds; weights of two dtypes take the one-by-one path.
+#[test]
+fn linear_many_equals_linear_alone() {
+    let mut rng = StdRng::seed_from_u64(rand::rng().random());
+    let quantized = ROW_KERNEL_DTYPES.into_iter().filter(|d| !matches!(d, DType::F16 | DType::BF16));
+    for dtype in quantized {
+        let k = lengths(dtype)[0];
+        let ws: Vec<Tensor> = [93, 32, 7].iter().map(|&n| random_weights(dtype, n, k, &mut rng)).collect();
+        let mixed = [&ws[0], &random_weights(DType::Q8_0, 40, k, &mut rng)].map(|w| w.clone());
+        for weights in [ws.iter().collect::<Vec<_>>(), mixed.iter().collect()] {
+            for m in [1, 8, 17] {
+                let x = random_acts(m * k, &mut rng);
+                let mut outs: Vec<Vec<f32>> = weights.iter().map(|w| vec![f32::NAN; m * w.rows()]).collect();
+                let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+                linear_many(&x, m, &weights, &mut refs).unwrap();
+                for (w, got) in weights.iter().zip(&outs) {
+                    let mut want = vec![f32::NAN; m * w.rows()];
+                    linear(&x, m, w, &mut want).unwrap();
+                    let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{dtype} m={m}: {:?} differs from its own linear", w.dtype());
+                }
+            }
+        }
     }
 }
