@@ -21,7 +21,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::model::{cache, cuda_enabled, equal_or_tie, log_softmax, prefill_logits, top_k, BLOCK, TIE_MARGIN};
+use common::model::{cache, compare_logits, cuda_enabled, equal_or_tie, prefill_logits, LogitsAgreement, BLOCK};
 use common::{add, collect, greedy, ids, run_to_end};
 use ferrite_engine::{EngineConfig, EngineCore};
 use ferrite_models::config::{ConfigSource, ModelConfig};
@@ -110,26 +110,8 @@ fn cuda_gemma_goldens_match_cpu() {
         for prompt in &prompts {
             let len = prompt.len();
             let (want, got) = (prefill_logits(cpu.as_ref(), prompt), prefill_logits(gpu.as_ref(), prompt));
-            assert_eq!(want.len(), got.len());
-            assert!(got.iter().all(|x| x.is_finite()), "{name}: non-finite CUDA logits");
-            let (mut num, mut den, mut lp_err, mut clear, mut clear_equal) = (0f64, 0f64, 0f32, 0, 0);
-            for (w, g) in want.chunks_exact(vocab).zip(got.chunks_exact(vocab)) {
-                for (a, b) in w.iter().zip(g) {
-                    num += ((a - b) as f64).powi(2);
-                    den += (*a as f64).powi(2);
-                }
-                let (lw, lg) = (log_softmax(w), log_softmax(g));
-                let (tw, tg) = (top_k(&lw, 5), top_k(&lg, 5));
-                assert!(tg.contains(&tw[0]) && tw.contains(&tg[0]), "{name} len {len}: top-1 not in the other's top-5");
-                for &t in &tw {
-                    lp_err = lp_err.max((lw[t] - lg[t]).abs());
-                }
-                if lw[tw[0]] - lw[tw[1]] > TIE_MARGIN {
-                    clear += 1;
-                    clear_equal += usize::from(tw[0] == tg[0]);
-                }
-            }
-            let rel = (num / den.max(1e-30)).sqrt();
+            let LogitsAgreement { rel_l2: rel, top5_err: lp_err, clear, clear_equal, .. } =
+                compare_logits(&want, &got, vocab, &format!("{name} len {len}"));
             println!(
                 "TABLE|gemma prefill logits {name} len {len}|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}"
             );

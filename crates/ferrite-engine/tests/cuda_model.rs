@@ -37,8 +37,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::model::{
-    cache, cuda_enabled, divergence, equal_or_tie, log_softmax, parting_at_tie, prefill_logits, top2_margin, top_k,
-    BLOCK, TIE_MARGIN,
+    cache, compare_logits, cuda_enabled, divergence, equal_or_tie, log_softmax, parting_at_tie, prefill_logits,
+    top2_margin, top_k, LogitsAgreement, BLOCK, TIE_MARGIN,
 };
 use ferrite_engine::sampling::{apply_processors, distribution, uniform, TokenCounts, TokenLogprob};
 use ferrite_engine::{EngineConfig, EngineCore, Output, Request, RequestParams, SamplingParams};
@@ -178,28 +178,8 @@ fn cuda_prefill_logits_match_cpu() {
         for len in [1usize, 7, 64, 150] {
             let prompt = random_prompt(&mut rng, len);
             let (want, got) = (prefill_logits(cpu.as_ref(), &prompt), prefill_logits(gpu.as_ref(), &prompt));
-            assert_eq!(want.len(), got.len());
-            assert!(got.iter().all(|x| x.is_finite()), "{}: non-finite CUDA logits", v.name);
-            let (mut num, mut den, mut max_err) = (0f64, 0f64, 0f32);
-            let (mut clear, mut clear_equal, mut lp_err) = (0, 0, 0f32);
-            for (w, g) in want.chunks_exact(VOCAB).zip(got.chunks_exact(VOCAB)) {
-                for (a, b) in w.iter().zip(g) {
-                    num += ((a - b) as f64).powi(2);
-                    den += (*a as f64).powi(2);
-                    max_err = max_err.max((a - b).abs());
-                }
-                let (lw, lg) = (log_softmax(w), log_softmax(g));
-                let (tw, tg) = (top_k(&lw, 5), top_k(&lg, 5));
-                assert!(tg.contains(&tw[0]) && tw.contains(&tg[0]), "{}: top-1 not in the other's top-5", v.name);
-                for &t in &tw {
-                    lp_err = lp_err.max((lw[t] - lg[t]).abs());
-                }
-                if lw[tw[0]] - lw[tw[1]] > TIE_MARGIN {
-                    clear += 1;
-                    clear_equal += usize::from(tw[0] == tg[0]);
-                }
-            }
-            let rel = (num / den.max(1e-30)).sqrt();
+            let LogitsAgreement { rel_l2: rel, max_abs: max_err, top5_err: lp_err, clear, clear_equal } =
+                compare_logits(&want, &got, VOCAB, &format!("{} len {len}", v.name));
             println!(
                 "TABLE|prefill logits {} len {len}|rel L2 {rel:.2e}|max abs {max_err:.3}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}",
                 v.name
@@ -332,13 +312,7 @@ fn cuda_engine_greedy_batched_and_prefix() {
         return;
     }
     let mut rng = StdRng::seed_from_u64(13);
-    let cfg = EngineConfig {
-        max_num_batched_tokens: 96,
-        max_num_seqs: 8,
-        kv_cache_memory: Some(64 << 20),
-        prefix_cache: false,
-        ..EngineConfig::default()
-    };
+    let cfg = engine_cfg();
     for (vi, v) in variants().iter().enumerate() {
         let (cpu, gpu, _dir) = load_pair(v, 300 + vi as u64);
         let prompts: Vec<Vec<u32>> = (0..6)
@@ -541,6 +515,17 @@ fn cuda_matches_transformers() {
     }
 }
 
+/// The engine of the GPU engine tests: small steps, a 64 MiB KV cache, no prefix cache.
+fn engine_cfg() -> EngineConfig {
+    EngineConfig {
+        max_num_batched_tokens: 96,
+        max_num_seqs: 8,
+        kv_cache_memory: Some(64 << 20),
+        prefix_cache: false,
+        ..EngineConfig::default()
+    }
+}
+
 /// A request's tokens and logprobs (choice 0).
 type Generated = (Vec<u32>, Vec<TokenLogprob>);
 
@@ -649,13 +634,7 @@ fn cuda_engine_device_sampling() {
         return;
     }
     let mut rng = StdRng::seed_from_u64(14);
-    let cfg = EngineConfig {
-        max_num_batched_tokens: 96,
-        max_num_seqs: 8,
-        kv_cache_memory: Some(64 << 20),
-        prefix_cache: false,
-        ..EngineConfig::default()
-    };
+    let cfg = engine_cfg();
     let sampling = |seed: u64| -> Vec<(SamplingParams, Option<usize>, usize)> {
         vec![
             (SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.9, seed, ..Default::default() }, None, 0),

@@ -1,6 +1,7 @@
 //! Helpers of the tests that run a `CausalLm` directly (the CUDA model tests): the gate on
 //! `FERRITE_TEST_CUDA`, a KV cache for one sequence, teacher-forced logits, log-softmax /
-//! top-k over a logits row, and the check that two greedy runs part only at a near tie.
+//! top-k over a logits row, the comparison of two models' logits, and the check that two
+//! greedy runs part only at a near tie.
 
 use ferrite_models::model::{CausalLm, StepLimits};
 use ferrite_runtime::batch::RowLogits;
@@ -83,4 +84,45 @@ pub fn top2_margin(model: &dyn CausalLm, context: &[u32]) -> f32 {
 /// margin must show a near tie).
 pub fn equal_or_tie(cpu: &dyn CausalLm, prompt: &[u32], a: &[u32], b: &[u32], what: &str) -> bool {
     parting_at_tie(a, b, |j| top2_margin(cpu, &[prompt, &a[..j]].concat()), what).is_none()
+}
+
+/// How close `got`'s logits are to the reference's `want` (rows of `vocab`).
+pub struct LogitsAgreement {
+    /// Relative L2 error over all logits.
+    pub rel_l2: f64,
+    pub max_abs: f32,
+    /// Largest log-probability error over each row's reference top 5.
+    pub top5_err: f32,
+    /// Rows whose reference top-2 margin exceeds `TIE_MARGIN`, and those of them whose argmax
+    /// agrees.
+    pub clear: usize,
+    pub clear_equal: usize,
+}
+
+/// Compare `got` with `want` row by row; every logit of `got` must be finite and each side's
+/// top token within the other's top 5 (vLLM's `check_logprobs_close`).
+pub fn compare_logits(want: &[f32], got: &[f32], vocab: usize, what: &str) -> LogitsAgreement {
+    assert_eq!(want.len(), got.len(), "{what}: logits lengths");
+    assert!(got.iter().all(|x| x.is_finite()), "{what}: non-finite logits");
+    let (mut num, mut den) = (0f64, 0f64);
+    let mut a = LogitsAgreement { rel_l2: 0.0, max_abs: 0.0, top5_err: 0.0, clear: 0, clear_equal: 0 };
+    for (w, g) in want.chunks_exact(vocab).zip(got.chunks_exact(vocab)) {
+        for (x, y) in w.iter().zip(g) {
+            num += ((x - y) as f64).powi(2);
+            den += (*x as f64).powi(2);
+            a.max_abs = a.max_abs.max((x - y).abs());
+        }
+        let (lw, lg) = (log_softmax(w), log_softmax(g));
+        let (tw, tg) = (top_k(&lw, 5), top_k(&lg, 5));
+        assert!(tg.contains(&tw[0]) && tw.contains(&tg[0]), "{what}: top-1 not in the other's top-5");
+        for &t in &tw {
+            a.top5_err = a.top5_err.max((lw[t] - lg[t]).abs());
+        }
+        if lw[tw[0]] - lw[tw[1]] > TIE_MARGIN {
+            a.clear += 1;
+            a.clear_equal += usize::from(tw[0] == tg[0]);
+        }
+    }
+    a.rel_l2 = (num / den.max(1e-30)).sqrt();
+    a
 }
