@@ -5,25 +5,29 @@
 //! `igemm`'s micro-kernel keeps the output columns in the lanes of a register and multiplies
 //! one broadcast pair of activation codes by the pairs `(v[2p], v[2p + 1])` of 16 weight rows
 //! (`vpdpwssd`). Read from the GGUF layout, every weight row would have to be decoded and
-//! transposed for that; here one 16- to 32-byte load and a few instructions give the register.
+//! transposed for that; here one load and a few instructions give the register.
 //!
 //! Rows are packed in groups of 16, super-block by super-block (32 values for the legacy
 //! formats, 256 for the K-quants). A packed super-block holds the 16 rows' headers side by
-//! side, then per 32-value block 16 steps `p`, each with the codes `2p` and `2p + 1` of the 16
+//! side, then its 32-value blocks, each 16 steps `p` holding codes `2p` and `2p + 1` of the 16
 //! rows:
 //!
 //! ```text
 //! legacy  d[16] f16, m[16] f16 (affine formats only)
 //! Q4_K/5_K d[16] f16, dmin[16] f16, sc[8][16] u8, mn[8][16] u8   (6-bit scales unpacked)
 //! Q6_K    d[16] f16, sc[16][16] i8                                (one scale per 16 values)
-//! step    4-bit: one byte per row, code 2p in the low nibble       16 bytes
-//!         5-bit: those bytes, then u16 masks of bit 4 of codes 2p, 2p + 1   20 bytes
-//!         6-bit: those bytes and masks, then masks of bit 5         24 bytes
-//!         8-bit: two signed bytes per row                           32 bytes
+//! block   4- to 6-bit: 4 quads of 64 bytes, then per step the high-bit masks
+//!           quad q: row j's u32 (bytes 4j..4j + 4) holds in nibble s the low 4 bits of code
+//!           2p and in nibble 4 + s those of code 2p + 1, for step p = 4q + s
+//!           masks (5-bit): u16 masks of bit 4 of codes 2p, 2p + 1       4 bytes a step
+//!           masks (6-bit): those, then masks of bit 5                   8 bytes a step
+//!         8-bit: per step two signed bytes per row                      32 bytes a step
 //! ```
 //!
-//! — the GGUF size, 2–3 % more for Q4_K/Q5_K. The codes are the blocks' own, so the
-//! arithmetic is the GGUF one; rows past the weight's end are zero.
+//! — the GGUF size, 2–3 % more for Q4_K/Q5_K. A quad gives the kernel four steps from one
+//! 64-byte load, each one shift and one mask away (`(u32 >> 4s) & 0x000F000F` is the pair of
+//! step `4q + s`). The codes are the blocks' own, so the arithmetic is the GGUF one; rows past
+//! the weight's end are zero.
 
 use std::arch::x86_64::*;
 
@@ -40,6 +44,10 @@ pub(super) const GROUP: usize = 16;
 const B: usize = 32;
 /// Steps (code pairs) per block.
 const STEPS: usize = B / 2;
+/// Steps per quad (one 64-byte load of 4-bit codes).
+pub(super) const QUAD: usize = 4;
+/// Quads per block.
+pub(super) const QUADS: usize = STEPS / QUAD;
 
 /// A block format's packed encoding.
 pub(super) trait Packing {
@@ -50,46 +58,70 @@ pub(super) trait Packing {
     const WITH_MIN: bool;
     /// Bytes of the headers of one packed super-block.
     const HEADER: usize;
-    /// Bytes of one step.
-    const STEP: usize;
+    /// Bytes of one 32-value block of 16 rows.
+    const BLOCK: usize;
     /// Bytes of one packed super-block of 16 rows.
-    const PACKED: usize = Self::HEADER + Self::SB / B * STEPS * Self::STEP;
+    const PACKED: usize = Self::HEADER + Self::SB / B * Self::BLOCK;
     /// What the steps of one block need (its codes, and Q6_K's scales).
     type Block: Copy;
+    /// What one load gives for the four steps of a quad.
+    type Quad: Copy;
 
     /// Write GGUF super-block `src` of row `j` into packed super-block `dst`.
     fn pack(src: &[u8], j: usize, dst: &mut [u8]);
     /// `(ws, wm)` of block `s` of the packed super-block at `sb`, for the 16 rows.
     unsafe fn scales(sb: *const u8, s: usize) -> (__m512, __m512);
     unsafe fn block(sb: *const u8, s: usize) -> Self::Block;
-    /// The pairs `(v[2p], v[2p + 1])` of the 16 rows at step `p` of a block.
-    unsafe fn pairs(block: Self::Block, p: usize) -> __m512i;
+    /// Quad `q` of a block.
+    unsafe fn quad(block: Self::Block, q: usize) -> Self::Quad;
+    /// The pairs `(v[2p], v[2p + 1])` of the 16 rows at step `p = 4q + S` of a block.
+    unsafe fn pairs<const S: usize>(block: Self::Block, quad: Self::Quad, q: usize) -> __m512i;
 }
 
-/// Bytes of one step of `bits`-wide codes (the layout in the module docs).
-const fn step_bytes(bits: u32) -> usize {
-    match bits {
-        4 => 16,
-        5 => 20,
-        6 => 24,
-        _ => 32,
+/// Bytes of one block of `bits`-wide codes (the layout in the module docs).
+const fn block_bytes(bits: u32) -> usize {
+    if bits == 8 {
+        STEPS * 32
+    } else {
+        STEPS * (16 + mask_bytes(bits))
     }
 }
 
-/// Place codes `2p, 2p + 1` of row `j` in each step of `steps` (`bits` wide codes).
-fn put_codes(codes: &[u8], j: usize, bits: u32, steps: &mut [u8]) {
-    for (pair, step) in codes.chunks_exact(2).zip(steps.chunks_exact_mut(step_bytes(bits))) {
+/// Bytes of one step's high-bit masks.
+const fn mask_bytes(bits: u32) -> usize {
+    match bits {
+        5 => 4,
+        6 => 8,
+        _ => 0,
+    }
+}
+
+/// Place the codes of row `j` (whole 32-value blocks of `bits` wide codes) in `blocks`.
+fn put_codes(codes: &[u8], j: usize, bits: u32, blocks: &mut [u8]) {
+    for (codes, block) in codes.chunks_exact(B).zip(blocks.chunks_exact_mut(block_bytes(bits))) {
+        put_block(codes, j, bits, block);
+    }
+}
+
+/// Place the 32 codes of row `j` in one `block`.
+fn put_block(codes: &[u8], j: usize, bits: u32, block: &mut [u8]) {
+    for (p, pair) in codes.chunks_exact(2).enumerate() {
         let (c0, c1) = (pair[0], pair[1]);
         if bits == 8 {
-            step[2 * j] = c0;
-            step[2 * j + 1] = c1;
+            block[32 * p + 2 * j] = c0;
+            block[32 * p + 2 * j + 1] = c1;
             continue;
         }
-        step[j] = (c0 & 15) | (c1 & 15) << 4;
+        let (q, s) = (p / QUAD, p % QUAD);
+        let lane = &mut block[64 * q + 4 * j..64 * q + 4 * j + 4];
+        for (nibble, code) in [(s, c0), (QUAD + s, c1)] {
+            lane[nibble / 2] |= (code & 15) << (4 * (nibble % 2));
+        }
         // Masks: bit 4 of c0, of c1, then bit 5 of c0, of c1; bit j of each u16.
+        let masks = &mut block[STEPS * 16 + p * mask_bytes(bits)..][..mask_bytes(bits)];
         for (m, bit) in [(c0 >> 4) & 1, (c1 >> 4) & 1, (c0 >> 5) & 1, (c1 >> 5) & 1].into_iter().enumerate() {
-            if 16 + 2 * m < step.len() {
-                step[16 + 2 * m + j / 8] |= bit << (j % 8);
+            if 2 * m < masks.len() {
+                masks[2 * m + j / 8] |= bit << (j % 8);
             }
         }
     }
@@ -101,12 +133,28 @@ unsafe fn f16x16(at: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i))
 }
 
-/// The 4-bit step at `at` (bytes `lo | hi << 4`) as pairs: lane j = lo | hi << 16.
+/// Quad `q` of the 4-bit codes at `codes`.
 #[inline(always)]
-unsafe fn nibble_pairs(at: *const u8) -> __m512i {
-    let x = _mm512_cvtepu8_epi32(_mm_loadu_si128(at as *const __m128i));
-    // (x | x << 12) & 0x000F_000F
-    _mm512_ternarylogic_epi32::<0xA8>(x, _mm512_slli_epi32::<12>(x), _mm512_set1_epi32(0x000F_000F))
+unsafe fn nibble_quad(codes: *const u8, q: usize) -> __m512i {
+    _mm512_loadu_si512(codes.add(64 * q) as *const __m512i)
+}
+
+/// Step `S` of a quad's nibbles as pairs: lane j = lo | hi << 16.
+#[inline(always)]
+unsafe fn nibble_pairs<const S: usize>(quad: __m512i) -> __m512i {
+    let shifted = match S {
+        0 => quad,
+        1 => _mm512_srli_epi32::<4>(quad),
+        2 => _mm512_srli_epi32::<8>(quad),
+        _ => _mm512_srli_epi32::<12>(quad),
+    };
+    _mm512_and_si512(shifted, _mm512_set1_epi32(0x000F_000F))
+}
+
+/// The high-bit masks of step `p` of the codes at `codes`.
+#[inline(always)]
+unsafe fn masks(codes: *const u8, bits: u32, p: usize) -> *const u8 {
+    codes.add(STEPS * 16 + p * mask_bytes(bits))
 }
 
 /// `v` with `bit` set in the lanes of the u16 mask at `at` (low code) and at `at + 2` (high).
@@ -149,8 +197,9 @@ impl<F: LegacyCodes> Packing for F {
     const GGUF_BYTES: usize = <F as Legacy>::BYTES;
     const WITH_MIN: bool = <F as Legacy>::AFFINE;
     const HEADER: usize = if Self::WITH_MIN { 64 } else { 32 };
-    const STEP: usize = step_bytes(F::BITS);
+    const BLOCK: usize = block_bytes(F::BITS);
     type Block = *const u8;
+    type Quad = __m512i;
 
     fn pack(src: &[u8], j: usize, dst: &mut [u8]) {
         // `d` (and `m`) are the block's first f16s.
@@ -173,14 +222,22 @@ impl<F: LegacyCodes> Packing for F {
     }
 
     #[inline(always)]
-    unsafe fn pairs(codes: *const u8, p: usize) -> __m512i {
-        let at = codes.add(p * Self::STEP);
+    unsafe fn quad(codes: *const u8, q: usize) -> __m512i {
         if F::BITS == 8 {
-            return _mm512_cvtepi8_epi16(_mm256_loadu_si256(at as *const __m256i));
+            return _mm512_setzero_si512();
         }
-        let mut v = nibble_pairs(at);
+        nibble_quad(codes, q)
+    }
+
+    #[inline(always)]
+    unsafe fn pairs<const S: usize>(codes: *const u8, quad: __m512i, q: usize) -> __m512i {
+        let p = QUAD * q + S;
+        if F::BITS == 8 {
+            return _mm512_cvtepi8_epi16(_mm256_loadu_si256(codes.add(32 * p) as *const __m256i));
+        }
+        let mut v = nibble_pairs::<S>(quad);
         if F::BITS == 5 {
-            v = high_bit(v, at.add(16), 0x10);
+            v = high_bit(v, masks(codes, 5, p), 0x10);
         }
         if F::OFFSET != 0 {
             v = _mm512_sub_epi16(v, _mm512_set1_epi16(F::OFFSET));
@@ -197,8 +254,9 @@ impl<const Q5: bool> Packing for K4K5<Q5> {
     const GGUF_BYTES: usize = if Q5 { 176 } else { 144 };
     const WITH_MIN: bool = true;
     const HEADER: usize = 64 + 2 * 128;
-    const STEP: usize = step_bytes(if Q5 { 5 } else { 4 });
+    const BLOCK: usize = block_bytes(if Q5 { 5 } else { 4 });
     type Block = *const u8;
+    type Quad = __m512i;
 
     fn pack(src: &[u8], j: usize, dst: &mut [u8]) {
         dst[2 * j..2 * j + 2].copy_from_slice(&src[0..2]);
@@ -221,15 +279,19 @@ impl<const Q5: bool> Packing for K4K5<Q5> {
 
     #[inline(always)]
     unsafe fn block(sb: *const u8, s: usize) -> *const u8 {
-        sb.add(Self::HEADER + s * STEPS * Self::STEP)
+        sb.add(Self::HEADER + s * Self::BLOCK)
     }
 
     #[inline(always)]
-    unsafe fn pairs(codes: *const u8, p: usize) -> __m512i {
-        let at = codes.add(p * Self::STEP);
-        let v = nibble_pairs(at);
+    unsafe fn quad(codes: *const u8, q: usize) -> __m512i {
+        nibble_quad(codes, q)
+    }
+
+    #[inline(always)]
+    unsafe fn pairs<const S: usize>(codes: *const u8, quad: __m512i, q: usize) -> __m512i {
+        let v = nibble_pairs::<S>(quad);
         if Q5 {
-            high_bit(v, at.add(16), 0x10)
+            high_bit(v, masks(codes, 5, QUAD * q + S), 0x10)
         } else {
             v
         }
@@ -244,9 +306,10 @@ impl Packing for Q6K {
     const GGUF_BYTES: usize = 210;
     const WITH_MIN: bool = false;
     const HEADER: usize = 32 + 256;
-    const STEP: usize = step_bytes(6);
+    const BLOCK: usize = block_bytes(6);
     /// The codes, and the scales (as i16 pairs) of steps 0..8 and 8..16.
     type Block = (*const u8, __m512i, __m512i);
+    type Quad = __m512i;
 
     fn pack(src: &[u8], j: usize, dst: &mut [u8]) {
         dst[2 * j..2 * j + 2].copy_from_slice(&src[208..210]);
@@ -268,15 +331,20 @@ impl Packing for Q6K {
             let x = _mm512_cvtepi8_epi32(_mm_loadu_si128(sb.add(32 + 16 * g) as *const __m128i));
             _mm512_ternarylogic_epi32::<0xEC>(x, _mm512_slli_epi32::<16>(x), _mm512_set1_epi32(0xFFFF))
         };
-        (sb.add(Self::HEADER + s * STEPS * Self::STEP), scale(2 * s), scale(2 * s + 1))
+        (sb.add(Self::HEADER + s * Self::BLOCK), scale(2 * s), scale(2 * s + 1))
     }
 
     #[inline(always)]
-    unsafe fn pairs((codes, lo, hi): Self::Block, p: usize) -> __m512i {
-        let at = codes.add(p * Self::STEP);
-        let v = high_bit(high_bit(nibble_pairs(at), at.add(16), 0x10), at.add(20), 0x20);
+    unsafe fn quad((codes, _, _): Self::Block, q: usize) -> __m512i {
+        nibble_quad(codes, q)
+    }
+
+    #[inline(always)]
+    unsafe fn pairs<const S: usize>((codes, lo, hi): Self::Block, quad: __m512i, q: usize) -> __m512i {
+        let at = masks(codes, 6, QUAD * q + S);
+        let v = high_bit(high_bit(nibble_pairs::<S>(quad), at, 0x10), at.add(4), 0x20);
         let v = _mm512_sub_epi16(v, _mm512_set1_epi16(32));
-        _mm512_mullo_epi16(v, if p < STEPS / 2 { lo } else { hi })
+        _mm512_mullo_epi16(v, if q < QUADS / 2 { lo } else { hi })
     }
 }
 
