@@ -105,24 +105,28 @@ fn put_codes(codes: &[u8], j: usize, bits: u32, blocks: &mut [u8]) {
 
 /// Place the 32 codes of row `j` in one `block`.
 fn put_block(codes: &[u8], j: usize, bits: u32, block: &mut [u8]) {
-    for (p, pair) in codes.chunks_exact(2).enumerate() {
-        let (c0, c1) = (pair[0], pair[1]);
-        if bits == 8 {
-            block[32 * p + 2 * j] = c0;
-            block[32 * p + 2 * j + 1] = c1;
-            continue;
+    if bits == 8 {
+        for (step, pair) in block.chunks_exact_mut(32).zip(codes.chunks_exact(2)) {
+            step[2 * j..2 * j + 2].copy_from_slice(pair);
         }
-        let (q, s) = (p / QUAD, p % QUAD);
-        let lane = &mut block[64 * q + 4 * j..64 * q + 4 * j + 4];
-        for (nibble, code) in [(s, c0), (QUAD + s, c1)] {
-            lane[nibble / 2] |= (code & 15) << (4 * (nibble % 2));
-        }
-        // Masks: bit 4 of c0, of c1, then bit 5 of c0, of c1; bit j of each u16.
-        let masks = &mut block[STEPS * 16 + p * mask_bytes(bits)..][..mask_bytes(bits)];
-        for (m, bit) in [(c0 >> 4) & 1, (c1 >> 4) & 1, (c0 >> 5) & 1, (c1 >> 5) & 1].into_iter().enumerate() {
-            if 2 * m < masks.len() {
-                masks[2 * m + j / 8] |= bit << (j % 8);
-            }
+        return;
+    }
+    let (nibbles, masks) = block.split_at_mut(STEPS * 16);
+    for (q, quad) in codes.chunks_exact(2 * QUAD).enumerate() {
+        let lane = quad.chunks_exact(2).enumerate().fold(0u32, |lane, (s, pair)| {
+            lane | u32::from(pair[0] & 15) << (4 * s) | u32::from(pair[1] & 15) << (16 + 4 * s)
+        });
+        nibbles[64 * q + 4 * j..64 * q + 4 * j + 4].copy_from_slice(&lane.to_le_bytes());
+    }
+    if bits == 4 {
+        return;
+    }
+    // Per step: u16 masks of bit 4 of c0, of c1 (then of bit 5 of each); bit j of each.
+    for (step, pair) in masks.chunks_exact_mut(mask_bytes(bits)).zip(codes.chunks_exact(2)) {
+        for (m, bit) in
+            [pair[0] >> 4, pair[1] >> 4, pair[0] >> 5, pair[1] >> 5].into_iter().take(step.len() / 2).enumerate()
+        {
+            step[2 * m + j / 8] |= (bit & 1) << (j % 8);
         }
     }
 }
