@@ -95,7 +95,7 @@ pub(super) fn attend<T: KvValue>(
         .map_init(Scratch::default, |scratch, item| {
             #[cfg(target_arch = "x86_64")]
             match level {
-                // SAFETY: this level guarantees AVX-512 F, AVX2 and FMA.
+                // SAFETY: this level guarantees AVX-512 F and VL, AVX2 and FMA.
                 Level::Avx512Vnni => return unsafe { chunk_avx512(ctx, item, scratch) },
                 // SAFETY: every level from AVX2 up guarantees AVX2 and FMA.
                 Level::Avx2 | Level::AvxVnni => return unsafe { chunk_avx2(ctx, item, scratch) },
@@ -114,7 +114,7 @@ unsafe fn chunk_avx2<T: KvValue>(ctx: Ctx<'_, T>, item: &Item<'_>, scratch: &mut
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn chunk_avx512<T: KvValue>(ctx: Ctx<'_, T>, item: &Item<'_>, scratch: &mut Scratch) -> Result<Partial> {
     chunk::<vf32::Avx512, T>(ctx, item, scratch)
 }
@@ -163,8 +163,7 @@ fn chunk<V: Vf32, T: KvValue>(ctx: Ctx<'_, T>, item: &Item<'_>, scratch: &mut Sc
     let mut max = vec![f32::NEG_INFINITY; group];
     let mut sum = vec![0f32; group];
     for ((m, s), sc) in max.iter_mut().zip(&mut sum).zip(scores.chunks_exact_mut(n)) {
-        *m = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        *s = V::exp_sum(sc, *m);
+        (*m, *s) = V::max_exp_sum(sc);
     }
     let mut out = vec![0f32; group * hd];
     V::weighted_sum(scores, &values, &mut out);

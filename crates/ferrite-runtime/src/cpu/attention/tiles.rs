@@ -189,19 +189,18 @@ fn softmax(r: &mut [f32], p: &AttentionParams, level: Level) {
             *v = cap * (*v / cap).tanh();
         }
     }
-    let max = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     #[cfg(target_arch = "x86_64")]
     if level >= Level::Avx2 {
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn exp_sum_avx2(r: &mut [f32], max: f32) -> f32 {
-            vf32::Avx2::exp_sum(r, max)
+        unsafe fn max_exp_sum_avx2(r: &mut [f32]) -> (f32, f32) {
+            vf32::Avx2::max_exp_sum(r)
         }
         // SAFETY: every level from AVX2 up guarantees AVX2 and FMA.
-        let inv = 1.0 / unsafe { exp_sum_avx2(r, max) };
+        let inv = 1.0 / unsafe { max_exp_sum_avx2(r) }.1;
         r.iter_mut().for_each(|v| *v *= inv);
         return;
     }
     let _ = level;
-    let inv = 1.0 / vf32::Scalar::exp_sum(r, max);
+    let inv = 1.0 / vf32::Scalar::max_exp_sum(r).1;
     r.iter_mut().for_each(|v| *v *= inv);
 }

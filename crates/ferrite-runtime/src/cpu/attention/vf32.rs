@@ -105,14 +105,27 @@ pub(super) trait Vf32 {
     fn axpy(y: &mut [f32], alpha: f32, x: &[f32]);
     /// `x[i] = exp(x[i] - max)` in place; returns the sum of the new values.
     fn exp_sum(x: &mut [f32], max: f32) -> f32;
+    /// The largest value of `x` (NaNs ignored; -inf when empty).
+    #[inline(always)]
+    fn max(x: &[f32]) -> f32 {
+        x.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    }
+    /// `exp_sum` from `x`'s own max: softmax numerators in place, returns `(max, sum)`.
+    #[inline(always)]
+    fn max_exp_sum(x: &mut [f32]) -> (f32, f32) {
+        let max = Self::max(x);
+        (max, Self::exp_sum(x, max))
+    }
 
     /// `out[h * n + j] = scale * (q_h · row j)` for the query heads `q_h` (`q` is
     /// `[heads, hd]`, `out` is `[heads, n]`, `n = keys.len()`).
+    #[inline(always)]
     fn scores<T: KvValue>(q: &[f32], keys: &Rows<'_, T>, scale: f32, out: &mut [f32]) {
         scores_by_dot::<Self, T>(q, keys, scale, out)
     }
 
     /// `out[h] += Σ_j w[h * n + j] * row j` for each head `h` (`out` is `[heads, hd]`).
+    #[inline(always)]
     fn weighted_sum<T: KvValue>(w: &[f32], values: &Rows<'_, T>, out: &mut [f32]) {
         weighted_sum_by_axpy::<Self, T>(w, values, out)
     }
@@ -223,6 +236,24 @@ mod x86 {
         }
 
         #[inline(always)]
+        fn max(x: &[f32]) -> f32 {
+            // SAFETY: as in `dot`; every load reads 8 values below `x.len()`.
+            unsafe {
+                // `max_ps(v, acc)` keeps `acc` where `v` is NaN, like `f32::max`.
+                let mut acc = [_mm256_set1_ps(f32::NEG_INFINITY); 2];
+                let mut chunks = x.chunks_exact(16);
+                for c in &mut chunks {
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        *a = _mm256_max_ps(_mm256_loadu_ps(c.as_ptr().add(8 * i)), *a);
+                    }
+                }
+                let mut lanes = [0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_max_ps(acc[0], acc[1]));
+                lanes.into_iter().chain(chunks.remainder().iter().copied()).fold(f32::NEG_INFINITY, f32::max)
+            }
+        }
+
+        #[inline(always)]
         fn exp_sum(x: &mut [f32], max: f32) -> f32 {
             // SAFETY: as in `dot`.
             unsafe {
@@ -252,30 +283,101 @@ mod x86 {
     }
 
     /// AVX-512 F for the decode loops (the per-vector primitives are AVX2's). Only used inside
-    /// functions compiled with AVX-512 F, AVX2 and FMA.
+    /// functions compiled with AVX-512 F and VL, AVX2 and FMA.
     pub(in super::super) struct Avx512;
 
-    /// Rows per tile of the value loop: their values stay in L1 while every head reads them.
+    /// Rows per tile of the value loop: the next tile is prefetched meanwhile.
     const VALUE_TILE: usize = 32;
+    /// Keys per tile of the score loop (`KEY_TILE` keys times up to `SCORE_HEADS` heads of
+    /// accumulators stay in registers).
+    const KEY_TILE: usize = 8;
+    /// Most query heads that share one pass over the keys, and over the values.
+    const SCORE_HEADS: usize = 3;
+    const VALUE_HEADS: usize = 4;
 
-    /// Lane `i` = the sum of the lanes of `a[i]`: a transposing reduction tree, 45 shuffles and
-    /// adds for 16 sums instead of 16 separate horizontal reductions.
+    /// Lane `i < 8` = the sum of the lanes of `a[i]` (a transposing reduction tree: 24 shuffles
+    /// and adds for eight sums instead of eight horizontal reductions).
     #[inline(always)]
-    unsafe fn reduce16(a: &[__m512; 16]) -> __m512 {
+    unsafe fn reduce8(a: &[__m512; KEY_TILE]) -> __m256 {
         // Per 128-bit lane: [x0 + x2, y0 + y2, x1 + x3, y1 + y3] of each pair (x, y).
-        let b: [__m512; 8] = std::array::from_fn(|i| {
+        let b: [__m512; 4] = std::array::from_fn(|i| {
             _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]))
         });
         // Per 128-bit lane: one partial sum of each of four consecutive inputs.
-        let c: [__m512; 4] = std::array::from_fn(|i| {
+        let c: [__m512; 2] = std::array::from_fn(|i| {
             let (x, y) = (_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
             _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)))
         });
-        // Sum the 128-bit lanes pairwise, twice.
-        let fold = |x: __m512, y: __m512| {
-            _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(x, y), _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y))
-        };
-        fold(fold(c[0], c[1]), fold(c[2], c[3]))
+        // Lanes: [c0.0 + c0.1, c0.2 + c0.3, c1.0 + c1.1, c1.2 + c1.3], then pairs summed.
+        let d = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(c[0], c[1]),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(c[0], c[1]),
+        );
+        let e = _mm512_add_ps(d, _mm512_shuffle_f32x4::<0b10_11_00_01>(d, d));
+        _mm512_castps512_ps256(_mm512_shuffle_f32x4::<0b00_00_10_00>(e, e))
+    }
+
+    /// `scores` for `G` query heads (`q` is `[G, hd]`, `out` rows `h * n`), `hd` a multiple of
+    /// 16: each key tile is widened once for all `G` heads.
+    #[inline(always)]
+    unsafe fn scores_heads<T: KvValue, const G: usize>(q: &[f32], keys: &Rows<'_, T>, scale: f32, out: *mut f32) {
+        let (n, hd) = (keys.len(), keys.hd);
+        let base = keys.data.as_ptr();
+        for t0 in (0..n).step_by(KEY_TILE) {
+            let valid = (n - t0).min(KEY_TILE);
+            // A short last tile repeats its last key; those lanes are not stored.
+            let rows: [*const T; KEY_TILE] = std::array::from_fn(|j| base.add(keys.offs[t0 + j.min(valid - 1)]));
+            for j in t0 + 2 * KEY_TILE..(t0 + 3 * KEY_TILE).min(n) {
+                keys.prefetch(j);
+            }
+            let mut acc = [[_mm512_setzero_ps(); KEY_TILE]; G];
+            for d in (0..hd).step_by(16) {
+                let qv: [__m512; G] = std::array::from_fn(|h| _mm512_loadu_ps(q.as_ptr().add(h * hd + d)));
+                for (j, r) in rows.iter().enumerate() {
+                    let k = T::load16(r.add(d));
+                    for h in 0..G {
+                        acc[h][j] = _mm512_fmadd_ps(qv[h], k, acc[h][j]);
+                    }
+                }
+            }
+            for (h, acc) in acc.iter().enumerate() {
+                let s = _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale));
+                _mm256_mask_storeu_ps(out.add(h * n + t0), ((1u32 << valid) - 1) as u8, s);
+            }
+        }
+    }
+
+    /// `weighted_sum` for `G` heads (`w` rows `h * n`, `out` `[G, hd]`), `hd` a multiple of 64:
+    /// each value row is widened once for all `G` heads.
+    #[inline(always)]
+    unsafe fn weighted_sum_heads<T: KvValue, const G: usize>(w: *const f32, values: &Rows<'_, T>, out: &mut [f32]) {
+        let (n, hd) = (values.len(), values.hd);
+        let base = values.data.as_ptr();
+        for d in (0..hd).step_by(64) {
+            let mut acc: [[__m512; 4]; G] =
+                std::array::from_fn(|h| std::array::from_fn(|i| _mm512_loadu_ps(out.as_ptr().add(h * hd + d + 16 * i))));
+            for t0 in (0..n).step_by(VALUE_TILE) {
+                let t1 = (t0 + VALUE_TILE).min(n);
+                for j in t1..(t1 + VALUE_TILE).min(n) {
+                    values.prefetch(j);
+                }
+                for j in t0..t1 {
+                    let v = base.add(values.offs[j] + d);
+                    let vals: [__m512; 4] = std::array::from_fn(|i| T::load16(v.add(16 * i)));
+                    for (h, acc) in acc.iter_mut().enumerate() {
+                        let s = _mm512_set1_ps(*w.add(h * n + j));
+                        for (a, v) in acc.iter_mut().zip(&vals) {
+                            *a = _mm512_fmadd_ps(s, *v, *a);
+                        }
+                    }
+                }
+            }
+            for (h, acc) in acc.iter().enumerate() {
+                for (i, a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(out.as_mut_ptr().add(h * hd + d + 16 * i), *a);
+                }
+            }
+        }
     }
 
     impl Vf32 for Avx512 {
@@ -295,33 +397,26 @@ mod x86 {
         }
 
         #[inline(always)]
+        fn max(x: &[f32]) -> f32 {
+            Avx2::max(x)
+        }
+
+        #[inline(always)]
         fn scores<T: KvValue>(q: &[f32], keys: &Rows<'_, T>, scale: f32, out: &mut [f32]) {
             let (n, hd) = (keys.len(), keys.hd);
             if !hd.is_multiple_of(16) || !q.len().is_multiple_of(hd) || out.len() != q.len() / hd * n {
                 return scores_by_dot::<Self, T>(q, keys, scale, out);
             }
-            // SAFETY: AVX-512 F (see the type's docs); every row is inside `keys.data`
-            // (`Rows`), `q` holds whole heads of `hd` values and `out` `n` scores per head,
-            // all accesses below stay within those.
-            unsafe {
-                let base = keys.data.as_ptr();
-                for t0 in (0..n).step_by(16) {
-                    let valid = (n - t0).min(16);
-                    // A short last tile repeats its last key; those lanes are not stored.
-                    let rows: [*const T; 16] = std::array::from_fn(|j| base.add(keys.offs[t0 + j.min(valid - 1)]));
-                    for j in t0 + 16..(t0 + 32).min(n) {
-                        keys.prefetch(j);
-                    }
-                    for (h, qh) in q.chunks_exact(hd).enumerate() {
-                        let mut acc = [_mm512_setzero_ps(); 16];
-                        for d in (0..hd).step_by(16) {
-                            let qv = _mm512_loadu_ps(qh.as_ptr().add(d));
-                            for (a, r) in acc.iter_mut().zip(&rows) {
-                                *a = _mm512_fmadd_ps(qv, T::load16(r.add(d)), *a);
-                            }
-                        }
-                        let s = _mm512_mul_ps(reduce16(&acc), _mm512_set1_ps(scale));
-                        _mm512_mask_storeu_ps(out.as_mut_ptr().add(h * n + t0), ((1u32 << valid) - 1) as u16, s);
+            let heads = q.len() / hd;
+            for h0 in (0..heads).step_by(SCORE_HEADS) {
+                let (q, out) = (&q[h0 * hd..], out[h0 * n..].as_mut_ptr());
+                // SAFETY: AVX-512 F (see the type's docs); every row is inside `keys.data`
+                // (`Rows`), `q` holds the heads from `h0` on and `out` their `n` scores each.
+                unsafe {
+                    match (heads - h0).min(SCORE_HEADS) {
+                        3 => scores_heads::<T, 3>(q, keys, scale, out),
+                        2 => scores_heads::<T, 2>(q, keys, scale, out),
+                        _ => scores_heads::<T, 1>(q, keys, scale, out),
                     }
                 }
             }
@@ -333,40 +428,17 @@ mod x86 {
             if !hd.is_multiple_of(64) || !out.len().is_multiple_of(hd) || w.len() != out.len() / hd * n {
                 return weighted_sum_by_axpy::<Self, T>(w, values, out);
             }
-            // SAFETY: as in `scores`; `w` holds `n` weights per head, `out` whole heads.
-            unsafe {
-                let base = values.data.as_ptr();
-                for t0 in (0..n).step_by(VALUE_TILE) {
-                    let t1 = (t0 + VALUE_TILE).min(n);
-                    for j in t1..(t1 + VALUE_TILE).min(n) {
-                        values.prefetch(j);
-                    }
-                    for (wh, oh) in w.chunks_exact(n).zip(out.chunks_exact_mut(hd)) {
-                        for d in (0..hd).step_by(64) {
-                            let o = oh.as_mut_ptr().add(d);
-                            // Two accumulator sets (even and odd rows) for independent FMA chains.
-                            let mut even: [__m512; 4] = std::array::from_fn(|i| _mm512_loadu_ps(o.add(16 * i)));
-                            let mut odd = [_mm512_setzero_ps(); 4];
-                            let row = |acc: &mut [__m512; 4], j: usize| {
-                                let s = _mm512_set1_ps(*wh.get_unchecked(j));
-                                let v = base.add(values.offs[j] + d);
-                                for (i, a) in acc.iter_mut().enumerate() {
-                                    *a = _mm512_fmadd_ps(s, T::load16(v.add(16 * i)), *a);
-                                }
-                            };
-                            let mut j = t0;
-                            while j + 1 < t1 {
-                                row(&mut even, j);
-                                row(&mut odd, j + 1);
-                                j += 2;
-                            }
-                            if j < t1 {
-                                row(&mut even, j);
-                            }
-                            for i in 0..4 {
-                                _mm512_storeu_ps(o.add(16 * i), _mm512_add_ps(even[i], odd[i]));
-                            }
-                        }
+            let heads = out.len() / hd;
+            for h0 in (0..heads).step_by(VALUE_HEADS) {
+                let (w, out) = (w[h0 * n..].as_ptr(), &mut out[h0 * hd..]);
+                // SAFETY: as in `scores`; `w` holds `n` weights per head from `h0` on, `out`
+                // those heads' outputs.
+                unsafe {
+                    match (heads - h0).min(VALUE_HEADS) {
+                        4 => weighted_sum_heads::<T, 4>(w, values, out),
+                        3 => weighted_sum_heads::<T, 3>(w, values, out),
+                        2 => weighted_sum_heads::<T, 2>(w, values, out),
+                        _ => weighted_sum_heads::<T, 1>(w, values, out),
                     }
                 }
             }
