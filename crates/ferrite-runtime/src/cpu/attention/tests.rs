@@ -49,9 +49,10 @@ fn reference(q: &[f32], batch: &ForwardBatch, layer: &LayerKv, bs: usize, p: &At
 #[test]
 fn attention_matches_the_reference_at_every_level() {
     let mut rng = StdRng::seed_from_u64(rand::rng().random());
-    // A head size the AVX-512 decode loops take (a multiple of 64) and one they leave to the
-    // per-row primitives; both cache value types.
-    for (nh, nkv, hd) in [(6, 2, 40), (9, 3, 64)] {
+    // Head sizes the AVX-512 decode loops take (multiples of 64) and one they leave to the
+    // per-row primitives; groups of 3 (one pass of the AVX-512 loops), 8 (score passes of 3,
+    // 3 and 2 heads, value passes of 4 and 4) and 1; both cache value types.
+    for (nh, nkv, hd) in [(6, 2, 40), (9, 3, 64), (8, 1, 64), (4, 4, 128)] {
         for dtype in [KvDtype::F32, KvDtype::F16] {
             check_shape(&mut rng, nh, nkv, hd, dtype);
         }
