@@ -138,16 +138,19 @@ impl LayerRope {
         LayerRope { scaling, fixed }
     }
 
-    /// Rotate `x` (`[tokens, heads * head_dim]`).
-    fn apply(&self, x: &mut [f32], batch: &ForwardBatch, heads: usize, hd: usize) {
+    /// Rotate each `(x, heads)` (`x` is `[tokens, heads * head_dim]`).
+    fn apply(&self, xs: &mut [(&mut [f32], usize)], batch: &ForwardBatch, hd: usize) {
         if let Some(rope) = &self.fixed {
-            rope.apply(x, &batch.positions, heads, hd);
+            rope.apply_all(xs, &batch.positions, hd);
             return;
         }
         for row in &batch.rows {
             let span = row.query_start..row.query_start + row.query_len;
             let rope = self.scaling.rope_for(row.context_len);
-            rope.apply(&mut x[span.start * heads * hd..span.end * heads * hd], &batch.positions[span], heads, hd);
+            let mut spans: Vec<(&mut [f32], usize)> = (xs.iter_mut())
+                .map(|(x, heads)| (&mut x[span.start * *heads * hd..span.end * *heads * hd], *heads))
+                .collect();
+            rope.apply_all(&mut spans, &batch.positions[span.clone()], hd);
         }
     }
 }
@@ -245,7 +248,6 @@ impl Attention {
         if let Some(n) = &self.q_norm {
             n.forward_in_place(&mut q);
         }
-        self.rope.apply(&mut q, batch, p.n_heads, p.head_dim);
         let block_size = kv.block_size();
         let layer = kv.layer_mut(self.kv_index)?;
         if let (Some(KvProjection { k_norm, v_norm, .. }), Some((mut keys, mut values))) = (&self.kv, new_kv) {
@@ -255,8 +257,11 @@ impl Attention {
             if let Some(n) = v_norm {
                 n.forward_in_place(&mut values);
             }
-            self.rope.apply(&mut keys, batch, p.n_kv_heads, p.head_dim);
+            // Queries and keys at the same positions: their angles are computed once.
+            self.rope.apply(&mut [(&mut q, p.n_heads), (&mut keys, p.n_kv_heads)], batch, p.head_dim);
             cpu::write_kv(&keys, &values, batch, layer, block_size)?;
+        } else {
+            self.rope.apply(&mut [(&mut q, p.n_heads)], batch, p.head_dim);
         }
         let mut attn = vec![0f32; t * p.n_heads * p.head_dim];
         cpu::paged_attention(&q, batch, layer, block_size, p, &mut attn)?;

@@ -354,8 +354,9 @@ mod x86 {
         let (n, hd) = (values.len(), values.hd);
         let base = values.data.as_ptr();
         for d in (0..hd).step_by(64) {
-            let mut acc: [[__m512; 4]; G] =
-                std::array::from_fn(|h| std::array::from_fn(|i| _mm512_loadu_ps(out.as_ptr().add(h * hd + d + 16 * i))));
+            let mut acc: [[__m512; 4]; G] = std::array::from_fn(|h| {
+                std::array::from_fn(|i| _mm512_loadu_ps(out.as_ptr().add(h * hd + d + 16 * i)))
+            });
             for t0 in (0..n).step_by(VALUE_TILE) {
                 let t1 = (t0 + VALUE_TILE).min(n);
                 for j in t1..(t1 + VALUE_TILE).min(n) {
