@@ -36,6 +36,7 @@ impl Linear {
     /// `{prefix}.weight` of shape `[out, inp]` (and `{prefix}.bias` when `bias`).
     pub fn load(w: &Weights, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
         let weight = w.get(&format!("{prefix}.weight"), &[out, inp])?;
+        cpu::prepare_linear(&weight);
         let bias = if bias { Some(w.get_f32(&format!("{prefix}.bias"), &[out])?) } else { None };
         Ok(Linear { w: weight, bias })
     }
@@ -305,6 +306,7 @@ impl LmHead {
         } else {
             w.get("lm_head.weight", &[cfg.vocab_size, cfg.hidden_size])?
         };
+        cpu::prepare_linear(&head);
         Ok(LmHead { norm, w: head, softcap })
     }
 

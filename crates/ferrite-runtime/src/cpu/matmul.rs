@@ -61,6 +61,12 @@ fn add_bias(out: &mut [f32], n: usize, b: &[f32]) {
     }
 }
 
+/// Prepare `w` for `linear` now (see `qmatmul::prepare`): call it when a model loads a weight
+/// it will multiply by.
+pub fn prepare_linear(w: &Tensor) {
+    super::qmatmul::prepare(w)
+}
+
 pub fn linear(x: &[f32], m: usize, w: &Tensor, bias: Option<&[f32]>, out: &mut [f32]) -> Result<()> {
     check_shapes(x, m, w, bias, out)?;
     let (n, k) = (w.rows(), w.row_len());
