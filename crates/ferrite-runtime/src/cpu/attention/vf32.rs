@@ -2,11 +2,15 @@
 //! and an AVX-512 implementation. Kernels are generic over it and instantiated inside
 //! `#[target_feature]` entry points, like the quantized kernels.
 //!
-//! Besides the per-vector primitives (dot product, axpy, exponentials), the trait has the two
-//! loops of decode attention over a set of cache rows (`Rows`, of a `KvValue` type): every query head's scores
-//! against every key, and the score-weighted sum of the values. Their default bodies call
-//! `dot` and `axpy` once per (head, row); the AVX-512 ones keep the work in registers instead
-//! (16 keys' dot products reduced together, 64 output values accumulated across rows).
+//! Besides the per-vector primitives (dot product, axpy, exponentials, max), the trait has the
+//! two loops of decode attention over a set of cache rows (`Rows`, of a `KvValue` type): every
+//! query head's scores against every key, and the score-weighted sum of the values. Their
+//! default bodies call `dot` and `axpy` once per (head, row); the AVX-512 ones widen each cache
+//! row once for several query heads of a group and keep the work in registers (8 keys' dot
+//! products per head reduced together, 64 output values per head accumulated across rows).
+//!
+//! Every method is `#[inline(always)]`: the bodies must compile inside the callers'
+//! `#[target_feature]` functions, or their intrinsics become calls.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
