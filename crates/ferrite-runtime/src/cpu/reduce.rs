@@ -1,10 +1,13 @@
-//! Reductions over a vector of logits: argmax, softmax, log-softmax.
+//! Reductions over a vector of logits: argmax (and its vector max), softmax, log-softmax.
+
+#[cfg(target_arch = "x86_64")]
+use super::qmatmul::{kernel_mode, Level};
 
 /// Index of the largest value (the first one on ties, as torch does). NaN never wins.
 pub fn argmax(x: &[f32]) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected.
+    if kernel_mode().level().is_some_and(|l| l >= Level::Avx2) {
+        // SAFETY: every level from AVX2 up guarantees AVX2.
         return unsafe { argmax_avx2(x) };
     }
     argmax_scalar(x)
@@ -22,24 +25,34 @@ fn argmax_scalar(x: &[f32]) -> usize {
     best
 }
 
-/// `argmax` in two passes: the largest value eight lanes at a time (a 49,152-entry vocabulary
-/// row took ~30 µs one value at a time), then the first index holding it.
+/// The largest value of `x`, eight lanes at a time (NaNs ignored; -inf when empty): the
+/// max of `argmax`'s first pass and of the attention softmax.
 #[cfg(target_arch = "x86_64")]
+#[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn argmax_avx2(x: &[f32]) -> usize {
+pub(crate) unsafe fn max_avx2(x: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     let mut acc = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
     let mut chunks = x.chunks_exact(32);
     for c in &mut chunks {
         for (i, a) in acc.iter_mut().enumerate() {
-            // `max_ps(v, a)` keeps `a` where `v` is NaN.
+            // `max_ps(v, a)` keeps `a` where `v` is NaN, like `f32::max`.
             *a = _mm256_max_ps(_mm256_loadu_ps(c.as_ptr().add(8 * i)), *a);
         }
     }
     let mut lanes = [0f32; 8];
     let m = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
     _mm256_storeu_ps(lanes.as_mut_ptr(), m);
-    let max = lanes.into_iter().chain(chunks.remainder().iter().copied()).fold(f32::NEG_INFINITY, f32::max);
+    lanes.into_iter().chain(chunks.remainder().iter().copied()).fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// `argmax` in two passes: the largest value eight lanes at a time (a 49,152-entry vocabulary
+/// row took ~30 µs one value at a time), then the first index holding it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn argmax_avx2(x: &[f32]) -> usize {
+    use std::arch::x86_64::*;
+    let max = max_avx2(x);
     // Nothing above -inf: the scalar rule keeps index 0.
     if max == f32::NEG_INFINITY {
         return 0;

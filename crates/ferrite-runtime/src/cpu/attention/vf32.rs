@@ -241,20 +241,8 @@ mod x86 {
 
         #[inline(always)]
         fn max(x: &[f32]) -> f32 {
-            // SAFETY: as in `dot`; every load reads 8 values below `x.len()`.
-            unsafe {
-                // `max_ps(v, acc)` keeps `acc` where `v` is NaN, like `f32::max`.
-                let mut acc = [_mm256_set1_ps(f32::NEG_INFINITY); 2];
-                let mut chunks = x.chunks_exact(16);
-                for c in &mut chunks {
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        *a = _mm256_max_ps(_mm256_loadu_ps(c.as_ptr().add(8 * i)), *a);
-                    }
-                }
-                let mut lanes = [0f32; 8];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_max_ps(acc[0], acc[1]));
-                lanes.into_iter().chain(chunks.remainder().iter().copied()).fold(f32::NEG_INFINITY, f32::max)
-            }
+            // SAFETY: callers are compiled with AVX2 (see the type's docs).
+            unsafe { crate::cpu::reduce::max_avx2(x) }
         }
 
         #[inline(always)]
