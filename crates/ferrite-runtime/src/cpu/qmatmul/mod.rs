@@ -61,13 +61,19 @@ pub(crate) fn linear(x: &[f32], m: usize, w: &Tensor, out: &mut [f32]) -> Result
     }
 }
 
+/// Whether weights of `dtype` go to the integer GEMM at `level` (`None`: the reference path).
+#[cfg(target_arch = "x86_64")]
+fn takes_igemm(level: Option<Level>, dtype: DType) -> bool {
+    level == Some(Level::Avx512Vnni) && igemm::supports(dtype)
+}
+
 /// Build now what `linear` builds on its first call with `w` in the current `KernelMode`: the
 /// packed copy the integer GEMM reads (`packed`). A model calls this at load, so its first
 /// step does not pay for the re-layout and for faulting the file in (measured at load:
 /// SmolLM2 +0.1 s, Qwen2.5-Coder-1.5B +1 s).
 pub(crate) fn prepare(w: &Tensor) {
     #[cfg(target_arch = "x86_64")]
-    if kernel_mode().level() == Some(Level::Avx512Vnni) && igemm::supports(w.dtype()) {
+    if takes_igemm(kernel_mode().level(), w.dtype()) {
         packed::packed(w);
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -82,7 +88,7 @@ pub(crate) fn prepare(w: &Tensor) {
 pub(crate) fn linear_at(x: &[f32], m: usize, w: &Tensor, out: &mut [f32], level: Level) -> Result<()> {
     let dtype = w.dtype();
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512Vnni && igemm::supports(dtype) {
+    if takes_igemm(Some(level), dtype) {
         // SAFETY: the level guarantees AVX-512 VNNI; `linear` checked the shapes.
         return unsafe { igemm::linear_many(x, m, &[w], &mut [out]) };
     }
@@ -101,7 +107,7 @@ pub(crate) fn linear_many(x: &[f32], m: usize, ws: &[&Tensor], outs: &mut [&mut 
     #[cfg(target_arch = "x86_64")]
     if let Some(first) = ws.first() {
         let one_dtype = ws.iter().all(|w| w.dtype() == first.dtype());
-        if one_dtype && kernel_mode().level() == Some(Level::Avx512Vnni) && igemm::supports(first.dtype()) {
+        if one_dtype && takes_igemm(kernel_mode().level(), first.dtype()) {
             // SAFETY: the level guarantees AVX-512 VNNI; the caller checked the shapes.
             return unsafe { igemm::linear_many(x, m, ws, outs) };
         }
