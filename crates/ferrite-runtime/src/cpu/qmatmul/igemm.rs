@@ -83,19 +83,50 @@ impl Acts {
             .zip(s.par_chunks_mut(kb * MR))
             .enumerate()
             .for_each(|(blk, ((pairs, d), s))| {
-                let (mut q, mut rd) = (vec![0i16; k], vec![0f32; kb]);
-                for (i, row) in x.chunks_exact(k).skip(blk * MR).take(MR).enumerate() {
-                    acts::quantize_row(row, B, QMAX, &mut q, &mut rd, Level::Avx2);
+                // The block's rows as codes, row after row (padding rows stay zero).
+                let (mut q, mut rd) = (vec![0i16; MR * k], vec![0f32; kb]);
+                for (i, (row, q)) in x.chunks_exact(k).skip(blk * MR).zip(q.chunks_exact_mut(k)).enumerate() {
+                    acts::quantize_row(row, B, QMAX, q, &mut rd, Level::Avx2);
                     for (b, (&db, c)) in rd.iter().zip(q.chunks_exact(B)).enumerate() {
                         d[b * MR + i] = db;
                         s[b * MR + i] = db * c.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
                     }
-                    for (p, c) in q.chunks_exact(2).enumerate() {
-                        pairs[p * MR + i] = i32::from(c[0] as u16) | (i32::from(c[1] as u16) << 16);
-                    }
                 }
+                // SAFETY: `Acts` is only built on CPUs with AVX-512 (see `linear_many`), and
+                // `q` holds `MR` rows of `2 * kp` codes, `pairs` `kp * MR` pairs.
+                unsafe { interleave_pairs(&q, kp, pairs) };
             });
         Acts { k, pairs, d, s }
+    }
+}
+
+/// `pairs[p * MR + i]` = codes `2p, 2p + 1` of row `i` of `q` (`MR` rows of `2 * kp` codes):
+/// each row read as `kp` little-endian i32 pairs, the `MR × kp` matrix transposed 8 × 8 at a
+/// time (a scalar loop over the pairs cost ~4 µs per call at eight rows, serial in a decode
+/// step).
+#[target_feature(enable = "avx2")]
+unsafe fn interleave_pairs(q: &[i16], kp: usize, pairs: &mut [i32]) {
+    const { assert!(MR == 8) };
+    assert!(q.len() == MR * 2 * kp && pairs.len() == kp * MR && kp.is_multiple_of(8));
+    let row = |i: usize, p: usize| _mm256_loadu_si256(q.as_ptr().add(2 * (i * kp + p)) as *const __m256i);
+    for p in (0..kp).step_by(8) {
+        let r: [__m256i; 8] = std::array::from_fn(|i| row(i, p));
+        // t[2j + h]: rows 2j, 2j + 1 interleaved; pairs 0, 1 | 4, 5 (h = 0) or 2, 3 | 6, 7.
+        let t: [__m256i; 8] = std::array::from_fn(|a| {
+            let (x, y) = (r[a & !1], r[a | 1]);
+            if a % 2 == 0 { _mm256_unpacklo_epi32(x, y) } else { _mm256_unpackhi_epi32(x, y) }
+        });
+        // u[4g + c]: rows 4g..4g + 4 of pair c (low lane) and pair c + 4 (high lane).
+        let u: [__m256i; 8] = std::array::from_fn(|a| {
+            let (g, c) = (a / 4, a % 4);
+            let (x, y) = (t[4 * g + c / 2], t[4 * g + 2 + c / 2]);
+            if c % 2 == 0 { _mm256_unpacklo_epi64(x, y) } else { _mm256_unpackhi_epi64(x, y) }
+        });
+        let out = pairs.as_mut_ptr().add(p * MR) as *mut __m256i;
+        for c in 0..4 {
+            _mm256_storeu_si256(out.add(c), _mm256_permute2x128_si256::<0x20>(u[c], u[4 + c]));
+            _mm256_storeu_si256(out.add(c + 4), _mm256_permute2x128_si256::<0x31>(u[c], u[4 + c]));
+        }
     }
 }
 
