@@ -6,14 +6,13 @@
 //! (split-K), so even a single decode token spreads over every thread. The `group` query heads
 //! of a KV head are handled together and share each key and value read.
 
-use rayon::prelude::*;
-
 use super::vf32::{self, KvValue, Rows, Vf32};
 use super::{slot_of, table, visible_range, AttentionParams, Pools};
 use crate::batch::{ForwardBatch, RowSpan};
 use crate::cpu::qmatmul::Level;
 use crate::error::{Result, RuntimeError};
 use crate::kv::LayerKv;
+use crate::threads;
 
 /// Fewest key positions worth a chunk of their own. Splitting a short context costs more than
 /// it spreads (SmolLM2, one decode row at 128–256 positions: 0.84 ms of attention a token in
@@ -87,23 +86,22 @@ pub(super) fn attend<T: KvValue>(
         }
     }
     let ctx = Ctx { q, layer, pools, block_size, p };
-    let partials: Vec<Partial> = items
-        .par_iter()
-        // At most two pieces per thread: finer splitting, which an awake pool (`threads::run`)
-        // invites, measured slower (8 rows: 5.6 vs 4.7 ms of attention a step).
-        .with_min_len(items.len().div_ceil(2 * threads))
-        .map_init(Scratch::default, |scratch, item| {
-            #[cfg(target_arch = "x86_64")]
-            match level {
-                // SAFETY: this level guarantees AVX-512 F and VL, AVX2 and FMA.
-                Level::Avx512Vnni => return unsafe { chunk_avx512(ctx, item, scratch) },
-                // SAFETY: every level from AVX2 up guarantees AVX2 and FMA.
-                Level::Avx2 | Level::AvxVnni => return unsafe { chunk_avx2(ctx, item, scratch) },
-                Level::Scalar => {}
-            }
-            chunk::<vf32::Scalar, T>(ctx, item, scratch)
-        })
-        .collect::<Result<_>>()?;
+    // Items are claimed one at a time (`threads::for_each_claimed`): as rayon pieces, two per
+    // thread were the best split and still left a thread asleep in a join most layers.
+    let partials: Vec<Partial> = threads::map_claimed(items.len(), Scratch::default, |scratch, i| {
+        let item = &items[i];
+        #[cfg(target_arch = "x86_64")]
+        match level {
+            // SAFETY: this level guarantees AVX-512 F and VL, AVX2 and FMA.
+            Level::Avx512Vnni => return unsafe { chunk_avx512(ctx, item, scratch) },
+            // SAFETY: every level from AVX2 up guarantees AVX2 and FMA.
+            Level::Avx2 | Level::AvxVnni => return unsafe { chunk_avx2(ctx, item, scratch) },
+            Level::Scalar => {}
+        }
+        chunk::<vf32::Scalar, T>(ctx, item, scratch)
+    })
+    .into_iter()
+    .collect::<Result<_>>()?;
     merge(&items, &partials, p, out)
 }
 

@@ -38,6 +38,7 @@ use crate::cpu::SharedMut;
 use crate::dtype::DType;
 use crate::error::{Result, RuntimeError};
 use crate::tensor::Tensor;
+use crate::threads;
 
 /// Values per scale, on both sides.
 const B: usize = 32;
@@ -184,20 +185,25 @@ unsafe fn linear_packed<F: Packing>(x: &[f32], m: usize, ws: &[&Tensor], outs: &
             (0..n.div_ceil(rows_per_panel)).map(|c| (i, c * rows_per_panel, ((c + 1) * rows_per_panel).min(n))),
         );
     }
-    let packed: Vec<&[u8]> = ws.iter().map(|w| packed::packed(w)).collect();
-    let dst: Vec<SharedMut> = outs.iter_mut().map(|o| SharedMut(o.as_mut_ptr())).collect();
     let group = packed::group_bytes::<F>(k);
-    jobs.into_par_iter().try_for_each_init(Sliver::default, |sliver, (i, r0, r1)| {
-        let (w, n) = (ws[i], ws[i].rows());
-        let src = packed[i]
-            .get(r0 / packed::GROUP * group..r1.div_ceil(packed::GROUP) * group)
-            .ok_or_else(|| RuntimeError::Shape(format!("rows {r0}..{r1} of {w:?}: short packed buffer")))?;
-        let base = dst[i];
+    // Each job's packed groups.
+    let srcs = jobs
+        .iter()
+        .map(|&(i, r0, r1)| {
+            packed::packed(ws[i])
+                .get(r0 / packed::GROUP * group..r1.div_ceil(packed::GROUP) * group)
+                .ok_or_else(|| RuntimeError::Shape(format!("rows {r0}..{r1} of {:?}: short packed buffer", ws[i])))
+        })
+        .collect::<Result<Vec<&[u8]>>>()?;
+    let dst: Vec<SharedMut> = outs.iter_mut().map(|o| SharedMut(o.as_mut_ptr())).collect();
+    // Jobs are claimed one at a time (see `threads::for_each_claimed`).
+    threads::for_each_claimed(jobs.len(), Sliver::default, |sliver, j| {
+        let (i, r0, r1) = jobs[j];
         // SAFETY: the caller vouches for the CPU; this job writes columns r0..r1 of every row
         // of output i, which no other job touches.
-        unsafe { panel::<F>(&acts, m, src, group, r1 - r0, base.ptr().add(r0), n, sliver) };
-        Ok(())
-    })
+        unsafe { panel::<F>(&acts, m, srcs[j], group, r1 - r0, dst[i].ptr().add(r0), ws[i].rows(), sliver) };
+    });
+    Ok(())
 }
 
 /// One panel of `cols` weight rows from their packed groups (`src`, `group` bytes each) into
