@@ -86,11 +86,10 @@ impl<'a, T: KvValue> Rows<'a, T> {
     fn prefetch(&self, j: usize) {
         #[cfg(target_arch = "x86_64")]
         if let Some(&o) = self.offs.get(j) {
-            for line in self.data[o..o + self.hd].chunks(64 / std::mem::size_of::<T>()) {
-                // SAFETY: a prefetch of an address inside `data`; it has no architectural effect.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr() as *const i8)
-                };
+            let row = self.data.as_ptr().wrapping_add(o) as *const i8;
+            for off in (0..self.hd * std::mem::size_of::<T>()).step_by(64) {
+                // SAFETY: a prefetch has no architectural effect, whatever the address.
+                unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(row.wrapping_add(off)) };
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
