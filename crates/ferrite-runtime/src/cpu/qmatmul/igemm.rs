@@ -186,11 +186,12 @@ unsafe fn linear_packed<F: Packing>(x: &[f32], m: usize, ws: &[&Tensor], outs: &
         );
     }
     let group = packed::group_bytes::<F>(k);
+    let packed: Vec<&[u8]> = ws.iter().map(|w| packed::packed(w)).collect();
     // Each job's packed groups.
     let srcs = jobs
         .iter()
         .map(|&(i, r0, r1)| {
-            packed::packed(ws[i])
+            packed[i]
                 .get(r0 / packed::GROUP * group..r1.div_ceil(packed::GROUP) * group)
                 .ok_or_else(|| RuntimeError::Shape(format!("rows {r0}..{r1} of {:?}: short packed buffer", ws[i])))
         })
