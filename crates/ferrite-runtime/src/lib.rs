@@ -10,6 +10,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod dtype;
 pub mod error;
+pub mod hugemem;
 pub mod kv;
 pub mod quant;
 pub mod sampling;

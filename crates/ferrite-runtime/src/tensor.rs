@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::dtype::DType;
 use crate::error::{Result, RuntimeError};
+use crate::hugemem::HugeBuf;
 
 /// Host bytes behind a tensor.
 #[derive(Clone)]
@@ -37,7 +38,7 @@ pub struct Tensor {
     shape: Vec<usize>,
     buffer: Buffer,
     /// The weights re-laid out for a CPU kernel, built on first use and shared by clones.
-    derived: Arc<OnceLock<Vec<u8>>>,
+    derived: Arc<OnceLock<HugeBuf>>,
 }
 
 impl std::fmt::Debug for Tensor {
@@ -77,15 +78,17 @@ impl Tensor {
     pub fn bytes(&self) -> &[u8] {
         self.buffer.bytes()
     }
-    /// The bytes `build` derives from this tensor (a kernel's own layout of the weights),
-    /// built on the first call and kept with the tensor and its clones.
+    /// The `len` bytes `fill` derives from this tensor (a kernel's own layout of the weights)
+    /// into a zeroed buffer on huge pages (`hugemem`), built on the first call and kept with
+    /// the tensor and its clones.
     ///
     /// The kernel then reads only the derived bytes, so a memory-mapped tensor's pages are
     /// handed back to the page cache (they fault in again if read, e.g. by an embedding lookup
     /// of a tied weight): the process holds the weights once.
-    pub(crate) fn derived(&self, build: impl FnOnce() -> Vec<u8>) -> &[u8] {
+    pub(crate) fn derived(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> &[u8] {
         self.derived.get_or_init(|| {
-            let derived = build();
+            let mut derived = HugeBuf::zeroed(len);
+            fill(derived.as_mut_slice());
             if let Buffer::Mapped { map, range } = &self.buffer {
                 // SAFETY: the map is a read-only view of a file nobody writes while it is
                 // loaded; dropping its pages only makes the next read fault them in again.
@@ -94,6 +97,7 @@ impl Tensor {
             }
             derived
         })
+        .as_slice()
     }
     pub fn elem_count(&self) -> usize {
         self.shape.iter().product()

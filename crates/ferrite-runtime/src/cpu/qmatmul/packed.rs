@@ -363,16 +363,16 @@ pub(super) fn packs(dtype: DType) -> bool {
 /// `w`'s packed copy (built on first use and kept with the tensor); `w.dtype()` is one that
 /// `packs` accepts.
 pub(super) fn packed(w: &Tensor) -> &[u8] {
-    w.derived(|| match w.dtype() {
-        DType::Q4_0 => pack::<Q4_0>(w),
-        DType::Q4_1 => pack::<Q4_1>(w),
-        DType::Q5_0 => pack::<Q5_0>(w),
-        DType::Q5_1 => pack::<Q5_1>(w),
-        DType::Q8_0 => pack::<Q8_0>(w),
-        DType::Q4K => pack::<K4K5<false>>(w),
-        DType::Q5K => pack::<K4K5<true>>(w),
-        _ => pack::<Q6K>(w),
-    })
+    match w.dtype() {
+        DType::Q4_0 => packed_as::<Q4_0>(w),
+        DType::Q4_1 => packed_as::<Q4_1>(w),
+        DType::Q5_0 => packed_as::<Q5_0>(w),
+        DType::Q5_1 => packed_as::<Q5_1>(w),
+        DType::Q8_0 => packed_as::<Q8_0>(w),
+        DType::Q4K => packed_as::<K4K5<false>>(w),
+        DType::Q5K => packed_as::<K4K5<true>>(w),
+        _ => packed_as::<Q6K>(w),
+    }
 }
 
 /// Bytes of one packed group of 16 rows of `k` values.
@@ -380,16 +380,16 @@ pub(super) fn group_bytes<F: Packing>(k: usize) -> usize {
     k / F::SB * F::PACKED
 }
 
-fn pack<F: Packing>(w: &Tensor) -> Vec<u8> {
+fn packed_as<F: Packing>(w: &Tensor) -> &[u8] {
     let (n, k, rb) = (w.rows(), w.row_len(), w.row_bytes());
-    let bytes = w.bytes();
-    let mut out = vec![0u8; n.div_ceil(GROUP) * group_bytes::<F>(k)];
-    out.par_chunks_mut(group_bytes::<F>(k)).enumerate().for_each(|(g, dst)| {
-        for (j, row) in bytes.chunks_exact(rb).skip(g * GROUP).take(GROUP).enumerate() {
-            for (src, dst) in row.chunks_exact(F::GGUF_BYTES).zip(dst.chunks_exact_mut(F::PACKED)) {
-                F::pack(src, j, dst);
+    w.derived(n.div_ceil(GROUP) * group_bytes::<F>(k), |out| {
+        let bytes = w.bytes();
+        out.par_chunks_mut(group_bytes::<F>(k)).enumerate().for_each(|(g, dst)| {
+            for (j, row) in bytes.chunks_exact(rb).skip(g * GROUP).take(GROUP).enumerate() {
+                for (src, dst) in row.chunks_exact(F::GGUF_BYTES).zip(dst.chunks_exact_mut(F::PACKED)) {
+                    F::pack(src, j, dst);
+                }
             }
-        }
-    });
-    out
+        });
+    })
 }
