@@ -4,11 +4,15 @@
 //! `paged_attention` lets every query token attend to its row's positions `[lo, pos]`, where
 //! `lo` is 0 for full attention and `pos + 1 - window` for sliding-window layers. The query
 //! heads of one KV head are always processed together and share each key and value read.
-//! Rows with many query tokens go to `tiles` (query tiles as two f32 GEMMs), the others to
-//! `decode` (SIMD dot products over the cache, key ranges split across threads). Both run
+//! Rows with many query tokens go to `flash` on AVX-512 (one pass over the keys with a running
+//! softmax, vectorized along the query rows) and to `tiles` on other CPUs (query tiles as two
+//! f32 GEMMs), the others to `decode` (SIMD dot products over the cache, key ranges split
+//! across threads). Both run
 //! their vector code at the `KernelMode`'s level (scalar for `Scalar` and `Reference`).
 
 mod decode;
+#[cfg(target_arch = "x86_64")]
+mod flash;
 #[cfg(test)]
 mod tests;
 mod tiles;
@@ -175,6 +179,12 @@ fn attend_pools<T: KvValue>(
 ) -> Result<()> {
     let (tiled, small): (Vec<&RowSpan>, Vec<&RowSpan>) =
         batch.rows.iter().partition(|r| r.query_len >= TILE_MIN_QUERIES);
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512Vnni {
+        // SAFETY: this level guarantees AVX-512 F, AVX2 and FMA.
+        unsafe { flash::attend(q, batch, &tiled, layer, pools, block_size, p, out)? };
+        return decode::attend(q, batch, &small, layer, pools, block_size, p, level, out);
+    }
     tiles::attend(q, batch, &tiled, layer, pools, block_size, p, level, out)?;
     decode::attend(q, batch, &small, layer, pools, block_size, p, level, out)
 }

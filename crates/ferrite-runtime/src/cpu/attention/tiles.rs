@@ -1,11 +1,11 @@
-//! Attention for rows with many query tokens (prefill chunks), as GEMMs over query tiles.
+//! Attention for rows with many query tokens (prefill chunks) on CPUs without AVX-512 (which
+//! take `flash`), as GEMMs over query tiles.
 //!
 //! Per (row, KV head, tile of `TILE` query tokens): the keys and values the tile can see are
 //! gathered from the cache blocks into contiguous f32 scratch (values transposed), the tile's
-//! queries (all `group` heads of the KV head, stacked) multiply them as two f32 GEMMs —
-//! `S = Q·Kᵀ`, then `O = softmax(S)·V` — with the causal / sliding-window mask applied to each
-//! score row in between (masked scores get probability 0). The GEMMs are the panel path's
-//! AVX-512 kernel where the level has it, else the `gemm` crate.
+//! queries (all `group` heads of the KV head, stacked) multiply them as two f32 GEMMs (the
+//! `gemm` crate) — `S = Q·Kᵀ`, then `O = softmax(S)·V` — with the causal / sliding-window
+//! mask applied to each score row in between (masked scores get probability 0).
 
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -22,12 +22,6 @@ use crate::kv::LayerKv;
 /// Query tokens per tile.
 const TILE: usize = 32;
 
-/// The AVX-512 GEMM's buffers: packed activations and its own scratch.
-#[cfg(target_arch = "x86_64")]
-type GemmScratch = (Vec<f32>, crate::cpu::qmatmul::gemm512::Scratch);
-#[cfg(not(target_arch = "x86_64"))]
-type GemmScratch = ();
-
 #[derive(Default)]
 struct Scratch {
     q: Vec<f32>,
@@ -38,7 +32,6 @@ struct Scratch {
     run: Vec<f32>,
     s: Vec<f32>,
     o: Vec<f32>,
-    gemm: GemmScratch,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -135,7 +128,7 @@ fn tile<T: KvValue>(
         );
     }
     s.s.resize(m * n_keys, 0.0);
-    product(&s.q, m, hd, &s.k, n_keys, &mut s.s, &mut s.gemm, level)?;
+    product(&s.q, m, hd, &s.k, n_keys, &mut s.s);
     for (i, t) in tokens.enumerate() {
         let vis = visible_range(batch.positions[t] as usize, p.window);
         let (lo, hi) = (vis.start - first, vis.end - first);
@@ -147,38 +140,13 @@ fn tile<T: KvValue>(
         }
     }
     s.o.resize(m * hd, 0.0);
-    product(&s.s, m, n_keys, &s.vt, hd, &mut s.o, &mut s.gemm, level)?;
+    product(&s.s, m, n_keys, &s.vt, hd, &mut s.o);
     Ok(())
 }
 
 /// `c[m, cols] = x[m, k] · panel[cols, k]ᵀ` (both row-major).
-#[allow(clippy::too_many_arguments)]
-fn product(
-    x: &[f32],
-    m: usize,
-    k: usize,
-    panel: &[f32],
-    cols: usize,
-    c: &mut [f32],
-    gemm: &mut GemmScratch,
-    level: Level,
-) -> Result<()> {
-    #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512Vnni {
-        use crate::cpu::qmatmul::gemm512;
-        let (xp, scratch) = gemm;
-        gemm512::pack_rows(x, m, k, xp);
-        let rows = |j: usize, pc: usize, dst: &mut [f32]| {
-            dst.copy_from_slice(&panel[j * k + pc..j * k + pc + dst.len()]);
-            Ok(())
-        };
-        // SAFETY: this level has AVX-512 F; `xp` is packed for (m, k) and `c` holds m·cols
-        // values.
-        return unsafe { gemm512::gemm(xp, m, k, cols, &rows, c.as_mut_ptr(), cols, scratch) };
-    }
-    let _ = (level, gemm);
+fn product(x: &[f32], m: usize, k: usize, panel: &[f32], cols: usize, c: &mut [f32]) {
     gemm_f32(x, m, panel, cols, k, c, cols, Parallelism::None);
-    Ok(())
 }
 
 /// Scale (and soft-cap) the visible scores, then softmax them in place.

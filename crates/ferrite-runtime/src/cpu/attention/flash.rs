@@ -1,0 +1,374 @@
+//! Attention for rows with many query tokens (prefill chunks) on AVX-512: flash-style, one
+//! pass over the keys with a running softmax, vectorized along the query rows.
+//!
+//! Per (row, KV head, tile of `TILE` query tokens), the tile's queries — all `group` heads of
+//! the KV head, stacked as rows `i = token * group + head` — are held transposed
+//! (`qt[d][i]`), so one key's scores against every row form vectors along the rows: a score
+//! is a broadcast of the key times a query column, and nothing is ever reduced across lanes.
+//! Keys are visited in chunks of `CHUNK` positions aligned to absolute positions. Per chunk:
+//!
+//! 1. the chunk's keys and values are widened to f32 (`kb`, `vb`, `[key][head_dim]`);
+//! 2. scores `st[j][i] = scale * k_j · q_i` (four keys by up to four row vectors at a time);
+//! 3. the causal / sliding-window mask (where the chunk is not visible to every row), then the
+//!    running softmax: per row the max `m` and sum `l`; when a row's max grows, its sum and
+//!    output are rescaled by `e^(m_old - m_new)`; probabilities `p = e^(s - m)`, 0 where masked;
+//! 4. `ot[d][i] += Σ_j v_j[d] * p[j][i]` (four dims by up to four row vectors at a time).
+//!
+//! The outputs are `ot / l`, transposed back. A row's result depends only on its own query
+//! and the keys it sees (chunk boundaries are absolute positions, masked keys add exact
+//! zeros, an unchanged max rescales by exactly 1), never on the rows it shares a tile with,
+//! so a prompt prefilled in chunks gives the same values as prefilled whole.
+//!
+//! This replaced two f32 GEMMs per tile (scores, then probabilities × values) whose packing,
+//! masking and softmax passes cost more than the products: 54 % of a 2,048-token SmolLM2
+//! prefill was attention, at 28 % of the FMA peak.
+
+use std::arch::x86_64::*;
+
+use rayon::prelude::*;
+
+use super::vf32::KvValue;
+use super::{slot_of, table, visible_range, AttentionParams, Pools};
+use crate::batch::{ForwardBatch, RowSpan};
+use crate::cpu::SharedMut;
+use crate::error::{Result, RuntimeError};
+use crate::kv::LayerKv;
+
+/// Query tokens per tile: `64 * group` rows, a whole number of `VECS`-vector blocks for every
+/// group size.
+const TILE: usize = 64;
+/// Key positions per chunk (a multiple of `KEYS`).
+const CHUNK: usize = 32;
+/// Lanes of a row vector.
+const L: usize = 16;
+/// Keys per score micro-tile, dims per value micro-tile, most row vectors in either.
+const KEYS: usize = 4;
+const DIMS: usize = 4;
+const VECS: usize = 4;
+
+/// One worker's buffers, reused across tiles (sizes in the field docs; `mp` rows padded to
+/// whole vectors).
+#[derive(Default)]
+struct Scratch {
+    /// Queries transposed, `[head_dim][mp]`.
+    qt: Vec<f32>,
+    /// Output accumulators, transposed, `[head_dim][mp]`.
+    ot: Vec<f32>,
+    /// Scores, then probabilities, of one chunk, `[CHUNK][mp]`.
+    st: Vec<f32>,
+    /// Running max and sum per row.
+    m: Vec<f32>,
+    l: Vec<f32>,
+    /// Per row: its position, and the first position it sees (as f32, exact below 2^24).
+    pos: Vec<f32>,
+    lo: Vec<f32>,
+    /// A chunk's keys and values as f32, `[CHUNK][head_dim]`.
+    kb: Vec<f32>,
+    vb: Vec<f32>,
+}
+
+/// `out` for the tokens of `rows` (each with at least one query token).
+///
+/// # Safety
+/// The CPU must have AVX-512 F (and AVX2, FMA).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn attend<T: KvValue>(
+    q: &[f32],
+    batch: &ForwardBatch,
+    rows: &[&RowSpan],
+    layer: &LayerKv,
+    pools: Pools<'_, T>,
+    block_size: usize,
+    p: &AttentionParams,
+    out: &mut [f32],
+) -> Result<()> {
+    let mut items = Vec::new();
+    for &row in rows {
+        let table = table(row, layer)?;
+        let end = row.query_start + row.query_len;
+        for g in 0..p.n_kv_heads {
+            for t0 in (row.query_start..end).step_by(TILE) {
+                items.push((table, g, t0..(t0 + TILE).min(end)));
+            }
+        }
+    }
+    let dst = SharedMut(out.as_mut_ptr());
+    let out_len = out.len();
+    items.par_iter().try_for_each_init(Scratch::default, |s, (table, g, tokens)| {
+        let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
+        let o1 = ((tokens.end - 1) * p.n_heads + (g + 1) * group) * hd;
+        if o1 > out_len || o1 > q.len() {
+            return Err(RuntimeError::Shape("attention: query or output out of range".into()));
+        }
+        // SAFETY: AVX-512 F (this function's contract); the tile's queries and outputs lie
+        // inside `q` and `out` (checked above), and token t's heads g*group..(g+1)*group are
+        // written by this item only.
+        unsafe { tile(q, batch, table, *g, tokens.clone(), layer, pools, block_size, p, s, dst) }
+    })
+}
+
+/// One tile: its queries against every key they see, into `out`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn tile<T: KvValue>(
+    q: &[f32],
+    batch: &ForwardBatch,
+    table: &[u32],
+    g: usize,
+    tokens: std::ops::Range<usize>,
+    layer: &LayerKv,
+    pools: Pools<'_, T>,
+    block_size: usize,
+    p: &AttentionParams,
+    s: &mut Scratch,
+    out: SharedMut,
+) -> Result<()> {
+    let (nh, hd, group) = (p.n_heads, p.head_dim, p.n_heads / p.n_kv_heads);
+    let m = tokens.len() * group;
+    let mp = m.next_multiple_of(L);
+    // Rows: queries transposed, positions and visible starts. Padding rows see everything
+    // (their queries are zero and their outputs dropped), so they never force a mask.
+    s.qt.clear();
+    s.qt.resize(hd * mp, 0.0);
+    s.pos.clear();
+    s.pos.resize(mp, f32::MAX);
+    s.lo.clear();
+    s.lo.resize(mp, 0.0);
+    let (mut first, mut min_pos, mut max_lo, mut last) = (usize::MAX, usize::MAX, 0, 0);
+    for (ti, t) in tokens.clone().enumerate() {
+        let pos = batch.positions[t] as usize;
+        let vis = visible_range(pos, p.window);
+        (first, min_pos, max_lo, last) = (first.min(vis.start), min_pos.min(pos), max_lo.max(vis.start), last.max(pos));
+        for h in 0..group {
+            let i = ti * group + h;
+            let row = &q[(t * nh + g * group + h) * hd..][..hd];
+            for (d, &x) in row.iter().enumerate() {
+                s.qt[d * mp + i] = x;
+            }
+            s.pos[i] = pos as f32;
+            s.lo[i] = vis.start as f32;
+        }
+    }
+    s.ot.clear();
+    s.ot.resize(hd * mp, 0.0);
+    s.m.clear();
+    s.m.resize(mp, f32::NEG_INFINITY);
+    s.l.clear();
+    s.l.resize(mp, 0.0);
+    s.st.resize(CHUNK * mp, 0.0);
+    s.kb.resize(CHUNK * hd, 0.0);
+    s.vb.resize(CHUNK * hd, 0.0);
+    for c in first / CHUNK..=last / CHUNK {
+        let (c0, c1) = (c * CHUNK, (c + 1) * CHUNK);
+        gather(table, g, c0.max(first)..c1.min(last + 1), c0, layer, pools, block_size, hd, s)?;
+        scores(s, hd, mp, p.scale);
+        if let Some(cap) = p.softcap {
+            s.st.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+        }
+        // Does every row see the whole chunk (which then holds only gathered keys)?
+        let visible = c0 >= max_lo && c1 <= min_pos + 1;
+        softmax_chunk(s, hd, mp, c0, visible);
+        values(s, hd, mp);
+    }
+    // out[token][head][d] = ot[d][row] / l[row].
+    for (ti, t) in tokens.enumerate() {
+        for h in 0..group {
+            let i = ti * group + h;
+            let inv = 1.0 / s.l[i];
+            let o = out.ptr().add((t * nh + g * group + h) * hd);
+            for d in 0..hd {
+                *o.add(d) = s.ot[d * mp + i] * inv;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Widen keys and values of positions `keys` (inside chunk `c0..c0 + CHUNK`) of head `g` into
+/// `kb`/`vb` at their slots in the chunk; the other slots are zero.
+#[allow(clippy::too_many_arguments)]
+fn gather<T: KvValue>(
+    table: &[u32],
+    g: usize,
+    keys: std::ops::Range<usize>,
+    c0: usize,
+    layer: &LayerKv,
+    pools: Pools<'_, T>,
+    block_size: usize,
+    hd: usize,
+    s: &mut Scratch,
+) -> Result<()> {
+    if keys.start > c0 || keys.end < c0 + CHUNK {
+        s.kb.fill(0.0);
+        s.vb.fill(0.0);
+    }
+    let mut pos = keys.start;
+    while pos < keys.end {
+        let (block, slot) = slot_of(table, block_size, pos)?;
+        let run = (block_size - slot).min(keys.end - pos);
+        let src = layer.offset(block_size, block, g, slot);
+        let (k, v) = match (pools.k.get(src..src + run * hd), pools.v.get(src..src + run * hd)) {
+            (Some(k), Some(v)) => (k, v),
+            _ => return Err(RuntimeError::Shape(format!("attention: block {block} is outside the KV cache"))),
+        };
+        let at = (pos - c0) * hd;
+        T::widen(k, &mut s.kb[at..at + run * hd]);
+        T::widen(v, &mut s.vb[at..at + run * hd]);
+        pos += run;
+    }
+    Ok(())
+}
+
+/// `st[j][i] = scale * Σ_d kb[j][d] * qt[d][i]` for the chunk's keys and every row.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn scores(s: &mut Scratch, hd: usize, mp: usize, scale: f32) {
+    let vecs = mp / L;
+    for j0 in (0..CHUNK).step_by(KEYS) {
+        let mut v0 = 0;
+        while v0 < vecs {
+            match (vecs - v0).min(VECS) {
+                4 => score_tile::<4>(s, hd, mp, scale, j0, v0),
+                3 => score_tile::<3>(s, hd, mp, scale, j0, v0),
+                2 => score_tile::<2>(s, hd, mp, scale, j0, v0),
+                _ => score_tile::<1>(s, hd, mp, scale, j0, v0),
+            }
+            v0 += VECS;
+        }
+    }
+}
+
+/// `scores` for keys `j0..j0 + KEYS` and row vectors `v0..v0 + V`.
+#[inline(always)]
+unsafe fn score_tile<const V: usize>(s: &mut Scratch, hd: usize, mp: usize, scale: f32, j0: usize, v0: usize) {
+    let mut acc = [[_mm512_setzero_ps(); V]; KEYS];
+    let (qt, kb) = (s.qt.as_ptr().add(v0 * L), s.kb.as_ptr().add(j0 * hd));
+    for d in 0..hd {
+        let qv: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(qt.add(d * mp + v * L)));
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let k = _mm512_set1_ps(*kb.add(j * hd + d));
+            for (a, q) in acc.iter_mut().zip(&qv) {
+                *a = _mm512_fmadd_ps(k, *q, *a);
+            }
+        }
+    }
+    let sc = _mm512_set1_ps(scale);
+    for (j, acc) in acc.iter().enumerate() {
+        for (v, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(s.st.as_mut_ptr().add((j0 + j) * mp + (v0 + v) * L), _mm512_mul_ps(*a, sc));
+        }
+    }
+}
+
+/// Fold the chunk at `c0` into the running softmax: scores become probabilities (0 where
+/// masked), each row's max and sum move, and its output rescales where its max grew. Without
+/// `visible`, key `c0 + j` counts for row `i` only if `lo[i] ≤ c0 + j ≤ pos[i]`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn softmax_chunk(s: &mut Scratch, hd: usize, mp: usize, c0: usize, visible: bool) {
+    let st = s.st.as_mut_ptr();
+    for v in 0..mp / L {
+        let at = v * L;
+        let (pos, lo) = (_mm512_loadu_ps(s.pos.as_ptr().add(at)), _mm512_loadu_ps(s.lo.as_ptr().add(at)));
+        // Lanes of row vector v that see key c0 + j.
+        let sees = |j: usize| -> __mmask16 {
+            if visible {
+                return 0xFFFF;
+            }
+            let key = _mm512_set1_ps((c0 + j) as f32);
+            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(key, pos) & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(key, lo)
+        };
+        let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut max = neg_inf;
+        for j in 0..CHUNK {
+            max = _mm512_mask_max_ps(max, sees(j), max, _mm512_loadu_ps(st.add(j * mp + at)));
+        }
+        let old = _mm512_loadu_ps(s.m.as_ptr().add(at));
+        let new = _mm512_max_ps(old, max);
+        let grew = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(new, old);
+        let corr = _mm512_mask_blend_ps(grew, _mm512_set1_ps(1.0), exp16(_mm512_sub_ps(old, new)));
+        let mut sum = _mm512_setzero_ps();
+        for j in 0..CHUNK {
+            let x = st.add(j * mp + at);
+            let e = _mm512_maskz_mov_ps(sees(j), exp16(_mm512_sub_ps(_mm512_loadu_ps(x), new)));
+            _mm512_storeu_ps(x, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        let l = s.l.as_mut_ptr().add(at);
+        _mm512_storeu_ps(l, _mm512_fmadd_ps(_mm512_loadu_ps(l), corr, sum));
+        _mm512_storeu_ps(s.m.as_mut_ptr().add(at), new);
+        if grew != 0 {
+            for d in 0..hd {
+                let o = s.ot.as_mut_ptr().add(d * mp + at);
+                _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), corr));
+            }
+        }
+    }
+}
+
+/// `ot[d][i] += Σ_j vb[j][d] * st[j][i]` over the chunk's keys.
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn values(s: &mut Scratch, hd: usize, mp: usize) {
+    let vecs = mp / L;
+    let mut d0 = 0;
+    while d0 < hd {
+        let dims = (hd - d0).min(DIMS);
+        let mut v0 = 0;
+        while v0 < vecs {
+            match ((vecs - v0).min(VECS), dims) {
+                (4, 4) => value_tile::<4, 4>(s, hd, mp, d0, v0),
+                (3, 4) => value_tile::<3, 4>(s, hd, mp, d0, v0),
+                (2, 4) => value_tile::<2, 4>(s, hd, mp, d0, v0),
+                (1, 4) => value_tile::<1, 4>(s, hd, mp, d0, v0),
+                (4, _) => value_tile::<4, 1>(s, hd, mp, d0, v0),
+                (3, _) => value_tile::<3, 1>(s, hd, mp, d0, v0),
+                (2, _) => value_tile::<2, 1>(s, hd, mp, d0, v0),
+                _ => value_tile::<1, 1>(s, hd, mp, d0, v0),
+            }
+            v0 += VECS;
+        }
+        d0 += if dims == DIMS { DIMS } else { 1 };
+    }
+}
+
+/// `values` for dims `d0..d0 + D` and row vectors `v0..v0 + V`.
+#[inline(always)]
+unsafe fn value_tile<const V: usize, const D: usize>(s: &mut Scratch, hd: usize, mp: usize, d0: usize, v0: usize) {
+    let ot = s.ot.as_mut_ptr().add(d0 * mp + v0 * L);
+    let mut acc: [[__m512; V]; D] =
+        std::array::from_fn(|d| std::array::from_fn(|v| _mm512_loadu_ps(ot.add(d * mp + v * L))));
+    let (st, vb) = (s.st.as_ptr().add(v0 * L), s.vb.as_ptr().add(d0));
+    for j in 0..CHUNK {
+        let pv: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(st.add(j * mp + v * L)));
+        for (d, acc) in acc.iter_mut().enumerate() {
+            let x = _mm512_set1_ps(*vb.add(j * hd + d));
+            for (a, p) in acc.iter_mut().zip(&pv) {
+                *a = _mm512_fmadd_ps(x, *p, *a);
+            }
+        }
+    }
+    for (d, acc) in acc.iter().enumerate() {
+        for (v, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(ot.add(d * mp + v * L), *a);
+        }
+    }
+}
+
+/// `e^x` per lane (the polynomial of `isa::exp8`; inputs below -87 give e^-87).
+#[inline(always)]
+unsafe fn exp16(x: __m512) -> __m512 {
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+        x,
+        _mm512_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    let mut p = _mm512_set1_ps(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let scale = _mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)));
+    _mm512_mul_ps(p, _mm512_castsi512_ps(scale))
+}
