@@ -9,8 +9,8 @@
 //! the engine schedules the next step while the device runs this one.
 
 use ferrite_runtime::sampling::{RowSampler, SampledToken};
-use ferrite_runtime::{ForwardBatch, KvCache, KvLayout};
 use ferrite_runtime::{cpu, threads};
+use ferrite_runtime::{ForwardBatch, KvCache, KvLayout};
 
 use crate::config::ModelConfig;
 

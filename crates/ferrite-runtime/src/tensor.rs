@@ -86,18 +86,20 @@ impl Tensor {
     /// handed back to the page cache (they fault in again if read, e.g. by an embedding lookup
     /// of a tied weight): the process holds the weights once.
     pub(crate) fn derived(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> &[u8] {
-        self.derived.get_or_init(|| {
-            let mut derived = HugeBuf::zeroed(len);
-            fill(derived.as_mut_slice());
-            if let Buffer::Mapped { map, range } = &self.buffer {
-                // SAFETY: the map is a read-only view of a file nobody writes while it is
-                // loaded; dropping its pages only makes the next read fault them in again.
-                let _ =
-                    unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, range.start, range.len()) };
-            }
-            derived
-        })
-        .as_slice()
+        self.derived
+            .get_or_init(|| {
+                let mut derived = HugeBuf::zeroed(len);
+                fill(derived.as_mut_slice());
+                if let Buffer::Mapped { map, range } = &self.buffer {
+                    // SAFETY: the map is a read-only view of a file nobody writes while it is
+                    // loaded; dropping its pages only makes the next read fault them in again.
+                    let _ = unsafe {
+                        map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, range.start, range.len())
+                    };
+                }
+                derived
+            })
+            .as_slice()
     }
     pub fn elem_count(&self) -> usize {
         self.shape.iter().product()

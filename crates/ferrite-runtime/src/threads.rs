@@ -178,7 +178,11 @@ impl Share {
 
 /// `f(&mut state, i)` for every `i` in `0..n` through `for_each_claimed`, the results in
 /// order of `i`.
-pub fn map_claimed<S, R: Send + Sync>(n: usize, init: impl Fn() -> S + Sync, f: impl Fn(&mut S, usize) -> R + Sync) -> Vec<R> {
+pub fn map_claimed<S, R: Send + Sync>(
+    n: usize,
+    init: impl Fn() -> S + Sync,
+    f: impl Fn(&mut S, usize) -> R + Sync,
+) -> Vec<R> {
     let slots: Vec<OnceLock<R>> = (0..n).map(|_| OnceLock::new()).collect();
     for_each_claimed(n, init, |state, i| {
         let _ = slots[i].set(f(state, i));
@@ -225,25 +229,37 @@ mod tests {
     #[test]
     fn claimed_loops_call_every_index_once() {
         for n in [0, 1, 2, 7, 100] {
-            let got = map_claimed(n, || 0u64, |calls, i| {
-                *calls += 1;
-                i * i
-            });
+            let got = map_claimed(
+                n,
+                || 0u64,
+                |calls, i| {
+                    *calls += 1;
+                    i * i
+                },
+            );
             assert_eq!(got, (0..n).map(|i| i * i).collect::<Vec<_>>());
             let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
             run(|| {
-                for_each_claimed(n, || (), |_, i| {
-                    hits[i].fetch_add(1, Ordering::Relaxed);
-                })
+                for_each_claimed(
+                    n,
+                    || (),
+                    |_, i| {
+                        hits[i].fetch_add(1, Ordering::Relaxed);
+                    },
+                )
             });
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
         }
         let caught = std::panic::catch_unwind(|| {
-            for_each_claimed(64, || (), |_, i| {
-                if i == 33 {
-                    panic!("item 33");
-                }
-            })
+            for_each_claimed(
+                64,
+                || (),
+                |_, i| {
+                    if i == 33 {
+                        panic!("item 33");
+                    }
+                },
+            )
         });
         assert!(caught.is_err());
     }
