@@ -52,6 +52,10 @@ const MR: usize = 8;
 const KC: usize = 256;
 /// Largest activation code (see the overflow bound in the module docs).
 const QMAX: f32 = 8191.0;
+/// Most activation rows one pass over a panel's slivers serves (many-row path): a `KC` slice
+/// of their codes (256 KiB) stays in L2 while every sliver of the panel reads it. A 2,048-token
+/// prompt in one pass streamed its codes from L3 for each sliver.
+const MC: usize = 512;
 /// Up to this many activation rows, each tile expands the packed codes itself.
 const DIRECT_ROWS: usize = 2 * MR;
 /// Most slivers per panel (a panel is one work item of the pool).
@@ -115,13 +119,21 @@ unsafe fn interleave_pairs(q: &[i16], kp: usize, pairs: &mut [i32]) {
         // t[2j + h]: rows 2j, 2j + 1 interleaved; pairs 0, 1 | 4, 5 (h = 0) or 2, 3 | 6, 7.
         let t: [__m256i; 8] = std::array::from_fn(|a| {
             let (x, y) = (r[a & !1], r[a | 1]);
-            if a % 2 == 0 { _mm256_unpacklo_epi32(x, y) } else { _mm256_unpackhi_epi32(x, y) }
+            if a % 2 == 0 {
+                _mm256_unpacklo_epi32(x, y)
+            } else {
+                _mm256_unpackhi_epi32(x, y)
+            }
         });
         // u[4g + c]: rows 4g..4g + 4 of pair c (low lane) and pair c + 4 (high lane).
         let u: [__m256i; 8] = std::array::from_fn(|a| {
             let (g, c) = (a / 4, a % 4);
             let (x, y) = (t[4 * g + c / 2], t[4 * g + 2 + c / 2]);
-            if c % 2 == 0 { _mm256_unpacklo_epi64(x, y) } else { _mm256_unpackhi_epi64(x, y) }
+            if c % 2 == 0 {
+                _mm256_unpacklo_epi64(x, y)
+            } else {
+                _mm256_unpackhi_epi64(x, y)
+            }
         });
         let out = pairs.as_mut_ptr().add(p * MR) as *mut __m256i;
         for c in 0..4 {
@@ -224,37 +236,42 @@ unsafe fn panel<F: Packing>(
 ) {
     let k = acts.k;
     let direct = m <= DIRECT_ROWS;
-    for j0 in (0..cols).step_by(NR) {
-        let nr = NR.min(cols - j0);
-        let mask = if nr >= 32 { u32::MAX } else { (1u32 << nr) - 1 };
-        let first = src.as_ptr().add(j0 / packed::GROUP * group);
-        // A lone last group reads itself twice; the second half's lanes are never stored.
-        let second = if nr > packed::GROUP { first.add(group) } else { first };
-        let w = PackedWeights::<F> { groups: [first, second], next: 2 * group, kind: std::marker::PhantomData };
-        let slice = if direct { k } else { KC };
-        for pc in (0..k).step_by(slice) {
-            let blocks = slice.min(k - pc) / B;
-            if !direct {
-                sl.fill(&w, pc / B, blocks);
-            }
-            for blk in 0..m.div_ceil(MR) {
-                let tile = Tile {
-                    blocks,
-                    a: acts.pairs.as_ptr().add((blk * k + pc) / 2 * MR),
-                    da: acts.d.as_ptr().add((blk * k + pc) / B * MR),
-                    sa: acts.s.as_ptr().add((blk * k + pc) / B * MR),
-                    w: (),
-                    c: c.add(j0 + blk * MR * ldc),
-                    ldc,
-                    mask,
-                    accumulate: pc > 0,
-                    offsets: F::WITH_MIN,
-                };
-                if direct {
-                    tile.with(w).run_rows(m - blk * MR);
-                } else {
-                    tile.with(SliverWeights { pairs: sl.pairs.as_ptr(), ws: sl.ws.as_ptr(), wm: sl.wm.as_ptr() })
-                        .run_rows(m - blk * MR);
+    // Row chunks of at most `MC` rows, in whole tiles and about equal.
+    let tiles = m.div_ceil(MR);
+    let per = tiles.div_ceil(tiles.div_ceil(MC / MR));
+    for t0 in (0..tiles).step_by(per) {
+        for j0 in (0..cols).step_by(NR) {
+            let nr = NR.min(cols - j0);
+            let mask = if nr >= 32 { u32::MAX } else { (1u32 << nr) - 1 };
+            let first = src.as_ptr().add(j0 / packed::GROUP * group);
+            // A lone last group reads itself twice; the second half's lanes are never stored.
+            let second = if nr > packed::GROUP { first.add(group) } else { first };
+            let w = PackedWeights::<F> { groups: [first, second], next: 2 * group, kind: std::marker::PhantomData };
+            let slice = if direct { k } else { KC };
+            for pc in (0..k).step_by(slice) {
+                let blocks = slice.min(k - pc) / B;
+                if !direct {
+                    sl.fill(&w, pc / B, blocks);
+                }
+                for blk in t0..(t0 + per).min(tiles) {
+                    let tile = Tile {
+                        blocks,
+                        a: acts.pairs.as_ptr().add((blk * k + pc) / 2 * MR),
+                        da: acts.d.as_ptr().add((blk * k + pc) / B * MR),
+                        sa: acts.s.as_ptr().add((blk * k + pc) / B * MR),
+                        w: (),
+                        c: c.add(j0 + blk * MR * ldc),
+                        ldc,
+                        mask,
+                        accumulate: pc > 0,
+                        offsets: F::WITH_MIN,
+                    };
+                    if direct {
+                        tile.with(w).run_rows(m - blk * MR);
+                    } else {
+                        tile.with(SliverWeights { pairs: sl.pairs.as_ptr(), ws: sl.ws.as_ptr(), wm: sl.wm.as_ptr() })
+                            .run_rows(m - blk * MR);
+                    }
                 }
             }
         }
