@@ -7,6 +7,8 @@
 //! own RoPE schedule, sliding window and score softcap, and a KV cache layer that is either its
 //! own or a donor layer's (Gemma 4's KV-shared layers compute no keys or values).
 
+use std::sync::{Arc, Mutex, Weak};
+
 use ferrite_runtime::cpu::{self, AttentionParams, Rope};
 use ferrite_runtime::kv::KvLayerSpec;
 use ferrite_runtime::{ForwardBatch, KvCache, KvGroupKind, KvLayout, Result as RtResult, Tensor};
@@ -127,15 +129,16 @@ impl GatedMlp {
     }
 }
 
-/// A layer's RoPE: fixed frequencies, or (dynamic NTK) frequencies per row length.
+/// A layer's RoPE: fixed frequencies (with their table of angles, shared by every layer of
+/// the same schedule), or (dynamic NTK) frequencies per row length.
 struct LayerRope {
     scaling: RopeScaling,
-    fixed: Option<Rope>,
+    fixed: Option<Arc<Rope>>,
 }
 
 impl LayerRope {
     fn new(scaling: RopeScaling) -> LayerRope {
-        let fixed = (!scaling.is_dynamic()).then(|| scaling.rope_for(0));
+        let fixed = (!scaling.is_dynamic()).then(|| shared_rope(&scaling));
         LayerRope { scaling, fixed }
     }
 
@@ -154,6 +157,21 @@ impl LayerRope {
             rope.apply_all(&mut spans, &batch.positions[span.clone()], hd);
         }
     }
+}
+
+/// The fixed `Rope` of `scaling`, one per schedule while any layer holds it, so a model's
+/// layers share one table of angles.
+fn shared_rope(scaling: &RopeScaling) -> Arc<Rope> {
+    static LIVE: Mutex<Vec<(RopeScaling, Weak<Rope>)>> = Mutex::new(Vec::new());
+    let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    live.retain(|(_, r)| r.strong_count() > 0);
+    if let Some(rope) = live.iter().find(|(s, _)| s == scaling).and_then(|(_, r)| r.upgrade()) {
+        return rope;
+    }
+    let base = scaling.rope_for(0);
+    let rope = Arc::new(Rope::tabled(base.inv_freq, base.attention_scaling));
+    live.push((scaling.clone(), Arc::downgrade(&rope)));
+    rope
 }
 
 /// How one layer's self-attention is built.

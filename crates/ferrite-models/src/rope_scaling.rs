@@ -106,7 +106,7 @@ impl RopeScaling {
                 (inv, 1.0)
             }
         };
-        Rope { inv_freq: inv.into_iter().map(|f| f as f32).collect(), attention_scaling: scaling as f32 }
+        Rope::new(inv.into_iter().map(|f| f as f32).collect(), scaling as f32)
     }
 
     fn yarn(&self) -> (Vec<f64>, f64) {

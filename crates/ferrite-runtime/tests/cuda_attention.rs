@@ -177,7 +177,7 @@ fn cuda_rope_with_kv_store_matches_cpu() {
         let inv_freq: Vec<f32> =
             (0..rotary / 2).map(|i| 1.0 / 10_000f32.powf(2.0 * i as f32 / rotary as f32)).collect();
         let scaling = 1.1f32;
-        let r = cpu::Rope { inv_freq: inv_freq.clone(), attention_scaling: scaling };
+        let r = cpu::Rope::new(inv_freq.clone(), scaling);
         let part =
             |lo: usize, hi: usize| -> Vec<f32> { qkv_f.chunks(width).flat_map(|t| t[lo..hi].to_vec()).collect() };
         let (mut q, mut k, v) = (part(0, nh * hd), part(nh * hd, (nh + nkv) * hd), part((nh + nkv) * hd, width));

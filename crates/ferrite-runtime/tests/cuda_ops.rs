@@ -117,7 +117,7 @@ fn cuda_rope_matches_cpu() {
             let inv_freq: Vec<f32> = (0..rotary / 2)
                 .map(|i| 1.0 / 10_000f32.powf(2.0 * i as f32 / rotary as f32) * rng.random_range(0.5..1.0))
                 .collect();
-            let r = cpu::Rope { inv_freq: inv_freq.clone(), attention_scaling: scaling };
+            let r = cpu::Rope::new(inv_freq.clone(), scaling);
             let mut q: Vec<f32> = qkv_f.chunks(width).flat_map(|t| t[..nq * hd].to_vec()).collect();
             let mut k: Vec<f32> = qkv_f.chunks(width).flat_map(|t| t[nq * hd..(nq + nkv) * hd].to_vec()).collect();
             r.apply(&mut q, &positions, nq, hd);
