@@ -109,6 +109,38 @@ impl KvPool {
         }
     }
 
+    fn len(&self) -> usize {
+        match self {
+            KvPool::F32(v) => v.len(),
+            KvPool::F16(v) => v.len(),
+        }
+    }
+
+    fn value_bytes(&self) -> usize {
+        match self {
+            KvPool::F32(_) => std::mem::size_of::<f32>(),
+            KvPool::F16(_) => std::mem::size_of::<f16>(),
+        }
+    }
+
+    /// Back values `range` with memory now, in one call (`MADV_POPULATE_WRITE`), instead of
+    /// one page fault per 4 KiB page on first write. Advice only: where the kernel lacks it,
+    /// the pages fault in on first write as before.
+    fn populate(&mut self, range: std::ops::Range<usize>) {
+        let (ptr, size) = match self {
+            KvPool::F32(v) => (v.as_mut_ptr() as usize, std::mem::size_of::<f32>()),
+            KvPool::F16(v) => (v.as_mut_ptr() as usize, std::mem::size_of::<f16>()),
+        };
+        let start = (ptr + range.start * size) & !(PAGE - 1);
+        let end = ptr + range.end * size;
+        if end > start {
+            // SAFETY: the range lies in this pool's allocation (its start rounded down to a
+            // page, which holds pool or allocator memory of this process), kept alive by
+            // `&mut self`; populating does not change memory contents.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE) };
+        }
+    }
+
     /// The pool's values as f32 (a copy; for tests and inspection).
     pub fn to_f32(&self) -> Vec<f32> {
         match self {
@@ -122,7 +154,14 @@ pub struct LayerKv {
     pub spec: KvLayerSpec,
     pub k: KvPool,
     pub v: KvPool,
+    /// Values of each pool, from the start, already backed by memory (`populate_to`).
+    populated: usize,
 }
+
+/// Bytes of a page (the unit `madvise` takes).
+const PAGE: usize = 4096;
+/// Bytes of each pool backed at a time once writes pass the backed part.
+const POPULATE_BYTES: usize = 2 << 20;
 
 /// Where the pools are.
 enum Storage {
@@ -168,7 +207,7 @@ impl KvCache {
             .iter()
             .map(|&spec| {
                 let n = group_blocks[spec.group] * block_size * spec.n_kv_heads * spec.head_dim;
-                LayerKv { spec, k: KvPool::zeroed(dtype, n), v: KvPool::zeroed(dtype, n) }
+                LayerKv::new(spec, KvPool::zeroed(dtype, n), KvPool::zeroed(dtype, n))
             })
             .collect();
         Ok(KvCache { id: next_id(), storage: Storage::Host(layers), group_blocks: group_blocks.to_vec(), block_size })
@@ -229,6 +268,24 @@ impl KvCache {
 }
 
 impl LayerKv {
+    pub fn new(spec: KvLayerSpec, k: KvPool, v: KvPool) -> LayerKv {
+        LayerKv { spec, k, v, populated: 0 }
+    }
+
+    /// Back both pools up to value `end` before a write reaches it, `POPULATE_BYTES` of each
+    /// pool at a time. Blocks are first handed out in order, so the write front moves up the
+    /// pools; fresh pages faulted in one by one cost ~11 ms of a 1,024-token SmolLM2 prefill.
+    pub(crate) fn populate_to(&mut self, end: usize) {
+        if end <= self.populated {
+            return;
+        }
+        let per = POPULATE_BYTES / self.k.value_bytes();
+        let to = end.next_multiple_of(per).min(self.k.len());
+        self.k.populate(self.populated..to);
+        self.v.populate(self.populated..to);
+        self.populated = to;
+    }
+
     /// Offset of (block, head, slot) in `k`/`v`.
     #[inline]
     pub fn offset(&self, block_size: usize, block: usize, head: usize, slot: usize) -> usize {

@@ -93,7 +93,7 @@ fn run_case(
     let (kh, kf) = rand_bf16(rng, n, 1.0);
     let (vh, vf) = rand_bf16(rng, n, 1.0);
     let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
-    let mut layer = LayerKv { spec, k: KvPool::F32(kf), v: KvPool::F32(vf) };
+    let mut layer = LayerKv::new(spec, KvPool::F32(kf), KvPool::F32(vf));
     let mut dkv = DeviceKv::new(gpu, pool, BLOCK, nkv, hd).unwrap();
     gpu.upload_into(&kh, &mut dkv.k).unwrap();
     gpu.upload_into(&vh, &mut dkv.v).unwrap();
@@ -184,11 +184,11 @@ fn cuda_rope_with_kv_store_matches_cpu() {
         r.apply(&mut q, &batch.positions, nh, hd);
         r.apply(&mut k, &batch.positions, nkv, hd);
         let n = pool * BLOCK * nkv * hd;
-        let mut layer = LayerKv {
-            spec: KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 },
-            k: KvPool::F32(vec![0.0; n]),
-            v: KvPool::F32(vec![0.0; n]),
-        };
+        let mut layer = LayerKv::new(
+            KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 },
+            KvPool::F32(vec![0.0; n]),
+            KvPool::F32(vec![0.0; n]),
+        );
         cpu::write_kv(&k, &v, &batch, &mut layer, BLOCK).unwrap();
         // A padding token after the rows: the metadata gives it no slot.
         let meta = {

@@ -101,6 +101,9 @@ pub fn write_kv(k: &[f32], v: &[f32], batch: &ForwardBatch, layer: &mut LayerKv,
             at.extend((0..nkv).map(|h| (layer.offset(block_size, block, h, slot), t * width + h * hd)));
         }
     }
+    if let Some(end) = at.iter().map(|&(off, _)| off + hd).max() {
+        layer.populate_to(end);
+    }
     match (&mut layer.k, &mut layer.v) {
         (KvPool::F32(kp), KvPool::F32(vp)) => write_rows(k, v, kp, vp, &at, hd),
         (KvPool::F16(kp), KvPool::F16(vp)) => write_rows(k, v, kp, vp, &at, hd),

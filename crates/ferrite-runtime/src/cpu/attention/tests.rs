@@ -73,7 +73,7 @@ fn check_shape(rng: &mut StdRng, nh: usize, nkv: usize, hd: usize, dtype: KvDtyp
     let blocks = 64;
     let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
     let n = blocks * bs * nkv * hd;
-    let layer = LayerKv { spec, k: random_pool(rng, n, dtype), v: random_pool(rng, n, dtype) };
+    let layer = LayerKv::new(spec, random_pool(rng, n, dtype), random_pool(rng, n, dtype));
     // Batches of rows (context length, query tokens); block tables from a shuffled pool. A
     // lone decode token splits its keys into chunks; the mixed batch covers both kernels.
     let batches: [&[(usize, usize)]; 2] = [&[(300, 1)], &[(300, 1), (37, 5), (100, 40), (1, 1), (250, 17)]];
@@ -116,7 +116,7 @@ fn write_kv_rounds_to_the_pool_type() {
     for dtype in [KvDtype::F32, KvDtype::F16] {
         let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
         let n = 2 * bs * nkv * hd;
-        let mut layer = LayerKv { spec, k: KvPool::zeroed(dtype, n), v: KvPool::zeroed(dtype, n) };
+        let mut layer = LayerKv::new(spec, KvPool::zeroed(dtype, n), KvPool::zeroed(dtype, n));
         write_kv(&k, &v, &batch, &mut layer, bs).unwrap();
         let (mut kr, mut vr) = (layer.k.to_f32(), layer.v.to_f32());
         for t in 0..tokens {
@@ -148,7 +148,7 @@ fn prefill_in_chunks_equals_prefill_whole() {
     let (nh, nkv, hd, bs, ctx): (usize, usize, usize, usize, usize) = (9, 3, 64, 16, 150);
     let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
     let n = ctx.div_ceil(bs) * bs * nkv * hd;
-    let layer = LayerKv { spec, k: random_pool(&mut rng, n, KvDtype::F16), v: random_pool(&mut rng, n, KvDtype::F16) };
+    let layer = LayerKv::new(spec, random_pool(&mut rng, n, KvDtype::F16), random_pool(&mut rng, n, KvDtype::F16));
     let table: Vec<u32> = (0..ctx.div_ceil(bs) as u32).rev().collect();
     let q: Vec<f32> = (0..ctx * nh * hd).map(|_| rng.random_range(-2.0..2.0)).collect();
     for window in [None, Some(40)] {
