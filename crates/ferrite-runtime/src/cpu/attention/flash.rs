@@ -129,7 +129,6 @@ unsafe fn tile<T: KvValue>(
     let mp = m.next_multiple_of(L);
     // Rows: queries transposed, positions and visible starts. Padding rows see everything
     // (their queries are zero and their outputs dropped), so they never force a mask.
-    s.qt.clear();
     s.qt.resize(hd * mp, 0.0);
     s.pos.clear();
     s.pos.resize(mp, f32::MAX);
@@ -140,16 +139,14 @@ unsafe fn tile<T: KvValue>(
         let pos = batch.positions[t] as usize;
         let vis = visible_range(pos, p.window);
         (first, min_pos, max_lo, last) = (first.min(vis.start), min_pos.min(pos), max_lo.max(vis.start), last.max(pos));
-        for h in 0..group {
-            let i = ti * group + h;
-            let row = &q[(t * nh + g * group + h) * hd..][..hd];
-            for (d, &x) in row.iter().enumerate() {
-                s.qt[d * mp + i] = x;
-            }
+        for i in ti * group..(ti + 1) * group {
             s.pos[i] = pos as f32;
             s.lo[i] = vis.start as f32;
         }
     }
+    // Row i of the tile: token `tokens.start + i / group`, head `g * group + i % group`.
+    let row = |i: usize| (tokens.start + i / group) * nh * hd + (g * group + i % group) * hd;
+    transpose_in(|i| q.as_ptr().add(row(i)), m, mp, hd, &mut s.qt);
     s.ot.clear();
     s.ot.resize(hd * mp, 0.0);
     s.m.clear();
@@ -171,18 +168,89 @@ unsafe fn tile<T: KvValue>(
         softmax_chunk(s, hd, mp, c0, visible);
         values(s, hd, mp);
     }
-    // out[token][head][d] = ot[d][row] / l[row].
-    for (ti, t) in tokens.enumerate() {
-        for h in 0..group {
-            let i = ti * group + h;
-            let inv = 1.0 / s.l[i];
-            let o = out.ptr().add((t * nh + g * group + h) * hd);
-            for d in 0..hd {
-                *o.add(d) = s.ot[d * mp + i] * inv;
+    transpose_out(&s.ot, &s.l, m, mp, hd, |i| out.ptr().add(row(i)));
+    Ok(())
+}
+
+/// `dst[d][i] = row(i)[d]` for rows `i < m` of `hd` values (`dst` is `[hd][mp]`; the padding
+/// rows `m..mp` are zero), 16 × 16 blocks at a time.
+#[inline(always)]
+unsafe fn transpose_in(row: impl Fn(usize) -> *const f32, m: usize, mp: usize, hd: usize, dst: &mut [f32]) {
+    let whole = hd - hd % L;
+    for i0 in (0..mp).step_by(L) {
+        for d0 in (0..whole).step_by(L) {
+            let rows = std::array::from_fn(|r| {
+                if i0 + r < m {
+                    _mm512_loadu_ps(row(i0 + r).add(d0))
+                } else {
+                    _mm512_setzero_ps()
+                }
+            });
+            for (c, col) in transpose16(rows).iter().enumerate() {
+                _mm512_storeu_ps(dst.as_mut_ptr().add((d0 + c) * mp + i0), *col);
+            }
+        }
+        for i in i0..(i0 + L).min(m) {
+            for d in whole..hd {
+                dst[d * mp + i] = *row(i).add(d);
             }
         }
     }
-    Ok(())
+}
+
+/// `row(i)[d] = ot[d][i] / l[i]` for rows `i < m` (`ot` is `[hd][mp]`), 16 × 16 blocks at a
+/// time.
+#[inline(always)]
+unsafe fn transpose_out(ot: &[f32], l: &[f32], m: usize, mp: usize, hd: usize, row: impl Fn(usize) -> *mut f32) {
+    let whole = hd - hd % L;
+    for i0 in (0..mp).step_by(L) {
+        let live = (m - i0.min(m)).min(L);
+        let inv: [f32; L] = std::array::from_fn(|r| 1.0 / l[i0 + r]);
+        for d0 in (0..whole).step_by(L) {
+            let cols = std::array::from_fn(|c| _mm512_loadu_ps(ot.as_ptr().add((d0 + c) * mp + i0)));
+            for (r, v) in transpose16(cols).iter().enumerate().take(live) {
+                _mm512_storeu_ps(row(i0 + r).add(d0), _mm512_mul_ps(*v, _mm512_set1_ps(inv[r])));
+            }
+        }
+        for (r, inv) in inv.iter().enumerate().take(live) {
+            for d in whole..hd {
+                *row(i0 + r).add(d) = ot[d * mp + i0 + r] * inv;
+            }
+        }
+    }
+}
+
+/// The transpose of the 16 × 16 matrix whose rows are `r`: lane j of output i is lane i of
+/// `r[j]` (pairs interleaved, then quads, then 128-bit lanes: 64 shuffles).
+#[inline(always)]
+unsafe fn transpose16(r: [__m512; L]) -> [__m512; L] {
+    // t[2k], t[2k + 1]: rows 2k and 2k + 1 interleaved, columns 4L + (0, 1) and 4L + (2, 3).
+    let t: [__m512; L] = std::array::from_fn(|a| {
+        let (x, y) = (r[a & !1], r[a | 1]);
+        if a % 2 == 0 {
+            _mm512_unpacklo_ps(x, y)
+        } else {
+            _mm512_unpackhi_ps(x, y)
+        }
+    });
+    // u[4k + j], 128-bit lane L: rows 4k..4k + 4 of column 4L + j.
+    let u: [__m512; L] = std::array::from_fn(|a| {
+        let (k, j) = (a / 4, a % 4);
+        let (x, y) = (_mm512_castps_pd(t[4 * k + j / 2]), _mm512_castps_pd(t[4 * k + 2 + j / 2]));
+        _mm512_castpd_ps(if j % 2 == 0 { _mm512_unpacklo_pd(x, y) } else { _mm512_unpackhi_pd(x, y) })
+    });
+    let mut out = [_mm512_setzero_ps(); L];
+    for j in 0..4 {
+        let v0 = _mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
+        let v1 = _mm512_shuffle_f32x4::<0xDD>(u[j], u[4 + j]);
+        let v2 = _mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
+        let v3 = _mm512_shuffle_f32x4::<0xDD>(u[8 + j], u[12 + j]);
+        out[j] = _mm512_shuffle_f32x4::<0x88>(v0, v2);
+        out[8 + j] = _mm512_shuffle_f32x4::<0xDD>(v0, v2);
+        out[4 + j] = _mm512_shuffle_f32x4::<0x88>(v1, v3);
+        out[12 + j] = _mm512_shuffle_f32x4::<0xDD>(v1, v3);
+    }
+    out
 }
 
 /// Widen keys and values of positions `keys` (inside chunk `c0..c0 + CHUNK`) of head `g` into
