@@ -96,6 +96,11 @@ impl RmsNorm {
     pub fn forward_in_place(&self, x: &mut [f32]) {
         cpu::rms_norm_in_place(x, &self.weight, self.eps, 0.0);
     }
+
+    /// `x += residual`, then `forward(x, out)`, in one pass.
+    pub fn forward_add(&self, x: &mut [f32], residual: &[f32], out: &mut [f32]) {
+        cpu::add_rms_norm(x, residual, &self.weight, self.eps, 0.0, out);
+    }
 }
 
 /// The gated MLP: `down(act(gate(x)) * up(x))`.

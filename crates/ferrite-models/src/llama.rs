@@ -83,13 +83,19 @@ impl CausalLm for Llama {
         let mut x = blocks::embed(&self.embed, &batch.tokens, None)?;
         let mut h = vec![0f32; x.len()];
         let mut o = vec![0f32; x.len()];
-        for l in &self.layers {
-            l.attn_norm.forward(&x, &mut h);
+        // Each residual add runs fused with the norm that reads its sum (the last layer's
+        // with the head's).
+        if let Some(first) = self.layers.first() {
+            first.attn_norm.forward(&x, &mut h);
+        }
+        for (i, l) in self.layers.iter().enumerate() {
             l.attn.forward(&h, batch, kv, &mut o)?;
-            blocks::add_in_place(&mut x, &o);
-            l.ffn_norm.forward(&x, &mut h);
+            l.ffn_norm.forward_add(&mut x, &o, &mut h);
             l.mlp.forward(&h, t, &mut o)?;
-            blocks::add_in_place(&mut x, &o);
+            match self.layers.get(i + 1) {
+                Some(next) => next.attn_norm.forward_add(&mut x, &o, &mut h),
+                None => blocks::add_in_place(&mut x, &o),
+            }
         }
         self.head.logits(&x, batch)
     }
