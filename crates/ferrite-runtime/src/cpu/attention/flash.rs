@@ -25,13 +25,12 @@
 
 use std::arch::x86_64::*;
 
-use rayon::prelude::*;
-
 use super::vf32::KvValue;
-use super::{slot_of, table, visible_range, AttentionParams, Pools};
+use super::{for_each_kv_run, for_each_query_tile, visible_range, AttentionParams, Pools, QueryTile};
 use crate::batch::{ForwardBatch, RowSpan};
+use crate::cpu::qmatmul::isa::exp8;
 use crate::cpu::SharedMut;
-use crate::error::{Result, RuntimeError};
+use crate::error::Result;
 use crate::kv::LayerKv;
 
 /// Query tokens per tile: `64 * group` rows, a whole number of `VECS`-vector blocks for every
@@ -83,28 +82,12 @@ pub(super) unsafe fn attend<T: KvValue>(
     p: &AttentionParams,
     out: &mut [f32],
 ) -> Result<()> {
-    let mut items = Vec::new();
-    for &row in rows {
-        let table = table(row, layer)?;
-        let end = row.query_start + row.query_len;
-        for g in 0..p.n_kv_heads {
-            for t0 in (row.query_start..end).step_by(TILE) {
-                items.push((table, g, t0..(t0 + TILE).min(end)));
-            }
-        }
-    }
     let dst = SharedMut(out.as_mut_ptr());
-    let out_len = out.len();
-    items.par_iter().try_for_each_init(Scratch::default, |s, (table, g, tokens)| {
-        let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
-        let o1 = ((tokens.end - 1) * p.n_heads + (g + 1) * group) * hd;
-        if o1 > out_len || o1 > q.len() {
-            return Err(RuntimeError::Shape("attention: query or output out of range".into()));
-        }
+    for_each_query_tile(rows, layer, p, TILE, q.len().min(out.len()), Scratch::default, |s, t| {
         // SAFETY: AVX-512 F (this function's contract); the tile's queries and outputs lie
-        // inside `q` and `out` (checked above), and token t's heads g*group..(g+1)*group are
-        // written by this item only.
-        unsafe { tile(q, batch, table, *g, tokens.clone(), layer, pools, block_size, p, s, dst) }
+        // inside `q` and `out` (checked by `for_each_query_tile`), and its tokens' query heads
+        // of its KV head are written by this tile only.
+        unsafe { tile(q, batch, t, layer, pools, block_size, p, s, dst) }
     })
 }
 
@@ -114,9 +97,7 @@ pub(super) unsafe fn attend<T: KvValue>(
 unsafe fn tile<T: KvValue>(
     q: &[f32],
     batch: &ForwardBatch,
-    table: &[u32],
-    g: usize,
-    tokens: std::ops::Range<usize>,
+    &QueryTile { table, g, ref tokens }: &QueryTile<'_>,
     layer: &LayerKv,
     pools: Pools<'_, T>,
     block_size: usize,
@@ -271,21 +252,11 @@ fn gather<T: KvValue>(
         s.kb.fill(0.0);
         s.vb.fill(0.0);
     }
-    let mut pos = keys.start;
-    while pos < keys.end {
-        let (block, slot) = slot_of(table, block_size, pos)?;
-        let run = (block_size - slot).min(keys.end - pos);
-        let src = layer.offset(block_size, block, g, slot);
-        let (k, v) = match (pools.k.get(src..src + run * hd), pools.v.get(src..src + run * hd)) {
-            (Some(k), Some(v)) => (k, v),
-            _ => return Err(RuntimeError::Shape(format!("attention: block {block} is outside the KV cache"))),
-        };
+    for_each_kv_run(table, g, keys, layer, pools, block_size, |pos, k, v| {
         let at = (pos - c0) * hd;
-        T::widen(k, &mut s.kb[at..at + run * hd]);
-        T::widen(v, &mut s.vb[at..at + run * hd]);
-        pos += run;
-    }
-    Ok(())
+        T::widen(k, &mut s.kb[at..at + k.len()]);
+        T::widen(v, &mut s.vb[at..at + v.len()]);
+    })
 }
 
 /// `st[j][i] = scale * Σ_d kb[j][d] * qt[d][i]` for the chunk's keys and every row.
@@ -421,22 +392,10 @@ unsafe fn value_tile<const V: usize, const D: usize>(s: &mut Scratch, hd: usize,
     }
 }
 
-/// `e^x` per lane (the polynomial of `isa::exp8`; inputs below -87 give e^-87).
+/// `e^x` per lane: `isa::exp8` on each half.
 #[inline(always)]
 unsafe fn exp16(x: __m512) -> __m512 {
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
-        x,
-        _mm512_set1_ps(std::f32::consts::LOG2_E),
-    ));
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
-    let mut p = _mm512_set1_ps(1.0 / 720.0);
-    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-    }
-    let scale = _mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)));
-    _mm512_mul_ps(p, _mm512_castsi512_ps(scale))
+    let (lo, hi) = (_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x))));
+    let (lo, hi) = (_mm256_castps_pd(exp8(lo)), _mm256_castps_pd(exp8(hi)));
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(lo), hi))
 }

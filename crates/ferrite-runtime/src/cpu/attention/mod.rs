@@ -67,6 +67,73 @@ fn table<'a>(row: &'a RowSpan, layer: &LayerKv) -> Result<&'a [u32]> {
     })
 }
 
+/// A prefill work item: query tokens `tokens` of a row with block table `table`, for KV head
+/// `g`.
+struct QueryTile<'a> {
+    table: &'a [u32],
+    g: usize,
+    tokens: std::ops::Range<usize>,
+}
+
+/// `run(scratch, tile)` on the pool for every tile of `tile_len` query tokens of `rows` and KV
+/// head, each worker with its own scratch from `init`, after checking that the tile's queries
+/// and outputs (its tokens' query heads of its KV head) lie inside `len` values.
+fn for_each_query_tile<S>(
+    rows: &[&RowSpan],
+    layer: &LayerKv,
+    p: &AttentionParams,
+    tile_len: usize,
+    len: usize,
+    init: impl Fn() -> S + Sync + Send,
+    run: impl Fn(&mut S, &QueryTile<'_>) -> Result<()> + Sync + Send,
+) -> Result<()> {
+    use rayon::prelude::*;
+    let mut tiles = Vec::new();
+    for &row in rows {
+        let table = table(row, layer)?;
+        let end = row.query_start + row.query_len;
+        for g in 0..p.n_kv_heads {
+            for t0 in (row.query_start..end).step_by(tile_len) {
+                tiles.push(QueryTile { table, g, tokens: t0..(t0 + tile_len).min(end) });
+            }
+        }
+    }
+    tiles.par_iter().try_for_each_init(init, |s, tile| {
+        let group = p.n_heads / p.n_kv_heads;
+        if ((tile.tokens.end - 1) * p.n_heads + (tile.g + 1) * group) * p.head_dim > len {
+            return Err(RuntimeError::Shape("attention: query or output out of range".into()));
+        }
+        run(s, tile)
+    })
+}
+
+/// `f(pos, keys, values)` for each run of the positions `keys` that lies in one cache block:
+/// its first position and the run's K and V rows of KV head `g`.
+#[allow(clippy::too_many_arguments)]
+fn for_each_kv_run<T>(
+    table: &[u32],
+    g: usize,
+    keys: std::ops::Range<usize>,
+    layer: &LayerKv,
+    pools: Pools<'_, T>,
+    block_size: usize,
+    mut f: impl FnMut(usize, &[T], &[T]),
+) -> Result<()> {
+    let hd = layer.spec.head_dim;
+    let mut pos = keys.start;
+    while pos < keys.end {
+        let (block, slot) = slot_of(table, block_size, pos)?;
+        let run = (block_size - slot).min(keys.end - pos);
+        let src = layer.offset(block_size, block, g, slot);
+        match (pools.k.get(src..src + run * hd), pools.v.get(src..src + run * hd)) {
+            (Some(k), Some(v)) => f(pos, k, v),
+            _ => return Err(RuntimeError::Shape(format!("attention: block {block} is outside the KV cache"))),
+        }
+        pos += run;
+    }
+    Ok(())
+}
+
 /// A layer's K and V pools, of one value type.
 pub(super) struct Pools<'a, T> {
     k: &'a [T],

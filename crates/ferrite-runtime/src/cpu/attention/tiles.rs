@@ -8,10 +8,9 @@
 //! mask applied to each score row in between (masked scores get probability 0).
 
 use gemm::Parallelism;
-use rayon::prelude::*;
 
 use super::vf32::{self, KvValue, Vf32};
-use super::{slot_of, table, visible_range, AttentionParams, Pools};
+use super::{for_each_kv_run, for_each_query_tile, visible_range, AttentionParams, Pools, QueryTile};
 use crate::batch::{ForwardBatch, RowSpan};
 use crate::cpu::matmul::gemm_f32;
 use crate::cpu::qmatmul::Level;
@@ -46,29 +45,14 @@ pub(super) fn attend<T: KvValue>(
     level: Level,
     out: &mut [f32],
 ) -> Result<()> {
-    let mut items = Vec::new();
-    for &row in rows {
-        let table = table(row, layer)?;
-        let end = row.query_start + row.query_len;
-        for g in 0..p.n_kv_heads {
-            for t0 in (row.query_start..end).step_by(TILE) {
-                items.push((table, g, t0..(t0 + TILE).min(end)));
-            }
-        }
-    }
     let dst = SharedMut(out.as_mut_ptr());
-    let out_len = out.len();
-    items.par_iter().try_for_each_init(Scratch::default, |s, (table, g, tokens)| {
+    for_each_query_tile(rows, layer, p, TILE, q.len().min(out.len()), Scratch::default, |s, t| {
         let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
-        let o1 = ((tokens.end - 1) * p.n_heads + (g + 1) * group) * hd;
-        if o1 > out_len {
-            return Err(RuntimeError::Shape("attention: output out of range".into()));
-        }
-        tile(q, batch, table, *g, tokens.clone(), layer, pools, block_size, p, level, s)?;
-        for (i, t) in tokens.clone().enumerate() {
-            let at = (t * p.n_heads + g * group) * hd;
-            // SAFETY: token t's heads g*group..(g+1)*group are written by this item only, and
-            // lie inside `out` (checked above).
+        tile(q, batch, t, layer, pools, block_size, p, level, s)?;
+        for (i, tok) in t.tokens.clone().enumerate() {
+            let at = (tok * p.n_heads + t.g * group) * hd;
+            // SAFETY: token tok's heads g*group..(g+1)*group are written by this tile only, and
+            // lie inside `out` (checked by `for_each_query_tile`).
             let o = unsafe { std::slice::from_raw_parts_mut(dst.ptr().add(at), group * hd) };
             o.copy_from_slice(&s.o[i * group * hd..(i + 1) * group * hd]);
         }
@@ -81,9 +65,7 @@ pub(super) fn attend<T: KvValue>(
 fn tile<T: KvValue>(
     q: &[f32],
     batch: &ForwardBatch,
-    table: &[u32],
-    g: usize,
-    tokens: std::ops::Range<usize>,
+    &QueryTile { table, g, ref tokens }: &QueryTile<'_>,
     layer: &LayerKv,
     pools: Pools<'_, T>,
     block_size: usize,
@@ -98,26 +80,17 @@ fn tile<T: KvValue>(
     // Gather keys and values [first, last] of head g.
     s.k.resize(n_keys * hd, 0.0);
     s.vt.resize(n_keys * hd, 0.0);
-    let mut pos = first;
-    while pos <= last {
-        let (block, slot) = slot_of(table, block_size, pos)?;
-        let run = (block_size - slot).min(last + 1 - pos);
-        let src = layer.offset(block_size, block, g, slot);
-        let (k, v) = match (pools.k.get(src..src + run * hd), pools.v.get(src..src + run * hd)) {
-            (Some(k), Some(v)) => (k, v),
-            _ => return Err(RuntimeError::Shape(format!("attention: block {block} is outside the KV cache"))),
-        };
+    for_each_kv_run(table, g, first..last + 1, layer, pools, block_size, |pos, k, v| {
         let at = pos - first;
-        T::widen(k, &mut s.k[at * hd..(at + run) * hd]);
-        s.run.resize(run * hd, 0.0);
+        T::widen(k, &mut s.k[at * hd..at * hd + k.len()]);
+        s.run.resize(v.len(), 0.0);
         T::widen(v, &mut s.run);
         for (j, v) in s.run.chunks_exact(hd).enumerate() {
             for (d, &x) in v.iter().enumerate() {
                 s.vt[d * n_keys + at + j] = x;
             }
         }
-        pos += run;
-    }
+    })?;
     // Stack the tile's queries: row (token i, head qh) = i * group + qh.
     let m = tokens.len() * group;
     s.q.clear();
@@ -129,7 +102,7 @@ fn tile<T: KvValue>(
     }
     s.s.resize(m * n_keys, 0.0);
     product(&s.q, m, hd, &s.k, n_keys, &mut s.s);
-    for (i, t) in tokens.enumerate() {
+    for (i, t) in tokens.clone().enumerate() {
         let vis = visible_range(batch.positions[t] as usize, p.window);
         let (lo, hi) = (vis.start - first, vis.end - first);
         for qh in 0..group {
