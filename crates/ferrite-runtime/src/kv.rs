@@ -127,9 +127,10 @@ impl KvPool {
     /// one page fault per 4 KiB page on first write. Advice only: where the kernel lacks it,
     /// the pages fault in on first write as before.
     fn populate(&mut self, range: std::ops::Range<usize>) {
-        let (ptr, size) = match self {
-            KvPool::F32(v) => (v.as_mut_ptr() as usize, std::mem::size_of::<f32>()),
-            KvPool::F16(v) => (v.as_mut_ptr() as usize, std::mem::size_of::<f16>()),
+        let size = self.value_bytes();
+        let ptr = match self {
+            KvPool::F32(v) => v.as_mut_ptr() as usize,
+            KvPool::F16(v) => v.as_mut_ptr() as usize,
         };
         let start = (ptr + range.start * size) & !(PAGE - 1);
         let end = ptr + range.end * size;

@@ -7,8 +7,8 @@
 //! Rows with many query tokens go to `flash` on AVX-512 (one pass over the keys with a running
 //! softmax, vectorized along the query rows) and to `tiles` on other CPUs (query tiles as two
 //! f32 GEMMs), the others to `decode` (SIMD dot products over the cache, key ranges split
-//! across threads). Both run
-//! their vector code at the `KernelMode`'s level (scalar for `Scalar` and `Reference`).
+//! across threads). The kernels run their vector code at the `KernelMode`'s level (scalar for
+//! `Scalar` and `Reference`; `flash` only at AVX-512).
 
 mod decode;
 #[cfg(target_arch = "x86_64")]
