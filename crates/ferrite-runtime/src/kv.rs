@@ -116,10 +116,10 @@ impl KvPool {
         }
     }
 
-    fn value_bytes(&self) -> usize {
+    fn dtype(&self) -> KvDtype {
         match self {
-            KvPool::F32(_) => std::mem::size_of::<f32>(),
-            KvPool::F16(_) => std::mem::size_of::<f16>(),
+            KvPool::F32(_) => KvDtype::F32,
+            KvPool::F16(_) => KvDtype::F16,
         }
     }
 
@@ -127,7 +127,7 @@ impl KvPool {
     /// one page fault per 4 KiB page on first write. Advice only: where the kernel lacks it,
     /// the pages fault in on first write as before.
     fn populate(&mut self, range: std::ops::Range<usize>) {
-        let size = self.value_bytes();
+        let size = self.dtype().bytes();
         let ptr = match self {
             KvPool::F32(v) => v.as_mut_ptr() as usize,
             KvPool::F16(v) => v.as_mut_ptr() as usize,
@@ -280,7 +280,7 @@ impl LayerKv {
         if end <= self.populated {
             return;
         }
-        let per = POPULATE_BYTES / self.k.value_bytes();
+        let per = POPULATE_BYTES / self.k.dtype().bytes();
         let to = end.next_multiple_of(per).min(self.k.len());
         self.k.populate(self.populated..to);
         self.v.populate(self.populated..to);

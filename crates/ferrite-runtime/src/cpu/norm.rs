@@ -24,16 +24,20 @@ fn inv_rms(x: &[f32], eps: f32) -> f32 {
     1.0 / (ss + eps).sqrt()
 }
 
+/// One row `x` normalized into `out`.
+#[inline]
+fn norm_row(x: &[f32], weight: &[f32], eps: f32, weight_offset: f32, out: &mut [f32]) {
+    let inv = inv_rms(x, eps);
+    for ((o, x), w) in out.iter_mut().zip(x).zip(weight) {
+        *o = x * inv * (weight_offset + w);
+    }
+}
+
 /// Normalize each `weight.len()`-wide row of `x` into `out`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, weight_offset: f32, out: &mut [f32]) {
     let d = weight.len();
     assert!(x.len() == out.len() && x.len().is_multiple_of(d), "rms_norm shapes");
-    let row = |(o, x): (&mut [f32], &[f32])| {
-        let inv = inv_rms(x, eps);
-        for ((o, x), w) in o.iter_mut().zip(x).zip(weight) {
-            *o = x * inv * (weight_offset + w);
-        }
-    };
+    let row = |(o, x): (&mut [f32], &[f32])| norm_row(x, weight, eps, weight_offset, o);
     if x.len() >= PAR_MIN {
         out.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(row);
     } else {
@@ -49,10 +53,7 @@ pub fn add_rms_norm(x: &mut [f32], y: &[f32], weight: &[f32], eps: f32, weight_o
     assert!(x.len() == out.len() && y.len() == x.len() && x.len().is_multiple_of(d), "add_rms_norm shapes");
     let row = |((o, x), y): ((&mut [f32], &mut [f32]), &[f32])| {
         x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
-        let inv = inv_rms(x, eps);
-        for ((o, x), w) in o.iter_mut().zip(x.iter()).zip(weight) {
-            *o = x * inv * (weight_offset + w);
-        }
+        norm_row(x, weight, eps, weight_offset, o);
     };
     if x.len() >= PAR_MIN {
         out.par_chunks_mut(d).zip(x.par_chunks_mut(d)).zip(y.par_chunks(d)).for_each(row);
