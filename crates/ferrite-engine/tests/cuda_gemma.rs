@@ -24,13 +24,10 @@ use std::sync::Arc;
 use common::model::{cache, compare_logits, cuda_enabled, equal_or_tie, prefill_logits, LogitsAgreement, BLOCK};
 use common::{add, collect, greedy, ids, run_to_end};
 use ferrite_engine::{EngineConfig, EngineCore};
-use ferrite_models::config::{ConfigSource, ModelConfig};
-use ferrite_models::gpu::{GemmaWeights, GpuGemma};
+use ferrite_models::gpu::GpuDecoder;
 use ferrite_models::model::CausalLm;
-use ferrite_models::safetensors::SafetensorsDir;
-use ferrite_models::weights::{GgufLayout, WeightSource, Weights};
 use ferrite_runtime::batch::RowLogits;
-use ferrite_runtime::cuda::{DeviceChoice, Gpu};
+use ferrite_runtime::cuda::DeviceChoice;
 use ferrite_runtime::ForwardBatch;
 use serde_json::Value;
 
@@ -60,19 +57,9 @@ fn load_pair(name: &str) -> (Arc<dyn CausalLm>, Arc<dyn CausalLm>, Value) {
     (cpu, gpu, serde_json::from_str(&text).expect("json"))
 }
 
-/// A `GpuGemma` of fixture `name` (the concrete type, to switch graphs off).
-fn gpu_gemma(name: &str) -> GpuGemma {
-    let dir = fixture_dir(name);
-    let path = dir.join("config.json");
-    let json: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("config")).expect("json");
-    let mut cfg = ModelConfig::from_hf_json(&path, &json).expect("config");
-    let plan =
-        ferrite_models::gemma_plan::plan(&mut cfg, &ConfigSource::Hf { path: &path, json: &json }).expect("plan");
-    let weights =
-        Weights::new(WeightSource::Safetensors(SafetensorsDir::open(&dir).expect("st")), GgufLayout::default());
-    let gpu = Arc::new(Gpu::new(0).expect("CUDA device 0"));
-    let w = GemmaWeights::upload(&cfg, &plan, &weights, &gpu, &|_| {}).expect("upload");
-    GpuGemma::new(cfg, plan, w, gpu).expect("model")
+/// The CUDA model of fixture `name` (the concrete type, to switch graphs off).
+fn gpu_gemma(name: &str) -> GpuDecoder {
+    ferrite_models::load::gpu_decoder(&fixture_dir(name), 0).expect("CUDA model")
 }
 
 /// `n` greedy tokens after `prompt`: a prefill, then one decode step per token.

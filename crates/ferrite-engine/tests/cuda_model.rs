@@ -42,13 +42,10 @@ use common::model::{
 };
 use ferrite_engine::sampling::{apply_processors, distribution, uniform, TokenCounts, TokenLogprob};
 use ferrite_engine::{EngineConfig, EngineCore, Output, Request, RequestParams, SamplingParams};
-use ferrite_models::config::ModelConfig;
-use ferrite_models::gpu::{GpuLlama, LlamaWeights};
+use ferrite_models::gpu::GpuDecoder;
 use ferrite_models::model::CausalLm;
-use ferrite_models::safetensors::SafetensorsDir;
-use ferrite_models::weights::{GgufLayout, WeightSource, Weights};
 use ferrite_runtime::batch::RowLogits;
-use ferrite_runtime::cuda::{DeviceChoice, Gpu};
+use ferrite_runtime::cuda::DeviceChoice;
 use ferrite_runtime::ForwardBatch;
 use half::bf16;
 use rand::rngs::StdRng;
@@ -214,16 +211,9 @@ fn decode_logits(model: &dyn CausalLm, prompts: &[Vec<u32>], steps: usize) -> Ve
     out
 }
 
-/// A `GpuLlama` of the checkpoint in `dir` (the concrete type, to switch graphs off).
-fn gpu_llama(dir: &Path) -> GpuLlama {
-    let cfg_path = dir.join("config.json");
-    let json: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).expect("config")).expect("json");
-    let cfg = ModelConfig::from_hf_json(&cfg_path, &json).expect("config");
-    let source = WeightSource::Safetensors(SafetensorsDir::open(dir).expect("safetensors"));
-    let weights = Weights::new(source, GgufLayout::default());
-    let gpu = Arc::new(Gpu::new(0).expect("CUDA device 0"));
-    let w = LlamaWeights::upload(&cfg, &weights, &gpu, &|_| {}).expect("upload");
-    GpuLlama::new(cfg, w, gpu).expect("model")
+/// The CUDA model of the checkpoint in `dir` (the concrete type, to switch graphs off).
+fn gpu_llama(dir: &Path) -> GpuDecoder {
+    ferrite_models::load::gpu_decoder(dir, 0).expect("CUDA model")
 }
 
 #[test]

@@ -15,6 +15,7 @@ use ferrite_runtime::{ForwardBatch, KvCache, KvGroupKind, KvLayout, Result as Rt
 
 use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
+use crate::plan::{LayerNames, MlpNames, QkvNames};
 use crate::rope_scaling::RopeScaling;
 use crate::weights::Weights;
 
@@ -24,6 +25,14 @@ impl Activation {
         match self {
             Activation::Silu => cpu::silu_mul(gate, up),
             Activation::GeluTanh => cpu::gelu_tanh_mul(gate, up),
+        }
+    }
+
+    /// `x = act(x)`.
+    pub fn apply(self, x: &mut [f32]) {
+        match self {
+            Activation::Silu => cpu::activation::silu(x),
+            Activation::GeluTanh => cpu::activation::gelu_tanh(x),
         }
     }
 }
@@ -40,6 +49,23 @@ impl Linear {
         let weight = w.get(&format!("{prefix}.weight"), &[out, inp])?;
         cpu::prepare_linear(&weight);
         let bias = if bias { Some(w.get_f32(&format!("{prefix}.bias"), &[out])?) } else { None };
+        Ok(Linear { w: weight, bias })
+    }
+
+    /// Rows `rows` of `{name}.weight` (`[total, inp]`), and of `{name}.bias` when `bias`: one
+    /// projection of a fused tensor (phi3's `qkv_proj`, `gate_up_proj`).
+    pub fn load_rows(
+        w: &Weights,
+        name: &str,
+        total: usize,
+        inp: usize,
+        rows: std::ops::Range<usize>,
+        bias: bool,
+    ) -> Result<Linear> {
+        let full = w.get(&format!("{name}.weight"), &[total, inp])?;
+        let weight = full.slice_rows(rows.clone()).map_err(|e| crate::error::LoadError::Other(e.to_string()))?;
+        cpu::prepare_linear(&weight);
+        let bias = if bias { Some(w.get_f32(&format!("{name}.bias"), &[total])?[rows].to_vec()) } else { None };
         Ok(Linear { w: weight, bias })
     }
 
@@ -103,34 +129,57 @@ impl RmsNorm {
     }
 }
 
-/// The gated MLP: `down(act(gate(x)) * up(x))`.
-pub struct GatedMlp {
-    gate: Linear,
+/// The MLP: gated, `down(act(gate(x)) * up(x))`, or plain, `down(act(up(x)))`.
+pub struct Mlp {
+    gate: Option<Linear>,
     up: Linear,
     down: Linear,
     act: Activation,
 }
 
-impl GatedMlp {
-    /// `{prefix}.{gate,up,down}_proj`.
-    pub fn load(w: &Weights, prefix: &str, hidden: usize, inter: usize, act: Activation) -> Result<GatedMlp> {
-        Ok(GatedMlp {
-            gate: Linear::load(w, &format!("{prefix}.gate_proj"), inter, hidden, false)?,
-            up: Linear::load(w, &format!("{prefix}.up_proj"), inter, hidden, false)?,
-            down: Linear::load(w, &format!("{prefix}.down_proj"), hidden, inter, false)?,
-            act,
-        })
+impl Mlp {
+    /// The MLP of a layer stored as `names` says, `inter` wide, with biases when `bias`.
+    pub fn load(
+        w: &Weights,
+        names: &MlpNames,
+        hidden: usize,
+        inter: usize,
+        act: Activation,
+        bias: bool,
+    ) -> Result<Mlp> {
+        let (gate, up, down) = match names {
+            MlpNames::Gated { gate, up, down } => {
+                (Some(Linear::load(w, gate, inter, hidden, bias)?), Linear::load(w, up, inter, hidden, bias)?, down)
+            }
+            MlpNames::FusedGated { gate_up, down } => (
+                Some(Linear::load_rows(w, gate_up, 2 * inter, hidden, 0..inter, bias)?),
+                Linear::load_rows(w, gate_up, 2 * inter, hidden, inter..2 * inter, bias)?,
+                down,
+            ),
+            MlpNames::Plain { up, down } => (None, Linear::load(w, up, inter, hidden, bias)?, down),
+        };
+        Ok(Mlp { gate, up, down: Linear::load(w, down, hidden, inter, bias)?, act })
     }
 
-    pub fn new(gate: Linear, up: Linear, down: Linear, act: Activation) -> GatedMlp {
-        GatedMlp { gate, up, down, act }
+    /// A gated MLP of these projections (a MoE expert).
+    pub fn gated(gate: Linear, up: Linear, down: Linear, act: Activation) -> Mlp {
+        Mlp { gate: Some(gate), up, down, act }
     }
 
     /// `x` is `[t, hidden]`; writes `[t, hidden]` into `out`.
     pub fn forward(&self, x: &[f32], t: usize, out: &mut [f32]) -> RtResult<()> {
-        let [mut gate, up] = Linear::forward_many([&self.gate, &self.up], x, t)?;
-        self.act.gate(&mut gate, &up);
-        self.down.forward_into(&gate, t, out)
+        match &self.gate {
+            Some(gate) => {
+                let [mut gate, up] = Linear::forward_many([gate, &self.up], x, t)?;
+                self.act.gate(&mut gate, &up);
+                self.down.forward_into(&gate, t, out)
+            }
+            None => {
+                let mut up = self.up.forward(x, t)?;
+                self.act.apply(&mut up);
+                self.down.forward_into(&up, t, out)
+            }
+        }
     }
 }
 
@@ -220,31 +269,40 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// `{prefix}.{q,k,v,o}_proj` and `{prefix}.{q,k}_norm` of a layer with `hidden` inputs.
-    pub fn load(w: &Weights, prefix: &str, hidden: usize, c: AttentionConfig) -> Result<Attention> {
+    /// The projections and q/k norms `names` gives of a layer with `hidden` inputs.
+    pub fn load(w: &Weights, names: &LayerNames, hidden: usize, c: AttentionConfig) -> Result<Attention> {
         let (nh, nkv, hd) = (c.params.n_heads, c.params.n_kv_heads, c.params.head_dim);
         let norm = |name: &str| -> Result<Option<RmsNorm>> {
-            c.qk_norm.map(|offset| RmsNorm::load(w, &format!("{prefix}.{name}.weight"), hd, offset, c.eps)).transpose()
+            c.qk_norm.map(|offset| RmsNorm::load(w, &format!("{name}.weight"), hd, offset, c.eps)).transpose()
+        };
+        let (q_rows, kv_rows) = (nh * hd, nkv * hd);
+        let proj = |which: usize| -> Result<Linear> {
+            match &names.qkv {
+                QkvNames::Separate { q, k, v } => {
+                    let (name, rows) = [(q, q_rows), (k, kv_rows), (v, kv_rows)][which];
+                    Linear::load(w, name, rows, hidden, c.bias)
+                }
+                QkvNames::Fused(name) => {
+                    let starts = [0, q_rows, q_rows + kv_rows, q_rows + 2 * kv_rows];
+                    Linear::load_rows(w, name, starts[3], hidden, starts[which]..starts[which + 1], c.bias)
+                }
+            }
         };
         let kv = if c.shared {
             None
         } else {
             Some(KvProjection {
-                k: Linear::load(w, &format!("{prefix}.k_proj"), nkv * hd, hidden, c.bias)?,
-                v: if c.k_eq_v {
-                    None
-                } else {
-                    Some(Linear::load(w, &format!("{prefix}.v_proj"), nkv * hd, hidden, c.bias)?)
-                },
-                k_norm: norm("k_norm")?,
+                k: proj(1)?,
+                v: if c.k_eq_v { None } else { Some(proj(2)?) },
+                k_norm: norm(&names.k_norm)?,
                 v_norm: c.v_norm.then(|| RmsNorm::unit(hd, c.eps)),
             })
         };
         Ok(Attention {
-            q: Linear::load(w, &format!("{prefix}.q_proj"), nh * hd, hidden, c.bias)?,
-            q_norm: norm("q_norm")?,
+            q: proj(0)?,
+            q_norm: norm(&names.q_norm)?,
             kv,
-            o: Linear::load(w, &format!("{prefix}.o_proj"), hidden, nh * hd, false)?,
+            o: Linear::load(w, &names.o, hidden, nh * hd, false)?,
             rope: LayerRope::new(c.rope),
             params: c.params,
             kv_index: c.kv_index,
@@ -311,6 +369,8 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
 pub struct LmHead {
     norm: RmsNorm,
     w: Tensor,
+    /// Multiplies the logits (granite's `1 / logits_scaling`).
+    scale: Option<f32>,
     softcap: Option<f32>,
 }
 
@@ -321,6 +381,7 @@ impl LmHead {
         cfg: &ModelConfig,
         embed: &Tensor,
         norm_offset: f32,
+        scale: Option<f32>,
         softcap: Option<f32>,
     ) -> Result<LmHead> {
         let norm = RmsNorm::load(w, "model.norm.weight", cfg.hidden_size, norm_offset, cfg.rms_norm_eps)?;
@@ -330,7 +391,7 @@ impl LmHead {
             w.get("lm_head.weight", &[cfg.vocab_size, cfg.hidden_size])?
         };
         cpu::prepare_linear(&head);
-        Ok(LmHead { norm, w: head, softcap })
+        Ok(LmHead { norm, w: head, scale, softcap })
     }
 
     /// Logits `[logits_indices.len(), vocab]` of the rows of `x` (`[t, hidden]`) the batch asks for.
@@ -349,6 +410,9 @@ impl LmHead {
         self.norm.forward(&picked, &mut normed);
         let mut logits = vec![0f32; n * self.w.rows()];
         cpu::linear(&normed, n, &self.w, None, &mut logits)?;
+        if let Some(s) = self.scale {
+            logits.iter_mut().for_each(|v| *v *= s);
+        }
         if let Some(cap) = self.softcap {
             cpu::activation::softcap(&mut logits, cap);
         }

@@ -6,69 +6,9 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::{LoadError, Result};
+use crate::families::{self, Family, WindowRule};
 use crate::gguf::GgufFile;
 use crate::rope_scaling::{RopeKind, RopeScaling};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Architecture {
-    Llama,
-    Mistral,
-    Qwen2,
-    Qwen3,
-    Gemma,
-    Gemma2,
-    Gemma3,
-    Gemma4,
-}
-
-/// The architecture table: each architecture's HF `model_type` and, where ferrite reads that
-/// format, its GGUF `general.architecture`. `load::build` maps an architecture to its module.
-const ARCHITECTURES: &[(Architecture, &str, Option<&str>)] = &[
-    (Architecture::Llama, "llama", Some("llama")),
-    (Architecture::Mistral, "mistral", Some("mistral")),
-    (Architecture::Qwen2, "qwen2", Some("qwen2")),
-    (Architecture::Qwen3, "qwen3", Some("qwen3")),
-    (Architecture::Gemma, "gemma", Some("gemma")),
-    (Architecture::Gemma2, "gemma2", Some("gemma2")),
-    (Architecture::Gemma3, "gemma3_text", Some("gemma3")),
-    (Architecture::Gemma4, "gemma4_text", None),
-];
-
-impl Architecture {
-    /// From an HF `model_type`.
-    pub fn from_hf(name: &str) -> Option<Architecture> {
-        ARCHITECTURES.iter().find(|(_, hf, _)| *hf == name).map(|(a, _, _)| *a)
-    }
-
-    /// From a GGUF `general.architecture`.
-    pub fn from_gguf(name: &str) -> Option<Architecture> {
-        ARCHITECTURES.iter().find(|(_, _, g)| *g == Some(name)).map(|(a, _, _)| *a)
-    }
-
-    /// The supported names of one format, for error messages.
-    pub fn supported(gguf: bool) -> String {
-        let names: Vec<&str> =
-            ARCHITECTURES.iter().filter_map(|(_, hf, g)| if gguf { *g } else { Some(*hf) }).collect();
-        names.join(", ")
-    }
-
-    /// The HF `model_type`.
-    pub fn name(self) -> &'static str {
-        ARCHITECTURES.iter().find(|(a, _, _)| *a == self).map_or("?", |(_, hf, _)| *hf)
-    }
-
-    /// Gemma 1–3 keep RMSNorm weights as `w` for a `(1 + w)` norm (GGUF files store `1 + w`).
-    pub fn norm_offset(self) -> f32 {
-        match self {
-            Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => 1.0,
-            _ => 0.0,
-        }
-    }
-
-    fn is_gemma(self) -> bool {
-        matches!(self, Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 | Architecture::Gemma4)
-    }
-}
 
 /// The gate activation of the MLP (`hidden_act` / `hidden_activation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +77,8 @@ impl LayerType {
 
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
-    pub arch: Architecture,
+    /// The family's row of the architecture table.
+    pub arch: &'static Family,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -183,47 +124,37 @@ impl ModelConfig {
     pub fn from_hf_json(path: &Path, cfg: &Value) -> Result<ModelConfig> {
         let err = |m: String| LoadError::format(path, m);
         let model_type = cfg.get("model_type").and_then(Value::as_str).ok_or_else(|| err("no model_type".into()))?;
-        let arch = Architecture::from_hf(model_type).ok_or_else(|| {
-            err(format!("unsupported architecture '{model_type}' (supported: {})", Architecture::supported(false)))
+        let arch = families::from_hf(model_type).ok_or_else(|| {
+            err(format!("unsupported architecture '{model_type}' (supported: {})", families::supported(false)))
         })?;
+        let quirks = &arch.quirks;
         let req = |key: &str| get_usize(cfg, key).ok_or_else(|| err(format!("missing or invalid '{key}'")));
         let hidden_size = req("hidden_size")?;
         let num_heads = req("num_attention_heads")?;
         let num_kv_heads = get_usize(cfg, "num_key_value_heads").unwrap_or(num_heads);
         let head_dim = get_usize(cfg, "head_dim").unwrap_or(hidden_size / num_heads.max(1));
         // Gemma 2+ read `hidden_activation` (a `hidden_act` beside it is ignored, as in
-        // transformers); every Gemma defaults to the tanh GELU.
-        let act_key = match arch {
-            Architecture::Gemma2 | Architecture::Gemma3 | Architecture::Gemma4 => "hidden_activation",
-            _ => "hidden_act",
-        };
-        let act_name = cfg.get(act_key).and_then(Value::as_str).unwrap_or(if arch.is_gemma() {
-            "gelu_pytorch_tanh"
-        } else {
-            "silu"
-        });
+        // transformers).
+        let act_name = cfg.get(quirks.act_key).and_then(Value::as_str).unwrap_or(quirks.default_act);
         let hidden_act = Activation::from_hf(act_name)
             .ok_or_else(|| err(format!("activation '{act_name}' is not supported (silu, gelu_pytorch_tanh)")))?;
         if cfg.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
             return Err(err("mlp_bias = true is not supported".into()));
         }
         let max_position_embeddings = get_usize(cfg, "max_position_embeddings").unwrap_or(4096);
-        let rope = rope_from_hf(cfg, arch, head_dim, max_position_embeddings).map_err(err)?;
-        // Gemma's dataclass defaults apply when the key is absent; an explicit null is no window.
-        let window_or = |default: usize| match cfg.get("sliding_window") {
-            None => Some(default),
-            Some(v) => v.as_u64().map(|w| w as usize),
-        };
-        let sliding_window = match arch {
-            Architecture::Mistral => get_usize(cfg, "sliding_window"),
-            Architecture::Gemma2 | Architecture::Gemma3 => window_or(4096),
-            Architecture::Gemma4 => window_or(512),
-            Architecture::Qwen2 | Architecture::Qwen3
-                if cfg.get("use_sliding_window").and_then(Value::as_bool) == Some(true) =>
-            {
-                return Err(err("use_sliding_window = true is not supported for qwen".into()));
+        let rope = rope_from_hf(cfg, quirks.default_theta, head_dim, max_position_embeddings).map_err(err)?;
+        let sliding_window = match quirks.window {
+            WindowRule::Never => None,
+            WindowRule::Key => get_usize(cfg, "sliding_window"),
+            // The dataclass default applies when the key is absent; an explicit null is no window.
+            WindowRule::Default(default) => match cfg.get("sliding_window") {
+                None => Some(default),
+                Some(v) => v.as_u64().map(|w| w as usize),
+            },
+            WindowRule::QwenFlag if cfg.get("use_sliding_window").and_then(Value::as_bool) == Some(true) => {
+                return Err(err(format!("use_sliding_window = true is not supported for {}", arch.name)));
             }
-            _ => None,
+            WindowRule::QwenFlag => None,
         };
         let config = ModelConfig {
             arch,
@@ -238,12 +169,9 @@ impl ModelConfig {
             rope,
             max_position_embeddings,
             hidden_act,
-            tie_word_embeddings: cfg.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(arch.is_gemma()),
-            qkv_bias: match arch {
-                Architecture::Qwen2 => true,
-                _ => cfg.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
-            },
-            qk_norm: matches!(arch, Architecture::Qwen3 | Architecture::Gemma3 | Architecture::Gemma4),
+            tie_word_embeddings: cfg.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(quirks.tie_default),
+            qkv_bias: quirks.qkv_bias || cfg.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
+            qk_norm: quirks.qk_norm,
             sliding_window,
             bos_token_id: token_ids(cfg.get("bos_token_id")).first().copied(),
             eos_token_ids: token_ids(cfg.get("eos_token_id")),
@@ -256,13 +184,10 @@ impl ModelConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<ModelConfig> {
         let path = g.path();
         let arch_name = g.architecture()?;
-        let arch = Architecture::from_gguf(arch_name).ok_or_else(|| {
+        let arch = families::from_gguf(arch_name).ok_or_else(|| {
             LoadError::format(
                 path,
-                format!(
-                    "unsupported architecture '{arch_name}' (supported in GGUF: {})",
-                    Architecture::supported(true)
-                ),
+                format!("unsupported architecture '{arch_name}' (supported in GGUF: {})", families::supported(true)),
             )
         })?;
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -328,16 +253,15 @@ impl ModelConfig {
             rms_norm_eps: g.get_f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f32,
             rope: RopeScaling { theta, rotary_dim, kind },
             max_position_embeddings,
-            hidden_act: if arch.is_gemma() { Activation::GeluTanh } else { Activation::Silu },
+            hidden_act: Activation::from_hf(arch.quirks.default_act).unwrap_or(Activation::Silu),
             tie_word_embeddings: g.tensor_info("output.weight").is_none(),
             qkv_bias: g.tensor_info("blk.0.attn_q.bias").is_some(),
             qk_norm: g.tensor_info("blk.0.attn_q_norm.weight").is_some(),
             // llama.cpp: Gemma 2 defaults to 4096; Gemma 3 without a window has none.
-            sliding_window: match g.get_u64(&key("attention.sliding_window")).map(|v| v as usize) {
-                _ if !arch.is_gemma() => None,
-                Some(0) | None if arch == Architecture::Gemma2 => Some(4096),
-                Some(0) => None,
-                w => w,
+            sliding_window: match (arch.quirks.gguf_window, g.get_u64(&key("attention.sliding_window"))) {
+                (None, _) => None,
+                (Some(default), Some(0) | None) => default,
+                (Some(_), Some(w)) => Some(w as usize),
             },
             bos_token_id: g.get_u64("tokenizer.ggml.bos_token_id").map(|v| v as u32),
             eos_token_ids: g.get_u64("tokenizer.ggml.eos_token_id").map(|v| vec![v as u32]).unwrap_or_default(),
@@ -385,7 +309,7 @@ impl ModelConfig {
 /// a per-layer-type `rope_parameters` (Gemma 3), those of the full-attention layers.
 fn rope_from_hf(
     cfg: &Value,
-    arch: Architecture,
+    default_theta: f64,
     head_dim: usize,
     max_pos: usize,
 ) -> std::result::Result<RopeScaling, String> {
@@ -396,8 +320,6 @@ fn rope_from_hf(
         .or_else(|| cfg.get("rope_scaling").filter(|v| v.is_object()))
         .unwrap_or(&empty);
     let params = params.get(LayerType::Full.hf_name()).unwrap_or(params);
-    // Gemma 3's global layers default to theta 1e6 (`default_theta["global"]`).
-    let default_theta = if arch == Architecture::Gemma3 { 1_000_000.0 } else { 10_000.0 };
     rope_from_params(params, cfg, default_theta, head_dim, max_pos)
 }
 

@@ -9,13 +9,12 @@ use std::time::Instant;
 use serde_json::Value;
 
 use crate::chat_template::{ChatTemplate, ModelChatTemplates};
-use crate::config::{Architecture, ConfigSource, ModelConfig};
+use crate::config::{ConfigSource, ModelConfig};
+use crate::decoder::Decoder;
 use crate::error::{LoadError, Result};
-use crate::gemma::Gemma;
-use crate::gemma4::Gemma4;
 use crate::gguf::GgufFile;
-use crate::llama::Llama;
 use crate::model::CausalLm;
+use crate::plan::DecoderPlan;
 use crate::safetensors::SafetensorsDir;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{GgufLayout, WeightSource, Weights};
@@ -109,18 +108,17 @@ pub fn load_with(path: &Path, choice: DeviceChoice, opts: &LoadOptions) -> Resul
     Ok(loaded)
 }
 
-/// A synthetic model (`gpu::SYNTHETIC_MODELS`, `gpu::SYNTHETIC_GEMMA`) with random weights
-/// in `dtype` (bf16, or for the llama family a GGUF block type the CUDA kernels read)
-/// generated on the CUDA device from `seed`; no tokenizer.
+/// A synthetic model (`gpu::SYNTHETIC_MODELS`) with random weights in `dtype` (bf16, or a
+/// GGUF block type the CUDA kernels read) generated on the CUDA device from `seed`; no
+/// tokenizer.
 pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64, dtype: DType) -> Result<LoadedModel> {
     let t0 = Instant::now();
-    let known =
-        || [crate::gpu::SYNTHETIC_MODELS.as_slice(), crate::gpu::SYNTHETIC_GEMMA.as_slice()].concat().join(", ");
-    let gemma = crate::gpu::synthetic_gemma(name);
-    let llama = crate::gpu::synthetic_config(name);
-    if gemma.is_none() && llama.is_none() {
-        return Err(LoadError::Other(format!("unknown synthetic model '{name}' (known: {})", known())));
-    }
+    let json = crate::gpu::synthetic_config(name).ok_or_else(|| {
+        LoadError::Other(format!(
+            "unknown synthetic model '{name}' (known: {})",
+            crate::gpu::SYNTHETIC_MODELS.join(", ")
+        ))
+    })?;
     let ordinal = match resolve_device(choice)? {
         Device::Cuda(n) => n,
         Device::Cpu => {
@@ -130,25 +128,12 @@ pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64, dtype: DType) -> R
         }
     };
     let (gpu, device_note) = open_gpu(ordinal)?;
-    let (model, weight_bytes): (Arc<dyn CausalLm>, usize) = match (gemma, llama) {
-        (Some(_), _) if dtype != DType::BF16 => {
-            return Err(LoadError::Other(format!("synthetic {name} is bf16 only (asked for {dtype})")))
-        }
-        (Some(json), _) => {
-            let path = Path::new("synthetic/config.json");
-            let mut cfg = ModelConfig::from_hf_json(path, &json)?;
-            let plan = crate::gemma_plan::plan(&mut cfg, &ConfigSource::Hf { path, json: &json })?;
-            let weights = crate::gpu::GemmaWeights::random(&cfg, &plan, &gpu, seed)?;
-            let bytes = weights.bytes;
-            (Arc::new(crate::gpu::GpuGemma::new(cfg, plan, weights, gpu)?), bytes)
-        }
-        (None, Some(cfg)) => {
-            let weights = crate::gpu::LlamaWeights::random(&cfg, &gpu, seed, dtype)?;
-            let bytes = weights.bytes;
-            (Arc::new(crate::gpu::GpuLlama::new(cfg, weights, gpu)?), bytes)
-        }
-        (None, None) => return Err(LoadError::Other(format!("unknown synthetic model '{name}'"))),
-    };
+    let path = Path::new("synthetic/config.json");
+    let mut cfg = ModelConfig::from_hf_json(path, &json)?;
+    let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path, json: &json })?;
+    let weights = crate::gpu::DecoderWeights::random(&cfg, &plan, &gpu, seed, dtype)?;
+    let weight_bytes = weights.bytes;
+    let model = Arc::new(crate::gpu::GpuDecoder::new(cfg, plan, weights, gpu)?);
     Ok(LoadedModel {
         model,
         tokenizer: None,
@@ -159,6 +144,19 @@ pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64, dtype: DType) -> R
         device: Device::Cuda(ordinal),
         device_note,
     })
+}
+
+/// The CUDA executor of the HF model directory `dir` on device `ordinal`, as its concrete type
+/// (tests switch its CUDA graphs off and on).
+pub fn gpu_decoder(dir: &Path, ordinal: usize) -> Result<crate::gpu::GpuDecoder> {
+    let cfg_path = dir.join("config.json");
+    let json = read_json(&cfg_path)?;
+    let mut cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
+    let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path: &cfg_path, json: &json })?;
+    let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), GgufLayout::default());
+    let (gpu, _) = open_gpu(ordinal)?;
+    let w = crate::gpu::DecoderWeights::upload(&cfg, &plan, &weights, &gpu, &|_| {})?;
+    crate::gpu::GpuDecoder::new(cfg, plan, w, gpu)
 }
 
 /// Open CUDA device `ordinal`: the device and a note saying what it is and how its kernels
@@ -193,41 +191,26 @@ fn read_json(path: &Path) -> Result<Value> {
 /// The model on its device, the device and its note.
 type Built = (Arc<dyn CausalLm>, Device, String);
 
-/// The architecture's module builds the model (`config::ARCHITECTURES` names them), on the
-/// CUDA device when `target` resolved to one and the architecture has a CUDA path.
-fn build(cfg: ModelConfig, src: &ConfigSource, weights: &Weights, target: &Target) -> Result<Built> {
-    let gemma =
-        matches!(cfg.arch, Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 | Architecture::Gemma4);
-    if let (Device::Cuda(ordinal), true) = (target.device, gemma) {
-        let mut cfg = cfg.clone();
-        let plan = crate::gemma_plan::plan(&mut cfg, src)?;
-        match crate::gpu::gemma_unsupported(&plan) {
+/// The model of `cfg` from its family's plan, on the CUDA device when `target` resolved to
+/// one and the plan has a CUDA path.
+fn build(mut cfg: ModelConfig, src: &ConfigSource, weights: &Weights, target: &Target) -> Result<Built> {
+    let plan = (cfg.arch.plan)(&mut cfg, src)?;
+    if let Device::Cuda(ordinal) = target.device {
+        match crate::gpu::unsupported(&plan) {
             None => {
                 let (gpu, note) = open_gpu(ordinal)?;
                 let bar = progress_bar(cfg.num_layers);
-                let w = crate::gpu::GemmaWeights::upload(&cfg, &plan, weights, &gpu, &|n| bar.set_position(n as u64))?;
+                let w =
+                    crate::gpu::DecoderWeights::upload(&cfg, &plan, weights, &gpu, &|n| bar.set_position(n as u64))?;
                 bar.finish_and_clear();
-                let model = Arc::new(crate::gpu::GpuGemma::new(cfg, plan, w, gpu)?);
-                return Ok((model, target.device, note));
-            }
-            Some(why) if target.choice == DeviceChoice::Auto => eprintln!("note: {why}; running on the CPU"),
-            Some(why) => return Err(LoadError::Other(format!("cannot run this model on cuda:{ordinal}: {why}"))),
-        }
-    } else if let Device::Cuda(ordinal) = target.device {
-        match crate::gpu::unsupported(&cfg) {
-            None => {
-                let (gpu, note) = open_gpu(ordinal)?;
-                let bar = progress_bar(cfg.num_layers);
-                let w = crate::gpu::LlamaWeights::upload(&cfg, weights, &gpu, &|n| bar.set_position(n as u64))?;
-                bar.finish_and_clear();
-                let model = Arc::new(crate::gpu::GpuLlama::new(cfg, w, gpu)?);
+                let model = Arc::new(crate::gpu::GpuDecoder::new(cfg, plan, w, gpu)?);
                 return Ok((model, target.device, note));
             }
             Some(why) if target.choice == DeviceChoice::Auto => eprintln!("note: {why}; running on the CPU"),
             Some(why) => return Err(LoadError::Other(format!("cannot run this model on cuda:{ordinal}: {why}"))),
         }
     }
-    Ok((build_cpu(cfg, src, weights)?, Device::Cpu, "cpu".into()))
+    Ok((build_cpu(cfg, plan, weights)?, Device::Cpu, "cpu".into()))
 }
 
 fn progress_bar(layers: usize) -> indicatif::ProgressBar {
@@ -239,20 +222,11 @@ fn progress_bar(layers: usize) -> indicatif::ProgressBar {
     bar
 }
 
-fn build_cpu(cfg: ModelConfig, src: &ConfigSource, weights: &Weights) -> Result<Arc<dyn CausalLm>> {
+fn build_cpu(cfg: ModelConfig, plan: DecoderPlan, weights: &Weights) -> Result<Arc<dyn CausalLm>> {
     let bar = progress_bar(cfg.num_layers);
-    let progress = |n: usize| bar.set_position(n as u64);
-    let model: Arc<dyn CausalLm> = match cfg.arch {
-        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => {
-            Arc::new(Llama::load(cfg, weights, &progress)?)
-        }
-        Architecture::Gemma | Architecture::Gemma2 | Architecture::Gemma3 => {
-            Arc::new(Gemma::load(cfg, src, weights, &progress)?)
-        }
-        Architecture::Gemma4 => Arc::new(Gemma4::load(cfg, src, weights, &progress)?),
-    };
+    let model = Decoder::load(cfg, plan, weights, &|n| bar.set_position(n as u64))?;
     bar.finish_and_clear();
-    Ok(model)
+    Ok(Arc::new(model))
 }
 
 fn load_hf_dir(dir: &Path, target: &Target, opts: &LoadOptions) -> Result<LoadedModel> {
@@ -316,8 +290,8 @@ fn load_gguf(path: &Path, target: &Target, opts: &LoadOptions) -> Result<LoadedM
         None => None,
     };
     let layout = GgufLayout {
-        unpermute_qk: (cfg.arch == Architecture::Llama).then_some((cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)),
-        sandwich_norms: matches!(cfg.arch, Architecture::Gemma2 | Architecture::Gemma3),
+        unpermute_qk: cfg.arch.quirks.gguf_unpermute_qk.then_some((cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)),
+        sandwich_norms: cfg.arch.quirks.gguf_sandwich,
     };
     let weights = Weights::new(WeightSource::Gguf(g), layout);
     let WeightSource::Gguf(g) = weights.source() else {

@@ -8,12 +8,12 @@
 
 use ferrite_runtime::{cpu, Result as RtResult};
 
-use crate::blocks::{GatedMlp, Linear, RmsNorm};
+use crate::blocks::{Linear, Mlp, RmsNorm};
 use crate::config::Activation;
 use crate::error::Result;
 use crate::weights::Weights;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoeShape {
     pub num_experts: usize,
     pub top_k: usize,
@@ -27,7 +27,7 @@ pub struct Moe {
     router: Linear,
     per_expert_scale: Vec<f32>,
     top_k: usize,
-    experts: Vec<GatedMlp>,
+    experts: Vec<Mlp>,
     /// Norms the dense MLP's output (`post_feedforward_layernorm_1`).
     post_mlp_norm: RmsNorm,
     /// Norms the experts' input (`pre_feedforward_layernorm_2`).
@@ -58,11 +58,11 @@ impl Moe {
         let gate_up = w.get(&p("experts.gate_up_proj"), &[e, 2 * inter, hidden])?;
         let down = w.get(&p("experts.down_proj"), &[e, hidden, inter])?;
         let experts = (0..e)
-            .map(|x| -> Result<GatedMlp> {
+            .map(|x| -> Result<Mlp> {
                 let rows =
                     |t: &ferrite_runtime::Tensor, r: std::ops::Range<usize>| t.slice_rows(r).map(Linear::from_tensor);
                 let base = 2 * inter * x;
-                Ok(GatedMlp::new(
+                Ok(Mlp::gated(
                     rows(&gate_up, base..base + inter)?,
                     rows(&gate_up, base + inter..base + 2 * inter)?,
                     rows(&down, hidden * x..hidden * (x + 1))?,

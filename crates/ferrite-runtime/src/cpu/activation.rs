@@ -47,15 +47,34 @@ unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// `gate = gelu_tanh(gate) * up`, the approximation `gelu_pytorch_tanh` uses.
-pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+/// The tanh approximation of GELU that `gelu_pytorch_tanh` uses.
+fn gelu_tanh_of(g: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    apply(gate, up, |g| 0.5 * g * (1.0 + (SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g)).tanh()));
+    0.5 * g * (1.0 + (SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g)).tanh())
+}
+
+/// `gate = gelu_tanh(gate) * up`.
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    apply(gate, up, gelu_tanh_of);
+}
+
+/// `x = gelu_tanh(x)` (a plain, ungated MLP).
+pub fn gelu_tanh(x: &mut [f32]) {
+    map(x, gelu_tanh_of);
+}
+
+/// `x = silu(x)` (a plain, ungated MLP).
+pub fn silu(x: &mut [f32]) {
+    map(x, |g| g / (1.0 + (-g).exp()));
 }
 
 /// `x = cap * tanh(x / cap)`, element-wise (Gemma's final-logit softcapping).
 pub fn softcap(x: &mut [f32], cap: f32) {
-    let body = |v: &mut f32| *v = cap * (*v / cap).tanh();
+    map(x, |v| cap * (v / cap).tanh());
+}
+
+fn map(x: &mut [f32], f: impl Fn(f32) -> f32 + Sync) {
+    let body = |v: &mut f32| *v = f(*v);
     if x.len() >= PAR_MIN {
         x.par_iter_mut().for_each(body);
     } else {

@@ -8,17 +8,35 @@
 //! and global layers their own RoPE (`rope_local_base_freq`, scaling on global layers only).
 
 use ferrite_runtime::cpu::AttentionParams;
-use ferrite_runtime::{ForwardBatch, KvCache, KvGroupKind, KvLayout, Result as RtResult, Tensor};
+use ferrite_runtime::KvGroupKind;
 use serde_json::Value;
 
-use crate::blocks::{self, Attention, AttentionConfig, GatedMlp, LayerKv, LmHead, RmsNorm};
-use crate::config::{get_f64, get_usize, rope_from_params, Architecture, ConfigSource, LayerType, ModelConfig};
+use crate::blocks::{self, AttentionConfig, LayerKv};
+use crate::config::{get_f64, get_usize, rope_from_params, ConfigSource, LayerType, ModelConfig};
 use crate::error::Result;
-use crate::gemma_plan::{GemmaPlan, LayerPlan};
 use crate::gguf::GgufFile;
-use crate::model::CausalLm;
+use crate::plan::{DecoderPlan, FfnPlan, LayerNames, LayerPlan, NormKind};
 use crate::rope_scaling::{RopeKind, RopeScaling};
-use crate::weights::Weights;
+
+/// Which Gemma.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gen {
+    Gemma,
+    Gemma2,
+    Gemma3,
+}
+
+pub fn plan_gemma(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
+    plan(cfg, src, Gen::Gemma)
+}
+
+pub fn plan_gemma2(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
+    plan(cfg, src, Gen::Gemma2)
+}
+
+pub fn plan_gemma3(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
+    plan(cfg, src, Gen::Gemma3)
+}
 
 /// The Gemma settings beyond `ModelConfig`.
 struct Settings {
@@ -41,24 +59,24 @@ fn cap(json: &Value, key: &str, default: Option<f64>) -> Option<f32> {
 }
 
 impl Settings {
-    fn from_hf(cfg: &ModelConfig, json: &Value) -> std::result::Result<Settings, String> {
+    fn from_hf(cfg: &ModelConfig, gen: Gen, json: &Value) -> std::result::Result<Settings, String> {
         let n = cfg.num_layers;
         let bidirectional = json.get("use_bidirectional_attention").is_some_and(|v| v.as_bool() == Some(true));
         if bidirectional {
             return Err("use_bidirectional_attention = true is not supported".into());
         }
-        let (default_types, default_final) = match cfg.arch {
-            Architecture::Gemma => (vec![LayerType::Full; n], None),
-            Architecture::Gemma2 => (LayerType::pattern(n, 2), Some(30.0)),
+        let (default_types, default_final) = match gen {
+            Gen::Gemma => (vec![LayerType::Full; n], None),
+            Gen::Gemma2 => (LayerType::pattern(n, 2), Some(30.0)),
             _ => {
                 let pattern =
                     ["sliding_window_pattern", "_sliding_window_pattern"].iter().find_map(|k| get_usize(json, k));
                 (LayerType::pattern(n, pattern.unwrap_or(6)), None)
             }
         };
-        let local_rope = match cfg.arch {
+        let local_rope = match gen {
             // Gemma 3: `rope_parameters.sliding_attention`, or `rope_local_base_freq` (1e4).
-            Architecture::Gemma3 => {
+            Gen::Gemma3 => {
                 let empty = Value::Object(Default::default());
                 let per_type = json.get("rope_parameters").filter(|p| p.as_object().is_some_and(|o| !o.is_empty()));
                 if per_type.is_some_and(|p| p.get(LayerType::Full.hf_name()).is_none()) {
@@ -74,17 +92,17 @@ impl Settings {
         };
         Ok(Settings {
             layer_types: LayerType::list_from_hf(json, n, default_types)?,
-            query_pre_attn_scalar: match cfg.arch {
-                Architecture::Gemma => cfg.head_dim as f64,
+            query_pre_attn_scalar: match gen {
+                Gen::Gemma => cfg.head_dim as f64,
                 _ => get_f64(json, "query_pre_attn_scalar").unwrap_or(256.0),
             },
             // Gemma 3 drops attention softcapping: transformers ignores the key.
-            attn_softcap: match cfg.arch {
-                Architecture::Gemma2 => cap(json, "attn_logit_softcapping", Some(50.0)),
+            attn_softcap: match gen {
+                Gen::Gemma2 => cap(json, "attn_logit_softcapping", Some(50.0)),
                 _ => None,
             },
-            final_softcap: match cfg.arch {
-                Architecture::Gemma => None,
+            final_softcap: match gen {
+                Gen::Gemma => None,
                 _ => cap(json, "final_logit_softcapping", default_final),
             },
             local_rope,
@@ -92,26 +110,26 @@ impl Settings {
     }
 
     /// As llama.cpp reads a Gemma GGUF.
-    fn from_gguf(cfg: &ModelConfig, g: &GgufFile) -> std::result::Result<Settings, String> {
+    fn from_gguf(cfg: &ModelConfig, gen: Gen, g: &GgufFile) -> std::result::Result<Settings, String> {
         let n = cfg.num_layers;
         let arch = g.architecture().map_err(|e| e.to_string())?;
         let key = |k: &str| format!("{arch}.{k}");
-        let layer_types = match (cfg.arch, cfg.sliding_window) {
-            (Architecture::Gemma, _) | (Architecture::Gemma3, None) => vec![LayerType::Full; n],
+        let layer_types = match (gen, cfg.sliding_window) {
+            (Gen::Gemma, _) | (Gen::Gemma3, None) => vec![LayerType::Full; n],
             (_, _) => gguf_layer_types(
                 g,
                 &key("attention.sliding_window_pattern"),
                 n,
-                if cfg.arch == Architecture::Gemma2 { 2 } else { 6 },
+                if gen == Gen::Gemma2 { 2 } else { 6 },
             )?,
         };
         // The 27B models scale by hidden / heads, the others by head_dim (gemma_pytorch's
         // query_pre_attn_scalar, which the GGUF does not carry).
-        let is_27b = matches!((cfg.arch, n), (Architecture::Gemma2, 46) | (Architecture::Gemma3, 62));
+        let is_27b = matches!((gen, n), (Gen::Gemma2, 46) | (Gen::Gemma3, 62));
         let scalar = if is_27b { (cfg.hidden_size / cfg.num_heads) as f64 } else { cfg.head_dim as f64 };
         let local_theta = g.get_f64(&key("rope.freq_base_swa"));
-        let local_rope = match cfg.arch {
-            Architecture::Gemma3 => RopeScaling {
+        let local_rope = match gen {
+            Gen::Gemma3 => RopeScaling {
                 theta: local_theta.unwrap_or(10_000.0),
                 rotary_dim: cfg.head_dim,
                 kind: RopeKind::Default,
@@ -122,13 +140,13 @@ impl Settings {
         Ok(Settings {
             layer_types,
             query_pre_attn_scalar: scalar,
-            attn_softcap: match cfg.arch {
-                Architecture::Gemma2 => Some(float("attn_logit_softcapping").unwrap_or(50.0)),
+            attn_softcap: match gen {
+                Gen::Gemma2 => Some(float("attn_logit_softcapping").unwrap_or(50.0)),
                 _ => None,
             },
-            final_softcap: match cfg.arch {
-                Architecture::Gemma2 => Some(float("final_logit_softcapping").unwrap_or(30.0)),
-                Architecture::Gemma3 => float("final_logit_softcapping"),
+            final_softcap: match gen {
+                Gen::Gemma2 => Some(float("final_logit_softcapping").unwrap_or(30.0)),
+                Gen::Gemma3 => float("final_logit_softcapping"),
                 _ => None,
             },
             local_rope,
@@ -151,33 +169,15 @@ fn gguf_layer_types(g: &GgufFile, key: &str, n: usize, default: usize) -> std::r
         .ok_or_else(|| format!("{key} holds a non-bool"))
 }
 
-struct Layer {
-    input_norm: RmsNorm,
-    attn: Attention,
-    /// Gemma 2/3 norm each sublayer's output before the residual add.
-    post_attn_norm: Option<RmsNorm>,
-    pre_ffn_norm: RmsNorm,
-    mlp: GatedMlp,
-    post_ffn_norm: Option<RmsNorm>,
-}
-
-pub struct Gemma {
-    cfg: ModelConfig,
-    embed: Tensor,
-    embed_scale: f32,
-    layers: Vec<Layer>,
-    head: LmHead,
-    layout: KvLayout,
-}
-
-/// The layer plan of a Gemma 1/2/3 config.
-pub fn plan(cfg: &ModelConfig, src: &ConfigSource) -> Result<GemmaPlan> {
+/// The plan of a Gemma 1/2/3 config.
+fn plan(cfg: &ModelConfig, src: &ConfigSource, gen: Gen) -> Result<DecoderPlan> {
     let s = match src {
-        ConfigSource::Hf { json, .. } => Settings::from_hf(cfg, json),
-        ConfigSource::Gguf(g) => Settings::from_gguf(cfg, g),
+        ConfigSource::Hf { json, .. } => Settings::from_hf(cfg, gen, json),
+        ConfigSource::Gguf(g) => Settings::from_gguf(cfg, gen, g),
     }
     .map_err(|m| src.error(m))?;
-    let (eps, offset) = (cfg.rms_norm_eps, cfg.arch.norm_offset());
+    // The weights hold `w` of a `(1 + w)` norm.
+    let (eps, offset) = (cfg.rms_norm_eps, 1.0);
     let window = |t: LayerType| match (t, cfg.sliding_window) {
         (LayerType::Sliding, Some(w)) => Ok(Some(w)),
         (LayerType::Sliding, None) => Err(src.error("sliding_attention layers need a sliding_window")),
@@ -209,81 +209,21 @@ pub fn plan(cfg: &ModelConfig, src: &ConfigSource) -> Result<GemmaPlan> {
             kv_index: i,
             eps,
         };
-        layers.push(LayerPlan { attn, intermediate: cfg.intermediate_size });
+        let ffn = FfnPlan { act: cfg.hidden_act, intermediate: cfg.intermediate_size, bias: false, moe: None };
+        // Gemma 1 is pre-norm; from Gemma 2 on each sublayer's output is normed too.
+        let names = if gen == Gen::Gemma { LayerNames::llama(i) } else { LayerNames::sandwich(i) };
+        layers.push(LayerPlan { attn, ffn, names });
     }
-    Ok(GemmaPlan {
+    Ok(DecoderPlan {
         layers,
         layout,
-        norm_offset: offset,
-        sandwich: cfg.arch != Architecture::Gemma,
+        norm: NormKind::Rms { offset },
+        eps,
+        embed_scale: Some((cfg.hidden_size as f64).sqrt() as f32),
+        residual_scale: None,
+        logit_scale: None,
         final_softcap: s.final_softcap,
         per_layer_input: None,
-        moe: None,
         layer_scalar: false,
     })
-}
-
-impl Gemma {
-    pub fn load(cfg: ModelConfig, src: &ConfigSource, w: &Weights, progress: &dyn Fn(usize)) -> Result<Gemma> {
-        let plan = plan(&cfg, src)?;
-        let (d, eps, offset) = (cfg.hidden_size, cfg.rms_norm_eps, plan.norm_offset);
-        let mut layers = Vec::with_capacity(cfg.num_layers);
-        for (i, l) in plan.layers.into_iter().enumerate() {
-            let p = |name: &str| format!("model.layers.{i}.{name}");
-            let norm = |name: &str| RmsNorm::load(w, &p(&format!("{name}.weight")), d, offset, eps);
-            let (post_attn_norm, pre_ffn_norm, post_ffn_norm) = if plan.sandwich {
-                (
-                    Some(norm("post_attention_layernorm")?),
-                    norm("pre_feedforward_layernorm")?,
-                    Some(norm("post_feedforward_layernorm")?),
-                )
-            } else {
-                (None, norm("post_attention_layernorm")?, None)
-            };
-            layers.push(Layer {
-                input_norm: norm("input_layernorm")?,
-                attn: Attention::load(w, &p("self_attn"), d, l.attn)?,
-                post_attn_norm,
-                pre_ffn_norm,
-                mlp: GatedMlp::load(w, &p("mlp"), d, l.intermediate, cfg.hidden_act)?,
-                post_ffn_norm,
-            });
-            progress(i + 1);
-        }
-        let embed = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
-        let head = LmHead::load(w, &cfg, &embed, offset, plan.final_softcap)?;
-        Ok(Gemma { embed_scale: (d as f64).sqrt() as f32, cfg, embed, layers, head, layout: plan.layout })
-    }
-}
-
-impl CausalLm for Gemma {
-    fn config(&self) -> &ModelConfig {
-        &self.cfg
-    }
-
-    fn kv_layout(&self) -> KvLayout {
-        self.layout.clone()
-    }
-
-    fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<f32>> {
-        let t = batch.num_tokens();
-        let mut x = blocks::embed(&self.embed, &batch.tokens, Some(self.embed_scale))?;
-        let mut h = vec![0f32; x.len()];
-        let mut o = vec![0f32; x.len()];
-        for l in &self.layers {
-            l.input_norm.forward(&x, &mut h);
-            l.attn.forward(&h, batch, kv, &mut o)?;
-            if let Some(n) = &l.post_attn_norm {
-                n.forward_in_place(&mut o);
-            }
-            blocks::add_in_place(&mut x, &o);
-            l.pre_ffn_norm.forward(&x, &mut h);
-            l.mlp.forward(&h, t, &mut o)?;
-            if let Some(n) = &l.post_ffn_norm {
-                n.forward_in_place(&mut o);
-            }
-            blocks::add_in_place(&mut x, &o);
-        }
-        self.head.logits(&x, batch)
-    }
 }

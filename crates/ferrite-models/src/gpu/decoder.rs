@@ -1,14 +1,17 @@
-//! `GpuGemma`: Gemma 1, 2, 3 and 4 on one CUDA device, built from the same `GemmaPlan` as
-//! the CPU models and run by the shared step machinery (`runner`).
+//! `GpuDecoder`: the CUDA executor of a `DecoderPlan`, for every family, behind the same
+//! `CausalLm` interface as the CPU executor; the step machinery, graphs and LM head are
+//! `runner`'s.
 //!
-//! A layer is: RMSNorm → fused QKV GEMM → per-head q/k (and Gemma 4's unscaled v) norms →
-//! RoPE of the layer's schedule with the KV write (none for a KV-shared layer, which reads
-//! its donor's cache layer) → paged attention (the layer's window, scale and softcap) →
-//! output GEMM → post-attention norm added to the residual → pre-FFN norm → fused gate-up
-//! GEMM with GeGLU → down GEMM (plus Gemma 4's routed experts) → post-FFN norm added to the
-//! residual, then Gemma 4's per-layer input and layer scalar. Gemma 1 has no sandwich norms:
-//! its sublayer outputs are added by the next norm (fused), as in the llama family. The
-//! embedding is scaled by `sqrt(hidden)`; the logits are softcapped when the model says so.
+//! A layer is: the input norm (fused with the residual add of the sublayer before it) →
+//! fused QKV GEMM (+bias) → per-head q/k (and Gemma 4's unscaled v) norms → RoPE of the
+//! layer's schedule with the KV write (none for a KV-shared layer, which reads its donor's
+//! cache layer) → paged attention (the layer's window, scale and softcap) → output GEMM → the
+//! output norm added to the residual, or the add left to the next norm → the pre-FFN norm →
+//! fused gate-up GEMM with the gated activation → down GEMM (plus Gemma 4's routed experts) →
+//! the FFN output norm, then Gemma 4's per-layer input and layer scalar. In a decode step of
+//! a layer without q/k norms, the attention kernel itself rotates q and the new key and
+//! stores K and V (one launch instead of two). Matrices are bf16 or GGUF blocks (`Matrix`);
+//! activations are bf16, every kernel computes in f32, GEMMs accumulate in f32.
 //!
 //! Experts are routed on the host: a MoE layer copies its router logits back, picks each
 //! token's experts as the CPU model does, and runs each expert over the tokens routed to it.
@@ -22,15 +25,15 @@ use ferrite_runtime::cuda::{CudaSlice, DevicePtr, Gpu};
 use ferrite_runtime::{KvCache, KvLayout, Result as RtResult};
 use half::bf16;
 
-use super::gemma_weights::{GemmaWeights, LayerWeights, MoeWeights};
+use super::decoder_weights::{DecoderWeights, LayerWeights, MoeWeights};
 use super::runner::{step_inputs, Decode, GpuModel, LayerBuffers, Layers, StepIo};
 use crate::config::{Activation, ModelConfig};
 use crate::error::{LoadError, Result};
-use crate::gemma_plan::GemmaPlan;
 use crate::moe::route_row;
+use crate::plan::{DecoderPlan, MlpNames, NormKind};
 
-/// The Gemma families on the device.
-pub type GpuGemma = GpuModel<GemmaLayers>;
+/// Any family on the device.
+pub type GpuDecoder = GpuModel<DecoderLayers>;
 
 /// Head widths the CUDA attention kernels are built for.
 const HEAD_DIMS: [usize; 6] = [16, 32, 64, 128, 256, 512];
@@ -41,18 +44,21 @@ struct LayerRope {
     scaling: f32,
 }
 
-pub struct GemmaLayers {
+pub struct DecoderLayers {
     cfg: ModelConfig,
-    plan: GemmaPlan,
+    plan: DecoderPlan,
     /// Each layer's attention shape (in layer order).
     params: Vec<AttentionParams>,
     ropes: Vec<LayerRope>,
     act: GatedActivation,
-    w: GemmaWeights,
+    w: DecoderWeights,
 }
 
-/// Why a Gemma plan cannot run on this path, if it cannot.
-pub fn gemma_unsupported(plan: &GemmaPlan) -> Option<String> {
+/// Why `plan` cannot run on the CUDA executor, if it cannot.
+pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
+    if plan.norm == NormKind::Layer {
+        return Some("LayerNorm has no CUDA path yet".into());
+    }
     for (i, l) in plan.layers.iter().enumerate() {
         let hd = l.attn.params.head_dim;
         if !HEAD_DIMS.contains(&hd) {
@@ -64,14 +70,26 @@ pub fn gemma_unsupported(plan: &GemmaPlan) -> Option<String> {
         if l.attn.v_norm && l.attn.qk_norm.is_none() {
             return Some(format!("layer {i}: a v norm without q/k norms has no CUDA path"));
         }
+        if matches!(l.names.mlp, MlpNames::Plain { .. }) {
+            return Some("plain (ungated) MLPs have no CUDA path yet".into());
+        }
+        if l.names.input_norm.is_none() || l.names.pre_ffn_norm.is_none() {
+            return Some("post-norm layers have no CUDA path yet".into());
+        }
+        if l.ffn.bias {
+            return Some("MLP biases have no CUDA path yet".into());
+        }
+    }
+    if plan.residual_scale.is_some() || plan.logit_scale.is_some() {
+        return Some("residual and logit multipliers have no CUDA path yet".into());
     }
     None
 }
 
-/// The Gemma families' activation buffers.
+/// The activation buffers of a step.
 pub struct Buffers {
     layer: LayerBuffers,
-    /// Gemma 1: `o` still has to be added to the residual (by the next norm, fused).
+    /// `o` still has to be added to the residual (by the next norm, fused).
     pending: bool,
     per_layer: Option<PerLayerBuffers>,
     moe: Option<MoeBuffers>,
@@ -103,10 +121,10 @@ struct MoeBuffers {
     sum: CudaSlice<bf16>,
 }
 
-impl GpuGemma {
+impl GpuDecoder {
     /// A model of `cfg` laid out by `plan`, with weights `w` already on `gpu`.
-    pub fn new(cfg: ModelConfig, plan: GemmaPlan, w: GemmaWeights, gpu: Arc<Gpu>) -> Result<GpuGemma> {
-        if let Some(why) = gemma_unsupported(&plan) {
+    pub fn new(cfg: ModelConfig, plan: DecoderPlan, w: DecoderWeights, gpu: Arc<Gpu>) -> Result<GpuDecoder> {
+        if let Some(why) = unsupported(&plan) {
             return Err(LoadError::Other(why));
         }
         let ropes = plan
@@ -123,7 +141,7 @@ impl GpuGemma {
         };
         let params = plan.layers.iter().map(|l| l.attn.params).collect();
         let bytes = w.bytes;
-        Ok(GpuModel::from_layers(GemmaLayers { cfg, plan, params, ropes, act, w }, gpu, bytes))
+        Ok(GpuModel::from_layers(DecoderLayers { cfg, plan, params, ropes, act, w }, gpu, bytes))
     }
 }
 
@@ -132,9 +150,10 @@ fn qkv_width(p: &AttentionParams, shared: bool) -> usize {
     (p.n_heads + if shared { 0 } else { 2 * p.n_kv_heads }) * p.head_dim
 }
 
-impl GemmaLayers {
+impl DecoderLayers {
     /// Queue a MoE block: `o` (the dense MLP's output) becomes `post_mlp_norm(o) +
     /// post_norm(experts(pre_norm(x)))`, with the experts routed on the host.
+    #[allow(clippy::too_many_arguments)]
     fn queue_moe(
         &self,
         gpu: &Gpu,
@@ -142,10 +161,11 @@ impl GemmaLayers {
         o: &mut CudaSlice<bf16>,
         m: &mut MoeBuffers,
         w: &MoeWeights,
+        i: usize,
         tokens: usize,
     ) -> RtResult<()> {
-        let Some(shape) = self.plan.moe else { return Ok(()) };
-        let (d, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
+        let Some(shape) = self.plan.layers[i].ffn.moe else { return Ok(()) };
+        let (d, eps) = (self.cfg.hidden_size, self.plan.eps);
         let (e, k, mi) = (shape.num_experts, shape.top_k, shape.intermediate);
         ops::rms_norm(gpu, &*o, None, &w.post_mlp_norm, (tokens, d), eps, 0.0, &mut m.mixed)?;
         ops::rms_norm(gpu, x, None, &w.router_norm, (tokens, d), eps, 0.0, &mut m.normed)?;
@@ -193,7 +213,7 @@ impl GemmaLayers {
         Ok(())
     }
 
-    /// `h = norm(x)`, first adding a pending sublayer output `o` to `x` (Gemma 1).
+    /// `h = norm(x)`, first adding a pending sublayer output `o` to `x` (in the same launch).
     fn norm_into(
         &self,
         gpu: &Gpu,
@@ -202,7 +222,7 @@ impl GemmaLayers {
         w: &CudaSlice<f32>,
         tokens: usize,
     ) -> RtResult<()> {
-        let (d, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
+        let (d, eps) = (self.cfg.hidden_size, self.plan.eps);
         if std::mem::take(&mut b.pending) {
             ops::rms_norm(gpu, &b.layer.o, Some(&mut io.x), w, (tokens, d), eps, 0.0, &mut io.h)?;
         } else {
@@ -211,8 +231,8 @@ impl GemmaLayers {
         Ok(())
     }
 
-    /// The sublayer output in `b.layer.o` joins the residual: normed and added (scaled by `scale`)
-    /// with a sandwich norm, else left pending for the next norm.
+    /// The sublayer output in `b.layer.o` joins the residual: normed and added (scaled by
+    /// `scale`) with an output norm, else left pending for the next norm.
     fn residual(
         &self,
         gpu: &Gpu,
@@ -222,7 +242,7 @@ impl GemmaLayers {
         tokens: usize,
         scale: f32,
     ) -> RtResult<()> {
-        let (d, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
+        let (d, eps) = (self.cfg.hidden_size, self.plan.eps);
         match post_norm {
             Some(w) => ops::rms_norm_add(gpu, &b.layer.o, w, &mut io.x, (tokens, d), eps, scale)?,
             None => b.pending = true,
@@ -230,8 +250,9 @@ impl GemmaLayers {
         Ok(())
     }
 
+    /// Queue layer `i`'s attention: its output projection lands in `b.layer.o`.
     #[allow(clippy::too_many_arguments)]
-    fn queue_layer(
+    fn queue_attention(
         &self,
         gpu: &Gpu,
         io: &mut StepIo,
@@ -242,16 +263,13 @@ impl GemmaLayers {
         i: usize,
         l: &LayerWeights,
     ) -> RtResult<()> {
-        let cfg = &self.cfg;
-        let (d, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        let (d, eps) = (self.cfg.hidden_size, self.plan.eps);
         let a = &self.plan.layers[i].attn;
         let p = &self.params[i];
         let (nh, nkv, hd) = (p.n_heads, p.n_kv_heads, p.head_dim);
         let (q_w, qkv_w) = (nh * hd, qkv_width(p, a.shared));
-        let inter = self.plan.layers[i].intermediate;
-        self.norm_into(gpu, io, b, &l.input_norm, tokens)?;
         let bias = l.qkv_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
-        ops::linear(gpu, &io.h, &l.qkv, bias, &mut b.layer.qkv, (tokens, qkv_w, d))?;
+        l.qkv.linear(gpu, &io.h, bias, &mut b.layer.qkv, (tokens, qkv_w, d), io.dequant.as_mut())?;
         let own = if a.shared { 0 } else { nkv };
         if a.qk_norm.is_some() {
             let heads = QkvHeads {
@@ -269,38 +287,75 @@ impl GemmaLayers {
         let group = self.plan.layout.layers[a.kv_index].group;
         let layer_kv = kv.device_layer_mut(a.kv_index)?;
         let rope = &self.ropes[i];
-        let shape = RopeShape { tokens, n_heads: nh + own, head_dim: hd, stride: qkv_w };
-        let store = (!a.shared).then_some((&io.metas[group], &mut *layer_kv));
-        let [_, positions, _] = step_inputs(&io.inputs, tokens, 0)?;
-        ops::rope(gpu, &mut b.layer.qkv, &positions, &rope.inv_freq, rope.scaling, shape, store)?;
         let plan = decode.map(|dec| dec.plan(gpu, p));
-        ops::attention(
-            gpu,
-            &b.layer.qkv,
-            qkv_w,
-            &io.metas[group],
-            layer_kv,
-            p,
-            plan,
-            &mut io.scratch,
-            &mut b.layer.attn,
-            q_w,
-        )?;
-        ops::linear(gpu, &b.layer.attn, &l.o, None, &mut b.layer.o, (tokens, d, q_w))?;
+        match plan {
+            // Decode of a layer with its own KV: the attention kernel rotates q and the new
+            // keys and stores K and V itself.
+            Some(plan) if !a.shared => {
+                let (meta, scratch) = (&io.metas[group], &mut io.scratch);
+                let r = (&rope.inv_freq, rope.scaling);
+                ops::decode_attention_rope(
+                    gpu,
+                    &b.layer.qkv,
+                    qkv_w,
+                    meta,
+                    layer_kv,
+                    p,
+                    r,
+                    plan,
+                    scratch,
+                    &mut b.layer.attn,
+                    q_w,
+                )?;
+            }
+            _ => {
+                let shape = RopeShape { tokens, n_heads: nh + own, head_dim: hd, stride: qkv_w };
+                let store = (!a.shared).then_some((&io.metas[group], &mut *layer_kv));
+                let [_, positions, _] = step_inputs(&io.inputs, tokens, 0)?;
+                ops::rope(gpu, &mut b.layer.qkv, &positions, &rope.inv_freq, rope.scaling, shape, store)?;
+                let (meta, scratch) = (&io.metas[group], &mut io.scratch);
+                ops::attention(gpu, &b.layer.qkv, qkv_w, meta, layer_kv, p, plan, scratch, &mut b.layer.attn, q_w)?;
+            }
+        }
+        l.o.linear(gpu, &b.layer.attn, None, &mut b.layer.o, (tokens, d, q_w), io.dequant.as_mut())?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn queue_layer(
+        &self,
+        gpu: &Gpu,
+        io: &mut StepIo,
+        b: &mut Buffers,
+        kv: &mut KvCache,
+        tokens: usize,
+        decode: Option<Decode>,
+        i: usize,
+        l: &LayerWeights,
+    ) -> RtResult<()> {
+        let (d, eps) = (self.cfg.hidden_size, self.plan.eps);
+        let inter = self.plan.layers[i].ffn.intermediate;
+        if let Some(w) = &l.input_norm {
+            self.norm_into(gpu, io, b, w, tokens)?;
+        }
+        self.queue_attention(gpu, io, b, kv, tokens, decode, i, l)?;
         self.residual(gpu, io, b, l.post_attn_norm.as_ref(), tokens, 1.0)?;
-        self.norm_into(gpu, io, b, &l.ffn_norm, tokens)?;
-        ops::linear_gated(
+        if let Some(w) = &l.pre_ffn_norm {
+            self.norm_into(gpu, io, b, w, tokens)?;
+        }
+        let shape = (tokens, inter, d);
+        l.gate_up.linear_gated(
             gpu,
             self.act,
             &io.h,
-            &l.gate_up,
             &mut b.layer.gate_up,
             &mut b.layer.act,
-            (tokens, inter, d),
+            shape,
+            io.dequant.as_mut(),
         )?;
-        ops::linear(gpu, &b.layer.act, &l.down, None, &mut b.layer.o, (tokens, d, inter))?;
+        l.down.linear(gpu, &b.layer.act, None, &mut b.layer.o, (tokens, d, inter), io.dequant.as_mut())?;
         if let (Some(w), Some(m)) = (&l.moe, b.moe.as_mut()) {
-            self.queue_moe(gpu, &io.x, &mut b.layer.o, m, w, tokens)?;
+            self.queue_moe(gpu, &io.x, &mut b.layer.o, m, w, i, tokens)?;
         }
         let after_ffn = if l.input.is_some() { 1.0 } else { l.scalar };
         self.residual(gpu, io, b, l.post_ffn_norm.as_ref(), tokens, after_ffn)?;
@@ -315,7 +370,7 @@ impl GemmaLayers {
     }
 }
 
-impl Layers for GemmaLayers {
+impl Layers for DecoderLayers {
     type Buffers = Buffers;
 
     fn config(&self) -> &ModelConfig {
@@ -336,7 +391,7 @@ impl Layers for GemmaLayers {
         let max = |f: &dyn Fn(usize) -> usize| (0..n).map(f).max().unwrap_or(0);
         let qkv = max(&|i| qkv_width(&self.params[i], self.plan.layers[i].attn.shared));
         let attn = max(&|i| self.params[i].n_heads * self.params[i].head_dim);
-        let inter = max(&|i| self.plan.layers[i].intermediate);
+        let inter = max(&|i| self.plan.layers[i].ffn.intermediate);
         let per_layer = match self.plan.per_layer_input {
             Some((_, width)) => Some(PerLayerBuffers {
                 proj: bf(tokens * n * width)?,
@@ -346,7 +401,7 @@ impl Layers for GemmaLayers {
             }),
             None => None,
         };
-        let moe = match self.plan.moe {
+        let moe = match self.plan.layers.iter().find_map(|l| l.ffn.moe) {
             Some(s) => {
                 let pairs = tokens * s.top_k;
                 Some(MoeBuffers {
@@ -378,10 +433,9 @@ impl Layers for GemmaLayers {
         decode: Option<Decode>,
     ) -> RtResult<()> {
         let (d, v, n) = (self.cfg.hidden_size, self.cfg.vocab_size, self.plan.layers.len());
-        let scale = (d as f64).sqrt() as f32;
         b.pending = false;
         let [ids, _, _] = step_inputs(&io.inputs, tokens, 0)?;
-        self.w.embed.embedding(gpu, (v, d), &ids, tokens, scale, &mut io.x)?;
+        self.w.embed.embedding(gpu, (v, d), &ids, tokens, self.plan.embed_scale.unwrap_or(1.0), &mut io.x)?;
         if let (Some(pw), Some(pl), Some((vocab, width))) =
             (&self.w.per_layer, b.per_layer.as_mut(), self.plan.per_layer_input)
         {
@@ -393,7 +447,7 @@ impl Layers for GemmaLayers {
                 vocab,
                 proj_scale: (d as f64).powf(-0.5) as f32,
                 emb_scale: (width as f64).sqrt() as f32,
-                eps: self.cfg.rms_norm_eps,
+                eps: self.plan.eps,
             };
             ops::per_layer_inputs(gpu, &pl.proj, &pw.table, &ids, &pw.norm, shape, &mut pl.inputs)?;
         }
@@ -411,11 +465,15 @@ impl Layers for GemmaLayers {
         &self.w.lm_head
     }
 
+    fn scratch_len(&self) -> usize {
+        self.w.scratch_len()
+    }
+
     fn final_softcap(&self) -> Option<f32> {
         self.plan.final_softcap
     }
 
     fn graph_safe(&self) -> bool {
-        self.plan.moe.is_none()
+        self.plan.layers.iter().all(|l| l.ffn.moe.is_none())
     }
 }

@@ -17,17 +17,15 @@
 //! Every key of the config is checked: an unknown or unsupported setting is a load error.
 
 use ferrite_runtime::cpu::AttentionParams;
-use ferrite_runtime::{ForwardBatch, KvCache, KvGroupKind, KvLayout, Result as RtResult, Tensor};
+use ferrite_runtime::KvGroupKind;
 use serde_json::Value;
 
-use crate::blocks::{self, Attention, AttentionConfig, GatedMlp, LayerKv, Linear, LmHead, RmsNorm};
+use crate::blocks::{self, AttentionConfig, LayerKv};
 use crate::config::{get_usize, rope_from_params, ConfigSource, LayerType, ModelConfig};
 use crate::error::Result;
-use crate::gemma_plan::{GemmaPlan, LayerPlan};
-use crate::model::CausalLm;
-use crate::moe::{Moe, MoeShape};
+use crate::moe::MoeShape;
+use crate::plan::{DecoderPlan, FfnPlan, LayerNames, LayerPlan, NormKind};
 use crate::rope_scaling::RopeScaling;
-use crate::weights::Weights;
 
 /// Every `Gemma4TextConfig` key (and the generic `PreTrainedConfig` ones) ferrite understands;
 /// those not read below change nothing at inference.
@@ -253,61 +251,9 @@ fn layer_rope(json: &Value, t: LayerType, head_dim: usize, max_pos: usize) -> st
     rope_from_params(params, &empty, 10_000.0, head_dim, max_pos)
 }
 
-/// Per-layer inputs: a token embedding and a projection of the embeddings, per layer.
-struct PerLayerInput {
-    embed: Tensor,
-    embed_scale: f32,
-    projection: Linear,
-    projection_scale: f32,
-    norm: RmsNorm,
-    width: usize,
-}
-
-impl PerLayerInput {
-    /// `[t, layers * width]`: `(norm(proj(x) / sqrt(hidden)) + embed(tokens) * sqrt(width)) / sqrt(2)`.
-    fn inputs(&self, x: &[f32], tokens: &[u32]) -> RtResult<Vec<f32>> {
-        let tok = blocks::embed(&self.embed, tokens, Some(self.embed_scale))?;
-        let mut proj = self.projection.forward(x, tokens.len())?;
-        proj.iter_mut().for_each(|v| *v *= self.projection_scale);
-        self.norm.forward_in_place(&mut proj);
-        let scale = 0.5f64.sqrt() as f32;
-        proj.iter_mut().zip(&tok).for_each(|(p, e)| *p = (*p + e) * scale);
-        Ok(proj)
-    }
-}
-
-/// A layer's use of its per-layer input: `x += norm(proj(act(gate(x)) * input))`.
-struct LayerInput {
-    gate: Linear,
-    projection: Linear,
-    norm: RmsNorm,
-}
-
-struct Layer {
-    input_norm: RmsNorm,
-    attn: Attention,
-    post_attn_norm: RmsNorm,
-    pre_ffn_norm: RmsNorm,
-    mlp: GatedMlp,
-    moe: Option<Moe>,
-    post_ffn_norm: RmsNorm,
-    input: Option<LayerInput>,
-    scalar: f32,
-}
-
-pub struct Gemma4 {
-    cfg: ModelConfig,
-    embed: Tensor,
-    embed_scale: f32,
-    per_layer_input: Option<PerLayerInput>,
-    layers: Vec<Layer>,
-    head: LmHead,
-    layout: KvLayout,
-}
-
-/// The layer plan of a `gemma4_text` config; sets `cfg.rope` to the global layers' schedule
-/// (at their head_dim).
-pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<GemmaPlan> {
+/// The plan of a `gemma4_text` config; sets `cfg.rope` to the global layers' schedule (at
+/// their head_dim).
+pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
     let s = match src {
         ConfigSource::Hf { json, .. } => Settings::from_hf(cfg, json).map_err(|m| src.error(m))?,
         ConfigSource::Gguf(_) => return Err(src.error("gemma4 GGUF files are not supported yet")),
@@ -338,117 +284,24 @@ pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<GemmaPlan> {
             eps: cfg.rms_norm_eps,
         };
         let intermediate = cfg.intermediate_size * if s.double_wide && shared { 2 } else { 1 };
-        layers.push(LayerPlan { attn, intermediate });
+        let ffn = FfnPlan { act: cfg.hidden_act, intermediate, bias: false, moe: s.moe };
+        layers.push(LayerPlan { attn, ffn, names: LayerNames::sandwich(i) });
     }
     if let Some(i) = s.layer_types.iter().position(|t| *t == LayerType::Full) {
         cfg.rope = s.ropes[i].clone();
     }
-    Ok(GemmaPlan {
+    Ok(DecoderPlan {
         layers,
         layout,
-        norm_offset: 0.0,
-        sandwich: true,
+        norm: NormKind::Rms { offset: 0.0 },
+        eps: cfg.rms_norm_eps,
+        embed_scale: Some((cfg.hidden_size as f64).sqrt() as f32),
+        residual_scale: None,
+        logit_scale: None,
         final_softcap: s.final_softcap,
         per_layer_input: s.per_layer_input,
-        moe: s.moe,
         layer_scalar: true,
     })
-}
-
-impl Gemma4 {
-    pub fn load(mut cfg: ModelConfig, src: &ConfigSource, w: &Weights, progress: &dyn Fn(usize)) -> Result<Gemma4> {
-        let plan = plan(&mut cfg, src)?;
-        let (d, eps, n) = (cfg.hidden_size, cfg.rms_norm_eps, cfg.num_layers);
-        let mut layers = Vec::with_capacity(n);
-        for (i, l) in plan.layers.into_iter().enumerate() {
-            let p = |name: &str| format!("model.layers.{i}.{name}");
-            let norm = |name: &str| RmsNorm::load(w, &p(&format!("{name}.weight")), d, 0.0, eps);
-            let input = match plan.per_layer_input {
-                Some((_, width)) => Some(LayerInput {
-                    gate: Linear::load(w, &p("per_layer_input_gate"), width, d, false)?,
-                    projection: Linear::load(w, &p("per_layer_projection"), d, width, false)?,
-                    norm: norm("post_per_layer_input_norm")?,
-                }),
-                None => None,
-            };
-            let scalar = w.get_f32(&p("layer_scalar"), &[1])?;
-            layers.push(Layer {
-                input_norm: norm("input_layernorm")?,
-                attn: Attention::load(w, &p("self_attn"), d, l.attn)?,
-                post_attn_norm: norm("post_attention_layernorm")?,
-                pre_ffn_norm: norm("pre_feedforward_layernorm")?,
-                mlp: GatedMlp::load(w, &p("mlp"), d, l.intermediate, cfg.hidden_act)?,
-                moe: plan
-                    .moe
-                    .map(|shape| Moe::load(w, &format!("model.layers.{i}"), d, shape, cfg.hidden_act, eps))
-                    .transpose()?,
-                post_ffn_norm: norm("post_feedforward_layernorm")?,
-                input,
-                scalar: scalar[0],
-            });
-            progress(i + 1);
-        }
-        let per_layer_input = match plan.per_layer_input {
-            Some((vocab, width)) => Some(PerLayerInput {
-                embed: w.get("model.embed_tokens_per_layer.weight", &[vocab, n * width])?,
-                embed_scale: (width as f64).sqrt() as f32,
-                projection: Linear::load(w, "model.per_layer_model_projection", n * width, d, false)?,
-                projection_scale: (d as f64).powf(-0.5) as f32,
-                norm: RmsNorm::load(w, "model.per_layer_projection_norm.weight", width, 0.0, eps)?,
-                width,
-            }),
-            None => None,
-        };
-        let embed = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
-        let head = LmHead::load(w, &cfg, &embed, 0.0, plan.final_softcap)?;
-        let layout = plan.layout;
-        Ok(Gemma4 { embed_scale: (d as f64).sqrt() as f32, cfg, embed, per_layer_input, layers, head, layout })
-    }
-}
-
-impl CausalLm for Gemma4 {
-    fn config(&self) -> &ModelConfig {
-        &self.cfg
-    }
-
-    fn kv_layout(&self) -> KvLayout {
-        self.layout.clone()
-    }
-
-    fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<f32>> {
-        let t = batch.num_tokens();
-        let n = self.layers.len();
-        let mut x = blocks::embed(&self.embed, &batch.tokens, Some(self.embed_scale))?;
-        let inputs = self.per_layer_input.as_ref().map(|p| p.inputs(&x, &batch.tokens)).transpose()?;
-        let mut h = vec![0f32; x.len()];
-        let mut o = vec![0f32; x.len()];
-        for (i, l) in self.layers.iter().enumerate() {
-            l.input_norm.forward(&x, &mut h);
-            l.attn.forward(&h, batch, kv, &mut o)?;
-            l.post_attn_norm.forward_in_place(&mut o);
-            blocks::add_in_place(&mut x, &o);
-            l.pre_ffn_norm.forward(&x, &mut h);
-            l.mlp.forward(&h, t, &mut o)?;
-            if let Some(moe) = &l.moe {
-                // The experts and their router read the residual stream before the FFN norm.
-                moe.add_to_mlp(&x, t, &mut o)?;
-            }
-            l.post_ffn_norm.forward_in_place(&mut o);
-            blocks::add_in_place(&mut x, &o);
-            if let (Some(li), Some(inputs), Some(pli)) = (&l.input, &inputs, &self.per_layer_input) {
-                let width = pli.width;
-                let mut gate = li.gate.forward(&x, t)?;
-                let mine: Vec<f32> =
-                    (0..t).flat_map(|tok| &inputs[(tok * n + i) * width..(tok * n + i + 1) * width]).copied().collect();
-                self.cfg.hidden_act.gate(&mut gate, &mine);
-                li.projection.forward_into(&gate, t, &mut o)?;
-                li.norm.forward_in_place(&mut o);
-                blocks::add_in_place(&mut x, &o);
-            }
-            x.iter_mut().for_each(|v| *v *= l.scalar);
-        }
-        self.head.logits(&x, batch)
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,241 @@
+//! `Decoder`: the CPU executor of a `DecoderPlan`, for every family.
+//!
+//! A step: the token embedding (scaled when the plan says so; Gemma 4 also computes its
+//! per-layer inputs), then per layer the attention and the feed-forward part, each with the
+//! norms the layer's names list (input norm, output norm, both, or neither), its output scaled
+//! (granite) and added to the residual stream, then Gemma 4's per-layer input and layer
+//! scalar; the final norm, the LM head, the logit scale and softcap. A sublayer output is added
+//! to the residual in the same pass as the norm that reads the sum (`RmsNorm::forward_add`)
+//! whenever one follows, so every family gets that fusion.
+
+use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, Tensor};
+
+use crate::blocks::{self, Attention, Linear, LmHead, Mlp, RmsNorm};
+use crate::config::ModelConfig;
+use crate::error::{LoadError, Result};
+use crate::model::CausalLm;
+use crate::moe::Moe;
+use crate::plan::{DecoderPlan, NormKind};
+use crate::weights::Weights;
+
+/// Gemma 4's per-layer inputs: a second token embedding and a projection of the embeddings.
+struct PerLayerInput {
+    embed: Tensor,
+    embed_scale: f32,
+    projection: Linear,
+    projection_scale: f32,
+    norm: RmsNorm,
+    width: usize,
+}
+
+impl PerLayerInput {
+    /// `[t, layers * width]`: `(norm(proj(x) / sqrt(hidden)) + embed(tokens) * sqrt(width)) / sqrt(2)`.
+    fn inputs(&self, x: &[f32], tokens: &[u32]) -> RtResult<Vec<f32>> {
+        let tok = blocks::embed(&self.embed, tokens, Some(self.embed_scale))?;
+        let mut proj = self.projection.forward(x, tokens.len())?;
+        proj.iter_mut().for_each(|v| *v *= self.projection_scale);
+        self.norm.forward_in_place(&mut proj);
+        let scale = 0.5f64.sqrt() as f32;
+        proj.iter_mut().zip(&tok).for_each(|(p, e)| *p = (*p + e) * scale);
+        Ok(proj)
+    }
+}
+
+/// A layer's use of its per-layer input: `x += norm(proj(act(gate(x)) * input))`.
+struct LayerInput {
+    gate: Linear,
+    projection: Linear,
+    norm: RmsNorm,
+}
+
+struct Layer {
+    input_norm: Option<RmsNorm>,
+    attn: Attention,
+    post_attn_norm: Option<RmsNorm>,
+    pre_ffn_norm: Option<RmsNorm>,
+    mlp: Mlp,
+    moe: Option<Moe>,
+    post_ffn_norm: Option<RmsNorm>,
+    input: Option<LayerInput>,
+    scalar: f32,
+}
+
+pub struct Decoder {
+    cfg: ModelConfig,
+    embed: Tensor,
+    embed_scale: Option<f32>,
+    residual_scale: Option<f32>,
+    per_layer_input: Option<PerLayerInput>,
+    layers: Vec<Layer>,
+    head: LmHead,
+    layout: KvLayout,
+}
+
+/// The residual stream `x` and a sublayer output `o` that may still have to join it.
+struct Stream {
+    x: Vec<f32>,
+    o: Vec<f32>,
+    /// `o` is not yet added to `x`.
+    pending: bool,
+}
+
+impl Stream {
+    /// `h = norm(x)`, adding a pending `o` to `x` in the same pass.
+    fn norm_into(&mut self, norm: &RmsNorm, h: &mut [f32]) {
+        if std::mem::take(&mut self.pending) {
+            norm.forward_add(&mut self.x, &self.o, h);
+        } else {
+            norm.forward(&self.x, h);
+        }
+    }
+
+    /// Add a pending `o` to `x`.
+    fn settle(&mut self) {
+        if std::mem::take(&mut self.pending) {
+            blocks::add_in_place(&mut self.x, &self.o);
+        }
+    }
+
+    /// `o` is a sublayer's output: normed by `post_norm`, scaled, and left to join `x`.
+    fn sublayer_done(&mut self, post_norm: Option<&RmsNorm>, scale: Option<f32>) {
+        if let Some(n) = post_norm {
+            n.forward_in_place(&mut self.o);
+        }
+        if let Some(s) = scale {
+            self.o.iter_mut().for_each(|v| *v *= s);
+        }
+        self.pending = true;
+    }
+}
+
+impl Decoder {
+    /// Build `plan` from `weights`, checking every tensor; `progress` is told after each layer.
+    pub fn load(cfg: ModelConfig, plan: DecoderPlan, w: &Weights, progress: &dyn Fn(usize)) -> Result<Decoder> {
+        let offset = match plan.norm {
+            NormKind::Rms { offset } => offset,
+            NormKind::Layer => return Err(LoadError::Other("LayerNorm models have no CPU path yet".into())),
+        };
+        let (d, eps, n) = (cfg.hidden_size, plan.eps, plan.layers.len());
+        let norm = |name: &Option<String>| -> Result<Option<RmsNorm>> {
+            name.as_ref().map(|name| RmsNorm::load(w, &format!("{name}.weight"), d, offset, eps)).transpose()
+        };
+        let mut layers = Vec::with_capacity(n);
+        for (i, l) in plan.layers.into_iter().enumerate() {
+            let p = |name: &str| format!("model.layers.{i}.{name}");
+            let input = match plan.per_layer_input {
+                Some((_, width)) => Some(LayerInput {
+                    gate: Linear::load(w, &p("per_layer_input_gate"), width, d, false)?,
+                    projection: Linear::load(w, &p("per_layer_projection"), d, width, false)?,
+                    norm: RmsNorm::load(w, &p("post_per_layer_input_norm.weight"), d, offset, eps)?,
+                }),
+                None => None,
+            };
+            let names = &l.names;
+            let moe = l.ffn.moe.map(|shape| Moe::load(w, &format!("model.layers.{i}"), d, shape, l.ffn.act, eps));
+            layers.push(Layer {
+                input_norm: norm(&names.input_norm)?,
+                attn: Attention::load(w, names, d, l.attn)?,
+                post_attn_norm: norm(&names.post_attn_norm)?,
+                pre_ffn_norm: norm(&names.pre_ffn_norm)?,
+                mlp: Mlp::load(w, &names.mlp, d, l.ffn.intermediate, l.ffn.act, l.ffn.bias)?,
+                moe: moe.transpose()?,
+                post_ffn_norm: norm(&names.post_ffn_norm)?,
+                input,
+                scalar: if plan.layer_scalar { w.get_f32(&p("layer_scalar"), &[1])?[0] } else { 1.0 },
+            });
+            progress(i + 1);
+        }
+        let per_layer_input = match plan.per_layer_input {
+            Some((vocab, width)) => Some(PerLayerInput {
+                embed: w.get("model.embed_tokens_per_layer.weight", &[vocab, n * width])?,
+                embed_scale: (width as f64).sqrt() as f32,
+                projection: Linear::load(w, "model.per_layer_model_projection", n * width, d, false)?,
+                projection_scale: (d as f64).powf(-0.5) as f32,
+                norm: RmsNorm::load(w, "model.per_layer_projection_norm.weight", width, 0.0, eps)?,
+                width,
+            }),
+            None => None,
+        };
+        let embed = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
+        let head = LmHead::load(w, &cfg, &embed, offset, plan.logit_scale, plan.final_softcap)?;
+        Ok(Decoder {
+            cfg,
+            embed,
+            embed_scale: plan.embed_scale,
+            residual_scale: plan.residual_scale,
+            per_layer_input,
+            layers,
+            head,
+            layout: plan.layout,
+        })
+    }
+
+    /// `input` of layer `i` (`[t, layers * width]` per-layer inputs) joins the residual.
+    fn add_layer_input(&self, s: &mut Stream, li: &LayerInput, inputs: &[f32], i: usize, t: usize) -> RtResult<()> {
+        let Some(pli) = &self.per_layer_input else { return Ok(()) };
+        let (n, width) = (self.layers.len(), pli.width);
+        s.settle();
+        let mut gate = li.gate.forward(&s.x, t)?;
+        let mine: Vec<f32> =
+            (0..t).flat_map(|tok| &inputs[(tok * n + i) * width..(tok * n + i + 1) * width]).copied().collect();
+        self.cfg.hidden_act.gate(&mut gate, &mine);
+        li.projection.forward_into(&gate, t, &mut s.o)?;
+        s.sublayer_done(Some(&li.norm), None);
+        Ok(())
+    }
+}
+
+impl CausalLm for Decoder {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        self.layout.clone()
+    }
+
+    fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<f32>> {
+        let t = batch.num_tokens();
+        let x = blocks::embed(&self.embed, &batch.tokens, self.embed_scale)?;
+        let inputs = self.per_layer_input.as_ref().map(|p| p.inputs(&x, &batch.tokens)).transpose()?;
+        let mut h = vec![0f32; x.len()];
+        let mut s = Stream { o: vec![0f32; x.len()], x, pending: false };
+        for (i, l) in self.layers.iter().enumerate() {
+            match &l.input_norm {
+                Some(norm) => {
+                    s.norm_into(norm, &mut h);
+                    l.attn.forward(&h, batch, kv, &mut s.o)?;
+                }
+                None => {
+                    s.settle();
+                    l.attn.forward(&s.x, batch, kv, &mut s.o)?;
+                }
+            }
+            s.sublayer_done(l.post_attn_norm.as_ref(), self.residual_scale);
+            match &l.pre_ffn_norm {
+                Some(norm) => {
+                    s.norm_into(norm, &mut h);
+                    l.mlp.forward(&h, t, &mut s.o)?;
+                }
+                None => {
+                    s.settle();
+                    l.mlp.forward(&s.x, t, &mut s.o)?;
+                }
+            }
+            if let Some(moe) = &l.moe {
+                // The experts and their router read the residual stream before the FFN norm.
+                moe.add_to_mlp(&s.x, t, &mut s.o)?;
+            }
+            s.sublayer_done(l.post_ffn_norm.as_ref(), self.residual_scale);
+            if let (Some(li), Some(inputs)) = (&l.input, &inputs) {
+                self.add_layer_input(&mut s, li, inputs, i, t)?;
+            }
+            if l.scalar != 1.0 {
+                s.settle();
+                s.x.iter_mut().for_each(|v| *v *= l.scalar);
+            }
+        }
+        s.settle();
+        self.head.logits(&s.x, batch)
+    }
+}

@@ -1,0 +1,403 @@
+//! A decoder plan's weights on a CUDA device. Matrices are `Matrix` values: bf16, or — from a
+//! GGUF file whose pieces of a matrix are all in block types the kernels read — the file's
+//! blocks as they are. Per layer: a fused QKV matrix (q only for a KV-shared layer; the keys
+//! twice for `attention_k_eq_v`) with its bias, q/k norms, the output projection, a fused
+//! gate-up (or a plain up) matrix and the down projection, the norms the layer's names list
+//! (f32, the `1 + w` offset folded in), Gemma 4's per-layer-input projections, layer scalar
+//! and MoE experts (bf16); the embedding, LM head and per-layer embedding table. Read from the
+//! host weights (any stored dtype) or random from a seed for synthetic models: one builder
+//! over either source.
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use ferrite_runtime::cuda::ops::{self, Matrix, QuantMatrix};
+use ferrite_runtime::cuda::{CudaSlice, Gpu};
+use ferrite_runtime::DType;
+use half::bf16;
+
+use crate::config::ModelConfig;
+use crate::error::{LoadError, Result};
+use crate::plan::{DecoderPlan, MlpNames, QkvNames};
+use crate::weights::Weights;
+
+/// Gemma 4's per-layer-input weights of one layer.
+pub struct LayerInputWeights {
+    /// `[width, hidden]`.
+    pub gate: CudaSlice<bf16>,
+    /// `[hidden, width]`.
+    pub projection: CudaSlice<bf16>,
+    pub norm: CudaSlice<f32>,
+}
+
+/// A layer's MoE block.
+pub struct MoeWeights {
+    /// The router's norm weight: its learned scale times `hidden^-1/2`.
+    pub router_norm: CudaSlice<f32>,
+    /// `[experts, hidden]`.
+    pub router: CudaSlice<bf16>,
+    /// Per expert, on the host (routing happens there).
+    pub per_expert_scale: Vec<f32>,
+    /// `[experts, 2 * inter, hidden]`: each expert's gate rows, then its up rows.
+    pub gate_up: CudaSlice<bf16>,
+    /// `[experts, hidden, inter]`.
+    pub down: CudaSlice<bf16>,
+    pub post_mlp_norm: CudaSlice<f32>,
+    pub pre_norm: CudaSlice<f32>,
+    pub post_norm: CudaSlice<f32>,
+}
+
+pub struct LayerWeights {
+    pub input_norm: Option<CudaSlice<f32>>,
+    /// q rows, then k, then v.
+    pub qkv: Matrix,
+    pub qkv_bias: Option<CudaSlice<bf16>>,
+    pub q_norm: Option<CudaSlice<f32>>,
+    pub k_norm: Option<CudaSlice<f32>>,
+    pub o: Matrix,
+    pub post_attn_norm: Option<CudaSlice<f32>>,
+    pub pre_ffn_norm: Option<CudaSlice<f32>>,
+    /// `[2 * inter, hidden]`: gate rows, then up.
+    pub gate_up: Matrix,
+    pub down: Matrix,
+    pub post_ffn_norm: Option<CudaSlice<f32>>,
+    pub input: Option<LayerInputWeights>,
+    pub moe: Option<MoeWeights>,
+    pub scalar: f32,
+}
+
+/// Gemma 4's per-layer embedding table and the projection of the embeddings.
+pub struct PerLayerWeights {
+    /// `[vocab_per_layer, layers * width]`.
+    pub table: CudaSlice<bf16>,
+    /// `[layers * width, hidden]`.
+    pub projection: CudaSlice<bf16>,
+    pub norm: CudaSlice<f32>,
+}
+
+pub struct DecoderWeights {
+    pub embed: Arc<Matrix>,
+    pub layers: Vec<LayerWeights>,
+    pub final_norm: CudaSlice<f32>,
+    /// The embedding itself when the model ties them.
+    pub lm_head: Arc<Matrix>,
+    pub per_layer: Option<PerLayerWeights>,
+    /// Bytes of device memory the weights take.
+    pub bytes: usize,
+}
+
+/// One piece of a stacked matrix: a tensor's rows `rows` of a `[total, cols]` tensor.
+struct Part<'a> {
+    name: &'a str,
+    total: usize,
+    rows: std::ops::Range<usize>,
+}
+
+impl<'a> Part<'a> {
+    fn whole(name: &'a str, rows: usize) -> Part<'a> {
+        Part { name, total: rows, rows: 0..rows }
+    }
+}
+
+/// Where the values come from: a checkpoint's tensors by HF name, or a seeded generator.
+trait Source {
+    /// `parts` of `cols` columns stacked into one matrix (quantized where the source allows).
+    fn matrix(&mut self, parts: &[Part], cols: usize) -> Result<Matrix>;
+    /// The tensor `name` of `shape` as bf16 values.
+    fn bf16(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<bf16>>;
+    /// An f32 vector of `len` values plus `offset` (norm weights, scales).
+    fn vector(&mut self, name: &str, len: usize, offset: f32) -> Result<Vec<f32>>;
+    fn contains(&self, name: &str) -> bool;
+}
+
+struct FileSource<'a> {
+    w: &'a Weights,
+    gpu: &'a Gpu,
+}
+
+impl Source for FileSource<'_> {
+    fn matrix(&mut self, parts: &[Part], cols: usize) -> Result<Matrix> {
+        // (dtype, rows, raw bytes) of each part, neighbours of one block type merged so that a
+        // fused gate-up of one type takes the fused kernel.
+        let mut pieces: Vec<(DType, usize, Vec<u8>)> = Vec::with_capacity(parts.len());
+        for p in parts {
+            let t = self.w.get(&format!("{}.weight", p.name), &[p.total, cols])?;
+            let bytes = t.row_range_bytes(p.rows.clone()).to_vec();
+            match pieces.last_mut() {
+                Some(last) if last.0 == t.dtype() => {
+                    last.1 += p.rows.len();
+                    last.2.extend_from_slice(&bytes);
+                }
+                _ => pieces.push((t.dtype(), p.rows.len(), bytes)),
+            }
+        }
+        if pieces.iter().all(|(dtype, _, _)| QuantMatrix::supports(*dtype)) {
+            let parts: Vec<(DType, usize, &[u8])> = pieces.iter().map(|(d, r, b)| (*d, *r, b.as_slice())).collect();
+            return Ok(Matrix::Quant(QuantMatrix::upload(self.gpu, cols, &parts)?));
+        }
+        let mut all = Vec::new();
+        for (dtype, rows, bytes) in &pieces {
+            let mut values = vec![0f32; rows * cols];
+            for (row, out) in bytes.chunks_exact(dtype.row_bytes(cols)?).zip(values.chunks_exact_mut(cols)) {
+                ferrite_runtime::quant::dequantize_row(*dtype, row, out)?;
+            }
+            all.extend(values.into_iter().map(bf16::from_f32));
+        }
+        Ok(Matrix::Bf16(self.gpu.upload(&all)?))
+    }
+
+    fn bf16(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<bf16>> {
+        let values = self.w.get(name, shape)?.to_f32_vec()?;
+        Ok(self.gpu.upload(&values.into_iter().map(bf16::from_f32).collect::<Vec<_>>())?)
+    }
+
+    fn vector(&mut self, name: &str, len: usize, offset: f32) -> Result<Vec<f32>> {
+        self.w.norm(name, len, offset)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.w.contains(name)
+    }
+}
+
+/// Matrices uniform with the variance of a 1/fan-in init, made on the device in bf16 or a
+/// block type the kernels read; unit norms and scales.
+struct RandomSource<'a> {
+    gpu: &'a Gpu,
+    stream: Cell<u64>,
+    dtype: DType,
+    /// The fan-in the embedding table is drawn for: unit-ish rows (3) unless the model scales
+    /// its embeddings up (Gemma), then that of a projection.
+    embed_fan_in: usize,
+}
+
+impl RandomSource<'_> {
+    fn seed(&self) -> u64 {
+        self.stream.set(self.stream.get().wrapping_add(0x9E37_79B9_7F4A_7C15));
+        self.stream.get()
+    }
+
+    fn random_bf16(&self, len: usize, fan_in: usize) -> Result<CudaSlice<bf16>> {
+        let mut buf = self.gpu.alloc::<bf16>(len)?;
+        ops::random_uniform(self.gpu, &mut buf, self.seed(), (3.0 / fan_in as f32).sqrt())?;
+        Ok(buf)
+    }
+}
+
+impl Source for RandomSource<'_> {
+    fn matrix(&mut self, parts: &[Part], cols: usize) -> Result<Matrix> {
+        let rows: usize = parts.iter().map(|p| p.rows.len()).sum();
+        // An embedding table (one part named so) gets unit-ish rows; projections 1/fan-in.
+        let fan_in =
+            if parts.first().is_some_and(|p| p.name == "model.embed_tokens") { self.embed_fan_in } else { cols };
+        if self.dtype == DType::BF16 {
+            return Ok(Matrix::Bf16(self.random_bf16(rows * cols, fan_in)?));
+        }
+        let amp = (3.0 / fan_in as f32).sqrt();
+        Ok(Matrix::Quant(QuantMatrix::random(self.gpu, self.dtype, rows, cols, self.seed(), amp)?))
+    }
+
+    fn bf16(&mut self, _name: &str, shape: &[usize]) -> Result<CudaSlice<bf16>> {
+        self.random_bf16(shape.iter().product(), shape.last().copied().unwrap_or(1))
+    }
+
+    fn vector(&mut self, _name: &str, len: usize, _offset: f32) -> Result<Vec<f32>> {
+        Ok(vec![1.0; len])
+    }
+
+    fn contains(&self, _name: &str) -> bool {
+        false
+    }
+}
+
+impl DecoderWeights {
+    /// Upload `w` (HF names, any dtype) for `plan`; `progress` is told after each layer.
+    pub fn upload(
+        cfg: &ModelConfig,
+        plan: &DecoderPlan,
+        w: &Weights,
+        gpu: &Gpu,
+        progress: &dyn Fn(usize),
+    ) -> Result<DecoderWeights> {
+        build(cfg, plan, &mut FileSource { w, gpu }, gpu, progress)
+    }
+
+    /// Random weights for `plan` made on `gpu` from `seed`, matrices in `dtype` (bf16 or a
+    /// block type the kernels read).
+    pub fn random(cfg: &ModelConfig, plan: &DecoderPlan, gpu: &Gpu, seed: u64, dtype: DType) -> Result<DecoderWeights> {
+        if dtype != DType::BF16 && !QuantMatrix::supports(dtype) {
+            return Err(LoadError::Other(format!(
+                "synthetic weights in {dtype}: the CUDA path takes bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k or q6_k"
+            )));
+        }
+        let embed_fan_in = if plan.embed_scale.is_some() { cfg.hidden_size } else { 3 };
+        let mut src = RandomSource { gpu, stream: Cell::new(seed), dtype, embed_fan_in };
+        let w = build(cfg, plan, &mut src, gpu, &|_| {})?;
+        gpu.synchronize()?;
+        Ok(w)
+    }
+
+    /// bf16 values of scratch the larger-batch GEMMs over the layers' quantized matrices use
+    /// (the largest such matrix; 0 when all are bf16). The LM head is not counted: its
+    /// many-row products run the skinny GEMM 8 rows at a time rather than hold a vocab-sized
+    /// scratch.
+    pub fn scratch_len(&self) -> usize {
+        let layer = |l: &LayerWeights| [&l.qkv, &l.o, &l.gate_up, &l.down].map(|m| m.scratch_len()).into_iter().max();
+        self.layers.iter().filter_map(layer).max().unwrap_or(0)
+    }
+}
+
+fn build(
+    cfg: &ModelConfig,
+    plan: &DecoderPlan,
+    src: &mut dyn Source,
+    gpu: &Gpu,
+    progress: &dyn Fn(usize),
+) -> Result<DecoderWeights> {
+    let (d, n) = (cfg.hidden_size, plan.layers.len());
+    let offset = plan.norm_offset();
+    let norm = |src: &mut dyn Source, name: &str, dim: usize| -> Result<CudaSlice<f32>> {
+        Ok(gpu.upload(&src.vector(name, dim, offset)?)?)
+    };
+    let norm_of = |src: &mut dyn Source, name: &Option<String>| -> Result<Option<CudaSlice<f32>>> {
+        name.as_ref().map(|name| norm(src, &format!("{name}.weight"), d)).transpose()
+    };
+    let embed = Arc::new(src.matrix(&[Part::whole("model.embed_tokens", cfg.vocab_size)], d)?);
+    let mut bf16_bytes = 0usize;
+    let mut layers = Vec::with_capacity(n);
+    for (i, l) in plan.layers.iter().enumerate() {
+        let p = |s: &str| format!("model.layers.{i}.{s}");
+        let (a, names) = (&l.attn, &l.names);
+        let (nh, nkv, hd) = (a.params.n_heads, a.params.n_kv_heads, a.params.head_dim);
+        let (q_rows, kv_rows) = (nh * hd, nkv * hd);
+        // q, then (unless shared) k and v: by name, with the rows each takes of its tensor.
+        let pieces: Vec<(&str, usize, std::ops::Range<usize>)> = match &names.qkv {
+            QkvNames::Separate { q, k, v } => {
+                vec![
+                    (q, q_rows, 0..q_rows),
+                    (k, kv_rows, 0..kv_rows),
+                    (if a.k_eq_v { k } else { v }, kv_rows, 0..kv_rows),
+                ]
+            }
+            QkvNames::Fused(qkv) => {
+                let total = q_rows + 2 * kv_rows;
+                vec![
+                    (qkv, total, 0..q_rows),
+                    (qkv, total, q_rows..q_rows + kv_rows),
+                    (qkv, total, q_rows + kv_rows..total),
+                ]
+            }
+        };
+        let pieces = &pieces[..if a.shared { 1 } else { 3 }];
+        let parts: Vec<Part> =
+            pieces.iter().map(|(name, total, rows)| Part { name, total: *total, rows: rows.clone() }).collect();
+        let qkv = src.matrix(&parts, d)?;
+        let qkv_bias = if a.bias {
+            let mut b = Vec::new();
+            for (name, total, rows) in pieces {
+                b.extend_from_slice(&src.vector(&format!("{name}.bias"), *total, 0.0)?[rows.clone()]);
+            }
+            Some(gpu.upload(&b.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>())?)
+        } else {
+            None
+        };
+        let (q_norm, k_norm) = match a.qk_norm {
+            Some(off) => {
+                let head_norm = |src: &mut dyn Source, name: &str| -> Result<CudaSlice<f32>> {
+                    Ok(gpu.upload(&src.vector(&format!("{name}.weight"), hd, off)?)?)
+                };
+                let q = head_norm(src, &names.q_norm)?;
+                (Some(q), if a.shared { None } else { Some(head_norm(src, &names.k_norm)?) })
+            }
+            None => (None, None),
+        };
+        let inter = l.ffn.intermediate;
+        let (gate_up, down) = match &names.mlp {
+            MlpNames::Gated { gate, up, down } => {
+                (src.matrix(&[Part::whole(gate, inter), Part::whole(up, inter)], d)?, down)
+            }
+            MlpNames::FusedGated { gate_up, down } => (src.matrix(&[Part::whole(gate_up, 2 * inter)], d)?, down),
+            MlpNames::Plain { .. } => return Err(LoadError::Other("plain MLPs have no CUDA path yet".into())),
+        };
+        let down = src.matrix(&[Part::whole(down, d)], inter)?;
+        let o = src.matrix(&[Part::whole(&names.o, d)], q_rows)?;
+        let input = match plan.per_layer_input {
+            Some((_, width)) => {
+                bf16_bytes += 2 * width * d;
+                Some(LayerInputWeights {
+                    gate: src.bf16(&p("per_layer_input_gate.weight"), &[width, d])?,
+                    projection: src.bf16(&p("per_layer_projection.weight"), &[d, width])?,
+                    norm: norm(src, &p("post_per_layer_input_norm.weight"), d)?,
+                })
+            }
+            None => None,
+        };
+        let moe = match l.ffn.moe {
+            Some(shape) => {
+                let (e, mi) = (shape.num_experts, shape.intermediate);
+                let root = (d as f64).powf(-0.5) as f32;
+                let scale = src.vector(&p("router.scale"), d, 0.0)?;
+                bf16_bytes += e * d + 3 * e * mi * d;
+                Some(MoeWeights {
+                    router_norm: gpu.upload(&scale.iter().map(|s| s * root).collect::<Vec<_>>())?,
+                    router: src.bf16(&p("router.proj.weight"), &[e, d])?,
+                    per_expert_scale: src.vector(&p("router.per_expert_scale"), e, 0.0)?,
+                    gate_up: src.bf16(&p("experts.gate_up_proj"), &[e, 2 * mi, d])?,
+                    down: src.bf16(&p("experts.down_proj"), &[e, d, mi])?,
+                    post_mlp_norm: norm(src, &p("post_feedforward_layernorm_1.weight"), d)?,
+                    pre_norm: norm(src, &p("pre_feedforward_layernorm_2.weight"), d)?,
+                    post_norm: norm(src, &p("post_feedforward_layernorm_2.weight"), d)?,
+                })
+            }
+            None => None,
+        };
+        let scalar = if plan.layer_scalar { src.vector(&p("layer_scalar"), 1, 0.0)?[0] } else { 1.0 };
+        layers.push(LayerWeights {
+            input_norm: norm_of(src, &names.input_norm)?,
+            qkv,
+            qkv_bias,
+            q_norm,
+            k_norm,
+            o,
+            post_attn_norm: norm_of(src, &names.post_attn_norm)?,
+            pre_ffn_norm: norm_of(src, &names.pre_ffn_norm)?,
+            gate_up,
+            down,
+            post_ffn_norm: norm_of(src, &names.post_ffn_norm)?,
+            input,
+            moe,
+            scalar,
+        });
+        progress(i + 1);
+    }
+    let per_layer = match plan.per_layer_input {
+        Some((vocab, width)) => {
+            bf16_bytes += (vocab + d) * n * width;
+            Some(PerLayerWeights {
+                table: src.bf16("model.embed_tokens_per_layer.weight", &[vocab, n * width])?,
+                projection: src.bf16("model.per_layer_model_projection.weight", &[n * width, d])?,
+                norm: gpu.upload(&src.vector("model.per_layer_projection_norm.weight", width, 0.0)?)?,
+            })
+        }
+        None => None,
+    };
+    let lm_head = if cfg.tie_word_embeddings && !src.contains("lm_head.weight") {
+        embed.clone()
+    } else {
+        Arc::new(src.matrix(&[Part::whole("lm_head", cfg.vocab_size)], d)?)
+    };
+    let final_norm = norm(src, "model.norm.weight", d)?;
+    let matrices: usize = layers.iter().map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes()).sum();
+    let head = if Arc::ptr_eq(&embed, &lm_head) { 0 } else { lm_head.bytes() };
+    let f32s = |v: &[Option<&CudaSlice<f32>>]| v.iter().flatten().map(|s| 4 * s.len()).sum::<usize>();
+    let small: usize = layers
+        .iter()
+        .map(|l| {
+            let norms = [&l.input_norm, &l.post_attn_norm, &l.pre_ffn_norm, &l.post_ffn_norm, &l.q_norm, &l.k_norm];
+            f32s(&norms.map(Option::as_ref)) + l.qkv_bias.as_ref().map_or(0, |b| 2 * b.len())
+        })
+        .sum::<usize>()
+        + 4 * final_norm.len();
+    let bytes = matrices + embed.bytes() + head + 2 * bf16_bytes + small;
+    Ok(DecoderWeights { embed, layers, final_norm, lm_head, per_layer, bytes })
+}

@@ -1,0 +1,146 @@
+//! The decoder plan: one data description of a decoder-only model, read by both executors
+//! (`decoder` on the CPU, `gpu::decoder` on a CUDA device).
+//!
+//! Model-wide it says how the embedding is scaled, which norm the model uses (RMSNorm with a
+//! `w` or `1 + w` weight, or LayerNorm with a bias), the residual and logit multipliers, the
+//! final softcap and the per-layer inputs; per layer, the attention (`AttentionConfig`: heads,
+//! head dim, score scale, RoPE schedule or none, q/k norms, window, softcap, own KV or a
+//! donor's), the feed-forward (gated or plain, its width, an optional MoE beside it) and the
+//! tensor names (`LayerNames`), whose norms also say where the norms sit: an input norm and a
+//! pre-FFN norm (pre-norm), those plus a norm on each sublayer output (sandwich), or only the
+//! output norms (post-norm). A family file turns a config into a plan; nothing else differs
+//! between families.
+
+use ferrite_runtime::KvLayout;
+
+use crate::blocks::AttentionConfig;
+use crate::config::Activation;
+use crate::moe::MoeShape;
+
+/// The normalization of a model (every norm of the decoder and the final one).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum NormKind {
+    /// RMSNorm; its weight applied as `offset + w` (Gemma 1–3: offset 1).
+    Rms { offset: f32 },
+    /// LayerNorm with a learned weight and bias (starcoder2).
+    Layer,
+}
+
+/// How a layer's q, k and v projections are stored.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QkvNames {
+    /// `{q}`, `{k}`, `{v}` (`.weight`, `.bias`).
+    Separate { q: String, k: String, v: String },
+    /// One `[q + k + v rows, hidden]` tensor (phi3's `qkv_proj`).
+    Fused(String),
+}
+
+/// How a layer's feed-forward weights are stored.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MlpNames {
+    /// `down(act(gate(x)) * up(x))` with separate gate and up.
+    Gated { gate: String, up: String, down: String },
+    /// The same with gate and up stacked in one `[2 * inter, hidden]` tensor (gate rows first).
+    FusedGated { gate_up: String, down: String },
+    /// `down(act(up(x)))` (starcoder2's `c_fc`, `c_proj`).
+    Plain { up: String, down: String },
+}
+
+/// The tensor names of one layer (HF names, without `.weight`/`.bias`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerNames {
+    /// Norm of the attention input.
+    pub input_norm: Option<String>,
+    /// Norm of the attention output before its residual add.
+    pub post_attn_norm: Option<String>,
+    /// Norm of the feed-forward input.
+    pub pre_ffn_norm: Option<String>,
+    /// Norm of the feed-forward output before its residual add.
+    pub post_ffn_norm: Option<String>,
+    pub qkv: QkvNames,
+    pub o: String,
+    pub q_norm: String,
+    pub k_norm: String,
+    pub mlp: MlpNames,
+}
+
+impl LayerNames {
+    /// The HF llama names of layer `i`: `input_layernorm`, `self_attn.{q,k,v,o}_proj`,
+    /// `self_attn.{q,k}_norm`, `post_attention_layernorm` (the pre-FFN norm) and
+    /// `mlp.{gate,up,down}_proj`.
+    pub fn llama(i: usize) -> LayerNames {
+        let p = |s: &str| format!("model.layers.{i}.{s}");
+        LayerNames {
+            input_norm: Some(p("input_layernorm")),
+            post_attn_norm: None,
+            pre_ffn_norm: Some(p("post_attention_layernorm")),
+            post_ffn_norm: None,
+            qkv: QkvNames::Separate { q: p("self_attn.q_proj"), k: p("self_attn.k_proj"), v: p("self_attn.v_proj") },
+            o: p("self_attn.o_proj"),
+            q_norm: p("self_attn.q_norm"),
+            k_norm: p("self_attn.k_norm"),
+            mlp: MlpNames::Gated { gate: p("mlp.gate_proj"), up: p("mlp.up_proj"), down: p("mlp.down_proj") },
+        }
+    }
+
+    /// Gemma 2+'s four norms: `input_layernorm`, `post_attention_layernorm`,
+    /// `pre_feedforward_layernorm`, `post_feedforward_layernorm`.
+    pub fn sandwich(i: usize) -> LayerNames {
+        let p = |s: &str| Some(format!("model.layers.{i}.{s}"));
+        LayerNames {
+            post_attn_norm: p("post_attention_layernorm"),
+            pre_ffn_norm: p("pre_feedforward_layernorm"),
+            post_ffn_norm: p("post_feedforward_layernorm"),
+            ..LayerNames::llama(i)
+        }
+    }
+}
+
+/// The feed-forward part of a layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FfnPlan {
+    pub act: Activation,
+    /// Width of the dense MLP.
+    pub intermediate: usize,
+    /// Biases on its projections.
+    pub bias: bool,
+    /// A routed mixture of experts beside the dense MLP (Gemma 4).
+    pub moe: Option<MoeShape>,
+}
+
+/// One decoder layer.
+pub struct LayerPlan {
+    pub attn: AttentionConfig,
+    pub ffn: FfnPlan,
+    pub names: LayerNames,
+}
+
+pub struct DecoderPlan {
+    pub layers: Vec<LayerPlan>,
+    pub layout: KvLayout,
+    pub norm: NormKind,
+    pub eps: f32,
+    /// Multiplies the token embedding (Gemma's `sqrt(hidden)`, granite's
+    /// `embedding_multiplier`).
+    pub embed_scale: Option<f32>,
+    /// Multiplies each sublayer output before its residual add (granite's
+    /// `residual_multiplier`).
+    pub residual_scale: Option<f32>,
+    /// Multiplies the logits (granite: `1 / logits_scaling`).
+    pub logit_scale: Option<f32>,
+    pub final_softcap: Option<f32>,
+    /// (vocab, width) of Gemma 4's per-layer inputs.
+    pub per_layer_input: Option<(usize, usize)>,
+    /// Gemma 4 scales the residual stream by a learned scalar (`layer_scalar`) after each layer.
+    pub layer_scalar: bool,
+}
+
+impl DecoderPlan {
+    /// The norm offset of an RMSNorm model (0 for LayerNorm).
+    pub fn norm_offset(&self) -> f32 {
+        match self.norm {
+            NormKind::Rms { offset } => offset,
+            NormKind::Layer => 0.0,
+        }
+    }
+}
