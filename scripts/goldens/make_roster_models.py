@@ -29,8 +29,8 @@ Fixtures (vocab 307, hidden 64, 4 heads, 2 KV heads, head_dim 16, intermediate 1
               sublayer outputs, q_norm / k_norm over the whole projection; untied
   glm4        2 layers, partial rotary 0.5 with interleaved pairs, sandwich norms, fused
               gate_up_proj, q/k/v bias; untied
-  granite     2 layers, embedding_multiplier 3, residual_multiplier 0.5, attention_multiplier 0.125
-              (in place of 1/sqrt(16)), logits_scaling 2.5; tied
+  granite     2 layers, embedding_multiplier 0.6, residual_multiplier 1.4, attention_multiplier 0.125
+              (in place of 1/sqrt(16)), logits_scaling 1.25; tied
   starcoder2  2 layers, LayerNorm with bias, GELU (tanh) MLP c_fc / c_proj, biases everywhere,
               sliding_window 8; tied
   smollm3     4 layers, layer 3 is NoPE (no_rope_layers [1, 1, 1, 0]); tied
@@ -125,10 +125,12 @@ def configs():
                 **{**SHAPE, "tie_word_embeddings": True},
                 **RMS,
                 **ROPE,
-                embedding_multiplier=3.0,
-                residual_multiplier=0.5,
+                # != 1 each; tied, so a small embedding multiplier and a large residual one keep the
+                # head from echoing the input token
+                embedding_multiplier=0.6,
+                residual_multiplier=1.4,
                 attention_multiplier=0.125,
-                logits_scaling=2.5,
+                logits_scaling=1.25,
             ),
             24000,
         ),
@@ -212,8 +214,9 @@ def main():
             continue
         summary[name] = write_fixture(name, config, base_seed, prompts, GENERATOR, init_roster_weights)
         effect = option_effect(name, prompts)
-        assert effect is None or effect > 1e-2, f"{name}: switching its option off does not change the logits ({effect})"
-        print(f"   switching {NEUTRAL.get(name, ('-',))[0]} off moves the longest prompt's logits by up to {effect}", file=sys.stderr)
+        if effect is not None:
+            assert effect > 1e-2, f"{name}: switching its option off does not change the logits ({effect})"
+            print(f"   switching {NEUTRAL[name][0]} off moves the longest prompt's logits by up to {effect}", file=sys.stderr)
         gguf_bytes = write_gguf(name, OUT_DIR / name)
         summary[name]["bytes"] += gguf_bytes
     total = sum(v["bytes"] for v in summary.values())

@@ -117,6 +117,10 @@ def add_metadata(w: gguf.GGUFWriter, family: str, cfg: dict) -> None:
         w.add_embedding_scale(cfg["embedding_multiplier"])
         w.add_residual_scale(cfg["residual_multiplier"])
         w.add_logit_scale(cfg["logits_scaling"])
+    if family == "starcoder2" and cfg.get("sliding_window"):
+        # Not written by llama.cpp's converter (llama.cpp runs starcoder2 without a window); added so
+        # the GGUF describes the same model as config.json. Absent in real starcoder2 GGUFs.
+        w.add_sliding_window(cfg["sliding_window"])
     if family != "granite" and "head_dim" in cfg:
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
