@@ -9,7 +9,8 @@ that converter in this process on config.json + model.safetensors with --outtype
 models have no tokenizer, so the converter's set_vocab is replaced by one that writes nothing; the
 tokenizer.* keys are therefore not compared, nor general.* naming keys, which depend on the
 directory name. Everything else must agree: every metadata key and value, every tensor name, type,
-shape and byte. Exits non-zero on the first fixture that differs.
+shape and byte, except the keys in EXTRA, which ours adds on purpose. Exits non-zero if any fixture
+differs.
 """
 
 from __future__ import annotations

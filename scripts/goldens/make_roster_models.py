@@ -92,7 +92,7 @@ PHI3_LONG = [1.0, 1.5, 3.0, 6.0, 12.0, 20.0]
 
 
 def configs():
-    # name -> (config, base seed, check that the family's special option changes the logits)
+    # name -> (config, base seed for the deterministic seed search)
     return {
         "phi3": (
             Phi3Config(
@@ -179,8 +179,10 @@ def option_effect(name, prompts):
     if name not in NEUTRAL:
         return None
     key, value = NEUTRAL[name]
-    d = OUT_DIR / name
-    load = lambda: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()  # noqa: E731
+
+    def load():
+        return AutoModelForCausalLM.from_pretrained(OUT_DIR / name, dtype=torch.float32, attn_implementation="eager").eval()
+
     longest = max(prompts, key=len)
     base = full_logits(load(), longest)
     model = load()
