@@ -36,7 +36,7 @@ For each config below the script:
                            eos disabled; cross-checked against model.generate)
        greedy_logits_last: logits (6 sig. digits) whose argmax is greedy[0][31], i.e. the output of
                            the decode step that fed greedy[0][30] at position len(prompt0)+30
-       greedy_no_cache:    only for llama-rope-dynamic (see below): greedy tokens when every step
+       greedy_no_cache:    only for llama-rope-dynamic and longrope (see below): greedy tokens when every step
                            re-runs a fresh full forward over prompt+generated tokens
        min_greedy_margin:  smallest (top1 - top2) logit gap seen over all greedy steps (for choosing
                            test tolerances)
