@@ -22,6 +22,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 ROOT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "models"
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "glm4", "granite", "starcoder2", "smollm3")
 
 
 def base_inv_freq(theta, dim):
@@ -29,13 +30,21 @@ def base_inv_freq(theta, dim):
 
 
 def rope_for_call(cfg, head_dim, seq_len):
-    """(inv_freq, attention_scaling) used by a forward call whose largest position is seq_len-1."""
+    """(inv_freq, attention_scaling) used by a forward call whose largest position is seq_len-1.
+    head_dim here is the rotated width (head_dim * partial_rotary_factor)."""
     rp = cfg["rope_parameters"]
     t = rp.get("rope_type", "default")
     theta = rp.get("rope_theta", 10000.0)
     inv = base_inv_freq(theta, head_dim)
     if t == "default":
         return inv, 1.0
+    if t == "longrope":
+        # factors picked by this call's length; the attention factor comes from max_pos / orig always
+        omax = rp["original_max_position_embeddings"]
+        ext = np.array(rp["long_factor"] if seq_len > omax else rp["short_factor"], dtype=np.float64)
+        f = rp.get("factor") or cfg["max_position_embeddings"] / omax
+        af = rp.get("attention_factor") or (math.sqrt(1 + math.log(f) / math.log(omax)) if f > 1 else 1.0)
+        return inv / ext, af
     if t == "linear":
         return inv / rp["factor"], 1.0
     if t == "dynamic":
@@ -73,14 +82,29 @@ def rms(x, w, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-def rotate(x, pos, inv, scale):
-    # x: [T, H, D]; HF "rotate_half" (NeoX) layout: pairs are (i, i + D/2)
+def layer_norm(x, w, b, eps):
+    x = x - x.mean(-1, keepdims=True)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w + b
+
+
+def rotate(x, pos, inv, scale, interleaved=False):
+    """x: [T, H, D]; rotates the first 2 * len(inv) dims of each head, the rest pass through.
+    HF "rotate_half" (NeoX) layout: pairs are (i, i + r/2); interleaved (glm4): pairs (2i, 2i + 1)."""
+    r = 2 * len(inv)
+    xr, xp = x[..., :r], x[..., r:]
     ang = pos[:, None] * inv[None, :]
-    cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :] * scale
-    sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :] * scale
-    h = x.shape[-1] // 2
-    rot = np.concatenate([-x[..., h:], x[..., :h]], -1)
-    return x * cos + rot * sin
+    cos, sin = np.cos(ang)[:, None, :] * scale, np.sin(ang)[:, None, :] * scale
+    if interleaved:
+        a, b = xr[..., 0::2], xr[..., 1::2]
+        out = np.stack([a * cos - b * sin, b * cos + a * sin], -1).reshape(xr.shape)
+    else:
+        a, b = xr[..., : r // 2], xr[..., r // 2 :]
+        out = np.concatenate([a * cos - b * sin, b * cos + a * sin], -1)
+    return np.concatenate([out, xp], -1)
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
 class Model:
@@ -88,52 +112,92 @@ class Model:
         self.cfg = json.loads((d / "config.json").read_text())
         self.w = {k: v.astype(np.float64) for k, v in load_file(d / "model.safetensors").items()}
         c = self.cfg
+        self.kind = c["model_type"]
         self.nh, self.nkv = c["num_attention_heads"], c["num_key_value_heads"]
         self.hd = c.get("head_dim") or c["hidden_size"] // self.nh
-        self.eps = c["rms_norm_eps"]
+        self.eps = c.get("rms_norm_eps", c.get("norm_epsilon"))
         self.L = c["num_hidden_layers"]
         self.head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+        self.rot = int(self.hd * c["rope_parameters"].get("partial_rotary_factor", 1.0))
+        self.window = c.get("sliding_window")
+        self.scale = c.get("attention_multiplier", self.hd**-0.5)  # granite replaces 1/sqrt(head_dim)
+        self.res = c.get("residual_multiplier", 1.0)
+        self._split_fused()
+
+    def _split_fused(self):
+        """phi3: qkv_proj rows are [q; k; v], gate_up_proj rows [gate; up] (glm4 too)."""
+        nq, nk = self.nh * self.hd, self.nkv * self.hd
+        for name in [n for n in self.w if n.endswith(("qkv_proj.weight", "gate_up_proj.weight"))]:
+            w, p = self.w.pop(name), name.rsplit(".", 2)[0] + "."
+            if name.endswith("qkv_proj.weight"):
+                self.w[p + "q_proj.weight"], self.w[p + "k_proj.weight"], self.w[p + "v_proj.weight"] = np.split(w, [nq, nq + nk])
+            else:
+                self.w[p + "gate_proj.weight"], self.w[p + "up_proj.weight"] = np.split(w, 2)
 
     def lin(self, name, x):
         y = x @ self.w[name + ".weight"].T
         b = self.w.get(name + ".bias")
         return y + b if b is not None else y
 
+    def norm(self, name, x):
+        if self.kind == "starcoder2":
+            return layer_norm(x, self.w[name + ".weight"], self.w[name + ".bias"], self.eps)
+        return rms(x, self.w[name + ".weight"], self.eps)
+
+    def mlp(self, p, h):
+        if self.kind == "starcoder2":
+            return self.lin(p + "mlp.c_proj", gelu_tanh(self.lin(p + "mlp.c_fc", h)))
+        g, u = self.lin(p + "mlp.gate_proj", h), self.lin(p + "mlp.up_proj", h)
+        return self.lin(p + "mlp.down_proj", g / (1 + np.exp(-g)) * u)
+
+    def attention(self, l, h, pos, rope, cache):
+        p = f"model.layers.{l}.self_attn."
+        T = len(h)
+        q, k, v = self.lin(p + "q_proj", h), self.lin(p + "k_proj", h), self.lin(p + "v_proj", h)
+        if self.kind == "olmo2":  # RMSNorm over the whole projection, before the head split
+            q, k = self.norm(p + "q_norm", q), self.norm(p + "k_norm", k)
+        q, k, v = q.reshape(T, self.nh, self.hd), k.reshape(T, self.nkv, self.hd), v.reshape(T, self.nkv, self.hd)
+        if self.kind == "qwen3":  # per head
+            q, k = self.norm(p + "q_norm", q), self.norm(p + "k_norm", k)
+        if self.cfg.get("no_rope_layers", [1] * self.L)[l]:  # smollm3: 0 = NoPE layer
+            inv, sc = rope
+            q, k = rotate(q, pos, inv, sc, self.kind == "glm4"), rotate(k, pos, inv, sc, self.kind == "glm4")
+        if cache[l] is not None:
+            k = np.concatenate([cache[l][0], k], 0)
+            v = np.concatenate([cache[l][1], v], 0)
+        cache[l] = (k, v)
+        S = k.shape[0]
+        rep = self.nh // self.nkv
+        kk, vv = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+        s = np.einsum("thd,shd->hts", q, kk) * self.scale
+        qpos, kpos = np.arange(S - T, S)[:, None], np.arange(S)[None, :]
+        visible = (kpos <= qpos) & ((kpos > qpos - self.window) if self.window else True)
+        s = np.where(visible, s, -np.inf)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        o = np.einsum("hts,shd->thd", s, vv).reshape(T, self.nh * self.hd)
+        return self.lin(p + "o_proj", o)
+
     def forward(self, toks, start, cache):
         """Process toks at positions start..; cache: per layer list of (K, V) arrays [T, nkv, hd]."""
         T = len(toks)
         pos = np.arange(start, start + T, dtype=np.float64)
-        inv, sc = rope_for_call(self.cfg, self.hd, start + T)
-        x = self.w["model.embed_tokens.weight"][toks]
+        rope = rope_for_call(self.cfg, self.rot, start + T)
+        x = self.w["model.embed_tokens.weight"][toks] * self.cfg.get("embedding_multiplier", 1.0)
         for l in range(self.L):
             p = f"model.layers.{l}."
-            h = rms(x, self.w[p + "input_layernorm.weight"], self.eps)
-            q = self.lin(p + "self_attn.q_proj", h).reshape(T, self.nh, self.hd)
-            k = self.lin(p + "self_attn.k_proj", h).reshape(T, self.nkv, self.hd)
-            v = self.lin(p + "self_attn.v_proj", h).reshape(T, self.nkv, self.hd)
-            if p + "self_attn.q_norm.weight" in self.w:  # qwen3
-                q = rms(q, self.w[p + "self_attn.q_norm.weight"], self.eps)
-                k = rms(k, self.w[p + "self_attn.k_norm.weight"], self.eps)
-            q, k = rotate(q, pos, inv, sc), rotate(k, pos, inv, sc)
-            if cache[l] is not None:
-                k = np.concatenate([cache[l][0], k], 0)
-                v = np.concatenate([cache[l][1], v], 0)
-            cache[l] = (k, v)
-            S = k.shape[0]
-            rep = self.nh // self.nkv
-            kk, vv = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-            s = np.einsum("thd,shd->hts", q, kk) / math.sqrt(self.hd)
-            qpos = np.arange(S - T, S)[:, None]
-            s = np.where(np.arange(S)[None, :] <= qpos, s, -np.inf)
-            s = np.exp(s - s.max(-1, keepdims=True))
-            s /= s.sum(-1, keepdims=True)
-            o = np.einsum("hts,shd->thd", s, vv).reshape(T, self.nh * self.hd)
-            x = x + self.lin(p + "self_attn.o_proj", o)
-            h = rms(x, self.w[p + "post_attention_layernorm.weight"], self.eps)
-            g, u = self.lin(p + "mlp.gate_proj", h), self.lin(p + "mlp.up_proj", h)
-            x = x + self.lin(p + "mlp.down_proj", g / (1 + np.exp(-g)) * u)
-        x = rms(x, self.w["model.norm.weight"], self.eps)
-        return x @ self.head.T
+            if self.kind == "olmo2":  # post-norms only
+                x = x + self.norm(p + "post_attention_layernorm", self.attention(l, x, pos, rope, cache))
+                x = x + self.norm(p + "post_feedforward_layernorm", self.mlp(p, x))
+            elif self.kind == "glm4":  # sandwich norms
+                a = self.attention(l, self.norm(p + "input_layernorm", x), pos, rope, cache)
+                x = x + self.norm(p + "post_self_attn_layernorm", a)
+                x = x + self.norm(p + "post_mlp_layernorm", self.mlp(p, self.norm(p + "post_attention_layernorm", x)))
+            else:
+                x = x + self.res * self.attention(l, self.norm(p + "input_layernorm", x), pos, rope, cache)
+                x = x + self.res * self.mlp(p, self.norm(p + "post_attention_layernorm", x))
+        x = self.norm("model.norm", x)
+        return x @ self.head.T / self.cfg.get("logits_scaling", 1.0)
 
     def greedy(self, prompt, n, use_cache=True):
         if not use_cache:
@@ -156,9 +220,9 @@ class Model:
 def main():
     bad = 0
     for d in sorted(p for p in ROOT.iterdir() if (p / "reference.json").exists()):
-        # The llama family only (make_tiny_models.py); the Gemma fixtures are transformers-checked
-        # by make_gemma_models.py itself.
-        if json.loads((d / "config.json").read_text())["model_type"] not in ("llama", "mistral", "qwen2", "qwen3"):
+        # The llama family (make_tiny_models.py) and the roster (make_roster_models.py); the Gemma
+        # fixtures are transformers-checked by make_gemma_models.py itself.
+        if json.loads((d / "config.json").read_text())["model_type"] not in FAMILIES:
             continue
         ref = json.loads((d / "reference.json").read_text())
         m = Model(d)
