@@ -15,7 +15,7 @@ use ferrite_runtime::{ForwardBatch, KvCache, KvGroupKind, KvLayout, Result as Rt
 
 use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
-use crate::plan::{LayerNames, MlpNames, QkvNames};
+use crate::plan::{LayerNames, MlpNames, NormKind, QkvNames};
 use crate::rope_scaling::RopeScaling;
 use crate::weights::Weights;
 
@@ -99,33 +99,62 @@ impl Linear {
     }
 }
 
-/// RMSNorm over rows of its width, with the multiplier the model applies (see `Weights::norm`).
-pub struct RmsNorm {
+/// A norm over rows of its width: RMSNorm with the multiplier the model applies (see
+/// `Weights::norm`), or LayerNorm when it has a bias.
+pub struct Norm {
     weight: Vec<f32>,
+    /// LayerNorm's bias (None: RMSNorm).
+    bias: Option<Vec<f32>>,
     eps: f32,
 }
 
-impl RmsNorm {
-    pub fn load(w: &Weights, name: &str, dim: usize, offset: f32, eps: f32) -> Result<RmsNorm> {
-        Ok(RmsNorm { weight: w.norm(name, dim, offset)?, eps })
+impl Norm {
+    /// The RMSNorm weight `name` (`offset + w` applied).
+    pub fn load(w: &Weights, name: &str, dim: usize, offset: f32, eps: f32) -> Result<Norm> {
+        Ok(Norm { weight: w.norm(name, dim, offset)?, bias: None, eps })
     }
 
-    /// A norm without a learned scale.
-    pub fn unit(dim: usize, eps: f32) -> RmsNorm {
-        RmsNorm { weight: vec![1.0; dim], eps }
+    /// The norm `{prefix}.weight` of a model whose norms are `kind`: with `{prefix}.bias` for
+    /// LayerNorm.
+    pub fn load_kind(w: &Weights, prefix: &str, dim: usize, kind: NormKind, eps: f32) -> Result<Norm> {
+        match kind {
+            NormKind::Rms { offset } => Norm::load(w, &format!("{prefix}.weight"), dim, offset, eps),
+            NormKind::Layer => Ok(Norm {
+                weight: w.get_f32(&format!("{prefix}.weight"), &[dim])?,
+                bias: Some(w.get_f32(&format!("{prefix}.bias"), &[dim])?),
+                eps,
+            }),
+        }
+    }
+
+    /// An RMSNorm without a learned scale.
+    pub fn unit(dim: usize, eps: f32) -> Norm {
+        Norm { weight: vec![1.0; dim], bias: None, eps }
     }
 
     pub fn forward(&self, x: &[f32], out: &mut [f32]) {
-        cpu::rms_norm(x, &self.weight, self.eps, 0.0, out);
+        match &self.bias {
+            None => cpu::rms_norm(x, &self.weight, self.eps, 0.0, out),
+            Some(b) => cpu::layer_norm(x, &self.weight, b, self.eps, out),
+        }
     }
 
     pub fn forward_in_place(&self, x: &mut [f32]) {
-        cpu::rms_norm_in_place(x, &self.weight, self.eps, 0.0);
+        match &self.bias {
+            None => cpu::rms_norm_in_place(x, &self.weight, self.eps, 0.0),
+            Some(b) => {
+                let input = x.to_vec();
+                cpu::layer_norm(&input, &self.weight, b, self.eps, x);
+            }
+        }
     }
 
     /// `x += residual`, then `forward(x, out)`, in one pass.
     pub fn forward_add(&self, x: &mut [f32], residual: &[f32], out: &mut [f32]) {
-        cpu::add_rms_norm(x, residual, &self.weight, self.eps, 0.0, out);
+        match &self.bias {
+            None => cpu::add_rms_norm(x, residual, &self.weight, self.eps, 0.0, out),
+            Some(b) => cpu::add_layer_norm(x, residual, &self.weight, b, self.eps, out),
+        }
     }
 }
 
@@ -235,8 +264,12 @@ pub struct AttentionConfig {
     pub rope: RopeScaling,
     /// Biases on the q/k/v projections.
     pub bias: bool,
-    /// Per-head RMSNorm on q and k before RoPE, with this norm offset.
+    /// RMSNorm on q and k before RoPE, with this norm offset: per head, or (`qk_norm_whole`,
+    /// olmo2) over each token's whole projection.
     pub qk_norm: Option<f32>,
+    pub qk_norm_whole: bool,
+    /// A bias on the output projection (starcoder2).
+    pub o_bias: bool,
     /// Unscaled per-head RMSNorm on v (Gemma 4).
     pub v_norm: bool,
     /// No v projection: the (un-normed) keys are the values (Gemma 4 `attention_k_eq_v`).
@@ -253,13 +286,13 @@ struct KvProjection {
     k: Linear,
     /// None: the keys are the values.
     v: Option<Linear>,
-    k_norm: Option<RmsNorm>,
-    v_norm: Option<RmsNorm>,
+    k_norm: Option<Norm>,
+    v_norm: Option<Norm>,
 }
 
 pub struct Attention {
     q: Linear,
-    q_norm: Option<RmsNorm>,
+    q_norm: Option<Norm>,
     /// None for a layer that reads its donor's KV.
     kv: Option<KvProjection>,
     o: Linear,
@@ -272,8 +305,9 @@ impl Attention {
     /// The projections and q/k norms `names` gives of a layer with `hidden` inputs.
     pub fn load(w: &Weights, names: &LayerNames, hidden: usize, c: AttentionConfig) -> Result<Attention> {
         let (nh, nkv, hd) = (c.params.n_heads, c.params.n_kv_heads, c.params.head_dim);
-        let norm = |name: &str| -> Result<Option<RmsNorm>> {
-            c.qk_norm.map(|offset| RmsNorm::load(w, &format!("{name}.weight"), hd, offset, c.eps)).transpose()
+        let norm = |name: &str, heads: usize| -> Result<Option<Norm>> {
+            let dim = if c.qk_norm_whole { heads * hd } else { hd };
+            c.qk_norm.map(|offset| Norm::load(w, &format!("{name}.weight"), dim, offset, c.eps)).transpose()
         };
         let (q_rows, kv_rows) = (nh * hd, nkv * hd);
         let proj = |which: usize| -> Result<Linear> {
@@ -294,15 +328,15 @@ impl Attention {
             Some(KvProjection {
                 k: proj(1)?,
                 v: if c.k_eq_v { None } else { Some(proj(2)?) },
-                k_norm: norm(&names.k_norm)?,
-                v_norm: c.v_norm.then(|| RmsNorm::unit(hd, c.eps)),
+                k_norm: norm(&names.k_norm, nkv)?,
+                v_norm: c.v_norm.then(|| Norm::unit(hd, c.eps)),
             })
         };
         Ok(Attention {
             q: proj(0)?,
-            q_norm: norm(&names.q_norm)?,
+            q_norm: norm(&names.q_norm, nh)?,
             kv,
-            o: Linear::load(w, &names.o, hidden, nh * hd, false)?,
+            o: Linear::load(w, &names.o, hidden, nh * hd, c.o_bias)?,
             rope: LayerRope::new(c.rope),
             params: c.params,
             kv_index: c.kv_index,
@@ -367,7 +401,7 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
 
 /// The final norm, the output projection and an optional logit softcap.
 pub struct LmHead {
-    norm: RmsNorm,
+    norm: Norm,
     w: Tensor,
     /// Multiplies the logits (granite's `1 / logits_scaling`).
     scale: Option<f32>,
@@ -375,16 +409,15 @@ pub struct LmHead {
 }
 
 impl LmHead {
-    /// `model.norm` and `lm_head` (or the embedding `embed` when tied and absent).
+    /// The final norm `norm` and `lm_head` (or the embedding `embed` when tied and absent).
     pub fn load(
         w: &Weights,
         cfg: &ModelConfig,
         embed: &Tensor,
-        norm_offset: f32,
+        norm: Norm,
         scale: Option<f32>,
         softcap: Option<f32>,
     ) -> Result<LmHead> {
-        let norm = RmsNorm::load(w, "model.norm.weight", cfg.hidden_size, norm_offset, cfg.rms_norm_eps)?;
         let head = if cfg.tie_word_embeddings && !w.contains("lm_head.weight") {
             embed.clone()
         } else {

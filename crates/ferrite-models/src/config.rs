@@ -364,6 +364,31 @@ pub(crate) fn rope_from_params(
             mscale_all_dim: get_f64(params, "mscale_all_dim"),
             truncate: params.get("truncate").and_then(Value::as_bool).unwrap_or(true),
         },
+        "longrope" => {
+            let factors = |key: &str| -> std::result::Result<Vec<f64>, String> {
+                let list = params.get(key).and_then(Value::as_array).ok_or(format!("longrope needs '{key}'"))?;
+                let values: Option<Vec<f64>> = list.iter().map(Value::as_f64).collect();
+                values
+                    .filter(|v| v.len() == rotary_dim / 2 && v.iter().all(|f| f.is_finite() && *f > 0.0))
+                    .ok_or_else(|| format!("longrope '{key}' must hold {} positive numbers", rotary_dim / 2))
+            };
+            // A top-level `original_max_position_embeddings` (as Phi-3 writes it) wins.
+            let original = get_usize(top, "original_max_position_embeddings")
+                .or_else(|| get_usize(params, "original_max_position_embeddings"))
+                .unwrap_or(max_pos);
+            let factor = get_f64(params, "factor").unwrap_or(max_pos as f64 / original as f64);
+            let attention_factor = get_f64(params, "attention_factor").unwrap_or(if factor <= 1.0 {
+                1.0
+            } else {
+                (1.0 + factor.ln() / (original as f64).ln()).sqrt()
+            });
+            RopeKind::LongRope {
+                short: factors("short_factor")?,
+                long: factors("long_factor")?,
+                original_max_position_embeddings: original,
+                attention_factor,
+            }
+        }
         // `int(partial * head_dim // 2)` rotated pairs, as transformers computes it.
         "proportional" => RopeKind::Proportional {
             factor: get_f64(params, "factor").unwrap_or(1.0),
@@ -371,7 +396,7 @@ pub(crate) fn rope_from_params(
         },
         other => {
             return Err(format!(
-                "rope type '{other}' is not supported (default, linear, dynamic, llama3, yarn, proportional)"
+                "rope type '{other}' is not supported (default, linear, dynamic, llama3, yarn, longrope, proportional)"
             ))
         }
     };

@@ -5,17 +5,17 @@
 //! norms the layer's names list (input norm, output norm, both, or neither), its output scaled
 //! (granite) and added to the residual stream, then Gemma 4's per-layer input and layer
 //! scalar; the final norm, the LM head, the logit scale and softcap. A sublayer output is added
-//! to the residual in the same pass as the norm that reads the sum (`RmsNorm::forward_add`)
+//! to the residual in the same pass as the norm that reads the sum (`Norm::forward_add`)
 //! whenever one follows, so every family gets that fusion.
 
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, Tensor};
 
-use crate::blocks::{self, Attention, Linear, LmHead, Mlp, RmsNorm};
+use crate::blocks::{self, Attention, Linear, LmHead, Mlp, Norm};
 use crate::config::ModelConfig;
-use crate::error::{LoadError, Result};
+use crate::error::Result;
 use crate::model::CausalLm;
 use crate::moe::Moe;
-use crate::plan::{DecoderPlan, NormKind};
+use crate::plan::DecoderPlan;
 use crate::weights::Weights;
 
 /// Gemma 4's per-layer inputs: a second token embedding and a projection of the embeddings.
@@ -24,7 +24,7 @@ struct PerLayerInput {
     embed_scale: f32,
     projection: Linear,
     projection_scale: f32,
-    norm: RmsNorm,
+    norm: Norm,
     width: usize,
 }
 
@@ -45,17 +45,17 @@ impl PerLayerInput {
 struct LayerInput {
     gate: Linear,
     projection: Linear,
-    norm: RmsNorm,
+    norm: Norm,
 }
 
 struct Layer {
-    input_norm: Option<RmsNorm>,
+    input_norm: Option<Norm>,
     attn: Attention,
-    post_attn_norm: Option<RmsNorm>,
-    pre_ffn_norm: Option<RmsNorm>,
+    post_attn_norm: Option<Norm>,
+    pre_ffn_norm: Option<Norm>,
     mlp: Mlp,
     moe: Option<Moe>,
-    post_ffn_norm: Option<RmsNorm>,
+    post_ffn_norm: Option<Norm>,
     input: Option<LayerInput>,
     scalar: f32,
 }
@@ -81,7 +81,7 @@ struct Stream {
 
 impl Stream {
     /// `h = norm(x)`, adding a pending `o` to `x` in the same pass.
-    fn norm_into(&mut self, norm: &RmsNorm, h: &mut [f32]) {
+    fn norm_into(&mut self, norm: &Norm, h: &mut [f32]) {
         if std::mem::take(&mut self.pending) {
             norm.forward_add(&mut self.x, &self.o, h);
         } else {
@@ -97,7 +97,7 @@ impl Stream {
     }
 
     /// `o` is a sublayer's output: normed by `post_norm`, scaled, and left to join `x`.
-    fn sublayer_done(&mut self, post_norm: Option<&RmsNorm>, scale: Option<f32>) {
+    fn sublayer_done(&mut self, post_norm: Option<&Norm>, scale: Option<f32>) {
         if let Some(n) = post_norm {
             n.forward_in_place(&mut self.o);
         }
@@ -111,13 +111,9 @@ impl Stream {
 impl Decoder {
     /// Build `plan` from `weights`, checking every tensor; `progress` is told after each layer.
     pub fn load(cfg: ModelConfig, plan: DecoderPlan, w: &Weights, progress: &dyn Fn(usize)) -> Result<Decoder> {
-        let offset = match plan.norm {
-            NormKind::Rms { offset } => offset,
-            NormKind::Layer => return Err(LoadError::Other("LayerNorm models have no CPU path yet".into())),
-        };
-        let (d, eps, n) = (cfg.hidden_size, plan.eps, plan.layers.len());
-        let norm = |name: &Option<String>| -> Result<Option<RmsNorm>> {
-            name.as_ref().map(|name| RmsNorm::load(w, &format!("{name}.weight"), d, offset, eps)).transpose()
+        let (d, eps, n, offset) = (cfg.hidden_size, plan.eps, plan.layers.len(), plan.norm_offset());
+        let norm = |name: &Option<String>| -> Result<Option<Norm>> {
+            name.as_ref().map(|name| Norm::load_kind(w, name, d, plan.norm, eps)).transpose()
         };
         let mut layers = Vec::with_capacity(n);
         for (i, l) in plan.layers.into_iter().enumerate() {
@@ -126,7 +122,7 @@ impl Decoder {
                 Some((_, width)) => Some(LayerInput {
                     gate: Linear::load(w, &p("per_layer_input_gate"), width, d, false)?,
                     projection: Linear::load(w, &p("per_layer_projection"), d, width, false)?,
-                    norm: RmsNorm::load(w, &p("post_per_layer_input_norm.weight"), d, offset, eps)?,
+                    norm: Norm::load(w, &p("post_per_layer_input_norm.weight"), d, offset, eps)?,
                 }),
                 None => None,
             };
@@ -151,13 +147,14 @@ impl Decoder {
                 embed_scale: (width as f64).sqrt() as f32,
                 projection: Linear::load(w, "model.per_layer_model_projection", n * width, d, false)?,
                 projection_scale: (d as f64).powf(-0.5) as f32,
-                norm: RmsNorm::load(w, "model.per_layer_projection_norm.weight", width, 0.0, eps)?,
+                norm: Norm::load(w, "model.per_layer_projection_norm.weight", width, 0.0, eps)?,
                 width,
             }),
             None => None,
         };
         let embed = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
-        let head = LmHead::load(w, &cfg, &embed, offset, plan.logit_scale, plan.final_softcap)?;
+        let final_norm = Norm::load_kind(w, "model.norm", d, plan.norm, eps)?;
+        let head = LmHead::load(w, &cfg, &embed, final_norm, plan.logit_scale, plan.final_softcap)?;
         Ok(Decoder {
             cfg,
             embed,

@@ -17,7 +17,7 @@ use crate::model::CausalLm;
 use crate::plan::DecoderPlan;
 use crate::safetensors::SafetensorsDir;
 use crate::tokenizer::Tokenizer;
-use crate::weights::{GgufLayout, WeightSource, Weights};
+use crate::weights::{WeightLayout, WeightSource, Weights};
 use ferrite_runtime::cuda::{resolve_device, Device, DeviceChoice, Gpu};
 use ferrite_runtime::DType;
 
@@ -153,7 +153,7 @@ pub fn gpu_decoder(dir: &Path, ordinal: usize) -> Result<crate::gpu::GpuDecoder>
     let json = read_json(&cfg_path)?;
     let mut cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
     let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path: &cfg_path, json: &json })?;
-    let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), GgufLayout::default());
+    let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), layout(&cfg, &plan, false));
     let (gpu, _) = open_gpu(ordinal)?;
     let w = crate::gpu::DecoderWeights::upload(&cfg, &plan, &weights, &gpu, &|_| {})?;
     crate::gpu::GpuDecoder::new(cfg, plan, w, gpu)
@@ -191,10 +191,24 @@ fn read_json(path: &Path) -> Result<Value> {
 /// The model on its device, the device and its note.
 type Built = (Arc<dyn CausalLm>, Device, String);
 
-/// The model of `cfg` from its family's plan, on the CUDA device when `target` resolved to
-/// one and the plan has a CUDA path.
-fn build(mut cfg: ModelConfig, src: &ConfigSource, weights: &Weights, target: &Target) -> Result<Built> {
-    let plan = (cfg.arch.plan)(&mut cfg, src)?;
+/// How the weights of `plan` are stored, in a GGUF file (`gguf`) or an HF directory.
+fn layout(cfg: &ModelConfig, plan: &DecoderPlan, gguf: bool) -> WeightLayout {
+    let quirks = &cfg.arch.quirks;
+    WeightLayout {
+        interleaved_rope: plan.interleaved_rope.then_some((
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.rope.rotary_dim,
+        )),
+        unpermute_qk: (gguf && quirks.gguf_unpermute_qk).then_some((cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)),
+        sandwich_norms: gguf && quirks.gguf_sandwich,
+    }
+}
+
+/// The model of `plan`, on the CUDA device when `target` resolved to one and the plan has a
+/// CUDA path.
+fn build(cfg: ModelConfig, plan: DecoderPlan, weights: &Weights, target: &Target) -> Result<Built> {
     if let Device::Cuda(ordinal) = target.device {
         match crate::gpu::unsupported(&plan) {
             None => {
@@ -237,9 +251,9 @@ fn load_hf_dir(dir: &Path, target: &Target, opts: &LoadOptions) -> Result<Loaded
     let json = read_json(&cfg_path)?;
     let mut cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
     opts.apply(dir, &mut cfg)?;
-    let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), GgufLayout::default());
-    let (model, device, device_note) =
-        build(cfg, &ConfigSource::Hf { path: &cfg_path, json: &json }, &weights, target)?;
+    let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path: &cfg_path, json: &json })?;
+    let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), layout(&cfg, &plan, false));
+    let (model, device, device_note) = build(cfg, plan, &weights, target)?;
     let tok_path = dir.join("tokenizer.json");
     let tokenizer = if tok_path.is_file() { Some(Arc::new(Tokenizer::from_file(&tok_path)?)) } else { None };
     let templates = ModelChatTemplates::from_model_dir(dir).map_err(|e| LoadError::format(dir, e.to_string()))?;
@@ -289,15 +303,10 @@ fn load_gguf(path: &Path, target: &Target, opts: &LoadOptions) -> Result<LoadedM
         ),
         None => None,
     };
-    let layout = GgufLayout {
-        unpermute_qk: cfg.arch.quirks.gguf_unpermute_qk.then_some((cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)),
-        sandwich_norms: cfg.arch.quirks.gguf_sandwich,
-    };
+    let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Gguf(&g))?;
+    let layout = layout(&cfg, &plan, true);
     let weights = Weights::new(WeightSource::Gguf(g), layout);
-    let WeightSource::Gguf(g) = weights.source() else {
-        return Err(LoadError::format(path, "GGUF weights without a GGUF file"));
-    };
-    let (model, device, device_note) = build(cfg, &ConfigSource::Gguf(g), &weights, target)?;
+    let (model, device, device_note) = build(cfg, plan, &weights, target)?;
     Ok(LoadedModel {
         model,
         tokenizer: Some(Arc::new(tokenizer)),

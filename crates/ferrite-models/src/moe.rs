@@ -8,7 +8,7 @@
 
 use ferrite_runtime::{cpu, Result as RtResult};
 
-use crate::blocks::{Linear, Mlp, RmsNorm};
+use crate::blocks::{Linear, Mlp, Norm};
 use crate::config::Activation;
 use crate::error::Result;
 use crate::weights::Weights;
@@ -22,18 +22,18 @@ pub struct MoeShape {
 }
 
 pub struct Moe {
-    router_norm: RmsNorm,
+    router_norm: Norm,
     router_scale: Vec<f32>,
     router: Linear,
     per_expert_scale: Vec<f32>,
     top_k: usize,
     experts: Vec<Mlp>,
     /// Norms the dense MLP's output (`post_feedforward_layernorm_1`).
-    post_mlp_norm: RmsNorm,
+    post_mlp_norm: Norm,
     /// Norms the experts' input (`pre_feedforward_layernorm_2`).
-    pre_norm: RmsNorm,
+    pre_norm: Norm,
     /// Norms the experts' output (`post_feedforward_layernorm_2`).
-    post_norm: RmsNorm,
+    post_norm: Norm,
 }
 
 /// One token's route from its router scores (`scores`, one per expert, softmaxed in place):
@@ -54,7 +54,7 @@ impl Moe {
     pub fn load(w: &Weights, prefix: &str, hidden: usize, shape: MoeShape, act: Activation, eps: f32) -> Result<Moe> {
         let (e, inter) = (shape.num_experts, shape.intermediate);
         let p = |s: &str| format!("{prefix}.{s}");
-        let norm = |s: &str| RmsNorm::load(w, &p(&format!("{s}.weight")), hidden, 0.0, eps);
+        let norm = |s: &str| Norm::load(w, &p(&format!("{s}.weight")), hidden, 0.0, eps);
         let gate_up = w.get(&p("experts.gate_up_proj"), &[e, 2 * inter, hidden])?;
         let down = w.get(&p("experts.down_proj"), &[e, hidden, inter])?;
         let experts = (0..e)
@@ -71,7 +71,7 @@ impl Moe {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Moe {
-            router_norm: RmsNorm::unit(hidden, eps),
+            router_norm: Norm::unit(hidden, eps),
             router_scale: w.get_f32(&p("router.scale"), &[hidden])?,
             router: Linear::load(w, &p("router.proj"), e, hidden, false)?,
             per_expert_scale: w.get_f32(&p("router.per_expert_scale"), &[e])?,

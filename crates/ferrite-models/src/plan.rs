@@ -133,6 +133,9 @@ pub struct DecoderPlan {
     pub per_layer_input: Option<(usize, usize)>,
     /// Gemma 4 scales the residual stream by a learned scalar (`layer_scalar`) after each layer.
     pub layer_scalar: bool,
+    /// RoPE rotates adjacent pairs of dims (GLM); the loader reorders the q/k rows so that
+    /// the executors' rotate-half RoPE does the same (`weights::WeightLayout`).
+    pub interleaved_rope: bool,
 }
 
 impl DecoderPlan {

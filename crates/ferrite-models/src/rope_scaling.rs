@@ -37,6 +37,15 @@ pub enum RopeKind {
         mscale_all_dim: Option<f64>,
         truncate: bool,
     },
+    /// Phi-3's long RoPE: each frequency divided by a factor of its own, `short` while the
+    /// forward's last position + 1 is within `original_max_position_embeddings`, `long` past
+    /// it; cos and sin scaled by `attention_factor` at every length.
+    LongRope {
+        short: Vec<f64>,
+        long: Vec<f64>,
+        original_max_position_embeddings: usize,
+        attention_factor: f64,
+    },
     /// Gemma 4's global layers: the first `rope_angles` frequency pairs of a full-width
     /// schedule (exponent over the whole head_dim), the rest zero (not rotated), all / `factor`.
     Proportional {
@@ -57,7 +66,7 @@ pub struct RopeScaling {
 impl RopeScaling {
     /// Whether the frequencies depend on the sequence length.
     pub fn is_dynamic(&self) -> bool {
-        matches!(self.kind, RopeKind::Dynamic { .. })
+        matches!(self.kind, RopeKind::Dynamic { .. } | RopeKind::LongRope { .. })
     }
 
     pub fn rope_for(&self, seq_len: usize) -> Rope {
@@ -97,6 +106,10 @@ impl RopeScaling {
                 (base_freqs(self.theta).iter().zip(factors).map(|(f, d)| f / d).collect(), 1.0)
             }
             RopeKind::Yarn { .. } => self.yarn(),
+            RopeKind::LongRope { short, long, original_max_position_embeddings, attention_factor } => {
+                let ext = if seq_len > *original_max_position_embeddings { long } else { short };
+                (base_freqs(self.theta).iter().zip(ext).map(|(f, e)| f / e).collect(), *attention_factor)
+            }
             RopeKind::Proportional { factor, rope_angles } => {
                 let inv = base_freqs(self.theta)
                     .into_iter()

@@ -2,7 +2,10 @@
 //!
 //! GGUF names are translated (`blk.N.attn_q.weight` ↔ `model.layers.N.self_attn.q_proj.weight`)
 //! and, for the llama architecture, the q/k rows llama.cpp's converter permuted are put back
-//! in HF order. Every fetch checks the shape the architecture expects.
+//! in HF order. A model whose RoPE rotates adjacent pairs (GLM) gets its q/k rows (and
+//! biases) reordered so that the executors' rotate-half RoPE rotates the same pairs: the
+//! attention scores are unchanged, as q and k share the order. Every fetch checks the shape
+//! the architecture expects.
 
 use std::path::Path;
 
@@ -17,9 +20,12 @@ pub enum WeightSource {
     Gguf(GgufFile),
 }
 
-/// How llama.cpp's converter laid out an architecture's GGUF tensors.
+/// How the stored tensors differ from the layout the executors read.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct GgufLayout {
+pub struct WeightLayout {
+    /// (n_heads, n_kv_heads, head_dim, rotary_dim) when the model's RoPE rotates adjacent
+    /// pairs `(2j, 2j + 1)` of the first `rotary_dim` dims of each head.
+    pub interleaved_rope: Option<(usize, usize, usize, usize)>,
     /// (n_heads, n_kv_heads, head_dim) when q/k rows must be un-permuted (llama).
     pub unpermute_qk: Option<(usize, usize, usize)>,
     /// Norms around both sublayers (Gemma 2/3): HF `post_attention_layernorm` is the GGUF
@@ -29,11 +35,11 @@ pub struct GgufLayout {
 
 pub struct Weights {
     source: WeightSource,
-    layout: GgufLayout,
+    layout: WeightLayout,
 }
 
 /// Translate an HF tensor name to its GGUF name.
-pub fn gguf_name(hf: &str, layout: &GgufLayout) -> Option<String> {
+pub fn gguf_name(hf: &str, layout: &WeightLayout) -> Option<String> {
     let fixed = match hf {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
@@ -67,7 +73,7 @@ pub fn gguf_name(hf: &str, layout: &GgufLayout) -> Option<String> {
 }
 
 impl Weights {
-    pub fn new(source: WeightSource, layout: GgufLayout) -> Weights {
+    pub fn new(source: WeightSource, layout: WeightLayout) -> Weights {
         Weights { source, layout }
     }
 
@@ -107,18 +113,50 @@ impl Weights {
         if t.shape() != shape {
             return Err(LoadError::tensor(self.path(hf), &name, format!("shape {:?}, expected {shape:?}", t.shape())));
         }
-        match self.layout.unpermute_qk {
+        let t = match self.layout.unpermute_qk {
             Some((nh, _, hd)) if hf.ends_with("q_proj.weight") => unpermute(&t, nh, hd),
             Some((_, nkv, hd)) if hf.ends_with("k_proj.weight") => unpermute(&t, nkv, hd),
             _ => Ok(t),
-        }
-        .map_err(|e| LoadError::tensor(self.path(hf), &name, e.to_string()))
+        };
+        let t = match (t, self.rope_order(hf)) {
+            (Ok(t), Some(order)) if t.shape().len() == 2 => t.permute_rows(&order),
+            (t, _) => t,
+        };
+        t.map_err(|e| LoadError::tensor(self.path(hf), &name, e.to_string()))
+    }
+
+    /// The row order that turns `hf`'s adjacent-pair RoPE dims into rotate-half pairs, for a q
+    /// or k projection of an interleaved-RoPE model.
+    fn rope_order(&self, hf: &str) -> Option<Vec<usize>> {
+        let (nh, nkv, hd, rotary) = self.layout.interleaved_rope?;
+        let heads = if hf.contains("q_proj.") {
+            nh
+        } else if hf.contains("k_proj.") {
+            nkv
+        } else {
+            return None;
+        };
+        let half = rotary / 2;
+        let within = |r: usize| {
+            if r < half {
+                2 * r
+            } else if r < rotary {
+                2 * (r - half) + 1
+            } else {
+                r
+            }
+        };
+        Some((0..heads * hd).map(|r| (r / hd) * hd + within(r % hd)).collect())
     }
 
     /// A small tensor (norm weight, bias) as f32 values.
     pub fn get_f32(&self, hf: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let t = self.get(hf, shape)?;
-        t.to_f32_vec().map_err(|e| LoadError::tensor(self.path(hf), hf, e.to_string()))
+        let v = t.to_f32_vec().map_err(|e| LoadError::tensor(self.path(hf), hf, e.to_string()))?;
+        match self.rope_order(hf) {
+            Some(order) if shape.len() == 1 && order.len() == v.len() => Ok(order.iter().map(|&i| v[i]).collect()),
+            _ => Ok(v),
+        }
     }
 
     /// An RMSNorm weight as the multiplier the model applies: `offset + w` for HF files (Gemma

@@ -203,6 +203,8 @@ fn plan(cfg: &ModelConfig, src: &ConfigSource, gen: Gen) -> Result<DecoderPlan> 
             rope: if t == LayerType::Sliding { s.local_rope.clone() } else { cfg.rope.clone() },
             bias: cfg.qkv_bias,
             qk_norm: cfg.qk_norm.then_some(offset),
+            qk_norm_whole: false,
+            o_bias: false,
             v_norm: false,
             k_eq_v: false,
             shared: false,
@@ -225,5 +227,6 @@ fn plan(cfg: &ModelConfig, src: &ConfigSource, gen: Gen) -> Result<DecoderPlan> 
         final_softcap: s.final_softcap,
         per_layer_input: None,
         layer_scalar: false,
+        interleaved_rope: false,
     })
 }

@@ -277,6 +277,8 @@ pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
             rope: s.ropes[i].clone(),
             bias: cfg.qkv_bias,
             qk_norm: Some(0.0),
+            qk_norm_whole: false,
+            o_bias: false,
             v_norm: true,
             k_eq_v: s.k_eq_v && t == LayerType::Full,
             shared,
@@ -301,6 +303,7 @@ pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
         final_softcap: s.final_softcap,
         per_layer_input: s.per_layer_input,
         layer_scalar: true,
+        interleaved_rope: false,
     })
 }
 

@@ -11,6 +11,11 @@ use crate::error::Result;
 use crate::plan::{DecoderPlan, FfnPlan, LayerNames, LayerPlan, NormKind};
 
 pub fn plan(cfg: &mut ModelConfig, _src: &ConfigSource) -> Result<DecoderPlan> {
+    Ok(base(cfg))
+}
+
+/// The llama plan of `cfg`: the dense layout other families start from and adjust.
+pub(super) fn base(cfg: &ModelConfig) -> DecoderPlan {
     let kind = cfg.sliding_window.map_or(KvGroupKind::Full, |window| KvGroupKind::Sliding { window });
     let params = AttentionParams {
         n_heads: cfg.num_heads,
@@ -27,6 +32,8 @@ pub fn plan(cfg: &mut ModelConfig, _src: &ConfigSource) -> Result<DecoderPlan> {
                 rope: cfg.rope.clone(),
                 bias: cfg.qkv_bias,
                 qk_norm: cfg.qk_norm.then_some(0.0),
+                qk_norm_whole: false,
+                o_bias: false,
                 v_norm: false,
                 k_eq_v: false,
                 shared: false,
@@ -37,7 +44,7 @@ pub fn plan(cfg: &mut ModelConfig, _src: &ConfigSource) -> Result<DecoderPlan> {
             names: LayerNames::llama(i),
         })
         .collect();
-    Ok(DecoderPlan {
+    DecoderPlan {
         layers,
         layout: KvLayout::uniform(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kind),
         norm: NormKind::Rms { offset: 0.0 },
@@ -48,5 +55,6 @@ pub fn plan(cfg: &mut ModelConfig, _src: &ConfigSource) -> Result<DecoderPlan> {
         final_softcap: None,
         per_layer_input: None,
         layer_scalar: false,
-    })
+        interleaved_rope: false,
+    }
 }

@@ -5,7 +5,13 @@
 
 mod gemma;
 mod gemma4;
+mod glm4;
+mod granite;
 mod llama;
+mod olmo2;
+mod phi3;
+mod smollm3;
+mod starcoder2;
 
 use crate::config::{ConfigSource, ModelConfig};
 use crate::error::Result;
@@ -116,6 +122,27 @@ pub static FAMILIES: &[Family] = &[
         gguf: Some("qwen3"),
         quirks: Quirks { qk_norm: true, window: WindowRule::QwenFlag, ..LLAMA },
         plan: llama::plan,
+    },
+    Family { name: "phi3", gguf: Some("phi3"), quirks: Quirks { window: WindowRule::Key, ..LLAMA }, plan: phi3::plan },
+    Family { name: "olmo2", gguf: Some("olmo2"), quirks: LLAMA, plan: olmo2::plan },
+    Family { name: "glm4", gguf: Some("glm4"), quirks: LLAMA, plan: glm4::plan },
+    Family {
+        name: "granite",
+        gguf: Some("granite"),
+        quirks: Quirks { gguf_unpermute_qk: true, ..LLAMA },
+        plan: granite::plan,
+    },
+    Family {
+        name: "starcoder2",
+        gguf: Some("starcoder2"),
+        quirks: Quirks { default_act: "gelu_pytorch_tanh", tie_default: true, window: WindowRule::Key, ..LLAMA },
+        plan: starcoder2::plan,
+    },
+    Family {
+        name: "smollm3",
+        gguf: Some("smollm3"),
+        quirks: Quirks { window: WindowRule::QwenFlag, gguf_unpermute_qk: true, ..LLAMA },
+        plan: smollm3::plan,
     },
     Family {
         name: "gemma",

@@ -67,6 +67,12 @@ pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
         if l.attn.rope.is_dynamic() {
             return Some("dynamic NTK RoPE has no CUDA path yet".into());
         }
+        if l.attn.qk_norm_whole {
+            return Some(format!("layer {i}: q/k norms over the whole projection have no CUDA path yet"));
+        }
+        if l.attn.o_bias {
+            return Some(format!("layer {i}: an output-projection bias has no CUDA path yet"));
+        }
         if l.attn.v_norm && l.attn.qk_norm.is_none() {
             return Some(format!("layer {i}: a v norm without q/k norms has no CUDA path"));
         }

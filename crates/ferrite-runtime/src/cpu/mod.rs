@@ -16,7 +16,7 @@ pub use activation::{gelu_tanh_mul, silu_mul};
 pub use attention::{paged_attention, write_kv, AttentionParams};
 pub use embedding::embedding;
 pub use matmul::{linear, linear_many, prepare_linear};
-pub use norm::{add_rms_norm, rms_norm, rms_norm_in_place};
+pub use norm::{add_layer_norm, add_rms_norm, layer_norm, rms_norm, rms_norm_in_place};
 pub use qmatmul::{kernel_mode, set_kernel_mode, KernelMode, Level};
 pub use reduce::{argmax, log_softmax, softmax_in_place};
 pub use rope::Rope;
