@@ -2,7 +2,7 @@
 # The CUDA tests: built on a machine with Rust (no GPU needed), run on one with an NVIDIA GPU.
 #
 #   bash scripts/gpu_tests.sh build   # here: build the CUDA test binaries (ferrite-runtime ops,
-#                                     # ferrite-engine's cuda_model and cuda_gemma) and the ferrite binary, and
+#                                     # ferrite-engine's cuda_model and cuda_goldens) and the ferrite binary, and
 #                                     # copy them into .gpu/ (git-ignored)
 #   bash scripts/gpu_tests.sh run     # there: run .gpu/cuda_* with FERRITE_TEST_CUDA=1 (CUDA op
 #                                     # and quantized-kernel tests against the CPU ops, the
@@ -27,7 +27,7 @@ build)
     log=$(mktemp)
     cargo test --release -p ferrite-runtime --no-run 2>&1 | tee "$log"
     cargo test --release -p ferrite-engine --test cuda_model --no-run 2>&1 | tee -a "$log"
-    cargo test --release -p ferrite-engine --test cuda_gemma --no-run 2>&1 | tee -a "$log"
+    cargo test --release -p ferrite-engine --test cuda_goldens --no-run 2>&1 | tee -a "$log"
     cargo build --release --bin ferrite
     rm -rf .gpu && mkdir -p .gpu
     cp target/release/ferrite .gpu/ferrite
@@ -48,7 +48,7 @@ run | bench | all)
     done
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
     failed=()
-    tests=(cuda_ops cuda_quant cuda_attention cuda_sampling cuda_model cuda_gemma cuda_ceiling)
+    tests=(cuda_ops cuda_quant cuda_attention cuda_sampling cuda_model cuda_goldens cuda_ceiling)
     [ "$1" = bench ] && tests=()
     # cuda_model's comparison with Hugging Face transformers needs their reference, made here
     # (a 1B-class random llama and transformers' log-probabilities; ~30 s, 2.5 GB of disk).

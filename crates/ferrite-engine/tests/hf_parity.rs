@@ -25,6 +25,18 @@ fn prompt_logits(model: &dyn CausalLm, prompt: &[u32]) -> Vec<f32> {
 
 fn check(name: &str) {
     let (model, reference) = load_fixture(name);
+    check_model(name, model, &reference);
+}
+
+/// The fixture's GGUF (written as llama.cpp's converter writes that architecture) against the
+/// same transformers references.
+fn check_gguf(name: &str) {
+    let (_, reference) = load_fixture(name);
+    let model = ferrite_models::load(&fixture_dir(name).join("model.gguf")).expect("GGUF").model;
+    check_model(&format!("{name} (GGUF)"), model, &reference);
+}
+
+fn check_model(name: &str, model: std::sync::Arc<dyn CausalLm>, reference: &serde_json::Value) {
     let vocab = model.config().vocab_size;
     let prompts = reference["prompts"].as_array().expect("prompts");
     for (p, prompt) in prompts.iter().enumerate() {
@@ -56,6 +68,21 @@ fn check(name: &str) {
         let got = alone(&model, cfg, prompt.clone(), greedy(want_greedy.len()));
         assert_eq!(got[0], want_greedy, "{name} prompt {p}: greedy tokens differ");
     }
+}
+
+macro_rules! gguf_parity {
+    ($($test:ident => $name:literal),* $(,)?) => {
+        $(#[test] fn $test() { check_gguf($name); })*
+    };
+}
+
+gguf_parity! {
+    phi3_gguf => "phi3",
+    olmo2_gguf => "olmo2",
+    glm4_gguf => "glm4",
+    granite_gguf => "granite",
+    starcoder2_gguf => "starcoder2",
+    smollm3_gguf => "smollm3",
 }
 
 macro_rules! parity {

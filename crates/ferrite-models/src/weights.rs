@@ -40,14 +40,14 @@ pub struct Weights {
 
 /// Translate an HF tensor name to its GGUF name.
 pub fn gguf_name(hf: &str, layout: &WeightLayout) -> Option<String> {
-    let fixed = match hf {
-        "model.embed_tokens.weight" => Some("token_embd.weight"),
-        "model.norm.weight" => Some("output_norm.weight"),
-        "lm_head.weight" => Some("output.weight"),
-        _ => None,
-    };
-    if let Some(f) = fixed {
-        return Some(f.to_string());
+    if let Some((module, suffix)) = hf.rsplit_once('.').filter(|(m, _)| !m.starts_with("model.layers.")) {
+        let g = match module {
+            "model.embed_tokens" => "token_embd",
+            "model.norm" => "output_norm",
+            "lm_head" => "output",
+            _ => return None,
+        };
+        return Some(format!("{g}.{suffix}"));
     }
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
@@ -58,15 +58,19 @@ pub fn gguf_name(hf: &str, layout: &WeightLayout) -> Option<String> {
         "self_attn.k_proj" => "attn_k",
         "self_attn.v_proj" => "attn_v",
         "self_attn.o_proj" => "attn_output",
+        "self_attn.qkv_proj" => "attn_qkv",
         "self_attn.q_norm" => "attn_q_norm",
         "self_attn.k_norm" => "attn_k_norm",
         "post_attention_layernorm" if layout.sandwich_norms => "post_attention_norm",
+        "post_self_attn_layernorm" => "post_attention_norm",
+        "post_mlp_layernorm" => "post_ffw_norm",
         "post_attention_layernorm" => "ffn_norm",
         "pre_feedforward_layernorm" => "ffn_norm",
         "post_feedforward_layernorm" => "post_ffw_norm",
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
-        "mlp.down_proj" => "ffn_down",
+        "mlp.down_proj" | "mlp.c_proj" => "ffn_down",
+        "mlp.gate_up_proj" | "mlp.c_fc" => "ffn_up",
         _ => return None,
     };
     Some(format!("blk.{layer}.{g}.{suffix}"))

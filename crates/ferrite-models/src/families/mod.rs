@@ -124,7 +124,7 @@ pub static FAMILIES: &[Family] = &[
         plan: llama::plan,
     },
     Family { name: "phi3", gguf: Some("phi3"), quirks: Quirks { window: WindowRule::Key, ..LLAMA }, plan: phi3::plan },
-    Family { name: "olmo2", gguf: Some("olmo2"), quirks: LLAMA, plan: olmo2::plan },
+    Family { name: "olmo2", gguf: Some("olmo2"), quirks: Quirks { gguf_sandwich: true, ..LLAMA }, plan: olmo2::plan },
     Family { name: "glm4", gguf: Some("glm4"), quirks: LLAMA, plan: glm4::plan },
     Family {
         name: "granite",
@@ -135,7 +135,13 @@ pub static FAMILIES: &[Family] = &[
     Family {
         name: "starcoder2",
         gguf: Some("starcoder2"),
-        quirks: Quirks { default_act: "gelu_pytorch_tanh", tie_default: true, window: WindowRule::Key, ..LLAMA },
+        quirks: Quirks {
+            default_act: "gelu_pytorch_tanh",
+            tie_default: true,
+            window: WindowRule::Key,
+            gguf_window: Some(None),
+            ..LLAMA
+        },
         plan: starcoder2::plan,
     },
     Family {

@@ -1,8 +1,10 @@
-//! The CUDA Gemma path against the CPU model on the tiny transformers goldens (gemma,
-//! gemma2, gemma3_text and the three gemma4_text fixtures: KV-shared layers with per-layer
-//! inputs, `attention_k_eq_v` with a double-wide MLP, the MoE block), gated by
-//! `FERRITE_TEST_CUDA=1` (skipped elsewhere). The fixtures' sliding window is 8 tokens, so
-//! every prompt here but the shortest is longer than the window.
+//! The CUDA executor against the CPU executor on the tiny transformers goldens of every family
+//! with a CUDA path (qwen3's per-head q/k norms, glm4's sandwich norms and adjacent-pair
+//! partial RoPE, smollm3's NoPE layers, gemma, gemma2, gemma3_text and the three gemma4_text
+//! fixtures: KV-shared layers with per-layer inputs, `attention_k_eq_v` with a double-wide
+//! MLP, the MoE block), gated by `FERRITE_TEST_CUDA=1` (skipped elsewhere). The Gemma
+//! fixtures' sliding window is 8 tokens, so every prompt here but the shortest is longer than
+//! the window. (`cuda_model` covers the llama fixtures.)
 //!
 //! - prompt logits from one prefill (the fixtures' prompts and a 150-token one): relative L2
 //!   error within bf16 tolerance (3 %), top-5 log-probabilities within 0.75, each side's top
@@ -31,7 +33,8 @@ use ferrite_runtime::cuda::DeviceChoice;
 use ferrite_runtime::ForwardBatch;
 use serde_json::Value;
 
-const FIXTURES: [&str; 6] = ["gemma", "gemma2", "gemma3", "gemma4-shared-ple", "gemma4-kv-eq-v", "gemma4-moe"];
+const FIXTURES: [&str; 9] =
+    ["qwen3", "glm4", "smollm3", "gemma", "gemma2", "gemma3", "gemma4-shared-ple", "gemma4-kv-eq-v", "gemma4-moe"];
 /// The largest top-5 log-probability difference allowed. Wider than `cuda_model`'s 0.5: with
 /// q/k norms and attention scale 1 (Gemma 4) the 16-wide heads' scores reach ±16, so the bf16
 /// rounding of the normed q and k moves low-ranked log-probabilities further (0.52 measured at
@@ -77,8 +80,8 @@ fn greedy_tokens(model: &dyn CausalLm, prompt: &[u32], n: usize) -> Vec<u32> {
 }
 
 #[test]
-fn cuda_gemma_goldens_match_cpu() {
-    if !cuda_enabled("cuda_gemma_goldens_match_cpu") {
+fn cuda_goldens_goldens_match_cpu() {
+    if !cuda_enabled("cuda_goldens_goldens_match_cpu") {
         return;
     }
     for name in FIXTURES {
@@ -100,23 +103,23 @@ fn cuda_gemma_goldens_match_cpu() {
             let LogitsAgreement { rel_l2: rel, top5_err: lp_err, clear, clear_equal, .. } =
                 compare_logits(&want, &got, vocab, &format!("{name} len {len}"));
             println!(
-                "TABLE|gemma prefill logits {name} len {len}|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}"
+                "TABLE|goldens prefill logits {name} len {len}|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}"
             );
             assert!(rel < 3e-2, "{name} len {len}: relative L2 error {rel}");
             assert!(lp_err < LOGPROB_TOL, "{name} len {len}: top-5 logprob error {lp_err}");
             assert_eq!(clear, clear_equal, "{name} len {len}: argmax differs at a clear position");
 
             let (on_cpu, on_gpu) = (greedy_tokens(cpu.as_ref(), prompt, 32), greedy_tokens(gpu.as_ref(), prompt, 32));
-            let what = format!("gemma greedy {name} len {len}");
+            let what = format!("greedy {name} len {len}");
             same_greedy += usize::from(equal_or_tie(cpu.as_ref(), prompt, &on_cpu, &on_gpu, &what));
         }
-        println!("TABLE|gemma greedy 32 tokens {name}|{same_greedy}/{} identical to CPU|||", prompts.len());
+        println!("TABLE|goldens greedy 32 tokens {name}|{same_greedy}/{} identical to CPU|||", prompts.len());
     }
 }
 
 #[test]
-fn cuda_gemma_graph_replay_equals_eager() {
-    if !cuda_enabled("cuda_gemma_graph_replay_equals_eager") {
+fn cuda_goldens_graph_replay_equals_eager() {
+    if !cuda_enabled("cuda_goldens_graph_replay_equals_eager") {
         return;
     }
     for name in ["gemma3", "gemma4-shared-ple"] {
@@ -173,8 +176,8 @@ fn run_engine(model: &Arc<dyn CausalLm>, cfg: &EngineConfig, prompts: &[Vec<u32>
 }
 
 #[test]
-fn cuda_gemma_engine_batched_and_prefix() {
-    if !cuda_enabled("cuda_gemma_engine_batched_and_prefix") {
+fn cuda_goldens_engine_batched_and_prefix() {
+    if !cuda_enabled("cuda_goldens_engine_batched_and_prefix") {
         return;
     }
     let name = "gemma4-shared-ple";
@@ -219,4 +222,34 @@ fn cuda_gemma_engine_batched_and_prefix() {
     let same = equal_or_tie(cpu.as_ref(), &second, &cold, &got[1], "gemma4 GPU prefix hit vs cold");
     println!("TABLE|gemma4 engine GPU prefix hit == cold|{hits} hit tokens|{}/1 identical||", usize::from(same));
     assert!(hits >= 48, "the second request reused only {hits} cached tokens");
+}
+
+/// Gemma-3-270M's real Q4_K_M GGUF (`FERRITE_GEMMA3_GGUF`, or the named model's cache path)
+/// with its quantized blocks on the device: the reference prompts' 32 greedy tokens against
+/// the CPU executor's, a divergence allowed only at a near tie of the CPU logits.
+#[test]
+fn cuda_gemma3_270m_gguf_matches_cpu() {
+    if !cuda_enabled("cuda_gemma3_270m_gguf_matches_cpu") {
+        return;
+    }
+    let path = match std::env::var_os("FERRITE_GEMMA3_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => ferrite_models::registry::resolve("gemma3-270m", &ferrite_models::paths::models_dir())
+            .expect("gemma3-270m GGUF"),
+    };
+    let cpu = ferrite_models::load_on(&path, DeviceChoice::Cpu).expect("cpu").model;
+    let gpu = ferrite_models::load_on(&path, DeviceChoice::Cuda(0)).expect("cuda").model;
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gemma3_270m_reference.json");
+    let text = std::fs::read_to_string(fixture).expect("reference");
+    let reference: Value = serde_json::from_str(&text).expect("json");
+    let mut same = 0;
+    let prompts = reference["prompts"].as_array().expect("prompts");
+    for case in prompts {
+        let prompt = ids(&case["ids"]);
+        let (on_cpu, on_gpu) = (greedy_tokens(cpu.as_ref(), &prompt, 32), greedy_tokens(gpu.as_ref(), &prompt, 32));
+        let what = format!("gemma3-270m GGUF greedy len {}", prompt.len());
+        same += usize::from(equal_or_tie(cpu.as_ref(), &prompt, &on_cpu, &on_gpu, &what));
+    }
+    println!("TABLE|gemma3-270m Q4_K_M GGUF greedy 32 tokens|{same}/{} identical to CPU|||", prompts.len());
 }
