@@ -164,6 +164,19 @@ def configs():
             ),
             9000,
         ),
+        # The same with a head_dim the CUDA attention kernels are built for (24 is not).
+        "qwen3-hd32": (
+            Qwen3Config(
+                **{
+                    **COMMON,
+                    "head_dim": 32,
+                    "tie_word_embeddings": True,
+                    "use_sliding_window": False,
+                    "attention_bias": False,
+                }
+            ),
+            9500,
+        ),
     }
 
 

@@ -101,6 +101,7 @@ parity! {
     mistral => "mistral",
     qwen2 => "qwen2",
     qwen3 => "qwen3",
+    qwen3_hd32 => "qwen3-hd32",
     phi3 => "phi3",
     olmo2 => "olmo2",
     glm4 => "glm4",

@@ -295,9 +295,10 @@ impl DecoderLayers {
         let rope = &self.ropes[i];
         let plan = decode.map(|dec| dec.plan(gpu, p));
         match plan {
-            // Decode of a layer with its own KV: the attention kernel rotates q and the new
-            // keys and stores K and V itself.
-            Some(plan) if !a.shared => {
+            // Decode of a layer with its own KV and a RoPE: the attention kernel rotates q and
+            // the new keys and stores K and V itself (with no rotary pairs it would take the
+            // keys as already stored, so a NoPE layer stores them through `rope`).
+            Some(plan) if !a.shared && rope.inv_freq.len() > 0 => {
                 let (meta, scratch) = (&io.metas[group], &mut io.scratch);
                 let r = (&rope.inv_freq, rope.scaling);
                 ops::decode_attention_rope(
