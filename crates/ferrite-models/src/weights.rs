@@ -115,10 +115,19 @@ impl Weights {
         .map_err(|e| LoadError::tensor(self.path(hf), &name, e.to_string()))
     }
 
-    /// A small tensor (norm weight, bias) as f32 values.
+    /// A small tensor (norm weight, bias, scale) as f32 values, each checked to be finite: a
+    /// NaN or infinite norm would turn every logit into NaN, so it is an error at load.
     pub fn get_f32(&self, hf: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let t = self.get(hf, shape)?;
-        t.to_f32_vec().map_err(|e| LoadError::tensor(self.path(hf), hf, e.to_string()))
+        let values = t.to_f32_vec().map_err(|e| LoadError::tensor(self.path(hf), hf, e.to_string()))?;
+        if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(LoadError::tensor(
+                self.path(hf),
+                hf,
+                format!("value {i} is {v} (corrupt weights; --verify-weights checks the file's digest)"),
+            ));
+        }
+        Ok(values)
     }
 
     /// An RMSNorm weight as the multiplier the model applies: `offset + w` for HF files (Gemma
