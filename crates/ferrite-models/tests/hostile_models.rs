@@ -306,7 +306,7 @@ fn verify_weights_catches_what_loading_cannot() {
     let tmp = copy_fixture();
     let st = tmp.path().join("model.safetensors");
     // Without a digest there is nothing to verify against.
-    let msg = verify::verify_weights(tmp.path()).err().expect("no digest").to_string();
+    let msg = verify::verify_weights(tmp.path()).expect_err("no digest").to_string();
     assert!(msg.contains("model.safetensors") && msg.contains("no digest"), "{msg}");
     write_sidecar(&st);
     let ok = verify::verify_weights(tmp.path()).expect("verifies");
@@ -324,13 +324,13 @@ fn verify_weights_catches_what_loading_cannot() {
     for corrupt in [flipped, shifted] {
         std::fs::write(&st, &corrupt).expect("write");
         ferrite_models::load(tmp.path()).expect("a corrupt matrix still loads");
-        let msg = verify::verify_weights(tmp.path()).err().expect("mismatch").to_string();
+        let msg = verify::verify_weights(tmp.path()).expect_err("mismatch").to_string();
         assert!(msg.contains("does not match") && msg.contains("model.safetensors.sha256"), "{msg}");
     }
 
     // A sidecar that holds no digest.
     std::fs::write(tmp.path().join("model.safetensors.sha256"), "not a digest\n").expect("write");
-    let msg = verify::verify_weights(tmp.path()).err().expect("bad sidecar").to_string();
+    let msg = verify::verify_weights(tmp.path()).expect_err("bad sidecar").to_string();
     assert!(msg.contains("64 hex digits"), "{msg}");
 }
 
@@ -338,6 +338,6 @@ fn verify_weights_catches_what_loading_cannot() {
 fn verify_weights_knows_the_named_models_digests() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let p = write_tmp(tmp.path(), "SmolLM2-135M-Instruct.Q4_1.gguf", b"GGUF and not the model");
-    let msg = verify::verify_weights(&p).err().expect("mismatch").to_string();
+    let msg = verify::verify_weights(&p).expect_err("mismatch").to_string();
     assert!(msg.contains("does not match b179c952") && msg.contains("the named model 'smollm2'"), "{msg}");
 }
