@@ -144,6 +144,10 @@ impl Tensor {
                 out.len()
             )));
         }
+        if n == 0 {
+            // Rows of no values: nothing to write (and no row size to step by).
+            return Ok(());
+        }
         let rb = self.row_bytes();
         let bytes = self.row_range_bytes(range);
         for (row, dst) in bytes.chunks_exact(rb).zip(out.chunks_exact_mut(n)) {
@@ -221,5 +225,15 @@ mod tests {
         assert_eq!(s.shape(), &[2, 2]);
         assert_eq!(s.to_f32_vec().expect("values"), vec![6.0, 7.0, 8.0, 9.0]);
         assert!(t.slice_rows(5..7).is_err());
+    }
+
+    #[test]
+    fn empty_rows_dequantize_to_nothing() {
+        // Found by the gguf fuzz target: a zero row length stepped rows of zero bytes (a panic).
+        for shape in [vec![3, 0], vec![0]] {
+            let t = Tensor::new(DType::Q8_0, shape.clone(), Buffer::Bytes(Arc::new(Vec::new()))).expect("tensor");
+            assert_eq!(t.to_f32_vec().expect("values"), Vec::<f32>::new(), "{shape:?}");
+        }
+        assert!(Tensor::byte_len(DType::F32, &[usize::MAX, 2]).is_err());
     }
 }
