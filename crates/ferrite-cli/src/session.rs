@@ -38,6 +38,10 @@ pub struct ModelArgs {
     /// Seed of a synthetic model's weights.
     #[arg(long, default_value_t = 0, requires = "synthetic")]
     pub weight_seed: u64,
+    /// Before loading, check the sha256 of the weight file(s) against `<file>.sha256` beside
+    /// each, or a named model's known digest; a mismatch is an error.
+    #[arg(long, conflicts_with = "synthetic")]
+    pub verify_weights: bool,
 }
 
 impl ModelArgs {
@@ -58,6 +62,11 @@ impl ModelArgs {
             return Ok((loaded, path.into(), threads));
         }
         let path = crate::model_arg::resolve(self.name())?;
+        if self.verify_weights {
+            for f in ferrite_models::verify::verify_weights(&path)? {
+                eprintln!("verified {}: sha256 {} (from {})", f.path.display(), f.sha256, f.source);
+            }
+        }
         let loaded = ferrite_models::load_on(&path, self.device)?;
         Ok((loaded, path, threads))
     }

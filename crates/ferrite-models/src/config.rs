@@ -279,18 +279,24 @@ impl ModelConfig {
         }
     }
 
+    /// Every value in the range a working model has: a corrupt or hostile config is a clear
+    /// error at load rather than NaN logits (or a context nothing fits in) at serve time.
     fn validate(&self) -> std::result::Result<(), String> {
-        let nonzero = [
-            ("vocab_size", self.vocab_size),
-            ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
-            ("num_hidden_layers", self.num_layers),
-            ("num_attention_heads", self.num_heads),
-            ("num_key_value_heads", self.num_kv_heads),
-            ("head_dim", self.head_dim),
+        // (name, value, most): zero is never valid; the upper bounds are far above every
+        // published model and keep the products of shapes (weights, KV cache) from overflowing.
+        let sizes = [
+            ("vocab_size", self.vocab_size, 1 << 24),
+            ("hidden_size", self.hidden_size, 1 << 17),
+            ("intermediate_size", self.intermediate_size, 1 << 20),
+            ("num_hidden_layers", self.num_layers, 1 << 12),
+            ("num_attention_heads", self.num_heads, 1 << 12),
+            ("num_key_value_heads", self.num_kv_heads, 1 << 12),
+            ("head_dim", self.head_dim, 1 << 12),
         ];
-        if let Some((k, _)) = nonzero.iter().find(|(_, v)| *v == 0) {
-            return Err(format!("{k} must be positive"));
+        for (key, value, most) in sizes {
+            if value == 0 || value > most {
+                return Err(format!("{key} is {value} (expected 1 to {most})"));
+            }
         }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(format!(
@@ -298,10 +304,104 @@ impl ModelConfig {
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.rope.rotary_dim > self.head_dim || !self.rope.rotary_dim.is_multiple_of(2) {
+        if !(MIN_CONTEXT..=MAX_CONTEXT).contains(&self.max_position_embeddings) {
+            return Err(format!(
+                "context length (max_position_embeddings) is {} (expected {MIN_CONTEXT} to {MAX_CONTEXT})",
+                self.max_position_embeddings
+            ));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
+            return Err(format!("rms_norm_eps is {} (expected a number in (0, 1))", self.rms_norm_eps));
+        }
+        if self.sliding_window == Some(0) {
+            return Err("sliding_window is 0 (expected a positive window or none)".into());
+        }
+        if self.rope.rotary_dim > self.head_dim {
             return Err(format!("rotary dim {} does not fit head_dim {}", self.rope.rotary_dim, self.head_dim));
         }
-        Ok(())
+        check_rope(&self.rope)
+    }
+}
+
+/// The shortest context a model may declare: room for a prompt and a reply.
+const MIN_CONTEXT: usize = 16;
+/// The longest (2^24 positions, past every published model).
+const MAX_CONTEXT: usize = 1 << 24;
+
+/// A RoPE schedule whose every parameter gives finite frequencies: a positive even rotary
+/// dim, a base above 1, scaling factors finite and positive.
+pub(crate) fn check_rope(rope: &RopeScaling) -> std::result::Result<(), String> {
+    if rope.rotary_dim == 0 || !rope.rotary_dim.is_multiple_of(2) {
+        return Err(format!(
+            "rotary dim (rope dimension count) is {} (expected a positive even number)",
+            rope.rotary_dim
+        ));
+    }
+    if !(rope.theta.is_finite() && rope.theta > 1.0) {
+        return Err(format!("rope theta (freq_base) is {} (expected a finite number above 1)", rope.theta));
+    }
+    let positive = |name: &str, v: f64| {
+        if v.is_finite() && v > 0.0 {
+            Ok(())
+        } else {
+            Err(format!("rope {name} is {v} (expected a finite positive number)"))
+        }
+    };
+    let context = |name: &str, v: usize| {
+        if (1..=MAX_CONTEXT).contains(&v) {
+            Ok(())
+        } else {
+            Err(format!("rope {name} is {v} (expected 1 to {MAX_CONTEXT})"))
+        }
+    };
+    match &rope.kind {
+        RopeKind::Default => Ok(()),
+        RopeKind::Linear { factor } | RopeKind::Proportional { factor, .. } => positive("factor", *factor),
+        RopeKind::Dynamic { factor, max_position_embeddings } => {
+            positive("factor", *factor)?;
+            context("max_position_embeddings", *max_position_embeddings)
+        }
+        RopeKind::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+            positive("factor", *factor)?;
+            positive("low_freq_factor", *low_freq_factor)?;
+            positive("high_freq_factor", *high_freq_factor)?;
+            if high_freq_factor <= low_freq_factor {
+                return Err(format!(
+                    "rope high_freq_factor {high_freq_factor} is not above low_freq_factor {low_freq_factor}"
+                ));
+            }
+            context("original_max_position_embeddings", *original_max_position_embeddings)
+        }
+        RopeKind::FreqFactors { factors } => {
+            factors.iter().try_for_each(|&f| positive("frequency factor (rope_freqs.weight)", f))
+        }
+        RopeKind::LongRope { short, long, original_max_position_embeddings, attention_factor } => {
+            short.iter().chain(long).try_for_each(|&f| positive("long-rope factor", f))?;
+            positive("attention_factor", *attention_factor)?;
+            context("original_max_position_embeddings", *original_max_position_embeddings)
+        }
+        RopeKind::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            mscale,
+            mscale_all_dim,
+            ..
+        } => {
+            positive("factor", *factor)?;
+            positive("beta_fast", *beta_fast)?;
+            positive("beta_slow", *beta_slow)?;
+            for (name, v) in
+                [("attention_factor", attention_factor), ("mscale", mscale), ("mscale_all_dim", mscale_all_dim)]
+            {
+                if let Some(v) = v.filter(|v| !v.is_finite()) {
+                    return Err(format!("rope {name} is {v} (expected a finite number)"));
+                }
+            }
+            context("original_max_position_embeddings", *original_max_position_embeddings)
+        }
     }
 }
 
@@ -400,7 +500,9 @@ pub(crate) fn rope_from_params(
             ))
         }
     };
-    Ok(RopeScaling { theta, rotary_dim, kind })
+    let rope = RopeScaling { theta, rotary_dim, kind };
+    check_rope(&rope)?;
+    Ok(rope)
 }
 
 /// The raw description a `ModelConfig` was read from, for the settings only one architecture's

@@ -21,6 +21,7 @@ pub mod registry;
 pub mod rope_scaling;
 pub mod safetensors;
 pub mod tokenizer;
+pub mod verify;
 pub mod weights;
 
 pub use error::{LoadError, Result};

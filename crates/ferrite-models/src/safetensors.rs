@@ -19,6 +19,29 @@ struct Entry {
     end: usize,
 }
 
+/// The weight files of the checkpoint in `dir`: `model.safetensors`, or the shards its
+/// `model.safetensors.index.json` names (sorted, each once).
+pub fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    let index = dir.join("model.safetensors.index.json");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    if !index.is_file() {
+        return Err(LoadError::format(dir, "no model.safetensors or model.safetensors.index.json"));
+    }
+    let text = std::fs::read_to_string(&index).map_err(|e| LoadError::io(&index, e))?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| LoadError::format(&index, e.to_string()))?;
+    let map = json
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| LoadError::format(&index, "no weight_map object"))?;
+    let mut names: Vec<&str> = map.values().filter_map(Value::as_str).collect();
+    names.sort_unstable();
+    names.dedup();
+    Ok(names.into_iter().map(|n| dir.join(n)).collect())
+}
+
 pub struct SafetensorsDir {
     files: Vec<(PathBuf, Arc<memmap2::Mmap>)>,
     entries: HashMap<String, Entry>,
@@ -26,28 +49,22 @@ pub struct SafetensorsDir {
 
 impl SafetensorsDir {
     pub fn open(dir: &Path) -> Result<SafetensorsDir> {
-        let single = dir.join("model.safetensors");
-        let index = dir.join("model.safetensors.index.json");
-        let shard_names: Vec<String> = if single.is_file() {
-            vec!["model.safetensors".into()]
-        } else if index.is_file() {
-            let text = std::fs::read_to_string(&index).map_err(|e| LoadError::io(&index, e))?;
-            let json: Value = serde_json::from_str(&text).map_err(|e| LoadError::format(&index, e.to_string()))?;
-            let map = json
-                .get("weight_map")
-                .and_then(Value::as_object)
-                .ok_or_else(|| LoadError::format(&index, "no weight_map object"))?;
-            let mut names: Vec<String> = map.values().filter_map(Value::as_str).map(String::from).collect();
-            names.sort();
-            names.dedup();
-            names
-        } else {
-            return Err(LoadError::format(dir, "no model.safetensors or model.safetensors.index.json"));
-        };
         let mut out = SafetensorsDir { files: Vec::new(), entries: HashMap::new() };
-        for name in shard_names {
-            out.add_file(&dir.join(name))?;
+        for path in shard_files(dir)? {
+            out.add_file(&path)?;
         }
+        Ok(out)
+    }
+
+    /// A one-file checkpoint held in memory (copied into an anonymous map), read as `open`
+    /// reads `model.safetensors`; `path` only names it in errors. For fuzzing and for tests
+    /// that build files.
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<SafetensorsDir> {
+        let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| LoadError::io(path, e))?;
+        map[..bytes.len()].copy_from_slice(bytes);
+        let map = map.make_read_only().map_err(|e| LoadError::io(path, e))?;
+        let mut out = SafetensorsDir { files: Vec::new(), entries: HashMap::new() };
+        out.add_map(path, map, bytes.len())?;
         Ok(out)
     }
 
@@ -55,18 +72,24 @@ impl SafetensorsDir {
         let file = std::fs::File::open(path).map_err(|e| LoadError::io(path, e))?;
         // SAFETY: read-only map of a checkpoint file.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoadError::io(path, e))?;
-        if map.len() < 8 {
+        let len = map.len();
+        self.add_map(path, map, len)
+    }
+
+    /// Index the tensors of the checkpoint in the first `len` bytes of `map`.
+    fn add_map(&mut self, path: &Path, map: memmap2::Mmap, len: usize) -> Result<()> {
+        if len < 8 {
             return Err(LoadError::format(path, "file is shorter than the safetensors header (truncated?)"));
         }
         let header_len = u64::from_le_bytes(map[..8].try_into().unwrap_or_default()) as usize;
-        let data_start = 8usize.checked_add(header_len).filter(|&e| e <= map.len()).ok_or_else(|| {
+        let data_start = 8usize.checked_add(header_len).filter(|&e| e <= len).ok_or_else(|| {
             LoadError::format(path, format!("header of {header_len} bytes overruns the file (truncated?)"))
         })?;
         let header: Value = serde_json::from_slice(&map[8..data_start])
             .map_err(|e| LoadError::format(path, format!("bad safetensors header: {e}")))?;
         let obj = header.as_object().ok_or_else(|| LoadError::format(path, "header is not a JSON object"))?;
         let file_idx = self.files.len();
-        let data_len = map.len() - data_start;
+        let data_len = len - data_start;
         for (name, info) in obj {
             if name == "__metadata__" {
                 continue;
@@ -84,7 +107,7 @@ impl SafetensorsDir {
                 .and_then(Value::as_array)
                 .ok_or_else(|| bad("no shape"))?
                 .iter()
-                .map(|d| d.as_u64().map(|d| d as usize))
+                .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
                 .collect::<Option<_>>()
                 .ok_or_else(|| bad("shape is not a list of integers"))?;
             let offs = info.get("data_offsets").and_then(Value::as_array).ok_or_else(|| bad("no data_offsets"))?;

@@ -153,13 +153,23 @@ impl Weights {
         Some((0..heads * hd).map(|r| (r / hd) * hd + within(r % hd)).collect())
     }
 
-    /// A small tensor (norm weight, bias) as f32 values.
+    /// A small tensor (norm weight, bias, scale) as f32 values, each checked to be finite: a
+    /// NaN or infinite norm would turn every logit into NaN, so it is an error at load.
     pub fn get_f32(&self, hf: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let t = self.get(hf, shape)?;
-        let v = t.to_f32_vec().map_err(|e| LoadError::tensor(self.path(hf), hf, e.to_string()))?;
+        let values = t.to_f32_vec().map_err(|e| LoadError::tensor(self.path(hf), hf, e.to_string()))?;
+        if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(LoadError::tensor(
+                self.path(hf),
+                hf,
+                format!("value {i} is {v} (corrupt weights; --verify-weights checks the file's digest)"),
+            ));
+        }
         match self.rope_order(hf) {
-            Some(order) if shape.len() == 1 && order.len() == v.len() => Ok(order.iter().map(|&i| v[i]).collect()),
-            _ => Ok(v),
+            Some(order) if shape.len() == 1 && order.len() == values.len() => {
+                Ok(order.iter().map(|&i| values[i]).collect())
+            }
+            _ => Ok(values),
         }
     }
 

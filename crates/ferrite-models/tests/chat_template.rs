@@ -468,3 +468,14 @@ fn chat_template_is_send_and_sync() {
     fn assert_send_sync<T: Send + Sync + Clone>() {}
     assert_send_sync::<ChatTemplate>();
 }
+
+#[test]
+fn a_tag_whose_close_overlaps_its_open_is_an_error_not_a_panic() {
+    // Found by the chat_template fuzz target: in `{%}` the `%}` overlaps the `{%`, and
+    // stripping `{% generation %}` tags sliced backwards. A GGUF's template is model input.
+    for source in ["{%}", "text {%} more", "{%-}{% generation %}x{% endgeneration %}"] {
+        assert!(ChatTemplate::new(source, None, None).is_err(), "{source}");
+    }
+    let t = ChatTemplate::new("{%- generation -%}a{%- endgeneration -%}", None, None).expect("compiles");
+    assert_eq!(t.render(&ChatRenderRequest::new(&[])).expect("renders"), "a");
+}

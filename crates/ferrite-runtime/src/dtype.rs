@@ -119,13 +119,16 @@ impl DType {
         self.block_elems() > 1
     }
 
-    /// Bytes taken by a row of `n` values; an error when `n` is not a whole number of blocks.
+    /// Bytes taken by a row of `n` values; an error when `n` is not a whole number of blocks
+    /// or its bytes overflow.
     pub fn row_bytes(self, n: usize) -> Result<usize> {
         let block = self.block_elems();
         if !n.is_multiple_of(block) {
             return Err(RuntimeError::BlockAlignment { dtype: self, len: n, block });
         }
-        Ok(n / block * self.block_bytes())
+        (n / block)
+            .checked_mul(self.block_bytes())
+            .ok_or_else(|| RuntimeError::Shape(format!("a {self} row of {n} values overflows")))
     }
 
     pub fn name(self) -> &'static str {

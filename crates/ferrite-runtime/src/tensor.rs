@@ -51,6 +51,14 @@ impl Tensor {
     /// Wrap `buffer` as a tensor, checking that its size matches `shape` and `dtype`.
     pub fn new(dtype: DType, shape: Vec<usize>, buffer: Buffer) -> Result<Tensor> {
         let need = Self::byte_len(dtype, &shape)?;
+        if let Buffer::Mapped { map, range } = &buffer {
+            if range.start > range.end || range.end > map.len() {
+                return Err(RuntimeError::Shape(format!(
+                    "byte range {range:?} of a {}-byte map for {dtype} {shape:?}",
+                    map.len()
+                )));
+            }
+        }
         let got = buffer.bytes().len();
         if got != need {
             return Err(RuntimeError::ShortBuffer { what: format!("{dtype} tensor of shape {shape:?}"), need, got });
@@ -62,11 +70,15 @@ impl Tensor {
         Tensor::new(DType::F32, shape, Buffer::F32(Arc::new(values)))
     }
 
-    /// Bytes needed by a tensor of `shape` in `dtype` (rows are the last dimension).
+    /// Bytes needed by a tensor of `shape` in `dtype` (rows are the last dimension); an error
+    /// when its element count or byte size overflows (a hostile header), so every count
+    /// derived from a constructed tensor's shape fits.
     pub fn byte_len(dtype: DType, shape: &[usize]) -> Result<usize> {
+        let overflow = || RuntimeError::Shape(format!("{dtype} tensor of shape {shape:?} overflows"));
+        shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(overflow)?;
         let row = shape.last().copied().unwrap_or(1);
         let rows: usize = shape.iter().rev().skip(1).product();
-        Ok(dtype.row_bytes(row)? * rows)
+        dtype.row_bytes(row)?.checked_mul(rows).ok_or_else(overflow)
     }
 
     pub fn dtype(&self) -> DType {
@@ -126,11 +138,15 @@ impl Tensor {
     /// Dequantize rows `range` into `out` (`range.len() * row_len` values).
     pub fn dequantize_rows(&self, range: Range<usize>, out: &mut [f32]) -> Result<()> {
         let n = self.row_len();
-        if out.len() != range.len() * n || range.end > self.rows() {
+        if range.start > range.end || out.len() != range.len() * n || range.end > self.rows() {
             return Err(RuntimeError::Shape(format!(
                 "dequantize rows {range:?} of {self:?} into {} values",
                 out.len()
             )));
+        }
+        if n == 0 {
+            // Rows of no values: nothing to write (and no row size to step by).
+            return Ok(());
         }
         let rb = self.row_bytes();
         let bytes = self.row_range_bytes(range);
@@ -159,7 +175,7 @@ impl Tensor {
     /// A tensor whose rows are this tensor's rows taken in the order `order` (used to undo
     /// llama.cpp's q/k row permutation). Works for every dtype, since rows are independent.
     pub fn permute_rows(&self, order: &[usize]) -> Result<Tensor> {
-        if order.len() != self.rows() {
+        if order.len() != self.rows() || order.iter().any(|&r| r >= self.rows()) {
             return Err(RuntimeError::Shape(format!("row order of {} for {self:?}", order.len())));
         }
         let rb = self.row_bytes();
@@ -209,5 +225,15 @@ mod tests {
         assert_eq!(s.shape(), &[2, 2]);
         assert_eq!(s.to_f32_vec().expect("values"), vec![6.0, 7.0, 8.0, 9.0]);
         assert!(t.slice_rows(5..7).is_err());
+    }
+
+    #[test]
+    fn empty_rows_dequantize_to_nothing() {
+        // Found by the gguf fuzz target: a zero row length stepped rows of zero bytes (a panic).
+        for shape in [vec![3, 0], vec![0]] {
+            let t = Tensor::new(DType::Q8_0, shape.clone(), Buffer::Bytes(Arc::new(Vec::new()))).expect("tensor");
+            assert_eq!(t.to_f32_vec().expect("values"), Vec::<f32>::new(), "{shape:?}");
+        }
+        assert!(Tensor::byte_len(DType::F32, &[usize::MAX, 2]).is_err());
     }
 }

@@ -54,8 +54,8 @@ fn cap(json: &Value, key: &str, default: Option<f64>) -> Option<f32> {
         None => default,
         Some(v) => v.as_f64(),
     }
-    .filter(|c| *c > 0.0)
     .map(|c| c as f32)
+    .filter(|c| *c > 0.0 && c.is_finite())
 }
 
 impl Settings {
@@ -136,7 +136,8 @@ impl Settings {
             },
             _ => RopeScaling { theta: local_theta.unwrap_or(cfg.rope.theta), ..cfg.rope.clone() },
         };
-        let float = |k: &str| g.get_f64(&key(k)).filter(|c| *c > 0.0).map(|c| c as f32);
+        crate::config::check_rope(&local_rope)?;
+        let float = |k: &str| g.get_f64(&key(k)).map(|c| c as f32).filter(|c| *c > 0.0 && c.is_finite());
         Ok(Settings {
             layer_types,
             query_pre_attn_scalar: scalar,

@@ -31,13 +31,15 @@ pub struct GgufTensorInfo {
 impl GgufTensorInfo {
     /// Shape in row-major (PyTorch) order: outermost first.
     pub fn shape(&self) -> Vec<usize> {
-        self.dims.iter().rev().map(|&d| d as usize).collect()
+        self.dims.iter().rev().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect()
     }
 }
 
 pub struct GgufFile {
     path: PathBuf,
     map: Arc<memmap2::Mmap>,
+    /// Bytes of the file (of `map`, which may be longer when built by `from_bytes`).
+    len: usize,
     pub version: u32,
     pub metadata: BTreeMap<String, GgufValue>,
     pub tensors: Vec<GgufTensorInfo>,
@@ -50,11 +52,22 @@ impl GgufFile {
         // SAFETY: the map is read-only; a file changed under us while mapped is outside what
         // we can defend against (as for every mmap-based loader).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoadError::io(path, e))?;
-        Self::parse(path, Arc::new(map))
+        let len = map.len();
+        Self::parse(path, Arc::new(map), len)
     }
 
-    fn parse(path: &Path, map: Arc<memmap2::Mmap>) -> Result<GgufFile> {
-        let mut r = value::Reader::new(&map, path);
+    /// A GGUF image held in memory (copied into an anonymous map), read as `open` reads a
+    /// file; `path` only names it in errors. For fuzzing and for tests that build files.
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<GgufFile> {
+        let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| LoadError::io(path, e))?;
+        map[..bytes.len()].copy_from_slice(bytes);
+        let map = map.make_read_only().map_err(|e| LoadError::io(path, e))?;
+        Self::parse(path, Arc::new(map), bytes.len())
+    }
+
+    /// Parse the first `len` bytes of `map` (an anonymous map may be longer than its image).
+    fn parse(path: &Path, map: Arc<memmap2::Mmap>, len: usize) -> Result<GgufFile> {
+        let mut r = value::Reader::new(&map[..len], path);
         let magic = r.bytes(4)?;
         if magic != MAGIC {
             return Err(LoadError::format(path, "not a GGUF file (bad magic)"));
@@ -93,29 +106,39 @@ impl GgufFile {
                 .ok_or_else(|| LoadError::format(path, "general.alignment is not a power of two"))?,
             None => DEFAULT_ALIGNMENT,
         };
-        let data_start = (r.pos() as u64).div_ceil(alignment) * alignment;
-        let file =
-            GgufFile { path: path.to_path_buf(), map, version, metadata, tensors, data_start: data_start as usize };
+        let data_start = (r.pos() as u64)
+            .div_ceil(alignment)
+            .checked_mul(alignment)
+            .and_then(|s| usize::try_from(s).ok())
+            .ok_or_else(|| LoadError::format(path, format!("general.alignment {alignment} overflows")))?;
+        let file = GgufFile { path: path.to_path_buf(), map, len, version, metadata, tensors, data_start };
         for t in &file.tensors {
+            if t.offset % alignment != 0 {
+                return Err(LoadError::tensor(
+                    path,
+                    &t.name,
+                    format!("offset {} is not a multiple of the alignment {alignment}", t.offset),
+                ));
+            }
             file.check_extent(t)?;
         }
         Ok(file)
     }
 
+    /// The byte range of `t` in the file, checked (without overflow) to lie inside it.
     fn check_extent(&self, t: &GgufTensorInfo) -> Result<(usize, usize)> {
+        let bad = |m: String| LoadError::tensor(&self.path, &t.name, m);
         let shape = t.shape();
-        let len =
-            Tensor::byte_len(t.dtype, &shape).map_err(|e| LoadError::tensor(&self.path, &t.name, e.to_string()))?;
-        let start = self.data_start as u64 + t.offset;
-        let end = start + len as u64;
-        if end > self.map.len() as u64 {
-            return Err(LoadError::tensor(
-                &self.path,
-                &t.name,
-                format!("data ends at byte {end} but the file has {} bytes (truncated?)", self.map.len()),
-            ));
+        let len = Tensor::byte_len(t.dtype, &shape).map_err(|e| bad(e.to_string()))?;
+        let start = (self.data_start as u64).checked_add(t.offset);
+        let end = start.and_then(|s| s.checked_add(len as u64));
+        match (start, end) {
+            (Some(start), Some(end)) if end <= self.len as u64 => Ok((start as usize, end as usize)),
+            _ => Err(bad(format!(
+                "data at offset {} + {len} bytes lies past the end of the file ({} bytes; truncated?)",
+                t.offset, self.len
+            ))),
         }
-        Ok((start as usize, end as usize))
     }
 
     pub fn path(&self) -> &Path {
@@ -163,6 +186,6 @@ impl GgufFile {
 
     /// Total bytes of tensor data (what stays in memory once loaded).
     pub fn data_bytes(&self) -> usize {
-        self.map.len().saturating_sub(self.data_start)
+        self.len.saturating_sub(self.data_start)
     }
 }

@@ -4,6 +4,10 @@ use std::path::Path;
 
 use crate::error::{LoadError, Result};
 
+/// How deep metadata arrays may nest. Real files use flat arrays (token lists); a limit keeps
+/// a hostile file's nesting from overflowing the reader's stack (and the drop of the value).
+const MAX_ARRAY_DEPTH: usize = 16;
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum GgufValue {
     U8(u8),
@@ -118,7 +122,13 @@ impl<'a> Reader<'a> {
         Ok(String::from_utf8_lossy(b).into_owned())
     }
 
+    /// One metadata value of type `ty` (a top-level value: its arrays may nest
+    /// `MAX_ARRAY_DEPTH` deep).
     pub fn value(&mut self, ty: u32) -> Result<GgufValue> {
+        self.value_at(ty, 0)
+    }
+
+    fn value_at(&mut self, ty: u32, depth: usize) -> Result<GgufValue> {
         Ok(match ty {
             0 => GgufValue::U8(self.array::<1>()?[0]),
             1 => GgufValue::I8(self.array::<1>()?[0] as i8),
@@ -130,13 +140,19 @@ impl<'a> Reader<'a> {
             7 => GgufValue::Bool(self.array::<1>()?[0] != 0),
             8 => GgufValue::String(self.string()?),
             9 => {
+                if depth == MAX_ARRAY_DEPTH {
+                    return Err(LoadError::format(
+                        self.path,
+                        format!("metadata arrays nest deeper than {MAX_ARRAY_DEPTH} levels at byte {}", self.pos),
+                    ));
+                }
                 let elem = self.u32()?;
                 let n = self.u64()?;
                 // Each element takes at least one byte: a count beyond the file is corrupt.
                 if n > (self.data.len() - self.pos) as u64 {
                     return Err(LoadError::format(self.path, format!("array of {n} values overruns the file")));
                 }
-                GgufValue::Array((0..n).map(|_| self.value(elem)).collect::<Result<_>>()?)
+                GgufValue::Array((0..n).map(|_| self.value_at(elem, depth + 1)).collect::<Result<_>>()?)
             }
             10 => GgufValue::U64(self.u64()?),
             11 => GgufValue::I64(i64::from_le_bytes(self.array()?)),

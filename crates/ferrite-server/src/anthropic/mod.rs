@@ -6,7 +6,7 @@
 //! error on these routes, the handlers' and the shared layers' alike (401 without a valid
 //! `x-api-key`, 404, 405, 413, 429), has Anthropic's shape (`error_shape`).
 
-mod request;
+pub mod request;
 mod response;
 
 use std::sync::Arc;

@@ -27,11 +27,12 @@ use crate::sse::{done_event, json_event, sse_from_outputs, StreamRenderer};
 use crate::state::{random_id, unix_now, App};
 use axum::response::sse::Event;
 
-/// The chat-only request fields (the shared ones are `CommonParams`).
+/// The chat-only request fields (the shared ones are `CommonParams`). Public, with
+/// `conversation`, so the request fuzz target (`fuzz/`) converts bodies as the handler does.
 #[derive(Debug, Deserialize)]
-struct ChatFields {
+pub struct ChatFields {
     messages: Value,
-    max_completion_tokens: Option<usize>,
+    pub max_completion_tokens: Option<usize>,
     logprobs: Option<bool>,
     top_logprobs: Option<usize>,
     tools: Option<Vec<Value>>,
@@ -44,8 +45,20 @@ struct ChatFields {
 }
 
 impl ChatFields {
+    /// The conversation the request describes (messages, tools, tool choice, template
+    /// arguments), each part checked.
+    pub fn conversation(&self) -> Result<Conversation, ApiError> {
+        Ok(Conversation {
+            messages: normalize_messages(&self.messages)?,
+            tools: check_tools(self.tools.as_deref())?,
+            tool_choice: tool_choice(self.tool_choice.as_ref())?,
+            kwargs: template_kwargs(self.chat_template_kwargs.as_ref(), self.reasoning_effort.as_deref()),
+            add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
+        })
+    }
+
     /// Alternatives per token for the engine: `None` without `logprobs: true`.
-    fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+    pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
         match (self.logprobs.unwrap_or(false), self.top_logprobs) {
             (false, Some(k)) if k > 0 => {
                 Err(ApiError::invalid_param("top_logprobs", "top_logprobs needs logprobs: true"))
@@ -89,13 +102,7 @@ pub async fn chat_completions(State(app): State<Arc<App>>, body: JsonBody) -> Re
     let common: CommonParams = body.parse()?;
     let chat: ChatFields = body.parse()?;
     app.model.check(common.model.as_deref())?;
-    let conversation = Conversation {
-        messages: normalize_messages(&chat.messages)?,
-        tools: check_tools(chat.tools.as_deref())?,
-        tool_choice: tool_choice(chat.tool_choice.as_ref())?,
-        kwargs: template_kwargs(chat.chat_template_kwargs.as_ref(), chat.reasoning_effort.as_deref()),
-        add_generation_prompt: chat.add_generation_prompt.unwrap_or(true),
-    };
+    let conversation = chat.conversation()?;
     let prepared = app.model.prepare_chat(&conversation)?;
     let lp = chat.logprobs()?;
     let params = common.to_request_params(&app.model, chat.max_completion_tokens.or(common.max_tokens), lp)?;

@@ -23,10 +23,12 @@ use crate::openai::logprobs::CompletionLogprobs;
 use crate::openai::params::CommonParams;
 use crate::openai::usage_json;
 use crate::sse::{done_event, json_event, sse_from_outputs, StreamRenderer};
-use crate::state::{random_id, unix_now, App};
+use crate::state::{random_id, unix_now, App, ModelInfo};
 
+/// The completions-only request fields (the shared ones are `CommonParams`). Public, with
+/// `prompts`, so the request fuzz target (`fuzz/`) converts bodies as the handler does.
 #[derive(Debug, Deserialize)]
-struct CompletionFields {
+pub struct CompletionFields {
     prompt: Value,
     suffix: Option<String>,
     echo: Option<bool>,
@@ -37,7 +39,7 @@ struct CompletionFields {
 }
 
 /// One prompt: its ids and the text `echo` shows.
-struct Prompt {
+pub struct Prompt {
     ids: Vec<u32>,
     text: String,
 }
@@ -54,13 +56,13 @@ fn token_ids(v: &Value) -> Option<Vec<u32>> {
 }
 
 /// The prompts of a request, tokenized.
-fn prompts(app: &App, f: &CompletionFields) -> Result<Vec<Prompt>, ApiError> {
+pub fn prompts(model: &ModelInfo, f: &CompletionFields) -> Result<Vec<Prompt>, ApiError> {
     let add_special = f.add_special_tokens.unwrap_or(true);
     let text = |s: &str| -> Result<Prompt, ApiError> {
-        Ok(Prompt { ids: app.model.encode(s, add_special)?, text: s.to_string() })
+        Ok(Prompt { ids: model.encode(s, add_special)?, text: s.to_string() })
     };
     let ids = |ids: Vec<u32>| -> Prompt {
-        let text = app.model.tokenizer.as_ref().and_then(|t| t.decode(&ids, false).ok()).unwrap_or_default();
+        let text = model.tokenizer.as_ref().and_then(|t| t.decode(&ids, false).ok()).unwrap_or_default();
         Prompt { ids, text }
     };
     match &f.prompt {
@@ -137,7 +139,7 @@ pub async fn completions(State(app): State<Arc<App>>, body: JsonBody) -> Result<
     if f.best_of.is_some_and(|b| b != n) {
         return Err(ApiError::invalid_param("best_of", "best_of other than n is not supported"));
     }
-    let prompts = prompts(&app, &f)?;
+    let prompts = prompts(&app.model, &f)?;
     let params = common.to_request_params(&app.model, common.max_tokens, f.logprobs)?;
     let permits = app.admission.admit(prompts.len())?;
     let mut generations = Vec::with_capacity(prompts.len());

@@ -5,7 +5,7 @@
 //! `previous_response_id` and retrieval.
 
 mod output;
-mod request;
+pub mod request;
 pub mod store;
 
 use std::sync::Arc;

@@ -1,0 +1,82 @@
+//! Request JSON → engine request, for each API surface, through the same public steps its
+//! handler takes: the typed fields (`parse_value`, which names a wrong field), the
+//! conversation, its rendering through a real chat template (tools, tool choice, forced
+//! calls) and the engine parameters (sampling, stops, constraints). The first byte picks the
+//! surface: OpenAI chat, completions, Responses or Anthropic messages; the rest is the body.
+//! Every outcome must be a value or an `ApiError` with a 4xx status, never a panic.
+#![no_main]
+
+use std::sync::OnceLock;
+
+use ferrite_models::chat_template::ChatTemplate;
+use ferrite_models::load::GenerationDefaults;
+use ferrite_server::anthropic::request::MessagesRequest;
+use ferrite_server::extract::parse_value;
+use ferrite_server::openai::chat::ChatFields;
+use ferrite_server::openai::completions::{prompts, CompletionFields};
+use ferrite_server::openai::params::CommonParams;
+use ferrite_server::responses::request::ResponsesRequest;
+use ferrite_server::{ApiError, ModelInfo};
+use libfuzzer_sys::fuzz_target;
+use serde_json::Value;
+
+/// A model with a Hermes-style template (tools, `<think>`-free) and no tokenizer: rendering
+/// is fuzzed, tokenizing is not (it is the tokenizers crate's).
+fn model() -> &'static ModelInfo {
+    static MODEL: OnceLock<ModelInfo> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let source = include_str!("../templates/hermes.jinja");
+        let template = ChatTemplate::new(source, None, Some("<|im_end|>".into())).expect("template compiles");
+        ModelInfo {
+            name: "fuzz".into(),
+            aliases: Vec::new(),
+            tokenizer: None,
+            chat_template: Some(template),
+            defaults: GenerationDefaults::default(),
+            created: 0,
+        }
+    })
+}
+
+fn convert(surface: u8, body: &Value) -> Result<(), ApiError> {
+    let model = model();
+    match surface % 4 {
+        0 => {
+            let common: CommonParams = parse_value(body)?;
+            let chat: ChatFields = parse_value(body)?;
+            model.check(common.model.as_deref())?;
+            model.render_conversation(&chat.conversation()?)?;
+            common.to_request_params(model, chat.max_completion_tokens.or(common.max_tokens), chat.logprobs()?)?;
+        }
+        1 => {
+            let common: CommonParams = parse_value(body)?;
+            let fields: CompletionFields = parse_value(body)?;
+            prompts(model, &fields)?;
+            common.to_request_params(model, common.max_tokens, None)?;
+        }
+        2 => {
+            let req: ResponsesRequest = parse_value(body)?;
+            req.constraint()?;
+            let history = req.input_messages()?;
+            model.render_conversation(&req.conversation(&history)?)?;
+            req.params().to_request_params(model, req.max_output_tokens, None)?;
+        }
+        _ => {
+            let req: MessagesRequest = parse_value(body)?;
+            model.render_conversation(&req.conversation()?)?;
+            req.params().to_request_params(model, req.max_tokens, None)?;
+        }
+    }
+    Ok(())
+}
+
+fuzz_target!(|data: &[u8]| {
+    let [surface, body @ ..] = data else { return };
+    let Ok(body) = serde_json::from_slice::<Value>(body) else { return };
+    if !body.is_object() {
+        return;
+    }
+    if let Err(e) = convert(*surface, &body) {
+        assert!(e.status.is_client_error(), "{} for {body}", e.status);
+    }
+});
