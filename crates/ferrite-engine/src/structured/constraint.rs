@@ -38,7 +38,43 @@ fn layout() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
 }
 
+/// The most bytes a constraint's text may take (a grammar, a regex, a schema as JSON, the
+/// choices together): checked before anything is compiled.
+pub const MAX_CONSTRAINT_BYTES: usize = 256 << 10;
+
+/// The most entries a choice list may hold.
+pub const MAX_CHOICES: usize = 1024;
+
 impl Constraint {
+    /// Refuse a constraint too large to compile in bounded time, before compiling it.
+    pub(crate) fn check_size(&self) -> Result<(), String> {
+        let json_len = |v: &Value| serde_json::to_vec(v).map_or(usize::MAX, |b| b.len());
+        let bytes = match self {
+            Constraint::JsonSchema(schema) => json_len(schema),
+            Constraint::JsonObject => 0,
+            Constraint::Regex(text) | Constraint::Lark(text) => text.len(),
+            Constraint::Choice(choices) => {
+                if choices.len() > MAX_CHOICES {
+                    return Err(format!("at most {MAX_CHOICES} choices are allowed, got {}", choices.len()));
+                }
+                choices.iter().map(String::len).sum()
+            }
+            Constraint::Sequences(alternatives) => alternatives
+                .iter()
+                .flatten()
+                .map(|p| match p {
+                    Piece::Text(t) => t.len(),
+                    Piece::Token(_) => 8,
+                    Piece::Json(schema) => json_len(schema),
+                })
+                .sum(),
+        };
+        if bytes > MAX_CONSTRAINT_BYTES {
+            return Err(format!("the constraint is {bytes} bytes; at most {MAX_CONSTRAINT_BYTES} are allowed"));
+        }
+        Ok(())
+    }
+
     pub(crate) fn grammar(&self) -> Result<TopLevelGrammar, String> {
         Ok(match self {
             Constraint::JsonSchema(schema) => TopLevelGrammar::from_json_schema(laid_out(schema)),
@@ -129,6 +165,16 @@ fn close_objects(schema: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn size_bounds() {
+        assert!(Constraint::Choice(vec!["a".into(); MAX_CHOICES]).check_size().is_ok());
+        assert!(Constraint::Choice(vec!["a".into(); MAX_CHOICES + 1]).check_size().is_err());
+        assert!(Constraint::Lark("x".repeat(MAX_CONSTRAINT_BYTES + 1)).check_size().is_err());
+        let big = json!({"enum": vec!["x".repeat(1000); 300]});
+        assert!(Constraint::JsonSchema(big).check_size().is_err());
+        assert!(Constraint::Regex("a{1000}".into()).check_size().is_ok(), "small text: the compiler's limits decide");
+    }
 
     #[test]
     fn sequences_as_lark() {

@@ -96,14 +96,14 @@ pub async fn chat_completions(State(app): State<Arc<App>>, body: JsonBody) -> Re
         kwargs: template_kwargs(chat.chat_template_kwargs.as_ref(), chat.reasoning_effort.as_deref()),
         add_generation_prompt: chat.add_generation_prompt.unwrap_or(true),
     };
-    let prepared = app.model.prepare_chat(&conversation)?;
+    let prepared = app.off_runtime(move |app| app.model.prepare_chat(&conversation)).await?;
     let lp = chat.logprobs()?;
     let params = common.to_request_params(&app.model, chat.max_completion_tokens.or(common.max_tokens), lp)?;
     let params = prepared.request_params(params);
     let n = params.n;
-    let permit = app.admission.admit_one()?;
+    let permit = app.admission.admit_one(n)?;
     let prompt_ids = chat.return_token_ids.unwrap_or(false).then(|| prepared.prompt_ids.clone());
-    let generation = app.generate(prepared.prompt_ids, params, permit, started)?.with_markers(prepared.markers);
+    let generation = app.generate(prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
     // After `generate`, which validated n.
     let parsers = prepared.rendered.parsers(app.parsers.as_ref(), n);
     let responder = ChatResponder {
