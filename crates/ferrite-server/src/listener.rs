@@ -35,6 +35,9 @@ use tower_service::Service;
 /// Descriptors kept free for everything else (model files, the KV spill, logs).
 const SPARE_FILES: usize = 64;
 
+/// The most connections `max_connections` may ask for.
+const MAX_CONNECTIONS: usize = 1 << 20;
+
 /// Connections served at once by default: the open-file limit less a margin, at least 16.
 pub fn default_max_connections() -> usize {
     open_file_limit().map_or(1024, |limit| limit.saturating_sub(SPARE_FILES).max(16))
@@ -63,7 +66,8 @@ pub async fn run(
     bounds: Bounds,
     stop: impl std::future::Future<Output = ()>,
 ) -> io::Result<()> {
-    let slots = Arc::new(Semaphore::new(bounds.max_connections.max(1)));
+    let max = bounds.max_connections.clamp(1, MAX_CONNECTIONS);
+    let slots = Arc::new(Semaphore::new(max));
     let (closing_tx, closing_rx) = watch::channel(false);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(bounds.header_read_timeout);
@@ -100,7 +104,7 @@ pub async fn run(
     drop(listener);
     let _ = closing_tx.send(true);
     // Every slot back: every connection has closed.
-    let _all = slots.acquire_many(bounds.max_connections.max(1) as u32).await.map_err(io::Error::other)?;
+    let _all = slots.acquire_many(max as u32).await.map_err(io::Error::other)?;
     Ok(())
 }
 
