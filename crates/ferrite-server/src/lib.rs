@@ -51,7 +51,8 @@ use tokio::net::TcpListener;
 pub use error::ApiError;
 pub use state::{App, ModelInfo, ServerConfig};
 
-/// Every route, with authentication, request metrics and the body limit.
+/// Every route, with the `Host`/`Origin` guard, authentication, request metrics and the body
+/// limit.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .merge(openai::routes())

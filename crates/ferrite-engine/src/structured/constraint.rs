@@ -45,6 +45,25 @@ pub const MAX_CONSTRAINT_BYTES: usize = 256 << 10;
 /// The most entries a choice list may hold.
 pub const MAX_CHOICES: usize = 1024;
 
+/// The most positions a regex may spell out once its counted repetitions are expanded
+/// (`(a{1000}){1000}` is a million): the lexer builds states for them step by step, so such a
+/// regex compiles and then fails mid-generation.
+pub const MAX_REGEX_EXPANSION: u64 = 100_000;
+
+/// The positions `hir` spells out with every counted repetition expanded (an open-ended one
+/// counts its minimum, at least once).
+fn expansion(hir: &regex_syntax::hir::Hir) -> u64 {
+    use regex_syntax::hir::HirKind;
+    match hir.kind() {
+        HirKind::Empty | HirKind::Look(_) => 0,
+        HirKind::Literal(lit) => lit.0.len() as u64,
+        HirKind::Class(_) => 1,
+        HirKind::Repetition(r) => expansion(&r.sub).saturating_mul(u64::from(r.max.unwrap_or(r.min).max(1))),
+        HirKind::Capture(c) => expansion(&c.sub),
+        HirKind::Concat(subs) | HirKind::Alternation(subs) => subs.iter().map(expansion).fold(0, u64::saturating_add),
+    }
+}
+
 impl Constraint {
     /// Refuse a constraint too large to compile in bounded time, before compiling it.
     pub(crate) fn check_size(&self) -> Result<(), String> {
@@ -52,7 +71,17 @@ impl Constraint {
         let bytes = match self {
             Constraint::JsonSchema(schema) => json_len(schema),
             Constraint::JsonObject => 0,
-            Constraint::Regex(text) | Constraint::Lark(text) => text.len(),
+            Constraint::Regex(text) => {
+                // An invalid regex is left to the compiler, which says what is wrong.
+                let expanded = regex_syntax::parse(text).map_or(0, |hir| expansion(&hir));
+                if expanded > MAX_REGEX_EXPANSION {
+                    return Err(format!(
+                        "the regex expands to {expanded} positions; at most {MAX_REGEX_EXPANSION} are allowed"
+                    ));
+                }
+                text.len()
+            }
+            Constraint::Lark(text) => text.len(),
             Constraint::Choice(choices) => {
                 if choices.len() > MAX_CHOICES {
                     return Err(format!("at most {MAX_CHOICES} choices are allowed, got {}", choices.len()));
@@ -173,7 +202,9 @@ mod tests {
         assert!(Constraint::Lark("x".repeat(MAX_CONSTRAINT_BYTES + 1)).check_size().is_err());
         let big = json!({"enum": vec!["x".repeat(1000); 300]});
         assert!(Constraint::JsonSchema(big).check_size().is_err());
-        assert!(Constraint::Regex("a{1000}".into()).check_size().is_ok(), "small text: the compiler's limits decide");
+        assert!(Constraint::Regex("a{1000}".into()).check_size().is_ok());
+        assert!(Constraint::Regex("(a{1000}){1000}".into()).check_size().is_err(), "a million positions");
+        assert!(Constraint::Regex(r"\d{3}-\d{4}|[a-z]+@[a-z]+\.com".into()).check_size().is_ok());
     }
 
     #[test]

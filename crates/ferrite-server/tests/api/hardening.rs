@@ -23,10 +23,11 @@ async fn wrapping_max_tokens_and_min_tokens_are_400() {
 #[tokio::test]
 async fn a_prompt_too_long_for_the_context_is_refused_before_tokenizing() {
     let huge = "hello world, ".repeat(2 << 20);
-    let tokenize = post(&smol().at("/tokenize"), &json!({"prompt": huge}));
-    let chat = post(&smol().at("/v1/chat/completions"), &chat_body(&huge, 4));
-    let health = get(&smol().at("/health"));
-    let (tokenize, chat, health) = tokio::join!(tokenize, chat, health);
+    let (tokenize_url, chat_url, health_url) =
+        (smol().at("/tokenize"), smol().at("/v1/chat/completions"), smol().at("/health"));
+    let (tokenize_body, chat_body) = (json!({"prompt": huge}), chat_body(&huge, 4));
+    let (tokenize, chat, health) =
+        tokio::join!(post(&tokenize_url, &tokenize_body), post(&chat_url, &chat_body), get(&health_url));
     assert_error(tokenize, 400, None, "bytes");
     assert_error(chat, 400, None, "bytes");
     assert_eq!(health.0, 200);

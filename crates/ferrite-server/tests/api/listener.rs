@@ -7,8 +7,8 @@ use std::time::Duration;
 use ferrite_server::guard::GuardConfig;
 use ferrite_server::ServerConfig;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 
 use crate::common::*;
 
@@ -21,12 +21,20 @@ fn quick_timeouts() -> ServerConfig {
     }
 }
 
-/// Read until the server closes the connection; the bytes it sent.
-async fn until_closed(stream: &mut TcpStream) -> Vec<u8> {
-    let mut got = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut got)).await;
-    assert!(read.is_ok(), "the server kept the connection open");
-    got
+/// Connect, send `head`, and read until the server closes the connection (a blocking socket
+/// on a blocking thread); the bytes it sent.
+async fn sent_until_closed(addr: &str, head: &'static [u8]) -> Vec<u8> {
+    let addr = addr.to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(&addr).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+        stream.write_all(head).expect("write");
+        let mut got = Vec::new();
+        stream.read_to_end(&mut got).expect("the server closed the connection");
+        got
+    })
+    .await
+    .expect("reader")
 }
 
 #[tokio::test]
@@ -34,16 +42,11 @@ async fn slow_headers_and_idle_connections_are_closed() {
     let server = start(tiny_app("llama", quick_timeouts()));
     let addr = server.url.trim_start_matches("http://").to_string();
     // Slowloris: a request head that never ends.
-    let mut slow = TcpStream::connect(&addr).await.expect("connect");
-    slow.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: ").await.expect("write");
-    let answer = until_closed(&mut slow).await;
+    let answer = sent_until_closed(&addr, b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: ").await;
     assert!(!answer.starts_with(b"HTTP/1.1 200"), "no response to a partial head");
     // Idle before any request, and idle after one (keep-alive).
-    let mut idle = TcpStream::connect(&addr).await.expect("connect");
-    assert!(until_closed(&mut idle).await.is_empty());
-    let mut kept = TcpStream::connect(&addr).await.expect("connect");
-    kept.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n").await.expect("write");
-    let answer = until_closed(&mut kept).await;
+    assert!(sent_until_closed(&addr, b"").await.is_empty());
+    let answer = sent_until_closed(&addr, b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n").await;
     assert!(answer.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer));
 }
 
@@ -53,7 +56,7 @@ async fn an_idle_flood_past_the_connection_cap_does_not_hang_health() {
     let addr = server.url.trim_start_matches("http://").to_string();
     let mut flood = Vec::new();
     for _ in 0..40 {
-        flood.push(TcpStream::connect(&addr).await.expect("connect"));
+        flood.push(tokio::net::TcpStream::connect(&addr).await.expect("connect"));
     }
     let (status, body) = get(&server.at("/health")).await;
     assert_eq!(status, 200, "{body}");
