@@ -4,15 +4,16 @@ with client aborts, bursts past the queue limit and a KV cache small enough to f
 then checks that the server is whole again. Standard library only; loopback only; bounded in
 count (--requests) and time (--deadline per request, --budget for the whole run).
 
-    python3 scripts/soak.py [--bin target/release/ferrite] [--requests 10000] [--concurrency 24]
+    python3 scripts/soak.py [--bin target/release/ferrite] [--requests 10000] [--concurrency 12]
 
 1. Starts `ferrite serve smollm2 --threads 2 --max-queue Q --kv-cache-memory K` on a free port
    (`load_test.Server`), K small enough that a full batch of the longer requests preempts.
 2. Runs --requests streaming requests at --concurrency, each picked at random from OpenAI chat
    (`/v1/chat/completions`), Anthropic (`/v1/messages`) and Responses (`/v1/responses`), with
    random prompt and reply lengths (max tokens 1-48); 20 % of the clients close (FIN) or reset
-   (RST) their socket after the first event. Every --burst-every requests a burst of
-   2 x --max-queue extra requests is fired at once, so some get 429.
+   (RST) their socket after the first event. --concurrency stays under --max-queue; every
+   --burst-every requests a burst of 2 x --max-queue extra requests is fired at once, so some
+   get 429 (a steady client that gets one waits 0.5 s).
 3. Samples the server's RSS every --rss-every requests.
 4. Checks: every request ended (a complete stream with its end event, a client abort, or a 429),
    no 5xx (as the clients saw it and in the server's counters), none past --deadline, at least
@@ -110,8 +111,9 @@ async def run(args, server: Server, c: Checks) -> None:
     started = time.monotonic()
     counter = iter(range(args.requests))
     late = 0
+    bursts = []
 
-    async def request(i: int, surface: str, abort: int) -> None:
+    async def request(i: int, surface: str, abort: int) -> str:
         nonlocal late
         path, body = body_for(surface, server.model, rng, i)
         try:
@@ -121,6 +123,7 @@ async def run(args, server: Server, c: Checks) -> None:
         except OSError as e:
             got = f"transport-{type(e).__name__}"
         outcomes[got] = outcomes.get(got, 0) + 1
+        return got
 
     async def burst() -> None:
         await asyncio.gather(*(request(-1, rng.choice(SURFACES), 0) for _ in range(2 * args.max_queue)))
@@ -132,13 +135,14 @@ async def run(args, server: Server, c: Checks) -> None:
             roll = rng.random()
             abort = 0 if roll >= 0.2 else (1 if roll < 0.1 else 2)
             if i and i % args.burst_every == 0:
-                asyncio.ensure_future(burst())
+                bursts.append(asyncio.ensure_future(burst()))
             if i % args.rss_every == 0:
                 rss.append(server.rss_kib())
-            await request(i, rng.choice(SURFACES), abort)
+            if await request(i, rng.choice(SURFACES), abort) == "429":
+                await asyncio.sleep(0.5)  # Retry-After is 1 s; the steady clients stay under the limit
 
     await asyncio.gather(*(client() for _ in range(args.concurrency)))
-    await asyncio.sleep(1)  # the last bursts
+    await asyncio.gather(*bursts)
     total = sum(outcomes.values())
     elapsed = time.monotonic() - started
     print(f"ran {total} requests in {elapsed:.0f} s: {json.dumps(outcomes, sort_keys=True)}", flush=True)
@@ -170,7 +174,7 @@ def main() -> int:
     p.add_argument("--bin", default=str(ROOT / "target/release/ferrite"))
     p.add_argument("--model", default="smollm2")
     p.add_argument("--requests", type=int, default=10000)
-    p.add_argument("--concurrency", type=int, default=24)
+    p.add_argument("--concurrency", type=int, default=12)
     p.add_argument("--max-queue", type=int, default=16)
     p.add_argument("--kv-cache-memory", type=int, default=24 << 20, help="bytes")
     p.add_argument("--burst-every", type=int, default=250)
