@@ -1,5 +1,5 @@
 //! Request JSON → engine request, for each API surface, through the same public steps its
-//! handler takes: the typed fields (`parse_value`, which names a wrong field), the
+//! handler takes: the body checked and its typed fields parsed (`JsonBody`, which names a wrong field), the
 //! conversation, its rendering through a real chat template (tools, tool choice, forced
 //! calls) and the engine parameters (sampling, stops, constraints). The first byte picks the
 //! surface: OpenAI chat, completions, Responses or Anthropic messages; the rest is the body.
@@ -11,14 +11,13 @@ use std::sync::OnceLock;
 use ferrite_models::chat_template::ChatTemplate;
 use ferrite_models::load::GenerationDefaults;
 use ferrite_server::anthropic::request::MessagesRequest;
-use ferrite_server::extract::parse_value;
+use ferrite_server::extract::JsonBody;
 use ferrite_server::openai::chat::ChatFields;
 use ferrite_server::openai::completions::{prompts, CompletionFields};
 use ferrite_server::openai::params::CommonParams;
 use ferrite_server::responses::request::ResponsesRequest;
 use ferrite_server::{ApiError, ModelInfo};
 use libfuzzer_sys::fuzz_target;
-use serde_json::Value;
 
 /// A model with a Hermes-style template (tools, `<think>`-free) and no tokenizer: rendering
 /// is fuzzed, tokenizing is not (it is the tokenizers crate's).
@@ -38,31 +37,31 @@ fn model() -> &'static ModelInfo {
     })
 }
 
-fn convert(surface: u8, body: &Value) -> Result<(), ApiError> {
+fn convert(surface: u8, body: &JsonBody) -> Result<(), ApiError> {
     let model = model();
     match surface % 4 {
         0 => {
-            let common: CommonParams = parse_value(body)?;
-            let chat: ChatFields = parse_value(body)?;
+            let common: CommonParams = body.parse()?;
+            let chat: ChatFields = body.parse()?;
             model.check(common.model.as_deref())?;
             model.render_conversation(&chat.conversation()?)?;
             common.to_request_params(model, chat.max_completion_tokens.or(common.max_tokens), chat.logprobs()?)?;
         }
         1 => {
-            let common: CommonParams = parse_value(body)?;
-            let fields: CompletionFields = parse_value(body)?;
-            prompts(model, &fields)?;
+            let common: CommonParams = body.parse()?;
+            let fields: CompletionFields = body.parse()?;
+            prompts(model, &fields.prompt, fields.add_special_tokens.unwrap_or(true))?;
             common.to_request_params(model, common.max_tokens, None)?;
         }
         2 => {
-            let req: ResponsesRequest = parse_value(body)?;
+            let req: ResponsesRequest = body.parse()?;
             req.constraint()?;
             let history = req.input_messages()?;
             model.render_conversation(&req.conversation(&history)?)?;
             req.params().to_request_params(model, req.max_output_tokens, None)?;
         }
         _ => {
-            let req: MessagesRequest = parse_value(body)?;
+            let req: MessagesRequest = body.parse()?;
             model.render_conversation(&req.conversation()?)?;
             req.params().to_request_params(model, req.max_tokens, None)?;
         }
@@ -72,11 +71,8 @@ fn convert(surface: u8, body: &Value) -> Result<(), ApiError> {
 
 fuzz_target!(|data: &[u8]| {
     let [surface, body @ ..] = data else { return };
-    let Ok(body) = serde_json::from_slice::<Value>(body) else { return };
-    if !body.is_object() {
-        return;
-    }
+    let Ok(body) = JsonBody::new(axum::body::Bytes::copy_from_slice(body)) else { return };
     if let Err(e) = convert(*surface, &body) {
-        assert!(e.status.is_client_error(), "{} for {body}", e.status);
+        assert!(e.status.is_client_error(), "{} for {}", e.status, String::from_utf8_lossy(&data[1..]));
     }
 });

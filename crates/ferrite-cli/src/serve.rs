@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use ferrite_runtime::cuda::Device;
+use ferrite_server::guard::GuardConfig;
 use ferrite_server::{App, ModelInfo, ServerConfig, Shutdown};
 
 use crate::session::{EngineArgs, ModelArgs};
@@ -31,9 +32,27 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on API routes.
     #[arg(long)]
     pub api_key: Option<String>,
-    /// Requests in progress at once (running + waiting); more get 429.
+    /// Sequences in progress at once (running + waiting; a request counts its `n` times its
+    /// prompts); more get 429, a request that could never fit gets 400.
     #[arg(long, default_value_t = 1024)]
     pub max_queue: usize,
+    /// Host names requests may be addressed to besides localhost and the bound IP (for a
+    /// proxy in front; comma-separated; `*` allows any).
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+    /// Origins whose browser requests are allowed, with CORS headers (comma-separated; `*`
+    /// allows any). Without it cross-origin browser requests get 403.
+    #[arg(long, value_delimiter = ',')]
+    pub cors_allow_origin: Vec<String>,
+    /// Connections served at once (default: the open-file limit less a margin).
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Seconds a connection may take to send a request's headers.
+    #[arg(long, default_value_t = 10)]
+    pub header_read_timeout: u64,
+    /// Seconds an idle connection (no request in progress) is kept open.
+    #[arg(long, default_value_t = 5)]
+    pub keep_alive_timeout: u64,
     /// The model name `/v1/models` lists (default: the name or file stem it was started with).
     #[arg(long)]
     pub served_model_name: Option<String>,
@@ -80,11 +99,19 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         limits.kv_capacity_tokens
     );
     let (name, aliases) = model_names(args.model.name(), &path, args.served_model_name.as_deref());
+    let defaults = ServerConfig::default();
     let config = ServerConfig {
         api_key: args.api_key.clone(),
         max_queue: Some(args.max_queue),
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
-        ..ServerConfig::default()
+        guard: GuardConfig {
+            allowed_hosts: args.allowed_hosts.clone(),
+            cors_allow_origins: args.cors_allow_origin.clone(),
+        },
+        max_connections: args.max_connections.unwrap_or(defaults.max_connections),
+        header_read_timeout: Duration::from_secs(args.header_read_timeout),
+        keep_alive_timeout: Duration::from_secs(args.keep_alive_timeout),
+        ..defaults
     };
     let app = Arc::new(App::new(engine, ModelInfo::new(&loaded, name, aliases), config));
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -141,7 +141,8 @@ impl Limits {
         }
         let max_tokens = match p.max_tokens {
             Some(0) => return Err(EngineError::ZeroMaxTokens),
-            Some(m) if prompt + m > self.max_model_len => {
+            // `prompt < max_model_len` above, so this cannot wrap (`prompt + m` could).
+            Some(m) if m > self.max_model_len - prompt => {
                 return Err(EngineError::MaxTokensTooLarge { prompt, max_tokens: m, context: self.max_model_len })
             }
             Some(m) => m,

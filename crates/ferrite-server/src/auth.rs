@@ -30,15 +30,32 @@ pub async fn require_api_key(State(app): State<Arc<App>>, req: Request, next: Ne
 }
 
 fn presented_key(headers: &HeaderMap) -> Option<&str> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim);
+    let bearer = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token);
     bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim))
+}
+
+/// The credentials of an `Authorization: Bearer …` value; the scheme name is
+/// case-insensitive (RFC 9110 §11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Compare without an early exit, so the time taken does not reveal a matching prefix.
 fn same(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        for v in ["Bearer k", "bearer k", "BEARER k", "BeArEr  k "] {
+            assert_eq!(bearer_token(v), Some("k"), "{v}");
+        }
+        assert_eq!(bearer_token("Basic k"), None);
+        assert_eq!(bearer_token("Bearerk"), None);
+    }
 }

@@ -58,7 +58,8 @@ impl Partial {
 
 impl App {
     /// Submit `prompt` under an admission `permit`; `started` is when the HTTP request arrived.
-    pub fn generate(
+    /// Validation and grammar compilation run off the async workers (`offload`).
+    pub async fn generate(
         self: &Arc<Self>,
         prompt: Vec<u32>,
         params: RequestParams,
@@ -67,7 +68,7 @@ impl App {
     ) -> Result<Generation, ApiError> {
         let prompt_len = prompt.len() as u64;
         let open_choices = params.n;
-        let stream = self.engine.submit(Request { prompt, params })?;
+        let stream = self.off_runtime(move |app| Ok(app.engine.submit(Request { prompt, params })?)).await?;
         self.metrics.prompt_tokens.fetch_add(prompt_len, Relaxed);
         Ok(Generation {
             app: self.clone(),

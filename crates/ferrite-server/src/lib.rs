@@ -3,12 +3,14 @@
 //! `router` assembles the API surfaces — one module each (`openai`: chat, completions,
 //! models; `anthropic`: messages; `responses`: the Responses API; `ops`: health, metrics,
 //! tokenize; `web`: the chat page at `/`) — over what they share: the app state (`state`),
-//! typed errors (`error`), body extraction (`extract`), API-key checks (`auth`), admission
-//! control (`admission`), engine requests with latency metrics (`generate`), conversations
+//! typed errors (`error`), body extraction (`extract`), API-key checks (`auth`), `Host` and
+//! `Origin` checks (`guard`), admission control (`admission`), CPU-heavy work off the async
+//! workers (`offload`), engine requests with latency metrics (`generate`), conversations
 //! with tools and tool choice (`conversation`) rendered through the chat template
 //! (`prompt`), output parsers for reasoning and tool calls (`parser`), output blocks for
-//! block-shaped replies (`blocks`) and SSE (`sse`). `serve` runs it on a listener until a
-//! shutdown signal, then drains in-flight requests for a bounded time.
+//! block-shaped replies (`blocks`) and SSE (`sse`). `serve` runs it on a listener (`listener`:
+//! connection cap, header-read and keep-alive timeouts) until a shutdown signal, then drains
+//! in-flight requests for a bounded time.
 //!
 //! A chat-shaped surface translates its request into a `conversation::Conversation`,
 //! prepares it with `ModelInfo::prepare_chat` (prompt ids, parsers, special-token markers),
@@ -23,7 +25,10 @@ pub mod conversation;
 pub mod error;
 pub mod extract;
 pub mod generate;
+pub mod guard;
+pub mod listener;
 pub mod metrics;
+pub mod offload;
 pub mod openai;
 pub mod ops;
 pub mod parser;
@@ -34,7 +39,7 @@ pub mod state;
 pub mod structured;
 pub mod web;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request};
@@ -46,7 +51,8 @@ use tokio::net::TcpListener;
 pub use error::ApiError;
 pub use state::{App, ModelInfo, ServerConfig};
 
-/// Every route, with authentication, request metrics and the body limit.
+/// Every route, with the `Host`/`Origin` guard, authentication, request metrics and the body
+/// limit.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .merge(openai::routes())
@@ -57,6 +63,7 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(from_fn_with_state(app.clone(), auth::require_api_key))
+        .layer(from_fn_with_state(app.clone(), guard::check))
         .layer(from_fn(anthropic::error_shape))
         .layer(from_fn_with_state(app.clone(), metrics::count_requests))
         .layer(DefaultBodyLimit::max(app.config.body_limit))
@@ -87,9 +94,18 @@ pub async fn serve(
     app: Arc<App>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<Shutdown> {
-    let timeout = app.config.shutdown_timeout;
+    let _ = app.bound.set(listener.local_addr()?);
+    let c = &app.config;
+    let (timeout, bounds) = (
+        c.shutdown_timeout,
+        listener::Bounds {
+            max_connections: c.max_connections,
+            header_read_timeout: c.header_read_timeout,
+            keep_alive_timeout: c.keep_alive_timeout,
+        },
+    );
     let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, router(app)).with_graceful_shutdown(async move {
+    let server = listener::run(listener, router(app), bounds, async move {
         shutdown.await;
         let _ = draining_tx.send(());
     });
@@ -100,7 +116,7 @@ pub async fn serve(
         }
     };
     tokio::select! {
-        done = server.into_future() => done.map(|()| Shutdown::Drained),
+        done = server => done.map(|()| Shutdown::Drained),
         () = deadline => Ok(Shutdown::TimedOut),
     }
 }

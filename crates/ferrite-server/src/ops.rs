@@ -51,6 +51,11 @@ struct TokenizeRequest {
 async fn tokenize(State(app): State<Arc<App>>, body: JsonBody) -> Result<Json<Value>, ApiError> {
     let req: TokenizeRequest = body.parse()?;
     app.model.check(req.model.as_deref())?;
+    // Rendering and tokenizing are CPU work: off the async workers.
+    app.off_runtime(move |app| tokenize_now(app, &req)).await.map(Json)
+}
+
+fn tokenize_now(app: &App, req: &TokenizeRequest) -> Result<Value, ApiError> {
     let tokens = match (&req.prompt, &req.messages) {
         (Some(prompt), None) => app.model.encode(prompt, req.add_special_tokens.unwrap_or(true))?,
         (None, Some(messages)) => {
@@ -73,12 +78,12 @@ async fn tokenize(State(app): State<Arc<App>>, body: JsonBody) -> Result<Json<Va
         }
         false => Value::Null,
     };
-    Ok(Json(json!({
+    Ok(json!({
         "count": tokens.len(),
         "max_model_len": app.engine.limits().max_model_len,
         "tokens": tokens,
         "token_strs": token_strs,
-    })))
+    }))
 }
 
 #[derive(Debug, Deserialize)]

@@ -2,7 +2,8 @@
 //! API layer) are rendered with the model's chat template — with the tools, the generation
 //! prompt and the `chat_template_kwargs` — and chat prompts are tokenized without adding
 //! special tokens (the template writes BOS and the turn markers itself). Conversations
-//! (`conversation`), which every chat-shaped API builds, render through here.
+//! (`conversation`), which every chat-shaped API builds, render through here. Text too long
+//! for the context is refused before it is tokenized.
 
 use ferrite_models::chat_template::{ChatRenderRequest, ChatTemplateError};
 use serde_json::{Map, Value};
@@ -40,9 +41,27 @@ impl ModelInfo {
         })
     }
 
-    /// Tokenize `text` (a tokenizer failure is a 500; no tokenizer is a 400).
+    /// Tokenize `text` (a tokenizer failure is a 500; no tokenizer is a 400). Text longer
+    /// than `max_text_bytes` is a 400 before any tokenizing: it cannot fit the context.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ApiError> {
+        if text.len() > self.max_text_bytes {
+            return Err(ApiError::bad_request(format!(
+                "the prompt is {} bytes; no prompt over {} bytes fits this model's context",
+                text.len(),
+                self.max_text_bytes
+            ))
+            .with_code("context_length_exceeded"));
+        }
         self.tokenizer()?.encode(text, add_special_tokens).map_err(|e| ApiError::internal(e.to_string()))
+    }
+
+    /// The most bytes of text `context` tokens can spell: every token's piece is at most as
+    /// long as its vocabulary entry (byte-level, SentencePiece and byte-fallback entries are
+    /// never shorter than what they decode to), doubled for normalizers that drop characters.
+    pub fn text_bound(&self, context: usize) -> usize {
+        let Some(tok) = &self.tokenizer else { return usize::MAX };
+        let longest = (0..tok.vocab_size() as u32).filter_map(|id| tok.id_to_token(id)).map(|t| t.len()).max();
+        context.saturating_mul(longest.unwrap_or(1).max(1)).saturating_mul(2)
     }
 
     /// Detokenize `ids`.

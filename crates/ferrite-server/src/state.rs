@@ -1,8 +1,10 @@
 //! `App`: what every handler shares — the engine, the served model (names, tokenizer, chat
 //! template, sampling defaults), the server settings, metrics, the admission gate, the
-//! output-parser factory and the stored responses. Handlers receive it as `State<Arc<App>>`.
+//! output-parser factory, the stored responses, the slots for CPU-heavy work and the bound
+//! address. Handlers receive it as `State<Arc<App>>`.
 
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferrite_engine::Engine;
@@ -13,7 +15,9 @@ use ferrite_models::LoadedModel;
 
 use crate::admission::Admission;
 use crate::error::ApiError;
+use crate::guard::GuardConfig;
 use crate::metrics::ServerMetrics;
+use crate::offload::Offload;
 use crate::parser::{ParserFactory, TemplateParsers};
 use crate::responses::store::ResponseStore;
 
@@ -32,6 +36,16 @@ pub struct ServerConfig {
     pub response_store_capacity: usize,
     /// How long a stored response is kept.
     pub response_store_ttl: Duration,
+    /// Bytes the stored responses may hold together (their JSON); past it the oldest go.
+    pub response_store_bytes: usize,
+    /// `Host` and `Origin` checks (`guard`).
+    pub guard: GuardConfig,
+    /// Connections served at once; more wait in the listen backlog (`listener`).
+    pub max_connections: usize,
+    /// How long a connection may take to send a request's headers once it is waiting for one.
+    pub header_read_timeout: Duration,
+    /// How long a connection may sit idle between requests before it is closed.
+    pub keep_alive_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -43,6 +57,11 @@ impl Default for ServerConfig {
             shutdown_timeout: Duration::from_secs(30),
             response_store_capacity: 1024,
             response_store_ttl: Duration::from_secs(3600),
+            response_store_bytes: 256 << 20,
+            guard: GuardConfig::default(),
+            max_connections: crate::listener::default_max_connections(),
+            header_read_timeout: Duration::from_secs(10),
+            keep_alive_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -59,6 +78,8 @@ pub struct ModelInfo {
     pub defaults: GenerationDefaults,
     /// Unix seconds when the server loaded it.
     pub created: u64,
+    /// The longest text worth tokenizing: longer text cannot fit the context (`prompt`).
+    pub max_text_bytes: usize,
 }
 
 impl ModelInfo {
@@ -70,6 +91,7 @@ impl ModelInfo {
             chat_template: loaded.chat_template.clone(),
             defaults: loaded.generation.clone(),
             created: unix_now(),
+            max_text_bytes: usize::MAX,
         }
     }
 
@@ -105,15 +127,26 @@ pub struct App {
     pub parsers: Box<dyn ParserFactory>,
     /// Finished responses of `/v1/responses`.
     pub responses: ResponseStore,
+    /// Slots for CPU-heavy request work off the async workers.
+    pub offload: Offload,
+    /// The address `serve` listens on (for the `Host` check), once it does.
+    pub bound: OnceLock<SocketAddr>,
 }
 
 impl App {
-    pub fn new(engine: Engine, model: ModelInfo, config: ServerConfig) -> App {
+    pub fn new(engine: Engine, mut model: ModelInfo, config: ServerConfig) -> App {
+        model.max_text_bytes = model.text_bound(engine.limits().max_model_len);
         App {
             engine,
             model,
             admission: Admission::new(config.max_queue),
-            responses: ResponseStore::new(config.response_store_capacity, config.response_store_ttl),
+            responses: ResponseStore::new(
+                config.response_store_capacity,
+                config.response_store_bytes,
+                config.response_store_ttl,
+            ),
+            offload: Offload::per_core(),
+            bound: OnceLock::new(),
             config,
             metrics: ServerMetrics::default(),
             parsers: Box::new(TemplateParsers),

@@ -40,21 +40,21 @@ pub fn from_format(format: &Value, param: &str) -> Result<Option<Constraint>, Ap
 }
 
 /// vLLM's guided-decoding fields, as sent.
-#[derive(Debug, Default, Clone, serde::Deserialize)]
-pub struct GuidedFields {
+#[derive(Debug, Default, Clone, Copy)]
+pub struct GuidedFields<'a> {
     /// A JSON Schema, as an object or a JSON string.
-    pub guided_json: Option<Value>,
-    pub guided_regex: Option<String>,
+    pub guided_json: Option<&'a Value>,
+    pub guided_regex: Option<&'a str>,
     /// A Lark grammar (llguidance's dialect).
-    pub guided_grammar: Option<String>,
-    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<&'a str>,
+    pub guided_choice: Option<&'a [String]>,
 }
 
-impl GuidedFields {
+impl GuidedFields<'_> {
     /// The constraint these fields ask for (at most one may be set).
     pub fn constraint(&self) -> Result<Option<(Constraint, &'static str)>, ApiError> {
         let mut found = Vec::new();
-        if let Some(v) = self.guided_json.as_ref().filter(|v| !v.is_null()) {
+        if let Some(v) = self.guided_json.filter(|v| !v.is_null()) {
             let schema = match v {
                 Value::String(s) => serde_json::from_str(s).map_err(|e| {
                     ApiError::invalid_param("guided_json", format!("guided_json is not valid JSON: {e}"))
@@ -63,14 +63,14 @@ impl GuidedFields {
             };
             found.push((Constraint::JsonSchema(schema), "guided_json"));
         }
-        if let Some(rx) = &self.guided_regex {
-            found.push((Constraint::Regex(rx.clone()), "guided_regex"));
+        if let Some(rx) = self.guided_regex {
+            found.push((Constraint::Regex(rx.to_string()), "guided_regex"));
         }
-        if let Some(g) = &self.guided_grammar {
-            found.push((Constraint::Lark(g.clone()), "guided_grammar"));
+        if let Some(g) = self.guided_grammar {
+            found.push((Constraint::Lark(g.to_string()), "guided_grammar"));
         }
-        if let Some(c) = &self.guided_choice {
-            found.push((Constraint::Choice(c.clone()), "guided_choice"));
+        if let Some(c) = self.guided_choice {
+            found.push((Constraint::Choice(c.to_vec()), "guided_choice"));
         }
         if found.len() > 1 {
             let names: Vec<&str> = found.iter().map(|(_, n)| *n).collect();
@@ -106,20 +106,19 @@ mod tests {
 
     #[test]
     fn guided_fields() {
-        let g = GuidedFields { guided_json: Some(json!("{\"type\": \"integer\"}")), ..Default::default() };
+        let schema = json!("{\"type\": \"integer\"}");
+        let g = GuidedFields { guided_json: Some(&schema), ..Default::default() };
         assert_eq!(
             g.constraint().expect("ok"),
             Some((Constraint::JsonSchema(json!({"type": "integer"})), "guided_json"))
         );
-        let g = GuidedFields { guided_choice: Some(vec!["a".into()]), ..Default::default() };
+        let choices = vec!["a".to_string()];
+        let g = GuidedFields { guided_choice: Some(&choices), ..Default::default() };
         assert_eq!(g.constraint().expect("ok"), Some((Constraint::Choice(vec!["a".into()]), "guided_choice")));
-        let two = GuidedFields {
-            guided_regex: Some("a".into()),
-            guided_grammar: Some("start: \"a\"".into()),
-            ..Default::default()
-        };
+        let two = GuidedFields { guided_regex: Some("a"), guided_grammar: Some("start: \"a\""), ..Default::default() };
         assert!(two.constraint().is_err());
-        let bad = GuidedFields { guided_json: Some(json!("{not json")), ..Default::default() };
+        let not_json = json!("{not json");
+        let bad = GuidedFields { guided_json: Some(&not_json), ..Default::default() };
         assert_eq!(bad.constraint().expect_err("400").param.as_deref(), Some("guided_json"));
     }
 }

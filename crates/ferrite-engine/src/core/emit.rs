@@ -93,7 +93,7 @@ impl EngineCore {
         for j in 0..=drafts.len() {
             used = j;
             let seq = &mut self.sched.running[idx];
-            // A grammar failure ends the row with an error (after this token).
+            // A grammar failure ends the row with an error, before any token is streamed.
             let mut failure = None;
             let (token, agreed, logprobs) = match pick {
                 Pick::Token(token) => (token, false, Vec::new()),
@@ -134,7 +134,11 @@ impl EngineCore {
             } else if j < drafts.len() {
                 tally::rejected(&mut seq.fill.usage, origin);
             }
-            outcome = self.emit(idx, token, logprobs, failure);
+            if let Some(error) = failure {
+                outcome = self.fail_constrained(idx, error);
+                break;
+            }
+            outcome = self.emit(idx, token, logprobs);
             if !matches!(outcome, Emitted::Running) {
                 break;
             }
@@ -182,7 +186,7 @@ impl EngineCore {
         tally::proposed(&mut seq.fill.usage, &mut seq.spec.usage, p.origin, p.policy, p.len());
         self.metrics.add_asserted(p.len());
         for t in p.ids {
-            let out = self.emit(idx, t, Vec::new(), None);
+            let out = self.emit(idx, t, Vec::new());
             if !matches!(out, Emitted::Running) {
                 return Some(out);
             }
@@ -191,21 +195,22 @@ impl EngineCore {
     }
 
     /// Append `token` to `running[idx]` (advancing its grammar, if constrained), detokenize,
-    /// check its ends and stream it. `failure` ends the row with that error after the token.
-    fn emit(&mut self, idx: usize, token: u32, logprobs: Vec<TokenLogprob>, mut failure: Option<String>) -> Emitted {
+    /// check its ends and stream it. A token its grammar refuses ends the row with an error
+    /// instead, unstreamed.
+    fn emit(&mut self, idx: usize, token: u32, logprobs: Vec<TokenLogprob>) -> Emitted {
         let seq = &mut self.sched.running[idx];
+        let mut complete = false;
+        if let Some(guide) = seq.guide.as_mut() {
+            match guide.commit(&[token]) {
+                Ok(()) => complete = guide.is_finished(),
+                Err(e) => return self.fail_constrained(idx, e.to_string()),
+            }
+        }
         let p = seq.params.clone();
         seq.tokens.push(token);
         *seq.counts.entry(token).or_insert(0) += 1;
         self.metrics.add_generated(1);
         let generated = seq.generated();
-        let mut complete = false;
-        if let (Some(guide), None) = (seq.guide.as_mut(), &failure) {
-            match guide.commit(&[token]) {
-                Ok(()) => complete = guide.is_finished(),
-                Err(e) => failure = Some(e.to_string()),
-            }
-        }
 
         let is_end = (!p.ignore_eos && self.eos.contains(&token)) || p.stop_token_ids.contains(&token);
         let mut text = String::new();
@@ -233,10 +238,6 @@ impl EngineCore {
         if reason.is_none() && (generated >= seq.max_tokens || seq.tokens.len() >= self.limits.max_model_len) {
             reason = Some(FinishReason::Length);
         }
-        if let Some(e) = failure {
-            reason = Some(FinishReason::Error);
-            error = Some(e);
-        }
         // The grammar is complete: nothing more may follow.
         complete &= reason.is_none();
         if complete {
@@ -262,6 +263,31 @@ impl EngineCore {
         } else {
             Emitted::Running
         }
+    }
+
+    /// End `running[idx]` with a grammar `error` and no new token: a token its grammar did not
+    /// allow is never streamed.
+    fn fail_constrained(&mut self, idx: usize, error: String) -> Emitted {
+        let seq = &mut self.sched.running[idx];
+        let finished = Finished {
+            reason: FinishReason::Error,
+            stop_string: None,
+            stop_token: None,
+            error: Some(error),
+            usage: usage(seq),
+        };
+        let out = Output {
+            choice: seq.choice,
+            token_ids: vec![],
+            text: String::new(),
+            logprobs: vec![],
+            finished: Some(finished),
+        };
+        if seq.sink.send(out).is_err() {
+            return Emitted::Disconnected;
+        }
+        self.metrics.request_finished();
+        Emitted::Finished
     }
 
     /// Send a final output for `seq` with no new token and free its blocks.

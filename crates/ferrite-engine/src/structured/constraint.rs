@@ -38,7 +38,72 @@ fn layout() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
 }
 
+/// The most bytes a constraint's text may take (a grammar, a regex, a schema as JSON, the
+/// choices together): checked before anything is compiled.
+pub const MAX_CONSTRAINT_BYTES: usize = 256 << 10;
+
+/// The most entries a choice list may hold.
+pub const MAX_CHOICES: usize = 1024;
+
+/// The most positions a regex may spell out once its counted repetitions are expanded
+/// (`(a{1000}){1000}` is a million): the lexer builds states for them step by step, so such a
+/// regex compiles and then fails mid-generation.
+pub const MAX_REGEX_EXPANSION: u64 = 100_000;
+
+/// The positions `hir` spells out with every counted repetition expanded (an open-ended one
+/// counts its minimum, at least once).
+fn expansion(hir: &regex_syntax::hir::Hir) -> u64 {
+    use regex_syntax::hir::HirKind;
+    match hir.kind() {
+        HirKind::Empty | HirKind::Look(_) => 0,
+        HirKind::Literal(lit) => lit.0.len() as u64,
+        HirKind::Class(_) => 1,
+        HirKind::Repetition(r) => expansion(&r.sub).saturating_mul(u64::from(r.max.unwrap_or(r.min).max(1))),
+        HirKind::Capture(c) => expansion(&c.sub),
+        HirKind::Concat(subs) | HirKind::Alternation(subs) => subs.iter().map(expansion).fold(0, u64::saturating_add),
+    }
+}
+
 impl Constraint {
+    /// Refuse a constraint too large to compile in bounded time, before compiling it.
+    pub(crate) fn check_size(&self) -> Result<(), String> {
+        let json_len = |v: &Value| serde_json::to_vec(v).map_or(usize::MAX, |b| b.len());
+        let bytes = match self {
+            Constraint::JsonSchema(schema) => json_len(schema),
+            Constraint::JsonObject => 0,
+            Constraint::Regex(text) => {
+                // An invalid regex is left to the compiler, which says what is wrong.
+                let expanded = regex_syntax::parse(text).map_or(0, |hir| expansion(&hir));
+                if expanded > MAX_REGEX_EXPANSION {
+                    return Err(format!(
+                        "the regex expands to {expanded} positions; at most {MAX_REGEX_EXPANSION} are allowed"
+                    ));
+                }
+                text.len()
+            }
+            Constraint::Lark(text) => text.len(),
+            Constraint::Choice(choices) => {
+                if choices.len() > MAX_CHOICES {
+                    return Err(format!("at most {MAX_CHOICES} choices are allowed, got {}", choices.len()));
+                }
+                choices.iter().map(String::len).sum()
+            }
+            Constraint::Sequences(alternatives) => alternatives
+                .iter()
+                .flatten()
+                .map(|p| match p {
+                    Piece::Text(t) => t.len(),
+                    Piece::Token(_) => 8,
+                    Piece::Json(schema) => json_len(schema),
+                })
+                .sum(),
+        };
+        if bytes > MAX_CONSTRAINT_BYTES {
+            return Err(format!("the constraint is {bytes} bytes; at most {MAX_CONSTRAINT_BYTES} are allowed"));
+        }
+        Ok(())
+    }
+
     pub(crate) fn grammar(&self) -> Result<TopLevelGrammar, String> {
         Ok(match self {
             Constraint::JsonSchema(schema) => TopLevelGrammar::from_json_schema(laid_out(schema)),
@@ -129,6 +194,18 @@ fn close_objects(schema: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn size_bounds() {
+        assert!(Constraint::Choice(vec!["a".into(); MAX_CHOICES]).check_size().is_ok());
+        assert!(Constraint::Choice(vec!["a".into(); MAX_CHOICES + 1]).check_size().is_err());
+        assert!(Constraint::Lark("x".repeat(MAX_CONSTRAINT_BYTES + 1)).check_size().is_err());
+        let big = json!({"enum": vec!["x".repeat(1000); 300]});
+        assert!(Constraint::JsonSchema(big).check_size().is_err());
+        assert!(Constraint::Regex("a{1000}".into()).check_size().is_ok());
+        assert!(Constraint::Regex("(a{1000}){1000}".into()).check_size().is_err(), "a million positions");
+        assert!(Constraint::Regex(r"\d{3}-\d{4}|[a-z]+@[a-z]+\.com".into()).check_size().is_ok());
+    }
 
     #[test]
     fn sequences_as_lark() {

@@ -50,18 +50,25 @@ impl Grammars {
         built.as_ref().map_err(|e| GuideError::Unavailable(e.clone()))
     }
 
-    /// A fresh guide for `constraint`; an error says why it does not compile.
+    /// A fresh guide for `constraint`, with the mask of its first token computed: a
+    /// constraint too large, or one whose first step already exceeds llguidance's limits,
+    /// fails here (a client error) rather than mid-generation. The error says why, briefly.
     pub fn compile(&self, constraint: &Constraint) -> Result<Guide, GuideError> {
+        constraint.check_size().map_err(GuideError::Compile)?;
         let factory = self.factory()?;
         let grammar = constraint.grammar().map_err(GuideError::Compile)?;
+        let compile_error = |e: String| GuideError::Compile(brief(&e));
         let parser = catch_unwind(AssertUnwindSafe(|| factory.create_parser(grammar)))
-            .map_err(|_| GuideError::Compile("the grammar compiler panicked".into()))?
-            .map_err(|e| GuideError::Compile(e.to_string()))?;
-        let matcher = Matcher::new(Ok(parser));
-        match matcher.get_error() {
-            Some(e) => Err(GuideError::Compile(e)),
-            None => Ok(Guide { matcher, mask: None }),
+            .map_err(|_| compile_error("the grammar compiler failed".into()))?
+            .map_err(|e| compile_error(e.to_string()))?;
+        let mut matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(compile_error(e));
         }
+        let mask = catch_unwind(AssertUnwindSafe(|| matcher.compute_mask()))
+            .map_err(|_| compile_error("the grammar failed on its first token".into()))?
+            .map_err(|e| compile_error(e.to_string()))?;
+        Ok(Guide { matcher, mask: Some(mask) })
     }
 }
 
@@ -73,9 +80,21 @@ pub struct Guide {
     mask: Option<SimpleVob>,
 }
 
+/// The first line of an llguidance error, at most `BRIEF_CHARS` characters: its messages can
+/// carry the parser state, the grammar or a panic's text and frames, none of which belongs in
+/// a response body.
+fn brief(message: &str) -> String {
+    const BRIEF_CHARS: usize = 240;
+    let line = message.lines().find(|l| !l.trim().is_empty()).unwrap_or("unknown error").trim();
+    match line.char_indices().nth(BRIEF_CHARS) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line.to_string(),
+    }
+}
+
 impl Guide {
     fn error(&self) -> GuideError {
-        GuideError::Matcher(self.matcher.get_error().unwrap_or_else(|| "the grammar is complete".into()))
+        GuideError::Matcher(brief(&self.matcher.get_error().unwrap_or_else(|| "the grammar is complete".into())))
     }
 
     /// Compute the allowed-token mask for the next token now (say, while the model runs), so
@@ -113,13 +132,13 @@ impl Guide {
     /// Advance by tokens that were sampled or appended.
     pub fn commit(&mut self, tokens: &[u32]) -> Result<(), GuideError> {
         self.mask = None;
-        self.matcher.consume_tokens(tokens).map_err(|e| GuideError::Matcher(e.to_string()))
+        self.matcher.consume_tokens(tokens).map_err(|e| GuideError::Matcher(brief(&e.to_string())))
     }
 
     /// Undo the last `n` committed tokens (a rejected speculative tail).
     pub fn rollback(&mut self, n: usize) -> Result<(), GuideError> {
         self.mask = None;
-        self.matcher.rollback(n).map_err(|e| GuideError::Matcher(e.to_string()))
+        self.matcher.rollback(n).map_err(|e| GuideError::Matcher(brief(&e.to_string())))
     }
 
     /// The tokens the grammar determines next, whatever the model would pick (empty when
@@ -131,5 +150,18 @@ impl Guide {
     /// The grammar is complete: nothing may follow (or it ended with an end token).
     pub fn is_finished(&self) -> bool {
         self.matcher.is_stopped()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::brief;
+
+    #[test]
+    fn brief_messages() {
+        assert_eq!(brief("bad grammar\nstack backtrace:\n  0: frame"), "bad grammar");
+        let long = brief(&"é".repeat(1000));
+        assert_eq!(long.chars().count(), 241);
+        assert_eq!(brief(""), "unknown error");
     }
 }

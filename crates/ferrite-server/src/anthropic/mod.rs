@@ -47,16 +47,17 @@ async fn messages(State(app): State<Arc<App>>, body: JsonBody) -> Result<Respons
     let req: MessagesRequest = body.parse()?;
     app.model.check(Some(&req.model))?;
     let max_tokens = req.max_tokens.ok_or_else(|| ApiError::invalid_param("max_tokens", "max_tokens is required"))?;
-    let prepared = app.model.prepare_chat(&req.conversation()?)?;
+    let conversation = req.conversation()?;
+    let prepared = app.off_runtime(move |app| app.model.prepare_chat(&conversation)).await?;
     // A cap, as Anthropic clients use it (often far past a local model's context): at most
     // what the context has room for.
     let room = app.engine.limits().max_model_len.saturating_sub(prepared.prompt_ids.len()).max(1);
     let params =
         prepared.request_params(req.params().to_request_params(&app.model, Some(max_tokens.min(room)), None)?);
-    let permit = app.admission.admit_one()?;
+    let permit = app.admission.admit_one(1)?;
     let prompt_tokens = prepared.prompt_ids.len();
     let parser = prepared.rendered.parser(app.parsers.as_ref());
-    let generation = app.generate(prepared.prompt_ids, params, permit, started)?.with_markers(prepared.markers);
+    let generation = app.generate(prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
     let reply = Reply { app: app.clone(), id: random_id("msg_"), parser, blocks: Blocks::default(), prompt_tokens };
     if req.stream.unwrap_or(false) {
         return Ok(sse_from_outputs(generation.into_stream(), ReplyStream { reply, finished: false }));
@@ -68,6 +69,7 @@ async fn messages(State(app): State<Arc<App>>, body: JsonBody) -> Result<Respons
 async fn count_tokens(State(app): State<Arc<App>>, body: JsonBody) -> Result<Json<Value>, ApiError> {
     let req: MessagesRequest = body.parse()?;
     app.model.check(Some(&req.model))?;
-    let prepared = app.model.prepare_chat(&req.conversation()?)?;
+    let conversation = req.conversation()?;
+    let prepared = app.off_runtime(move |app| app.model.prepare_chat(&conversation)).await?;
     Ok(Json(json!({"input_tokens": prepared.prompt_ids.len()})))
 }

@@ -65,7 +65,7 @@ impl MessagesRequest {
             return Err(bad("messages".into(), "'messages' must hold at least one message"));
         }
         for (i, m) in list.iter().enumerate() {
-            turn(i, m, &mut messages)?;
+            turn(i, m, i + 1 == list.len(), &mut messages)?;
         }
         let mut kwargs = Map::new();
         if let Some(t) = self.thinking.as_ref().and_then(|t| t.get("type")).and_then(Value::as_str) {
@@ -132,8 +132,8 @@ impl MessagesRequest {
     }
 }
 
-/// Append the messages of turn `i`.
-fn turn(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
+/// Append the messages of turn `i` (`last`: the conversation's final turn).
+fn turn(i: usize, m: &Value, last: bool, out: &mut Vec<Value>) -> Result<(), ApiError> {
     let at = format!("messages[{i}]");
     let role = match m.get("role").and_then(Value::as_str) {
         Some(r @ ("user" | "assistant")) => r,
@@ -145,6 +145,10 @@ fn turn(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
         Value::String(s) => {
             out.push(json!({"role": role, "content": s}));
             return Ok(());
+        }
+        // As Anthropic's API: only a final assistant message (a prefill) may be empty.
+        Value::Array(blocks) if blocks.is_empty() && !(role == "assistant" && last) => {
+            return Err(bad(format!("{at}.content"), format!("'{at}.content' must hold at least one block")))
         }
         Value::Array(blocks) => blocks,
         _ => return Err(bad(format!("{at}.content"), format!("'{at}.content' must be a string or a list of blocks"))),

@@ -103,14 +103,14 @@ pub async fn chat_completions(State(app): State<Arc<App>>, body: JsonBody) -> Re
     let chat: ChatFields = body.parse()?;
     app.model.check(common.model.as_deref())?;
     let conversation = chat.conversation()?;
-    let prepared = app.model.prepare_chat(&conversation)?;
+    let prepared = app.off_runtime(move |app| app.model.prepare_chat(&conversation)).await?;
     let lp = chat.logprobs()?;
     let params = common.to_request_params(&app.model, chat.max_completion_tokens.or(common.max_tokens), lp)?;
     let params = prepared.request_params(params);
     let n = params.n;
-    let permit = app.admission.admit_one()?;
+    let permit = app.admission.admit_one(n)?;
     let prompt_ids = chat.return_token_ids.unwrap_or(false).then(|| prepared.prompt_ids.clone());
-    let generation = app.generate(prepared.prompt_ids, params, permit, started)?.with_markers(prepared.markers);
+    let generation = app.generate(prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
     // After `generate`, which validated n.
     let parsers = prepared.rendered.parsers(app.parsers.as_ref(), n);
     let responder = ChatResponder {

@@ -56,8 +56,7 @@ fn token_ids(v: &Value) -> Option<Vec<u32>> {
 }
 
 /// The prompts of a request, tokenized.
-pub fn prompts(model: &ModelInfo, f: &CompletionFields) -> Result<Vec<Prompt>, ApiError> {
-    let add_special = f.add_special_tokens.unwrap_or(true);
+pub fn prompts(model: &ModelInfo, prompt: &Value, add_special: bool) -> Result<Vec<Prompt>, ApiError> {
     let text = |s: &str| -> Result<Prompt, ApiError> {
         Ok(Prompt { ids: model.encode(s, add_special)?, text: s.to_string() })
     };
@@ -65,14 +64,14 @@ pub fn prompts(model: &ModelInfo, f: &CompletionFields) -> Result<Vec<Prompt>, A
         let text = model.tokenizer.as_ref().and_then(|t| t.decode(&ids, false).ok()).unwrap_or_default();
         Prompt { ids, text }
     };
-    match &f.prompt {
+    match prompt {
         Value::String(s) => Ok(vec![text(s)?]),
         Value::Array(items) if items.is_empty() => Err(bad_prompt()),
         Value::Array(items) if items.iter().all(Value::is_string) => {
             items.iter().map(|s| text(s.as_str().unwrap_or_default())).collect()
         }
         Value::Array(items) if items.iter().all(Value::is_number) => {
-            Ok(vec![ids(token_ids(&f.prompt).ok_or_else(bad_prompt)?)])
+            Ok(vec![ids(token_ids(prompt).ok_or_else(bad_prompt)?)])
         }
         Value::Array(items) => items.iter().map(|p| token_ids(p).map(ids).ok_or_else(bad_prompt)).collect(),
         _ => Err(bad_prompt()),
@@ -117,7 +116,7 @@ impl Responder {
 pub async fn completions(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response, ApiError> {
     let started = Instant::now();
     let common: CommonParams = body.parse()?;
-    let f: CompletionFields = body.parse()?;
+    let mut f: CompletionFields = body.parse()?;
     app.model.check(common.model.as_deref())?;
     if f.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid_param("suffix", "suffix is not supported"));
@@ -139,12 +138,13 @@ pub async fn completions(State(app): State<Arc<App>>, body: JsonBody) -> Result<
     if f.best_of.is_some_and(|b| b != n) {
         return Err(ApiError::invalid_param("best_of", "best_of other than n is not supported"));
     }
-    let prompts = prompts(&app.model, &f)?;
+    let (prompt, add_special) = (std::mem::take(&mut f.prompt), f.add_special_tokens.unwrap_or(true));
+    let prompts = app.off_runtime(move |app| prompts(&app.model, &prompt, add_special)).await?;
     let params = common.to_request_params(&app.model, common.max_tokens, f.logprobs)?;
-    let permits = app.admission.admit(prompts.len())?;
+    let permits = app.admission.admit(prompts.len(), n)?;
     let mut generations = Vec::with_capacity(prompts.len());
     for (p, permit) in prompts.iter().zip(permits) {
-        generations.push(app.generate(p.ids.clone(), params.clone(), permit, started)?);
+        generations.push(app.generate(p.ids.clone(), params.clone(), permit, started).await?);
     }
     let choices = prompts.len() * n;
     let responder = Responder {

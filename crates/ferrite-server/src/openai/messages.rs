@@ -102,6 +102,13 @@ pub fn check_tools(tools: Option<&[Value]>) -> Result<Vec<Value>, ApiError> {
                 format!("'{at}.function.name' must be a string"),
             ));
         }
+        // A call's arguments are an object, so its schema is one (OpenAI says the same).
+        if t["function"].get("parameters").is_some_and(|p| !p.is_object() && !p.is_null()) {
+            return Err(ApiError::invalid_param(
+                format!("{at}.function.parameters"),
+                format!("'{at}.function.parameters' must be a JSON Schema object"),
+            ));
+        }
     }
     Ok(tools.to_vec())
 }

@@ -50,8 +50,12 @@ pub struct CommonParams {
     pub response_format: Option<Value>,
     /// Fill mode (ferrite extension): "off", "strict" or "echo"; absent = the server's default.
     pub fill: Option<String>,
-    #[serde(flatten)]
-    pub guided: GuidedFields,
+    /// vLLM's guided decoding (`structured::GuidedFields`). Fields of their own rather than a
+    /// flattened struct: `flatten` would buffer every unknown field of the body.
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_grammar: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
 }
 
 impl CommonParams {
@@ -61,7 +65,13 @@ impl CommonParams {
             Some(f) => structured::from_format(f, "response_format")?,
             None => None,
         };
-        match (format, self.guided.constraint()?) {
+        let guided = GuidedFields {
+            guided_json: self.guided_json.as_ref(),
+            guided_regex: self.guided_regex.as_deref(),
+            guided_grammar: self.guided_grammar.as_deref(),
+            guided_choice: self.guided_choice.as_deref(),
+        };
+        match (format, guided.constraint()?) {
             (Some(_), Some((_, field))) => {
                 Err(ApiError::invalid_param(field, format!("{field} and a json response_format cannot both be set")))
             }

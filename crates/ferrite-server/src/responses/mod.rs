@@ -38,6 +38,7 @@ async fn create(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response,
     let req: ResponsesRequest = body.parse()?;
     app.model.check(req.model.as_deref())?;
     let constraint = req.constraint()?;
+    let metadata = req.metadata()?;
     let mut history = match &req.previous_response_id {
         Some(id) => {
             app.responses.get(id).ok_or_else(|| not_stored(id).with_param("previous_response_id"))?.messages.clone()
@@ -45,7 +46,8 @@ async fn create(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response,
         None => Vec::new(),
     };
     history.extend(req.input_messages()?);
-    let prepared = app.model.prepare_chat(&req.conversation(&history)?)?;
+    let conversation = req.conversation(&history)?;
+    let prepared = app.off_runtime(move |app| app.model.prepare_chat(&conversation)).await?;
     let mut params = req.params().to_request_params(&app.model, req.max_output_tokens, None)?;
     params.constraint = constraint;
     // A forced tool call's constraint takes the place of `text.format`.
@@ -75,11 +77,11 @@ async fn create(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response,
         "truncation": "disabled",
         "usage": null,
         "user": null,
-        "metadata": req.metadata.clone().unwrap_or_else(|| json!({})),
+        "metadata": metadata,
     });
-    let permit = app.admission.admit_one()?;
+    let permit = app.admission.admit_one(1)?;
     let parser = prepared.rendered.parser(app.parsers.as_ref());
-    let generation = app.generate(prepared.prompt_ids, params, permit, started)?.with_markers(prepared.markers);
+    let generation = app.generate(prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
     let r =
         Responder { app: app.clone(), frame, parser, blocks: Blocks::default(), item_ids: Vec::new(), history, store };
     if req.stream.unwrap_or(false) {

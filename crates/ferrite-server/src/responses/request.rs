@@ -32,7 +32,7 @@ pub struct ResponsesRequest {
     pub store: Option<bool>,
     text: Option<Value>,
     pub reasoning: Option<Value>,
-    pub metadata: Option<Value>,
+    metadata: Option<Value>,
     pub fill: Option<String>,
 }
 
@@ -54,10 +54,43 @@ impl ResponsesRequest {
         self.text.clone().filter(|t| t.get("format").is_some()).unwrap_or_else(|| json!({"format": {"type": "text"}}))
     }
 
+    /// `metadata`, within OpenAI's limits: at most 16 keys of at most 64 characters, each
+    /// value a string of at most 512 characters (`{}` when absent).
+    pub fn metadata(&self) -> Result<Value, ApiError> {
+        const KEYS: usize = 16;
+        const KEY_CHARS: usize = 64;
+        const VALUE_CHARS: usize = 512;
+        let map = match &self.metadata {
+            None | Some(Value::Null) => return Ok(json!({})),
+            Some(Value::Object(map)) => map,
+            Some(_) => return Err(bad("metadata", "'metadata' must be an object of strings")),
+        };
+        if map.len() > KEYS {
+            return Err(bad("metadata", format!("'metadata' may hold at most {KEYS} keys, got {}", map.len())));
+        }
+        for (key, value) in map {
+            if key.chars().count() > KEY_CHARS {
+                return Err(bad("metadata", format!("'metadata' keys may be at most {KEY_CHARS} characters")));
+            }
+            match value.as_str() {
+                Some(v) if v.chars().count() <= VALUE_CHARS => {}
+                Some(_) => {
+                    return Err(bad(
+                        format!("metadata.{key}"),
+                        format!("'metadata' values may be at most {VALUE_CHARS} characters"),
+                    ))
+                }
+                None => return Err(bad(format!("metadata.{key}"), "'metadata' values must be strings")),
+            }
+        }
+        Ok(Value::Object(map.clone()))
+    }
+
     /// The messages of `input`.
     pub fn input_messages(&self) -> Result<Vec<Value>, ApiError> {
         match &self.input {
             Value::String(s) => Ok(vec![json!({"role": "user", "content": s})]),
+            Value::Array(items) if items.is_empty() => Err(bad("input", "'input' must hold at least one item")),
             Value::Array(items) => {
                 let mut out = Vec::with_capacity(items.len());
                 for (i, item) in items.iter().enumerate() {
