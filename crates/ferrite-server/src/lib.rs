@@ -23,6 +23,7 @@ pub mod conversation;
 pub mod error;
 pub mod extract;
 pub mod generate;
+pub mod hosted;
 pub mod metrics;
 pub mod openai;
 pub mod ops;

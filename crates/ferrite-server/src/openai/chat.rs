@@ -36,6 +36,7 @@ struct ChatFields {
     top_logprobs: Option<usize>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
     chat_template_kwargs: Option<Map<String, Value>>,
     reasoning_effort: Option<String>,
     add_generation_prompt: Option<bool>,
@@ -95,6 +96,7 @@ pub async fn chat_completions(State(app): State<Arc<App>>, body: JsonBody) -> Re
         tool_choice: tool_choice(chat.tool_choice.as_ref())?,
         kwargs: template_kwargs(chat.chat_template_kwargs.as_ref(), chat.reasoning_effort.as_deref()),
         add_generation_prompt: chat.add_generation_prompt.unwrap_or(true),
+        single_tool_call: chat.parallel_tool_calls == Some(false),
     };
     let prepared = app.model.prepare_chat(&conversation)?;
     let lp = chat.logprobs()?;
