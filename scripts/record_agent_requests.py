@@ -28,12 +28,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 KEPT_HEADERS = {"content-type", "accept", "anthropic-version", "anthropic-beta", "x-api-key", "authorization",
                 "openai-beta", "x-stainless-helper-method", "originator", "session_id"}
 LOCK = threading.Lock()
-SHELL_ARGS = {
-    "Bash": {"command": "echo ferrite-ok", "description": "Print ferrite-ok"},
-    "shell": {"command": ["bash", "-lc", "echo ferrite-ok"]},
-    "shell_command": {"command": "echo ferrite-ok"},
-    "exec_command": {"cmd": "echo ferrite-ok"},
-}
+SHELL_TOOLS = ("Bash", "shell", "shell_command", "exec_command")
+
+
+def shell_args(tool: str, command: str) -> dict:
+    """The arguments of a call of a client's shell `tool` running `command`."""
+    return {
+        "Bash": {"command": command, "description": "Run the requested command"},
+        "shell": {"command": ["bash", "-lc", command]},
+        "shell_command": {"command": command},
+        "exec_command": {"cmd": command},
+    }[tool]
 
 
 def last_user_text(messages) -> str:
@@ -66,14 +71,17 @@ def tool_names(body: dict) -> list:
 
 
 def decide(body: dict):
-    """('call', tool name) or ('text', the text)."""
+    """('call', (tool name, arguments)) or ('text', the text)."""
     if has_tool_result(body):
         return "text", "The command printed ferrite-ok."
     messages = body.get("messages") or (body["input"] if isinstance(body.get("input"), list) else [])
-    if "ferrite-ok" in last_user_text(messages):
-        for name in SHELL_ARGS:
+    text = last_user_text(messages)
+    if "ferrite-" in text:
+        found = re.search(r"command: (.+)$", text.strip())
+        command = found.group(1) if found else "echo ferrite-ok"
+        for name in SHELL_TOOLS:
             if name in tool_names(body):
-                return "call", name
+                return "call", (name, shell_args(name, command))
     return "text", "Hello."
 
 
@@ -125,7 +133,7 @@ class Handler(BaseHTTPRequestHandler):
         usage = {"input_tokens": 10, "output_tokens": 5, "cache_creation_input_tokens": 0,
                  "cache_read_input_tokens": 0}
         if kind == "call":
-            block = {"type": "tool_use", "id": "toolu_rec1", "name": what, "input": SHELL_ARGS[what]}
+            block = {"type": "tool_use", "id": "toolu_rec1", "name": what[0], "input": what[1]}
             reason = "tool_use"
         else:
             block = {"type": "text", "text": what}
@@ -151,8 +159,8 @@ class Handler(BaseHTTPRequestHandler):
     def openai_responses(self, body):
         kind, what = decide(body)
         if kind == "call":
-            item = {"type": "function_call", "id": "fc_rec1", "call_id": "call_rec1", "name": what,
-                    "arguments": json.dumps(SHELL_ARGS[what]), "status": "completed"}
+            item = {"type": "function_call", "id": "fc_rec1", "call_id": "call_rec1", "name": what[0],
+                    "arguments": json.dumps(what[1]), "status": "completed"}
         else:
             item = {"type": "message", "id": "msg_rec1", "role": "assistant", "status": "completed",
                     "content": [{"type": "output_text", "text": what, "annotations": []}]}

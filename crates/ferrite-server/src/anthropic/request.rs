@@ -310,7 +310,8 @@ mod tests {
     #[test]
     fn bad_blocks_name_the_field() {
         let cases = [
-            (json!([{"role": "system", "content": "x"}]), "messages[0].role"),
+            (json!([{"role": "tool", "content": "x"}]), "messages[0].role"),
+            (json!([{"role": "system", "content": [{"type": "image"}]}]), "messages[0].content[0]"),
             (json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]), "messages[0].content[0].type"),
             (json!([{"role": "user", "content": [{"type": "text"}]}]), "messages[0].content[0].text"),
             (json!([{"role": "user", "content": 5}]), "messages[0].content"),
