@@ -147,16 +147,16 @@ WEATHER_TOOL = {
     },
 }
 
-# A conversation in which the assistant answered with two calls at once.
+def two_calls(a: str, b: str) -> str:
+    """Two get_weather calls in the Hermes syntax the server describes tools in."""
+    return "\n".join(f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{c}"}}}}\n</tool_call>' for c in (a, b))
+
+
+# Turns that get SmolLM2 (greedy) to write two calls at once: it repeats what it is asked to.
 TWO_CALL_HISTORY = [
-    {"role": "user", "content": "Weather in Oslo and Rome?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
-        {"id": "call_b", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
-    {"role": "tool", "tool_call_id": "call_a", "content": "cold"},
-    {"role": "tool", "tool_call_id": "call_b", "content": "warm"},
-    {"role": "assistant", "content": "Oslo is cold, Rome is warm."},
-    {"role": "user", "content": "Weather in Paris and Madrid?"},
+    {"role": "user", "content": "Repeat exactly:\n" + two_calls("Oslo", "Rome")},
+    {"role": "assistant", "content": two_calls("Oslo", "Rome")},
+    {"role": "user", "content": "Repeat exactly:\n" + two_calls("Paris", "Madrid")},
 ]
 
 
@@ -339,9 +339,11 @@ def openai_checks(c: Checks, oa, model: str) -> None:
         expect(final.choices[0].finish_reason == "tool_calls", f"finish_reason {final.choices[0].finish_reason}")
 
     def no_parallel_calls():
-        # After a turn answered with two calls, the model makes two again unless told not to.
-        history = TWO_CALL_HISTORY
-        r = oa.chat.completions.create(model=model, messages=history, tools=[WEATHER_TOOL], max_tokens=80,
+        # The model writes two calls here unless told not to.
+        both = oa.chat.completions.create(model=model, messages=TWO_CALL_HISTORY, tools=[WEATHER_TOOL],
+                                          max_tokens=80, temperature=0)
+        expect(len(both.choices[0].message.tool_calls or []) == 2, f"two calls when allowed: {both.choices[0]}")
+        r = oa.chat.completions.create(model=model, messages=TWO_CALL_HISTORY, tools=[WEATHER_TOOL], max_tokens=80,
                                        temperature=0, parallel_tool_calls=False)
         calls = r.choices[0].message.tool_calls or []
         expect(len(calls) == 1, f"{len(calls)} calls with parallel_tool_calls false: {calls}")
