@@ -12,7 +12,9 @@ Checks: models list; chat; streaming chat with include_usage; completions (plain
 streaming); prefix-cache reuse reported as cached tokens (OpenAI and Anthropic); responses
 (plain, streaming, previous_response_id); messages (plain, streaming, count_tokens); a forced
 tool call and its round trip (OpenAI chat, Anthropic messages; forced calls' inputs validate
-against their tools' schemas); a clean SIGTERM shutdown.
+against their tools' schemas); `chat.completions.stream(...).get_final_completion()` on a
+forced call; `parallel_tool_calls: false`; Anthropic `output_config.format`; a clean SIGTERM
+shutdown.
 """
 import argparse
 import json
@@ -144,6 +146,18 @@ WEATHER_TOOL = {
         },
     },
 }
+
+def two_calls(a: str, b: str) -> str:
+    """Two get_weather calls in the Hermes syntax the server describes tools in."""
+    return "\n".join(f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{c}"}}}}\n</tool_call>' for c in (a, b))
+
+
+# Turns that get SmolLM2 (greedy) to write two calls at once: it repeats what it is asked to.
+TWO_CALL_HISTORY = [
+    {"role": "user", "content": "Repeat exactly:\n" + two_calls("Oslo", "Rome")},
+    {"role": "assistant", "content": two_calls("Oslo", "Rome")},
+    {"role": "user", "content": "Repeat exactly:\n" + two_calls("Paris", "Madrid")},
+]
 
 
 def openai_checks(c: Checks, oa, model: str) -> None:
@@ -308,7 +322,36 @@ def openai_checks(c: Checks, oa, model: str) -> None:
     c.run("openai responses + previous_response_id", responses)
     c.run("openai responses stream", responses_stream)
     c.run("openai tool call round trip (required, named, none)", tool_round_trip)
+    def tool_stream_final():
+        # The SDK's stream helper accumulates tool-call deltas by index; a second entry with
+        # the same index in one chunk would show as broken arguments or a phantom call.
+        with oa.chat.completions.stream(
+            model=model, messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER_TOOL],
+            tool_choice="required", max_tokens=64, temperature=0,
+        ) as s:
+            for _ in s:
+                pass
+            final = s.get_final_completion()
+        calls = final.choices[0].message.tool_calls or []
+        expect(len(calls) == 1, f"{len(calls)} calls: {calls}")
+        args = json.loads(calls[0].function.arguments)
+        expect(calls[0].function.name == "get_weather" and isinstance(args.get("city"), str), f"call {calls[0]}")
+        expect(final.choices[0].finish_reason == "tool_calls", f"finish_reason {final.choices[0].finish_reason}")
+
+    def no_parallel_calls():
+        # The model writes two calls here unless told not to.
+        both = oa.chat.completions.create(model=model, messages=TWO_CALL_HISTORY, tools=[WEATHER_TOOL],
+                                          max_tokens=80, temperature=0)
+        expect(len(both.choices[0].message.tool_calls or []) == 2, f"two calls when allowed: {both.choices[0]}")
+        r = oa.chat.completions.create(model=model, messages=TWO_CALL_HISTORY, tools=[WEATHER_TOOL], max_tokens=80,
+                                       temperature=0, parallel_tool_calls=False)
+        calls = r.choices[0].message.tool_calls or []
+        expect(len(calls) == 1, f"{len(calls)} calls with parallel_tool_calls false: {calls}")
+        expect(r.choices[0].finish_reason == "tool_calls", f"finish_reason {r.choices[0].finish_reason}")
+
     c.run("openai tool call stream (named)", tool_stream)
+    c.run("openai chat.completions.stream get_final_completion (required)", tool_stream_final)
+    c.run("openai parallel_tool_calls false -> one call", no_parallel_calls)
 
 
 def anthropic_checks(c: Checks, an, model: str) -> None:
@@ -406,7 +449,17 @@ def anthropic_checks(c: Checks, an, model: str) -> None:
     c.run("anthropic messages + count_tokens", messages)
     c.run("anthropic messages stream", messages_stream)
     c.run("anthropic usage cache_read_input_tokens on a repeated prompt", cache_read)
+    def output_format():
+        schema = {"type": "object", "required": ["city", "days"], "additionalProperties": False,
+                  "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
+        m = an.messages.create(model=model, max_tokens=60, messages=[{"role": "user", "content": "A forecast as JSON."}],
+                               extra_body={**GREEDY, "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+        value = json.loads(m.content[0].text)
+        expect(set(value) == {"city", "days"} and isinstance(value["city"], str) and 1 <= value["days"] <= 7,
+               f"not valid under the schema: {value}")
+
     c.run("anthropic tool_use round trip (any, named)", tool_round_trip)
+    c.run("anthropic output_config.format json_schema", output_format)
 
 
 def main() -> int:

@@ -94,4 +94,7 @@ pub struct Output {
     pub text: String,
     pub logprobs: Vec<TokenLogprob>,
     pub finished: Option<Finished>,
+    /// Prompt tokens whose KV came from the prefix cache (known from the first output on,
+    /// so a stream can report the prompt's split before the end).
+    pub cached_tokens: usize,
 }

@@ -6,6 +6,11 @@
 //! extension, so a surface with another error shape (Anthropic's `{"type": "error",
 //! "error": {...}}`, `anthropic_body`) can re-render any error on its routes — those of the
 //! handlers and those of the shared layers (401, 404, 405, 413) alike.
+//!
+//! A prompt (or prompt + max_tokens) past the context is worded as each provider words it,
+//! since clients parse it to recover (Claude Code compacts on Anthropic's `prompt is too
+//! long: N tokens > M maximum`): OpenAI's `This model's maximum context length is M
+//! tokens. However, …` with code `context_length_exceeded` on the OpenAI surfaces.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -23,6 +28,8 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Seconds a client should wait before retrying (sent as `Retry-After`).
     pub retry_after: Option<u64>,
+    /// The message on Anthropic's routes, where Anthropic words this error otherwise.
+    pub anthropic_message: Option<String>,
 }
 
 impl std::fmt::Display for ApiError {
@@ -35,7 +42,14 @@ impl std::error::Error for ApiError {}
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), param: None, code: None, retry_after: None }
+        ApiError {
+            status,
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after: None,
+            anthropic_message: None,
+        }
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {
@@ -97,7 +111,37 @@ impl ApiError {
 
     /// The Anthropic-style body.
     pub fn anthropic_body(&self) -> serde_json::Value {
-        json!({"type": "error", "error": {"type": self.anthropic_kind(), "message": self.message}})
+        let message = self.anthropic_message.as_ref().unwrap_or(&self.message);
+        json!({"type": "error", "error": {"type": self.anthropic_kind(), "message": message}})
+    }
+
+    /// A prompt of `prompt` tokens (with room asked for `max_tokens` more, when that is what
+    /// overflows) past a context of `context`, in each provider's words.
+    pub fn context_overflow(prompt: usize, max_tokens: Option<usize>, context: usize) -> ApiError {
+        let (openai, anthropic) = match max_tokens {
+            None => (
+                format!(
+                    "This model's maximum context length is {context} tokens. However, your messages resulted in \
+                     {prompt} tokens. Please reduce the length of the messages."
+                ),
+                format!("prompt is too long: {prompt} tokens > {context} maximum"),
+            ),
+            Some(m) => (
+                format!(
+                    "This model's maximum context length is {context} tokens. However, you requested {} tokens \
+                     ({prompt} in the messages, {m} in the completion). Please reduce the length of the messages \
+                     or completion.",
+                    prompt + m
+                ),
+                format!(
+                    "input length and `max_tokens` exceed context limit: {prompt} + {m} > {context}, decrease input \
+                     length or `max_tokens` and try again"
+                ),
+            ),
+        };
+        let mut e = ApiError::bad_request(openai).with_code("context_length_exceeded");
+        e.anthropic_message = Some(anthropic);
+        e
     }
 
     /// The OpenAI-style body.
@@ -129,9 +173,11 @@ impl From<EngineError> for ApiError {
         let bad = |param: &str| ApiError::invalid_param(param, message.clone());
         match &e {
             EngineError::EmptyPrompt | EngineError::TokenOutOfRange { .. } => bad("prompt"),
-            EngineError::PromptTooLong { .. }
-            | EngineError::MaxTokensTooLarge { .. }
-            | EngineError::KvTooSmall { .. } => ApiError::bad_request(message).with_code("context_length_exceeded"),
+            &EngineError::PromptTooLong { prompt, context } => ApiError::context_overflow(prompt, None, context),
+            &EngineError::MaxTokensTooLarge { prompt, max_tokens, context } => {
+                ApiError::context_overflow(prompt, Some(max_tokens), context)
+            }
+            EngineError::KvTooSmall { .. } => ApiError::bad_request(message).with_code("context_length_exceeded"),
             EngineError::ZeroMaxTokens => bad("max_tokens"),
             EngineError::BadN { .. } => bad("n"),
             EngineError::TooManyLogprobs(_) => bad("top_logprobs"),

@@ -26,6 +26,7 @@ pub mod error;
 pub mod extract;
 pub mod generate;
 pub mod guard;
+pub mod hosted;
 pub mod listener;
 pub mod metrics;
 pub mod offload;

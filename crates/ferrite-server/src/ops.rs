@@ -65,6 +65,7 @@ fn tokenize_now(app: &App, req: &TokenizeRequest) -> Result<Value, ApiError> {
                 tool_choice: tool_choice(req.tool_choice.as_ref())?,
                 kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
                 add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+                single_tool_call: false,
             };
             let rendered = app.model.render_conversation(&conversation)?;
             app.model.encode(&rendered.text, req.add_special_tokens.unwrap_or(false))?

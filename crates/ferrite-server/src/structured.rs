@@ -4,9 +4,10 @@
 //! `guided_choice`, and the Responses API's `text.format` (the same formats, flattened). A
 //! constraint that does not compile is a 400 from the engine, naming the problem.
 //!
-//! Anthropic's Messages API has no output-format field; its `tool_choice` `any` / `tool`, like
-//! chat's `required` / a named function, forces a call whose input is constrained to the
-//! tool's schema (`conversation::forced`).
+//! Anthropic's `output_config.format` (`{"type": "json_schema", "schema": ...}`) is the
+//! Responses shape and goes through here too. Its `tool_choice` `any` / `tool`, like chat's
+//! `required` / a named function, forces a call whose input is constrained to the tool's
+//! schema (`conversation::forced`).
 
 use ferrite_engine::Constraint;
 use serde_json::Value;

@@ -252,7 +252,14 @@ impl EngineCore {
         }
         let finished = reason.map(|reason| Finished { reason, stop_string, stop_token, error, usage: usage(seq) });
         let done = finished.is_some();
-        let out = Output { choice: seq.choice, token_ids: vec![token], text, logprobs, finished };
+        let out = Output {
+            choice: seq.choice,
+            token_ids: vec![token],
+            text,
+            logprobs,
+            finished,
+            cached_tokens: seq.cached_tokens,
+        };
         if seq.sink.send(out).is_err() {
             // The receiver is gone: the caller disconnected.
             return Emitted::Disconnected;
@@ -281,6 +288,7 @@ impl EngineCore {
             token_ids: vec![],
             text: String::new(),
             logprobs: vec![],
+            cached_tokens: seq.cached_tokens,
             finished: Some(finished),
         };
         if seq.sink.send(out).is_err() {
@@ -305,6 +313,7 @@ impl EngineCore {
             text: String::new(),
             logprobs: vec![],
             finished: Some(Finished { reason, stop_string, stop_token, error, usage: usage(seq) }),
+            cached_tokens: seq.cached_tokens,
         };
         let _ = seq.sink.send(out);
         self.release(seq);

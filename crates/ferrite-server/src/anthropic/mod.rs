@@ -2,7 +2,8 @@
 //! `POST /v1/messages/count_tokens`, over the same conversations, engine and output parsers
 //! as OpenAI chat — `request` translates the request, `response` renders the reply.
 //! `max_tokens` is required and taken as a cap: past the room left in the context it is
-//! lowered to that room (the reply then ends with `max_tokens` at the context's end). Every
+//! lowered to that room (the reply then ends with `max_tokens` at the context's end). Server
+//! tools left out of the prompt are named in the `x-ferrite-omitted-tools` header. Every
 //! error on these routes, the handlers' and the shared layers' alike (401 without a valid
 //! `x-api-key`, 404, 405, 413, 429), has Anthropic's shape (`error_shape`).
 
@@ -22,6 +23,7 @@ use serde_json::{json, Value};
 use crate::blocks::Blocks;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
+use crate::hosted::with_omitted_tools;
 use crate::sse::sse_from_outputs;
 use crate::state::{random_id, App};
 use request::MessagesRequest;
@@ -52,18 +54,24 @@ async fn messages(State(app): State<Arc<App>>, body: JsonBody) -> Result<Respons
     // A cap, as Anthropic clients use it (often far past a local model's context): at most
     // what the context has room for.
     let room = app.engine.limits().max_model_len.saturating_sub(prepared.prompt_ids.len()).max(1);
-    let params =
-        prepared.request_params(req.params().to_request_params(&app.model, Some(max_tokens.min(room)), None)?);
+    let mut params = req.params().to_request_params(&app.model, Some(max_tokens.min(room)), None)?;
+    params.constraint = req.constraint()?;
+    // A forced tool call's constraint takes the place of `output_config.format`.
+    let params = prepared.request_params(params);
+    let omitted = req.omitted_tools();
     let permit = app.admission.admit_one(1)?;
     let prompt_tokens = prepared.prompt_ids.len();
     let parser = prepared.rendered.parser(app.parsers.as_ref());
     let generation = app.generate(prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
     let reply = Reply { app: app.clone(), id: random_id("msg_"), parser, blocks: Blocks::default(), prompt_tokens };
-    if req.stream.unwrap_or(false) {
-        return Ok(sse_from_outputs(generation.into_stream(), ReplyStream { reply, finished: false }));
-    }
-    let choice = generation.collect().await?.pop().ok_or_else(|| ApiError::internal("the engine returned no reply"))?;
-    Ok(Json(reply.whole(&choice.text, &choice.finished)).into_response())
+    let resp = if req.stream.unwrap_or(false) {
+        sse_from_outputs(generation.into_stream(), ReplyStream { reply, started: false, finished: false })
+    } else {
+        let choice =
+            generation.collect().await?.pop().ok_or_else(|| ApiError::internal("the engine returned no reply"))?;
+        Json(reply.whole(&choice.text, &choice.finished)).into_response()
+    };
+    Ok(with_omitted_tools(resp, &omitted))
 }
 
 async fn count_tokens(State(app): State<Arc<App>>, body: JsonBody) -> Result<Json<Value>, ApiError> {

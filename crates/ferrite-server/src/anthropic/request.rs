@@ -1,17 +1,25 @@
 //! An Anthropic Messages request as a `Conversation` and engine parameters: `system` (a
-//! string or text blocks) becomes a system message; user turns' `tool_result` blocks become
-//! tool messages (ahead of the turn's text), assistant turns' `tool_use` blocks become tool
-//! calls and `thinking` blocks `reasoning_content`; `tools` (`input_schema`) become function
-//! tools; `tool_choice` auto/any/tool/none maps onto `ToolChoice`; `thinking` sets the
-//! template's `enable_thinking`. A wrong type or an unsupported block is a 400 naming the
-//! field.
+//! string or text blocks) becomes a system message, and so does a `system` turn inside
+//! `messages` (where it stands; `conversation` merges it into the leading one for a template
+//! that refuses it); user turns' `tool_result` blocks become tool messages (ahead of the
+//! turn's text; an image or document inside one becomes a short placeholder text),
+//! assistant turns' `tool_use` blocks become tool calls and `thinking` blocks
+//! `reasoning_content`; `tools` (`input_schema`) become function tools, server tools (web
+//! search, code execution, …) are left out; `tool_choice` auto/any/tool/none maps onto
+//! `ToolChoice` (`disable_parallel_tool_use` allows one call); `thinking` sets the
+//! template's `enable_thinking`; `output_config.format` (or the older `output_format`), a
+//! JSON schema, constrains the output as OpenAI's `response_format` does. A wrong type or an
+//! unsupported block is a 400 naming the field.
 
+use ferrite_engine::Constraint;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::conversation::{Conversation, ToolChoice};
+use crate::conversation::{media_placeholder, Conversation, ToolChoice};
 use crate::error::ApiError;
+use crate::hosted::is_hosted_tool;
 use crate::openai::params::{CommonParams, StopField};
+use crate::structured;
 
 /// The request fields (`metadata` and other extras are ignored).
 #[derive(Debug, Deserialize)]
@@ -28,6 +36,8 @@ pub struct MessagesRequest {
     top_k: Option<i64>,
     pub stream: Option<bool>,
     thinking: Option<Value>,
+    output_config: Option<Value>,
+    output_format: Option<Value>,
     fill: Option<String>,
 }
 
@@ -35,19 +45,21 @@ fn bad(param: String, message: impl Into<String>) -> ApiError {
     ApiError::invalid_param(param, message)
 }
 
+/// The text of a text block; `at` names it.
+fn block_text<'a>(b: &'a Value, at: &str) -> Result<&'a str, ApiError> {
+    match (b.get("type").and_then(Value::as_str), b.get("text").and_then(Value::as_str)) {
+        (Some("text"), Some(t)) => Ok(t),
+        _ => Err(bad(at.to_string(), format!("'{at}' must be a text block"))),
+    }
+}
+
 /// The text of a string or a list of text blocks (joined by newlines); `at` names the field.
 fn text_blocks(content: &Value, at: &str) -> Result<String, ApiError> {
     match content {
         Value::String(s) => Ok(s.clone()),
         Value::Array(blocks) => {
-            let mut texts = Vec::with_capacity(blocks.len());
-            for (j, b) in blocks.iter().enumerate() {
-                match (b.get("type").and_then(Value::as_str), b.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(t)) => texts.push(t),
-                    _ => return Err(bad(format!("{at}[{j}]"), format!("'{at}[{j}]' must be a text block"))),
-                }
-            }
-            Ok(texts.join("\n"))
+            let texts = blocks.iter().enumerate().map(|(j, b)| block_text(b, &format!("{at}[{j}]")));
+            Ok(texts.collect::<Result<Vec<_>, _>>()?.join("\n"))
         }
         _ => Err(bad(at.to_string(), format!("'{at}' must be a string or a list of text blocks"))),
     }
@@ -71,21 +83,50 @@ impl MessagesRequest {
         if let Some(t) = self.thinking.as_ref().and_then(|t| t.get("type")).and_then(Value::as_str) {
             kwargs.insert("enable_thinking".into(), Value::Bool(t != "disabled"));
         }
+        let single_tool_call = self
+            .tool_choice
+            .as_ref()
+            .and_then(|c| c.get("disable_parallel_tool_use"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
         Ok(Conversation {
             messages,
             tools: self.tools()?,
             tool_choice: self.tool_choice()?,
             kwargs,
             add_generation_prompt: true,
+            single_tool_call,
         })
+    }
+
+    /// The output constraint of `output_config.format` (or the older top-level
+    /// `output_format`): `{"type": "json_schema", "schema": {...}}`.
+    pub fn constraint(&self) -> Result<Option<Constraint>, ApiError> {
+        match self.output_config.as_ref().and_then(|c| c.get("format")).filter(|f| !f.is_null()) {
+            Some(format) => structured::from_format(format, "output_config.format"),
+            None => match self.output_format.as_ref() {
+                Some(format) => structured::from_format(format, "output_format"),
+                None => Ok(None),
+            },
+        }
+    }
+
+    /// The `type`s of the server tools left out of the prompt.
+    pub fn omitted_tools(&self) -> Vec<String> {
+        let kinds = self.tools.iter().flatten().filter_map(|t| t.get("type").and_then(Value::as_str));
+        kinds.filter(|k| is_hosted_tool(k)).map(str::to_string).collect()
     }
 
     fn tools(&self) -> Result<Vec<Value>, ApiError> {
         let mut out = Vec::new();
         for (i, t) in self.tools.iter().flatten().enumerate() {
             let at = format!("tools[{i}]");
-            if t.get("type").and_then(Value::as_str).is_some_and(|ty| ty != "custom") {
-                return Err(bad(format!("{at}.type"), "only client tools (with an input_schema) are supported"));
+            match t.get("type").and_then(Value::as_str) {
+                None | Some("custom") => {}
+                Some(kind) if is_hosted_tool(kind) => continue,
+                Some(_) => {
+                    return Err(bad(format!("{at}.type"), "only client tools (with an input_schema) are supported"))
+                }
             }
             let name = t
                 .get("name")
@@ -132,15 +173,33 @@ impl MessagesRequest {
     }
 }
 
+/// The text of a `tool_result`'s content: a string, or blocks — text as is, an image or a
+/// document as a placeholder (the model cannot see it; the turn goes on).
+fn tool_result_text(content: &Value, at: &str) -> Result<String, ApiError> {
+    let Value::Array(blocks) = content else { return text_blocks(content, at) };
+    let mut texts = Vec::with_capacity(blocks.len());
+    for (j, b) in blocks.iter().enumerate() {
+        match b.get("type").and_then(Value::as_str) {
+            Some(kind @ ("image" | "document")) => texts.push(media_placeholder(kind)),
+            _ => texts.push(block_text(b, &format!("{at}[{j}]"))?.to_string()),
+        }
+    }
+    Ok(texts.join("\n"))
+}
+
 /// Append the messages of turn `i` (`last`: the conversation's final turn).
 fn turn(i: usize, m: &Value, last: bool, out: &mut Vec<Value>) -> Result<(), ApiError> {
     let at = format!("messages[{i}]");
     let role = match m.get("role").and_then(Value::as_str) {
-        Some(r @ ("user" | "assistant")) => r,
-        _ => return Err(bad(format!("{at}.role"), format!("'{at}.role' must be 'user' or 'assistant'"))),
+        Some(r @ ("user" | "assistant" | "system")) => r,
+        _ => return Err(bad(format!("{at}.role"), format!("'{at}.role' must be 'user', 'assistant' or 'system'"))),
     };
     let content =
         m.get("content").ok_or_else(|| bad(format!("{at}.content"), format!("'{at}.content' is required")))?;
+    if role == "system" {
+        out.push(json!({"role": "system", "content": text_blocks(content, &format!("{at}.content"))?}));
+        return Ok(());
+    }
     let blocks = match content {
         Value::String(s) => {
             out.push(json!({"role": role, "content": s}));
@@ -164,7 +223,7 @@ fn turn(i: usize, m: &Value, last: bool, out: &mut Vec<Value>) -> Result<(), Api
                 let id = field("tool_use_id").ok_or_else(|| missing("tool_use_id"))?;
                 let result = match b.get("content") {
                     None | Some(Value::Null) => String::new(),
-                    Some(c) => text_blocks(c, &format!("{at}.content"))?,
+                    Some(c) => tool_result_text(c, &format!("{at}.content"))?,
                 };
                 out.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
             }
@@ -255,7 +314,8 @@ mod tests {
     #[test]
     fn bad_blocks_name_the_field() {
         let cases = [
-            (json!([{"role": "system", "content": "x"}]), "messages[0].role"),
+            (json!([{"role": "tool", "content": "x"}]), "messages[0].role"),
+            (json!([{"role": "system", "content": [{"type": "image"}]}]), "messages[0].content[0]"),
             (json!([{"role": "user", "content": [{"type": "image", "source": {}}]}]), "messages[0].content[0].type"),
             (json!([{"role": "user", "content": [{"type": "text"}]}]), "messages[0].content[0].text"),
             (json!([{"role": "user", "content": 5}]), "messages[0].content"),

@@ -5,7 +5,9 @@
 //! `message_stop`; an `error` event if generation fails.
 //!
 //! Usage follows Anthropic: `input_tokens` excludes the prompt tokens read from the prefix
-//! cache, which are `cache_read_input_tokens` (their sum is the prompt length).
+//! cache, which are `cache_read_input_tokens` (their sum is the prompt length). A stream
+//! sends `message_start` with the first output, once the prompt is scheduled and the split
+//! is known, so `message_start` and `message_delta` report the same split.
 
 use std::sync::Arc;
 
@@ -44,16 +46,21 @@ fn stop_reason(f: &Finished, tool_use: bool) -> (&'static str, Option<String>) {
 }
 
 fn usage_json(u: &Usage) -> Value {
-    let mut v = json!({
-        "input_tokens": u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens),
-        "output_tokens": u.completion_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": u.cached_tokens,
-    });
+    let mut v = input_usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens);
     if let Some(o) = v.as_object_mut() {
         o.extend(crate::generate::usage_extensions(u));
     }
     v
+}
+
+/// Anthropic's usage counts for a prompt of which `cached` tokens came from the cache.
+fn input_usage(prompt: usize, cached: usize, output: usize) -> Value {
+    json!({
+        "input_tokens": prompt - cached.min(prompt),
+        "output_tokens": output,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached.min(prompt),
+    })
 }
 
 /// A content block, whole (`done`) or as `content_block_start` opens it.
@@ -122,16 +129,18 @@ fn error_event(e: &ApiError) -> Event {
     named_event("error", &e.anthropic_body())
 }
 
-/// The streaming renderer; `finished` once the reply has ended.
+/// The streaming renderer; `started` once `message_start` went out, `finished` once the
+/// reply has ended.
 pub struct ReplyStream {
     pub reply: Reply,
+    pub started: bool,
     pub finished: bool,
 }
 
-impl StreamRenderer for ReplyStream {
-    fn start(&mut self) -> Vec<Event> {
-        let usage = json!({"input_tokens": self.reply.prompt_tokens, "output_tokens": 0,
-                           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0});
+impl ReplyStream {
+    fn message_start(&mut self, cached: usize) -> Vec<Event> {
+        self.started = true;
+        let usage = input_usage(self.reply.prompt_tokens, cached, 0);
         let message = self.reply.message(Vec::new(), None, usage);
         vec![
             named_event("message_start", &json!({"type": "message_start", "message": message})),
@@ -139,7 +148,8 @@ impl StreamRenderer for ReplyStream {
         ]
     }
 
-    fn output(&mut self, out: Output) -> Vec<Event> {
+    /// The events of one output, after `message_start`.
+    fn events(&mut self, out: Output) -> Vec<Event> {
         let r = &mut self.reply;
         let mut deltas = r.parser.push(&out.text);
         if out.finished.is_some() {
@@ -160,6 +170,18 @@ impl StreamRenderer for ReplyStream {
                     "usage": usage_json(&f.usage)}),
         ));
         events.push(named_event("message_stop", &json!({"type": "message_stop"})));
+        events
+    }
+}
+
+impl StreamRenderer for ReplyStream {
+    fn start(&mut self) -> Vec<Event> {
+        Vec::new()
+    }
+
+    fn output(&mut self, out: Output) -> Vec<Event> {
+        let mut events = if self.started { Vec::new() } else { self.message_start(out.cached_tokens) };
+        events.extend(self.events(out));
         events
     }
 

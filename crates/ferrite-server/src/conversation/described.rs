@@ -8,14 +8,15 @@
 
 use serde_json::{json, Value};
 
-use super::Conversation;
+use super::{text_of, Conversation};
 use crate::error::ApiError;
 use crate::prompt::ChatPrompt;
 use crate::state::ModelInfo;
 
-/// The prompt text of `conv` with `tools` (those not hidden) described by the server.
-pub fn render(model: &ModelInfo, conv: &Conversation, tools: &[Value]) -> Result<String, ApiError> {
-    let messages = history_as_text(&conv.messages);
+/// The prompt text of `messages` (those of `conv`, or a rewrite of them) with `tools` (those
+/// not hidden) described by the server.
+pub fn render(model: &ModelInfo, messages: &[Value], conv: &Conversation, tools: &[Value]) -> Result<String, ApiError> {
+    let messages = history_as_text(messages);
     let render = |messages: &[Value]| {
         model.render_chat(&ChatPrompt {
             messages,
@@ -46,17 +47,6 @@ fn describe(tools: &[Value]) -> String {
          <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>",
         list.join("\n")
     )
-}
-
-/// The text of a message's content (a string, or text parts joined by newlines).
-fn text_of(content: &Value) -> String {
-    match content {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => {
-            parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
-        }
-        _ => String::new(),
-    }
 }
 
 /// `messages` with `description` appended to the system message (inserting one), or put

@@ -8,10 +8,15 @@
 //! or for `required` with a single tool) to the prompt, and prime the parsers with it; the
 //! reply is then constrained to the rest of one valid call (`forced`), so its arguments
 //! validate against the tool's schema. A template that ignores tools gets them described by
-//! the server (`described`).
+//! the server (`described`). `single_tool_call` (chat and Responses
+//! `parallel_tool_calls: false`, Anthropic `disable_parallel_tool_use`) ends the reply where
+//! its first call ends and drops any later call. System messages past the start are rendered
+//! where they stand, or merged into the leading one for a template that refuses them
+//! (`system`).
 
 mod described;
 mod forced;
+mod system;
 
 use ferrite_engine::RequestParams;
 use serde_json::{Map, Value};
@@ -19,7 +24,7 @@ use serde_json::{Map, Value};
 use crate::error::ApiError;
 use crate::parser::family::{OutputFormat, ToolSupport};
 use crate::parser::markers::SpecialMarkers;
-use crate::parser::{tool_names, OutputParser, ParseContext, ParserFactory, Primed};
+use crate::parser::{tool_names, FirstCallOnly, OutputParser, ParseContext, ParserFactory, Primed};
 use crate::prompt::ChatPrompt;
 use crate::state::ModelInfo;
 
@@ -48,6 +53,25 @@ pub struct Conversation {
     /// Template kwargs (`enable_thinking`, `reasoning_effort`, …).
     pub kwargs: Map<String, Value>,
     pub add_generation_prompt: bool,
+    /// At most one tool call in the reply (parallel tool calls turned off).
+    pub single_tool_call: bool,
+}
+
+/// The text of a message's content (a string, or text parts joined by newlines).
+fn text_of(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => {
+            parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
+        }
+        _ => String::new(),
+    }
+}
+
+/// What stands in a tool result for media the model cannot read (`kind`: image, document,
+/// file): a short note, so the conversation goes on and the model knows something was there.
+pub fn media_placeholder(kind: &str) -> String {
+    format!("[{kind} omitted: this server cannot show {kind}s to the model]")
 }
 
 /// A conversation rendered through the chat template.
@@ -64,6 +88,8 @@ pub struct RenderedChat {
     /// The tools the reply is parsed for (none when hidden).
     tools: Vec<Value>,
     kwargs: Map<String, Value>,
+    /// At most one tool call: the reply ends where the first ends.
+    single_call: bool,
 }
 
 /// A rendered conversation with its prompt ids, ready to generate.
@@ -101,15 +127,12 @@ impl ModelInfo {
             }
             _ => {}
         }
-        let mut text = if format.tools == ToolSupport::Described {
-            described::render(self, conv, &tools)?
-        } else {
-            self.render_chat(&ChatPrompt {
-                messages: &conv.messages,
-                tools: (!tools.is_empty()).then_some(&tools[..]),
-                add_generation_prompt: conv.add_generation_prompt,
-                kwargs: conv.kwargs.clone(),
-            })?
+        let mut text = match self.render_messages(conv, &conv.messages, &tools, &format) {
+            Ok(text) => text,
+            Err(e) => match system::merge_late_system(&conv.messages) {
+                Some(merged) => self.render_messages(conv, &merged, &tools, &format).map_err(|_| e)?,
+                None => return Err(e),
+            },
         };
         let reasoning_open = format.prompt_opens_reasoning(&text);
         let forced = match &conv.tool_choice {
@@ -135,7 +158,36 @@ impl ModelInfo {
             }
         };
         text.push_str(forced.as_deref().unwrap_or(""));
-        Ok(RenderedChat { text, forced, forced_name, format, reasoning_open, tools, kwargs: conv.kwargs.clone() })
+        let single_call = conv.single_tool_call && !tools.is_empty();
+        Ok(RenderedChat {
+            text,
+            forced,
+            forced_name,
+            format,
+            reasoning_open,
+            tools,
+            kwargs: conv.kwargs.clone(),
+            single_call,
+        })
+    }
+
+    /// The prompt text of `conv` with `messages` in place of its own.
+    fn render_messages(
+        &self,
+        conv: &Conversation,
+        messages: &[Value],
+        tools: &[Value],
+        format: &OutputFormat,
+    ) -> Result<String, ApiError> {
+        if format.tools == ToolSupport::Described {
+            return described::render(self, messages, conv, tools);
+        }
+        self.render_chat(&ChatPrompt {
+            messages,
+            tools: (!tools.is_empty()).then_some(tools),
+            add_generation_prompt: conv.add_generation_prompt,
+            kwargs: conv.kwargs.clone(),
+        })
     }
 
     /// Render and tokenize `conv` (the template writes the special tokens itself).
@@ -149,12 +201,14 @@ impl ModelInfo {
 }
 
 impl PreparedChat {
-    /// `params` for this conversation: a forced call ends the reply where the call ends (a
-    /// stop token when the end marker is a special token, else a stop string), and its output
-    /// is constrained to one valid call (which takes the place of any `response_format`: a
-    /// forced call's reply has no other content).
+    /// `params` for this conversation: a forced call, or the first call of a reply allowed
+    /// only one, ends the reply where the call ends (a stop token when the end marker is a
+    /// special token, else a stop string), and a forced call's output is constrained to one
+    /// valid call (which takes the place of any `response_format`: a forced call's reply has
+    /// no other content).
     pub fn request_params(&self, mut params: RequestParams) -> RequestParams {
-        if self.rendered.forced.is_none() {
+        let forced = self.rendered.forced.is_some();
+        if !forced && !self.rendered.single_call {
             return params;
         }
         let format = &self.rendered.format;
@@ -163,6 +217,9 @@ impl PreparedChat {
                 Some(id) => params.stop_token_ids.push(id),
                 None => params.stop.push(end.to_string()),
             }
+        }
+        if !forced {
+            return params;
         }
         let args_token = self.markers.as_ref().and_then(|m| m.id_of("[ARGS]"));
         let call = format.tool_syntax().and_then(|syntax| {
@@ -185,7 +242,10 @@ impl RenderedChat {
             reasoning_open: self.reasoning_open,
             forced: self.forced.is_some(),
         };
-        let parser = factory.parser(&ctx);
+        let mut parser = factory.parser(&ctx);
+        if self.single_call {
+            parser = Box::new(FirstCallOnly::new(parser));
+        }
         match &self.forced {
             Some(prefix) => Box::new(Primed::new(parser, prefix)),
             None => parser,

@@ -37,6 +37,7 @@ pub struct ChatFields {
     top_logprobs: Option<usize>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
     chat_template_kwargs: Option<Map<String, Value>>,
     reasoning_effort: Option<String>,
     add_generation_prompt: Option<bool>,
@@ -54,6 +55,7 @@ impl ChatFields {
             tool_choice: tool_choice(self.tool_choice.as_ref())?,
             kwargs: template_kwargs(self.chat_template_kwargs.as_ref(), self.reasoning_effort.as_deref()),
             add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
+            single_tool_call: self.parallel_tool_calls == Some(false),
         })
     }
 

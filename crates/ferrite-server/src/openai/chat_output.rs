@@ -1,6 +1,6 @@
 //! Parsed chat output in OpenAI's shapes: the whole assistant `message` (content,
 //! `reasoning_content`, merged `tool_calls`) and a streaming `delta` (tool calls as indexed
-//! pieces).
+//! pieces, one entry per call in a chunk).
 
 use serde_json::{json, Map, Value};
 
@@ -43,20 +43,37 @@ impl Parsed {
             d.insert("reasoning_content".into(), Value::from(self.reasoning.as_str()));
         }
         if !self.tool_calls.is_empty() {
-            let calls = self.tool_calls.iter().map(|c| {
-                let mut call = json!({"index": c.index, "function": {"arguments": c.arguments}});
-                if let Some(id) = &c.id {
-                    call["id"] = json!(id);
-                    call["type"] = json!("function");
-                }
-                if let Some(name) = &c.name {
-                    call["function"]["name"] = json!(name);
-                }
-                call
-            });
-            d.insert("tool_calls".into(), calls.collect());
+            d.insert("tool_calls".into(), self.tool_call_entries().into());
         }
         Value::Object(d)
+    }
+
+    /// The streamed `tool_calls` entries: one per call index, the pieces of a call that
+    /// arrived together merged (clients accumulate entries by index, and some take a second
+    /// entry with the same index in one chunk for a second call).
+    fn tool_call_entries(&self) -> Vec<Value> {
+        let mut calls: Vec<Value> = Vec::new();
+        for c in &self.tool_calls {
+            let at = match calls.iter().position(|call| call["index"] == c.index) {
+                Some(at) => at,
+                None => {
+                    calls.push(json!({"index": c.index, "function": {"arguments": ""}}));
+                    calls.len() - 1
+                }
+            };
+            let call = &mut calls[at];
+            if let Some(id) = &c.id {
+                call["id"] = json!(id);
+                call["type"] = json!("function");
+            }
+            if let Some(name) = &c.name {
+                let before = call["function"]["name"].as_str().unwrap_or_default().to_string();
+                call["function"]["name"] = json!(before + name);
+            }
+            let args = call["function"]["arguments"].as_str().unwrap_or_default().to_string();
+            call["function"]["arguments"] = json!(args + &c.arguments);
+        }
+        calls
     }
 
     /// The whole assistant `message`, tool-call pieces merged per call.

@@ -49,10 +49,24 @@ mod tests {
     #[test]
     fn markers_follow_the_text_of_their_output() {
         let markers = SpecialMarkers(HashMap::from([(7, "[TOOL_CALLS]".to_string())]));
-        let mut out = Output { choice: 0, token_ids: vec![7], text: "held".into(), logprobs: vec![], finished: None };
+        let mut out = Output {
+            choice: 0,
+            token_ids: vec![7],
+            text: "held".into(),
+            logprobs: vec![],
+            finished: None,
+            cached_tokens: 0,
+        };
         markers.restore(&mut out);
         assert_eq!(out.text, "held[TOOL_CALLS]");
-        let mut plain = Output { choice: 0, token_ids: vec![8], text: "x".into(), logprobs: vec![], finished: None };
+        let mut plain = Output {
+            choice: 0,
+            token_ids: vec![8],
+            text: "x".into(),
+            logprobs: vec![],
+            finished: None,
+            cached_tokens: 0,
+        };
         markers.restore(&mut plain);
         assert_eq!(plain.text, "x");
     }

@@ -147,3 +147,29 @@ impl OutputParser for Primed {
         out
     }
 }
+
+/// A parser that lets only a reply's first tool call through (parallel tool calls turned
+/// off); everything else passes unchanged.
+pub struct FirstCallOnly {
+    inner: Box<dyn OutputParser>,
+}
+
+impl FirstCallOnly {
+    pub fn new(inner: Box<dyn OutputParser>) -> FirstCallOnly {
+        FirstCallOnly { inner }
+    }
+
+    fn keep(deltas: Vec<Delta>) -> Vec<Delta> {
+        deltas.into_iter().filter(|d| !matches!(d, Delta::ToolCall(c) if c.index > 0)).collect()
+    }
+}
+
+impl OutputParser for FirstCallOnly {
+    fn push(&mut self, text: &str) -> Vec<Delta> {
+        FirstCallOnly::keep(self.inner.push(text))
+    }
+
+    fn finish(&mut self) -> Vec<Delta> {
+        FirstCallOnly::keep(self.inner.finish())
+    }
+}

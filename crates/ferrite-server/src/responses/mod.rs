@@ -2,7 +2,8 @@
 //! `GET /v1/responses/{id}`, over the same conversations, engine and output parsers as chat
 //! completions — `request` translates the request, `output` renders and stores the reply,
 //! `store` keeps finished responses (bounded, with a time to live) for
-//! `previous_response_id` and retrieval.
+//! `previous_response_id` and retrieval. Hosted tools left out of the prompt are named in
+//! the `x-ferrite-omitted-tools` header.
 
 mod output;
 pub mod request;
@@ -20,6 +21,7 @@ use serde_json::{json, Value};
 use crate::blocks::Blocks;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
+use crate::hosted::with_omitted_tools;
 use crate::sse::sse_from_outputs;
 use crate::state::{random_id, unix_now, App};
 use output::{Responder, ResponseStream};
@@ -82,13 +84,24 @@ async fn create(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response,
     let permit = app.admission.admit_one(1)?;
     let parser = prepared.rendered.parser(app.parsers.as_ref());
     let generation = app.generate(prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
-    let r =
-        Responder { app: app.clone(), frame, parser, blocks: Blocks::default(), item_ids: Vec::new(), history, store };
-    if req.stream.unwrap_or(false) {
-        return Ok(sse_from_outputs(generation.into_stream(), ResponseStream { r, sequence: 0, finished: false }));
-    }
-    let choice = generation.collect().await?.pop().ok_or_else(|| ApiError::internal("the engine returned no reply"))?;
-    Ok(Json(r.whole(&choice.text, &choice.finished)).into_response())
+    let r = Responder {
+        app: app.clone(),
+        frame,
+        parser,
+        blocks: Blocks::default(),
+        item_ids: Vec::new(),
+        history,
+        store,
+        namespaces: req.tool_namespaces(),
+    };
+    let resp = if req.stream.unwrap_or(false) {
+        sse_from_outputs(generation.into_stream(), ResponseStream { r, sequence: 0, finished: false })
+    } else {
+        let choice =
+            generation.collect().await?.pop().ok_or_else(|| ApiError::internal("the engine returned no reply"))?;
+        Json(r.whole(&choice.text, &choice.finished)).into_response()
+    };
+    Ok(with_omitted_tools(resp, &req.omitted_tools()))
 }
 
 async fn retrieve(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {

@@ -8,6 +8,7 @@
 //! `response.failed` on an error) — every event with its `sequence_number`. A finished
 //! response is stored (unless `store: false`) with its conversation for follow-ups.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::response::sse::Event;
@@ -30,6 +31,8 @@ pub struct Responder {
     /// The conversation so far, without instructions (stored with the output appended).
     pub history: Vec<Value>,
     pub store: bool,
+    /// The namespace of each function offered inside a `namespace` tool (its calls name it).
+    pub namespaces: HashMap<String, String>,
 }
 
 impl Responder {
@@ -67,8 +70,12 @@ impl Responder {
             }
             BlockKind::ToolCall => {
                 let arguments = if done { b.text.as_str() } else { "" };
-                json!({"id": id, "type": "function_call", "call_id": b.call_id, "name": b.name,
-                       "arguments": arguments, "status": status})
+                let mut item = json!({"id": id, "type": "function_call", "call_id": b.call_id, "name": b.name,
+                                      "arguments": arguments, "status": status});
+                if let Some(namespace) = self.namespaces.get(&b.name) {
+                    item["namespace"] = json!(namespace);
+                }
+                item
             }
         }
     }

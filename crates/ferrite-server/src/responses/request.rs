@@ -2,17 +2,23 @@
 //! `input_text` / `output_text` parts, `function_call`, `function_call_output`; `reasoning`
 //! items are skipped), after the messages of the `previous_response_id` chain, with
 //! `instructions` as the system message (instructions are not carried along the chain);
-//! flat function `tools`; `tool_choice`; `reasoning.effort` as the template's
+//! flat function `tools` (a `namespace` tool's functions count as tools under their own
+//! names, and their calls name the namespace; hosted tools such as `web_search` are left
+//! out, `hosted`); `tool_choice`; `parallel_tool_calls: false` allows one call;
+//! `reasoning.effort` as the template's
 //! `reasoning_effort`; `text.format` (`text`, `json_object`, `json_schema`) as the output
 //! constraint.
+
+use std::collections::HashMap;
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use ferrite_engine::Constraint;
 
-use crate::conversation::{Conversation, ToolChoice};
+use crate::conversation::{media_placeholder, Conversation, ToolChoice};
 use crate::error::ApiError;
+use crate::hosted::is_hosted_tool;
 use crate::openai::params::CommonParams;
 use crate::structured;
 
@@ -120,28 +126,58 @@ impl ResponsesRequest {
             tool_choice: self.tool_choice()?,
             kwargs,
             add_generation_prompt: true,
+            single_tool_call: self.parallel_tool_calls == Some(false),
         })
     }
 
     fn tools(&self) -> Result<Vec<Value>, ApiError> {
         let mut out = Vec::new();
         for (i, t) in self.tools.iter().flatten().enumerate() {
-            if t.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(bad(format!("tools[{i}].type"), "only tools of type 'function' are supported"));
-            }
-            let name = t
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| bad(format!("tools[{i}].name"), format!("'tools[{i}].name' must be a string")))?;
-            let mut function = json!({"name": name});
-            for key in ["description", "parameters"] {
-                if let Some(v) = t.get(key).filter(|v| !v.is_null()) {
-                    function[key] = v.clone();
+            let at = format!("tools[{i}]");
+            match t.get("type").and_then(Value::as_str) {
+                Some("function") => out.push(function_tool(t, &at)?),
+                Some("namespace") => {
+                    let inner = t.get("tools").and_then(Value::as_array).ok_or_else(|| {
+                        bad(format!("{at}.tools"), format!("'{at}.tools' must be a list of function tools"))
+                    })?;
+                    for (j, f) in inner.iter().enumerate() {
+                        let at = format!("{at}.tools[{j}]");
+                        if f.get("type").and_then(Value::as_str) != Some("function") {
+                            return Err(bad(format!("{at}.type"), "a namespace holds tools of type 'function'"));
+                        }
+                        out.push(function_tool(f, &at)?);
+                    }
+                }
+                Some(kind) if is_hosted_tool(kind) => {}
+                _ => {
+                    return Err(bad(
+                        format!("{at}.type"),
+                        "only tools of type 'function' or 'namespace' are supported (hosted tools are left out)",
+                    ))
                 }
             }
-            out.push(json!({"type": "function", "function": function}));
         }
         Ok(out)
+    }
+
+    /// The namespace of each function that came from a `namespace` tool.
+    pub fn tool_namespaces(&self) -> HashMap<String, String> {
+        let mut out = HashMap::new();
+        for t in self.tools.iter().flatten().filter(|t| t.get("type").and_then(Value::as_str) == Some("namespace")) {
+            let Some(namespace) = t.get("name").and_then(Value::as_str) else { continue };
+            for f in t.get("tools").and_then(Value::as_array).into_iter().flatten() {
+                if let Some(name) = f.get("name").and_then(Value::as_str) {
+                    out.entry(name.to_string()).or_insert_with(|| namespace.to_string());
+                }
+            }
+        }
+        out
+    }
+
+    /// The types of the hosted tools left out of the prompt.
+    pub fn omitted_tools(&self) -> Vec<String> {
+        let kinds = self.tools.iter().flatten().filter_map(|t| t.get("type").and_then(Value::as_str));
+        kinds.filter(|k| is_hosted_tool(k)).map(str::to_string).collect()
     }
 
     fn tool_choice(&self) -> Result<ToolChoice, ApiError> {
@@ -177,8 +213,25 @@ impl ResponsesRequest {
     }
 }
 
-/// The text of a message's content: a string, or text parts joined by newlines.
-fn content_text(at: &str, content: &Value) -> Result<String, ApiError> {
+/// A flat function tool (`{"type": "function", "name", "description", "parameters"}`) in
+/// chat's shape; `at` names it.
+fn function_tool(t: &Value, at: &str) -> Result<Value, ApiError> {
+    let name = t
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad(format!("{at}.name"), format!("'{at}.name' must be a string")))?;
+    let mut function = json!({"name": name});
+    for key in ["description", "parameters"] {
+        if let Some(v) = t.get(key).filter(|v| !v.is_null()) {
+            function[key] = v.clone();
+        }
+    }
+    Ok(json!({"type": "function", "function": function}))
+}
+
+/// The text of a message's content: a string, or text parts joined by newlines. In a tool's
+/// output (`in_output`) an image or a file becomes a placeholder text.
+fn content_text(at: &str, content: &Value, in_output: bool) -> Result<String, ApiError> {
     match content {
         Value::String(s) => Ok(s.clone()),
         Value::Array(parts) => {
@@ -189,9 +242,12 @@ fn content_text(at: &str, content: &Value) -> Result<String, ApiError> {
                     Some("input_text" | "output_text" | "text") => texts.push(
                         p.get("text")
                             .and_then(Value::as_str)
-                            .ok_or_else(|| bad(format!("{part}.text"), format!("'{part}.text' must be a string")))?,
+                            .ok_or_else(|| bad(format!("{part}.text"), format!("'{part}.text' must be a string")))?
+                            .to_string(),
                     ),
                     Some("refusal") => {}
+                    Some("input_image") if in_output => texts.push(media_placeholder("image")),
+                    Some("input_file") if in_output => texts.push(media_placeholder("file")),
                     Some(other) => {
                         return Err(bad(
                             format!("{part}.type"),
@@ -222,7 +278,7 @@ fn input_item(i: usize, item: &Value, out: &mut Vec<Value>) -> Result<(), ApiErr
                 other => return Err(bad(format!("{at}.role"), format!("unknown role '{other}'"))),
             };
             let content = item.get("content").ok_or_else(|| bad(format!("{at}.content"), "'content' is required"))?;
-            out.push(json!({"role": role, "content": content_text(&format!("{at}.content"), content)?}));
+            out.push(json!({"role": role, "content": content_text(&format!("{at}.content"), content, false)?}));
         }
         "function_call" => {
             let function = json!({"name": need("name")?, "arguments": field("arguments").unwrap_or("{}")});
@@ -240,7 +296,7 @@ fn input_item(i: usize, item: &Value, out: &mut Vec<Value>) -> Result<(), ApiErr
         }
         "function_call_output" => {
             let output = item.get("output").ok_or_else(|| bad(format!("{at}.output"), "'output' is required"))?;
-            let text = content_text(&format!("{at}.output"), output)?;
+            let text = content_text(&format!("{at}.output"), output, true)?;
             out.push(json!({"role": "tool", "tool_call_id": need("call_id")?, "content": text}));
         }
         "reasoning" => {}

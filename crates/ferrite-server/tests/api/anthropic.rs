@@ -236,7 +236,8 @@ async fn request_errors_have_anthropics_shape() {
     other["model"] = json!("claude-sonnet-4");
     assert_anthropic_error(post(&url, &other).await, 404, "not_found_error", "claude-sonnet-4");
     let mut tool = body("x", 1);
-    tool["tools"] = json!([{"type": "web_search_20250305", "name": "web_search"}]);
+    // Server tools (web search, …) are left out instead (tests/api/agents.rs); other typed tools are refused.
+    tool["tools"] = json!([{"type": "bash_20250124", "name": "bash"}]);
     assert_anthropic_error(post(&url, &tool).await, 400, "invalid_request_error", "client tools");
     let (status, text) = get(&smol().at("/v1/messages/nope")).await;
     let parsed = serde_json::from_str(&text).expect("json");

@@ -202,7 +202,11 @@ pub async fn post_events(url: &str, body: &Value) -> Vec<(String, Value)> {
     assert_eq!(resp.status(), StatusCode::OK);
     let ctype = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     assert!(ctype.starts_with("text/event-stream"), "content-type {ctype}");
-    let text = resp.text().await.expect("body");
+    named_events(&resp.text().await.expect("body"))
+}
+
+/// The (event name, JSON data) pairs of an SSE body with named events.
+pub fn named_events(text: &str) -> Vec<(String, Value)> {
     text.split("\n\n")
         .filter(|e| !e.trim().is_empty() && !e.starts_with(':'))
         .map(|event| {

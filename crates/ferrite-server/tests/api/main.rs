@@ -1,5 +1,6 @@
 //! The HTTP API end to end: servers on 127.0.0.1 with real models, driven by reqwest.
 
+mod agents;
 mod anthropic;
 mod chat;
 mod common;
@@ -10,6 +11,7 @@ mod hardening;
 mod lifecycle;
 mod listener;
 mod ops;
+mod recorded;
 mod responses;
 mod structured;
 mod tools;

@@ -229,7 +229,7 @@ async fn unsupported_requests_are_refused() {
     let url = smol().at("/v1/responses");
     let cases = [
         (json!({"input": "x", "text": {"format": {"type": "xml"}}}), "text.format.type", "must be 'text'"),
-        (json!({"input": "x", "tools": [{"type": "web_search"}]}), "tools[0].type", "function"),
+        (json!({"input": "x", "tools": [{"type": "file_reader"}]}), "tools[0].type", "function"),
         (
             json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
             "input[0].content[0].type",
