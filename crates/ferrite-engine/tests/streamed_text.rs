@@ -75,20 +75,18 @@ fn the_first_token_keeps_its_leading_space() {
 #[test]
 fn held_text_comes_out_at_an_end_token() {
     let tok = llama2_tokenizer();
-    let the = tok.token_to_id("▁the").expect("▁the");
+    let (the, a) = (tok.token_to_id("▁the").expect("▁the"), tok.token_to_id("▁a").expect("▁a"));
     let prompt = byte_prompt(&tok, "Once upon a time");
-    // `▁the` is banned for 3 tokens (min_tokens), then wins and ends the choice.
-    let params = RequestParams { stop_token_ids: vec![the], min_tokens: 3, ..biased(the, 8) };
+    // `▁the` is banned for 3 tokens (min_tokens), so `▁a` (bias 50) comes first; then `▁the`
+    // (bias 100) wins and ends the choice.
+    let mut params = RequestParams { stop_token_ids: vec![the], min_tokens: 3, ..biased(the, 8) };
+    params.sampling.logit_bias.push((a, 50.0));
     let (out, reason) = run(&tok, &prompt, params.clone());
     assert_eq!(reason, FinishReason::Stop);
-    let (ids, text) = &out[0];
-    assert_eq!(ids.len(), 4);
-    let all: Vec<u32> = prompt.iter().chain(&ids[..3]).copied().collect();
-    assert_eq!(format!("Once upon a time{text}"), tok.decode(&all, true).unwrap());
-    assert!(!text.is_empty());
-    // A stop string that the whole text begins is held back until the end token releases it.
-    let stop = format!("{text}never generated");
-    let (held, reason) = run(&tok, &prompt, RequestParams { stop: vec![stop], ..params });
+    assert_eq!(out[0], (vec![a, a, a, the], " a a a".to_string()));
+    // A stop string that the whole text begins is held back until the end token releases it
+    // (it used to be dropped).
+    let (held, reason) = run(&tok, &prompt, RequestParams { stop: vec![" a a a never".into()], ..params });
     assert_eq!(reason, FinishReason::Stop);
-    assert_eq!(&held[0], &out[0]);
+    assert_eq!(held[0], out[0]);
 }

@@ -51,7 +51,8 @@ fn metaspace_llama2() -> &'static Tokenizer {
 /// Push every id of `ids[k..]` to a decoder seeded with the prompt `ids[..k]` (`new` when
 /// `k` is 0), then finish; returns the chunks (finish's last).
 fn stream_after(tok: &Tokenizer, ids: &[u32], k: usize, skip: bool) -> Vec<String> {
-    let mut dec = if k == 0 { IncrementalDecoder::new(skip) } else { IncrementalDecoder::with_prompt(tok, &ids[..k], skip) };
+    let mut dec =
+        if k == 0 { IncrementalDecoder::new(skip) } else { IncrementalDecoder::with_prompt(tok, &ids[..k], skip) };
     let mut out: Vec<String> = ids[k..].iter().map(|&id| dec.push(tok, id).expect("push")).collect();
     out.push(dec.finish(tok).expect("finish"));
     out
@@ -105,10 +106,8 @@ fn check_stream(what: &str, tok: &Tokenizer, ids: &[u32], skip: bool) {
 
 /// Texts whose characters are split over tokens: byte-fallback runs in SentencePiece vocabs
 /// (the CJK and math letters are not in Llama 2's vocab), multi-token emoji in byte-level ones.
-const MULTIBYTE: &[&str] = &[
-    "🦙🦙🦙 and 中文字符测试文本 then 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 é",
-    "The capital of France is Paris. 東京は日本の首都です。👍🏽👍🏽",
-];
+const MULTIBYTE: &[&str] =
+    &["🦙🦙🦙 and 中文字符测试文本 then 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 é", "The capital of France is Paris. 東京は日本の首都です。👍🏽👍🏽"];
 
 #[test]
 fn stream_equals_decode_on_real_text() {
