@@ -14,7 +14,7 @@ pub const MIN_TEMPERATURE: f32 = 1e-5;
 
 /// Whether `temperature` samples greedily (below `MIN_TEMPERATURE`, or NaN).
 pub fn is_greedy_temperature(temperature: f32) -> bool {
-    !(temperature >= MIN_TEMPERATURE)
+    temperature.is_nan() || temperature < MIN_TEMPERATURE
 }
 
 /// One row's sampling parameters. `uniform` in [0, 1) is the row's random draw: the caller
