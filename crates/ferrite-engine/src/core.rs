@@ -58,6 +58,15 @@ pub struct EngineCore {
     in_flight: Option<overlap::InFlight>,
 }
 
+/// The streaming detokenizer of a sequence that continues `prompt`: its first token is
+/// decoded in the prompt's context (a SentencePiece `▁word` keeps its space).
+fn detokenizer(tokenizer: Option<&Tokenizer>, prompt: &[u32]) -> IncrementalDecoder {
+    match tokenizer {
+        Some(tok) => IncrementalDecoder::with_prompt(tok, prompt, true),
+        None => IncrementalDecoder::new(true),
+    }
+}
+
 /// The seed of choice `i` of a request seeded with `seed`.
 fn choice_seed(seed: u64, choice: usize) -> u64 {
     seed ^ (choice as u64).wrapping_mul(0xA24B_AED4_963E_E407)
@@ -180,6 +189,7 @@ impl EngineCore {
             _ => Default::default(),
         };
         let fill = FillState { mode, cursor, ..Default::default() };
+        let detok = detokenizer(self.tokenizer.as_deref(), &req.prompt);
         let seq = Sequence {
             request: id,
             choice: 0,
@@ -192,7 +202,7 @@ impl EngineCore {
             cached_tokens: 0,
             max_tokens,
             counts: Default::default(),
-            detok: IncrementalDecoder::new(true),
+            detok,
             stops: StopStrings::new(req.params.stop.clone()),
             params: Arc::new(req.params),
             sink,
@@ -436,7 +446,7 @@ impl EngineCore {
                 cached_tokens: p.cached_tokens,
                 max_tokens: p.max_tokens,
                 counts: Default::default(),
-                detok: IncrementalDecoder::new(true),
+                detok: detokenizer(self.tokenizer.as_deref(), &p.tokens[..p.prompt_len]),
                 stops: StopStrings::new(p.params.stop.clone()),
                 sink: p.sink.clone(),
                 pending_children: 0,

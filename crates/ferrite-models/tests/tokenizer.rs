@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use ferrite_models::gguf::GgufFile;
-use ferrite_models::tokenizer::{IncrementalDecoder, Tokenizer};
-use rand::{Rng, SeedableRng};
+use ferrite_models::tokenizer::Tokenizer;
+
+#[path = "tokenizer/stream.rs"]
+mod stream;
 
 fn assets() -> PathBuf {
     let dir = ferrite_models::paths::test_assets_dir();
@@ -340,159 +342,6 @@ fn smollm2_matches_transformers() {
     assert_eq!(tok.encode("Hi", true).unwrap(), tok.encode("Hi", false).unwrap());
 }
 
-// --------------------------------------------------------------- streaming detokenization
-
-/// Push every id, then finish; returns the chunks (finish's last).
-fn stream(tok: &Tokenizer, ids: &[u32], skip: bool) -> Vec<String> {
-    let mut dec = IncrementalDecoder::new(skip);
-    let mut out: Vec<String> = ids.iter().map(|&id| dec.push(tok, id).expect("push")).collect();
-    out.push(dec.finish(tok).expect("finish"));
-    out
-}
-
-/// Streamed text equals the batch decode; for valid text no chunk holds U+FFFD.
-fn check_stream(what: &str, tok: &Tokenizer, ids: &[u32], skip: bool) {
-    let chunks = stream(tok, ids, skip);
-    let want = tok.decode(ids, skip).expect("decode");
-    assert_eq!(chunks.concat(), want, "{what}: streamed != decoded for {ids:?}");
-    if !want.contains('\u{FFFD}') {
-        assert!(chunks.iter().all(|c| !c.contains('\u{FFFD}')), "{what}: U+FFFD mid-stream: {chunks:?}");
-    }
-}
-
-fn stream_vocabs() -> Vec<(&'static str, &'static Tokenizer)> {
-    vec![
-        ("llama-bpe", gguf_tokenizer("llama-bpe")),
-        ("qwen2", gguf_tokenizer("qwen2")),
-        ("gpt-2", gguf_tokenizer("gpt-2")),
-        ("llama-spm", gguf_tokenizer("llama-spm")),
-        ("phi-3", gguf_tokenizer("phi-3")),
-        ("gemma-4", gguf_tokenizer("gemma-4")),
-        ("hf llama2", hf_tokenizer("llama2")),
-        ("hf gemma3", hf_tokenizer("gemma3")),
-    ]
-}
-
-#[test]
-fn stream_equals_decode_on_real_text() {
-    let mut texts: Vec<String> = goldens("llama-bpe").into_iter().map(|(t, _)| t).collect();
-    texts.extend(ROUNDTRIP.iter().map(|s| s.to_string()));
-    for (name, tok) in stream_vocabs() {
-        for text in &texts {
-            let ids = tok.encode(text, true).unwrap();
-            check_stream(name, tok, &ids, false);
-            check_stream(name, tok, &ids, true);
-        }
-    }
-    let chat = "<|im_start|>user\nHi 🦙!<|im_end|>\n<|im_start|>assistant\nHello — ça va?<|im_end|>";
-    let ids = smollm2().encode(chat, false).unwrap();
-    check_stream("smollm2", smollm2(), &ids, false);
-    check_stream("smollm2", smollm2(), &ids, true);
-    assert_eq!(stream(smollm2(), &ids, true).concat(), "user\nHi 🦙!\nassistant\nHello — ça va?");
-}
-
-/// The `<0xNN>` ids of a character's UTF-8 bytes (SentencePiece byte fallback).
-fn byte_tokens(tok: &Tokenizer, c: char) -> Vec<u32> {
-    let mut buf = [0u8; 4];
-    c.encode_utf8(&mut buf).bytes().map(|b| tok.token_to_id(&format!("<0x{b:02X}>")).expect("byte token")).collect()
-}
-
-#[test]
-fn stream_equals_decode_on_random_ids() {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
-    for (name, tok) in stream_vocabs() {
-        let byte_level =
-            !name.contains("spm") && !name.contains("phi") && !name.contains("gemma") && !name.contains("llama2");
-        let n = tok.vocab_size() as u32;
-        for _ in 0..150 {
-            let len = rng.random_range(1..48);
-            let mut ids: Vec<u32> = (0..len).map(|_| rng.random_range(0..n)).collect();
-            // Any id sequence: never a panic, and the same text whenever it is valid (for
-            // byte-level vocabs: always).
-            let chunks = stream(tok, &ids, false);
-            let want = tok.decode(&ids, false).unwrap();
-            if byte_level || !want.contains('\u{FFFD}') {
-                assert_eq!(chunks.concat(), want, "{name}: {ids:?}");
-            }
-            if !byte_level {
-                // Valid text: no stray byte tokens, but multi-byte characters split over
-                // byte-fallback tokens at random places (next to each other too).
-                ids.retain(|&id| !tok.id_to_token(id).is_some_and(|t| t.starts_with("<0x")));
-                let mut units: Vec<Vec<u32>> = ids.iter().map(|&id| vec![id]).collect();
-                for _ in 0..rng.random_range(1..6) {
-                    let c = ['é', '中', '🦙', '𝔘', 'ß'][rng.random_range(0..5)];
-                    let at = rng.random_range(0..=units.len());
-                    units.insert(at, byte_tokens(tok, c));
-                }
-                let ids = units.concat();
-                check_stream(name, tok, &ids, false);
-                check_stream(name, tok, &ids, true);
-            }
-        }
-    }
-}
-
-#[test]
-fn stream_holds_incomplete_characters() {
-    let tok = gguf_tokenizer("llama-spm");
-    let mut dec = IncrementalDecoder::new(false);
-    assert_eq!(dec.push(tok, tok.token_to_id("▁I").unwrap()).unwrap(), "I");
-    let llama = byte_tokens(tok, '𝔘');
-    for &b in &llama[..3] {
-        assert_eq!(dec.push(tok, b).unwrap(), "", "an incomplete character must be held back");
-    }
-    assert_eq!(dec.push(tok, llama[3]).unwrap(), "𝔘");
-    // An incomplete character at the end comes out of finish (as U+FFFD, like decode).
-    dec.push(tok, llama[0]).unwrap();
-    assert_eq!(dec.finish(tok).unwrap(), "\u{FFFD}");
-
-    // Byte-level: a 4-byte emoji split over tokens.
-    let tok = gguf_tokenizer("llama-bpe");
-    let ids = tok.encode(" this is 🦙.cpp", false).unwrap();
-    let chunks = stream(tok, &ids, false);
-    assert!(chunks.iter().any(|c| c.is_empty()), "{chunks:?}");
-    assert_eq!(chunks.concat(), " this is 🦙.cpp");
-}
-
-#[test]
-fn stream_through_long_runs_of_skipped_or_invalid_ids() {
-    for (name, tok) in stream_vocabs() {
-        let special = tok.bos_token_id().or(tok.eos_token_id()).expect("a special token");
-        let mut ids = tok.encode("Hello there", false).unwrap();
-        ids.extend(std::iter::repeat_n(special, 100));
-        ids.extend(tok.encode("Hello world, again 🦙", false).unwrap());
-        check_stream(name, tok, &ids, true);
-        check_stream(name, tok, &ids, false);
-    }
-    // 100 lone continuation bytes: invalid text, streamed without a panic and in full.
-    let tok = gguf_tokenizer("llama-bpe");
-    let cont = tok.encode("\u{80}", false).unwrap()[0];
-    let ids = vec![cont; 100];
-    let chunks = stream(tok, &ids, false);
-    assert_eq!(chunks.concat(), tok.decode(&ids, false).unwrap());
-    assert!(chunks.iter().filter(|c| !c.is_empty()).count() > 1, "long invalid runs are not held to the end");
-}
-
-#[test]
-fn stream_after_a_prompt_keeps_the_leading_space() {
-    for (name, tok) in stream_vocabs() {
-        let text = "Hello world, how are you today? Très bien 🦙 merci.";
-        let all = tok.encode(text, true).unwrap();
-        let full = tok.decode(&all, true).unwrap();
-        for k in 1..all.len() {
-            let prompt = tok.decode(&all[..k], true).unwrap();
-            let Some(want) = full.strip_prefix(prompt.as_str()) else { continue };
-            if prompt.ends_with('\u{FFFD}') {
-                continue;
-            }
-            let mut dec = IncrementalDecoder::with_prompt(&all[..k], true);
-            let mut got: String = all[k..].iter().map(|&id| dec.push(tok, id).unwrap()).collect();
-            got += &dec.finish(tok).unwrap();
-            assert_eq!(got, want, "{name}: split after {k} ids");
-        }
-    }
-}
-
 // ------------------------------------------------------------------------ errors, edges
 
 #[test]
@@ -532,7 +381,7 @@ fn missing_or_corrupt_files_are_one_line_errors() {
 
 #[test]
 fn odd_inputs_do_not_panic() {
-    for (name, tok) in stream_vocabs() {
+    for (name, tok, _) in stream::vocabs() {
         let n = tok.vocab_size() as u32;
         // Ids past the vocab are skipped, not a panic.
         let text = tok.decode(&[0, n, n + 7, u32::MAX, 1], false).expect(name);

@@ -7,11 +7,21 @@
 //! the device kernel (`cuda/kernels/sampling.cu`, `edit_logits`) does the same float
 //! operations in the same order, so both give the same bits.
 
+/// Temperatures below this (0 included) sample greedily: the argmax. Scaling by the inverse
+/// of a smaller temperature, 1e-38 say, overflows f32 and leaves nothing to draw from, and
+/// the distribution is all but a point mass on the argmax long before (vLLM's threshold).
+pub const MIN_TEMPERATURE: f32 = 1e-5;
+
+/// Whether `temperature` samples greedily (below `MIN_TEMPERATURE`, or NaN).
+pub fn is_greedy_temperature(temperature: f32) -> bool {
+    temperature.is_nan() || temperature < MIN_TEMPERATURE
+}
+
 /// One row's sampling parameters. `uniform` in [0, 1) is the row's random draw: the caller
 /// derives it from the request's (seed, step), so a row's token never depends on its batch.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RowSampling {
-    /// 0 means greedy (argmax).
+    /// Below `MIN_TEMPERATURE` (0 included) means greedy (argmax).
     pub temperature: f32,
     /// 0 means no top-k cut.
     pub top_k: u32,

@@ -313,3 +313,76 @@ fn top_ids(row: &[f32], n: usize) -> Vec<u32> {
     idx.truncate(n);
     idx
 }
+
+/// Issue 26 (7): temperatures below `MIN_TEMPERATURE` (1e-38 made `logit / T` overflow into
+/// NaN, and the draw took the least likely token) are greedy; NaN logits are never picked,
+/// a `+inf` one is certain, and a row with neither a finite logit nor `+inf` takes index 0.
+#[test]
+fn cuda_tiny_temperatures_and_non_finite_logits() {
+    let Some((gpu, _checks)) = gpu("cuda_tiny_temperatures_and_non_finite_logits") else { return };
+    let mut rng = rng("non-finite");
+    let vocab = 32_001;
+    let tiny = [1e-38f32, 1e-30, 1e-20, 9e-6, f32::MIN_POSITIVE, 1e-45];
+    let temps = [0.7f32, 1.0, 1e-38, 0.0];
+    let mut logits = Vec::new();
+    let mut params = Vec::new();
+    let row_params = |rng: &mut rand::rngs::StdRng, temperature: f32| RowSampling {
+        temperature,
+        top_k: [0u32, 40][rng.random_range(0..2)],
+        top_p: [1.0f32, 0.9][rng.random_range(0..2)],
+        min_p: [0.0f32, 0.05][rng.random_range(0..2)],
+        uniform: rng.random(),
+    };
+    // Rows 0..6: tiny temperatures over logits as large as 1e4.
+    for &t in &tiny {
+        logits.extend((0..vocab).map(|_| rng.random_range(-1e4f32..1e4)));
+        params.push(row_params(&mut rng, t));
+    }
+    // Rows 6..10: a tenth of the logits NaN, some -inf.
+    for &t in &temps {
+        logits.extend((0..vocab).map(|_| match rng.random_range(0..20) {
+            0 | 1 => f32::NAN,
+            2 => f32::NEG_INFINITY,
+            _ => rng.random_range(-8.0f32..8.0),
+        }));
+        params.push(row_params(&mut rng, t));
+    }
+    // Rows 10..14: two +inf logits among finite ones and NaNs.
+    for &t in &temps {
+        logits.extend((0..vocab).map(|i| match i {
+            777 | 901 => f32::INFINITY,
+            _ if i % 7 == 0 => f32::NAN,
+            _ => rng.random_range(-8.0f32..8.0),
+        }));
+        params.push(row_params(&mut rng, t));
+    }
+    // Row 14: every logit NaN.
+    logits.extend(std::iter::repeat_n(f32::NAN, vocab));
+    params.push(row_params(&mut rng, 1.0));
+    let rows = params.len();
+    let logits_d = gpu.upload(&logits).unwrap();
+    let params_d = SamplingParamsDev::upload(gpu, &params).unwrap();
+    let mut tokens = gpu.upload(&vec![u32::MAX; rows]).unwrap();
+    let mut logprobs = poisoned_f32(gpu, rows);
+    ops::sample(gpu, &logits_d, (vocab, vocab), &params_d, &mut tokens, &mut logprobs).unwrap();
+    let (got, lps) = (gpu.download(&tokens).unwrap(), gpu.download(&logprobs).unwrap());
+    let mut right = 0;
+    for (r, (row, p)) in logits.chunks(vocab).zip(&params).enumerate() {
+        let tok = got[r] as usize;
+        let ok = match r {
+            0..6 => tok == cpu::argmax(row) && lps[r].is_finite(),
+            6..10 if p.temperature >= 1e-5 => {
+                tok < vocab && row[tok].is_finite() && judge_draw(r, row, p, got[r]).is_some()
+            }
+            6..10 => tok == cpu::argmax(row) && !row[tok].is_nan(),
+            10..14 => tok == 777,
+            _ => tok == 0,
+        };
+        if ok {
+            right += 1;
+        } else {
+            fail(format!("row {r} {p:?}: drew {tok} (logprob {})", lps[r]));
+        }
+    }
+    measure("sampling", "tiny temperatures, NaN and inf logits", format!("{right}/{rows} as the rule says"));
+}

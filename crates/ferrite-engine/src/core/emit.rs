@@ -243,7 +243,9 @@ impl EngineCore {
         if complete {
             reason = Some(FinishReason::Stop);
         }
-        if complete || reason == Some(FinishReason::Length) {
+        // Any end but a stop string releases the text held back (an incomplete character, a
+        // possible stop string's start); a stop string drops what follows it.
+        if reason.is_some() && stop_string.is_none() {
             if let Some(tok) = &self.tokenizer {
                 let tail = seq.detok.finish(tok).unwrap_or_default();
                 text.push_str(&seq.stops.push(&tail).0);

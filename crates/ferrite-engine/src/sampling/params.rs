@@ -1,8 +1,10 @@
 //! `SamplingParams` and their validation.
 
+use ferrite_runtime::sampling::is_greedy_temperature;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
-    /// 0 means greedy.
+    /// 0 (or anything below `MIN_TEMPERATURE`) means greedy.
     pub temperature: f32,
     /// 0 means no top-k cut.
     pub top_k: usize,
@@ -87,8 +89,10 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// Greedy (argmax): temperature 0, or any below `MIN_TEMPERATURE` (1e-5), where the
+    /// distribution is all but a point mass on the argmax and `logit / temperature` overflows.
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0
+        is_greedy_temperature(self.temperature)
     }
 
     pub fn has_penalties(&self) -> bool {

@@ -7,16 +7,25 @@
 //! twice — without and with the new ones — and emit the difference, holding it back while
 //! the window's text ends in U+FFFD (an incomplete character).
 //!
-//! Concatenating every `push` result and `finish` gives `decode(all ids)` whenever that
-//! text is valid (holds no U+FFFD). For byte-level (GPT-2-style) vocabs it holds for any id
-//! sequence; a SentencePiece byte run that is invalid UTF-8 may stream out differently than
-//! the batch decode (which replaces the whole run), never as a panic.
+//! A stream that continues a prompt ([`IncrementalDecoder::with_prompt`]) starts with the
+//! prompt's last ids as its window, so the first generated token is decoded in context (a
+//! `▁word` keeps its space). Then `decode(prompt) + every push and finish` equals
+//! `decode(prompt + generated)` whenever that text is valid (holds no U+FFFD). A prompt that
+//! ends inside a character (a token-id prompt cut mid-way) has no text for that character;
+//! the stream then starts with the whole character, after the prompt's text without it: for
+//! byte-level vocabs `decode(prompt)` without its trailing U+FFFD, for byte-fallback
+//! (SentencePiece) vocabs the decode of the prompt without the character's byte pieces
+//! (whose decoder turns a whole run of byte pieces into U+FFFD when its end is cut). For
+//! byte-level (GPT-2-style) vocabs all this holds for any id sequence; a SentencePiece byte
+//! run that is invalid UTF-8 may stream out differently than the batch decode (which
+//! replaces the whole run), never as a panic.
 
+use super::token_bytes::fallback_byte;
 use super::{Tokenizer, TokenizerError};
 
 const REPLACEMENT: char = '\u{FFFD}';
 
-/// How many prompt ids seed the window (`with_prompt`), as in vLLM.
+/// How many text-bearing prompt ids seed the window (`with_prompt`), as in vLLM.
 const PROMPT_CONTEXT: usize = 5;
 
 /// Past this many pending ids, text ending in U+FFFD is emitted anyway (no character needs
@@ -32,20 +41,36 @@ pub struct IncrementalDecoder {
     ids: Vec<u32>,
     /// How many ids of the window have been emitted.
     read: usize,
+    /// The context is the prompt's tail, whose text may end in an incomplete character
+    /// that the stream has not emitted (its U+FFFD is not part of the output).
+    prompt_context: bool,
     skip_special_tokens: bool,
 }
 
 impl IncrementalDecoder {
     /// A decoder for a stream that starts at the beginning of the text.
     pub fn new(skip_special_tokens: bool) -> Self {
-        IncrementalDecoder { ids: Vec::new(), read: 0, skip_special_tokens }
+        IncrementalDecoder { ids: Vec::new(), read: 0, prompt_context: false, skip_special_tokens }
     }
 
-    /// A decoder for ids generated after `prompt_ids`: the prompt's last few ids give the
-    /// first generated token its context (its leading space), and are never emitted.
-    pub fn with_prompt(prompt_ids: &[u32], skip_special_tokens: bool) -> Self {
-        let tail = &prompt_ids[prompt_ids.len().saturating_sub(PROMPT_CONTEXT)..];
-        IncrementalDecoder { ids: tail.to_vec(), read: tail.len(), skip_special_tokens }
+    /// A decoder for ids generated after `prompt_ids`. The prompt's last ids — the last
+    /// `PROMPT_CONTEXT` that decode to text (with any skipped special tokens among and after
+    /// them), from the first byte of the character they start in — give the first generated
+    /// token its context, and are never emitted.
+    pub fn with_prompt(tok: &Tokenizer, prompt_ids: &[u32], skip_special_tokens: bool) -> Self {
+        let mut start = prompt_ids.len();
+        let mut texts = 0;
+        while start > 0 && texts < PROMPT_CONTEXT {
+            start -= 1;
+            if !(skip_special_tokens && tok.is_special(prompt_ids[start])) {
+                texts += 1;
+            }
+        }
+        let tail = prompt_ids[char_start(tok, prompt_ids, start)..].to_vec();
+        // The byte pieces of a character the prompt ends inside are not context: they stream
+        // out with the rest of the character.
+        let read = tail.len() - open_byte_pieces(tok, &tail);
+        IncrementalDecoder { read, ids: tail, prompt_context: true, skip_special_tokens }
     }
 
     /// Feed one generated id; returns the text it completes (often empty while a character
@@ -54,15 +79,20 @@ impl IncrementalDecoder {
         self.ids.push(id);
         let (done, full) = self.texts(tok)?;
         let many = self.ids.len() - self.read > MAX_PENDING;
-        if many && full == done {
+        let added = self.added(&done, &full);
+        if many && added == Some("") {
             self.ids.truncate(self.read);
             return Ok(String::new());
         }
-        if full.len() <= done.len() || (full.ends_with(REPLACEMENT) && !many) {
+        if added == Some("") || (full.ends_with(REPLACEMENT) && !many) {
             return Ok(String::new());
         }
-        let delta = self.delta(tok, &done, &full)?;
-        self.advance();
+        let delta = match added {
+            Some(d) => d.to_string(),
+            None if full.len() <= done.len() => return Ok(String::new()),
+            None => self.pending_alone(tok)?,
+        };
+        self.advance(tok);
         Ok(delta)
     }
 
@@ -73,20 +103,30 @@ impl IncrementalDecoder {
             return Ok(String::new());
         }
         let (done, full) = self.texts(tok)?;
-        let delta = self.delta(tok, &done, &full)?;
-        self.advance();
+        let delta = match self.added(&done, &full) {
+            Some(d) => d.to_string(),
+            None => self.pending_alone(tok)?,
+        };
+        self.advance(tok);
         Ok(delta)
     }
 
-    /// What the pending ids add to the text. The window's text normally extends the
-    /// emitted part; it does not when a SentencePiece byte run turned out invalid (the
-    /// decoder then replaces the whole run, emitted bytes included): the pending ids are
-    /// decoded on their own instead.
-    fn delta(&self, tok: &Tokenizer, done: &str, full: &str) -> Result<String, TokenizerError> {
-        match delta(done, full) {
-            Some(d) => Ok(d),
-            None => tok.decode(&self.ids[self.read..], self.skip_special_tokens),
-        }
+    /// What the pending ids add to the emitted text `done`: the rest of the window's text
+    /// `full`. When the context is the prompt's, its trailing U+FFFD (an incomplete
+    /// character) may have become a whole character in `full`, which is then added in full.
+    /// `None` when `full` does not extend `done` (a SentencePiece byte run turned out
+    /// invalid: the decoder then replaces the whole run, emitted bytes included).
+    fn added<'a>(&self, done: &str, full: &'a str) -> Option<&'a str> {
+        full.strip_prefix(done).or_else(|| {
+            let complete = done.trim_end_matches(REPLACEMENT);
+            (self.prompt_context && complete.len() < done.len()).then(|| full.strip_prefix(complete)).flatten()
+        })
+    }
+
+    /// The pending ids decoded on their own (when the window's text does not extend the
+    /// emitted part).
+    fn pending_alone(&self, tok: &Tokenizer) -> Result<String, TokenizerError> {
+        tok.decode(&self.ids[self.read..], self.skip_special_tokens)
     }
 
     /// The window's text without and with the ids not yet emitted.
@@ -96,15 +136,53 @@ impl IncrementalDecoder {
         Ok((done, full))
     }
 
-    /// Everything up to the end has been emitted: the ids of this emission become the
-    /// context for the next one, earlier ids are dropped.
-    fn advance(&mut self) {
-        self.ids.drain(..self.read);
+    /// Everything up to the end has been emitted: the ids of this emission (from the start of
+    /// the character its first id belongs to) become the context for the next one, earlier
+    /// ids are dropped.
+    fn advance(&mut self, tok: &Tokenizer) {
+        self.ids.drain(..char_start(tok, &self.ids, self.read));
         self.read = self.ids.len();
+        self.prompt_context = false;
     }
 }
 
-/// The text `full` adds after `done`, or `None` when `done` is not a prefix of `full`.
-fn delta(done: &str, full: &str) -> Option<String> {
-    full.strip_prefix(done).map(str::to_string)
+/// `start`, or the index up to three ids before it where the character that `ids[start]`
+/// continues begins: a UTF-8 continuation byte never starts a character, and SentencePiece's
+/// byte fallback decodes a run of byte pieces as a whole, so a window must not cut a run
+/// there (its decode would turn the run's valid characters into U+FFFD).
+fn char_start(tok: &Tokenizer, ids: &[u32], mut start: usize) -> usize {
+    for _ in 0..3 {
+        if start == 0 || start >= ids.len() || !byte_piece(tok, ids[start]).is_some_and(is_continuation) {
+            break;
+        }
+        start -= 1;
+    }
+    start
+}
+
+/// How many of the last ids of `ids` are the byte-fallback pieces of a character they begin
+/// but do not complete (0 when `ids` does not end inside a character that way).
+fn open_byte_pieces(tok: &Tokenizer, ids: &[u32]) -> usize {
+    let last: Vec<u8> = ids.iter().rev().take(4).map_while(|&id| byte_piece(tok, id)).collect();
+    let Some(lead) = last.iter().position(|&b| !is_continuation(b)) else { return 0 };
+    let len = match last[lead] {
+        0xC0..=0xDF => 2,
+        0xE0..=0xEF => 3,
+        0xF0..=0xF7 => 4,
+        _ => 1,
+    };
+    if lead + 1 < len {
+        lead + 1
+    } else {
+        0
+    }
+}
+
+/// The byte a SentencePiece byte-fallback piece (`<0xNN>`) stands for.
+fn byte_piece(tok: &Tokenizer, id: u32) -> Option<u8> {
+    tok.id_to_token(id).and_then(|p| fallback_byte(&p))
+}
+
+fn is_continuation(b: u8) -> bool {
+    b & 0xC0 == 0x80
 }

@@ -72,7 +72,7 @@ fn byte_level_table() -> std::collections::HashMap<char, u8> {
 }
 
 /// `<0xNN>` → the byte NN.
-fn fallback_byte(piece: &str) -> Option<u8> {
+pub(super) fn fallback_byte(piece: &str) -> Option<u8> {
     let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
     (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
 }

@@ -148,3 +148,38 @@ async fn seeded_sampling_is_reproducible() {
     let (_, other) = post(&url, &body(1, 8)).await;
     assert_ne!(choice(&other, 0), choice(&one, 0), "another seed, other tokens");
 }
+
+/// Issue 26 (7): a tiny temperature is greedy, not garbage (1e-38 made `logit / T` overflow
+/// and the draw took the least likely token), on every surface.
+#[tokio::test]
+async fn tiny_temperatures_answer_as_temperature_zero() {
+    let server = own_smol();
+    let chat = |t: f64| {
+        json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12,
+               "temperature": t, "top_p": 0.9, "seed": 3})
+    };
+    let (status, greedy) = post(&server.at("/v1/chat/completions"), &chat(0.0)).await;
+    assert_eq!(status, 200, "{greedy}");
+    let want = greedy["choices"][0]["message"]["content"].as_str().expect("content").to_string();
+    for t in [1e-38, 1e-30, 1e-6] {
+        let (status, tiny) = post(&server.at("/v1/chat/completions"), &chat(t)).await;
+        assert_eq!(status, 200, "{tiny}");
+        assert_eq!(tiny["choices"][0]["message"]["content"].as_str(), Some(want.as_str()), "temperature {t}");
+    }
+    let text = |t: f64| json!({"prompt": "The capital of France is", "max_tokens": 8, "temperature": t});
+    let (_, greedy) = post(&server.at("/v1/completions"), &text(0.0)).await;
+    let (_, tiny) = post(&server.at("/v1/completions"), &text(1e-38)).await;
+    assert_eq!(tiny["choices"][0]["text"], greedy["choices"][0]["text"]);
+    let messages = |t: f64| {
+        json!({"model": "smollm2", "max_tokens": 12, "temperature": t,
+               "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    };
+    let (_, greedy) = post(&server.at("/v1/messages"), &messages(0.0)).await;
+    let (status, tiny) = post(&server.at("/v1/messages"), &messages(1e-38)).await;
+    assert_eq!(status, 200, "{tiny}");
+    assert_eq!(tiny["content"], greedy["content"]);
+    // Temperatures no API allows: 400 naming the field.
+    let (status, body) = post(&server.at("/v1/messages"), &messages(-0.5)).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("temperature"), "{body}");
+}

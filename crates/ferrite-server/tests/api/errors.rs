@@ -13,6 +13,9 @@ async fn malformed_bodies_are_400() {
     assert_error(post_raw(&url, b"{\"prompt\": \"\xff\xfe\"}".to_vec()).await, 400, None, "not valid UTF-8");
     assert_error(post_raw(&url, b"[1, 2, 3]".to_vec()).await, 400, None, "must be a JSON object");
     assert_error(post_raw(&url, b"{}".to_vec()).await, 400, None, "missing field `prompt`");
+    // JSON has no NaN: a body that writes one is not JSON.
+    let nan = b"{\"prompt\": [1], \"temperature\": NaN}".to_vec();
+    assert_error(post_raw(&url, nan).await, 400, None, "not valid JSON");
     let chat = tiny().at("/v1/chat/completions");
     assert_error(post_raw(&chat, b"{\"model\": \"llama\"}".to_vec()).await, 400, None, "missing field `messages`");
 }
@@ -89,6 +92,8 @@ async fn invalid_values_are_400_with_the_engine_message() {
         (json!({"prompt": [1], "max_tokens": 0}), Some("max_tokens"), "at least 1"),
         (json!({"prompt": [1], "n": 0}), Some("n"), "n must be"),
         (json!({"prompt": [1], "temperature": -1}), Some("temperature"), "temperature"),
+        (json!({"prompt": [1], "temperature": -1e-38}), Some("temperature"), "temperature"),
+        (json!({"prompt": [1], "temperature": 1e39}), Some("temperature"), "temperature"),
         (json!({"prompt": [1], "top_p": 0}), Some("top_p"), "top_p"),
         (json!({"prompt": [1], "presence_penalty": 3}), Some("presence_penalty"), "presence_penalty"),
         (json!({"prompt": [1], "logit_bias": {"abc": 1}}), Some("logit_bias"), "token ids"),

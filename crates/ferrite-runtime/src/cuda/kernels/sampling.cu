@@ -16,8 +16,10 @@
 // with the inverse CDF of the kept mass, highest first — all in the CPU's order, logits
 // descending and equal logits by id ascending (a select that ends inside a run of equal logits
 // finds the last id it needs with three more passes over ids). Non-finite logits are never
-// candidates; a row without a finite logit, and temperature 0, take the argmax (first on
-// ties, NaN never wins).
+// candidates; a row with a +inf logit (a certainty), a row without a finite logit, and
+// temperature 0 take the argmax (first on ties, NaN never wins). The host sends the
+// temperatures below MIN_TEMPERATURE (ferrite_runtime::sampling) as 0; any other whose
+// inverse overflows is greedy here too, so (v - max) / t is never 0 * inf = NaN.
 
 #define SAMPLE_THREADS 1024
 #define MASS_ONE 1099511627776.0f  // 2^40
@@ -326,8 +328,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 
     int token = amax;
     const float t = temperature[row];
-    if (t > 0.f && mr != -FERRITE_INF) {
-        const float inv_t = 1.f / t;
+    const float inv_t = 1.f / t;
+    if (t > 0.f && is_finite(inv_t) && mr != -FERRITE_INF && amax_v != FERRITE_INF) {
         Cut cut = Cut{0u, NO_ID};
         const int k = top_k[row];
         if (k > 0) cut = select_cut(x, vocab, mr, inv_t, cut, 0.f, false, (unsigned long long)k, false, &s);

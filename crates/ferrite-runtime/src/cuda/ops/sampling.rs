@@ -9,7 +9,7 @@ use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
 pub use crate::sampling::RowSampling;
-use crate::sampling::{LogitEdit, SampledToken};
+use crate::sampling::{is_greedy_temperature, LogitEdit, SampledToken};
 
 /// Threads of the one-block-per-row sampling kernels (SAMPLE_THREADS).
 const THREADS: u32 = 1024;
@@ -63,7 +63,10 @@ impl SamplingParamsDev {
         }
         let n = rows.len();
         let mut host = Vec::with_capacity(5 * n + EDIT_WORDS * edits.len());
-        host.extend(rows.iter().map(|r| r.temperature.to_bits()));
+        // The kernel samples at any temperature above 0: the greedy ones go as 0.
+        host.extend(
+            rows.iter().map(|r| if is_greedy_temperature(r.temperature) { 0.0 } else { r.temperature }.to_bits()),
+        );
         host.extend(rows.iter().map(|r| r.top_k.min(i32::MAX as u32)));
         host.extend(rows.iter().map(|r| r.top_p.to_bits()));
         host.extend(rows.iter().map(|r| r.min_p.to_bits()));
