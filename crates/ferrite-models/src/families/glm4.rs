@@ -16,7 +16,7 @@ pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
         ConfigSource::Gguf(_) => cfg.rope.rotary_dim as f64 / cfg.head_dim as f64,
     };
     let rotary = (cfg.head_dim as f64 * partial) as usize;
-    if rotary % 2 != 0 || rotary > cfg.head_dim {
+    if !rotary.is_multiple_of(2) || rotary > cfg.head_dim {
         return Err(
             src.error(format!("partial_rotary_factor {partial} gives {rotary} rotary dims of {}", cfg.head_dim))
         );

@@ -298,7 +298,7 @@ impl DecoderLayers {
             // Decode of a layer with its own KV and a RoPE: the attention kernel rotates q and
             // the new keys and stores K and V itself (with no rotary pairs it would take the
             // keys as already stored, so a NoPE layer stores them through `rope`).
-            Some(plan) if !a.shared && rope.inv_freq.len() > 0 => {
+            Some(plan) if !a.shared && !rope.inv_freq.is_empty() => {
                 let (meta, scratch) = (&io.metas[group], &mut io.scratch);
                 let r = (&rope.inv_freq, rope.scaling);
                 ops::decode_attention_rope(
