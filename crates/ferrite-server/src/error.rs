@@ -131,7 +131,7 @@ impl ApiError {
                     "This model's maximum context length is {context} tokens. However, you requested {} tokens \
                      ({prompt} in the messages, {m} in the completion). Please reduce the length of the messages \
                      or completion.",
-                    prompt + m
+                    prompt.saturating_add(m)
                 ),
                 format!(
                     "input length and `max_tokens` exceed context limit: {prompt} + {m} > {context}, decrease input \

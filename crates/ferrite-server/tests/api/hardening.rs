@@ -12,12 +12,12 @@ async fn wrapping_max_tokens_and_min_tokens_are_400() {
     let url = smol().at("/v1/chat/completions");
     let mut body = chat_body("Hi", 4);
     body["max_tokens"] = json!(u64::MAX);
-    assert_error(post(&url, &body).await, 400, None, "exceed the context");
+    assert_error(post(&url, &body).await, 400, None, "maximum context length");
     let mut body = chat_body("Hi", 4);
     body["min_tokens"] = json!(u64::MAX);
     assert_error(post(&url, &body).await, 400, Some("min_tokens"), "min_tokens");
     let completions = json!({"model": "smollm2", "prompt": "Hi", "max_tokens": u64::MAX - 1});
-    assert_error(post(&smol().at("/v1/completions"), &completions).await, 400, None, "exceed the context");
+    assert_error(post(&smol().at("/v1/completions"), &completions).await, 400, None, "maximum context length");
 }
 
 #[tokio::test]
