@@ -33,6 +33,7 @@ fn model() -> &'static ModelInfo {
             chat_template: Some(template),
             defaults: GenerationDefaults::default(),
             created: 0,
+            max_text_bytes: usize::MAX,
         }
     })
 }

@@ -29,12 +29,14 @@ use crate::state::{random_id, unix_now, App, ModelInfo};
 /// `prompts`, so the request fuzz target (`fuzz/`) converts bodies as the handler does.
 #[derive(Debug, Deserialize)]
 pub struct CompletionFields {
-    prompt: Value,
+    /// The prompt (text, texts, ids or lists of ids), and whether to add special tokens: public
+    /// for the request fuzz target, which converts them as the handler does.
+    pub prompt: Value,
     suffix: Option<String>,
     echo: Option<bool>,
     logprobs: Option<usize>,
     best_of: Option<usize>,
-    add_special_tokens: Option<bool>,
+    pub add_special_tokens: Option<bool>,
     return_token_ids: Option<bool>,
 }
 
