@@ -81,10 +81,6 @@ impl Weights {
         Weights { source, layout }
     }
 
-    pub fn source(&self) -> &WeightSource {
-        &self.source
-    }
-
     fn path(&self, name: &str) -> &Path {
         match &self.source {
             WeightSource::Safetensors(s) => s.path_of(name),

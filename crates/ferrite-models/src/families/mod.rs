@@ -91,12 +91,6 @@ pub struct Family {
     pub plan: fn(&mut ModelConfig, &ConfigSource) -> Result<DecoderPlan>,
 }
 
-impl PartialEq for Family {
-    fn eq(&self, other: &Family) -> bool {
-        self.name == other.name
-    }
-}
-
 /// Every family ferrite runs.
 pub static FAMILIES: &[Family] = &[
     Family {
