@@ -3,7 +3,9 @@
 //! is announced (id and name) as soon as its name is complete and its arguments stream up
 //! to JSON safe points (`json`), so what a client receives is always valid JSON once the
 //! call ends — a call cut short or broken after its name is closed at its last safe point
-//! (and the rest of a broken Hermes block is dropped).
+//! (and the rest of a broken Hermes block is dropped). A call the generation's end cut
+//! short is also reported (`Delta::Cut`, with the model's text of it), so that the reply
+//! says it was truncated.
 //!
 //! A reply that is a bare call object (Llama's form; Qwen2.5-Coder does it in Hermes
 //! templates too) is a call when it names an offered tool. Text that starts like a call but
@@ -84,6 +86,9 @@ pub struct ToolCallParser {
     /// Text read since the call's start (or the last announced call): content again if it
     /// turns out not to be a call.
     raw: String,
+    /// The text of the announced call in progress up to its announcement (its tag
+    /// included); with `raw`, the model's whole text of the call.
+    call_text: String,
     /// Trailing blanks of the content, held back: dropped before a call, sent before text.
     held_ws: String,
     out: Vec<Delta>,
@@ -102,6 +107,7 @@ impl ToolCallParser {
             committed: false,
             bare: false,
             raw: String::new(),
+            call_text: String::new(),
             held_ws: String::new(),
             out: Vec::new(),
         }
@@ -138,7 +144,7 @@ impl ToolCallParser {
         let index = self.calls;
         self.calls += 1;
         self.committed = true;
-        self.raw.clear();
+        self.call_text = std::mem::take(&mut self.raw);
         let id = Some(random_id("call_"));
         self.out.push(Delta::ToolCall(ToolCallDelta { index, id, name: Some(name), arguments: String::new() }));
     }
@@ -488,8 +494,10 @@ impl OutputParser for ToolCallParser {
                 None => self.content(&format!("{}{body}{rest}", self.raw)),
             },
             State::Call(body) if self.committed => {
+                let text = format!("{}{}{rest}", self.call_text, self.raw);
                 self.state = State::Call(body);
                 self.close_call();
+                self.out.push(Delta::Cut(text));
             }
             State::Call(_) => self.content(&format!("{}{rest}", self.raw)),
             State::Discard => {}
