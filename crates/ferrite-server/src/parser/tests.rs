@@ -202,8 +202,21 @@ fn hermes_bare_call_objects() {
     let third = "{\"name\": \"get_weather\", \"";
     assert_eq!(got, cut_reply("", &[call.clone(), call.clone(), ("get_weather", json!({}))], third));
     let cut = format!("{bare}\n{{\"name\": \"get_w");
-    assert_eq!(parse_every_way(&with(ToolSyntax::Hermes), &cut), reply("{\"name\": \"get_w", "", &[call]));
-    for text in ["{\"name\": \"Bob\", \"arguments\": {}}", "{\"answer\": 42}"] {
+    assert_eq!(parse_every_way(&with(ToolSyntax::Hermes), &cut), reply("{\"name\": \"get_w", "", &[call.clone()]));
+    // Qwen2.5-Coder's fenced form: one block or several, text after them is content.
+    let fenced = format!("```json\n{bare}\n```");
+    assert_eq!(parse_every_way(&with(ToolSyntax::Hermes), &fenced), reply("", "", &[call.clone()]));
+    let two = format!("```\n{bare}\n```\n\n```json\n  {bare}\n```\nDone.");
+    assert_eq!(parse_every_way(&with(ToolSyntax::Hermes), &two), reply("Done.", "", &[call.clone(), call.clone()]));
+    for text in [
+        "{\"name\": \"Bob\", \"arguments\": {}}",
+        "{\"answer\": 42}",
+        "```json\n{\"answer\": 42}\n```",
+        "```python\nprint({})\n```",
+        "```json\n[1, 2]\n```",
+        "``",
+        "Run:\n```json\n{\"name\": \"get_weather\", \"arguments\": {}}\n```",
+    ] {
         assert_eq!(parse_every_way(&with(ToolSyntax::Hermes), text), reply(text, "", &[]), "{text}");
     }
 }

@@ -8,7 +8,8 @@
 //! says it was truncated.
 //!
 //! A reply that is a bare call object (Llama's form; Qwen2.5-Coder does it in Hermes
-//! templates too) is a call when it names an offered tool. Text that starts like a call but
+//! templates too, bare or in a Markdown JSON code fence) is a call when it names an offered
+//! tool. Text that starts like a call but
 //! is not one (bad JSON before the name, a bare object naming no offered tool) falls back
 //! to content.
 
@@ -83,6 +84,8 @@ pub struct ToolCallParser {
     committed: bool,
     /// The call in progress came without a tag (it must name an offered tool).
     bare: bool,
+    /// The call in progress opened with a Markdown code fence, whose closing fence follows it.
+    fenced: bool,
     /// Text read since the call's start (or the last announced call): content again if it
     /// turns out not to be a call.
     raw: String,
@@ -106,6 +109,7 @@ impl ToolCallParser {
             calls: 0,
             committed: false,
             bare: false,
+            fenced: false,
             raw: String::new(),
             call_text: String::new(),
             held_ws: String::new(),
@@ -223,12 +227,15 @@ impl ToolCallParser {
         if blank == self.buf.len() {
             return false;
         }
-        if self.buf[blank..].starts_with('{') {
-            self.raw = self.buf.drain(..blank).collect();
-            self.bare = true;
-            self.state = State::Call(Body::Object(Box::default()));
-        } else {
-            self.state = State::Text;
+        match bare_opening(&self.buf[blank..]) {
+            Opening::Call { fence } => {
+                self.raw = self.buf.drain(..blank + fence).collect();
+                self.bare = true;
+                self.fenced = fence > 0;
+                self.state = State::Call(Body::Object(Box::default()));
+            }
+            Opening::Undecided => return false,
+            Opening::No => self.state = State::Text,
         }
         true
     }
@@ -465,12 +472,67 @@ impl ToolCallParser {
                 return false;
             }
         }
-        if (llama || self.bare) && self.buf.starts_with('{') {
-            self.state = State::Call(self.new_body());
-        } else {
-            self.state = State::Text;
+        if self.fenced {
+            if self.buf.starts_with(FENCE) {
+                self.buf.drain(..FENCE.len());
+                self.fenced = false;
+                return true;
+            }
+            if FENCE.starts_with(self.buf.as_str()) {
+                return false;
+            }
         }
+        if llama || self.bare {
+            match bare_opening(&self.buf) {
+                Opening::Call { fence } => {
+                    self.raw = self.buf.drain(..fence).collect();
+                    self.fenced = fence > 0;
+                    self.state = State::Call(self.new_body());
+                    return true;
+                }
+                Opening::Undecided => return false,
+                Opening::No => {}
+            }
+        }
+        self.state = State::Text;
         true
+    }
+}
+
+const FENCE: &str = "```";
+
+/// How a bare call may open at the start of some text.
+enum Opening {
+    /// It does, at `{` after `fence` bytes of a Markdown code fence (0: no fence).
+    Call {
+        fence: usize,
+    },
+    /// More text decides.
+    Undecided,
+    No,
+}
+
+/// A bare call opens with `{`, or with a code fence (```` ``` ```` or ```` ```json ````, its line
+/// ended) and then `{`: Qwen2.5-Coder fences its calls as a Markdown JSON block.
+fn bare_opening(s: &str) -> Opening {
+    if s.starts_with('{') {
+        return Opening::Call { fence: 0 };
+    }
+    let Some(rest) = s.strip_prefix(FENCE) else {
+        return if FENCE.starts_with(s) { Opening::Undecided } else { Opening::No };
+    };
+    let Some(eol) = rest.find('\n') else {
+        return if "json".starts_with(rest.trim_end()) { Opening::Undecided } else { Opening::No };
+    };
+    if !matches!(rest[..eol].trim(), "" | "json") {
+        return Opening::No;
+    }
+    let body = &rest[eol + 1..];
+    let blank = body.len() - body.trim_start().len();
+    match body[blank..].chars().next() {
+        None => Opening::Undecided,
+        Some('{') => Opening::Call { fence: FENCE.len() + eol + 1 + blank },
+        Some(_) => Opening::No,
     }
 }
 
