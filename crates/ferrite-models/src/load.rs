@@ -24,9 +24,13 @@ use ferrite_runtime::DType;
 /// Sampling defaults a model ships in `generation_config.json`.
 #[derive(Debug, Clone, Default)]
 pub struct GenerationDefaults {
+    /// `do_sample`: false (or absent, transformers' default) means greedy decoding whatever
+    /// the other values say.
+    pub do_sample: Option<bool>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<usize>,
+    pub repetition_penalty: Option<f32>,
     pub eos_token_ids: Vec<u32>,
 }
 
@@ -213,10 +217,9 @@ fn build(cfg: ModelConfig, plan: DecoderPlan, weights: &Weights, target: &Target
         match crate::gpu::unsupported(&plan) {
             None => {
                 let (gpu, note) = open_gpu(ordinal)?;
-                let bar = progress_bar(cfg.num_layers);
-                let w =
-                    crate::gpu::DecoderWeights::upload(&cfg, &plan, weights, &gpu, &|n| bar.set_position(n as u64))?;
-                bar.finish_and_clear();
+                let bar = LoadBar::new(weights.file_bytes(), cfg.num_layers);
+                let w = crate::gpu::DecoderWeights::upload(&cfg, &plan, weights, &gpu, &|n| bar.layer_done(n))?;
+                bar.finish();
                 let model = Arc::new(crate::gpu::GpuDecoder::new(cfg, plan, w, gpu)?);
                 return Ok((model, target.device, note));
             }
@@ -227,19 +230,42 @@ fn build(cfg: ModelConfig, plan: DecoderPlan, weights: &Weights, target: &Target
     Ok((build_cpu(cfg, plan, weights)?, Device::Cpu, "cpu".into()))
 }
 
-fn progress_bar(layers: usize) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(layers as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    bar
+/// The loading progress bar, in bytes of weights (each layer counted as an equal share); drawn
+/// only when stderr is a terminal.
+struct LoadBar {
+    bar: indicatif::ProgressBar,
+    bytes: u64,
+    layers: u64,
+}
+
+impl LoadBar {
+    fn new(bytes: usize, layers: usize) -> LoadBar {
+        use std::io::IsTerminal;
+        let bar = if std::io::stderr().is_terminal() {
+            indicatif::ProgressBar::new(bytes as u64).with_style(
+                indicatif::ProgressStyle::with_template("loading {bar:30} {bytes}/{total_bytes}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            )
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        LoadBar { bar, bytes: bytes as u64, layers: layers.max(1) as u64 }
+    }
+
+    /// `n` layers are loaded.
+    fn layer_done(&self, n: usize) {
+        self.bar.set_position(self.bytes * (n as u64).min(self.layers) / self.layers);
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
 }
 
 fn build_cpu(cfg: ModelConfig, plan: DecoderPlan, weights: &Weights) -> Result<Arc<dyn CausalLm>> {
-    let bar = progress_bar(cfg.num_layers);
-    let model = Decoder::load(cfg, plan, weights, &|n| bar.set_position(n as u64))?;
-    bar.finish_and_clear();
+    let bar = LoadBar::new(weights.file_bytes(), cfg.num_layers);
+    let model = Decoder::load(cfg, plan, weights, &|n| bar.layer_done(n))?;
+    bar.finish();
     Ok(Arc::new(model))
 }
 
@@ -284,9 +310,11 @@ fn generation_defaults(v: &Value) -> GenerationDefaults {
         _ => vec![],
     };
     GenerationDefaults {
+        do_sample: v.get("do_sample").and_then(Value::as_bool),
         temperature: f("temperature"),
         top_p: f("top_p"),
         top_k: v.get("top_k").and_then(Value::as_u64).map(|x| x as usize),
+        repetition_penalty: f("repetition_penalty"),
         eos_token_ids: eos,
     }
 }
