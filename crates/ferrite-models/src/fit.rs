@@ -363,13 +363,16 @@ impl Fit {
                 if rows == 1 { "" } else { "s" },
                 self.device
             ),
-            Verdict::ContextTooLong => {
-                let tokens = self.kv_tokens.unwrap_or(0);
-                format!(
+            Verdict::ContextTooLong => match self.kv_tokens {
+                Some(tokens) => format!(
                     "does not fit at this context: the KV cache holds {tokens} tokens, less than one {len}-token \
                      sequence (--max-model-len {tokens} would fit one)"
-                )
-            }
+                ),
+                None => format!(
+                    "does not fit: the KV cache's {} blocks are fewer than one sequence's window needs",
+                    self.kv_blocks
+                ),
+            },
             Verdict::NoRoom => format!(
                 "does not fit: weights {} + workspace {}{} need more than the {} available on {}",
                 human_bytes(self.weights),

@@ -319,6 +319,24 @@ fn generation_defaults(v: &Value) -> GenerationDefaults {
     }
 }
 
+/// The sampling a GGUF file recommends: the `general.sampling.*` keys converters copy from the
+/// model's generation config (llama.cpp reads the same); their presence means the author
+/// samples. A top-k of 0 or below is no cut.
+fn gguf_generation_defaults(g: &GgufFile) -> GenerationDefaults {
+    let f = |k: &str| g.get_f64(&format!("general.sampling.{k}")).map(|v| v as f32);
+    let top_k = g.get("general.sampling.top_k").and_then(|v| v.as_i64()).map(|k| k.max(0) as usize);
+    let (temperature, top_p) = (f("temp"), f("top_p"));
+    let samples = temperature.is_some() || top_p.is_some() || top_k.is_some();
+    GenerationDefaults {
+        do_sample: samples.then_some(true),
+        temperature,
+        top_p,
+        top_k,
+        repetition_penalty: f("penalty_repeat"),
+        eos_token_ids: vec![],
+    }
+}
+
 fn load_gguf(path: &Path, target: &Target, opts: &LoadOptions) -> Result<LoadedModel> {
     let g = GgufFile::open(path)?;
     let mut cfg = ModelConfig::from_gguf(&g)?;
@@ -332,6 +350,7 @@ fn load_gguf(path: &Path, target: &Target, opts: &LoadOptions) -> Result<LoadedM
         None => None,
     };
     let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Gguf(&g))?;
+    let generation = gguf_generation_defaults(&g);
     let layout = layout(&cfg, &plan, true);
     let weights = Weights::new(WeightSource::Gguf(g), layout);
     let (model, device, device_note) = build(cfg, plan, &weights, target)?;
@@ -339,10 +358,46 @@ fn load_gguf(path: &Path, target: &Target, opts: &LoadOptions) -> Result<LoadedM
         model,
         tokenizer: Some(Arc::new(tokenizer)),
         chat_template,
-        generation: GenerationDefaults::default(),
+        generation,
         weight_bytes: weights.file_bytes(),
         load_secs: 0.0,
         device,
         device_note,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GGUF v3 image with no tensors and `kv` (key, type id, little-endian value bytes).
+    fn gguf(kv: &[(&str, u32, Vec<u8>)]) -> GgufFile {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.extend((kv.len() as u64).to_le_bytes());
+        for (key, ty, value) in kv {
+            b.extend((key.len() as u64).to_le_bytes());
+            b.extend(key.as_bytes());
+            b.extend(ty.to_le_bytes());
+            b.extend(value);
+        }
+        b.resize(b.len().div_ceil(32) * 32, 0);
+        GgufFile::from_bytes(Path::new("sampling.gguf"), &b).unwrap()
+    }
+
+    #[test]
+    fn gguf_sampling_keys_are_the_model_defaults() {
+        let (f32_, i32_) = (6, 5);
+        let g = gguf(&[
+            ("general.sampling.temp", f32_, 0.6f32.to_le_bytes().to_vec()),
+            ("general.sampling.top_k", i32_, (-1i32).to_le_bytes().to_vec()),
+            ("general.sampling.penalty_repeat", f32_, 1.5f32.to_le_bytes().to_vec()),
+        ]);
+        let d = gguf_generation_defaults(&g);
+        assert_eq!((d.do_sample, d.temperature, d.top_k, d.top_p), (Some(true), Some(0.6), Some(0), None));
+        assert_eq!(d.repetition_penalty, Some(1.5));
+        let none = gguf_generation_defaults(&gguf(&[]));
+        assert_eq!((none.do_sample, none.temperature, none.repetition_penalty), (None, None, None));
+    }
 }
