@@ -40,7 +40,12 @@ pub fn list() -> Result<()> {
     }
     let hub = hf_cache::hub_dir();
     let cached = hf_cache::list(&hub)?;
-    println!("Hugging Face cache ({}): {} model{}", hub.display(), cached.len(), if cached.len() == 1 { "" } else { "s" });
+    println!(
+        "Hugging Face cache ({}): {} model{}",
+        hub.display(),
+        cached.len(),
+        if cached.len() == 1 { "" } else { "s" }
+    );
     for c in cached {
         let size = human_bytes(c.bytes as usize);
         let (arch, runs) = match &c.path {

@@ -37,10 +37,11 @@ pub fn ignored_flags_note(args: &SamplingArgs, resolved: &SamplingParams) -> Opt
     if !resolved.is_greedy() {
         return None;
     }
-    let given: Vec<&str> = [("--top-k", args.top_k.is_some()), ("--top-p", args.top_p.is_some()), ("--min-p", args.min_p.is_some())]
-        .into_iter()
-        .filter_map(|(flag, set)| set.then_some(flag))
-        .collect();
+    let given: Vec<&str> =
+        [("--top-k", args.top_k.is_some()), ("--top-p", args.top_p.is_some()), ("--min-p", args.min_p.is_some())]
+            .into_iter()
+            .filter_map(|(flag, set)| set.then_some(flag))
+            .collect();
     if given.is_empty() {
         return None;
     }

@@ -239,7 +239,7 @@ pub struct SamplingArgs {
     pub top_p: Option<f32>,
     #[arg(long)]
     pub top_k: Option<usize>,
-    /// > 1 discourages repeating tokens of the prompt and output (default: the model's
+    /// Above 1 discourages repeating tokens of the prompt and output (default: the model's
     /// generation_config, else 1, off).
     #[arg(long)]
     pub repetition_penalty: Option<f32>,

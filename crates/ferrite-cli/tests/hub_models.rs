@@ -65,7 +65,11 @@ fn fits_a_cached_repo() {
     assert!(stdout.contains("weights    455 KiB (as stored, memory-mapped)"), "{stdout}");
     assert!(stdout.contains("KV cache   f16: 256 B per token (full attention, 2 layers: 256 B)"), "{stdout}");
     assert!(stdout.contains("verdict    fits: 64 sequences of 256 tokens at once on cpu"), "{stdout}");
-    let out = ferrite(hub.path(), home.path(), &["fit", "test-org/tiny-llama", "--max-num-seqs", "3", "--max-model-len", "100"]);
+    let out = ferrite(
+        hub.path(),
+        home.path(),
+        &["fit", "test-org/tiny-llama", "--max-num-seqs", "3", "--max-model-len", "100"],
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("fits: 3 sequences of 100 tokens"));
 }
 

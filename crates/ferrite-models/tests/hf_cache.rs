@@ -75,7 +75,9 @@ fn parses_references() {
         ("Qwen/Qwen3-8B", Some("v1.0"), Some("q/model-Q4_K_M.gguf"))
     );
     assert_eq!(RepoRef::parse("a/b").unwrap().revision, None);
-    for bad in ["smollm2", "a/b/c", "./a", "../a/b", "/abs/path", "a/", "a/b@", "a/b:../x.gguf", "a/b@../../etc", "a b/c"] {
+    for bad in
+        ["smollm2", "a/b/c", "./a", "../a/b", "/abs/path", "a/", "a/b@", "a/b:../x.gguf", "a/b@../../etc", "a b/c"]
+    {
         assert_eq!(RepoRef::parse(bad), None, "{bad}");
     }
 }
@@ -110,9 +112,15 @@ fn what_is_missing_names_where_it_looked() {
     let hub = hub();
     let err = resolve(hub.path(), "nobody/nothing").unwrap_err().to_string();
     let dir = hub.path().join("models--nobody--nothing");
-    assert!(err.contains(&dir.display().to_string()) && err.contains("huggingface-cli download nobody/nothing"), "{err}");
+    assert!(
+        err.contains(&dir.display().to_string()) && err.contains("huggingface-cli download nobody/nothing"),
+        "{err}"
+    );
     let err = resolve(hub.path(), "test-org/tiny-llama@v2").unwrap_err().to_string();
-    assert!(err.contains("refs/v2") && err.contains("snapshots/v2") && err.contains(MAIN) && err.contains(OLD), "{err}");
+    assert!(
+        err.contains("refs/v2") && err.contains("snapshots/v2") && err.contains(MAIN) && err.contains(OLD),
+        "{err}"
+    );
     let err = resolve(hub.path(), "test-org/tiny-gguf:absent.gguf").unwrap_err().to_string();
     assert!(err.contains("absent.gguf") && err.contains(MAIN), "{err}");
     let err = resolve(hub.path(), "test-org/tiny-llama:config.json").unwrap_err().to_string();
@@ -132,7 +140,10 @@ fn lists_the_cache() {
     let hub = hub();
     let listed = hf_cache::list(hub.path()).unwrap();
     let ids: Vec<&str> = listed.iter().map(|m| m.id.as_str()).collect();
-    assert_eq!(ids, ["test-org/no-model", "test-org/tiny-gguf:glm4.gguf", "test-org/tiny-gguf:q/phi3.gguf", "test-org/tiny-llama"]);
+    assert_eq!(
+        ids,
+        ["test-org/no-model", "test-org/tiny-gguf:glm4.gguf", "test-org/tiny-gguf:q/phi3.gguf", "test-org/tiny-llama"]
+    );
     let llama = &listed[3];
     let want: u64 = ["config.json", "generation_config.json", "model.safetensors"]
         .iter()
