@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use ferrite_models::fit::{FitOptions, KvDtypeChoice};
 use ferrite_runtime::cuda::Device;
 use ferrite_server::guard::GuardConfig;
 use ferrite_server::{App, ModelInfo, ServerConfig, Shutdown};
@@ -75,7 +76,30 @@ fn model_names(arg: &str, path: &Path, served: Option<&str>) -> (String, Vec<Str
     (name, aliases)
 }
 
+/// The memory fit of the model `serve` is about to load, with the engine settings it will run
+/// (on the CPU the KV cache is `DEFAULT_KV_BYTES` unless told otherwise).
+fn fit_summary(args: &ServeArgs) -> Result<String> {
+    let path = crate::model_arg::resolve(args.model.name())?;
+    let e = &args.engine;
+    let opts = FitOptions {
+        max_model_len: e.max_model_len,
+        max_num_seqs: e.max_num_seqs,
+        max_num_batched_tokens: e.max_num_batched_tokens,
+        block_size: e.block_size,
+        kv_dtype: KvDtypeChoice::Auto,
+        kv_cache_memory: e.kv_cache_memory,
+        gpu_memory_utilization: e.gpu_memory_utilization,
+    };
+    Ok(crate::fit::estimate(&path, args.model.device, opts, Some(DEFAULT_KV_BYTES))?.to_string())
+}
+
 pub fn serve(args: ServeArgs) -> Result<()> {
+    if args.model.synthetic.is_none() {
+        // The load below reports a model that cannot be read; the summary is only said when it can be.
+        if let Ok(summary) = fit_summary(&args) {
+            eprintln!("{summary}");
+        }
+    }
     let (loaded, path, threads) = args.model.load()?;
     let mut engine_args = args.engine.clone();
     if loaded.device == Device::Cpu {
