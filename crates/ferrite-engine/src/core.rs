@@ -232,18 +232,9 @@ impl EngineCore {
         }
         let (hit, kept): (Vec<Sequence>, Vec<Sequence>) = self.sched.waiting.drain(..).partition(|s| s.request == id);
         self.sched.waiting.extend(kept);
-        for mut seq in aborted.into_iter().chain(hit) {
-            self.release(&mut seq);
-        }
+        // Dropping them returns their blocks, in the target's KV and the draft's.
+        drop((aborted, hit));
         self.after_step_bookkeeping();
-    }
-
-    /// Free a sequence's blocks, in the target's KV and the draft's.
-    fn release(&mut self, seq: &mut Sequence) {
-        self.kvm.free(&mut seq.kv);
-        if let Some(d) = self.drafter.as_mut() {
-            d.free(&mut seq.spec.draft);
-        }
     }
 
     /// One engine iteration. A model failure ends the requests of this step with an error.
@@ -278,7 +269,7 @@ impl EngineCore {
                 query.extend(&p.ids);
             }
             let context = s.num_computed + query.len();
-            batch.push_row(&query, context, s.kv.tables.clone(), logits);
+            batch.push_row(&query, context, s.kv.tables().to_vec(), logits);
             plan.push(PlanRow { index: Some(r.index), tokens: end - s.num_computed, logits: n_logits, proposal });
         }
         self.metrics.add_batch(batch.num_tokens());
@@ -377,9 +368,9 @@ impl EngineCore {
             }
         }
         done.sort_unstable();
+        // A finished sequence's blocks go back as it is dropped.
         for idx in done.into_iter().rev() {
-            let mut seq = self.sched.running.remove(idx);
-            self.release(&mut seq);
+            self.sched.running.remove(idx);
         }
         for child in children.into_iter().rev() {
             self.sched.waiting.push_front(child);
@@ -401,8 +392,8 @@ impl EngineCore {
         indices.sort_unstable();
         indices.dedup();
         for idx in indices.into_iter().rev() {
-            let mut seq = self.sched.running.remove(idx);
-            self.finish(&mut seq, FinishReason::Error, None, None, Some(msg.clone()));
+            let seq = self.sched.running.remove(idx);
+            self.finish(seq, FinishReason::Error, None, None, Some(msg.clone()));
         }
         self.after_step_bookkeeping();
         e
@@ -416,8 +407,20 @@ impl EngineCore {
         }
         self.metrics.set_preemptions(self.sched.preemptions);
         #[cfg(debug_assertions)]
-        if let Err(e) = self.kvm.check_invariants() {
+        if let Err(e) = self.check_kv_invariants() {
             panic!("KV block pool invariant broken: {e}");
+        }
+    }
+
+    /// Check the KV pools (the target's and the draft's): every free list agrees with the
+    /// counts, and every block's count is the number of live table entries holding it.
+    pub fn check_kv_invariants(&self) -> Result<(), String> {
+        let seqs = || self.sched.running.iter().chain(&self.sched.waiting);
+        self.kvm.check_invariants()?;
+        self.kvm.check_holders(seqs().map(|s| &s.kv))?;
+        match &self.drafter {
+            Some(d) => d.check_invariants(seqs().map(|s| &s.spec.draft)),
+            None => Ok(()),
         }
     }
 
@@ -428,11 +431,11 @@ impl EngineCore {
         let parent = &mut self.sched.running[idx];
         let n = std::mem::take(&mut parent.pending_children);
         let shared = (parent.prompt_len - 1) / bs;
-        let (kv_parent, base_seed) = (parent.kv.clone(), parent.params.sampling.seed);
+        let base_seed = parent.params.sampling.seed;
         let mut out = Vec::with_capacity(n);
         for choice in 1..=n {
-            let kv = self.kvm.share_prefix(&kv_parent, shared);
             let p = &self.sched.running[idx];
+            let kv = self.kvm.share_prefix(&p.kv, shared);
             out.push(Sequence {
                 request: p.request,
                 choice,
@@ -440,7 +443,7 @@ impl EngineCore {
                 seed: choice_seed(base_seed, choice),
                 tokens: p.tokens[..p.prompt_len].to_vec(),
                 prompt_len: p.prompt_len,
-                num_computed: kv.tables.first().map_or(0, |t| t.len()) * bs,
+                num_computed: kv.tables().first().map_or(0, |t| t.len()) * bs,
                 looked_up: true,
                 kv,
                 cached_tokens: p.cached_tokens,

@@ -148,7 +148,7 @@ impl EngineCore {
         let mut carried = Vec::with_capacity(flight.rows.len());
         for (i, s) in self.sched.running.iter().enumerate() {
             // The id is a placeholder: the device carries the queued step's pick of row i in.
-            batch.push_row(&[0], s.tokens.len() + 1, s.kv.tables.clone(), RowLogits::Last);
+            batch.push_row(&[0], s.tokens.len() + 1, s.kv.tables().to_vec(), RowLogits::Last);
             carried.push((i, i));
         }
         let samplers: Vec<RowSampler> = match greedy {
