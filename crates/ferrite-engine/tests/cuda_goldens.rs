@@ -153,7 +153,8 @@ fn cuda_goldens_graph_replay_equals_eager() {
     }
     // (fixture, the first row's prompt length): phi3's first row crosses its original context
     // (32) at the 6th of the 12 decode steps, the others start past it.
-    let cases = [("gemma3", 20), ("gemma4-shared-ple", 20), ("phi3", 26), ("olmo2", 20), ("granite", 20), ("starcoder2", 20)];
+    let cases =
+        [("gemma3", 20), ("gemma4-shared-ple", 20), ("phi3", 26), ("olmo2", 20), ("granite", 20), ("starcoder2", 20)];
     for (name, first) in cases {
         let model = gpu_decoder(name);
         let vocab = model.config().vocab_size as u32;

@@ -40,7 +40,7 @@ fn cuda_norms_with_scaled_residual_match_cpu() {
         for layer in [false, true] {
             for residual in [None, Some(1.0f32), Some(1.4)] {
                 let (xh, xf) = rand_bf16(&mut rng, rows * d, 2.0);
-                let (rh, rf) = rand_bf16(&mut rng, rows * d, 2.0);
+                let (_, rf) = rand_bf16(&mut rng, rows * d, 2.0);
                 // An offset mean, so LayerNorm's centring matters.
                 let rf: Vec<f32> = rf.iter().map(|v| round(v + 0.75)).collect();
                 let rh: Vec<bf16> = rf.iter().map(|&v| bf16::from_f32(v)).collect();
@@ -61,7 +61,8 @@ fn cuda_norms_with_scaled_residual_match_cpu() {
                         let sum: Vec<f32> = xf.iter().zip(&rf).map(|(x, r)| x * s + r).collect();
                         // At s = 1 the f32 sum of two bf16 values is exact: one rounding, the
                         // CPU's. Otherwise a fused multiply-add may differ from it by an f32 ulp.
-                        let (want, rtol) = if s == 1.0 { (sum.iter().map(|&v| round(v)).collect(), 0.0) } else { (sum, RTOL) };
+                        let (want, rtol) =
+                            if s == 1.0 { (sum.iter().map(|&v| round(v)).collect(), 0.0) } else { (sum, RTOL) };
                         compare("norm", &format!("{case} stored sum"), &stored, &want, 0.0, rtol);
                         stored
                     }
@@ -218,7 +219,8 @@ fn cuda_whole_projection_qk_norm_matches_cpu() {
 fn cuda_rope_per_token_tables_match_cpu() {
     let Some((gpu, _checks)) = gpu("cuda_rope_per_token_tables_match_cpu") else { return };
     let mut rng = rng("rope_per_token");
-    for (tokens, nq, nkv, hd, rotary, n_tables) in [(1, 4, 2, 16, 12, 1), (37, 8, 4, 128, 96, 3), (200, 24, 8, 128, 128, 2)]
+    for (tokens, nq, nkv, hd, rotary, n_tables) in
+        [(1, 4, 2, 16, 12, 1), (37, 8, 4, 128, 96, 3), (200, 24, 8, 128, 128, 2)]
     {
         let scaling = 1.183_216f32;
         let width = (nq + 2 * nkv) * hd;
@@ -227,10 +229,12 @@ fn cuda_rope_per_token_tables_match_cpu() {
         let positions: Vec<u32> = (0..tokens).map(|_| rng.random_range(0..40_000)).collect();
         let tables: Vec<Vec<f32>> = (0..n_tables)
             .map(|_| {
-                (0..half).map(|i| 1.0 / 10_000f32.powf(2.0 * i as f32 / rotary as f32) / rng.random_range(1.0..20.0)).collect()
+                (0..half)
+                    .map(|i| 1.0 / 10_000f32.powf(2.0 * i as f32 / rotary as f32) / rng.random_range(1.0..20.0))
+                    .collect()
             })
             .collect();
-        let table_of: Vec<i32> = (0..tokens).map(|_| rng.random_range(0..n_tables as i32)).collect();
+        let table_of: Vec<i32> = (0..tokens).map(|_| rng.random_range(0..tables.len()) as i32).collect();
         let mut want = qkv_f.clone();
         for (t, row) in want.chunks_mut(width).enumerate() {
             let r = cpu::Rope::new(tables[table_of[t] as usize].clone(), scaling);

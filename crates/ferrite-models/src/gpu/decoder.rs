@@ -530,7 +530,6 @@ impl Layers for DecoderLayers {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

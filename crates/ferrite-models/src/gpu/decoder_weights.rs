@@ -271,6 +271,9 @@ impl DecoderWeights {
     }
 }
 
+/// A tensor's rows by HF name: (name, rows of the tensor, the rows taken).
+type Piece<'a> = (&'a str, usize, std::ops::Range<usize>);
+
 fn build(
     cfg: &ModelConfig,
     plan: &DecoderPlan,
@@ -295,8 +298,8 @@ fn build(
     let norm_of = |src: &mut dyn Source, name: &Option<String>| -> Result<Option<DeviceNorm>> {
         name.as_ref().map(|name| model_norm(src, name)).transpose()
     };
-    // Rows `rows` of the bias of `name` (`total` values), in bf16 as the GEMMs add it.
-    let bias_of = |src: &mut dyn Source, pieces: &[(&str, usize, std::ops::Range<usize>)]| -> Result<CudaSlice<bf16>> {
+    // The biases of `pieces` (`{name}.bias`, its rows of each), in bf16 as the GEMMs add them.
+    let bias_of = |src: &mut dyn Source, pieces: &[Piece]| -> Result<CudaSlice<bf16>> {
         let mut b = Vec::new();
         for (name, total, rows) in pieces {
             b.extend_from_slice(&src.vector(&format!("{name}.bias"), *total, 0.0)?[rows.clone()]);
@@ -312,7 +315,7 @@ fn build(
         let (nh, nkv, hd) = (a.params.n_heads, a.params.n_kv_heads, a.params.head_dim);
         let (q_rows, kv_rows) = (nh * hd, nkv * hd);
         // q, then (unless shared) k and v: by name, with the rows each takes of its tensor.
-        let pieces: Vec<(&str, usize, std::ops::Range<usize>)> = match &names.qkv {
+        let pieces: Vec<Piece> = match &names.qkv {
             QkvNames::Separate { q, k, v } => {
                 vec![
                     (q, q_rows, 0..q_rows),
@@ -348,7 +351,7 @@ fn build(
         };
         let inter = l.ffn.intermediate;
         // The gate-up (or up) rows by name, as the bias reads them too.
-        let (up_pieces, down): (Vec<(&str, usize, std::ops::Range<usize>)>, &String) = match &names.mlp {
+        let (up_pieces, down): (Vec<Piece>, &String) = match &names.mlp {
             MlpNames::Gated { gate, up, down } => (vec![(gate, inter, 0..inter), (up, inter, 0..inter)], down),
             MlpNames::FusedGated { gate_up, down } => (vec![(gate_up, 2 * inter, 0..2 * inter)], down),
             MlpNames::Plain { up, down } => (vec![(up, inter, 0..inter)], down),

@@ -109,7 +109,9 @@ impl Ropes {
     ) -> RtResult<()> {
         let missing = || RuntimeError::Shape(format!("layer {i} has no RoPE"));
         match self.layers.get(i).ok_or_else(missing)? {
-            LayerRope::Fixed { inv_freq, scaling } => Ok(ops::rope(gpu, x, positions, inv_freq, *scaling, shape, store)?),
+            LayerRope::Fixed { inv_freq, scaling } => {
+                Ok(ops::rope(gpu, x, positions, inv_freq, *scaling, shape, store)?)
+            }
             LayerRope::PerRow { schedule, half, scaling } => {
                 let what = || RuntimeError::Shape(format!("no step tables for RoPE schedule {schedule}"));
                 let t = steps.get(*schedule).ok_or_else(what)?;
