@@ -1,8 +1,8 @@
 //! The step machinery every CUDA model shares, around a family's decoder (`Layers`): the
 //! workspace sized once from the engine's `StepLimits`, the per-step inputs and attention
-//! metadata (one per KV group), CUDA-graph capture and replay of decode steps, the LM head
-//! (gather of the rows that want logits, f32 logits, optional softcap) and the argmax, and
-//! the `CausalLm` interface.
+//! metadata (one per KV group) and a family's own per-step inputs, CUDA-graph capture and
+//! replay of decode steps, the LM head (gather of the rows that want logits, f32 logits,
+//! optional scale and softcap) and the argmax, and the `CausalLm` interface.
 //!
 //! All buffers of a step live in the workspace, so the decode loop allocates nothing. Pure
 //! decode steps (one query token per row, logits for every row) replay a CUDA graph captured
@@ -68,6 +68,16 @@ pub trait Layers: Send + Sync {
     /// `cap * tanh(logit / cap)` on the logits (Gemma 2+).
     fn final_softcap(&self) -> Option<f32> {
         None
+    }
+    /// A multiplier of the logits, applied before the softcap (granite).
+    fn logit_scale(&self) -> Option<f32> {
+        None
+    }
+    /// Copy what the family's layers read of `batch` beyond `StepIo`'s inputs into `b`, for a
+    /// step of `rows` rows (`batch`'s, padded to a graph bucket with one-token rows): before
+    /// every step, outside any graph, so a replay reads the step's own values.
+    fn upload_step(&self, _gpu: &Gpu, _b: &mut Self::Buffers, _batch: &ForwardBatch, _rows: usize) -> RtResult<()> {
+        Ok(())
     }
     /// Whether a step runs on the device alone (no host round trip), so decode steps can be
     /// captured as graphs.
@@ -320,8 +330,9 @@ impl<L: Layers> GpuModel<L> {
         let [_, _, logit_rows] = step_inputs(&io.inputs, tokens, out_rows)?;
         ops::embedding(gpu, &io.h, (tokens, d), &logit_rows, out_rows, 1.0, &mut io.picked)?;
         self.layers.lm_head().linear::<f32>(gpu, &io.picked, None, &mut io.logits, (out_rows, v, d), None)?;
-        if let Some(cap) = self.layers.final_softcap() {
-            ops::softcap(gpu, &mut io.logits, out_rows * v, cap)?;
+        let (scale, cap) = (self.layers.logit_scale(), self.layers.final_softcap());
+        if scale.is_some() || cap.is_some() {
+            ops::scale_softcap(gpu, &mut io.logits, out_rows * v, scale.unwrap_or(1.0), cap)?;
         }
         ops::argmax(gpu, &io.logits, (out_rows, v, v), &mut io.argmax, &mut io.next)?;
         Ok(())
@@ -392,8 +403,9 @@ impl<L: Layers> GpuModel<L> {
     ) -> RtResult<()> {
         let rows = batch.rows.len();
         let from = st.picks;
-        let (io, _) = st.ws.as_mut().ok_or_else(no_workspace)?;
+        let (io, b) = st.ws.as_mut().ok_or_else(no_workspace)?;
         self.upload_inputs(io, batch, kv.block_size(), rows, None, carried, from)?;
+        self.layers.upload_step(&self.gpu, b, batch, rows)?;
         // Decode splits keys as a graph of the same rows would, so both give the same bits.
         let decode = if io.metas[0].max_query <= 1 {
             let decode = Decode { rows, context: context_bucket(io.metas[0].max_context) };
@@ -429,6 +441,7 @@ impl<L: Layers> GpuModel<L> {
         let State { ws, graphs, picks, .. } = st;
         let ws = ws.as_mut().ok_or_else(no_workspace)?;
         self.upload_inputs(&mut ws.0, batch, block_size, bucket, Some(stride), carried, *picks)?;
+        self.layers.upload_step(&self.gpu, &mut ws.1, batch, bucket)?;
         if let Some(graph) = graphs.get(&(bucket, context)) {
             return Ok(graph.replay()?);
         }
