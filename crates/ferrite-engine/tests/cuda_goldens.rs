@@ -27,7 +27,7 @@ use common::model::{cache, compare_logits, cuda_enabled, equal_or_tie, prefill_l
 use common::{add, collect, greedy, ids, run_to_end};
 use ferrite_engine::{EngineConfig, EngineCore};
 use ferrite_models::gpu::GpuDecoder;
-use ferrite_models::model::CausalLm;
+use ferrite_models::model::{CausalLm, Pending, Want};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cuda::DeviceChoice;
 use ferrite_runtime::ForwardBatch;
@@ -70,11 +70,11 @@ fn greedy_tokens(model: &dyn CausalLm, prompt: &[u32], n: usize) -> Vec<u32> {
     let (mut kv, tables) = cache(model, (prompt.len() + n).div_ceil(BLOCK));
     let mut batch = ForwardBatch::default();
     batch.push_row(prompt, prompt.len(), tables.clone(), RowLogits::Last);
-    let mut out = model.forward_greedy(&batch, &mut kv).expect("prefill");
+    let mut out = model.step(&batch, &mut kv, Want::Argmax).and_then(Pending::ids).expect("prefill");
     while out.len() < n {
         let mut batch = ForwardBatch::default();
         batch.push_row(&out[out.len() - 1..], prompt.len() + out.len(), tables.clone(), RowLogits::Last);
-        out.extend(model.forward_greedy(&batch, &mut kv).expect("decode"));
+        out.extend(model.step(&batch, &mut kv, Want::Argmax).and_then(Pending::ids).expect("decode"));
     }
     out
 }
@@ -141,7 +141,7 @@ fn cuda_goldens_graph_replay_equals_eager() {
                 for (r, p) in prompts.iter().enumerate() {
                     batch.push_row(p, p.len(), table(r), RowLogits::Last);
                 }
-                model.forward(&batch, &mut kv).expect("prefill");
+                model.step(&batch, &mut kv, Want::Logits).and_then(Pending::logits).expect("prefill");
                 let mut out = Vec::new();
                 for s in 0..12 {
                     let mut batch = ForwardBatch::default();
@@ -153,7 +153,7 @@ fn cuda_goldens_graph_replay_equals_eager() {
                             RowLogits::Last,
                         );
                     }
-                    out.extend(model.forward(&batch, &mut kv).expect("decode"));
+                    out.extend(model.step(&batch, &mut kv, Want::Logits).and_then(Pending::logits).expect("decode"));
                 }
                 out
             };

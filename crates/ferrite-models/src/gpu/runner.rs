@@ -399,12 +399,7 @@ impl<L: Layers> GpuModel<L> {
         Ok(())
     }
 
-    fn run_eager(
-        &self,
-        st: &mut State<L::Buffers>,
-        batch: &ForwardBatch,
-        kv: &mut KvCache,
-    ) -> RtResult<()> {
+    fn run_eager(&self, st: &mut State<L::Buffers>, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<()> {
         let rows = batch.rows.len();
         let from = st.picks;
         let (io, _) = st.ws.as_mut().ok_or_else(no_workspace)?;
