@@ -17,7 +17,7 @@ mod propose;
 
 use std::sync::Arc;
 
-use ferrite_models::model::{run_forward, CausalLm, StepLimits, StepOutput, Want};
+use ferrite_models::model::{run_forward, CausalLm, Pending, StepLimits, StepOutput, Want};
 use ferrite_models::tokenizer::{IncrementalDecoder, Tokenizer};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::sampling::{RowSampler, SampledToken};
@@ -329,21 +329,23 @@ impl EngineCore {
             self.in_flight = Some(self.flight(&plan, pending));
             return Ok(());
         }
-        let wanted = plan.iter().map(|r| r.logits).sum();
-        match pending.wait().map_err(EngineError::from).and_then(|out| self.check_rows(out, wanted)) {
+        self.resolve(plan, pending)
+    }
+
+    /// Wait for `pending`, the step of `plan`, and land it; a failure, or outputs that do not
+    /// cover the logits rows the step asked for, ends the requests of its rows still running.
+    fn resolve(&mut self, plan: Vec<PlanRow>, pending: Pending) -> Result<(), EngineError> {
+        let wanted: usize = plan.iter().map(|r| r.logits).sum();
+        let out = pending.wait().map_err(EngineError::from).and_then(|out| match out.rows(self.limits.vocab_size) {
+            got if got == wanted => Ok(out),
+            got => Err(EngineError::Model(RuntimeError::Shape(format!("a step gave {got} outputs for {wanted} rows")))),
+        });
+        match out {
             Ok(out) => {
                 self.land(plan, &out);
                 Ok(())
             }
-            Err(e) => Err(self.fail_rows(&rows, e)),
-        }
-    }
-
-    /// `out` when it covers the `wanted` logits rows its step asked for.
-    fn check_rows(&self, out: StepOutput, wanted: usize) -> Result<StepOutput, EngineError> {
-        match out.rows(self.limits.vocab_size) {
-            got if got == wanted => Ok(out),
-            got => Err(EngineError::Model(RuntimeError::Shape(format!("a step gave {got} outputs for {wanted} rows")))),
+            Err(e) => Err(self.fail(plan.iter().filter_map(|r| r.index).collect(), e)),
         }
     }
 

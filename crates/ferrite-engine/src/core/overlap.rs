@@ -82,7 +82,7 @@ impl EngineCore {
         self.sched.running.iter().enumerate().map(|(i, s)| ((s.request, s.choice), i)).collect()
     }
 
-    /// Take `flight`'s picks and apply them to the rows still where it left them.
+    /// Resolve `flight` and apply its picks to the rows still where it left them.
     fn land_flight(&mut self, flight: InFlight) -> Result<(), EngineError> {
         let index = self.running_index();
         let plan: Vec<PlanRow> = (flight.rows.iter())
@@ -93,14 +93,7 @@ impl EngineCore {
                 proposal: None,
             })
             .collect();
-        let wanted = plan.iter().map(|r| r.logits).sum();
-        match flight.pending.wait().map_err(EngineError::from).and_then(|out| self.check_rows(out, wanted)) {
-            Ok(out) => {
-                self.land(plan, &out);
-                Ok(())
-            }
-            Err(e) => Err(self.fail(plan.iter().filter_map(|r| r.index).collect(), e)),
-        }
+        self.resolve(plan, flight.pending)
     }
 
     /// Queue the step after `flight` (see the module docs for when); None when it cannot be.

@@ -194,7 +194,7 @@ impl StepIo {
     }
 }
 
-/// What a step needs besides the weights; behind a lock because `forward` takes `&self`.
+/// What a step needs besides the weights; behind a lock because `step` takes `&self`.
 struct State<B> {
     ws: Option<(StepIo, B)>,
     /// Captured decode graphs by (rows, context bucket).
