@@ -1,14 +1,15 @@
 //! `EngineCore`: the step loop, synchronous and single-threaded — plan proposals,
-//! `schedule()`, draft, build one `ForwardBatch`, `model.forward()`, then for each row that
+//! `schedule()`, draft, build one `ForwardBatch`, `model.step()`, then for each row that
 //! reached the end of its tokens decide its tokens (sample, or verify its proposal), append,
 //! detokenize, check stops, stream, roll back rejected KV and free what finished. The engine
 //! thread (`engine.rs`) drives it; tests drive it directly. Proposal planning lives in
 //! `core/propose.rs`, token decisions and streaming in `core/emit.rs`. Constrained rows
 //! (structured output) compute their token masks while the model runs and sample under them;
 //! other rows are sampled by the model on its device when it can (only ids and requested
-//! logprobs come back). A model that queues steps (the GPU) has its steps queued and landed in
-//! the next iteration, which first queues the step after when it can (`core/overlap.rs`), so
-//! the host's work for one step runs while the device computes the next.
+//! logprobs come back). A step the model hands back queued (the GPU's argmax and sampled
+//! steps) is landed in the next iteration, which first queues the step after when it can
+//! (`core/overlap.rs`), so the host's work for one step runs while the device computes the
+//! next.
 
 mod emit;
 mod overlap;
@@ -16,11 +17,11 @@ mod propose;
 
 use std::sync::Arc;
 
-use ferrite_models::model::{run_forward, CausalLm, StepLimits};
+use ferrite_models::model::{run_forward, CausalLm, Pending, StepLimits, StepOutput, Want};
 use ferrite_models::tokenizer::{IncrementalDecoder, Tokenizer};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::sampling::{RowSampler, SampledToken};
-use ferrite_runtime::{ForwardBatch, KvCache};
+use ferrite_runtime::{ForwardBatch, KvCache, RuntimeError};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::Speculation;
@@ -52,8 +53,9 @@ pub struct EngineCore {
     fill: crate::fill::FillMode,
     scaffold: Option<Arc<ToolScaffold>>,
     grammars: Arc<Grammars>,
-    /// Whether steps are queued on the model's device and landed in the next iteration.
-    queue_steps: bool,
+    /// Whether a step the model hands back queued is landed in the next iteration (after
+    /// the step following it was queued) rather than waited for at once.
+    overlap: bool,
     /// The step queued on the model's device and not landed yet (`overlap`).
     in_flight: Option<overlap::InFlight>,
 }
@@ -120,7 +122,6 @@ impl EngineCore {
         if speculates && cfg.num_draft_tokens == 0 {
             return Err(EngineError::Config("the number of draft tokens must be at least 1".into()));
         }
-        let queue_steps = cfg.overlap && model.queues_steps();
         let metrics = Arc::new(Metrics::default());
         metrics.set_kv(kvm.free_blocks());
         let grammars = Arc::new(Grammars::new(tokenizer.clone(), mcfg.vocab_size, eos.clone()));
@@ -139,7 +140,7 @@ impl EngineCore {
             fill: cfg.fill,
             scaffold: cfg.tool_scaffold.clone(),
             grammars,
-            queue_steps,
+            overlap: cfg.overlap,
             in_flight: None,
         })
     }
@@ -289,15 +290,11 @@ impl EngineCore {
         } else {
             Vec::new()
         };
-        // A model that queues steps gets this one queued; the next iteration lands it.
-        if (greedy || on_device) && self.queue_steps {
-            let samplers = on_device.then_some(&samplers[..]);
-            if let Err(e) = self.model.queue_step(&batch, &mut self.kv, samplers, &[]) {
-                return Err(self.fail_rows(&rows, e.into()));
-            }
-            self.in_flight = Some(self.flight(&plan));
-            return Ok(());
-        }
+        let want = match (greedy, on_device) {
+            (true, _) => Want::Argmax,
+            (false, true) => Want::Sample(&samplers),
+            (false, false) => Want::Logits,
+        };
         // Constrained rows about to sample compute their token masks on a helper thread
         // meanwhile.
         let sampling: Vec<usize> = plan.iter().filter(|r| r.logits > 0).map(PlanRow::row).collect();
@@ -308,32 +305,44 @@ impl EngineCore {
         let (model, kv) = (&self.model, &mut self.kv);
         // A CPU model runs on a pool worker: each op's parallel loop then forks within the
         // pool instead of waking it from outside (see `threads::run`, `run_forward`).
-        let picked = std::thread::scope(|scope| {
+        let pending = std::thread::scope(|scope| {
             if !guides.is_empty() {
                 scope.spawn(move || guides.into_iter().for_each(Guide::prepare_mask));
             }
-            run_forward(&**model, || {
-                if greedy {
-                    model.forward_greedy(&batch, kv).map(Picks::Tokens)
-                } else if on_device {
-                    model.forward_sampled(&batch, kv, &samplers).map(Picks::Sampled)
-                } else {
-                    model.forward(&batch, kv).map(Picks::Logits)
-                }
-            })
+            run_forward(&**model, || model.step(&batch, kv, want))
         });
-        match picked {
-            Ok(picks) => {
-                self.land(plan, &picks);
+        let pending = match pending {
+            Ok(pending) => pending,
+            Err(e) => return Err(self.fail_rows(&rows, e.into())),
+        };
+        // A queued step is landed by the next iteration, which queues the one after it first.
+        if pending.is_queued() && self.overlap {
+            self.in_flight = Some(self.flight(&plan, pending));
+            return Ok(());
+        }
+        self.resolve(plan, pending)
+    }
+
+    /// Wait for `pending`, the step of `plan`, and land it; a failure, or outputs that do not
+    /// cover the logits rows the step asked for, ends the requests of its rows still running.
+    fn resolve(&mut self, plan: Vec<PlanRow>, pending: Pending) -> Result<(), EngineError> {
+        let wanted: usize = plan.iter().map(|r| r.logits).sum();
+        let out = pending.wait().map_err(EngineError::from).and_then(|out| match out.rows(self.limits.vocab_size) {
+            got if got == wanted => Ok(out),
+            got => Err(EngineError::Model(RuntimeError::Shape(format!("a step gave {got} outputs for {wanted} rows")))),
+        });
+        match out {
+            Ok(out) => {
+                self.land(plan, &out);
                 Ok(())
             }
-            Err(e) => Err(self.fail_rows(&rows, e.into())),
+            Err(e) => Err(self.fail(plan.iter().filter_map(|r| r.index).collect(), e)),
         }
     }
 
-    /// Apply a step's `picks` to the rows of its `plan`: count their computed tokens, decide
+    /// Apply a step's outputs to the rows of its `plan`: count their computed tokens, decide
     /// the tokens of the rows that sampled, fork children, free what finished.
-    fn land(&mut self, plan: Vec<PlanRow>, picks: &Picks) {
+    fn land(&mut self, plan: Vec<PlanRow>, out: &StepOutput) {
         let vocab = self.limits.vocab_size;
         let mut done = Vec::new();
         let mut disconnected = Vec::new();
@@ -352,10 +361,10 @@ impl EngineCore {
                 self.kvm.after_step(&mut s.kv, &s.tokens, s.num_computed);
                 continue;
             }
-            let pick = match picks {
-                Picks::Logits(logits) => Pick::Logits(&logits[first * vocab..(first + n_logits) * vocab]),
-                Picks::Tokens(ids) => Pick::Token(ids[first]),
-                Picks::Sampled(picked) => Pick::Sampled(&picked[first]),
+            let pick = match out {
+                StepOutput::Logits(logits) => Pick::Logits(&logits[first * vocab..(first + n_logits) * vocab]),
+                StepOutput::Ids(ids) => Pick::Token(ids[first]),
+                StepOutput::Sampled(picked) => Pick::Sampled(&picked[first]),
             };
             if s.pending_children > 0 {
                 self.kvm.after_step(&mut s.kv, &s.tokens, s.num_computed);
@@ -483,14 +492,7 @@ impl PlanRow {
     }
 }
 
-/// What a step's forward pass returned for the rows it sampled.
-enum Picks {
-    Logits(Vec<f32>),
-    Tokens(Vec<u32>),
-    Sampled(Vec<SampledToken>),
-}
-
-/// One row's part of `Picks`.
+/// One row's part of a `StepOutput`.
 enum Pick<'a> {
     Logits(&'a [f32]),
     Token(u32),

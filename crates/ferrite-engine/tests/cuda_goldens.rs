@@ -20,6 +20,8 @@
 //!   divergence allowed only at a near tie of the CPU logits (as in `cuda_model`);
 //! - decode by graph replay == eager decode, bit for bit (gemma3: two KV groups; phi3: rows
 //!   on short and long RoPE factors in one step, one crossing over while the graph replays);
+//! - step handles: decode steps queued back to back, their ids carried on the device and
+//!   their handles resolved newest first, equal resolving each step at once, bit for bit;
 //! - engine invariants on the GPU (gemma4 with KV-shared layers and per-layer inputs):
 //!   batched == alone and prefix hit == cold.
 //!
@@ -34,7 +36,7 @@ use common::model::{cache, compare_logits, cuda_enabled, equal_or_tie, prefill_l
 use common::{add, collect, greedy, ids, run_to_end};
 use ferrite_engine::{EngineConfig, EngineCore};
 use ferrite_models::gpu::GpuDecoder;
-use ferrite_models::model::CausalLm;
+use ferrite_models::model::{CausalLm, Pending, Want};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cuda::DeviceChoice;
 use ferrite_runtime::ForwardBatch;
@@ -96,11 +98,11 @@ fn greedy_tokens(model: &dyn CausalLm, prompt: &[u32], n: usize) -> Vec<u32> {
     let (mut kv, tables) = cache(model, (prompt.len() + n).div_ceil(BLOCK));
     let mut batch = ForwardBatch::default();
     batch.push_row(prompt, prompt.len(), tables.clone(), RowLogits::Last);
-    let mut out = model.forward_greedy(&batch, &mut kv).expect("prefill");
+    let mut out = model.step(&batch, &mut kv, Want::Argmax).and_then(Pending::ids).expect("prefill");
     while out.len() < n {
         let mut batch = ForwardBatch::default();
         batch.push_row(&out[out.len() - 1..], prompt.len() + out.len(), tables.clone(), RowLogits::Last);
-        out.extend(model.forward_greedy(&batch, &mut kv).expect("decode"));
+        out.extend(model.step(&batch, &mut kv, Want::Argmax).and_then(Pending::ids).expect("decode"));
     }
     out
 }
@@ -174,7 +176,7 @@ fn cuda_goldens_graph_replay_equals_eager() {
                 for (r, p) in prompts.iter().enumerate() {
                     batch.push_row(p, p.len(), table(r), RowLogits::Last);
                 }
-                model.forward(&batch, &mut kv).expect("prefill");
+                model.step(&batch, &mut kv, Want::Logits).and_then(Pending::logits).expect("prefill");
                 let mut out = Vec::new();
                 for s in 0..12 {
                     let mut batch = ForwardBatch::default();
@@ -186,7 +188,7 @@ fn cuda_goldens_graph_replay_equals_eager() {
                             RowLogits::Last,
                         );
                     }
-                    out.extend(model.forward(&batch, &mut kv).expect("decode"));
+                    out.extend(model.step(&batch, &mut kv, Want::Logits).and_then(Pending::logits).expect("decode"));
                 }
                 out
             };
@@ -196,6 +198,68 @@ fn cuda_goldens_graph_replay_equals_eager() {
             assert_eq!(same, graphed.len(), "{name} {rows} rows: graph replay differs from eager");
         }
     }
+}
+
+/// `n` greedy tokens for each of `prompts` in one batch. `chained`: every decode step is
+/// queued before the step it follows was resolved, its ids carried on the device from that
+/// step's picks, and the handles are resolved only at the end, newest first; otherwise each
+/// step is resolved and its ids fed back. Either way one more step is queued and its handle
+/// dropped unresolved.
+fn batch_greedy(model: &dyn CausalLm, prompts: &[Vec<u32>], n: usize, chained: bool) -> Vec<Vec<u32>> {
+    let per_row = (prompts.iter().map(Vec::len).max().unwrap_or(0) + n + 1).div_ceil(BLOCK);
+    let (mut kv, _) = cache(model, per_row * prompts.len());
+    let groups = model.kv_layout().groups.len();
+    let table = |r: usize| vec![((r * per_row) as u32..((r + 1) * per_row) as u32).collect::<Vec<_>>(); groups];
+    let mut batch = ForwardBatch::default();
+    for (r, p) in prompts.iter().enumerate() {
+        batch.push_row(p, p.len(), table(r), RowLogits::Last);
+    }
+    let mut pending = vec![model.step(&batch, &mut kv, Want::Argmax).expect("prefill")];
+    // The ids of each step, per row.
+    let mut steps: Vec<Vec<u32>> = Vec::new();
+    for s in 1..=n {
+        if !chained {
+            steps.push(pending.pop().expect("the last step").ids().expect("picks"));
+        }
+        let mut batch = ForwardBatch::default();
+        for (r, p) in prompts.iter().enumerate() {
+            let token = if chained { 0 } else { steps[s - 1][r] };
+            batch.push_row(&[token], p.len() + s, table(r), RowLogits::Last);
+            if chained {
+                batch.carried.push((r, r));
+            }
+        }
+        let step = model.step(&batch, &mut kv, Want::Argmax).expect("decode");
+        if s < n {
+            pending.push(step);
+        }
+    }
+    if chained {
+        assert!(pending.iter().all(Pending::is_queued), "a GPU argmax step came back resolved");
+        steps = pending.into_iter().rev().map(|p| p.ids().expect("picks")).collect();
+        steps.reverse();
+    }
+    (0..prompts.len()).map(|r| steps.iter().map(|ids| ids[r]).collect()).collect()
+}
+
+/// Step handles on the GPU: decode steps queued back to back with their ids carried on the
+/// device, resolved newest first, give the ids of resolving each step before the next, bit
+/// for bit (gemma3: two KV groups); so does a second stepwise run after the dropped handle.
+#[test]
+fn cuda_goldens_chained_handles_equal_stepwise() {
+    if !cuda_enabled("cuda_goldens_chained_handles_equal_stepwise") {
+        return;
+    }
+    let (_, gpu, reference) = load_pair("gemma3", false);
+    let prompts: Vec<Vec<u32>> = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();
+    let stepwise = batch_greedy(gpu.as_ref(), &prompts, 16, false);
+    let chained = batch_greedy(gpu.as_ref(), &prompts, 16, true);
+    let again = batch_greedy(gpu.as_ref(), &prompts, 16, false);
+    let same = (0..prompts.len()).filter(|&r| chained[r] == stepwise[r]).count();
+    println!("TABLE|GPU chained step handles == stepwise|{same}/{} rows identical|||", prompts.len());
+    assert_eq!(chained, stepwise, "chained handles differ from stepwise steps");
+    assert_eq!(again, stepwise, "stepwise steps after a dropped handle differ");
+    assert!(stepwise.iter().all(|t| t.len() == 16), "{stepwise:?}");
 }
 
 /// Each request's greedy tokens through one engine core, and its prefix-cache hit tokens.

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use ferrite_models::model::{run_forward, CausalLm};
+use ferrite_models::model::{run_forward, CausalLm, Want};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::{ForwardBatch, KvCache};
 use rand::Rng;
@@ -94,9 +94,9 @@ impl Drafter {
                 let tables = job.state.kv.as_ref().map_or(Vec::new(), |kv| kv.tables().to_vec());
                 batch.push_row(&query, job.state.computed + query.len(), tables, RowLogits::Last);
             }
-            // As the target's forward (see `run_forward`).
+            // As the target's step (see `run_forward`).
             let (model, kv) = (&self.model, &mut self.kv);
-            let logits = run_forward(&**model, || model.forward(&batch, kv))?;
+            let logits = run_forward(&**model, || model.step(&batch, kv, Want::Logits)?.logits())?;
             self.forwards += 1;
             let mut still = Vec::with_capacity(active.len());
             for (k, &i) in active.iter().enumerate() {
