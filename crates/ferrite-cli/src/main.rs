@@ -5,12 +5,15 @@
 //! one-line error and a non-zero exit.
 
 mod bench;
+mod bench_pool;
 mod bench_serve;
 mod chat;
 mod model_arg;
+mod pool;
 mod run;
 mod serve;
 mod session;
+mod worker;
 
 use clap::{Parser, Subcommand};
 
@@ -39,6 +42,9 @@ enum Command {
         /// smollm2, gemma3-270m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b
         name: String,
     },
+    /// One model's engine in a process of its own, for `serve --isolate`.
+    #[command(name = worker::SUBCOMMAND, hide = true)]
+    EngineWorker(worker::WorkerArgs),
 }
 
 /// When the process started (for start-up times).
@@ -54,6 +60,7 @@ fn main() {
         Command::Bench(cmd) => bench::bench(cmd),
         Command::Models => model_arg::list(),
         Command::Pull { name } => model_arg::pull(&name),
+        Command::EngineWorker(args) => worker::worker(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
