@@ -98,10 +98,7 @@ pub fn switch(a: SwitchArgs) -> Result<()> {
         println!("model switch on the CPU ({threads} threads), median of {} rounds:", a.rounds);
         for (&(from, to), s) in [(0, 1), (1, 0)].iter().zip(&switches) {
             let (unload, load, total) = summary(s);
-            println!(
-                "  {} -> {}: unload {unload:.0} ms + load {load:.0} ms = {total:.0} ms",
-                names[from], names[to]
-            );
+            println!("  {} -> {}: unload {unload:.0} ms + load {load:.0} ms = {total:.0} ms", names[from], names[to]);
         }
     }
     Ok(())

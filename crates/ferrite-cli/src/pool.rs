@@ -65,7 +65,8 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         "T" => 1 << 40,
         _ => return Err(format!("'{s}' is not a size (bytes, or a number with K, M, G or T)")),
     };
-    let n: f64 = num.trim().parse().map_err(|_| format!("'{s}' is not a size (bytes, or a number with K, M, G or T)"))?;
+    let n: f64 =
+        num.trim().parse().map_err(|_| format!("'{s}' is not a size (bytes, or a number with K, M, G or T)"))?;
     if !(n.is_finite() && n >= 0.0) {
         return Err(format!("'{s}' is not a size"));
     }

@@ -127,12 +127,14 @@ fn a_killed_engine_fails_its_stream_restarts_and_leaves_the_other_model_alone() 
         kill9(pa);
         let a_events = rest(a_stream).await;
         assert_eq!(a_events.last().map(String::as_str), Some("[DONE]"), "{a_events:?}");
-        let error = a_events.iter().find(|e| e.contains("\"error\"")).unwrap_or_else(|| panic!("an error event: {a_events:?}"));
-        let error: Value = serde_json::from_str(error).expect("error event");
-        let message = error["error"]["message"].as_str().expect("message");
+        let events: Vec<Value> = a_events.iter().filter_map(|e| serde_json::from_str(e).ok()).collect();
+        let message = events
+            .iter()
+            .find_map(|e| e["error"]["message"].as_str())
+            .unwrap_or_else(|| panic!("an error event: {a_events:?}"));
         assert!(message.contains("'a'") && message.contains("signal 9"), "{message}");
         let b_events = rest(b_stream).await;
-        assert!(b_events.iter().all(|e| !e.contains("\"error\"")), "b is untouched: {b_events:?}");
+        assert!(b_events.iter().all(|e| !e.contains("error")), "b is untouched: {b_events:?}");
         assert!(b_events.iter().any(|e| e.contains("\"finish_reason\":\"length\"")), "{b_events:?}");
 
         // The next request for a waits for the restart and is served.

@@ -19,8 +19,8 @@ use crate::error::ApiError;
 use crate::guard::GuardConfig;
 use crate::metrics::ServerMetrics;
 use crate::offload::Offload;
-use crate::pool::{ModelPool, Served};
 use crate::parser::{ParserFactory, TemplateParsers};
+use crate::pool::{ModelPool, Served};
 use crate::responses::store::ResponseStore;
 
 /// Server settings (the `ferrite serve` flags that are not about the engine).

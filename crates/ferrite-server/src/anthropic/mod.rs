@@ -63,7 +63,8 @@ async fn messages(State(app): State<Arc<App>>, body: JsonBody) -> Result<Respons
     let permit = app.admission.admit_one(1)?;
     let prompt_tokens = prepared.prompt_ids.len();
     let parser = prepared.rendered.parser(app.parsers.as_ref());
-    let generation = app.generate(&served, prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
+    let generation =
+        app.generate(&served, prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
     let reply = Reply { served, id: random_id("msg_"), parser, blocks: Blocks::default(), prompt_tokens };
     let resp = if req.stream.unwrap_or(false) {
         sse_from_outputs(generation.into_stream(), ReplyStream { reply, started: false, finished: false })

@@ -9,15 +9,14 @@
 //! sends `message_start` with the first output, once the prompt is scheduled and the split
 //! is known, so `message_start` and `message_delta` report the same split.
 
-
 use axum::response::sse::Event;
 use ferrite_engine::{FinishReason, Finished, Output, Usage};
 use serde_json::{json, Value};
 
 use crate::blocks::{Block, BlockEvent, BlockKind, Blocks};
 use crate::error::ApiError;
-use crate::pool::Lease;
 use crate::parser::OutputParser;
+use crate::pool::Lease;
 use crate::sse::{named_event, StreamRenderer};
 
 /// What rendering a reply needs besides the outputs.

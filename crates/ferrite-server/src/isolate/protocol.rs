@@ -50,12 +50,7 @@ const ENGINE_CODES: [&str; 2] = ["context_length_exceeded", "invalid_constraint"
 
 impl From<ApiError> for WireError {
     fn from(e: ApiError) -> WireError {
-        WireError {
-            status: e.status.as_u16(),
-            message: e.message,
-            param: e.param,
-            code: e.code.map(str::to_string),
-        }
+        WireError { status: e.status.as_u16(), message: e.message, param: e.param, code: e.code.map(str::to_string) }
     }
 }
 

@@ -173,12 +173,18 @@ impl EngineBackend for IsolatedEngine {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
         let (ack_tx, ack_rx) = mpsc::channel();
-        {
+        let sent = {
             let mut link = self.shared.link();
-            let Some(writer) = link.writer.as_mut() else { return Err(self.unavailable()) };
-            write_frame(writer, &ToWorker::Submit { id, request }).map_err(|_| self.unavailable())?;
-            link.streams.insert(id, Open { tx, unfinished: (0..n).collect() });
-            link.pending.insert(id, ack_tx);
+            let sent = link.writer.as_mut().is_some_and(|w| write_frame(w, &ToWorker::Submit { id, request }).is_ok());
+            if sent {
+                link.streams.insert(id, Open { tx, unfinished: (0..n).collect() });
+                link.pending.insert(id, ack_tx);
+            }
+            sent
+        };
+        if !sent {
+            // The child is gone (its crash is being handled); `unavailable` takes the lock.
+            return Err(self.unavailable());
         }
         let stream = RemoteStream { id, rx, shared: self.shared.clone() };
         match ack_rx.recv() {
@@ -259,7 +265,11 @@ fn supervise(shared: &Shared, command: &WorkerCommand, mut child: Child, mut rea
                 link.writer = Some(socket);
                 link.health = EngineHealth::Running;
                 link.last_restart = Some(crashed.elapsed());
-                eprintln!("restarted the engine of '{}' in {:.0} ms", shared.name, crashed.elapsed().as_secs_f64() * 1e3);
+                eprintln!(
+                    "restarted the engine of '{}' in {:.0} ms",
+                    shared.name,
+                    crashed.elapsed().as_secs_f64() * 1e3
+                );
                 (child, reader) = (c, r);
             }
             Ok((mut c, _, _)) => {

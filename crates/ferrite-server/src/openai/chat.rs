@@ -16,7 +16,6 @@ use serde_json::{json, Map, Value};
 
 use crate::conversation::Conversation;
 use crate::error::ApiError;
-use crate::pool::Lease;
 use crate::extract::JsonBody;
 use crate::generate::{finish_reason, merge_usage, Choice, Generation};
 use crate::openai::chat_output::Parsed;
@@ -24,6 +23,7 @@ use crate::openai::messages::{check_tools, normalize_messages, template_kwargs, 
 use crate::openai::params::CommonParams;
 use crate::openai::{logprobs, usage_json};
 use crate::parser::OutputParser;
+use crate::pool::Lease;
 use crate::sse::{done_event, json_event, sse_from_outputs, StreamRenderer};
 use crate::state::{random_id, unix_now, App};
 use axum::response::sse::Event;
@@ -114,7 +114,8 @@ pub async fn chat_completions(State(app): State<Arc<App>>, body: JsonBody) -> Re
     let n = params.n;
     let permit = app.admission.admit_one(n)?;
     let prompt_ids = chat.return_token_ids.unwrap_or(false).then(|| prepared.prompt_ids.clone());
-    let generation = app.generate(&served, prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
+    let generation =
+        app.generate(&served, prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
     // After `generate`, which validated n.
     let parsers = prepared.rendered.parsers(app.parsers.as_ref(), n);
     let responder = ChatResponder {
@@ -230,7 +231,8 @@ impl StreamRenderer for ChatStream {
         if parsed.is_empty() && out.finished.is_none() && !has_logprobs && !has_ids {
             return events;
         }
-        let lps = self.r.logprobs.then(|| json!({"content": logprobs::chat_content(&self.r.served.model, &out.logprobs)}));
+        let lps =
+            self.r.logprobs.then(|| json!({"content": logprobs::chat_content(&self.r.served.model, &out.logprobs)}));
         let reason = out.finished.as_ref().map(|f| chat_finish_reason(f, called));
         let mut choice = json!({"index": i, "delta": parsed.delta_json(), "logprobs": lps, "finish_reason": reason});
         if self.r.prompt_ids.is_some() {

@@ -17,12 +17,12 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::pool::Lease;
 use crate::extract::JsonBody;
 use crate::generate::{finish_reason, merge_usage, Generation};
 use crate::openai::logprobs::CompletionLogprobs;
 use crate::openai::params::CommonParams;
 use crate::openai::usage_json;
+use crate::pool::Lease;
 use crate::sse::{done_event, json_event, sse_from_outputs, StreamRenderer};
 use crate::state::{random_id, unix_now, App, ModelInfo};
 

@@ -152,12 +152,7 @@ impl ModelPool {
     pub fn new(models: Vec<PoolModel>, config: PoolConfig) -> ModelPool {
         let entries: Vec<Entry> = models
             .into_iter()
-            .map(|m| Entry {
-                name: m.name,
-                aliases: m.aliases,
-                loader: Some(m.loader),
-                loading: Arc::default(),
-            })
+            .map(|m| Entry { name: m.name, aliases: m.aliases, loader: Some(m.loader), loading: Arc::default() })
             .collect();
         let slots = entries.iter().map(|_| Slot { created: unix_now(), ..Slot::default() }).collect();
         ModelPool { entries, slots: Arc::new(Mutex::new(slots)), freed: Arc::new(tokio::sync::Notify::new()), config }
@@ -287,8 +282,10 @@ impl ModelPool {
         let mut slots = self.slots();
         let held = |s: &Slot| s.resident.as_ref().map_or(0, |r| r.bytes) + s.reserved.unwrap_or(0);
         let occupied = |s: &Slot| s.resident.is_some() || s.reserved.is_some();
-        let mut excess_count =
-            self.config.max_loaded.map_or(0, |max| (slots.iter().filter(|s| occupied(s)).count() + 1).saturating_sub(max));
+        let mut excess_count = self
+            .config
+            .max_loaded
+            .map_or(0, |max| (slots.iter().filter(|s| occupied(s)).count() + 1).saturating_sub(max));
         let budget = self.config.memory_budget.zip(need);
         let mut excess_bytes = budget.map_or(0, |(b, n)| (slots.iter().map(held).sum::<u64>() + n).saturating_sub(b));
         if let Some((budget, need)) = budget {

@@ -84,7 +84,8 @@ async fn create(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response,
     });
     let permit = app.admission.admit_one(1)?;
     let parser = prepared.rendered.parser(app.parsers.as_ref());
-    let generation = app.generate(&served, prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
+    let generation =
+        app.generate(&served, prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
     let r = Responder {
         app: app.clone(),
         served,

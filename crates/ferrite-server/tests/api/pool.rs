@@ -166,11 +166,18 @@ async fn an_unknown_model_is_404_in_each_api_shape_and_loads_nothing() {
     let anthropic = json!({"model": "claude-x", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]});
     let (status, body) = post(&server.at("/v1/messages"), &anthropic).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!((body["type"].as_str(), body["error"]["type"].as_str()), (Some("error"), Some("not_found_error")), "{body}");
+    assert_eq!(
+        (body["type"].as_str(), body["error"]["type"].as_str()),
+        (Some("error"), Some("not_found_error")),
+        "{body}"
+    );
     let (status, _) = get(&server.at("/v1/models/claude-x")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, text) = get(&server.at("/v1/models/qwen2-alias")).await;
     let model: Value = serde_json::from_str(&text).expect("json");
-    assert_eq!((status, model["id"].as_str(), model["status"].as_str()), (StatusCode::OK, Some("qwen2"), Some("unloaded")));
+    assert_eq!(
+        (status, model["id"].as_str(), model["status"].as_str()),
+        (StatusCode::OK, Some("qwen2"), Some("unloaded"))
+    );
     assert!(loads.iter().all(|l| l.loads.load(Relaxed) == 0));
 }
