@@ -23,7 +23,7 @@ pub const METRICS_EVERY: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ToWorker {
-    Submit { id: RequestId, request: Request },
+    Submit { id: RequestId, request: Box<Request> },
     Cancel { id: RequestId },
 }
 

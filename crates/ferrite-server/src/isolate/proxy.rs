@@ -175,7 +175,10 @@ impl EngineBackend for IsolatedEngine {
         let (ack_tx, ack_rx) = mpsc::channel();
         let sent = {
             let mut link = self.shared.link();
-            let sent = link.writer.as_mut().is_some_and(|w| write_frame(w, &ToWorker::Submit { id, request }).is_ok());
+            let sent = link
+                .writer
+                .as_mut()
+                .is_some_and(|w| write_frame(w, &ToWorker::Submit { id, request: Box::new(request) }).is_ok());
             if sent {
                 link.streams.insert(id, Open { tx, unfinished: (0..n).collect() });
                 link.pending.insert(id, ack_tx);

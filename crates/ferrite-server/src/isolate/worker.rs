@@ -46,7 +46,7 @@ pub fn serve_engine(engine: Engine, socket: UnixStream) -> io::Result<()> {
             tokio::select! {
                 cmd = commands.recv() => match cmd {
                     None => return Ok(()),
-                    Some(ToWorker::Submit { id, request }) => match engine.submit(request) {
+                    Some(ToWorker::Submit { id, request }) => match engine.submit(*request) {
                         Err(e) => out.send(&FromWorker::Rejected { id, error: ApiError::from(e).into() })?,
                         Ok(mut stream) => {
                             out.send(&FromWorker::Accepted { id })?;
