@@ -278,7 +278,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
             "prompt_tokens": prompt_tokens, "gen_tokens": generated, "reps": a.reps,
             "temperature": a.temperature, "top_p": a.top_p,
             "spec": a.spec.spec, "draft_model": a.spec.draft_model, "num_draft_tokens": a.spec.num_draft_tokens,
-            "fill": format!("{:?}", a.spec.fill).to_lowercase(),
+            "fill": format!("{:?}", a.spec.fill_mode()).to_lowercase(),
             "acceptance": acceptance, "proposed_tokens": proposed, "accepted_tokens": accepted,
             "forward_passes_per_run": steps, "draft_forwards": m.draft_forwards.load(Ordering::Relaxed),
             "load_ms": loaded.load_secs * 1e3, "ready_ms": ready_ms,

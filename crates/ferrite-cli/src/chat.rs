@@ -26,6 +26,7 @@ pub struct ChatArgs {
 
 pub fn chat(args: ChatArgs) -> Result<()> {
     let mut session = Session::open(&args.model, &args.engine)?;
+    session.note_ignored_flags(&args.sampling);
     let start: Vec<Value> = args.system.iter().map(|s| json!({"role": "system", "content": s})).collect();
     let mut messages = start.clone();
     eprintln!("chat ready: /exit to quit, /reset to start over");

@@ -1,5 +1,6 @@
 //! The `ferrite` binary: `serve` the OpenAI-compatible API, `run` a prompt, `chat` in the
-//! terminal, `models` / `pull` for the named models.
+//! terminal, `fit` a model to a device's memory, `models` / `pull` for the named models and
+//! the local Hugging Face cache.
 //!
 //! Generated text goes to stdout; load and speed statistics go to stderr. Every failure is a
 //! one-line error and a non-zero exit.
@@ -8,9 +9,12 @@ mod bench;
 mod bench_pool;
 mod bench_serve;
 mod chat;
+mod fit;
 mod model_arg;
+mod models;
 mod pool;
 mod run;
+mod sampling;
 mod serve;
 mod session;
 mod worker;
@@ -35,7 +39,11 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-    /// List the named models and whether they are in the local cache.
+    /// Whether a model fits a device's memory (weights, workspace, KV per token, tokens and
+    /// sequences that fit), from its config without loading it.
+    Fit(fit::FitArgs),
+    /// List the named models and the models in the local Hugging Face cache, with size,
+    /// architecture and whether ferrite can run each.
     Models,
     /// Fetch a named model into the local cache (verified by sha256).
     Pull {
@@ -58,7 +66,8 @@ fn main() {
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::chat(args),
         Command::Bench(cmd) => bench::bench(cmd),
-        Command::Models => model_arg::list(),
+        Command::Fit(args) => fit::fit(args),
+        Command::Models => models::list(),
         Command::Pull { name } => model_arg::pull(&name),
         Command::EngineWorker(args) => worker::worker(args),
     };

@@ -1,8 +1,10 @@
-//! The MODEL argument: a path to an HF directory or `.gguf` file, or a registry name.
+//! The MODEL argument: a path to an HF directory or `.gguf` file, a registry name, or a
+//! Hugging Face repo in the local hub cache (`org/name[@revision][:FILE.gguf]`).
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
+use ferrite_models::hf_cache::{self, RepoRef};
 use ferrite_models::{paths, registry};
 
 pub fn resolve(model: &str) -> Result<PathBuf> {
@@ -13,17 +15,18 @@ pub fn resolve(model: &str) -> Result<PathBuf> {
     if registry::find(model).is_some() {
         return Ok(registry::resolve(model, &paths::models_dir())?);
     }
-    let names: Vec<&str> = registry::named_models().iter().map(|m| m.name).collect();
-    bail!("'{model}' is neither a model path nor a known model name ({})", names.join(", "))
+    if let Some(repo) = RepoRef::parse(model) {
+        return Ok(hf_cache::resolve(&hf_cache::hub_dir(), &repo)?);
+    }
+    bail!(
+        "'{model}' is not a model path, a named model ({}) or a Hugging Face repo id (org/name[@revision][:FILE.gguf])",
+        named().join(", ")
+    )
 }
 
-pub fn list() -> Result<()> {
-    for m in registry::named_models() {
-        let path = paths::models_dir().join(m.name).join(m.file_name);
-        let state = if path.is_file() { path.display().to_string() } else { "not fetched".into() };
-        println!("{:<20} {:>6} MB  {state}", m.name, m.size / 1_000_000);
-    }
-    Ok(())
+/// The registry's names.
+pub fn named() -> Vec<&'static str> {
+    registry::named_models().iter().map(|m| m.name).collect()
 }
 
 pub fn pull(name: &str) -> Result<()> {

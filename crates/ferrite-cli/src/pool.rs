@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferrite_engine::Engine;
+use ferrite_models::fit::{FitOptions, KvDtypeChoice};
 use ferrite_models::LoadedModel;
 use ferrite_runtime::cuda::{resolve_device, Device, DeviceChoice};
 use ferrite_server::isolate::{IsolatedEngine, WorkerCommand};
@@ -181,6 +182,22 @@ pub fn start_engine(loaded: &LoadedModel, path: &Path, args: &EngineArgs, thread
     Ok(engine)
 }
 
+/// The memory fit of the model at `path` with the engine settings `serve` runs it with (on
+/// the CPU the KV cache is `DEFAULT_KV_BYTES` unless told otherwise).
+fn fit_summary(path: &Path, args: &ServeArgs) -> Result<String> {
+    let e = &args.engine;
+    let opts = FitOptions {
+        max_model_len: e.max_model_len,
+        max_num_seqs: e.max_num_seqs,
+        max_num_batched_tokens: e.max_num_batched_tokens,
+        block_size: e.block_size,
+        kv_dtype: KvDtypeChoice::Auto,
+        kv_cache_memory: e.kv_cache_memory,
+        gpu_memory_utilization: e.gpu_memory_utilization,
+    };
+    Ok(crate::fit::estimate(path, args.model.device, opts, Some(DEFAULT_KV_BYTES))?.to_string())
+}
+
 /// Bytes of a model's weight files.
 fn weight_file_bytes(path: &Path) -> std::io::Result<u64> {
     if path.is_file() {
@@ -251,6 +268,10 @@ pub fn models(args: &ServeArgs, threads: usize, serve_args: &[String]) -> Result
     entries(args)?
         .into_iter()
         .map(|entry| {
+            // The load reports a model that cannot be read; the fit is only said when it can be.
+            if let Ok(summary) = fit_summary(&entry.path, args) {
+                eprintln!("{}: {summary}", entry.name);
+            }
             let worker = args.pool.isolate.then(|| WorkerCommand {
                 program: program.clone(),
                 args: vec![crate::worker::SUBCOMMAND.into(), entry.name.clone(), serve_args.clone()],

@@ -24,6 +24,7 @@ pub struct RunArgs {
 
 pub fn run(args: RunArgs) -> Result<()> {
     let mut session = Session::open(&args.model, &args.engine)?;
+    session.note_ignored_flags(&args.sampling);
     let use_template = !args.raw && session.loaded.chat_template.is_some();
     let prompt = if use_template {
         session.chat_prompt(&[json!({"role": "user", "content": args.prompt})])?

@@ -8,7 +8,7 @@ use clap::Args;
 use std::time::Instant;
 
 use ferrite_engine::fill::ToolScaffold;
-use ferrite_engine::{Engine, EngineConfig, FillMode, Request, RequestParams, SamplingParams, Speculation};
+use ferrite_engine::{Engine, EngineConfig, FillMode, Request, RequestParams, Speculation};
 use ferrite_models::chat_template::ChatRenderRequest;
 use ferrite_models::tokenizer::Tokenizer;
 use ferrite_models::LoadedModel;
@@ -18,7 +18,8 @@ use serde_json::Value;
 
 #[derive(Args, Clone)]
 pub struct ModelArgs {
-    /// A model path (HF directory or .gguf) or a name: smollm2, gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b
+    /// A model path (HF directory or .gguf), a name (smollm2, gemma3-270m, qwen2.5-coder-0.5b,
+    /// qwen2.5-coder-1.5b) or a Hugging Face repo in the local cache (org/name[@rev][:FILE.gguf])
     /// (required, unless --synthetic or, for serve, --model NAME=PATH or --models-dir)
     pub model: Option<String>,
     /// Worker threads (default: all cores).
@@ -129,8 +130,8 @@ pub struct SpecArgs {
     /// forced tool calls) or echo (strict, and verify spans echoed from the conversation).
     /// Strict by default: it never changes a greedy output and saves forward passes on tool
     /// calls and constrained output (BENCHMARKS.md, fill on tool calls).
-    #[arg(long, default_value = "strict")]
-    pub fill: FillMode,
+    #[arg(long)]
+    pub fill: Option<FillMode>,
     /// Wait for each step on the GPU before scheduling the next (by default the next decode
     /// step is queued while the device still runs this one).
     #[arg(long)]
@@ -144,13 +145,18 @@ impl Default for SpecArgs {
             draft_model: None,
             draft_layers: None,
             num_draft_tokens: 4,
-            fill: FillMode::Strict,
+            fill: None,
             no_overlap: false,
         }
     }
 }
 
 impl SpecArgs {
+    /// The fill mode: `--fill`, strict when not given.
+    pub fn fill_mode(&self) -> FillMode {
+        self.fill.unwrap_or(FillMode::Strict)
+    }
+
     /// The engine's speculation (loading the draft model) and the scaffold for fill.
     fn resolve(&self, loaded: &LoadedModel) -> Result<(Speculation, Option<std::sync::Arc<ToolScaffold>>)> {
         let speculation = match (&self.draft_model, self.spec.as_str()) {
@@ -170,7 +176,8 @@ impl SpecArgs {
             (Some(t), Some(tok)) => ToolScaffold::discover(t, tok, &loaded.eos_token_ids()).map(std::sync::Arc::new),
             _ => None,
         };
-        if self.fill != FillMode::Off && scaffold.is_none() {
+        // Only a fill the user asked for is worth a note; the default quietly asserts less.
+        if self.fill.is_some_and(|f| f != FillMode::Off) && scaffold.is_none() {
             eprintln!(
                 "note: this model's chat template has no tool-call scaffold; fill asserts only the tokens an output \
                  grammar forces"
@@ -208,7 +215,7 @@ impl EngineArgs {
             prefix_cache: !self.no_prefix_cache,
             namespace: model_namespace(path),
             num_draft_tokens: self.spec.num_draft_tokens,
-            fill: self.spec.fill,
+            fill: self.spec.fill_mode(),
             overlap: !self.spec.no_overlap,
             ..EngineConfig::default()
         }
@@ -226,15 +233,19 @@ pub struct SamplingArgs {
     /// Tokens to generate at most.
     #[arg(short = 'n', long = "max-tokens", default_value_t = 512)]
     pub max_tokens: usize,
-    /// 0 is greedy (default: the model's generation_config, else 0.8).
+    /// 0 is greedy (default: the model's generation_config when it samples, else greedy).
     #[arg(long)]
     pub temperature: Option<f32>,
     #[arg(long)]
     pub top_p: Option<f32>,
     #[arg(long)]
     pub top_k: Option<usize>,
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
+    /// Above 1 discourages repeating tokens of the prompt and output (default: the model's
+    /// generation_config, else 1, off).
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
+    #[arg(long)]
+    pub min_p: Option<f32>,
     /// Random seed (default: from the clock).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -279,6 +290,14 @@ impl Session {
         Ok(Session { loaded, engine })
     }
 
+    /// Say on stderr which sampling flags the generation will ignore, if any.
+    pub fn note_ignored_flags(&self, s: &SamplingArgs) {
+        let resolved = crate::sampling::resolve(s, &self.loaded.generation, || 0);
+        if let Some(note) = crate::sampling::ignored_flags_note(s, &resolved) {
+            eprintln!("{note}");
+        }
+    }
+
     pub fn tokenizer(&self) -> Result<&Tokenizer> {
         self.loaded
             .tokenizer
@@ -309,15 +328,7 @@ impl Session {
 
     /// Generate from `prompt`, streaming text to stdout; returns the text and the stats.
     pub fn stream(&mut self, prompt: Vec<u32>, s: &SamplingArgs) -> Result<(String, GenerationStats)> {
-        let gd = &self.loaded.generation;
-        let sampling = SamplingParams {
-            temperature: s.temperature.or(gd.temperature).unwrap_or(0.8),
-            top_k: s.top_k.or(gd.top_k).unwrap_or(40),
-            top_p: s.top_p.or(gd.top_p).unwrap_or(0.95),
-            min_p: s.min_p,
-            seed: s.seed.unwrap_or_else(clock_seed),
-            ..SamplingParams::default()
-        };
+        let sampling = crate::sampling::resolve(s, &self.loaded.generation, clock_seed);
         let prompt_tokens = prompt.len();
         let room = self.engine.limits().max_model_len.saturating_sub(prompt_tokens);
         let params = RequestParams { sampling, max_tokens: Some(s.max_tokens.min(room).max(1)), ..Default::default() };

@@ -1,14 +1,15 @@
 //! `EngineCore`: the step loop, synchronous and single-threaded — plan proposals,
-//! `schedule()`, draft, build one `ForwardBatch`, `model.forward()`, then for each row that
+//! `schedule()`, draft, build one `ForwardBatch`, `model.step()`, then for each row that
 //! reached the end of its tokens decide its tokens (sample, or verify its proposal), append,
 //! detokenize, check stops, stream, roll back rejected KV and free what finished. The engine
 //! thread (`engine.rs`) drives it; tests drive it directly. Proposal planning lives in
 //! `core/propose.rs`, token decisions and streaming in `core/emit.rs`. Constrained rows
 //! (structured output) compute their token masks while the model runs and sample under them;
 //! other rows are sampled by the model on its device when it can (only ids and requested
-//! logprobs come back). A model that queues steps (the GPU) has its steps queued and landed in
-//! the next iteration, which first queues the step after when it can (`core/overlap.rs`), so
-//! the host's work for one step runs while the device computes the next.
+//! logprobs come back). A step the model hands back queued (the GPU's argmax and sampled
+//! steps) is landed in the next iteration, which first queues the step after when it can
+//! (`core/overlap.rs`), so the host's work for one step runs while the device computes the
+//! next.
 
 mod emit;
 mod overlap;
@@ -16,11 +17,11 @@ mod propose;
 
 use std::sync::Arc;
 
-use ferrite_models::model::{run_forward, CausalLm, StepLimits};
+use ferrite_models::model::{run_forward, CausalLm, Pending, StepLimits, StepOutput, Want};
 use ferrite_models::tokenizer::{IncrementalDecoder, Tokenizer};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::sampling::{RowSampler, SampledToken};
-use ferrite_runtime::{ForwardBatch, KvCache};
+use ferrite_runtime::{ForwardBatch, KvCache, RuntimeError};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::Speculation;
@@ -52,8 +53,9 @@ pub struct EngineCore {
     fill: crate::fill::FillMode,
     scaffold: Option<Arc<ToolScaffold>>,
     grammars: Arc<Grammars>,
-    /// Whether steps are queued on the model's device and landed in the next iteration.
-    queue_steps: bool,
+    /// Whether a step the model hands back queued is landed in the next iteration (after
+    /// the step following it was queued) rather than waited for at once.
+    overlap: bool,
     /// The step queued on the model's device and not landed yet (`overlap`).
     in_flight: Option<overlap::InFlight>,
 }
@@ -120,7 +122,6 @@ impl EngineCore {
         if speculates && cfg.num_draft_tokens == 0 {
             return Err(EngineError::Config("the number of draft tokens must be at least 1".into()));
         }
-        let queue_steps = cfg.overlap && model.queues_steps();
         let metrics = Arc::new(Metrics::default());
         metrics.set_kv(kvm.free_blocks());
         let grammars = Arc::new(Grammars::new(tokenizer.clone(), mcfg.vocab_size, eos.clone()));
@@ -139,7 +140,7 @@ impl EngineCore {
             fill: cfg.fill,
             scaffold: cfg.tool_scaffold.clone(),
             grammars,
-            queue_steps,
+            overlap: cfg.overlap,
             in_flight: None,
         })
     }
@@ -232,18 +233,9 @@ impl EngineCore {
         }
         let (hit, kept): (Vec<Sequence>, Vec<Sequence>) = self.sched.waiting.drain(..).partition(|s| s.request == id);
         self.sched.waiting.extend(kept);
-        for mut seq in aborted.into_iter().chain(hit) {
-            self.release(&mut seq);
-        }
+        // Dropping them returns their blocks, in the target's KV and the draft's.
+        drop((aborted, hit));
         self.after_step_bookkeeping();
-    }
-
-    /// Free a sequence's blocks, in the target's KV and the draft's.
-    fn release(&mut self, seq: &mut Sequence) {
-        self.kvm.free(&mut seq.kv);
-        if let Some(d) = self.drafter.as_mut() {
-            d.free(&mut seq.spec.draft);
-        }
     }
 
     /// One engine iteration. A model failure ends the requests of this step with an error.
@@ -278,7 +270,7 @@ impl EngineCore {
                 query.extend(&p.ids);
             }
             let context = s.num_computed + query.len();
-            batch.push_row(&query, context, s.kv.tables.clone(), logits);
+            batch.push_row(&query, context, s.kv.tables().to_vec(), logits);
             plan.push(PlanRow { index: Some(r.index), tokens: end - s.num_computed, logits: n_logits, proposal });
         }
         self.metrics.add_batch(batch.num_tokens());
@@ -298,15 +290,11 @@ impl EngineCore {
         } else {
             Vec::new()
         };
-        // A model that queues steps gets this one queued; the next iteration lands it.
-        if (greedy || on_device) && self.queue_steps {
-            let samplers = on_device.then_some(&samplers[..]);
-            if let Err(e) = self.model.queue_step(&batch, &mut self.kv, samplers, &[]) {
-                return Err(self.fail_rows(&rows, e.into()));
-            }
-            self.in_flight = Some(self.flight(&plan));
-            return Ok(());
-        }
+        let want = match (greedy, on_device) {
+            (true, _) => Want::Argmax,
+            (false, true) => Want::Sample(&samplers),
+            (false, false) => Want::Logits,
+        };
         // Constrained rows about to sample compute their token masks on a helper thread
         // meanwhile.
         let sampling: Vec<usize> = plan.iter().filter(|r| r.logits > 0).map(PlanRow::row).collect();
@@ -317,32 +305,44 @@ impl EngineCore {
         let (model, kv) = (&self.model, &mut self.kv);
         // A CPU model runs on a pool worker: each op's parallel loop then forks within the
         // pool instead of waking it from outside (see `threads::run`, `run_forward`).
-        let picked = std::thread::scope(|scope| {
+        let pending = std::thread::scope(|scope| {
             if !guides.is_empty() {
                 scope.spawn(move || guides.into_iter().for_each(Guide::prepare_mask));
             }
-            run_forward(&**model, || {
-                if greedy {
-                    model.forward_greedy(&batch, kv).map(Picks::Tokens)
-                } else if on_device {
-                    model.forward_sampled(&batch, kv, &samplers).map(Picks::Sampled)
-                } else {
-                    model.forward(&batch, kv).map(Picks::Logits)
-                }
-            })
+            run_forward(&**model, || model.step(&batch, kv, want))
         });
-        match picked {
-            Ok(picks) => {
-                self.land(plan, &picks);
+        let pending = match pending {
+            Ok(pending) => pending,
+            Err(e) => return Err(self.fail_rows(&rows, e.into())),
+        };
+        // A queued step is landed by the next iteration, which queues the one after it first.
+        if pending.is_queued() && self.overlap {
+            self.in_flight = Some(self.flight(&plan, pending));
+            return Ok(());
+        }
+        self.resolve(plan, pending)
+    }
+
+    /// Wait for `pending`, the step of `plan`, and land it; a failure, or outputs that do not
+    /// cover the logits rows the step asked for, ends the requests of its rows still running.
+    fn resolve(&mut self, plan: Vec<PlanRow>, pending: Pending) -> Result<(), EngineError> {
+        let wanted: usize = plan.iter().map(|r| r.logits).sum();
+        let out = pending.wait().map_err(EngineError::from).and_then(|out| match out.rows(self.limits.vocab_size) {
+            got if got == wanted => Ok(out),
+            got => Err(EngineError::Model(RuntimeError::Shape(format!("a step gave {got} outputs for {wanted} rows")))),
+        });
+        match out {
+            Ok(out) => {
+                self.land(plan, &out);
                 Ok(())
             }
-            Err(e) => Err(self.fail_rows(&rows, e.into())),
+            Err(e) => Err(self.fail(plan.iter().filter_map(|r| r.index).collect(), e)),
         }
     }
 
-    /// Apply a step's `picks` to the rows of its `plan`: count their computed tokens, decide
+    /// Apply a step's outputs to the rows of its `plan`: count their computed tokens, decide
     /// the tokens of the rows that sampled, fork children, free what finished.
-    fn land(&mut self, plan: Vec<PlanRow>, picks: &Picks) {
+    fn land(&mut self, plan: Vec<PlanRow>, out: &StepOutput) {
         let vocab = self.limits.vocab_size;
         let mut done = Vec::new();
         let mut disconnected = Vec::new();
@@ -361,10 +361,10 @@ impl EngineCore {
                 self.kvm.after_step(&mut s.kv, &s.tokens, s.num_computed);
                 continue;
             }
-            let pick = match picks {
-                Picks::Logits(logits) => Pick::Logits(&logits[first * vocab..(first + n_logits) * vocab]),
-                Picks::Tokens(ids) => Pick::Token(ids[first]),
-                Picks::Sampled(picked) => Pick::Sampled(&picked[first]),
+            let pick = match out {
+                StepOutput::Logits(logits) => Pick::Logits(&logits[first * vocab..(first + n_logits) * vocab]),
+                StepOutput::Ids(ids) => Pick::Token(ids[first]),
+                StepOutput::Sampled(picked) => Pick::Sampled(&picked[first]),
             };
             if s.pending_children > 0 {
                 self.kvm.after_step(&mut s.kv, &s.tokens, s.num_computed);
@@ -377,9 +377,9 @@ impl EngineCore {
             }
         }
         done.sort_unstable();
+        // A finished sequence's blocks go back as it is dropped.
         for idx in done.into_iter().rev() {
-            let mut seq = self.sched.running.remove(idx);
-            self.release(&mut seq);
+            self.sched.running.remove(idx);
         }
         for child in children.into_iter().rev() {
             self.sched.waiting.push_front(child);
@@ -401,8 +401,8 @@ impl EngineCore {
         indices.sort_unstable();
         indices.dedup();
         for idx in indices.into_iter().rev() {
-            let mut seq = self.sched.running.remove(idx);
-            self.finish(&mut seq, FinishReason::Error, None, None, Some(msg.clone()));
+            let seq = self.sched.running.remove(idx);
+            self.finish(seq, FinishReason::Error, None, None, Some(msg.clone()));
         }
         self.after_step_bookkeeping();
         e
@@ -416,8 +416,20 @@ impl EngineCore {
         }
         self.metrics.set_preemptions(self.sched.preemptions);
         #[cfg(debug_assertions)]
-        if let Err(e) = self.kvm.check_invariants() {
+        if let Err(e) = self.check_kv_invariants() {
             panic!("KV block pool invariant broken: {e}");
+        }
+    }
+
+    /// Check the KV pools (the target's and the draft's): every free list agrees with the
+    /// counts, and every block's count is the number of live table entries holding it.
+    pub fn check_kv_invariants(&self) -> Result<(), String> {
+        let seqs = || self.sched.running.iter().chain(&self.sched.waiting);
+        self.kvm.check_invariants()?;
+        self.kvm.check_holders(seqs().map(|s| &s.kv))?;
+        match &self.drafter {
+            Some(d) => d.check_invariants(seqs().map(|s| &s.spec.draft)),
+            None => Ok(()),
         }
     }
 
@@ -428,11 +440,11 @@ impl EngineCore {
         let parent = &mut self.sched.running[idx];
         let n = std::mem::take(&mut parent.pending_children);
         let shared = (parent.prompt_len - 1) / bs;
-        let (kv_parent, base_seed) = (parent.kv.clone(), parent.params.sampling.seed);
+        let base_seed = parent.params.sampling.seed;
         let mut out = Vec::with_capacity(n);
         for choice in 1..=n {
-            let kv = self.kvm.share_prefix(&kv_parent, shared);
             let p = &self.sched.running[idx];
+            let kv = self.kvm.share_prefix(&p.kv, shared);
             out.push(Sequence {
                 request: p.request,
                 choice,
@@ -440,7 +452,7 @@ impl EngineCore {
                 seed: choice_seed(base_seed, choice),
                 tokens: p.tokens[..p.prompt_len].to_vec(),
                 prompt_len: p.prompt_len,
-                num_computed: kv.tables.first().map_or(0, |t| t.len()) * bs,
+                num_computed: kv.tables().first().map_or(0, |t| t.len()) * bs,
                 looked_up: true,
                 kv,
                 cached_tokens: p.cached_tokens,
@@ -480,14 +492,7 @@ impl PlanRow {
     }
 }
 
-/// What a step's forward pass returned for the rows it sampled.
-enum Picks {
-    Logits(Vec<f32>),
-    Tokens(Vec<u32>),
-    Sampled(Vec<SampledToken>),
-}
-
-/// One row's part of `Picks`.
+/// One row's part of a `StepOutput`.
 enum Pick<'a> {
     Logits(&'a [f32]),
     Token(u32),

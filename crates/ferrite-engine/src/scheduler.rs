@@ -43,7 +43,8 @@ impl Scheduler {
 
     /// Free a sequence's blocks and queue it for recomputation ahead of new arrivals.
     fn preempt(&mut self, mut seq: Sequence, kvm: &mut KvManager) {
-        kvm.free(&mut seq.kv);
+        // The old allocation's blocks go back as it is replaced.
+        seq.kv = kvm.new_seq();
         seq.num_computed = 0;
         seq.looked_up = false;
         self.preemptions += 1;
@@ -113,7 +114,7 @@ impl Scheduler {
             return false;
         };
         let seq = &mut self.waiting[idx];
-        kvm.free(&mut seq.kv);
+        seq.kv = kvm.new_seq();
         seq.num_computed = 0;
         seq.looked_up = false;
         true

@@ -43,7 +43,7 @@ use common::model::{
 use ferrite_engine::sampling::{apply_processors, distribution, uniform, TokenCounts, TokenLogprob};
 use ferrite_engine::{EngineConfig, EngineCore, Output, Request, RequestParams, SamplingParams};
 use ferrite_models::gpu::GpuDecoder;
-use ferrite_models::model::CausalLm;
+use ferrite_models::model::{CausalLm, Pending, Want};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cuda::DeviceChoice;
 use ferrite_runtime::ForwardBatch;
@@ -198,7 +198,7 @@ fn decode_logits(model: &dyn CausalLm, prompts: &[Vec<u32>], steps: usize) -> Ve
     for (r, p) in prompts.iter().enumerate() {
         batch.push_row(p, p.len(), table(r), RowLogits::Last);
     }
-    model.forward(&batch, &mut kv).expect("prefill");
+    model.step(&batch, &mut kv, Want::Logits).and_then(Pending::logits).expect("prefill");
     let mut out = Vec::new();
     for s in 0..steps {
         let mut batch = ForwardBatch::default();
@@ -206,7 +206,7 @@ fn decode_logits(model: &dyn CausalLm, prompts: &[Vec<u32>], steps: usize) -> Ve
             let token = (p[s % p.len()] + s as u32) % VOCAB as u32;
             batch.push_row(&[token], p.len() + s + 1, table(r), RowLogits::Last);
         }
-        out.extend(model.forward(&batch, &mut kv).expect("decode"));
+        out.extend(model.step(&batch, &mut kv, Want::Logits).and_then(Pending::logits).expect("decode"));
     }
     out
 }

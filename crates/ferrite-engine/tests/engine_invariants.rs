@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use common::*;
 use ferrite_engine::{EngineConfig, EngineError, FinishReason, Request, RequestParams, SamplingParams};
-use ferrite_models::model::CausalLm;
+use ferrite_models::model::{CausalLm, Pending, Want};
 use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc::unbounded_channel;
 
@@ -319,7 +319,7 @@ fn recompute_greedy(m: &Arc<dyn CausalLm>, prompt: &[u32], n: usize) -> Vec<u32>
         let mut kv = KvCache::new(&layout, &vec![blocks; layout.groups.len()], 1).expect("kv");
         let mut batch = ForwardBatch::default();
         batch.push_row(&toks, toks.len(), vec![(0..blocks as u32).collect(); layout.groups.len()], RowLogits::Last);
-        let logits = m.forward(&batch, &mut kv).expect("forward");
+        let logits = m.step(&batch, &mut kv, Want::Logits).and_then(Pending::logits).expect("forward");
         toks.push(ferrite_runtime::cpu::argmax(&logits) as u32);
     }
     toks[prompt.len()..].to_vec()

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use ferrite_engine::EngineConfig;
-use ferrite_models::model::CausalLm;
+use ferrite_models::model::{CausalLm, Pending, Want};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::{ForwardBatch, KvCache, KvDtype};
 
@@ -20,7 +20,7 @@ fn prompt_logits(model: &dyn CausalLm, prompt: &[u32]) -> Vec<f32> {
     let mut batch = ForwardBatch::default();
     let tables = vec![(0..blocks as u32).collect::<Vec<_>>(); layout.groups.len()];
     batch.push_row(prompt, prompt.len(), tables, RowLogits::All);
-    model.forward(&batch, &mut kv).expect("forward")
+    model.step(&batch, &mut kv, Want::Logits).and_then(Pending::logits).expect("forward")
 }
 
 fn check(name: &str) {

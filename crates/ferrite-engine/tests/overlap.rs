@@ -3,7 +3,8 @@
 //! tokens and finish reasons of the plain engine — through end tokens, `min_tokens`, stop
 //! tokens, length limits, forks, rows that sample on the host (which stop the overlap) and
 //! aborts while a step is queued — the following step is queued with carried ids wherever it
-//! can be, and every KV block comes back.
+//! can be, and every KV block comes back. The CPU model itself never hands back a queued
+//! step, so the plain engine lands every step at once.
 
 mod common;
 
@@ -12,7 +13,9 @@ use std::sync::Arc;
 use common::queued::Queueing;
 use common::*;
 use ferrite_engine::{EngineConfig, EngineCore, FinishReason, Request, RequestParams, SamplingParams};
-use ferrite_models::model::CausalLm;
+use ferrite_models::model::{CausalLm, Pending, Want};
+use ferrite_runtime::batch::RowLogits;
+use ferrite_runtime::ForwardBatch;
 use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -139,4 +142,26 @@ fn an_abort_while_a_step_is_queued_loses_nothing() {
             assert_eq!(plain[i][0].0.len(), 20 + i);
         }
     }
+}
+
+/// The CPU model resolves its step handles when it hands them back: the argmax of a step is
+/// the argmax of its logits; ids carried from an earlier step's picks and device sampling are
+/// refused (it keeps no picks on a device).
+#[test]
+fn cpu_steps_come_back_resolved() {
+    let (m, prompt) = model();
+    let (mut kv, tables) = common::model::cache(m.as_ref(), prompt.len().div_ceil(common::model::BLOCK) + 1);
+    let mut batch = ForwardBatch::default();
+    batch.push_row(&prompt, prompt.len(), tables.clone(), RowLogits::Last);
+    let step = m.step(&batch, &mut kv, Want::Argmax).expect("argmax step");
+    assert!(!step.is_queued());
+    let ids = step.ids().expect("ids");
+    let logits = m.step(&batch, &mut kv, Want::Logits).and_then(Pending::logits).expect("logits step");
+    assert_eq!(ids, vec![ferrite_runtime::cpu::argmax(&logits) as u32]);
+    assert!(!m.samples_on_device());
+    assert!(m.step(&batch, &mut kv, Want::Sample(&[])).is_err(), "the CPU model sampled");
+    let mut next = ForwardBatch::default();
+    next.push_row(&[0], prompt.len() + 1, tables, RowLogits::Last);
+    next.carried.push((0, 0));
+    assert!(m.step(&next, &mut kv, Want::Argmax).is_err(), "the CPU model took carried ids");
 }

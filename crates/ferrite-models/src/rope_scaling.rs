@@ -69,6 +69,16 @@ impl RopeScaling {
         matches!(self.kind, RopeKind::Dynamic { .. } | RopeKind::LongRope { .. })
     }
 
+    /// The shortest length whose frequencies are those of `seq_len`: rows whose keys are
+    /// equal rotate alike (`rope_for(key)` gives them), so a step needs one table per key.
+    pub fn schedule_key(&self, seq_len: usize) -> usize {
+        match &self.kind {
+            RopeKind::Dynamic { max_position_embeddings, .. } => seq_len.max(*max_position_embeddings),
+            RopeKind::LongRope { original_max_position_embeddings: orig, .. } if seq_len > *orig => orig + 1,
+            _ => 0,
+        }
+    }
+
     pub fn rope_for(&self, seq_len: usize) -> Rope {
         let dim = self.rotary_dim;
         let base_freqs =
@@ -187,5 +197,34 @@ mod tests {
         for (g, w) in r.inv_freq.iter().zip(want) {
             assert!((*g as f64 - w).abs() < 1e-7, "{:?}", r.inv_freq);
         }
+    }
+
+    /// Lengths of one key get the frequencies (and scaling) of that key: what lets a step
+    /// upload one table per key.
+    #[test]
+    fn schedule_keys_group_lengths_of_equal_frequencies() {
+        let long = RopeScaling {
+            theta: 10000.0,
+            rotary_dim: 4,
+            kind: RopeKind::LongRope {
+                short: vec![1.0, 2.0],
+                long: vec![3.0, 4.0],
+                original_max_position_embeddings: 32,
+                attention_factor: 1.2,
+            },
+        };
+        let dynamic =
+            RopeScaling { kind: RopeKind::Dynamic { factor: 2.0, max_position_embeddings: 32 }, ..long.clone() };
+        let fixed = RopeScaling { kind: RopeKind::Default, ..long.clone() };
+        for s in [&long, &dynamic, &fixed] {
+            for len in [0, 1, 31, 32, 33, 40, 1000] {
+                let (a, b) = (s.rope_for(len), s.rope_for(s.schedule_key(len)));
+                assert_eq!(a.inv_freq, b.inv_freq, "{:?} len {len}", s.kind);
+                assert_eq!(a.attention_scaling, b.attention_scaling);
+            }
+        }
+        assert_eq!((long.schedule_key(32), long.schedule_key(33), long.schedule_key(500)), (0, 33, 33));
+        assert_eq!((dynamic.schedule_key(5), dynamic.schedule_key(40)), (32, 40));
+        assert_ne!(long.rope_for(32).inv_freq, long.rope_for(33).inv_freq);
     }
 }

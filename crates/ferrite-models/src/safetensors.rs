@@ -148,6 +148,11 @@ impl SafetensorsDir {
             .map_err(|err| LoadError::tensor(path, name, err.to_string()))
     }
 
+    /// Every tensor's name, dtype and shape (no data is read).
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, DType, &[usize])> {
+        self.entries.iter().map(|(name, e)| (name.as_str(), e.dtype, e.shape.as_slice()))
+    }
+
     pub fn total_bytes(&self) -> usize {
         self.files.iter().map(|f| f.1.len()).sum()
     }

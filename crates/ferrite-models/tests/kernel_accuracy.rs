@@ -10,7 +10,7 @@
 //!
 //! One test per file: the kernel mode is process-wide.
 
-use ferrite_models::model::CausalLm;
+use ferrite_models::model::{CausalLm, Pending, Want};
 use ferrite_models::{paths, registry};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cpu::{set_kernel_mode, KernelMode};
@@ -69,7 +69,7 @@ fn prefill(model: &dyn CausalLm, tokens: &[u32]) -> Vec<f32> {
     let (mut kv, tables) = cache(model, tokens.len());
     let mut batch = ForwardBatch::default();
     batch.push_row(tokens, tokens.len(), tables, RowLogits::All);
-    model.forward(&batch, &mut kv).expect("forward")
+    model.step(&batch, &mut kv, Want::Logits).and_then(Pending::logits).expect("forward")
 }
 
 /// Logits after every token, one decode step per token.
@@ -79,7 +79,7 @@ fn decode(model: &dyn CausalLm, tokens: &[u32]) -> Vec<f32> {
     for (i, &t) in tokens.iter().enumerate() {
         let mut batch = ForwardBatch::default();
         batch.push_row(&[t], i + 1, tables.clone(), RowLogits::Last);
-        logits.extend(model.forward(&batch, &mut kv).expect("forward"));
+        logits.extend(model.step(&batch, &mut kv, Want::Logits).and_then(Pending::logits).expect("forward"));
     }
     logits
 }

@@ -2,7 +2,9 @@
 //!
 //! Rows (sequences) contribute any number of query tokens: 1 for decode, a chunk for prefill,
 //! k+1 for verification. Their tokens are concatenated; each row carries its span, the KV
-//! length after the step and its block table into the paged KV cache.
+//! length after the step and its block table into the paged KV cache. A device model may
+//! also take some input ids from the previous step's picks without the host seeing them
+//! (`carried`).
 
 /// One row's part of a `ForwardBatch`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +39,10 @@ pub struct ForwardBatch {
     pub rows: Vec<RowSpan>,
     /// Flat indices into `tokens` whose logits the caller wants, in output order.
     pub logits_indices: Vec<usize>,
+    /// (token index, logits row of the step run just before) pairs: that token's id is the
+    /// earlier step's pick, still on the device (its id in `tokens` is a placeholder). Only a
+    /// device model that queued the earlier step can read them.
+    pub carried: Vec<(usize, usize)>,
 }
 
 impl ForwardBatch {

@@ -169,6 +169,16 @@ pub fn finish_reason(f: &Finished) -> &'static str {
     }
 }
 
+/// The ending of a reply as the API reports it: truncated (`Length`) when the generation's
+/// end cut a tool call short (`parser::parse_whole` / `parse_streamed`), whatever ended it.
+pub fn reported(f: Finished, cut: bool) -> Finished {
+    if cut {
+        Finished { reason: FinishReason::Length, stop_string: None, ..f }
+    } else {
+        f
+    }
+}
+
 /// Usage over the choices of one prompt: the prompt counted once, completions summed.
 pub fn merge_usage<'a>(usages: impl IntoIterator<Item = &'a Usage>) -> Usage {
     usages.into_iter().fold(Usage::default(), |acc, u| Usage {

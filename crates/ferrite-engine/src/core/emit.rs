@@ -300,10 +300,10 @@ impl EngineCore {
         Emitted::Finished
     }
 
-    /// Send a final output for `seq` with no new token and free its blocks.
+    /// Send a final output for `seq` with no new token; its blocks go back as it is dropped.
     pub(super) fn finish(
         &mut self,
-        seq: &mut Sequence,
+        seq: Sequence,
         reason: FinishReason,
         stop_string: Option<String>,
         stop_token: Option<u32>,
@@ -314,11 +314,10 @@ impl EngineCore {
             token_ids: vec![],
             text: String::new(),
             logprobs: vec![],
-            finished: Some(Finished { reason, stop_string, stop_token, error, usage: usage(seq) }),
+            finished: Some(Finished { reason, stop_string, stop_token, error, usage: usage(&seq) }),
             cached_tokens: seq.cached_tokens,
         };
         let _ = seq.sink.send(out);
-        self.release(seq);
         self.metrics.request_finished();
     }
 }

@@ -1,8 +1,9 @@
-//! Steps queued on the model's device (a model that `queues_steps`). While the device runs a
-//! queued step, the engine queues the one after it — every row decoding the token the queued
-//! step is picking, its id carried over on the device without the host seeing it — and only
-//! then lands the queued step (takes its picks, streams, checks ends). The host's work for a
-//! step thus runs while the device computes the next one.
+//! Steps the model handed back queued on its device (`Pending::is_queued`). While the device
+//! runs a queued step, the engine queues the one after it — every row decoding the token the
+//! queued step is picking, its id carried over on the device without the host seeing it
+//! (`ForwardBatch::carried`) — and only then lands the queued step (resolves its handle,
+//! streams, checks ends). The host's work for a step thus runs while the device computes the
+//! next one.
 //!
 //! The following step is queued only when it is the step the scheduler would build: nothing
 //! waits to be admitted, every running row was in the queued step and picks its pending token
@@ -15,17 +16,18 @@
 
 use std::collections::HashMap;
 
-use ferrite_models::model::Picks as DevicePicks;
+use ferrite_models::model::{run_forward, Pending, Want};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::sampling::RowSampler;
-use ferrite_runtime::{ForwardBatch, RuntimeError};
+use ferrite_runtime::ForwardBatch;
 
-use super::{emit, EngineCore, Picks, PlanRow};
+use super::{emit, EngineCore, PlanRow};
 use crate::error::EngineError;
 use crate::request::RequestId;
 
-/// A step queued on the device whose picks were not taken yet.
+/// A step queued on the device whose picks were not taken yet: its handle and rows.
 pub(super) struct InFlight {
+    pending: Pending,
     rows: Vec<FlightRow>,
 }
 
@@ -40,13 +42,13 @@ struct FlightRow {
 }
 
 impl EngineCore {
-    /// The rows of a step just queued from `plan` (before any of them advanced).
-    pub(super) fn flight(&self, plan: &[PlanRow]) -> InFlight {
+    /// The step just queued from `plan` (before any of its rows advanced), as `pending`.
+    pub(super) fn flight(&self, plan: &[PlanRow], pending: Pending) -> InFlight {
         let rows = plan.iter().map(|r| {
             let s = &self.sched.running[r.row()];
             FlightRow { key: (s.request, s.choice), position: s.num_computed, tokens: r.tokens, logits: r.logits }
         });
-        InFlight { rows: rows.collect() }
+        InFlight { pending, rows: rows.collect() }
     }
 
     /// Queue the step after `flight` when it can, then land `flight`. A failure to queue
@@ -80,7 +82,7 @@ impl EngineCore {
         self.sched.running.iter().enumerate().map(|(i, s)| ((s.request, s.choice), i)).collect()
     }
 
-    /// Take `flight`'s picks and apply them to the rows still where it left them.
+    /// Resolve `flight` and apply its picks to the rows still where it left them.
     fn land_flight(&mut self, flight: InFlight) -> Result<(), EngineError> {
         let index = self.running_index();
         let plan: Vec<PlanRow> = (flight.rows.iter())
@@ -91,26 +93,7 @@ impl EngineCore {
                 proposal: None,
             })
             .collect();
-        let want: usize = plan.iter().map(|r| r.logits).sum();
-        let picks = self.model.take_picks().map_err(EngineError::from).and_then(|p| {
-            let (picks, got) = match p {
-                DevicePicks::Ids(ids) => (ids.len(), Picks::Tokens(ids)),
-                DevicePicks::Sampled(s) => (s.len(), Picks::Sampled(s)),
-            };
-            match picks == want {
-                true => Ok(got),
-                false => Err(EngineError::Model(RuntimeError::Shape(format!(
-                    "a queued step gave {picks} picks for {want} rows"
-                )))),
-            }
-        });
-        match picks {
-            Ok(picks) => {
-                self.land(plan, &picks);
-                Ok(())
-            }
-            Err(e) => Err(self.fail(plan.iter().filter_map(|r| r.index).collect(), e)),
-        }
+        self.resolve(plan, flight.pending)
     }
 
     /// Queue the step after `flight` (see the module docs for when); None when it cannot be.
@@ -145,17 +128,18 @@ impl EngineCore {
             }
         }
         let mut batch = ForwardBatch::default();
-        let mut carried = Vec::with_capacity(flight.rows.len());
         for (i, s) in self.sched.running.iter().enumerate() {
             // The id is a placeholder: the device carries the queued step's pick of row i in.
-            batch.push_row(&[0], s.tokens.len() + 1, s.kv.tables.clone(), RowLogits::Last);
-            carried.push((i, i));
+            batch.push_row(&[0], s.tokens.len() + 1, s.kv.tables().to_vec(), RowLogits::Last);
+            batch.carried.push((i, i));
         }
         let samplers: Vec<RowSampler> = match greedy {
             true => Vec::new(),
             false => self.sched.running.iter().map(|s| emit::row_sampler(s, &self.eos, 1)).collect(),
         };
-        self.model.queue_step(&batch, &mut self.kv, (!greedy).then_some(&samplers[..]), &carried)?;
+        let want = if greedy { Want::Argmax } else { Want::Sample(&samplers) };
+        let (model, kv) = (&self.model, &mut self.kv);
+        let pending = run_forward(&**model, || model.step(&batch, kv, want))?;
         self.metrics.add_batch(batch.num_tokens());
         self.metrics.add_overlapped();
         let rows = self.sched.running.iter().map(|s| FlightRow {
@@ -164,6 +148,6 @@ impl EngineCore {
             tokens: 1,
             logits: 1,
         });
-        Ok(Some(InFlight { rows: rows.collect() }))
+        Ok(Some(InFlight { pending, rows: rows.collect() }))
     }
 }

@@ -1,38 +1,33 @@
 //! `KvManager`: the blocks every sequence owns, per KV group.
 //!
-//! Each group (full attention, sliding window) has its own `BlockPool`; a sequence has one
-//! block table per group (`SeqKv`). Sliding groups release blocks that fall out of the window.
-//! When the prefix cache is on, every group's full blocks are registered in the `PrefixCache`
-//! so later sequences with the same prefix reuse them: a hit of `h` blocks needs all `h` in a
-//! full-attention group, but in a sliding group only the blocks the window still reads at
-//! position `h · block_size` (the ones before were released and may be gone).
+//! Each group has its own `BlockPool` and the `GroupPolicy` of its kind (`policy.rs`), which
+//! says how long its tables are, which blocks the next query still reads and what a prefix
+//! hit needs. A sequence's blocks are a `SeqKv` made here: an owned value that returns its
+//! blocks to these pools when it is dropped, so a block can only be freed by giving up the
+//! one table that holds it. Sharing never copies a table: a prefix hit and a fork get their
+//! own `SeqKv` whose blocks the pool retained (their counts went up).
+//!
+//! After each step, blocks that left a sliding window are released. When the prefix cache is
+//! on, every group's full blocks are registered in the `PrefixCache` so later sequences with
+//! the same prefix reuse them: a hit of `h` blocks is the longest one every group's policy can
+//! serve — all `h` blocks in a full-attention group, only those the window still reads at
+//! position `h · block_size` in a sliding one (the ones before were released and may be gone).
+
+use std::sync::{Arc, Mutex};
 
 use ferrite_runtime::batch::NO_BLOCK;
-use ferrite_runtime::{KvGroupKind, KvLayout};
+use ferrite_runtime::KvLayout;
 
 use super::block_pool::BlockPool;
+use super::policy::{policy_for, GroupPolicy};
 use super::prefix_cache::{chain_hash, PrefixCache};
-
-/// One sequence's blocks: a table per KV group, and the chained hashes of its full blocks.
-#[derive(Debug, Default, Clone)]
-pub struct SeqKv {
-    pub tables: Vec<Vec<u32>>,
-    hashes: Vec<u64>,
-}
-
-impl SeqKv {
-    pub fn is_empty(&self) -> bool {
-        self.tables.iter().all(Vec::is_empty)
-    }
-}
-
-struct Group {
-    kind: KvGroupKind,
-    pool: BlockPool,
-}
+use super::seq_kv::{lock, SeqKv, SharedPools};
 
 pub struct KvManager {
-    groups: Vec<Group>,
+    /// The rules of each group's kind, in group order.
+    policies: Vec<Box<dyn GroupPolicy>>,
+    /// Each group's blocks, shared with the `SeqKv`s made from them.
+    pools: SharedPools,
     block_size: usize,
     cache: Option<PrefixCache>,
     namespace: u64,
@@ -46,18 +41,25 @@ impl KvManager {
         block_size: usize,
         prefix_namespace: Option<u64>,
     ) -> KvManager {
-        let groups =
-            layout.groups.iter().zip(group_blocks).map(|(&kind, &n)| Group { kind, pool: BlockPool::new(n) }).collect();
+        let (policies, pools) =
+            layout.groups.iter().zip(group_blocks).map(|(&kind, &n)| (policy_for(kind), BlockPool::new(n))).unzip();
         let cache = prefix_namespace.map(|ns| PrefixCache::new(ns, layout.groups.len()));
-        KvManager { groups, block_size, cache, namespace: prefix_namespace.unwrap_or(0) }
+        KvManager {
+            policies,
+            pools: Arc::new(Mutex::new(pools)),
+            block_size,
+            cache,
+            namespace: prefix_namespace.unwrap_or(0),
+        }
     }
 
     pub fn block_size(&self) -> usize {
         self.block_size
     }
 
+    /// An allocation with no blocks yet, drawing on these pools.
     pub fn new_seq(&self) -> SeqKv {
-        SeqKv { tables: vec![Vec::new(); self.groups.len()], hashes: Vec::new() }
+        SeqKv::new(&self.pools, self.policies.len())
     }
 
     pub fn prefix_cache(&self) -> Option<&PrefixCache> {
@@ -66,17 +68,17 @@ impl KvManager {
 
     /// Free blocks over all groups, and the total.
     pub fn free_blocks(&self) -> (usize, usize) {
-        self.groups.iter().fold((0, 0), |(f, t), g| (f + g.pool.num_free(), t + g.pool.num_blocks()))
+        lock(&self.pools).iter().fold((0, 0), |(f, t), p| (f + p.num_free(), t + p.num_blocks()))
     }
 
     /// Positions the smallest group can hold: the longest sequence that can ever run.
     pub fn capacity_tokens(&self) -> usize {
-        self.groups
+        let pools = lock(&self.pools);
+        let bs = self.block_size;
+        self.policies
             .iter()
-            .map(|g| match g.kind {
-                KvGroupKind::Full => g.pool.num_blocks() * self.block_size,
-                KvGroupKind::Sliding { .. } => usize::MAX,
-            })
+            .zip(pools.iter())
+            .map(|(p, pool)| p.capacity_tokens(pool.num_blocks(), bs))
             .min()
             .unwrap_or(0)
     }
@@ -85,36 +87,31 @@ impl KvManager {
     /// the last one is computed and gives logits). `kv` must hold no blocks. Returns the
     /// number of cached positions.
     pub fn acquire_prefix(&mut self, kv: &mut SeqKv, tokens: &[u32]) -> usize {
+        debug_assert!(kv.is_from(&self.pools) && kv.is_empty(), "a prefix goes into a fresh allocation of this pool");
         let bs = self.block_size;
         let Some(cache) = self.cache.as_mut() else { return 0 };
         let mut hashes = cache.block_hashes(tokens, bs);
         hashes.truncate(tokens.len().saturating_sub(1) / bs);
         let block = |cache: &PrefixCache, g: usize, i: usize| cache.get(g, hashes[i], &tokens[i * bs..(i + 1) * bs]);
-        // Full groups: the longest run of cached blocks from the start.
         let mut hit = hashes.len();
-        for (g, group) in self.groups.iter().enumerate() {
-            if group.kind == KvGroupKind::Full {
-                hit = (0..hit).take_while(|&i| block(cache, g, i).is_some()).count();
-            }
+        for (g, policy) in self.policies.iter().enumerate() {
+            hit = policy.hit_bound(hit, &|i| block(cache, g, i).is_some());
         }
-        // Sliding groups: the longest such hit whose window is cached.
-        let window_cached = |hit: usize| {
-            self.groups
-                .iter()
-                .enumerate()
-                .all(|(g, group)| (first_needed(group.kind, hit * bs, bs)..hit).all(|i| block(cache, g, i).is_some()))
+        let served = |hit: usize| {
+            (self.policies.iter().enumerate()).all(|(g, p)| p.serves_hit(hit, bs, &|i| block(cache, g, i).is_some()))
         };
-        while hit > 0 && !window_cached(hit) {
+        while hit > 0 && !served(hit) {
             hit -= 1;
         }
         cache.queried_tokens += tokens.len() as u64;
         cache.hit_tokens += (hit * bs) as u64;
-        for (g, group) in self.groups.iter_mut().enumerate() {
-            let first = first_needed(group.kind, hit * bs, bs);
+        let mut pools = lock(&self.pools);
+        for (g, (policy, pool)) in self.policies.iter().zip(pools.iter_mut()).enumerate() {
+            let first = policy.first_needed(hit * bs, bs);
             for i in 0..hit {
                 let id = if i < first { None } else { block(cache, g, i) };
                 if let Some(id) = id {
-                    group.pool.retain(id);
+                    pool.retain(id);
                 }
                 kv.tables[g].push(id.unwrap_or(NO_BLOCK));
             }
@@ -125,14 +122,17 @@ impl KvManager {
 
     /// Grow every table to cover `total` positions; all or nothing.
     pub fn allocate(&mut self, kv: &mut SeqKv, total: usize) -> bool {
+        debug_assert!(kv.is_from(&self.pools), "an allocation grows from its own pools");
+        let bs = self.block_size;
         let need: Vec<usize> =
-            kv.tables.iter().map(|t| total.div_ceil(self.block_size).saturating_sub(t.len())).collect();
-        if self.groups.iter().zip(&need).any(|(g, &n)| g.pool.num_free() < n) {
+            self.policies.iter().zip(&kv.tables).map(|(p, t)| p.table_len(total, bs).saturating_sub(t.len())).collect();
+        let mut pools = lock(&self.pools);
+        if pools.iter().zip(&need).any(|(p, &n)| p.num_free() < n) {
             return false;
         }
-        for (g, (group, &n)) in self.groups.iter_mut().zip(&need).enumerate() {
+        for (g, (pool, &n)) in pools.iter_mut().zip(&need).enumerate() {
             for _ in 0..n {
-                let Some((block, evicted)) = group.pool.allocate() else { return false };
+                let Some((block, evicted)) = pool.allocate() else { return false };
                 if let (Some(h), Some(cache)) = (evicted, self.cache.as_mut()) {
                     cache.remove(g, h, block);
                 }
@@ -143,29 +143,31 @@ impl KvManager {
     }
 
     /// After `computed` positions of `tokens` are in the cache: register newly full blocks in
-    /// the prefix cache, then release blocks that left a sliding window (a block leaves only
-    /// after it is full, so it is registered first and stays findable until evicted).
+    /// the prefix cache, then release blocks the next query no longer reads (a block leaves a
+    /// window only after it is full, so it is registered first and stays findable until
+    /// evicted).
     pub fn after_step(&mut self, kv: &mut SeqKv, tokens: &[u32], computed: usize) {
+        debug_assert!(kv.is_from(&self.pools), "an allocation is stepped by its own manager");
         let bs = self.block_size;
+        let mut pools = lock(&self.pools);
         if let Some(cache) = self.cache.as_mut() {
             while kv.hashes.len() < computed / bs {
                 let i = kv.hashes.len();
                 let block_tokens = &tokens[i * bs..(i + 1) * bs];
                 let h = chain_hash(kv.hashes.last().copied().unwrap_or(0), self.namespace, block_tokens);
-                for (g, (group, table)) in self.groups.iter_mut().zip(&kv.tables).enumerate() {
+                for (g, (pool, table)) in pools.iter_mut().zip(&kv.tables).enumerate() {
                     let block = table[i];
-                    if block != NO_BLOCK && group.pool.hash(block).is_none() && cache.insert(g, h, block, block_tokens)
-                    {
-                        group.pool.set_hash(block, Some(h));
+                    if block != NO_BLOCK && pool.hash(block).is_none() && cache.insert(g, h, block, block_tokens) {
+                        pool.set_hash(block, Some(h));
                     }
                 }
                 kv.hashes.push(h);
             }
         }
-        for (group, table) in self.groups.iter_mut().zip(kv.tables.iter_mut()) {
-            for slot in table.iter_mut().take(first_needed(group.kind, computed, bs)) {
+        for ((policy, pool), table) in self.policies.iter().zip(pools.iter_mut()).zip(kv.tables.iter_mut()) {
+            for slot in table.iter_mut().take(policy.first_needed(computed, bs)) {
                 if *slot != NO_BLOCK {
-                    group.pool.release(*slot);
+                    pool.release(*slot);
                     *slot = NO_BLOCK;
                 }
             }
@@ -175,35 +177,31 @@ impl KvManager {
     /// Roll `kv` back to its first `len` positions: blocks past them are released (a rejected
     /// verify tail). Prefix-cache entries only ever cover committed positions, so none is lost.
     pub fn truncate(&mut self, kv: &mut SeqKv, len: usize) {
-        let keep = len.div_ceil(self.block_size);
-        for (group, table) in self.groups.iter_mut().zip(kv.tables.iter_mut()) {
-            for b in table.drain(keep.min(table.len())..).filter(|&b| b != NO_BLOCK) {
-                group.pool.release(b);
+        debug_assert!(kv.is_from(&self.pools), "an allocation is rolled back by its own manager");
+        let bs = self.block_size;
+        let mut pools = lock(&self.pools);
+        for ((policy, pool), table) in self.policies.iter().zip(pools.iter_mut()).zip(kv.tables.iter_mut()) {
+            let keep = policy.table_len(len, bs).min(table.len());
+            for b in table.drain(keep..).filter(|&b| b != NO_BLOCK) {
+                pool.release(b);
             }
         }
-        kv.hashes.truncate(len / self.block_size);
+        kv.hashes.truncate(len / bs);
     }
 
-    /// Release every block of `kv` (cached ones stay findable until evicted).
-    pub fn free(&mut self, kv: &mut SeqKv) {
-        for (group, table) in self.groups.iter_mut().zip(kv.tables.iter_mut()) {
-            for b in table.drain(..).filter(|&b| b != NO_BLOCK) {
-                group.pool.release(b);
-            }
-        }
-        kv.hashes.clear();
-    }
-
-    /// A new table set sharing the first `blocks` blocks of `kv` (for forking n > 1 children);
-    /// only full-attention layouts share (a sliding table may have released blocks).
+    /// A new allocation sharing the first `blocks` blocks of `kv` (for forking n > 1
+    /// children): each shared block is retained once more. Empty unless every group's policy
+    /// shares (a sliding table may have released blocks).
     pub fn share_prefix(&mut self, kv: &SeqKv, blocks: usize) -> SeqKv {
+        debug_assert!(kv.is_from(&self.pools), "an allocation is shared within its own pools");
         let mut out = self.new_seq();
-        if self.groups.iter().any(|g| g.kind != KvGroupKind::Full) {
+        if !self.policies.iter().all(|p| p.shares_prefix()) {
             return out;
         }
-        for (g, table) in kv.tables.iter().enumerate() {
+        let mut pools = lock(&self.pools);
+        for (g, (pool, table)) in pools.iter_mut().zip(&kv.tables).enumerate() {
             for &b in table.iter().take(blocks) {
-                self.groups[g].pool.retain(b);
+                pool.retain(b);
                 out.tables[g].push(b);
             }
         }
@@ -211,16 +209,93 @@ impl KvManager {
         out
     }
 
+    /// Check that every pool's free list agrees with its counts.
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.groups.iter().try_for_each(|g| g.pool.check_invariants())
+        lock(&self.pools).iter().try_for_each(BlockPool::check_invariants)
+    }
+
+    /// Check that every block's count equals the number of table entries of `holders` that
+    /// hold it: `holders` must be every live allocation of this manager.
+    pub fn check_holders<'a>(&self, holders: impl IntoIterator<Item = &'a SeqKv>) -> Result<(), String> {
+        let pools = lock(&self.pools);
+        let mut held: Vec<Vec<u32>> = pools.iter().map(|p| vec![0; p.num_blocks()]).collect();
+        for kv in holders {
+            if !kv.is_from(&self.pools) {
+                return Err("an allocation of other pools was counted".into());
+            }
+            for (g, (held, table)) in held.iter_mut().zip(&kv.tables).enumerate() {
+                for &b in table.iter().filter(|&&b| b != NO_BLOCK) {
+                    *held.get_mut(b as usize).ok_or(format!("group {g} has no block {b}"))? += 1;
+                }
+            }
+        }
+        for (g, (pool, held)) in pools.iter().zip(&held).enumerate() {
+            if let Some((id, n)) = held.iter().enumerate().find(|&(id, &n)| pool.ref_count(id as u32) != n) {
+                return Err(format!("group {g}: block {id} has count {} but {n} holders", pool.ref_count(id as u32)));
+            }
+        }
+        Ok(())
     }
 }
 
-/// The first block a group still reads once `computed` positions are in the cache: the next
-/// query (position `computed`) of a sliding group reads from `computed + 1 - window` on.
-fn first_needed(kind: KvGroupKind, computed: usize, block_size: usize) -> usize {
-    match kind {
-        KvGroupKind::Full => 0,
-        KvGroupKind::Sliding { window } => (computed + 1).saturating_sub(window) / block_size,
+#[cfg(test)]
+mod tests {
+    use ferrite_runtime::kv::KvLayerSpec;
+    use ferrite_runtime::KvGroupKind;
+
+    use super::*;
+
+    fn manager(groups: Vec<KvGroupKind>, blocks: usize) -> KvManager {
+        let layers = (0..groups.len()).map(|group| KvLayerSpec { n_kv_heads: 1, head_dim: 4, group }).collect();
+        let n = groups.len();
+        KvManager::new(&KvLayout { groups, layers }, &vec![blocks; n], 4, Some(7))
+    }
+
+    #[test]
+    fn dropping_an_allocation_mid_generation_returns_every_block() {
+        let mut m = manager(vec![KvGroupKind::Full], 16);
+        let tokens: Vec<u32> = (1..=14).collect();
+        let mut parent = m.new_seq();
+        assert!(m.allocate(&mut parent, 14));
+        m.after_step(&mut parent, &tokens, 14);
+        // A fork shares the first three blocks; the pool counts both holders.
+        let child = m.share_prefix(&parent, 3);
+        assert_eq!(child.tables(), &[parent.tables()[0][..3].to_vec()]);
+        assert_eq!(m.free_blocks(), (12, 16));
+        m.check_holders([&parent, &child]).unwrap();
+        // Leaving out a holder is caught.
+        assert!(m.check_holders([&parent]).is_err());
+        // The parent ends mid-generation: only the blocks the child shares stay taken.
+        drop(parent);
+        assert_eq!(m.free_blocks(), (13, 16));
+        m.check_holders([&child]).unwrap();
+        drop(child);
+        assert_eq!(m.free_blocks(), (16, 16));
+        m.check_invariants().unwrap();
+        // The released blocks stay cached: a new sequence with the same prefix finds them.
+        let mut again = m.new_seq();
+        assert_eq!(m.acquire_prefix(&mut again, &tokens), 12);
+        m.check_holders([&again]).unwrap();
+    }
+
+    #[test]
+    fn a_sliding_group_releases_what_left_the_window_and_the_rest_on_drop() {
+        let mut m = manager(vec![KvGroupKind::Full, KvGroupKind::Sliding { window: 8 }], 16);
+        let tokens: Vec<u32> = (1..=24).collect();
+        let mut kv = m.new_seq();
+        assert!(m.allocate(&mut kv, 24));
+        m.after_step(&mut kv, &tokens, 24);
+        // Position 24 reads 17..=24: the sliding table keeps blocks 4 and 5 of six.
+        assert_eq!(kv.tables()[1].iter().filter(|&&b| b != NO_BLOCK).count(), 2);
+        assert_eq!(m.free_blocks(), (32 - 6 - 2, 32));
+        m.check_holders([&kv]).unwrap();
+        // No fork shares a sliding table.
+        assert!(m.share_prefix(&kv, 4).is_empty());
+        m.truncate(&mut kv, 17);
+        assert_eq!(m.free_blocks(), (32 - 5 - 1, 32));
+        m.check_holders([&kv]).unwrap();
+        drop(kv);
+        assert_eq!(m.free_blocks(), (32, 32));
+        m.check_invariants().unwrap();
     }
 }

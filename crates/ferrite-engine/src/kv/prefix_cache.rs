@@ -7,7 +7,7 @@
 //! block of one group for one block of tokens; `insert` registers a full block; `remove`
 //! forgets an evicted one. Entries keep their tokens, so a hash collision can never return a
 //! wrong block. Which blocks a hit needs (all of them for full attention, only those inside
-//! the window for a sliding group) is the `KvManager`'s business.
+//! the window for a sliding group) is each group's `GroupPolicy`'s business.
 
 use std::collections::HashMap;
 

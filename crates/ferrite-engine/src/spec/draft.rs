@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use ferrite_models::model::{run_forward, CausalLm};
+use ferrite_models::model::{run_forward, CausalLm, Want};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::{ForwardBatch, KvCache};
 use rand::Rng;
@@ -21,10 +21,11 @@ use crate::sampling::{distribution, draw, rng_for, sample, SamplingParams};
 /// target's acceptance draws at the same output position.
 const DRAFT_SALT: u64 = 0xD4AF_7000_0000_0001;
 
-/// One sequence's KV in the draft model: its blocks and how many of its tokens they hold.
+/// One sequence's KV in the draft model: its blocks (made at its first draft; dropping them
+/// returns them to the draft's pools) and how many of its tokens they hold.
 #[derive(Debug, Default)]
 pub struct DraftKv {
-    pub kv: SeqKv,
+    pub kv: Option<SeqKv>,
     pub computed: usize,
 }
 
@@ -72,12 +73,10 @@ impl Drafter {
             jobs.iter().map(|_| Proposal::new(Vec::new(), Policy::Verify, Origin::Draft)).collect();
         let mut active: Vec<usize> = Vec::new();
         for (i, job) in jobs.iter_mut().enumerate() {
-            if job.state.kv.tables.is_empty() {
-                job.state.kv = self.kvm.new_seq();
-            }
+            let kv = job.state.kv.get_or_insert_with(|| self.kvm.new_seq());
             let room = job.room.min((self.max_len + 1).saturating_sub(job.tokens.len()));
             job.room = room;
-            if room > 0 && self.kvm.allocate(&mut job.state.kv, job.tokens.len() + room - 1) {
+            if room > 0 && self.kvm.allocate(kv, job.tokens.len() + room - 1) {
                 active.push(i);
             }
         }
@@ -92,11 +91,12 @@ impl Drafter {
                     None => job.tokens[job.state.computed..].to_vec(),
                     Some(t) => vec![t],
                 };
-                batch.push_row(&query, job.state.computed + query.len(), job.state.kv.tables.clone(), RowLogits::Last);
+                let tables = job.state.kv.as_ref().map_or(Vec::new(), |kv| kv.tables().to_vec());
+                batch.push_row(&query, job.state.computed + query.len(), tables, RowLogits::Last);
             }
-            // As the target's forward (see `run_forward`).
+            // As the target's step (see `run_forward`).
             let (model, kv) = (&self.model, &mut self.kv);
-            let logits = run_forward(&**model, || model.forward(&batch, kv))?;
+            let logits = run_forward(&**model, || model.step(&batch, kv, Want::Logits)?.logits())?;
             self.forwards += 1;
             let mut still = Vec::with_capacity(active.len());
             for (k, &i) in active.iter().enumerate() {
@@ -127,11 +127,15 @@ impl Drafter {
     /// Keep the draft KV of the first `valid` tokens of a sequence.
     pub fn rollback(&mut self, state: &mut DraftKv, valid: usize) {
         state.computed = state.computed.min(valid);
-        self.kvm.truncate(&mut state.kv, state.computed);
+        if let Some(kv) = state.kv.as_mut() {
+            self.kvm.truncate(kv, state.computed);
+        }
     }
 
-    pub fn free(&mut self, state: &mut DraftKv) {
-        self.kvm.free(&mut state.kv);
-        state.computed = 0;
+    /// Check the draft's pools against `holders`, the draft KV of every live sequence (see
+    /// `KvManager::check_holders`).
+    pub fn check_invariants<'a>(&self, holders: impl IntoIterator<Item = &'a DraftKv>) -> Result<(), String> {
+        self.kvm.check_invariants()?;
+        self.kvm.check_holders(holders.into_iter().filter_map(|d| d.kv.as_ref()))
     }
 }

@@ -3,7 +3,7 @@
 //! top-k over a logits row, the comparison of two models' logits, and the check that two
 //! greedy runs part only at a near tie.
 
-use ferrite_models::model::{CausalLm, StepLimits};
+use ferrite_models::model::{CausalLm, Pending, StepLimits, Want};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::{ForwardBatch, KvCache};
 
@@ -34,7 +34,7 @@ pub fn prefill_logits(model: &dyn CausalLm, prompt: &[u32]) -> Vec<f32> {
     let (mut kv, tables) = cache(model, prompt.len().div_ceil(BLOCK));
     let mut batch = ForwardBatch::default();
     batch.push_row(prompt, prompt.len(), tables, RowLogits::All);
-    model.forward(&batch, &mut kv).expect("forward")
+    model.step(&batch, &mut kv, Want::Logits).and_then(Pending::logits).expect("forward")
 }
 
 pub fn log_softmax(row: &[f32]) -> Vec<f32> {

@@ -1,28 +1,46 @@
-//! A CPU model that queues steps the way a device model does (`CausalLm::queues_steps`):
-//! each queued step runs at once and its argmax picks wait in a queue until taken; a carried
-//! id is the pick of the step queued before. The engine's overlap of host and device work can
-//! then be checked against the plain engine without a GPU.
+//! A CPU model that queues steps the way a device model does (`Pending::is_queued`): each
+//! argmax step runs at once and hands back a queued handle holding its picks; a carried id is
+//! the pick of the step run before. The engine's overlap of host and device work can then be
+//! checked against the plain engine without a GPU.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferrite_models::config::ModelConfig;
-use ferrite_models::model::{run_forward, CausalLm, Picks, StepLimits};
-use ferrite_runtime::sampling::RowSampler;
+use ferrite_models::model::{CausalLm, Pending, QueuedStep, StepLimits, StepOutput, Want};
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result, RuntimeError};
 
 pub struct Queueing {
     inner: Arc<dyn CausalLm>,
-    /// Picks not taken yet (oldest first), and the picks of the last queued step.
-    state: Mutex<(VecDeque<Vec<u32>>, Vec<u32>)>,
+    /// The picks of the last step.
+    last: Mutex<Vec<u32>>,
+    /// Queued steps whose handles were not resolved yet.
+    untaken: Arc<AtomicUsize>,
     /// Steps queued with carried ids.
     carried_steps: AtomicUsize,
 }
 
+/// A queued step's picks, handed back when its handle is resolved.
+struct Queued {
+    ids: Vec<u32>,
+    untaken: Arc<AtomicUsize>,
+}
+
+impl QueuedStep for Queued {
+    fn wait(self: Box<Self>) -> Result<StepOutput> {
+        self.untaken.fetch_sub(1, Ordering::Relaxed);
+        Ok(StepOutput::Ids(self.ids))
+    }
+}
+
 impl Queueing {
     pub fn new(inner: Arc<dyn CausalLm>) -> Arc<Queueing> {
-        Arc::new(Queueing { inner, state: Mutex::default(), carried_steps: AtomicUsize::new(0) })
+        Arc::new(Queueing {
+            inner,
+            last: Mutex::default(),
+            untaken: Arc::default(),
+            carried_steps: AtomicUsize::new(0),
+        })
     }
 
     pub fn carried_steps(&self) -> usize {
@@ -39,42 +57,29 @@ impl CausalLm for Queueing {
         self.inner.kv_layout()
     }
 
-    fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<Vec<f32>> {
-        assert!(self.state.lock().unwrap().0.is_empty(), "a synchronous step with picks not taken");
-        self.inner.forward(batch, kv)
-    }
-
-    fn queues_steps(&self) -> bool {
-        true
-    }
-
-    fn queue_step(
-        &self,
-        batch: &ForwardBatch,
-        kv: &mut KvCache,
-        samplers: Option<&[RowSampler]>,
-        carried: &[(usize, usize)],
-    ) -> Result<()> {
-        if samplers.is_some() {
-            return Err(RuntimeError::Shape("this test model picks the argmax only".into()));
+    fn step(&self, batch: &ForwardBatch, kv: &mut KvCache, want: Want<'_>) -> Result<Pending> {
+        match want {
+            Want::Logits => {
+                assert_eq!(self.untaken.load(Ordering::Relaxed), 0, "a synchronous step with picks not taken");
+                self.inner.step(batch, kv, want)
+            }
+            Want::Sample(_) => Err(RuntimeError::Shape("this test model picks the argmax only".into())),
+            Want::Argmax => {
+                let mut last = self.last.lock().unwrap();
+                let mut batch = batch.clone();
+                let carried = std::mem::take(&mut batch.carried);
+                for &(t, r) in &carried {
+                    batch.tokens[t] = last[r];
+                }
+                let ids = self.inner.step(&batch, kv, want)?.ids()?;
+                if !carried.is_empty() {
+                    self.carried_steps.fetch_add(1, Ordering::Relaxed);
+                }
+                last.clone_from(&ids);
+                self.untaken.fetch_add(1, Ordering::Relaxed);
+                Ok(Pending::queued(Queued { ids, untaken: self.untaken.clone() }))
+            }
         }
-        let mut st = self.state.lock().unwrap();
-        let mut batch = batch.clone();
-        for &(t, r) in carried {
-            batch.tokens[t] = st.1[r];
-        }
-        let ids = run_forward(&*self.inner, || self.inner.forward_greedy(&batch, kv))?;
-        if !carried.is_empty() {
-            self.carried_steps.fetch_add(1, Ordering::Relaxed);
-        }
-        st.1 = ids.clone();
-        st.0.push_back(ids);
-        Ok(())
-    }
-
-    fn take_picks(&self) -> Result<Picks> {
-        let ids = self.state.lock().unwrap().0.pop_front();
-        ids.map(Picks::Ids).ok_or_else(|| RuntimeError::Shape("no queued step".into()))
     }
 
     fn prepare(&self, limits: &StepLimits) -> Result<()> {

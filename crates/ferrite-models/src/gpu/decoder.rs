@@ -2,16 +2,21 @@
 //! `CausalLm` interface as the CPU executor; the step machinery, graphs and LM head are
 //! `runner`'s.
 //!
-//! A layer is: the input norm (fused with the residual add of the sublayer before it) →
-//! fused QKV GEMM (+bias) → per-head q/k (and Gemma 4's unscaled v) norms → RoPE of the
-//! layer's schedule with the KV write (none for a KV-shared layer, which reads its donor's
-//! cache layer) → paged attention (the layer's window, scale and softcap) → output GEMM → the
-//! output norm added to the residual, or the add left to the next norm → the pre-FFN norm →
-//! fused gate-up GEMM with the gated activation → down GEMM (plus Gemma 4's routed experts) →
-//! the FFN output norm, then Gemma 4's per-layer input and layer scalar. In a decode step of
-//! a layer without q/k norms, the attention kernel itself rotates q and the new key and
-//! stores K and V (one launch instead of two). Matrices are bf16 or GGUF blocks (`Matrix`);
-//! activations are bf16, every kernel computes in f32, GEMMs accumulate in f32.
+//! A layer is: the input norm (RMSNorm or LayerNorm, fused with the residual add of the
+//! sublayer before it, scaled by the residual multiplier), or with no input norm (post-norm)
+//! that add alone → fused QKV GEMM (+bias) → q/k norms per head or over each whole projection
+//! (and Gemma 4's unscaled v norm) → RoPE of the layer's schedule with the KV write (none for a
+//! KV-shared layer, which reads its donor's cache layer; a schedule that depends on the row's
+//! length, dynamic NTK or long RoPE, rotates by the per-row tables `upload_step` wrote) →
+//! paged attention (the layer's window, scale and softcap) → output GEMM (+bias) → the output
+//! norm added to the residual, or the add left to the next norm → the pre-FFN norm (or the
+//! add alone) → fused gate-up GEMM with the gated activation, or the up GEMM and a plain
+//! activation (+biases) → down GEMM (+bias; plus Gemma 4's routed experts) → the FFN output
+//! norm, then Gemma 4's per-layer input and layer scalar. In a decode step of a layer with a
+//! fixed RoPE table, the attention kernel itself rotates q and the new key and stores K and V
+//! (one launch instead of two). Matrices are bf16 or GGUF blocks (`Matrix`); activations are
+//! bf16, every kernel computes in f32, GEMMs accumulate in f32. What a plan does not ask for
+//! (biases, scales, LayerNorm, per-row RoPE tables) launches nothing.
 //!
 //! Experts are routed on the host: a MoE layer copies its router logits back, picks each
 //! token's experts as the CPU model does, and runs each expert over the tokens routed to it.
@@ -21,16 +26,17 @@ use std::sync::Arc;
 
 use ferrite_runtime::cpu::AttentionParams;
 use ferrite_runtime::cuda::ops::{self, GatedActivation, Matrix, PerLayerShape, QkvHeads, RopeShape};
-use ferrite_runtime::cuda::{CudaSlice, DevicePtr, Gpu};
-use ferrite_runtime::{KvCache, KvLayout, Result as RtResult};
+use ferrite_runtime::cuda::{CudaSlice, DevicePtr, DevicePtrMut, Gpu};
+use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult};
 use half::bf16;
 
-use super::decoder_weights::{DecoderWeights, LayerWeights, MoeWeights};
+use super::decoder_weights::{DecoderWeights, DeviceNorm, LayerWeights, MoeWeights};
+use super::rope::{Ropes, StepRope};
 use super::runner::{step_inputs, Decode, GpuModel, LayerBuffers, Layers, StepIo};
 use crate::config::{Activation, ModelConfig};
 use crate::error::{LoadError, Result};
 use crate::moe::route_row;
-use crate::plan::{DecoderPlan, MlpNames, NormKind};
+use crate::plan::DecoderPlan;
 
 /// Any family on the device.
 pub type GpuDecoder = GpuModel<DecoderLayers>;
@@ -38,56 +44,27 @@ pub type GpuDecoder = GpuModel<DecoderLayers>;
 /// Head widths the CUDA attention kernels are built for.
 const HEAD_DIMS: [usize; 6] = [16, 32, 64, 128, 256, 512];
 
-/// One layer's RoPE on the device.
-struct LayerRope {
-    inv_freq: CudaSlice<f32>,
-    scaling: f32,
-}
-
 pub struct DecoderLayers {
     cfg: ModelConfig,
     plan: DecoderPlan,
     /// Each layer's attention shape (in layer order).
     params: Vec<AttentionParams>,
-    ropes: Vec<LayerRope>,
+    ropes: Ropes,
     act: GatedActivation,
     w: DecoderWeights,
 }
 
 /// Why `plan` cannot run on the CUDA executor, if it cannot.
 pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
-    if plan.norm == NormKind::Layer {
-        return Some("LayerNorm has no CUDA path yet".into());
-    }
     for (i, l) in plan.layers.iter().enumerate() {
         let hd = l.attn.params.head_dim;
         if !HEAD_DIMS.contains(&hd) {
             return Some(format!("layer {i}: head_dim {hd} has no CUDA attention kernel ({HEAD_DIMS:?})"));
         }
-        if l.attn.rope.is_dynamic() {
-            return Some("dynamic NTK RoPE has no CUDA path yet".into());
+        if plan.layer_scalar && l.names.post_ffn_norm.is_none() && plan.per_layer_input.is_none() {
+            // The scalar is applied by the norm that adds the FFN (or per-layer input) output.
+            return Some(format!("layer {i}: a layer scalar without a post-FFN norm has no CUDA path"));
         }
-        if l.attn.qk_norm_whole {
-            return Some(format!("layer {i}: q/k norms over the whole projection have no CUDA path yet"));
-        }
-        if l.attn.o_bias {
-            return Some(format!("layer {i}: an output-projection bias has no CUDA path yet"));
-        }
-        if l.attn.v_norm && l.attn.qk_norm.is_none() {
-            return Some(format!("layer {i}: a v norm without q/k norms has no CUDA path"));
-        }
-        if matches!(l.names.mlp, MlpNames::Plain { .. }) {
-            return Some("plain (ungated) MLPs have no CUDA path yet".into());
-        }
-        if l.names.input_norm.is_none() || l.names.pre_ffn_norm.is_none() {
-            return Some("post-norm layers have no CUDA path yet".into());
-        }
-        if l.ffn.bias {
-            return Some("MLP biases have no CUDA path yet".into());
-        }
-    }
-    if plan.residual_scale.is_some() || plan.logit_scale.is_some() {
-        return Some("residual and logit multipliers have no CUDA path yet".into());
     }
     None
 }
@@ -99,6 +76,8 @@ pub struct Buffers {
     pending: bool,
     per_layer: Option<PerLayerBuffers>,
     moe: Option<MoeBuffers>,
+    /// The step's tables of each per-row RoPE schedule.
+    ropes: Vec<StepRope>,
 }
 
 struct PerLayerBuffers {
@@ -133,14 +112,7 @@ impl GpuDecoder {
         if let Some(why) = unsupported(&plan) {
             return Err(LoadError::Other(why));
         }
-        let ropes = plan
-            .layers
-            .iter()
-            .map(|l| {
-                let r = l.attn.rope.rope_for(0);
-                Ok(LayerRope { inv_freq: gpu.upload(&r.inv_freq)?, scaling: r.attention_scaling })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let ropes = Ropes::new(&gpu, &plan)?;
         let act = match cfg.hidden_act {
             Activation::Silu => GatedActivation::Silu,
             Activation::GeluTanh => GatedActivation::GeluTanh,
@@ -219,39 +191,83 @@ impl DecoderLayers {
         Ok(())
     }
 
+    /// The multiplier of each sublayer output as it joins the residual (granite).
+    fn residual_scale(&self) -> f32 {
+        self.plan.residual_scale.unwrap_or(1.0)
+    }
+
     /// `h = norm(x)`, first adding a pending sublayer output `o` to `x` (in the same launch).
-    fn norm_into(
-        &self,
-        gpu: &Gpu,
-        io: &mut StepIo,
-        b: &mut Buffers,
-        w: &CudaSlice<f32>,
-        tokens: usize,
-    ) -> RtResult<()> {
-        let (d, eps) = (self.cfg.hidden_size, self.plan.eps);
+    fn norm_into(&self, gpu: &Gpu, io: &mut StepIo, b: &mut Buffers, n: &DeviceNorm, tokens: usize) -> RtResult<()> {
+        let (d, params) = (self.cfg.hidden_size, n.params(self.plan.eps));
         if std::mem::take(&mut b.pending) {
-            ops::rms_norm(gpu, &b.layer.o, Some(&mut io.x), w, (tokens, d), eps, 0.0, &mut io.h)?;
+            let residual = Some((&mut io.x as &mut dyn DevicePtrMut<bf16>, self.residual_scale()));
+            ops::norm(gpu, &b.layer.o, residual, params, (tokens, d), &mut io.h)?;
         } else {
-            ops::rms_norm(gpu, &io.x, None, w, (tokens, d), eps, 0.0, &mut io.h)?;
+            ops::norm(gpu, &io.x, None, params, (tokens, d), &mut io.h)?;
         }
         Ok(())
     }
 
-    /// The sublayer output in `b.layer.o` joins the residual: normed and added (scaled by
-    /// `scale`) with an output norm, else left pending for the next norm.
+    /// Add a pending sublayer output `o` to `x` (a sublayer that reads the residual stream
+    /// itself, with no norm before it to fuse the add into).
+    fn settle(&self, gpu: &Gpu, io: &mut StepIo, b: &mut Buffers, tokens: usize) -> RtResult<()> {
+        if std::mem::take(&mut b.pending) {
+            ops::residual_add(gpu, &b.layer.o, &mut io.x, tokens * self.cfg.hidden_size, self.residual_scale())?;
+        }
+        Ok(())
+    }
+
+    /// The sublayer output in `b.layer.o` joins the residual: normed, scaled by the residual
+    /// multiplier and added (the sum scaled by `scale`) with an output norm, else left pending
+    /// for the next norm.
     fn residual(
         &self,
         gpu: &Gpu,
         io: &mut StepIo,
         b: &mut Buffers,
-        post_norm: Option<&CudaSlice<f32>>,
+        post_norm: Option<&DeviceNorm>,
         tokens: usize,
         scale: f32,
     ) -> RtResult<()> {
-        let (d, eps) = (self.cfg.hidden_size, self.plan.eps);
+        let (d, eps, ys) = (self.cfg.hidden_size, self.plan.eps, self.residual_scale());
         match post_norm {
-            Some(w) => ops::rms_norm_add(gpu, &b.layer.o, w, &mut io.x, (tokens, d), eps, scale)?,
+            Some(n) => ops::norm_add(gpu, &b.layer.o, n.params(eps), &mut io.x, (tokens, d), ys, scale)?,
             None => b.pending = true,
+        }
+        Ok(())
+    }
+
+    /// Layer `i`'s q/k norms (per head, or over each token's whole q and k projections) and
+    /// Gemma 4's unscaled per-head v norm, in place in the fused QKV rows (`own` KV heads).
+    fn queue_qkv_norms(
+        &self,
+        gpu: &Gpu,
+        qkv: &mut CudaSlice<bf16>,
+        l: &LayerWeights,
+        i: usize,
+        tokens: usize,
+        own: usize,
+    ) -> RtResult<()> {
+        let (a, p, eps) = (&self.plan.layers[i].attn, &self.params[i], self.plan.eps);
+        let (stride, hd) = (qkv_width(p, a.shared), p.head_dim);
+        let heads = |n_q, n_k, n_v, head_dim| QkvHeads { tokens, stride, head_dim, n_q, n_k, n_v };
+        let wq = l.q_norm.as_ref().map(|w| w as &dyn DevicePtr<f32>);
+        let wk = l.k_norm.as_ref().map(|w| w as &dyn DevicePtr<f32>);
+        let n_v = if a.v_norm { own } else { 0 };
+        if a.qk_norm.is_some() && !a.qk_norm_whole {
+            // q, k and v heads in one launch.
+            return Ok(ops::qkv_norm(gpu, qkv, heads(p.n_heads, own, n_v, hd), wq, wk, eps)?);
+        }
+        let q_w = p.n_heads * hd;
+        if a.qk_norm.is_some() {
+            // One "head" as wide as each projection.
+            ops::qkv_norm(gpu, qkv, heads(1, 0, 0, q_w), wq, None, eps)?;
+            if own > 0 {
+                ops::qkv_norm(gpu, &mut qkv.slice_mut(q_w..), heads(1, 0, 0, own * hd), wk, None, eps)?;
+            }
+        }
+        if n_v > 0 {
+            ops::qkv_norm(gpu, &mut qkv.slice_mut(q_w + own * hd..), heads(0, 0, n_v, hd), None, None, eps)?;
         }
         Ok(())
     }
@@ -269,38 +285,26 @@ impl DecoderLayers {
         i: usize,
         l: &LayerWeights,
     ) -> RtResult<()> {
-        let (d, eps) = (self.cfg.hidden_size, self.plan.eps);
+        let d = self.cfg.hidden_size;
         let a = &self.plan.layers[i].attn;
         let p = &self.params[i];
         let (nh, nkv, hd) = (p.n_heads, p.n_kv_heads, p.head_dim);
         let (q_w, qkv_w) = (nh * hd, qkv_width(p, a.shared));
         let bias = l.qkv_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
-        l.qkv.linear(gpu, &io.h, bias, &mut b.layer.qkv, (tokens, qkv_w, d), io.dequant.as_mut())?;
+        // A layer without an input norm (post-norm) reads the residual stream itself.
+        let input = if l.input_norm.is_some() { &io.h } else { &io.x };
+        l.qkv.linear(gpu, input, bias, &mut b.layer.qkv, (tokens, qkv_w, d), io.dequant.as_mut())?;
         let own = if a.shared { 0 } else { nkv };
-        if a.qk_norm.is_some() {
-            let heads = QkvHeads {
-                tokens,
-                stride: qkv_w,
-                head_dim: hd,
-                n_q: nh,
-                n_k: own,
-                n_v: if a.v_norm { own } else { 0 },
-            };
-            let wq = l.q_norm.as_ref().map(|w| w as &dyn DevicePtr<f32>);
-            let wk = l.k_norm.as_ref().map(|w| w as &dyn DevicePtr<f32>);
-            ops::qkv_norm(gpu, &mut b.layer.qkv, heads, wq, wk, eps)?;
-        }
+        self.queue_qkv_norms(gpu, &mut b.layer.qkv, l, i, tokens, own)?;
         let group = self.plan.layout.layers[a.kv_index].group;
         let layer_kv = kv.device_layer_mut(a.kv_index)?;
-        let rope = &self.ropes[i];
         let plan = decode.map(|dec| dec.plan(gpu, p));
-        match plan {
-            // Decode of a layer with its own KV and a RoPE: the attention kernel rotates q and
-            // the new keys and stores K and V itself (with no rotary pairs it would take the
-            // keys as already stored, so a NoPE layer stores them through `rope`).
-            Some(plan) if !a.shared && !rope.inv_freq.is_empty() => {
+        match (plan, self.ropes.fixed(i)) {
+            // Decode of a layer with its own KV and a fixed RoPE: the attention kernel rotates
+            // q and the new keys and stores K and V itself (with no rotary pairs it would take
+            // the keys as already stored, so a NoPE layer stores them through `rope`).
+            (Some(plan), Some(r)) if !a.shared => {
                 let (meta, scratch) = (&io.metas[group], &mut io.scratch);
-                let r = (&rope.inv_freq, rope.scaling);
                 ops::decode_attention_rope(
                     gpu,
                     &b.layer.qkv,
@@ -319,12 +323,48 @@ impl DecoderLayers {
                 let shape = RopeShape { tokens, n_heads: nh + own, head_dim: hd, stride: qkv_w };
                 let store = (!a.shared).then_some((&io.metas[group], &mut *layer_kv));
                 let [_, positions, _] = step_inputs(&io.inputs, tokens, 0)?;
-                ops::rope(gpu, &mut b.layer.qkv, &positions, &rope.inv_freq, rope.scaling, shape, store)?;
+                self.ropes.queue(gpu, i, &b.ropes, &mut b.layer.qkv, &positions, shape, store)?;
                 let (meta, scratch) = (&io.metas[group], &mut io.scratch);
                 ops::attention(gpu, &b.layer.qkv, qkv_w, meta, layer_kv, p, plan, scratch, &mut b.layer.attn, q_w)?;
             }
         }
-        l.o.linear(gpu, &b.layer.attn, None, &mut b.layer.o, (tokens, d, q_w), io.dequant.as_mut())?;
+        let o_bias = l.o_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
+        l.o.linear(gpu, &b.layer.attn, o_bias, &mut b.layer.o, (tokens, d, q_w), io.dequant.as_mut())?;
+        Ok(())
+    }
+
+    /// Queue layer `l`'s dense MLP (`inter` wide) over `h` (or, with no pre-FFN norm, the
+    /// residual stream): its output lands in `b.layer.o`.
+    fn queue_mlp(
+        &self,
+        gpu: &Gpu,
+        io: &mut StepIo,
+        b: &mut Buffers,
+        l: &LayerWeights,
+        inter: usize,
+        tokens: usize,
+    ) -> RtResult<()> {
+        let d = self.cfg.hidden_size;
+        let input = if l.pre_ffn_norm.is_some() { &io.h } else { &io.x };
+        let (act, dequant) = (&mut b.layer.act, io.dequant.as_mut());
+        match l.gate_up_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>) {
+            Some(bias) if l.gated => {
+                // The biased gate-up rows, then the activation (no fused epilogue adds a bias).
+                l.gate_up.linear(gpu, input, Some(bias), &mut b.layer.gate_up, (tokens, 2 * inter, d), dequant)?;
+                let (gate, up) = (&b.layer.gate_up, b.layer.gate_up.slice(inter..));
+                ops::gated_activation(gpu, self.act, gate, &up, (tokens, inter, 2 * inter), act)?;
+            }
+            None if l.gated => {
+                let gate_up = &mut b.layer.gate_up;
+                l.gate_up.linear_gated(gpu, self.act, input, gate_up, act, (tokens, inter, d), dequant)?;
+            }
+            bias => {
+                l.gate_up.linear(gpu, input, bias, act, (tokens, inter, d), dequant)?;
+                ops::activation(gpu, self.act, act, tokens * inter)?;
+            }
+        }
+        let bias = l.down_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
+        l.down.linear(gpu, &b.layer.act, bias, &mut b.layer.o, (tokens, d, inter), io.dequant.as_mut())?;
         Ok(())
     }
 
@@ -342,30 +382,25 @@ impl DecoderLayers {
     ) -> RtResult<()> {
         let (d, eps) = (self.cfg.hidden_size, self.plan.eps);
         let inter = self.plan.layers[i].ffn.intermediate;
-        if let Some(w) = &l.input_norm {
-            self.norm_into(gpu, io, b, w, tokens)?;
+        match &l.input_norm {
+            Some(n) => self.norm_into(gpu, io, b, n, tokens)?,
+            None => self.settle(gpu, io, b, tokens)?,
         }
         self.queue_attention(gpu, io, b, kv, tokens, decode, i, l)?;
         self.residual(gpu, io, b, l.post_attn_norm.as_ref(), tokens, 1.0)?;
-        if let Some(w) = &l.pre_ffn_norm {
-            self.norm_into(gpu, io, b, w, tokens)?;
+        match &l.pre_ffn_norm {
+            Some(n) => self.norm_into(gpu, io, b, n, tokens)?,
+            None => self.settle(gpu, io, b, tokens)?,
         }
-        let shape = (tokens, inter, d);
-        l.gate_up.linear_gated(
-            gpu,
-            self.act,
-            &io.h,
-            &mut b.layer.gate_up,
-            &mut b.layer.act,
-            shape,
-            io.dequant.as_mut(),
-        )?;
-        l.down.linear(gpu, &b.layer.act, None, &mut b.layer.o, (tokens, d, inter), io.dequant.as_mut())?;
+        self.queue_mlp(gpu, io, b, l, inter, tokens)?;
         if let (Some(w), Some(m)) = (&l.moe, b.moe.as_mut()) {
             self.queue_moe(gpu, &io.x, &mut b.layer.o, m, w, i, tokens)?;
         }
         let after_ffn = if l.input.is_some() { 1.0 } else { l.scalar };
         self.residual(gpu, io, b, l.post_ffn_norm.as_ref(), tokens, after_ffn)?;
+        if l.input.is_some() {
+            self.settle(gpu, io, b, tokens)?;
+        }
         if let (Some(li), Some(pl), Some((_, width))) = (&l.input, b.per_layer.as_mut(), self.plan.per_layer_input) {
             ops::linear(gpu, &io.x, &li.gate, None, &mut pl.gate, (tokens, width, d))?;
             let mine = pl.inputs.slice(i * tokens * width..(i + 1) * tokens * width);
@@ -427,7 +462,9 @@ impl Layers for DecoderLayers {
             }
             None => None,
         };
-        Ok(Buffers { layer: LayerBuffers::new(gpu, tokens, qkv, attn, d, inter)?, pending: false, per_layer, moe })
+        let ropes = self.ropes.step_buffers(gpu, tokens)?;
+        let layer = LayerBuffers::new(gpu, tokens, qkv, attn, d, inter)?;
+        Ok(Buffers { layer, pending: false, per_layer, moe, ropes })
     }
 
     fn queue_layers(
@@ -480,7 +517,42 @@ impl Layers for DecoderLayers {
         self.plan.final_softcap
     }
 
+    fn logit_scale(&self) -> Option<f32> {
+        self.plan.logit_scale
+    }
+
+    fn upload_step(&self, gpu: &Gpu, b: &mut Buffers, batch: &ForwardBatch, rows: usize) -> RtResult<()> {
+        self.ropes.upload(gpu, &mut b.ropes, batch, rows)
+    }
+
     fn graph_safe(&self) -> bool {
         self.plan.layers.iter().all(|l| l.ffn.moe.is_none())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigSource;
+
+    /// The plan of the config.json of fixture `name` (`tests/fixtures/models`).
+    fn fixture_plan(name: &str) -> DecoderPlan {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name);
+        let path = path.join("config.json");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("config.json")).expect("json");
+        let mut cfg = ModelConfig::from_hf_json(&path, &json).expect("config");
+        (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path: &path, json: &json }).expect("plan")
+    }
+
+    #[test]
+    fn every_roster_family_has_a_cuda_path() {
+        let names = ["phi3", "olmo2", "glm4", "granite", "starcoder2", "smollm3", "qwen3-hd32", "llama-rope-dynamic"];
+        for name in names {
+            assert_eq!(unsupported(&fixture_plan(name)), None, "{name}");
+        }
+        // What has no kernel is refused, saying why: qwen3's head_dim 24.
+        let why = unsupported(&fixture_plan("qwen3")).expect("head_dim 24 has no kernel");
+        assert!(why.contains("head_dim 24"), "{why}");
     }
 }

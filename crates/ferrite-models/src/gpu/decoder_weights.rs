@@ -1,24 +1,25 @@
 //! A decoder plan's weights on a CUDA device. Matrices are `Matrix` values: bf16, or — from a
 //! GGUF file whose pieces of a matrix are all in block types the kernels read — the file's
 //! blocks as they are. Per layer: a fused QKV matrix (q only for a KV-shared layer; the keys
-//! twice for `attention_k_eq_v`) with its bias, q/k norms, the output projection, a fused
-//! gate-up (or a plain up) matrix and the down projection, the norms the layer's names list
-//! (f32, the `1 + w` offset folded in), Gemma 4's per-layer-input projections, layer scalar
-//! and MoE experts (bf16); the embedding, LM head and per-layer embedding table. Read from the
-//! host weights (any stored dtype) or random from a seed for synthetic models: one builder
-//! over either source.
+//! twice for `attention_k_eq_v`) with its bias, q/k norms (per head or over the whole
+//! projection), the output projection and its bias, a fused gate-up (or a plain up) matrix and
+//! the down projection with their biases, the norms the layer's names list (f32, the `1 + w`
+//! offset folded in; LayerNorm with its bias), Gemma 4's per-layer-input projections, layer
+//! scalar and MoE experts (bf16); the embedding, LM head, final norm and per-layer embedding
+//! table. Read from the host weights (any stored dtype) or random from a seed for synthetic
+//! models: one builder over either source.
 
 use std::cell::Cell;
 use std::sync::Arc;
 
-use ferrite_runtime::cuda::ops::{self, Matrix, QuantMatrix};
-use ferrite_runtime::cuda::{CudaSlice, Gpu};
+use ferrite_runtime::cuda::ops::{self, Matrix, NormWeights, QuantMatrix};
+use ferrite_runtime::cuda::{CudaSlice, DevicePtr, Gpu};
 use ferrite_runtime::DType;
 use half::bf16;
 
 use crate::config::ModelConfig;
 use crate::error::{LoadError, Result};
-use crate::plan::{DecoderPlan, MlpNames, QkvNames};
+use crate::plan::{DecoderPlan, MlpNames, NormKind, QkvNames};
 use crate::weights::Weights;
 
 /// Gemma 4's per-layer-input weights of one layer.
@@ -47,20 +48,43 @@ pub struct MoeWeights {
     pub post_norm: CudaSlice<f32>,
 }
 
+/// A norm's weights: RMSNorm's scale, or LayerNorm's scale and bias.
+pub struct DeviceNorm {
+    pub weight: CudaSlice<f32>,
+    pub bias: Option<CudaSlice<f32>>,
+}
+
+impl DeviceNorm {
+    /// The norm as the ops take it, with `eps`.
+    pub fn params(&self, eps: f32) -> NormWeights<'_> {
+        NormWeights::new(&self.weight, self.bias.as_ref().map(|b| b as &dyn DevicePtr<f32>), eps)
+    }
+
+    fn bytes(&self) -> usize {
+        4 * (self.weight.len() + self.bias.as_ref().map_or(0, |b| b.len()))
+    }
+}
+
 pub struct LayerWeights {
-    pub input_norm: Option<CudaSlice<f32>>,
+    pub input_norm: Option<DeviceNorm>,
     /// q rows, then k, then v.
     pub qkv: Matrix,
     pub qkv_bias: Option<CudaSlice<bf16>>,
+    /// Per head (`head_dim` values) or over the whole projection (`plan`'s `qk_norm_whole`).
     pub q_norm: Option<CudaSlice<f32>>,
     pub k_norm: Option<CudaSlice<f32>>,
     pub o: Matrix,
-    pub post_attn_norm: Option<CudaSlice<f32>>,
-    pub pre_ffn_norm: Option<CudaSlice<f32>>,
-    /// `[2 * inter, hidden]`: gate rows, then up.
+    pub o_bias: Option<CudaSlice<bf16>>,
+    pub post_attn_norm: Option<DeviceNorm>,
+    pub pre_ffn_norm: Option<DeviceNorm>,
+    /// `[2 * inter, hidden]`: gate rows, then up; a plain MLP's up matrix `[inter, hidden]`.
     pub gate_up: Matrix,
+    /// `gate_up` is a gated MLP's.
+    pub gated: bool,
+    pub gate_up_bias: Option<CudaSlice<bf16>>,
     pub down: Matrix,
-    pub post_ffn_norm: Option<CudaSlice<f32>>,
+    pub down_bias: Option<CudaSlice<bf16>>,
+    pub post_ffn_norm: Option<DeviceNorm>,
     pub input: Option<LayerInputWeights>,
     pub moe: Option<MoeWeights>,
     pub scalar: f32,
@@ -78,7 +102,7 @@ pub struct PerLayerWeights {
 pub struct DecoderWeights {
     pub embed: Arc<Matrix>,
     pub layers: Vec<LayerWeights>,
-    pub final_norm: CudaSlice<f32>,
+    pub final_norm: DeviceNorm,
     /// The embedding itself when the model ties them.
     pub lm_head: Arc<Matrix>,
     pub per_layer: Option<PerLayerWeights>,
@@ -247,6 +271,9 @@ impl DecoderWeights {
     }
 }
 
+/// A tensor's rows by HF name: (name, rows of the tensor, the rows taken).
+type Piece<'a> = (&'a str, usize, std::ops::Range<usize>);
+
 fn build(
     cfg: &ModelConfig,
     plan: &DecoderPlan,
@@ -259,8 +286,25 @@ fn build(
     let norm = |src: &mut dyn Source, name: &str, dim: usize| -> Result<CudaSlice<f32>> {
         Ok(gpu.upload(&src.vector(name, dim, offset)?)?)
     };
-    let norm_of = |src: &mut dyn Source, name: &Option<String>| -> Result<Option<CudaSlice<f32>>> {
-        name.as_ref().map(|name| norm(src, &format!("{name}.weight"), d)).transpose()
+    // A norm of the model's kind: `{prefix}.weight` (and `{prefix}.bias` for LayerNorm).
+    let model_norm = |src: &mut dyn Source, prefix: &str| -> Result<DeviceNorm> {
+        let weight = norm(src, &format!("{prefix}.weight"), d)?;
+        let bias = match plan.norm {
+            NormKind::Rms { .. } => None,
+            NormKind::Layer => Some(norm(src, &format!("{prefix}.bias"), d)?),
+        };
+        Ok(DeviceNorm { weight, bias })
+    };
+    let norm_of = |src: &mut dyn Source, name: &Option<String>| -> Result<Option<DeviceNorm>> {
+        name.as_ref().map(|name| model_norm(src, name)).transpose()
+    };
+    // The biases of `pieces` (`{name}.bias`, its rows of each), in bf16 as the GEMMs add them.
+    let bias_of = |src: &mut dyn Source, pieces: &[Piece]| -> Result<CudaSlice<bf16>> {
+        let mut b = Vec::new();
+        for (name, total, rows) in pieces {
+            b.extend_from_slice(&src.vector(&format!("{name}.bias"), *total, 0.0)?[rows.clone()]);
+        }
+        Ok(gpu.upload(&b.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>())?)
     };
     let embed = Arc::new(src.matrix(&[Part::whole("model.embed_tokens", cfg.vocab_size)], d)?);
     let mut bf16_bytes = 0usize;
@@ -271,7 +315,7 @@ fn build(
         let (nh, nkv, hd) = (a.params.n_heads, a.params.n_kv_heads, a.params.head_dim);
         let (q_rows, kv_rows) = (nh * hd, nkv * hd);
         // q, then (unless shared) k and v: by name, with the rows each takes of its tensor.
-        let pieces: Vec<(&str, usize, std::ops::Range<usize>)> = match &names.qkv {
+        let pieces: Vec<Piece> = match &names.qkv {
             QkvNames::Separate { q, k, v } => {
                 vec![
                     (q, q_rows, 0..q_rows),
@@ -292,35 +336,36 @@ fn build(
         let parts: Vec<Part> =
             pieces.iter().map(|(name, total, rows)| Part { name, total: *total, rows: rows.clone() }).collect();
         let qkv = src.matrix(&parts, d)?;
-        let qkv_bias = if a.bias {
-            let mut b = Vec::new();
-            for (name, total, rows) in pieces {
-                b.extend_from_slice(&src.vector(&format!("{name}.bias"), *total, 0.0)?[rows.clone()]);
-            }
-            Some(gpu.upload(&b.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>())?)
-        } else {
-            None
-        };
+        let qkv_bias = if a.bias { Some(bias_of(src, pieces)?) } else { None };
         let (q_norm, k_norm) = match a.qk_norm {
             Some(off) => {
-                let head_norm = |src: &mut dyn Source, name: &str| -> Result<CudaSlice<f32>> {
-                    Ok(gpu.upload(&src.vector(&format!("{name}.weight"), hd, off)?)?)
+                // Over a head, or over the heads of a whole projection.
+                let qk_norm = |src: &mut dyn Source, name: &str, heads: usize| -> Result<CudaSlice<f32>> {
+                    let len = if a.qk_norm_whole { heads * hd } else { hd };
+                    Ok(gpu.upload(&src.vector(&format!("{name}.weight"), len, off)?)?)
                 };
-                let q = head_norm(src, &names.q_norm)?;
-                (Some(q), if a.shared { None } else { Some(head_norm(src, &names.k_norm)?) })
+                let q = qk_norm(src, &names.q_norm, nh)?;
+                (Some(q), if a.shared { None } else { Some(qk_norm(src, &names.k_norm, nkv)?) })
             }
             None => (None, None),
         };
         let inter = l.ffn.intermediate;
-        let (gate_up, down) = match &names.mlp {
-            MlpNames::Gated { gate, up, down } => {
-                (src.matrix(&[Part::whole(gate, inter), Part::whole(up, inter)], d)?, down)
-            }
-            MlpNames::FusedGated { gate_up, down } => (src.matrix(&[Part::whole(gate_up, 2 * inter)], d)?, down),
-            MlpNames::Plain { .. } => return Err(LoadError::Other("plain MLPs have no CUDA path yet".into())),
+        // The gate-up (or up) rows by name, as the bias reads them too.
+        let (up_pieces, down): (Vec<Piece>, &String) = match &names.mlp {
+            MlpNames::Gated { gate, up, down } => (vec![(gate, inter, 0..inter), (up, inter, 0..inter)], down),
+            MlpNames::FusedGated { gate_up, down } => (vec![(gate_up, 2 * inter, 0..2 * inter)], down),
+            MlpNames::Plain { up, down } => (vec![(up, inter, 0..inter)], down),
+        };
+        let up_parts: Vec<Part> = up_pieces.iter().map(|(name, rows, _)| Part::whole(name, *rows)).collect();
+        let gate_up = src.matrix(&up_parts, d)?;
+        let (gate_up_bias, down_bias) = if l.ffn.bias {
+            (Some(bias_of(src, &up_pieces)?), Some(bias_of(src, &[(down.as_str(), d, 0..d)])?))
+        } else {
+            (None, None)
         };
         let down = src.matrix(&[Part::whole(down, d)], inter)?;
         let o = src.matrix(&[Part::whole(&names.o, d)], q_rows)?;
+        let o_bias = if a.o_bias { Some(bias_of(src, &[(names.o.as_str(), d, 0..d)])?) } else { None };
         let input = match plan.per_layer_input {
             Some((_, width)) => {
                 bf16_bytes += 2 * width * d;
@@ -359,10 +404,14 @@ fn build(
             q_norm,
             k_norm,
             o,
+            o_bias,
             post_attn_norm: norm_of(src, &names.post_attn_norm)?,
             pre_ffn_norm: norm_of(src, &names.pre_ffn_norm)?,
             gate_up,
+            gated: !matches!(names.mlp, MlpNames::Plain { .. }),
+            gate_up_bias,
             down,
+            down_bias,
             post_ffn_norm: norm_of(src, &names.post_ffn_norm)?,
             input,
             moe,
@@ -386,18 +435,21 @@ fn build(
     } else {
         Arc::new(src.matrix(&[Part::whole("lm_head", cfg.vocab_size)], d)?)
     };
-    let final_norm = norm(src, "model.norm.weight", d)?;
+    let final_norm = model_norm(src, "model.norm")?;
     let matrices: usize = layers.iter().map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes()).sum();
     let head = if Arc::ptr_eq(&embed, &lm_head) { 0 } else { lm_head.bytes() };
-    let f32s = |v: &[Option<&CudaSlice<f32>>]| v.iter().flatten().map(|s| 4 * s.len()).sum::<usize>();
     let small: usize = layers
         .iter()
         .map(|l| {
-            let norms = [&l.input_norm, &l.post_attn_norm, &l.pre_ffn_norm, &l.post_ffn_norm, &l.q_norm, &l.k_norm];
-            f32s(&norms.map(Option::as_ref)) + l.qkv_bias.as_ref().map_or(0, |b| 2 * b.len())
+            let norms = [&l.input_norm, &l.post_attn_norm, &l.pre_ffn_norm, &l.post_ffn_norm];
+            let qk = [&l.q_norm, &l.k_norm].iter().filter_map(|n| n.as_ref()).map(|n| 4 * n.len()).sum::<usize>();
+            let biases = [&l.qkv_bias, &l.o_bias, &l.gate_up_bias, &l.down_bias];
+            norms.iter().filter_map(|n| n.as_ref()).map(DeviceNorm::bytes).sum::<usize>()
+                + qk
+                + biases.iter().filter_map(|b| b.as_ref()).map(|b| 2 * b.len()).sum::<usize>()
         })
         .sum::<usize>()
-        + 4 * final_norm.len();
+        + final_norm.bytes();
     let bytes = matrices + embed.bytes() + head + 2 * bf16_bytes + small;
     Ok(DecoderWeights { embed, layers, final_norm, lm_head, per_layer, bytes })
 }

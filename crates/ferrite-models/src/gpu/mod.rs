@@ -5,6 +5,7 @@
 
 mod decoder;
 mod decoder_weights;
+mod rope;
 mod runner;
 mod synthetic;
 

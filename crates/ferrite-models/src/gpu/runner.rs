@@ -1,8 +1,8 @@
 //! The step machinery every CUDA model shares, around a family's decoder (`Layers`): the
 //! workspace sized once from the engine's `StepLimits`, the per-step inputs and attention
-//! metadata (one per KV group), CUDA-graph capture and replay of decode steps, the LM head
-//! (gather of the rows that want logits, f32 logits, optional softcap) and the argmax, and
-//! the `CausalLm` interface.
+//! metadata (one per KV group) and a family's own per-step inputs, CUDA-graph capture and
+//! replay of decode steps, the LM head (gather of the rows that want logits, f32 logits,
+//! optional scale and softcap) and the argmax, and the `CausalLm` interface.
 //!
 //! All buffers of a step live in the workspace, so the decode loop allocates nothing. Pure
 //! decode steps (one query token per row, logits for every row) replay a CUDA graph captured
@@ -10,12 +10,13 @@
 //! tables are padded to the context bucket, and the split-K plans cover it. Other steps
 //! (prefill chunks, mixed batches) run eagerly.
 //!
-//! A step can also be queued (`queue_step`): its picks are copied into page-locked host
-//! memory behind it and taken later (`take_picks`), so the engine schedules the next step
-//! while the device runs this one. The next step may take its input ids straight from the
-//! picks still on the device (`carried`), before the host has read them.
+//! An argmax or sampled step comes back queued (`Pending::is_queued`): its picks are copied
+//! into page-locked host memory behind it and read when the handle is resolved, so the
+//! engine schedules the next step while the device runs this one. The next step may take its
+//! input ids straight from the picks still on the device (`ForwardBatch::carried`), before
+//! the host has read them.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -24,12 +25,12 @@ use ferrite_runtime::cuda::ops::{
     self, ArgmaxScratch, AttentionMeta, DecodePlan, DecodeScratch, Matrix, SampledDev, SamplingParamsDev,
 };
 use ferrite_runtime::cuda::{CudaSlice, CudaView, Gpu, Graph, HostBuf};
-use ferrite_runtime::sampling::{LogitEdit, RowSampler, RowSampling, SampledToken};
+use ferrite_runtime::sampling::{LogitEdit, RowSampler, RowSampling};
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError};
 use half::bf16;
 
 use crate::config::ModelConfig;
-use crate::model::{CausalLm, Picks, StepLimits};
+use crate::model::{CausalLm, Pending, QueuedStep, StepLimits, StepOutput, Want};
 
 /// Row counts a decode graph is captured for; larger decode steps run eagerly.
 const ROW_BUCKETS: [usize; 19] = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512];
@@ -68,6 +69,16 @@ pub trait Layers: Send + Sync {
     /// `cap * tanh(logit / cap)` on the logits (Gemma 2+).
     fn final_softcap(&self) -> Option<f32> {
         None
+    }
+    /// A multiplier of the logits, applied before the softcap (granite).
+    fn logit_scale(&self) -> Option<f32> {
+        None
+    }
+    /// Copy what the family's layers read of `batch` beyond `StepIo`'s inputs into `b`, for a
+    /// step of `rows` rows (`batch`'s, padded to a graph bucket with one-token rows): before
+    /// every step, outside any graph, so a replay reads the step's own values.
+    fn upload_step(&self, _gpu: &Gpu, _b: &mut Self::Buffers, _batch: &ForwardBatch, _rows: usize) -> RtResult<()> {
+        Ok(())
     }
     /// Whether a step runs on the device alone (no host round trip), so decode steps can be
     /// captured as graphs.
@@ -108,7 +119,7 @@ pub struct StepIo {
     pub picked: CudaSlice<bf16>,
     pub logits: CudaSlice<f32>,
     pub next: CudaSlice<u32>,
-    /// (token index, pick row) pairs of a step's carried ids (`queue_step`).
+    /// (token index, pick row) pairs of a step's carried ids (`ForwardBatch::carried`).
     pub carried: CudaSlice<u32>,
     /// The attention metadata of each KV group.
     pub metas: Vec<AttentionMeta>,
@@ -193,27 +204,49 @@ impl StepIo {
     }
 }
 
-/// What a step needs besides the weights; behind a lock because `forward` takes `&self`.
+/// What a step needs besides the weights; behind a lock because `step` takes `&self`.
 struct State<B> {
     ws: Option<(StepIo, B)>,
     /// Captured decode graphs by (rows, context bucket).
     graphs: HashMap<(usize, usize), Graph>,
     /// The KV cache the graphs write (`KvCache::id`): another cache means capturing again.
     graph_kv: u64,
-    /// Queued steps whose picks were not taken yet, oldest first.
-    queued: VecDeque<Queued>,
-    /// Host buffers of taken steps, for the next ones.
-    spare: Vec<HostBuf<u32>>,
     /// Where the last step left picks on the device that a carried step may read.
     picks: Option<OnDevice>,
 }
 
-/// A queued step: where its picks land on the host, and how to read them.
+/// Page-locked host buffers of resolved steps, for the next ones to land in.
+type Spare = Arc<Mutex<Vec<HostBuf<u32>>>>;
+
+/// A queued step (the `Pending` handle's inside): where its picks land on the host, and how
+/// to read them. Its buffer goes back to the spares once read (or dropped unread: the next
+/// copy into it waits for this one).
 struct Queued {
-    landing: HostBuf<u32>,
+    landing: Option<HostBuf<u32>>,
     rows: usize,
     /// Sampled picks: their (rows, alternatives) and the alternatives each row keeps.
     sampled: Option<((usize, usize), Vec<usize>)>,
+    spare: Spare,
+}
+
+impl QueuedStep for Queued {
+    fn wait(self: Box<Self>) -> RtResult<StepOutput> {
+        let landing = self.landing.as_ref().ok_or_else(|| RuntimeError::Shape("a queued step read twice".into()))?;
+        Ok(match (&self.sampled, self.rows) {
+            (None, 0) => StepOutput::Ids(Vec::new()),
+            (Some(_), 0) => StepOutput::Sampled(Vec::new()),
+            (None, _) => StepOutput::Ids(landing.wait()?.to_vec()),
+            (Some((shape, top)), _) => StepOutput::Sampled(SampledDev::parse(landing.wait()?, *shape, top)?),
+        })
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        if let (Some(buf), Ok(mut spare)) = (self.landing.take(), self.spare.lock()) {
+            spare.push(buf);
+        }
+    }
 }
 
 /// Which buffer holds the last step's picks, and for how many rows.
@@ -231,6 +264,7 @@ pub struct GpuModel<L: Layers> {
     graphs_enabled: AtomicBool,
     device_sampling: AtomicBool,
     state: Mutex<State<L::Buffers>>,
+    spare: Spare,
 }
 
 impl<L: Layers> GpuModel<L> {
@@ -242,14 +276,8 @@ impl<L: Layers> GpuModel<L> {
             weight_bytes,
             graphs_enabled: AtomicBool::new(true),
             device_sampling: AtomicBool::new(true),
-            state: Mutex::new(State {
-                ws: None,
-                graphs: HashMap::new(),
-                graph_kv: 0,
-                queued: VecDeque::new(),
-                spare: Vec::new(),
-                picks: None,
-            }),
+            state: Mutex::new(State { ws: None, graphs: HashMap::new(), graph_kv: 0, picks: None }),
+            spare: Spare::default(),
         }
     }
 
@@ -320,8 +348,9 @@ impl<L: Layers> GpuModel<L> {
         let [_, _, logit_rows] = step_inputs(&io.inputs, tokens, out_rows)?;
         ops::embedding(gpu, &io.h, (tokens, d), &logit_rows, out_rows, 1.0, &mut io.picked)?;
         self.layers.lm_head().linear::<f32>(gpu, &io.picked, None, &mut io.logits, (out_rows, v, d), None)?;
-        if let Some(cap) = self.layers.final_softcap() {
-            ops::softcap(gpu, &mut io.logits, out_rows * v, cap)?;
+        let (scale, cap) = (self.layers.logit_scale(), self.layers.final_softcap());
+        if scale.is_some() || cap.is_some() {
+            ops::scale_softcap(gpu, &mut io.logits, out_rows * v, scale.unwrap_or(1.0), cap)?;
         }
         ops::argmax(gpu, &io.logits, (out_rows, v, v), &mut io.argmax, &mut io.next)?;
         Ok(())
@@ -331,7 +360,6 @@ impl<L: Layers> GpuModel<L> {
     /// when the batch has fewer (a graph bucket), the logits rows, and the attention
     /// metadata of every KV group (tables `stride` apart when given); then the carried ids
     /// from the last step's picks on the device (`from`).
-    #[allow(clippy::too_many_arguments)]
     fn upload_inputs(
         &self,
         io: &mut StepIo,
@@ -339,10 +367,9 @@ impl<L: Layers> GpuModel<L> {
         block_size: usize,
         rows: usize,
         stride: Option<usize>,
-        carried: &[(usize, usize)],
         from: Option<OnDevice>,
     ) -> RtResult<()> {
-        let gpu = &*self.gpu;
+        let (gpu, carried) = (&*self.gpu, &batch.carried);
         let pad = rows.saturating_sub(batch.rows.len());
         let tokens = batch.num_tokens() + pad;
         let mut host = Vec::with_capacity(2 * tokens + batch.logits_indices.len() + pad);
@@ -383,17 +410,12 @@ impl<L: Layers> GpuModel<L> {
         Ok(())
     }
 
-    fn run_eager(
-        &self,
-        st: &mut State<L::Buffers>,
-        batch: &ForwardBatch,
-        kv: &mut KvCache,
-        carried: &[(usize, usize)],
-    ) -> RtResult<()> {
+    fn run_eager(&self, st: &mut State<L::Buffers>, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<()> {
         let rows = batch.rows.len();
         let from = st.picks;
-        let (io, _) = st.ws.as_mut().ok_or_else(no_workspace)?;
-        self.upload_inputs(io, batch, kv.block_size(), rows, None, carried, from)?;
+        let (io, b) = st.ws.as_mut().ok_or_else(no_workspace)?;
+        self.upload_inputs(io, batch, kv.block_size(), rows, None, from)?;
+        self.layers.upload_step(&self.gpu, b, batch, rows)?;
         // Decode splits keys as a graph of the same rows would, so both give the same bits.
         let decode = if io.metas[0].max_query <= 1 {
             let decode = Decode { rows, context: context_bucket(io.metas[0].max_context) };
@@ -414,7 +436,6 @@ impl<L: Layers> GpuModel<L> {
         batch: &ForwardBatch,
         kv: &mut KvCache,
         bucket: usize,
-        carried: &[(usize, usize)],
     ) -> RtResult<()> {
         let longest = batch.rows.iter().map(|r| r.context_len).max().unwrap_or(0);
         let context = context_bucket(longest);
@@ -428,7 +449,8 @@ impl<L: Layers> GpuModel<L> {
         self.ensure_scratch(st, decode)?;
         let State { ws, graphs, picks, .. } = st;
         let ws = ws.as_mut().ok_or_else(no_workspace)?;
-        self.upload_inputs(&mut ws.0, batch, block_size, bucket, Some(stride), carried, *picks)?;
+        self.upload_inputs(&mut ws.0, batch, block_size, bucket, Some(stride), *picks)?;
+        self.layers.upload_step(&self.gpu, &mut ws.1, batch, bucket)?;
         if let Some(graph) = graphs.get(&(bucket, context)) {
             return Ok(graph.replay()?);
         }
@@ -440,15 +462,11 @@ impl<L: Layers> GpuModel<L> {
         Ok(())
     }
 
-    /// Run `batch` (its `carried` ids from the last step's picks, see `queue_step`);
-    /// afterwards the first `logits_indices.len()` rows of the workspace's `logits` and `next`
-    /// hold its logits and greedy ids.
-    fn run(
-        &self,
-        batch: &ForwardBatch,
-        kv: &mut KvCache,
-        carried: &[(usize, usize)],
-    ) -> RtResult<std::sync::MutexGuard<'_, State<L::Buffers>>> {
+    /// Run `batch` (its `carried` ids from the last step's picks); afterwards the first
+    /// `logits_indices.len()` rows of the workspace's `logits` and `next` hold its logits and
+    /// greedy ids.
+    fn run(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<std::sync::MutexGuard<'_, State<L::Buffers>>> {
+        let carried = &batch.carried[..];
         let (tokens, rows, out_rows) = (batch.num_tokens(), batch.rows.len(), batch.logits_indices.len());
         if tokens == 0 || batch.logits_indices.iter().any(|&i| i >= tokens) {
             return Err(RuntimeError::Shape(format!(
@@ -487,45 +505,17 @@ impl<L: Layers> GpuModel<L> {
             && batch.rows.iter().all(|r| r.query_len == 1)
             && batch.logits_indices.iter().copied().eq(0..rows);
         match ROW_BUCKETS.iter().copied().find(|&b| b >= rows).filter(|&b| decode && b <= capacity) {
-            Some(bucket) => self.run_graph(&mut st, batch, kv, bucket, carried)?,
-            None => self.run_eager(&mut st, batch, kv, carried)?,
+            Some(bucket) => self.run_graph(&mut st, batch, kv, bucket)?,
+            None => self.run_eager(&mut st, batch, kv)?,
         }
         // Until a step records where its picks are, none is on the device to carry.
         st.picks = None;
         Ok(st)
     }
 
-    /// Refuse a synchronous step while queued steps are still to be taken.
-    fn nothing_queued(&self) -> RtResult<()> {
-        match self.lock()?.queued.len() {
-            0 => Ok(()),
-            n => Err(RuntimeError::Shape(format!("{n} queued steps were not taken before a synchronous one"))),
-        }
-    }
-}
-
-/// The context a decode plan (and a graph) is built for: `longest` rounded up to a power of
-/// two, at least `MIN_CONTEXT_BUCKET`.
-fn context_bucket(longest: usize) -> usize {
-    longest.max(MIN_CONTEXT_BUCKET).next_power_of_two()
-}
-
-fn no_workspace() -> RuntimeError {
-    RuntimeError::Shape("the CUDA model has no workspace".into())
-}
-
-impl<L: Layers> CausalLm for GpuModel<L> {
-    fn config(&self) -> &ModelConfig {
-        self.layers.config()
-    }
-
-    fn kv_layout(&self) -> KvLayout {
-        self.layers.layout().clone()
-    }
-
-    fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<f32>> {
-        self.nothing_queued()?;
-        let st = self.run(batch, kv, &[])?;
+    /// Run `batch` and copy its logits to the host.
+    fn logits(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<f32>> {
+        let st = self.run(batch, kv)?;
         let (io, _) = st.ws.as_ref().ok_or_else(no_workspace)?;
         let n = batch.logits_indices.len() * self.layers.config().vocab_size;
         if n == 0 {
@@ -535,51 +525,17 @@ impl<L: Layers> CausalLm for GpuModel<L> {
         Ok(self.gpu.download(&io.logits.slice(..n))?)
     }
 
-    fn forward_greedy(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<u32>> {
-        self.nothing_queued()?;
-        self.queue_step(batch, kv, None, &[])?;
-        match self.take_picks()? {
-            Picks::Ids(ids) => Ok(ids),
-            Picks::Sampled(_) => Err(RuntimeError::Shape("a greedy step came back sampled".into())),
-        }
-    }
-
-    fn samples_on_device(&self) -> bool {
-        self.device_sampling.load(Ordering::Relaxed)
-    }
-
-    fn forward_sampled(
-        &self,
-        batch: &ForwardBatch,
-        kv: &mut KvCache,
-        rows: &[RowSampler],
-    ) -> RtResult<Vec<SampledToken>> {
-        self.nothing_queued()?;
-        self.queue_step(batch, kv, Some(rows), &[])?;
-        match self.take_picks()? {
-            Picks::Sampled(picked) => Ok(picked),
-            Picks::Ids(_) => Err(RuntimeError::Shape("a sampled step came back as argmax ids".into())),
-        }
-    }
-
-    fn queues_steps(&self) -> bool {
-        true
-    }
-
-    fn queue_step(
-        &self,
-        batch: &ForwardBatch,
-        kv: &mut KvCache,
-        samplers: Option<&[RowSampler]>,
-        carried: &[(usize, usize)],
-    ) -> RtResult<()> {
+    /// Queue `batch` with its logits rows picked on the device — the argmax, or as
+    /// `samplers` says (one per row) — and their picks copied to the host behind it.
+    fn queue(&self, batch: &ForwardBatch, kv: &mut KvCache, samplers: Option<&[RowSampler]>) -> RtResult<Pending> {
         let n = batch.logits_indices.len();
         if let Some(rows) = samplers.filter(|rows| rows.len() != n) {
             return Err(RuntimeError::Shape(format!("{} samplers for {n} logits rows", rows.len())));
         }
-        let mut guard = self.run(batch, kv, carried)?;
+        let mut guard = self.run(batch, kv)?;
         let st = &mut *guard;
-        let mut landing = match st.spare.pop() {
+        let spare = self.spare.lock().ok().and_then(|mut s| s.pop());
+        let mut landing = match spare {
             Some(buf) => buf,
             None => self.gpu.host_buf(2 * n.max(1))?,
         };
@@ -606,23 +562,41 @@ impl<L: Layers> CausalLm for GpuModel<L> {
                 }
             }
         }
-        st.queued.push_back(Queued { landing, rows: n, sampled });
-        Ok(())
+        Ok(Pending::queued(Queued { landing: Some(landing), rows: n, sampled, spare: self.spare.clone() }))
+    }
+}
+
+/// The context a decode plan (and a graph) is built for: `longest` rounded up to a power of
+/// two, at least `MIN_CONTEXT_BUCKET`.
+fn context_bucket(longest: usize) -> usize {
+    longest.max(MIN_CONTEXT_BUCKET).next_power_of_two()
+}
+
+fn no_workspace() -> RuntimeError {
+    RuntimeError::Shape("the CUDA model has no workspace".into())
+}
+
+impl<L: Layers> CausalLm for GpuModel<L> {
+    fn config(&self) -> &ModelConfig {
+        self.layers.config()
     }
 
-    fn take_picks(&self) -> RtResult<Picks> {
-        let mut st = self.lock()?;
-        let q = st.queued.pop_front().ok_or_else(|| RuntimeError::Shape("no queued step to take".into()))?;
-        let picks = match (&q.sampled, q.rows) {
-            (None, 0) => Ok(Picks::Ids(Vec::new())),
-            (Some(_), 0) => Ok(Picks::Sampled(Vec::new())),
-            (None, _) => q.landing.wait().map(|ids| Picks::Ids(ids.to_vec())),
-            (Some((shape, top)), _) => {
-                q.landing.wait().and_then(|host| SampledDev::parse(host, *shape, top)).map(Picks::Sampled)
-            }
+    fn kv_layout(&self) -> KvLayout {
+        self.layers.layout().clone()
+    }
+
+    /// Logits come back at once (copied to the host); argmax and sampled picks queued.
+    fn step(&self, batch: &ForwardBatch, kv: &mut KvCache, want: Want<'_>) -> RtResult<Pending> {
+        let samplers = match want {
+            Want::Logits => return self.logits(batch, kv).map(|l| Pending::ready(StepOutput::Logits(l))),
+            Want::Argmax => None,
+            Want::Sample(rows) => Some(rows),
         };
-        st.spare.push(q.landing);
-        Ok(picks?)
+        self.queue(batch, kv, samplers)
+    }
+
+    fn samples_on_device(&self) -> bool {
+        self.device_sampling.load(Ordering::Relaxed)
     }
 
     fn uses_host_pool(&self) -> bool {

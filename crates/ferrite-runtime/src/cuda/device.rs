@@ -84,6 +84,18 @@ pub fn cuda_device_count() -> CudaResult<usize> {
     Ok(cudarc::driver::result::device::get_count()?.max(0) as usize)
 }
 
+/// (free, total) bytes of CUDA device `ordinal`'s memory, from a context opened for the query
+/// alone (no kernels are compiled); an error naming what is missing when there is no such
+/// device or no driver.
+pub fn device_memory(ordinal: usize) -> CudaResult<(usize, usize)> {
+    let count = cuda_device_count()?;
+    if ordinal >= count {
+        return Err(CudaError::NoSuchDevice { ordinal, count });
+    }
+    let ctx = cudarc::driver::CudaContext::new(ordinal)?;
+    Ok(ctx.mem_get_info()?)
+}
+
 /// Resolve a choice to a device: `auto` is `cuda:0` when a CUDA device is present (the
 /// driver and libraries load and report at least one device), the CPU otherwise.
 pub fn resolve_device(choice: DeviceChoice) -> CudaResult<Device> {

@@ -17,10 +17,18 @@ pub(crate) const HEAD_DIMS: [usize; 6] = [16, 32, 64, 128, 256, 512];
 pub(crate) struct Functions {
     pub embedding_bf16: CudaFunction,
     pub embedding_f32: CudaFunction,
+    /// The norms (`norm.cu`).
     pub rms_norm: CudaFunction,
+    pub layer_norm: CudaFunction,
+    pub rms_norm_add: CudaFunction,
+    pub layer_norm_add: CudaFunction,
+    pub residual_add: CudaFunction,
     pub rope: CudaFunction,
     pub silu_mul: CudaFunction,
     pub gelu_tanh_mul: CudaFunction,
+    pub silu_inplace: CudaFunction,
+    pub gelu_tanh_inplace: CudaFunction,
+    pub logit_epilogue: CudaFunction,
     pub write_kv: CudaFunction,
     pub copy_words: CudaFunction,
     /// `paged_decode_g{4,8}_hd*`: decode attention taking 4 or 8 query heads a CTA.
@@ -38,10 +46,8 @@ pub(crate) struct Functions {
     /// `gemv_{silu,gelu}_m{1..=8}`: the skinny GEMM over `act(gate) * up` formed on load.
     pub gemv_silu: [CudaFunction; 8],
     pub gemv_gelu: [CudaFunction; 8],
-    /// The Gemma families' kernels (`gemma.cu`).
+    /// The q/k norm and Gemma 4's kernels (`gemma.cu`).
     pub qkv_norm: CudaFunction,
-    pub rms_norm_add: CudaFunction,
-    pub softcap_f32: CudaFunction,
     pub per_layer_inputs: CudaFunction,
     pub moe_combine: CudaFunction,
     /// The kernels of each GGUF block type with a CUDA path, in `QUANT_TYPES` order.
@@ -122,9 +128,16 @@ impl Functions {
             embedding_bf16: get("embedding", "embedding_bf16")?,
             embedding_f32: get("embedding", "embedding_f32")?,
             rms_norm: get("norm", "rms_norm")?,
+            layer_norm: get("norm", "layer_norm")?,
+            rms_norm_add: get("norm", "rms_norm_add")?,
+            layer_norm_add: get("norm", "layer_norm_add")?,
+            residual_add: get("norm", "residual_add")?,
             rope: get("rope", "rope")?,
             silu_mul: get("activation", "silu_mul")?,
             gelu_tanh_mul: get("activation", "gelu_tanh_mul")?,
+            silu_inplace: get("activation", "silu_inplace")?,
+            gelu_tanh_inplace: get("activation", "gelu_tanh_inplace")?,
+            logit_epilogue: get("activation", "logit_epilogue")?,
             write_kv: get("kv_write", "write_kv")?,
             copy_words: get("copy", "copy_words")?,
             paged_decode: [
@@ -143,8 +156,6 @@ impl Functions {
             gemv_silu: per_rows("gemv_silu")?,
             gemv_gelu: per_rows("gemv_gelu")?,
             qkv_norm: get("gemma", "qkv_norm")?,
-            rms_norm_add: get("gemma", "rms_norm_add")?,
-            softcap_f32: get("gemma", "softcap_f32")?,
             per_layer_inputs: get("gemma", "per_layer_inputs")?,
             moe_combine: get("gemma", "moe_combine")?,
             quant,

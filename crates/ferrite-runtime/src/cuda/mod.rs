@@ -22,6 +22,6 @@ pub use blas::GemmOutput;
 pub use compile::{default_kernel_cache_dir, CompileReport};
 pub use context::{DeviceInfo, Gpu, Graph};
 pub use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
-pub use device::{cuda_device_count, resolve_device, Device, DeviceChoice};
+pub use device::{cuda_device_count, device_memory, resolve_device, Device, DeviceChoice};
 pub use error::{CudaError, CudaResult};
 pub use pinned::HostBuf;

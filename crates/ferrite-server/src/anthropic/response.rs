@@ -15,7 +15,8 @@ use serde_json::{json, Value};
 
 use crate::blocks::{Block, BlockEvent, BlockKind, Blocks};
 use crate::error::ApiError;
-use crate::parser::OutputParser;
+use crate::generate::reported;
+use crate::parser::{parse_streamed, parse_whole, OutputParser};
 use crate::pool::Lease;
 use crate::sse::{named_event, StreamRenderer};
 
@@ -91,11 +92,11 @@ impl Reply {
 
     /// The whole message for a generated `text`.
     pub fn whole(mut self, text: &str, finished: &Finished) -> Value {
-        let mut deltas = self.parser.push(text);
-        deltas.extend(self.parser.finish());
+        let (deltas, cut) = parse_whole(self.parser.as_mut(), text);
         self.blocks.feed(deltas);
         let content = self.blocks.blocks.iter().map(|b| block_json(b, true)).collect();
-        let stop = stop_reason(finished, self.blocks.has_tool_calls());
+        let finished = reported(finished.clone(), cut);
+        let stop = stop_reason(&finished, self.blocks.has_tool_calls());
         self.message(content, Some(stop), usage_json(&finished.usage))
     }
 
@@ -149,12 +150,9 @@ impl ReplyStream {
     /// The events of one output, after `message_start`.
     fn events(&mut self, out: Output) -> Vec<Event> {
         let r = &mut self.reply;
-        let mut deltas = r.parser.push(&out.text);
-        if out.finished.is_some() {
-            deltas.extend(r.parser.finish());
-        }
+        let (deltas, cut) = parse_streamed(r.parser.as_mut(), &out.text, out.finished.is_some());
         let mut block_events = r.blocks.feed(deltas);
-        let Some(f) = out.finished else { return r.block_events(block_events) };
+        let Some(f) = out.finished.map(|f| reported(f, cut)) else { return r.block_events(block_events) };
         self.finished = true;
         if let Some(e) = &f.error {
             return vec![error_event(&ApiError::internal(format!("generation failed: {e}")))];

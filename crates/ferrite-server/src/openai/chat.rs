@@ -17,12 +17,12 @@ use serde_json::{json, Map, Value};
 use crate::conversation::Conversation;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
-use crate::generate::{finish_reason, merge_usage, Choice, Generation};
+use crate::generate::{finish_reason, merge_usage, reported, Choice, Generation};
 use crate::openai::chat_output::Parsed;
 use crate::openai::messages::{check_tools, normalize_messages, template_kwargs, tool_choice};
 use crate::openai::params::CommonParams;
 use crate::openai::{logprobs, usage_json};
-use crate::parser::OutputParser;
+use crate::parser::{parse_streamed, parse_whole, OutputParser};
 use crate::pool::Lease;
 use crate::sse::{done_event, json_event, sse_from_outputs, StreamRenderer};
 use crate::state::{random_id, unix_now, App};
@@ -148,14 +148,15 @@ async fn whole(mut r: ChatResponder, generation: Generation) -> Result<Value, Ap
     for (i, c) in choices.iter().enumerate() {
         let parser = &mut r.parsers[i];
         let mut parsed = Parsed::default();
-        parsed.add(parser.push(&c.text));
-        parsed.add(parser.finish());
+        let (deltas, cut) = parse_whole(parser.as_mut(), &c.text);
+        parsed.add(deltas);
+        let finished = reported(c.finished.clone(), cut);
         let lps = r.logprobs.then(|| json!({"content": logprobs::chat_content(&r.served.model, &c.logprobs)}));
         let mut choice = json!({
             "index": i,
             "message": parsed.message_json(),
             "logprobs": lps,
-            "finish_reason": chat_finish_reason(&c.finished, parsed.has_tool_calls()),
+            "finish_reason": chat_finish_reason(&finished, parsed.has_tool_calls()),
         });
         if r.prompt_ids.is_some() {
             choice["token_ids"] = json!(c.token_ids);
@@ -216,30 +217,29 @@ impl StreamRenderer for ChatStream {
             return Vec::new();
         };
         let mut parsed = Parsed::default();
-        parsed.add(parser.push(&out.text));
-        if out.finished.is_some() {
-            parsed.add(parser.finish());
-        }
+        let (deltas, cut) = parse_streamed(parser.as_mut(), &out.text, out.finished.is_some());
+        parsed.add(deltas);
+        let finished = out.finished.map(|f| reported(f, cut));
         *called |= parsed.has_tool_calls();
         let called = *called;
         let mut events = Vec::new();
-        if let Some(e) = out.finished.as_ref().and_then(|f| f.error.as_ref()) {
+        if let Some(e) = finished.as_ref().and_then(|f| f.error.as_ref()) {
             events.push(json_event(&ApiError::internal(format!("generation failed: {e}")).openai_body()));
         }
         let has_logprobs = self.r.logprobs && !out.logprobs.is_empty();
         let has_ids = self.r.prompt_ids.is_some() && !out.token_ids.is_empty();
-        if parsed.is_empty() && out.finished.is_none() && !has_logprobs && !has_ids {
+        if parsed.is_empty() && finished.is_none() && !has_logprobs && !has_ids {
             return events;
         }
         let lps =
             self.r.logprobs.then(|| json!({"content": logprobs::chat_content(&self.r.served.model, &out.logprobs)}));
-        let reason = out.finished.as_ref().map(|f| chat_finish_reason(f, called));
+        let reason = finished.as_ref().map(|f| chat_finish_reason(f, called));
         let mut choice = json!({"index": i, "delta": parsed.delta_json(), "logprobs": lps, "finish_reason": reason});
         if self.r.prompt_ids.is_some() {
             choice["token_ids"] = json!(out.token_ids);
         }
         events.insert(0, json_event(&self.chunk(json!([choice]))));
-        if let Some(f) = out.finished {
+        if let Some(f) = finished {
             self.usages[i] = Some(f.usage);
         }
         events

@@ -32,6 +32,56 @@ pub enum Delta {
     Content(String),
     Reasoning(String),
     ToolCall(ToolCallDelta),
+    /// The generation ended inside the latest announced call: its pieces so far were closed
+    /// into valid JSON (what a streaming client already holds), and this is the model's text
+    /// of the call. Only `finish` reports it; `parse_whole` / `parse_streamed` consume it.
+    Cut(String),
+}
+
+/// A whole reply through `parser`: its deltas, and whether the generation's end cut a tool
+/// call short — that call is then not a call: its pieces give way to its text, as content,
+/// and the reply ends as truncated.
+pub fn parse_whole(parser: &mut dyn OutputParser, text: &str) -> (Vec<Delta>, bool) {
+    let mut deltas = parser.push(text);
+    deltas.extend(parser.finish());
+    let Some(text) = deltas.iter().find_map(|d| match d {
+        Delta::Cut(text) => Some(text.clone()),
+        _ => None,
+    }) else {
+        return (deltas, false);
+    };
+    let cut_index = deltas
+        .iter()
+        .filter_map(|d| match d {
+            Delta::ToolCall(c) => Some(c.index),
+            _ => None,
+        })
+        .max();
+    let mut out: Vec<Delta> = deltas
+        .into_iter()
+        .filter(|d| match d {
+            Delta::ToolCall(c) => Some(c.index) != cut_index,
+            Delta::Cut(_) => false,
+            _ => true,
+        })
+        .collect();
+    out.push(Delta::Content(text));
+    (out, true)
+}
+
+/// One streamed piece of a reply through `parser` (`last` when the generation ended with
+/// it): its deltas, and whether the end cut a tool call short — the client keeps that call's
+/// pieces, closed into valid JSON, and the reply ends as truncated.
+pub fn parse_streamed(parser: &mut dyn OutputParser, text: &str, last: bool) -> (Vec<Delta>, bool) {
+    let mut deltas = parser.push(text);
+    if !last {
+        return (deltas, false);
+    }
+    deltas.extend(parser.finish());
+    let before = deltas.len();
+    deltas.retain(|d| !matches!(d, Delta::Cut(_)));
+    let cut = deltas.len() != before;
+    (deltas, cut)
 }
 
 /// A piece of one tool call: the first piece of a call carries its `id` and `name`; later

@@ -12,6 +12,8 @@ struct Reply {
     content: String,
     reasoning: String,
     calls: Vec<(String, Value)>,
+    /// The text of a call the end of the generation cut short (`Delta::Cut`).
+    cut: Option<String>,
 }
 
 fn tools() -> Vec<Value> {
@@ -70,6 +72,10 @@ fn merge(deltas: Vec<Delta>) -> Reply {
                 }
                 args[c.index].push_str(&c.arguments);
             }
+            Delta::Cut(text) => {
+                assert!(r.cut.is_none(), "one cut call at most");
+                r.cut = Some(text);
+            }
         }
     }
     for (call, text) in r.calls.iter_mut().zip(args) {
@@ -105,7 +111,19 @@ fn reply(content: &str, reasoning: &str, calls: &[(&str, Value)]) -> Reply {
         content: content.into(),
         reasoning: reasoning.into(),
         calls: calls.iter().map(|(n, a)| (n.to_string(), a.clone())).collect(),
+        cut: None,
     }
+}
+
+/// A streamed reply whose last call was cut short: `calls` end with that call, closed.
+fn cut_reply(content: &str, calls: &[(&str, Value)], cut: &str) -> Reply {
+    Reply { cut: Some(cut.into()), ..reply(content, "", calls) }
+}
+
+/// `text` as a whole reply (`parse_whole`), and whether it was cut.
+fn whole(syntax: ToolSyntax, text: &str) -> (Reply, bool) {
+    let (deltas, cut) = parse_whole(with(syntax)().as_mut(), text);
+    (merge(deltas), cut)
 }
 
 fn with(syntax: ToolSyntax) -> impl Fn() -> Box<dyn OutputParser> {
@@ -136,7 +154,8 @@ fn hermes_malformed_json_is_content() {
 #[test]
 fn hermes_calls_cut_short_are_closed() {
     let cut = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"q\": \"ab\\\"c";
-    assert_eq!(parse_every_way(&with(ToolSyntax::Hermes), cut), reply("", "", &[("f", json!({"q": "ab\"c"}))]));
+    let got = parse_every_way(&with(ToolSyntax::Hermes), cut);
+    assert_eq!(got, cut_reply("", &[("f", json!({"q": "ab\"c"}))], cut));
     let broken = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1, \"b\"</tool_call>After.";
     assert_eq!(parse_every_way(&with(ToolSyntax::Hermes), broken), reply("After.", "", &[("f", json!({"a": 1}))]));
     // Arguments that are not an object: the call gets `{}` and the rest of its block goes.
@@ -150,6 +169,27 @@ fn hermes_calls_cut_short_are_closed() {
 }
 
 #[test]
+fn calls_cut_short_are_text_in_whole_replies() {
+    // The hostile probe's case: the stream closes the call, a whole reply shows its text.
+    let cut = "Let me look.\n<tool_call>\n{\"name\": \"f\", \"argu";
+    assert_eq!(
+        parse_every_way(&with(ToolSyntax::Hermes), cut),
+        cut_reply("Let me look.", &[("f", json!({}))], &cut[13..])
+    );
+    assert_eq!(whole(ToolSyntax::Hermes, cut), (reply(&format!("Let me look.{}", &cut[13..]), "", &[]), true));
+    // Calls before the cut one stay calls; a cut string argument is text, not `{}`.
+    let done = "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>";
+    let text = format!("{done}\n<tool_call>{{\"name\": \"b\", \"arguments\": \"{{\\\"x");
+    let (got, was_cut) = whole(ToolSyntax::Hermes, &text);
+    assert!(was_cut);
+    assert_eq!(got, reply(&text[done.len() + 1..], "", &[("a", json!({}))]));
+    let mistral = "[TOOL_CALLS]f[ARGS]{\"a\": [1, 2";
+    assert_eq!(whole(ToolSyntax::MistralArgs, mistral), (reply(mistral, "", &[]), true));
+    // A complete reply is not cut.
+    assert_eq!(whole(ToolSyntax::Hermes, done), (reply("", "", &[("a", json!({}))]), false));
+}
+
+#[test]
 fn hermes_bare_call_objects() {
     // Qwen2.5-Coder leaves the tags out.
     let bare = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}";
@@ -159,10 +199,24 @@ fn hermes_bare_call_objects() {
     let more = format!("{bare}\n{bare}\n{{\"name\": \"get_weather\", \"");
     let got = parse_every_way(&with(ToolSyntax::Hermes), &more);
     let call = ("get_weather", json!({"city": "Paris"}));
-    assert_eq!(got, reply("", "", &[call.clone(), call.clone(), ("get_weather", json!({}))]));
+    let third = "{\"name\": \"get_weather\", \"";
+    assert_eq!(got, cut_reply("", &[call.clone(), call.clone(), ("get_weather", json!({}))], third));
     let cut = format!("{bare}\n{{\"name\": \"get_w");
-    assert_eq!(parse_every_way(&with(ToolSyntax::Hermes), &cut), reply("{\"name\": \"get_w", "", &[call]));
-    for text in ["{\"name\": \"Bob\", \"arguments\": {}}", "{\"answer\": 42}"] {
+    assert_eq!(parse_every_way(&with(ToolSyntax::Hermes), &cut), reply("{\"name\": \"get_w", "", &[call.clone()]));
+    // Qwen2.5-Coder's fenced form: one block or several, text after them is content.
+    let fenced = format!("```json\n{bare}\n```");
+    assert_eq!(parse_every_way(&with(ToolSyntax::Hermes), &fenced), reply("", "", &[call.clone()]));
+    let two = format!("```\n{bare}\n```\n\n```json\n  {bare}\n```\nDone.");
+    assert_eq!(parse_every_way(&with(ToolSyntax::Hermes), &two), reply("Done.", "", &[call.clone(), call.clone()]));
+    for text in [
+        "{\"name\": \"Bob\", \"arguments\": {}}",
+        "{\"answer\": 42}",
+        "```json\n{\"answer\": 42}\n```",
+        "```python\nprint({})\n```",
+        "```json\n[1, 2]\n```",
+        "``",
+        "Run:\n```json\n{\"name\": \"get_weather\", \"arguments\": {}}\n```",
+    ] {
         assert_eq!(parse_every_way(&with(ToolSyntax::Hermes), text), reply(text, "", &[]), "{text}");
     }
 }
@@ -209,7 +263,8 @@ fn mistral_args_calls() {
     let bad = "[TOOL_CALLS]not a name[ARGS]{}";
     assert_eq!(parse_every_way(&with(ToolSyntax::MistralArgs), bad), reply(bad, "", &[]));
     let cut = "[TOOL_CALLS]f[ARGS]{\"a\": [1, 2";
-    assert_eq!(parse_every_way(&with(ToolSyntax::MistralArgs), cut), reply("", "", &[("f", json!({"a": [1, 2]}))]));
+    let got = parse_every_way(&with(ToolSyntax::MistralArgs), cut);
+    assert_eq!(got, cut_reply("", &[("f", json!({"a": [1, 2]}))], cut));
 }
 
 #[test]

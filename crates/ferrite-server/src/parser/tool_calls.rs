@@ -3,10 +3,13 @@
 //! is announced (id and name) as soon as its name is complete and its arguments stream up
 //! to JSON safe points (`json`), so what a client receives is always valid JSON once the
 //! call ends — a call cut short or broken after its name is closed at its last safe point
-//! (and the rest of a broken Hermes block is dropped).
+//! (and the rest of a broken Hermes block is dropped). A call the generation's end cut
+//! short is also reported (`Delta::Cut`, with the model's text of it), so that the reply
+//! says it was truncated.
 //!
 //! A reply that is a bare call object (Llama's form; Qwen2.5-Coder does it in Hermes
-//! templates too) is a call when it names an offered tool. Text that starts like a call but
+//! templates too, bare or in a Markdown JSON code fence) is a call when it names an offered
+//! tool. Text that starts like a call but
 //! is not one (bad JSON before the name, a bare object naming no offered tool) falls back
 //! to content.
 
@@ -81,9 +84,14 @@ pub struct ToolCallParser {
     committed: bool,
     /// The call in progress came without a tag (it must name an offered tool).
     bare: bool,
+    /// The call in progress opened with a Markdown code fence, whose closing fence follows it.
+    fenced: bool,
     /// Text read since the call's start (or the last announced call): content again if it
     /// turns out not to be a call.
     raw: String,
+    /// The text of the announced call in progress up to its announcement (its tag
+    /// included); with `raw`, the model's whole text of the call.
+    call_text: String,
     /// Trailing blanks of the content, held back: dropped before a call, sent before text.
     held_ws: String,
     out: Vec<Delta>,
@@ -101,7 +109,9 @@ impl ToolCallParser {
             calls: 0,
             committed: false,
             bare: false,
+            fenced: false,
             raw: String::new(),
+            call_text: String::new(),
             held_ws: String::new(),
             out: Vec::new(),
         }
@@ -138,7 +148,7 @@ impl ToolCallParser {
         let index = self.calls;
         self.calls += 1;
         self.committed = true;
-        self.raw.clear();
+        self.call_text = std::mem::take(&mut self.raw);
         let id = Some(random_id("call_"));
         self.out.push(Delta::ToolCall(ToolCallDelta { index, id, name: Some(name), arguments: String::new() }));
     }
@@ -217,12 +227,15 @@ impl ToolCallParser {
         if blank == self.buf.len() {
             return false;
         }
-        if self.buf[blank..].starts_with('{') {
-            self.raw = self.buf.drain(..blank).collect();
-            self.bare = true;
-            self.state = State::Call(Body::Object(Box::default()));
-        } else {
-            self.state = State::Text;
+        match bare_opening(&self.buf[blank..]) {
+            Opening::Call { fence } => {
+                self.raw = self.buf.drain(..blank + fence).collect();
+                self.bare = true;
+                self.fenced = fence > 0;
+                self.state = State::Call(Body::Object(Box::default()));
+            }
+            Opening::Undecided => return false,
+            Opening::No => self.state = State::Text,
         }
         true
     }
@@ -459,12 +472,67 @@ impl ToolCallParser {
                 return false;
             }
         }
-        if (llama || self.bare) && self.buf.starts_with('{') {
-            self.state = State::Call(self.new_body());
-        } else {
-            self.state = State::Text;
+        if self.fenced {
+            if self.buf.starts_with(FENCE) {
+                self.buf.drain(..FENCE.len());
+                self.fenced = false;
+                return true;
+            }
+            if FENCE.starts_with(self.buf.as_str()) {
+                return false;
+            }
         }
+        if llama || self.bare {
+            match bare_opening(&self.buf) {
+                Opening::Call { fence } => {
+                    self.raw = self.buf.drain(..fence).collect();
+                    self.fenced = fence > 0;
+                    self.state = State::Call(self.new_body());
+                    return true;
+                }
+                Opening::Undecided => return false,
+                Opening::No => {}
+            }
+        }
+        self.state = State::Text;
         true
+    }
+}
+
+const FENCE: &str = "```";
+
+/// How a bare call may open at the start of some text.
+enum Opening {
+    /// It does, at `{` after `fence` bytes of a Markdown code fence (0: no fence).
+    Call {
+        fence: usize,
+    },
+    /// More text decides.
+    Undecided,
+    No,
+}
+
+/// A bare call opens with `{`, or with a code fence (```` ``` ```` or ```` ```json ````, its line
+/// ended) and then `{`: Qwen2.5-Coder fences its calls as a Markdown JSON block.
+fn bare_opening(s: &str) -> Opening {
+    if s.starts_with('{') {
+        return Opening::Call { fence: 0 };
+    }
+    let Some(rest) = s.strip_prefix(FENCE) else {
+        return if FENCE.starts_with(s) { Opening::Undecided } else { Opening::No };
+    };
+    let Some(eol) = rest.find('\n') else {
+        return if "json".starts_with(rest.trim_end()) { Opening::Undecided } else { Opening::No };
+    };
+    if !matches!(rest[..eol].trim(), "" | "json") {
+        return Opening::No;
+    }
+    let body = &rest[eol + 1..];
+    let blank = body.len() - body.trim_start().len();
+    match body[blank..].chars().next() {
+        None => Opening::Undecided,
+        Some('{') => Opening::Call { fence: FENCE.len() + eol + 1 + blank },
+        Some(_) => Opening::No,
     }
 }
 
@@ -488,8 +556,10 @@ impl OutputParser for ToolCallParser {
                 None => self.content(&format!("{}{body}{rest}", self.raw)),
             },
             State::Call(body) if self.committed => {
+                let text = format!("{}{}{rest}", self.call_text, self.raw);
                 self.state = State::Call(body);
                 self.close_call();
+                self.out.push(Delta::Cut(text));
             }
             State::Call(_) => self.content(&format!("{}{rest}", self.raw)),
             State::Discard => {}

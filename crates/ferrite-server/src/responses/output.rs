@@ -16,7 +16,8 @@ use ferrite_engine::{FinishReason, Finished, Output, Usage};
 use serde_json::{json, Value};
 
 use crate::blocks::{BlockEvent, BlockKind, Blocks};
-use crate::parser::{Delta, OutputParser};
+use crate::generate::reported;
+use crate::parser::{parse_streamed, parse_whole, Delta, OutputParser};
 use crate::pool::Lease;
 use crate::sse::{named_event, StreamRenderer};
 use crate::state::{random_id, unix_now, App};
@@ -162,10 +163,9 @@ impl Responder {
 
     /// The whole response for a generated `text`.
     pub fn whole(mut self, text: &str, finished: &Finished) -> Value {
-        let mut deltas = self.parser.push(text);
-        deltas.extend(self.parser.finish());
+        let (deltas, cut) = parse_whole(self.parser.as_mut(), text);
         self.feed(deltas);
-        self.finish(finished).1
+        self.finish(&reported(finished.clone(), cut)).1
     }
 }
 
@@ -285,12 +285,9 @@ impl StreamRenderer for ResponseStream {
     }
 
     fn output(&mut self, out: Output) -> Vec<Event> {
-        let mut deltas = self.r.parser.push(&out.text);
-        if out.finished.is_some() {
-            deltas.extend(self.r.parser.finish());
-        }
+        let (deltas, cut) = parse_streamed(self.r.parser.as_mut(), &out.text, out.finished.is_some());
         let mut block_events = self.r.feed(deltas);
-        let Some(f) = out.finished else { return self.block_events(block_events) };
+        let Some(f) = out.finished.map(|f| reported(f, cut)) else { return self.block_events(block_events) };
         self.finished = true;
         block_events.extend(self.r.blocks.close());
         let mut events = self.block_events(block_events);

@@ -2,7 +2,8 @@
 //! `system` turn inside Anthropic `messages` (rendered in place, or merged for a template
 //! that refuses it), Responses `namespace` and hosted tools, one `tool_calls` entry per
 //! index per chat chunk, Anthropic `output_config.format`, parallel tool calls turned off on
-//! the three surfaces, the providers' context-overflow wording and the `max_tokens` cut,
+//! the three surfaces, a call cut short reported as truncated, the providers' context-overflow
+//! wording and the `max_tokens` cut,
 //! one usage split in Anthropic streams, and images inside tool results.
 
 use serde_json::{json, Value};
@@ -186,6 +187,61 @@ async fn parallel_tool_calls_off_allows_one_call_on_every_surface() {
     let (_, one) = post(&server.at("/v1/responses"), &req).await;
     assert_eq!(items(&one), 1, "{one}");
     assert_eq!(one["parallel_tool_calls"], false);
+}
+
+/// The hostile probe's cut-off call: a stop string ends the reply inside the call's
+/// arguments. It is not a complete call: a whole reply gives its text, a stream closes the
+/// pieces it sent, and every surface reports the truncation.
+#[tokio::test]
+async fn a_tool_call_cut_short_is_reported_as_truncated_on_every_surface() {
+    let server = smol();
+    let call = two_calls("Oslo", "Rome");
+    let messages = json!([
+        {"role": "user", "content": format!("Repeat exactly:\n{call}")},
+        {"role": "assistant", "content": call},
+        {"role": "user", "content": format!("Repeat exactly:\n{}", two_calls("Paris", "Madrid"))},
+    ]);
+    let url = server.at("/v1/chat/completions");
+    let mut body =
+        json!({"messages": messages, "tools": [weather_tool()], "max_tokens": 80, "temperature": 0, "stop": ["Paris"]});
+    let (status, v) = post(&url, &body).await;
+    assert_eq!(status, 200, "{v}");
+    // SmolLM2 writes one complete call, then the one the stop string cuts.
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "length", "{v}");
+    let calls = choice["message"]["tool_calls"].as_array().expect("the complete call");
+    assert_eq!(calls.len(), 1, "the cut call is not a call: {v}");
+    let text = choice["message"]["content"].as_str().expect("the cut call's text");
+    assert!(text.starts_with("<tool_call>") && text.ends_with("\"city\": \""), "{text:?}");
+    body["stream"] = json!(true);
+    let chunks = post_stream(&url, &body).await;
+    let reasons: Vec<&Value> =
+        chunks.iter().map(|c| &c["choices"][0]["finish_reason"]).filter(|r| !r.is_null()).collect();
+    assert_eq!(reasons, [&json!("length")]);
+    let streamed = streamed_calls(&chunks);
+    assert_eq!(streamed.len(), 2, "the stream announced both calls");
+    assert_eq!(streamed[0]["function"], calls[0]["function"]);
+    let closed = streamed[1]["function"]["arguments"].as_str().expect("arguments");
+    assert!(serde_json::from_str::<Value>(closed).is_ok_and(|a| a.is_object()), "closed into JSON: {closed}");
+    // Anthropic.
+    let tool = json!({"name": "get_weather", "input_schema": weather_tool()["function"]["parameters"]});
+    let req = json!({"model": "smollm2", "max_tokens": 80, "temperature": 0, "messages": messages,
+                     "tools": [tool], "stop_sequences": ["Paris"]});
+    let (_, m) = post(&server.at("/v1/messages"), &req).await;
+    assert_eq!(m["stop_reason"], "max_tokens", "{m}");
+    let kinds: Vec<&Value> = m["content"].as_array().expect("content").iter().map(|b| &b["type"]).collect();
+    assert_eq!(kinds, [&json!("tool_use"), &json!("text")], "{m}");
+    // Responses (no stop strings): cut by the token budget inside the second call's arguments.
+    let inside = v["usage"]["completion_tokens"].as_u64().expect("usage") - 1;
+    let f = &weather_tool()["function"];
+    let tools = json!([{"type": "function", "name": "get_weather", "parameters": f["parameters"]}]);
+    let req = json!({"model": "smollm2", "input": messages, "tools": tools, "max_output_tokens": inside,
+                     "temperature": 0});
+    let (_, r) = post(&server.at("/v1/responses"), &req).await;
+    let status = (r["status"].as_str(), r["incomplete_details"]["reason"].as_str());
+    assert_eq!(status, (Some("incomplete"), Some("max_output_tokens")), "{r}");
+    let items = r["output"].as_array().expect("output");
+    assert_eq!(items.iter().filter(|i| i["type"] == "function_call").count(), 1, "{r}");
 }
 
 #[tokio::test]

@@ -1,7 +1,12 @@
-// Gated activations: out = act(gate) * up, f32 math, bf16 in and out. gate and up are rows of
-// `in_stride` values (separate buffers, or the two halves of a fused gate_up GEMM output);
-// out is [tokens, inter] contiguous. Grid-stride over tokens * inter. (The skinny GEMM of
-// gemv.cu applies the same activations as its epilogue, `gemv_silu_m*` / `gemv_gelu_m*`.)
+// Activations, f32 math, bf16 in and out:
+// - gated: out = act(gate) * up. gate and up are rows of `in_stride` values (separate
+//   buffers, or the two halves of a fused gate_up GEMM output); out is [tokens, inter]
+//   contiguous. (The skinny GEMM of gemv.cu applies the same activations as its epilogue,
+//   `gemv_silu_m*` / `gemv_gelu_m*`.)
+// - plain, in place: x = act(x) (an ungated MLP: starcoder2's `c_fc` output);
+// - logit_epilogue, on f32 logits in place: x = x * scale (granite's 1 / logits_scaling),
+//   then cap * tanh(x / cap) when cap > 0 (Gemma 2+'s final softcap).
+// Grid-stride loops.
 
 #define GATED(NAME, ACT)                                                                               \
     extern "C" __global__ void NAME(const bf16_t* __restrict__ gate, const bf16_t* __restrict__ up,     \
@@ -17,3 +22,21 @@
 
 GATED(silu_mul, silu)
 GATED(gelu_tanh_mul, gelu_tanh)
+
+#define PLAIN(NAME, ACT)                                                                               \
+    extern "C" __global__ void NAME(bf16_t* __restrict__ x, u64 n) {                                   \
+        pdl_entry();                                                                                   \
+        for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) \
+            x[i] = f2bf(ACT(bf2f(x[i])));                                                              \
+    }
+
+PLAIN(silu_inplace, silu)
+PLAIN(gelu_tanh_inplace, gelu_tanh)
+
+extern "C" __global__ void logit_epilogue(float* __restrict__ x, u64 n, float scale, float cap) {
+    pdl_entry();
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const float v = x[i] * scale;
+        x[i] = cap > 0.f ? cap * tanhf(v / cap) : v;
+    }
+}

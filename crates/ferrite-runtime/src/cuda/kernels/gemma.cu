@@ -1,8 +1,6 @@
-// The kernels only the Gemma families need, f32 math on bf16 activations:
-// - qkv_norm: per-head RMSNorm of the q, k (and v) heads of a fused QKV row, in place;
-// - rms_norm_add: x = (x + rmsnorm(y) * w) * scale, a sandwich norm's residual add (with
-//   Gemma 4's per-layer scalar);
-// - softcap_f32: the final logit softcap, cap * tanh(x / cap);
+// The kernels of q/k norms and of Gemma 4's extra blocks, f32 math on bf16 activations:
+// - qkv_norm: RMSNorm of the q, k (and v) heads of a fused QKV row, in place (per head, or
+//   over a whole projection when called with one head as wide);
 // - per_layer_inputs: Gemma 4's per-layer inputs, layer-major;
 // - moe_combine: each token's weighted sum of its experts' outputs.
 
@@ -26,30 +24,6 @@ extern "C" __global__ void qkv_norm(bf16_t* __restrict__ x, int stride, int n_q,
         const float v = bf2f(p[i]) * inv;
         p[i] = f2bf(w != nullptr ? v * w[i] : v);
     }
-}
-
-// x[row] = (x[row] + y[row] / rms(y[row]) * w) * scale over rows of d values, rounded once.
-// Grid: one block per row.
-extern "C" __global__ void rms_norm_add(const bf16_t* __restrict__ y, const float* __restrict__ w,
-                                        bf16_t* __restrict__ x, int d, float eps, float scale) {
-    pdl_entry();
-    __shared__ float scratch[32];
-    const bf16_t* yr = y + (size_t)blockIdx.x * d;
-    bf16_t* xr = x + (size_t)blockIdx.x * d;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        const float v = bf2f(yr[i]);
-        ss += v * v;
-    }
-    const float inv = rsqrtf(block_sum(ss, scratch) / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) xr[i] = f2bf((bf2f(xr[i]) + bf2f(yr[i]) * inv * w[i]) * scale);
-}
-
-// x = cap * tanh(x / cap), grid-stride.
-extern "C" __global__ void softcap_f32(float* __restrict__ x, u64 n, float cap) {
-    pdl_entry();
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
-        x[i] = cap * tanhf(x[i] / cap);
 }
 
 // Gemma 4's per-layer inputs: for token t and layer l, with p = proj[t, l * width ..] (the

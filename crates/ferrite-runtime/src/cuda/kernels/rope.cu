@@ -8,15 +8,20 @@
 // stored into the paged cache as `write_kv` stores them: slot_mapping[t] = block * block_size
 // + slot, negative to skip the token; layout [block][kv_head][slot][head_dim]. The RoPE and
 // the KV write of a step are then one launch.
+// With `table_of` non-null, `inv_freq` holds several tables of `half` frequencies and token t
+// rotates by table table_of[t] (a schedule that depends on each row's length: dynamic NTK,
+// long RoPE; the host writes one table per distinct schedule of the step).
 // Grid (tokens, n_heads), one thread per pair: every pair is one load-rotate-store, so a
 // decode step's RoPE costs one memory round trip however many heads it has.
 
 extern "C" __global__ void rope(bf16_t* __restrict__ x, const unsigned* __restrict__ positions,
                                 const float* __restrict__ inv_freq, int n_heads, int head_dim, int half, float scaling,
                                 int stride, const int* __restrict__ slot_mapping, int n_kv_heads,
-                                bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache, int block_size) {
+                                bf16_t* __restrict__ k_cache, bf16_t* __restrict__ v_cache, int block_size,
+                                const int* __restrict__ table_of) {
     pdl_entry();
     const int t = blockIdx.x, h = blockIdx.y;
+    const float* freq = table_of != nullptr ? inv_freq + (size_t)table_of[t] * half : inv_freq;
     const float pos = (float)positions[t];
     bf16_t* p = x + (size_t)t * stride + (size_t)h * head_dim;
     const int kv_head = h - (n_heads - n_kv_heads);
@@ -31,7 +36,7 @@ extern "C" __global__ void rope(bf16_t* __restrict__ x, const unsigned* __restri
     }
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         bf16_t ra, rb;
-        rope_pair(bf2f(p[i]), bf2f(p[i + half]), pos, inv_freq[i], scaling, &ra, &rb);
+        rope_pair(bf2f(p[i]), bf2f(p[i + half]), pos, freq[i], scaling, &ra, &rb);
         p[i] = ra;
         p[i + half] = rb;
         if (kc != nullptr) {

@@ -1,7 +1,8 @@
-//! Row-wise and element-wise ops on bf16 activations: embedding gather, RMSNorm (with the
-//! fused residual add), RoPE (optionally storing the rotated keys and the values into the KV
-//! cache), gated activations, a device copy, random fill (synthetic weights), and the linear
-//! layer (our skinny GEMM for decode, cuBLASLt), alone or with a gated activation after it.
+//! Row-wise and element-wise ops on bf16 activations: embedding gather, RoPE (optionally
+//! storing the rotated keys and the values into the KV cache; one frequency table, or one per
+//! token), gated and plain activations, the logits' scale and softcap, a device copy, random
+//! fill (synthetic weights), and the linear layer (our skinny GEMM for decode, cuBLASLt), alone
+//! or with a gated activation after it. (The norms are `norm`'s.)
 //!
 //! Activations are bf16 `[tokens, features]` rows; every kernel computes in f32. Norm weights
 //! and RoPE frequencies are small f32 buffers. Inputs read as "rows of `stride` values" may be
@@ -21,11 +22,6 @@ fn check(ok: bool, what: impl FnOnce() -> String) -> CudaResult<()> {
     } else {
         Err(CudaError::Shape(what()))
     }
-}
-
-/// Threads for a one-block-per-row kernel over rows of `d` values.
-fn row_threads(d: usize) -> u32 {
-    (d / 4).clamp(32, 1024).next_multiple_of(32) as u32
 }
 
 /// An embedding table's element type: bf16 or f32 rows.
@@ -74,37 +70,6 @@ pub fn embedding<T: TableElement>(
     gpu.launch(T::kernel(gpu), cfg((tokens as u32, 1, 1), 256, 0), &[&tp, &ip, &op, &dim_i, &vocab_i, &scale])
 }
 
-/// RMSNorm of `rows` rows of `d` values: `out = x / rms(x) * (offset + w)`. With `residual`,
-/// first `residual += x` (the stored bf16 sum is what gets normalized): the fused residual add.
-#[allow(clippy::too_many_arguments)]
-pub fn rms_norm(
-    gpu: &Gpu,
-    x: &impl DevicePtr<bf16>,
-    residual: Option<&mut dyn DevicePtrMut<bf16>>,
-    w: &impl DevicePtr<f32>,
-    (rows, d): (usize, usize),
-    eps: f32,
-    offset: f32,
-    out: &mut impl DevicePtrMut<bf16>,
-) -> CudaResult<()> {
-    let n = rows * d;
-    let res_len = residual.as_ref().map(|r| r.len());
-    check(x.len() >= n && w.len() >= d && out.len() >= n && res_len.is_none_or(|l| l >= n), || {
-        format!("rms_norm [{rows}, {d}]: x {}, w {}, out {}, residual {res_len:?}", x.len(), w.len(), out.len())
-    })?;
-    if rows == 0 {
-        return Ok(());
-    }
-    let rp: u64 = residual.map_or(0, |r| gpu.ptr_mut(r));
-    let (xp, wp, op) = (gpu.ptr(x), gpu.ptr(w), gpu.ptr_mut(out));
-    let d_i = d as i32;
-    gpu.launch(
-        &gpu.fns.rms_norm,
-        cfg((rows as u32, 1, 1), row_threads(d), 0),
-        &[&xp, &rp, &wp, &op, &d_i, &eps, &offset],
-    )
-}
-
 /// Shapes of a RoPE call: `tokens` rows of `stride` values, each starting with `n_heads` heads
 /// of `head_dim` values (q heads, or the q and k heads of a fused QKV row).
 #[derive(Debug, Clone, Copy)]
@@ -131,7 +96,39 @@ pub fn rope(
     s: RopeShape,
     kv: Option<(&AttentionMeta, &mut DeviceKv)>,
 ) -> CudaResult<()> {
-    let half = inv_freq.len();
+    launch_rope(gpu, x, positions, (gpu.ptr(inv_freq), inv_freq.len(), 0), scaling, s, kv)
+}
+
+/// `rope` with a frequency table per token: `tables` holds tables of `half` frequencies and
+/// token t rotates by table `table_of[t]` (which must be < `tables.len() / half`): a schedule
+/// that depends on each row's length (dynamic NTK, long RoPE), one table per distinct one.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_per_token(
+    gpu: &Gpu,
+    x: &mut impl DevicePtrMut<bf16>,
+    positions: &impl DevicePtr<u32>,
+    (tables, half, table_of): (&impl DevicePtr<f32>, usize, &impl DevicePtr<i32>),
+    scaling: f32,
+    s: RopeShape,
+    kv: Option<(&AttentionMeta, &mut DeviceKv)>,
+) -> CudaResult<()> {
+    check(half > 0 && tables.len() >= half && table_of.len() >= s.tokens, || {
+        format!("rope of {} tokens by tables of {half}: tables {}, table_of {}", s.tokens, tables.len(), table_of.len())
+    })?;
+    launch_rope(gpu, x, positions, (gpu.ptr(tables), half, gpu.ptr(table_of)), scaling, s, kv)
+}
+
+/// The RoPE launch: frequencies at `fp` (`half` a table; `tp` the per-token table indices,
+/// 0 for one table).
+fn launch_rope(
+    gpu: &Gpu,
+    x: &mut impl DevicePtrMut<bf16>,
+    positions: &impl DevicePtr<u32>,
+    (fp, half, tp): (u64, usize, u64),
+    scaling: f32,
+    s: RopeShape,
+    kv: Option<(&AttentionMeta, &mut DeviceKv)>,
+) -> CudaResult<()> {
     let n_kv = kv.as_ref().map_or(0, |(_, c)| c.n_kv_heads);
     let width = (s.n_heads + n_kv) * s.head_dim;
     let need = if s.tokens == 0 { 0 } else { (s.tokens - 1) * s.stride + width };
@@ -163,12 +160,12 @@ pub fn rope(
     if s.tokens == 0 || (half == 0 && sp == 0) {
         return Ok(());
     }
-    let (xp, pp, fp) = (gpu.ptr_mut(x), gpu.ptr(positions), gpu.ptr(inv_freq));
+    let (xp, pp) = (gpu.ptr_mut(x), gpu.ptr(positions));
     let [nh, hd, half_i, st, nkv] = [s.n_heads, s.head_dim, half, s.stride, n_kv].map(|v| v as i32);
     gpu.launch(
         &gpu.fns.rope,
         cfg((s.tokens as u32, s.n_heads as u32, 1), half.next_multiple_of(32).clamp(32, 256) as u32, 0),
-        &[&xp, &pp, &fp, &nh, &hd, &half_i, &scaling, &st, &sp, &nkv, &kc, &vc, &bs],
+        &[&xp, &pp, &fp, &nh, &hd, &half_i, &scaling, &st, &sp, &nkv, &kc, &vc, &bs, &tp],
     )
 }
 
@@ -210,6 +207,39 @@ pub fn gated_activation(
     let (gp, up_, op) = (gpu.ptr(gate), gpu.ptr(up), gpu.ptr_mut(out));
     let [t, i, st] = [tokens, inter, in_stride].map(|v| v as i32);
     gpu.launch(f, cfg((gpu.grid_for(tokens * inter, 256), 1, 1), 256, 0), &[&gp, &up_, &op, &t, &i, &st])
+}
+
+/// `x = act(x)` over the first `n` values, in place: a plain (ungated) MLP's activation.
+pub fn activation(gpu: &Gpu, act: GatedActivation, x: &mut impl DevicePtrMut<bf16>, n: usize) -> CudaResult<()> {
+    check(x.len() >= n, || format!("activation of {n} values: x {}", x.len()))?;
+    if n == 0 {
+        return Ok(());
+    }
+    let f = match act {
+        GatedActivation::Silu => &gpu.fns.silu_inplace,
+        GatedActivation::GeluTanh => &gpu.fns.gelu_tanh_inplace,
+    };
+    let (xp, n64) = (gpu.ptr_mut(x), n as u64);
+    gpu.launch(f, cfg((gpu.grid_for(n, 256), 1, 1), 256, 0), &[&xp, &n64])
+}
+
+/// `x = x · scale`, then `cap · tanh(x / cap)` with a `softcap`, over the first `n` f32 values:
+/// the logits' multiplier (granite's `1 / logits_scaling`) and final softcap (Gemma 2+).
+pub fn scale_softcap(
+    gpu: &Gpu,
+    x: &mut impl DevicePtrMut<f32>,
+    n: usize,
+    scale: f32,
+    softcap: Option<f32>,
+) -> CudaResult<()> {
+    check(x.len() >= n && softcap.is_none_or(|c| c > 0.0), || {
+        format!("logit scale {scale} and softcap {softcap:?} of {n} values: x {}", x.len())
+    })?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (xp, n64, cap) = (gpu.ptr_mut(x), n as u64, softcap.unwrap_or(0.0));
+    gpu.launch(&gpu.fns.logit_epilogue, cfg((gpu.grid_for(n, 256), 1, 1), 256, 0), &[&xp, &n64, &scale, &cap])
 }
 
 /// Copy `src` into `dst` with the 16-byte copy kernel (both the same byte length, a

@@ -1,6 +1,6 @@
-//! The ops only the Gemma families need (kernels in `gemma.cu`): per-head q/k/v RMSNorm of a
-//! fused QKV buffer, the sandwich norm's residual add (with a scale), the final logit
-//! softcap, Gemma 4's per-layer inputs, and the weighted combine of routed experts.
+//! The q/k norms and Gemma 4's blocks (kernels in `gemma.cu`): RMSNorm of the q/k/v heads of a
+//! fused QKV buffer (per head, or over a whole projection), Gemma 4's per-layer inputs, and
+//! the weighted combine of routed experts.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use half::bf16;
@@ -61,40 +61,6 @@ pub fn qkv_norm(
         cfg((h.tokens as u32, heads as u32, 1), threads(h.head_dim), 0),
         &[&xp, &st, &nq, &nk, &hd, &wq, &wk, &eps],
     )
-}
-
-/// `x = (x + rmsnorm(y) * w) * scale` over `rows` rows of `d` values: a sublayer's output
-/// normed and added to the residual stream (Gemma 4 scales the sum by its layer scalar).
-#[allow(clippy::too_many_arguments)]
-pub fn rms_norm_add(
-    gpu: &Gpu,
-    y: &impl DevicePtr<bf16>,
-    w: &impl DevicePtr<f32>,
-    x: &mut impl DevicePtrMut<bf16>,
-    (rows, d): (usize, usize),
-    eps: f32,
-    scale: f32,
-) -> CudaResult<()> {
-    check(y.len() >= rows * d && x.len() >= rows * d && w.len() >= d, || {
-        format!("rms_norm_add [{rows}, {d}]: y {}, x {}, w {}", y.len(), x.len(), w.len())
-    })?;
-    if rows * d == 0 {
-        return Ok(());
-    }
-    let (yp, wp, xp) = (gpu.ptr(y), gpu.ptr(w), gpu.ptr_mut(x));
-    let d_i = d as i32;
-    gpu.launch(&gpu.fns.rms_norm_add, cfg((rows as u32, 1, 1), threads(d / 4), 0), &[&yp, &wp, &xp, &d_i, &eps, &scale])
-}
-
-/// `x = cap * tanh(x / cap)` over the first `n` values (final logit softcapping).
-pub fn softcap(gpu: &Gpu, x: &mut impl DevicePtrMut<f32>, n: usize, cap: f32) -> CudaResult<()> {
-    check(x.len() >= n && cap > 0.0, || format!("softcap {cap} of {n} values: x {}", x.len()))?;
-    if n == 0 {
-        return Ok(());
-    }
-    let xp = gpu.ptr_mut(x);
-    let n64 = n as u64;
-    gpu.launch(&gpu.fns.softcap_f32, cfg((gpu.grid_for(n, 256), 1, 1), 256, 0), &[&xp, &n64, &cap])
 }
 
 /// Shapes and scales of Gemma 4's per-layer inputs.

@@ -4,16 +4,18 @@ pub mod attention;
 pub mod elementwise;
 pub mod gemma;
 pub mod matrix;
+pub mod norm;
 pub mod quant;
 pub mod sampling;
 
 pub use attention::{attention, decode_attention_rope, write_kv, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv};
 pub use elementwise::{
-    copy, embedding, gated_activation, linear, linear_gated, random_uniform, rms_norm, rope, GatedActivation,
-    RopeShape, TableElement,
+    activation, copy, embedding, gated_activation, linear, linear_gated, random_uniform, rope, rope_per_token,
+    scale_softcap, GatedActivation, RopeShape, TableElement,
 };
-pub use gemma::{moe_combine, per_layer_inputs, qkv_norm, rms_norm_add, softcap, PerLayerShape, QkvHeads};
+pub use gemma::{moe_combine, per_layer_inputs, qkv_norm, PerLayerShape, QkvHeads};
 pub use matrix::Matrix;
+pub use norm::{norm, norm_add, residual_add, rms_norm, rms_norm_add, NormWeights};
 pub use quant::{dequantize, quant_embedding, quant_linear, quant_linear_gated, QuantMatrix};
 pub use sampling::{
     argmax, carry_picks, pick, sample, ArgmaxScratch, RowSampling, SampledDev, SamplingParamsDev, MAX_TOP,
