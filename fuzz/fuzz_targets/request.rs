@@ -44,7 +44,6 @@ fn convert(surface: u8, body: &JsonBody) -> Result<(), ApiError> {
         0 => {
             let common: CommonParams = body.parse()?;
             let chat: ChatFields = body.parse()?;
-            model.check(common.model.as_deref())?;
             model.render_conversation(&chat.conversation()?)?;
             common.to_request_params(model, chat.max_completion_tokens.or(common.max_tokens), chat.logprobs()?)?;
         }

@@ -3,7 +3,8 @@
 //! with `--json-schema`, also constrained to a JSON schema, side by side with unconstrained;
 //! `throughput` drives many concurrent requests through the engine and reports output and
 //! total tokens per second with TTFT and TPOT percentiles; `serve` (in `bench_serve`) drives
-//! an OpenAI-compatible server over HTTP. Each can print one JSON object.
+//! an OpenAI-compatible server over HTTP; `switch` and `respawn` (in `bench_pool`) time a
+//! pool's model switch and an isolated engine's restart. Each can print one JSON object.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,10 @@ pub enum BenchCommand {
     /// Load-test an OpenAI-compatible server (ferrite, llama-server, vLLM) over HTTP with
     /// streaming /v1/completions: TTFT, TPOT, ITL and latency percentiles, throughput.
     Serve(crate::bench_serve::ServeBenchArgs),
+    /// Model switch time of a pool on the CPU: unload one model, load the other, each way.
+    Switch(crate::bench_pool::SwitchArgs),
+    /// Restart time of an isolated engine (`serve --isolate`) after a kill -9.
+    Respawn(crate::bench_pool::RespawnArgs),
 }
 
 #[derive(Args)]
@@ -107,6 +112,8 @@ pub fn bench(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Throughput(a) => throughput(a),
         BenchCommand::Prefix(a) => prefix(a),
         BenchCommand::Serve(a) => crate::bench_serve::bench_serve(a),
+        BenchCommand::Switch(a) => crate::bench_pool::switch(a),
+        BenchCommand::Respawn(a) => crate::bench_pool::respawn(a),
     }
 }
 

@@ -6,15 +6,18 @@
 //! one-line error and a non-zero exit.
 
 mod bench;
+mod bench_pool;
 mod bench_serve;
 mod chat;
 mod fit;
 mod model_arg;
 mod models;
+mod pool;
 mod run;
 mod sampling;
 mod serve;
 mod session;
+mod worker;
 
 use clap::{Parser, Subcommand};
 
@@ -47,6 +50,9 @@ enum Command {
         /// smollm2, gemma3-270m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b
         name: String,
     },
+    /// One model's engine in a process of its own, for `serve --isolate`.
+    #[command(name = worker::SUBCOMMAND, hide = true)]
+    EngineWorker(worker::WorkerArgs),
 }
 
 /// When the process started (for start-up times).
@@ -63,6 +69,7 @@ fn main() {
         Command::Fit(args) => fit::fit(args),
         Command::Models => models::list(),
         Command::Pull { name } => model_arg::pull(&name),
+        Command::EngineWorker(args) => worker::worker(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

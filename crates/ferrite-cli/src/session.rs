@@ -20,7 +20,7 @@ use serde_json::Value;
 pub struct ModelArgs {
     /// A model path (HF directory or .gguf), a name (smollm2, gemma3-270m, qwen2.5-coder-0.5b,
     /// qwen2.5-coder-1.5b) or a Hugging Face repo in the local cache (org/name[@rev][:FILE.gguf])
-    #[arg(required_unless_present = "synthetic")]
+    /// (required, unless --synthetic or, for serve, --model NAME=PATH or --models-dir)
     pub model: Option<String>,
     /// Worker threads (default: all cores).
     #[arg(long)]
@@ -62,7 +62,8 @@ impl ModelArgs {
             };
             return Ok((loaded, path.into(), threads));
         }
-        let path = crate::model_arg::resolve(self.name())?;
+        let Some(model) = &self.model else { bail!("a MODEL is required (a model path or name, or --synthetic NAME)") };
+        let path = crate::model_arg::resolve(model)?;
         if self.verify_weights {
             for f in ferrite_models::verify::verify_weights(&path)? {
                 eprintln!("verified {}: sha256 {} (from {})", f.path.display(), f.sha256, f.source);

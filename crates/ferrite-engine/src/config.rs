@@ -115,7 +115,7 @@ impl EngineConfig {
 }
 
 /// What a request is checked against.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Limits {
     pub max_model_len: usize,
     pub vocab_size: usize,

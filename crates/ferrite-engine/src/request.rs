@@ -8,7 +8,7 @@ use crate::structured::Constraint;
 pub type RequestId = u64;
 
 /// Everything about how one request generates.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RequestParams {
     pub sampling: SamplingParams,
     /// At most this many tokens per choice (default: until the context is full).
@@ -48,13 +48,13 @@ impl Default for RequestParams {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Request {
     pub prompt: Vec<u32>,
     pub params: RequestParams,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FinishReason {
     /// An end token or stop string.
     Stop,
@@ -66,7 +66,7 @@ pub enum FinishReason {
     Error,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Usage {
     pub prompt_tokens: usize,
     /// Prompt tokens whose KV came from the prefix cache.
@@ -76,7 +76,7 @@ pub struct Usage {
     pub speculation: SpecUsage,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Finished {
     pub reason: FinishReason,
     /// The stop string or token that ended the choice.
@@ -87,7 +87,7 @@ pub struct Finished {
 }
 
 /// One streamed piece of one choice: new token ids, their text, and (last) how it ended.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Output {
     pub choice: usize,
     pub token_ids: Vec<u32>,

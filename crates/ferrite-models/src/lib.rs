@@ -28,4 +28,4 @@ pub mod verify;
 pub mod weights;
 
 pub use error::{LoadError, Result};
-pub use load::{load, load_on, load_with, synthetic, LoadOptions, LoadedModel};
+pub use load::{load, load_on, load_text, load_with, synthetic, LoadOptions, LoadedModel, ModelText};

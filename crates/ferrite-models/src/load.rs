@@ -280,16 +280,7 @@ fn load_hf_dir(dir: &Path, target: &Target, opts: &LoadOptions) -> Result<Loaded
     let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path: &cfg_path, json: &json })?;
     let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), layout(&cfg, &plan, false));
     let (model, device, device_note) = build(cfg, plan, &weights, target)?;
-    let tok_path = dir.join("tokenizer.json");
-    let tokenizer = if tok_path.is_file() { Some(Arc::new(Tokenizer::from_file(&tok_path)?)) } else { None };
-    let templates = ModelChatTemplates::from_model_dir(dir).map_err(|e| LoadError::format(dir, e.to_string()))?;
-    let chat_template = match templates.default {
-        Some(_) => Some(templates.compile(None).map_err(|e| LoadError::format(dir, format!("chat template: {e}")))?),
-        None => None,
-    };
-    let gen_path = dir.join("generation_config.json");
-    let generation =
-        if gen_path.is_file() { generation_defaults(&read_json(&gen_path)?) } else { GenerationDefaults::default() };
+    let ModelText { tokenizer, chat_template, generation } = hf_text(dir)?;
     Ok(LoadedModel {
         model,
         tokenizer,
@@ -300,6 +291,53 @@ fn load_hf_dir(dir: &Path, target: &Target, opts: &LoadOptions) -> Result<Loaded
         device,
         device_note,
     })
+}
+
+/// What a model's files say about its text, without its weights: the tokenizer, the chat
+/// template and the generation defaults (a process that serves a model another process runs
+/// needs these and nothing else).
+#[derive(Clone)]
+pub struct ModelText {
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub chat_template: Option<ChatTemplate>,
+    pub generation: GenerationDefaults,
+}
+
+/// The `ModelText` of the HF directory or `.gguf` file at `path`.
+pub fn load_text(path: &Path) -> Result<ModelText> {
+    if path.is_dir() {
+        hf_text(path)
+    } else if path.is_file() {
+        gguf_text(path, &GgufFile::open(path)?)
+    } else {
+        Err(LoadError::format(path, "no such model directory or .gguf file"))
+    }
+}
+
+fn hf_text(dir: &Path) -> Result<ModelText> {
+    let tok_path = dir.join("tokenizer.json");
+    let tokenizer = if tok_path.is_file() { Some(Arc::new(Tokenizer::from_file(&tok_path)?)) } else { None };
+    let templates = ModelChatTemplates::from_model_dir(dir).map_err(|e| LoadError::format(dir, e.to_string()))?;
+    let chat_template = match templates.default {
+        Some(_) => Some(templates.compile(None).map_err(|e| LoadError::format(dir, format!("chat template: {e}")))?),
+        None => None,
+    };
+    let gen_path = dir.join("generation_config.json");
+    let generation =
+        if gen_path.is_file() { generation_defaults(&read_json(&gen_path)?) } else { GenerationDefaults::default() };
+    Ok(ModelText { tokenizer, chat_template, generation })
+}
+
+fn gguf_text(path: &Path, g: &GgufFile) -> Result<ModelText> {
+    let tokenizer = Tokenizer::from_gguf(g)?;
+    let chat_template = match g.get_str("tokenizer.chat_template") {
+        Some(src) => Some(
+            ChatTemplate::new(src, tokenizer.bos_token().map(String::from), tokenizer.eos_token().map(String::from))
+                .map_err(|e| LoadError::format(path, format!("chat template: {e}")))?,
+        ),
+        None => None,
+    };
+    Ok(ModelText { tokenizer: Some(Arc::new(tokenizer)), chat_template, generation: gguf_generation_defaults(g) })
 }
 
 fn generation_defaults(v: &Value) -> GenerationDefaults {
@@ -341,22 +379,14 @@ fn load_gguf(path: &Path, target: &Target, opts: &LoadOptions) -> Result<LoadedM
     let g = GgufFile::open(path)?;
     let mut cfg = ModelConfig::from_gguf(&g)?;
     opts.apply(path, &mut cfg)?;
-    let tokenizer = Tokenizer::from_gguf(&g)?;
-    let chat_template = match g.get_str("tokenizer.chat_template") {
-        Some(src) => Some(
-            ChatTemplate::new(src, tokenizer.bos_token().map(String::from), tokenizer.eos_token().map(String::from))
-                .map_err(|e| LoadError::format(path, format!("chat template: {e}")))?,
-        ),
-        None => None,
-    };
+    let ModelText { tokenizer, chat_template, generation } = gguf_text(path, &g)?;
     let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Gguf(&g))?;
-    let generation = gguf_generation_defaults(&g);
     let layout = layout(&cfg, &plan, true);
     let weights = Weights::new(WeightSource::Gguf(g), layout);
     let (model, device, device_note) = build(cfg, plan, &weights, target)?;
     Ok(LoadedModel {
         model,
-        tokenizer: Some(Arc::new(tokenizer)),
+        tokenizer,
         chat_template,
         generation,
         weight_bytes: weights.file_bytes(),

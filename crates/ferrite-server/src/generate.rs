@@ -13,17 +13,21 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ferrite_engine::sampling::TokenLogprob;
-use ferrite_engine::{FinishReason, Finished, Output, Request, RequestParams, RequestStream, Usage};
+use ferrite_engine::{FinishReason, Finished, Output, Request, RequestParams, Usage};
 use futures_util::Stream;
 
 use crate::admission::Permit;
 use crate::error::ApiError;
 use crate::parser::markers::SpecialMarkers;
+use crate::pool::{EngineStream, Lease};
 use crate::state::App;
 
 pub struct Generation {
     app: Arc<App>,
-    stream: RequestStream,
+    stream: EngineStream,
+    /// Holds the model resident until the response is done (declared after `stream`, which
+    /// must go first).
+    _served: Lease,
     _permit: Permit,
     started: Instant,
     first_token: Option<Instant>,
@@ -57,10 +61,12 @@ impl Partial {
 }
 
 impl App {
-    /// Submit `prompt` under an admission `permit`; `started` is when the HTTP request arrived.
-    /// Validation and grammar compilation run off the async workers (`offload`).
+    /// Submit `prompt` to `served`'s engine under an admission `permit`; `started` is when the
+    /// HTTP request arrived. Validation and grammar compilation run off the async workers
+    /// (`offload`).
     pub async fn generate(
         self: &Arc<Self>,
+        served: &Lease,
         prompt: Vec<u32>,
         params: RequestParams,
         permit: Permit,
@@ -68,11 +74,13 @@ impl App {
     ) -> Result<Generation, ApiError> {
         let prompt_len = prompt.len() as u64;
         let open_choices = params.n;
-        let stream = self.off_runtime(move |app| Ok(app.engine.submit(Request { prompt, params })?)).await?;
+        let s = served.clone();
+        let stream = self.off_runtime(move |_| s.engine.submit(Request { prompt, params })).await?;
         self.metrics.prompt_tokens.fetch_add(prompt_len, Relaxed);
         Ok(Generation {
             app: self.clone(),
             stream,
+            _served: served.clone(),
             _permit: permit,
             started,
             first_token: None,

@@ -1,4 +1,5 @@
-//! ferrite-server: the HTTP face of one engine.
+//! ferrite-server: the HTTP face of a pool of engines (`pool`: one per model, loaded on
+//! demand, each in this process or in a child process of its own, `isolate`).
 //!
 //! `router` assembles the API surfaces — one module each (`openai`: chat, completions,
 //! models; `anthropic`: messages; `responses`: the Responses API; `ops`: health, metrics,
@@ -27,12 +28,14 @@ pub mod extract;
 pub mod generate;
 pub mod guard;
 pub mod hosted;
+pub mod isolate;
 pub mod listener;
 pub mod metrics;
 pub mod offload;
 pub mod openai;
 pub mod ops;
 pub mod parser;
+pub mod pool;
 pub mod prompt;
 pub mod responses;
 pub mod sse;
@@ -106,6 +109,8 @@ pub async fn serve(
         },
     );
     let (draining_tx, draining_rx) = tokio::sync::oneshot::channel::<()>();
+    let unloader = app.clone();
+    let idle = tokio::spawn(async move { unloader.pool.unload_idle().await });
     let server = listener::run(listener, router(app), bounds, async move {
         shutdown.await;
         let _ = draining_tx.send(());
@@ -116,10 +121,12 @@ pub async fn serve(
             Err(_) => std::future::pending().await,
         }
     };
-    tokio::select! {
+    let ended = tokio::select! {
         done = server => done.map(|()| Shutdown::Drained),
         () = deadline => Ok(Shutdown::TimedOut),
-    }
+    };
+    idle.abort();
+    ended
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.

@@ -1,12 +1,13 @@
-//! Operations endpoints: `/health`, `/metrics` (Prometheus text), and vLLM-compatible
+//! Operations endpoints: `/health` (`degraded`, naming them, when engines are down; 503 when
+//! every model's is), `/metrics` (Prometheus text, the resident engines added up), and vLLM-compatible
 //! `/tokenize` (a prompt, or chat messages rendered as a chat request would be, tools and a
 //! forced tool-call opening included) and `/detokenize`.
 
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
@@ -16,6 +17,7 @@ use crate::conversation::Conversation;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::openai::messages::{check_tools, normalize_messages, tool_choice};
+use crate::pool::Served;
 use crate::state::App;
 
 pub fn routes() -> Router<Arc<App>> {
@@ -26,12 +28,18 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/detokenize", post(detokenize))
 }
 
-async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+async fn health(State(app): State<Arc<App>>) -> Response {
+    let down = app.pool.down();
+    if down.is_empty() {
+        return Json(json!({"status": "ok"})).into_response();
+    }
+    let status = if down.len() == app.pool.list().len() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    let models: Map<String, Value> = down.into_iter().map(|(name, why)| (name, json!(why))).collect();
+    (status, Json(json!({"status": "degraded", "down": models}))).into_response()
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
-    let text = app.metrics.render(app.engine.metrics());
+    let text = app.metrics.render(&app.pool.engine_metrics());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
 }
 
@@ -50,12 +58,12 @@ struct TokenizeRequest {
 
 async fn tokenize(State(app): State<Arc<App>>, body: JsonBody) -> Result<Json<Value>, ApiError> {
     let req: TokenizeRequest = body.parse()?;
-    app.model.check(req.model.as_deref())?;
+    let served = app.pool.acquire(req.model.as_deref()).await?;
     // Rendering and tokenizing are CPU work: off the async workers.
-    app.off_runtime(move |app| tokenize_now(app, &req)).await.map(Json)
+    app.off_runtime(move |_| tokenize_now(&served, &req)).await.map(Json)
 }
 
-fn tokenize_now(app: &App, req: &TokenizeRequest) -> Result<Value, ApiError> {
+fn tokenize_now(app: &Served, req: &TokenizeRequest) -> Result<Value, ApiError> {
     let tokens = match (&req.prompt, &req.messages) {
         (Some(prompt), None) => app.model.encode(prompt, req.add_special_tokens.unwrap_or(true))?,
         (None, Some(messages)) => {
@@ -95,7 +103,7 @@ struct DetokenizeRequest {
 
 async fn detokenize(State(app): State<Arc<App>>, body: JsonBody) -> Result<Json<Value>, ApiError> {
     let req: DetokenizeRequest = body.parse()?;
-    app.model.check(req.model.as_deref())?;
+    let app = app.pool.acquire(req.model.as_deref()).await?;
     let vocab = app.engine.limits().vocab_size;
     if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::invalid_param("tokens", format!("token id {bad} is outside the vocabulary of {vocab}")));

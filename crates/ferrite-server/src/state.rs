@@ -1,7 +1,8 @@
-//! `App`: what every handler shares — the engine, the served model (names, tokenizer, chat
-//! template, sampling defaults), the server settings, metrics, the admission gate, the
-//! output-parser factory, the stored responses, the slots for CPU-heavy work and the bound
-//! address. Handlers receive it as `State<Arc<App>>`.
+//! `App`: what every handler shares — the pool of served models (`pool`: each an engine and
+//! its `ModelInfo`: names, tokenizer, chat template, sampling defaults), the server settings,
+//! metrics, the admission gate, the output-parser factory, the stored responses, the slots for
+//! CPU-heavy work and the bound address. Handlers receive it as `State<Arc<App>>` and take a
+//! `pool::Lease` on the model a request names.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -11,7 +12,7 @@ use ferrite_engine::Engine;
 use ferrite_models::chat_template::ChatTemplate;
 use ferrite_models::load::GenerationDefaults;
 use ferrite_models::tokenizer::Tokenizer;
-use ferrite_models::LoadedModel;
+use ferrite_models::{LoadedModel, ModelText};
 
 use crate::admission::Admission;
 use crate::error::ApiError;
@@ -19,6 +20,7 @@ use crate::guard::GuardConfig;
 use crate::metrics::ServerMetrics;
 use crate::offload::Offload;
 use crate::parser::{ParserFactory, TemplateParsers};
+use crate::pool::{ModelPool, Served};
 use crate::responses::store::ResponseStore;
 
 /// Server settings (the `ferrite serve` flags that are not about the engine).
@@ -95,20 +97,16 @@ impl ModelInfo {
         }
     }
 
-    pub fn answers_to(&self, name: &str) -> bool {
-        self.name == name || self.aliases.iter().any(|a| a == name)
-    }
-
-    /// Check a request's `model` field (absent means this model); unknown → 404.
-    pub fn check(&self, requested: Option<&str>) -> Result<(), ApiError> {
-        match requested {
-            Some(name) if !self.answers_to(name) => Err(ApiError::not_found(format!(
-                "the model '{name}' does not exist; this server serves '{}'",
-                self.name
-            ))
-            .with_param("model")
-            .with_code("model_not_found")),
-            _ => Ok(()),
+    /// The model described by `text` (a model whose weights another process holds).
+    pub fn from_text(text: &ModelText, name: String, aliases: Vec<String>) -> ModelInfo {
+        ModelInfo {
+            name,
+            aliases,
+            tokenizer: text.tokenizer.clone(),
+            chat_template: text.chat_template.clone(),
+            defaults: text.generation.clone(),
+            created: unix_now(),
+            max_text_bytes: usize::MAX,
         }
     }
 
@@ -119,8 +117,7 @@ impl ModelInfo {
 }
 
 pub struct App {
-    pub engine: Engine,
-    pub model: ModelInfo,
+    pub pool: ModelPool,
     pub config: ServerConfig,
     pub metrics: ServerMetrics,
     pub admission: Admission,
@@ -134,11 +131,15 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(engine: Engine, mut model: ModelInfo, config: ServerConfig) -> App {
-        model.max_text_bytes = model.text_bound(engine.limits().max_model_len);
+    /// A server of one model, already loaded.
+    pub fn new(engine: Engine, model: ModelInfo, config: ServerConfig) -> App {
+        App::with_pool(ModelPool::single(Served::new(Box::new(engine), model)), config)
+    }
+
+    /// A server of the models of `pool`.
+    pub fn with_pool(pool: ModelPool, config: ServerConfig) -> App {
         App {
-            engine,
-            model,
+            pool,
             admission: Admission::new(config.max_queue),
             responses: ResponseStore::new(
                 config.response_store_capacity,

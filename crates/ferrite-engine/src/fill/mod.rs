@@ -24,7 +24,7 @@ pub struct FillState {
 }
 
 /// How a request fills.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FillMode {
     /// Every token is sampled.
     #[default]

@@ -2,7 +2,7 @@
 
 use ferrite_runtime::sampling::is_greedy_temperature;
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplingParams {
     /// 0 (or anything below `MIN_TEMPERATURE`) means greedy.
     pub temperature: f32,

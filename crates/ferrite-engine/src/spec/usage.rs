@@ -4,7 +4,7 @@
 use super::proposal::{Origin, Policy};
 
 /// What fill did for one choice.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FillUsage {
     /// Proposals made (asserted scaffolds and verified echo spans).
     pub events: usize,
@@ -19,7 +19,7 @@ pub struct FillUsage {
 }
 
 /// What speculative decoding did for one choice.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SpecUsage {
     /// Verification rounds (steps in which the row carried drafted tokens).
     pub rounds: usize,

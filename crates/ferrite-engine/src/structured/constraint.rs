@@ -4,7 +4,7 @@ use llguidance::api::TopLevelGrammar;
 use serde_json::{json, Value};
 
 /// The shape a request's output must take.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Constraint {
     /// JSON valid under this JSON Schema.
     JsonSchema(Value),
@@ -22,7 +22,7 @@ pub enum Constraint {
 }
 
 /// One part of a `Constraint::Sequences` alternative.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Piece {
     /// This text, exactly.
     Text(String),

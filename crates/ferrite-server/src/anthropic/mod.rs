@@ -47,14 +47,15 @@ pub async fn error_shape(req: Request, next: Next) -> Response {
 async fn messages(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response, ApiError> {
     let started = Instant::now();
     let req: MessagesRequest = body.parse()?;
-    app.model.check(Some(&req.model))?;
+    let served = app.pool.acquire(Some(&req.model)).await?;
     let max_tokens = req.max_tokens.ok_or_else(|| ApiError::invalid_param("max_tokens", "max_tokens is required"))?;
     let conversation = req.conversation()?;
-    let prepared = app.off_runtime(move |app| app.model.prepare_chat(&conversation)).await?;
+    let s = served.clone();
+    let prepared = app.off_runtime(move |_| s.model.prepare_chat(&conversation)).await?;
     // A cap, as Anthropic clients use it (often far past a local model's context): at most
     // what the context has room for.
-    let room = app.engine.limits().max_model_len.saturating_sub(prepared.prompt_ids.len()).max(1);
-    let mut params = req.params().to_request_params(&app.model, Some(max_tokens.min(room)), None)?;
+    let room = served.engine.limits().max_model_len.saturating_sub(prepared.prompt_ids.len()).max(1);
+    let mut params = req.params().to_request_params(&served.model, Some(max_tokens.min(room)), None)?;
     params.constraint = req.constraint()?;
     // A forced tool call's constraint takes the place of `output_config.format`.
     let params = prepared.request_params(params);
@@ -62,8 +63,9 @@ async fn messages(State(app): State<Arc<App>>, body: JsonBody) -> Result<Respons
     let permit = app.admission.admit_one(1)?;
     let prompt_tokens = prepared.prompt_ids.len();
     let parser = prepared.rendered.parser(app.parsers.as_ref());
-    let generation = app.generate(prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
-    let reply = Reply { app: app.clone(), id: random_id("msg_"), parser, blocks: Blocks::default(), prompt_tokens };
+    let generation =
+        app.generate(&served, prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
+    let reply = Reply { served, id: random_id("msg_"), parser, blocks: Blocks::default(), prompt_tokens };
     let resp = if req.stream.unwrap_or(false) {
         sse_from_outputs(generation.into_stream(), ReplyStream { reply, started: false, finished: false })
     } else {
@@ -76,8 +78,9 @@ async fn messages(State(app): State<Arc<App>>, body: JsonBody) -> Result<Respons
 
 async fn count_tokens(State(app): State<Arc<App>>, body: JsonBody) -> Result<Json<Value>, ApiError> {
     let req: MessagesRequest = body.parse()?;
-    app.model.check(Some(&req.model))?;
+    let served = app.pool.acquire(Some(&req.model)).await?;
     let conversation = req.conversation()?;
-    let prepared = app.off_runtime(move |app| app.model.prepare_chat(&conversation)).await?;
+    let s = served.clone();
+    let prepared = app.off_runtime(move |_| s.model.prepare_chat(&conversation)).await?;
     Ok(Json(json!({"input_tokens": prepared.prompt_ids.len()})))
 }

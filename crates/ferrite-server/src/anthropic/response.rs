@@ -9,8 +9,6 @@
 //! sends `message_start` with the first output, once the prompt is scheduled and the split
 //! is known, so `message_start` and `message_delta` report the same split.
 
-use std::sync::Arc;
-
 use axum::response::sse::Event;
 use ferrite_engine::{FinishReason, Finished, Output, Usage};
 use serde_json::{json, Value};
@@ -19,12 +17,12 @@ use crate::blocks::{Block, BlockEvent, BlockKind, Blocks};
 use crate::error::ApiError;
 use crate::generate::reported;
 use crate::parser::{parse_streamed, parse_whole, OutputParser};
+use crate::pool::Lease;
 use crate::sse::{named_event, StreamRenderer};
-use crate::state::App;
 
 /// What rendering a reply needs besides the outputs.
 pub struct Reply {
-    pub app: Arc<App>,
+    pub served: Lease,
     pub id: String,
     pub parser: Box<dyn OutputParser>,
     pub blocks: Blocks,
@@ -84,7 +82,7 @@ impl Reply {
             "id": self.id,
             "type": "message",
             "role": "assistant",
-            "model": self.app.model.name,
+            "model": self.served.model.name,
             "content": content,
             "stop_reason": reason,
             "stop_sequence": sequence,

@@ -23,6 +23,7 @@ use crate::openai::messages::{check_tools, normalize_messages, template_kwargs, 
 use crate::openai::params::CommonParams;
 use crate::openai::{logprobs, usage_json};
 use crate::parser::{parse_streamed, parse_whole, OutputParser};
+use crate::pool::Lease;
 use crate::sse::{done_event, json_event, sse_from_outputs, StreamRenderer};
 use crate::state::{random_id, unix_now, App};
 use axum::response::sse::Event;
@@ -77,7 +78,7 @@ impl ChatFields {
 
 /// What rendering a response needs besides the outputs.
 struct ChatResponder {
-    app: Arc<App>,
+    served: Lease,
     id: String,
     created: u64,
     parsers: Vec<Box<dyn OutputParser>>,
@@ -92,7 +93,7 @@ impl ChatResponder {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
-            "model": self.app.model.name,
+            "model": self.served.model.name,
             "system_fingerprint": null,
             "choices": choices,
         })
@@ -103,20 +104,22 @@ pub async fn chat_completions(State(app): State<Arc<App>>, body: JsonBody) -> Re
     let started = Instant::now();
     let common: CommonParams = body.parse()?;
     let chat: ChatFields = body.parse()?;
-    app.model.check(common.model.as_deref())?;
+    let served = app.pool.acquire(common.model.as_deref()).await?;
     let conversation = chat.conversation()?;
-    let prepared = app.off_runtime(move |app| app.model.prepare_chat(&conversation)).await?;
+    let s = served.clone();
+    let prepared = app.off_runtime(move |_| s.model.prepare_chat(&conversation)).await?;
     let lp = chat.logprobs()?;
-    let params = common.to_request_params(&app.model, chat.max_completion_tokens.or(common.max_tokens), lp)?;
+    let params = common.to_request_params(&served.model, chat.max_completion_tokens.or(common.max_tokens), lp)?;
     let params = prepared.request_params(params);
     let n = params.n;
     let permit = app.admission.admit_one(n)?;
     let prompt_ids = chat.return_token_ids.unwrap_or(false).then(|| prepared.prompt_ids.clone());
-    let generation = app.generate(prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
+    let generation =
+        app.generate(&served, prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
     // After `generate`, which validated n.
     let parsers = prepared.rendered.parsers(app.parsers.as_ref(), n);
     let responder = ChatResponder {
-        app: app.clone(),
+        served,
         id: random_id("chatcmpl-"),
         created: unix_now(),
         parsers,
@@ -148,7 +151,7 @@ async fn whole(mut r: ChatResponder, generation: Generation) -> Result<Value, Ap
         let (deltas, cut) = parse_whole(parser.as_mut(), &c.text);
         parsed.add(deltas);
         let finished = reported(c.finished.clone(), cut);
-        let lps = r.logprobs.then(|| json!({"content": logprobs::chat_content(&r.app.model, &c.logprobs)}));
+        let lps = r.logprobs.then(|| json!({"content": logprobs::chat_content(&r.served.model, &c.logprobs)}));
         let mut choice = json!({
             "index": i,
             "message": parsed.message_json(),
@@ -165,7 +168,7 @@ async fn whole(mut r: ChatResponder, generation: Generation) -> Result<Value, Ap
         "id": r.id,
         "object": "chat.completion",
         "created": r.created,
-        "model": r.app.model.name,
+        "model": r.served.model.name,
         "system_fingerprint": null,
         "choices": out,
         "usage": usage_json(&usage),
@@ -228,7 +231,8 @@ impl StreamRenderer for ChatStream {
         if parsed.is_empty() && finished.is_none() && !has_logprobs && !has_ids {
             return events;
         }
-        let lps = self.r.logprobs.then(|| json!({"content": logprobs::chat_content(&self.r.app.model, &out.logprobs)}));
+        let lps =
+            self.r.logprobs.then(|| json!({"content": logprobs::chat_content(&self.r.served.model, &out.logprobs)}));
         let reason = finished.as_ref().map(|f| chat_finish_reason(f, called));
         let mut choice = json!({"index": i, "delta": parsed.delta_json(), "logprobs": lps, "finish_reason": reason});
         if self.r.prompt_ids.is_some() {

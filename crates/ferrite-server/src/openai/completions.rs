@@ -22,6 +22,7 @@ use crate::generate::{finish_reason, merge_usage, Generation};
 use crate::openai::logprobs::CompletionLogprobs;
 use crate::openai::params::CommonParams;
 use crate::openai::usage_json;
+use crate::pool::Lease;
 use crate::sse::{done_event, json_event, sse_from_outputs, StreamRenderer};
 use crate::state::{random_id, unix_now, App, ModelInfo};
 
@@ -81,7 +82,7 @@ pub fn prompts(model: &ModelInfo, prompt: &Value, add_special: bool) -> Result<V
 }
 
 struct Responder {
-    app: Arc<App>,
+    served: Lease,
     id: String,
     created: u64,
     n: usize,
@@ -93,7 +94,7 @@ struct Responder {
 
 impl Responder {
     fn body(&self, object_choices: Value) -> Value {
-        json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.app.model.name,
+        json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.served.model.name,
                "system_fingerprint": null, "choices": object_choices})
     }
 
@@ -106,7 +107,7 @@ impl Responder {
         lps: &[ferrite_engine::sampling::TokenLogprob],
         reason: Option<&str>,
     ) -> Value {
-        let logprobs = self.logprobs[index].as_mut().map(|l| l.chunk(&self.app.model, lps));
+        let logprobs = self.logprobs[index].as_mut().map(|l| l.chunk(&self.served.model, lps));
         let mut c = json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason});
         if self.return_token_ids {
             c["token_ids"] = json!(ids);
@@ -119,7 +120,7 @@ pub async fn completions(State(app): State<Arc<App>>, body: JsonBody) -> Result<
     let started = Instant::now();
     let common: CommonParams = body.parse()?;
     let mut f: CompletionFields = body.parse()?;
-    app.model.check(common.model.as_deref())?;
+    let served = app.pool.acquire(common.model.as_deref()).await?;
     if f.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid_param("suffix", "suffix is not supported"));
     }
@@ -141,16 +142,17 @@ pub async fn completions(State(app): State<Arc<App>>, body: JsonBody) -> Result<
         return Err(ApiError::invalid_param("best_of", "best_of other than n is not supported"));
     }
     let (prompt, add_special) = (std::mem::take(&mut f.prompt), f.add_special_tokens.unwrap_or(true));
-    let prompts = app.off_runtime(move |app| prompts(&app.model, &prompt, add_special)).await?;
-    let params = common.to_request_params(&app.model, common.max_tokens, f.logprobs)?;
+    let s = served.clone();
+    let prompts = app.off_runtime(move |_| prompts(&s.model, &prompt, add_special)).await?;
+    let params = common.to_request_params(&served.model, common.max_tokens, f.logprobs)?;
     let permits = app.admission.admit(prompts.len(), n)?;
     let mut generations = Vec::with_capacity(prompts.len());
     for (p, permit) in prompts.iter().zip(permits) {
-        generations.push(app.generate(p.ids.clone(), params.clone(), permit, started).await?);
+        generations.push(app.generate(&served, p.ids.clone(), params.clone(), permit, started).await?);
     }
     let choices = prompts.len() * n;
     let responder = Responder {
-        app: app.clone(),
+        served,
         id: random_id("cmpl-"),
         created: unix_now(),
         n,

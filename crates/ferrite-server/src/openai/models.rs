@@ -1,5 +1,6 @@
-//! `GET /v1/models` and `GET /v1/models/{id}`: the served model (any of its names retrieves
-//! it; another name is 404).
+//! `GET /v1/models` and `GET /v1/models/{id}`: every model of the pool with its state
+//! (`loaded`, `loading`, `unloaded`, `restarting` or `down`; any of a model's names retrieves
+//! it; another name is 404). Listing a model does not load it.
 
 use std::sync::Arc;
 
@@ -8,23 +9,33 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::pool::ModelStatus;
 use crate::state::App;
 
-fn model_object(app: &App) -> Value {
-    json!({
-        "id": app.model.name,
+fn model_object(m: &ModelStatus) -> Value {
+    let mut v = json!({
+        "id": m.name,
         "object": "model",
-        "created": app.model.created,
+        "created": m.created,
         "owned_by": "ferrite",
-        "max_model_len": app.engine.limits().max_model_len,
-    })
+        "status": m.state,
+    });
+    if let Some(len) = m.max_model_len {
+        v["max_model_len"] = json!(len);
+    }
+    if let Some(pid) = m.pid {
+        v["pid"] = json!(pid);
+    }
+    v
 }
 
 pub async fn list(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [model_object(&app)]}))
+    let data: Vec<Value> = app.pool.list().iter().map(model_object).collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 pub async fn retrieve(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    app.model.check(Some(&id))?;
-    Ok(Json(model_object(&app)))
+    let name = app.pool.resolve_name(&id)?;
+    let listed = app.pool.list().into_iter().find(|m| m.name == name);
+    listed.map(|m| Json(model_object(&m))).ok_or_else(|| ApiError::internal("the model left the pool"))
 }

@@ -38,7 +38,7 @@ fn not_stored(id: &str) -> ApiError {
 async fn create(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response, ApiError> {
     let started = Instant::now();
     let req: ResponsesRequest = body.parse()?;
-    app.model.check(req.model.as_deref())?;
+    let served = app.pool.acquire(req.model.as_deref()).await?;
     let constraint = req.constraint()?;
     let metadata = req.metadata()?;
     let mut history = match &req.previous_response_id {
@@ -49,8 +49,9 @@ async fn create(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response,
     };
     history.extend(req.input_messages()?);
     let conversation = req.conversation(&history)?;
-    let prepared = app.off_runtime(move |app| app.model.prepare_chat(&conversation)).await?;
-    let mut params = req.params().to_request_params(&app.model, req.max_output_tokens, None)?;
+    let s = served.clone();
+    let prepared = app.off_runtime(move |_| s.model.prepare_chat(&conversation)).await?;
+    let mut params = req.params().to_request_params(&served.model, req.max_output_tokens, None)?;
     params.constraint = constraint;
     // A forced tool call's constraint takes the place of `text.format`.
     let params = prepared.request_params(params);
@@ -65,7 +66,7 @@ async fn create(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response,
         "incomplete_details": null,
         "instructions": req.instructions,
         "max_output_tokens": req.max_output_tokens,
-        "model": app.model.name,
+        "model": served.model.name,
         "output": [],
         "parallel_tool_calls": req.parallel_tool_calls.unwrap_or(true),
         "previous_response_id": req.previous_response_id,
@@ -83,9 +84,11 @@ async fn create(State(app): State<Arc<App>>, body: JsonBody) -> Result<Response,
     });
     let permit = app.admission.admit_one(1)?;
     let parser = prepared.rendered.parser(app.parsers.as_ref());
-    let generation = app.generate(prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
+    let generation =
+        app.generate(&served, prepared.prompt_ids, params, permit, started).await?.with_markers(prepared.markers);
     let r = Responder {
         app: app.clone(),
+        served,
         frame,
         parser,
         blocks: Blocks::default(),

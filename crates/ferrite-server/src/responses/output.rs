@@ -18,11 +18,14 @@ use serde_json::{json, Value};
 use crate::blocks::{BlockEvent, BlockKind, Blocks};
 use crate::generate::reported;
 use crate::parser::{parse_streamed, parse_whole, Delta, OutputParser};
+use crate::pool::Lease;
 use crate::sse::{named_event, StreamRenderer};
 use crate::state::{random_id, unix_now, App};
 
 pub struct Responder {
     pub app: Arc<App>,
+    /// The model it answers with.
+    pub served: Lease,
     /// The response object as the request shapes it (status, output and usage come later).
     pub frame: Value,
     pub parser: Box<dyn OutputParser>,
@@ -87,7 +90,7 @@ impl Responder {
             .blocks
             .iter()
             .filter(|b| b.kind == BlockKind::Reasoning)
-            .map(|b| self.app.model.encode(&b.text, false).map_or(0, |ids| ids.len()))
+            .map(|b| self.served.model.encode(&b.text, false).map_or(0, |ids| ids.len()))
             .sum();
         let mut v = json!({
             "input_tokens": u.prompt_tokens,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use ferrite_engine::{Request, RequestParams};
 use ferrite_models::chat_template::ChatRenderRequest;
 use ferrite_server::parser::{Delta, OutputParser, ParseContext, ParserFactory, ToolCallDelta};
-use ferrite_server::ServerConfig;
+use ferrite_server::{App, ModelInfo, ServerConfig};
 use serde_json::{json, Value};
 
 use crate::common::*;
@@ -18,7 +18,7 @@ fn content(body: &Value, i: usize) -> String {
 /// What `server`'s engine generates greedily for `prompt` when driven directly (no HTTP).
 async fn direct_greedy(server: &TestServer, prompt: Vec<u32>, max_tokens: usize) -> String {
     let params = RequestParams { max_tokens: Some(max_tokens), ..Default::default() };
-    let mut stream = server.app.engine.submit(Request { prompt, params }).expect("submit");
+    let mut stream = served(server).await.engine.submit(Request { prompt, params }).expect("submit");
     let mut out = String::new();
     while let Some(o) = stream.next().await {
         out.push_str(&o.text);
@@ -228,10 +228,9 @@ async fn tools_and_kwargs_reach_the_template() {
                   {% if tools %}TOOLS={{ tools | length }};{% endif %}{% if enable_thinking %}THINK;{% endif %}\
                   {% if reasoning_effort %}EFFORT={{ reasoning_effort }};{% endif %}\
                   {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-    let mut app = smol_app(ServerConfig::default());
-    app.model.chat_template =
-        Some(ferrite_models::chat_template::ChatTemplate::new(source, None, None).expect("template"));
-    let server = start(app);
+    let mut info = ModelInfo::new(smollm2(), "smollm2".into(), vec![]);
+    info.chat_template = Some(ferrite_models::chat_template::ChatTemplate::new(source, None, None).expect("template"));
+    let server = start(App::new(engine(smollm2(), Some(512), true), info, ServerConfig::default()));
     let tools =
         json!([{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}]);
     let base = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0,

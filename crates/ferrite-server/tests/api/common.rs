@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use ferrite_engine::{Engine, EngineConfig};
 use ferrite_models::{paths, registry, LoadedModel};
+use ferrite_server::pool::Lease;
 use ferrite_server::{App, ModelInfo, ServerConfig, Shutdown};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -83,6 +84,11 @@ pub fn tiny_app(name: &str, config: ServerConfig) -> App {
     let loaded = fixture(name);
     let info = ModelInfo::new(&loaded, name.into(), vec![]);
     App::new(engine(&loaded, None, true), info, config)
+}
+
+/// A lease on `server`'s default model (its engine and `ModelInfo`).
+pub async fn served(server: &TestServer) -> Lease {
+    server.app.pool.acquire(None).await.expect("the default model")
 }
 
 /// Serve `app` on a fresh port.

@@ -40,7 +40,7 @@ async fn a_full_queue_is_429_and_a_disconnect_aborts() {
     assert_eq!(err["error"]["code"], "queue_full");
     // The client goes away mid-stream: the engine aborts the request and frees its blocks.
     drop(first);
-    let m = server.app.engine.metrics().clone();
+    let m = served(&server).await.engine.metrics().clone();
     eventually(20, "the aborted request to leave the engine", || {
         m.running.load(Relaxed) == 0
             && m.waiting.load(Relaxed) == 0
@@ -88,7 +88,7 @@ async fn shutdown_gives_up_after_its_timeout() {
     // The dropped stream ends without [DONE], and the engine lets the request go.
     let rest = resp.text().await.unwrap_or_default();
     assert!(!rest.contains("[DONE]"));
-    let m = server.app.engine.metrics().clone();
+    let m = served(&server).await.engine.metrics().clone();
     eventually(20, "the dropped request to leave the engine", || m.running.load(Relaxed) == 0).await;
     assert!(m.generated_tokens.load(Relaxed) < 400);
 }
@@ -99,7 +99,7 @@ async fn a_client_that_gives_up_on_a_whole_response_aborts_it() {
     let mut body = long_stream(400);
     body["stream"] = json!(false);
     let impatient = reqwest::Client::builder().timeout(Duration::from_millis(700)).build().expect("client");
-    let m = server.app.engine.metrics().clone();
+    let m = served(&server).await.engine.metrics().clone();
     let gave_up = impatient.post(server.at("/v1/completions")).json(&body).send().await;
     assert!(gave_up.is_err_and(|e| e.is_timeout()), "the request should time out on the client");
     eventually(20, "the abandoned request to leave the engine", || {

@@ -11,6 +11,7 @@ mod hardening;
 mod lifecycle;
 mod listener;
 mod ops;
+mod pool;
 mod recorded;
 mod responses;
 mod structured;

@@ -126,7 +126,7 @@ async fn metrics_count_requests_latencies_tokens_and_kv() {
     assert_eq!(metric(&text, "ferrite_num_requests_running"), 0.0);
     assert_eq!(metric(&text, "ferrite_num_requests_waiting"), 0.0);
     assert_eq!(metric(&text, "ferrite_kv_blocks_used"), 0.0);
-    let total = server.app.engine.metrics().kv_blocks_total.load(std::sync::atomic::Ordering::Relaxed);
+    let total = served(&server).await.engine.metrics().kv_blocks_total.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(metric(&text, "ferrite_kv_blocks_free"), total as f64);
     // The same prompt again hits the prefix cache (its full blocks).
     assert_eq!(post(&server.at("/v1/completions"), &body).await.0, 200);

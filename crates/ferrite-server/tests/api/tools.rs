@@ -6,6 +6,7 @@
 //! constrained to its tool's schema.
 
 use ferrite_models::chat_template::ChatTemplate;
+use ferrite_server::{App, ModelInfo, ServerConfig};
 use serde_json::{json, Value};
 
 use crate::common::*;
@@ -35,9 +36,9 @@ fn forced_body(max_tokens: usize) -> Value {
 
 /// SmolLM2 serving with another chat template.
 pub fn smol_with_template(source: &str) -> TestServer {
-    let mut app = own_smol_app();
-    app.model.chat_template = Some(ChatTemplate::new(source, None, None).expect("template"));
-    start(app)
+    let mut info = ModelInfo::new(smollm2(), "smollm2".into(), vec![]);
+    info.chat_template = Some(ChatTemplate::new(source, None, None).expect("template"));
+    start(App::new(engine(smollm2(), Some(512), false), info, ServerConfig::default()))
 }
 
 /// The decoded prompt `/tokenize` renders for a chat `body`.
