@@ -131,8 +131,11 @@ async fn generation_config_defaults_follow_do_sample() {
     let server = smol_with_defaults(greedy_config);
     let defaulted = seeded_reply(&server, json!({})).await;
     assert_eq!(defaulted, seeded_reply(&server, json!({"temperature": 1.0, "repetition_penalty": 1.5})).await);
-    assert_ne!(defaulted, seeded_reply(&server, json!({"temperature": 0.0})).await, "greedy config temperature used");
-    assert_ne!(defaulted, seeded_reply(&server, json!({"temperature": 1.0})).await, "repetition penalty ignored");
+    let plain_greedy = seeded_reply(&server, json!({"temperature": 0.0, "repetition_penalty": 1.0})).await;
+    assert_ne!(defaulted, plain_greedy, "the greedy config's temperature was used");
+    let greedy = seeded_reply(&server, json!({"temperature": 0.0})).await;
+    assert_eq!(greedy, seeded_reply(&server, json!({"temperature": 0.0, "repetition_penalty": 1.5})).await);
+    assert_ne!(greedy, plain_greedy, "the config's repetition penalty was ignored");
     // A sampling config's temperature is the default.
     let sampling_config = GenerationDefaults { do_sample: Some(true), temperature: Some(0.0), ..Default::default() };
     let server = smol_with_defaults(sampling_config);
