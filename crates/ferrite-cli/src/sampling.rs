@@ -17,11 +17,8 @@ const FALLBACK_TOP_P: f32 = 0.95;
 /// The sampling of one generation: flags first, then the model's defaults, then greedy;
 /// `seed` supplies the seed when `--seed` is absent.
 pub fn resolve(args: &SamplingArgs, model: &GenerationDefaults, seed: fn() -> u64) -> SamplingParams {
-    let model_samples = model.do_sample == Some(true);
-    // transformers' own defaults for a sampling config that leaves a value out.
-    let model_temperature = model_samples.then(|| model.temperature.unwrap_or(1.0));
     SamplingParams {
-        temperature: args.temperature.or(model_temperature).unwrap_or(0.0),
+        temperature: args.temperature.or(model.sampling_temperature()).unwrap_or(0.0),
         top_k: args.top_k.or(model.top_k).unwrap_or(FALLBACK_TOP_K),
         top_p: args.top_p.or(model.top_p).unwrap_or(FALLBACK_TOP_P),
         min_p: args.min_p.unwrap_or(0.0),

@@ -34,6 +34,17 @@ pub struct GenerationDefaults {
     pub eos_token_ids: Vec<u32>,
 }
 
+impl GenerationDefaults {
+    /// The temperature a request that names none takes from the model, read as transformers
+    /// reads the config: the config's temperature (1.0 when it gives none) only when
+    /// `do_sample` is true, none otherwise (a greedy config's temperature is never used).
+    /// Its top-k, top-p and repetition penalty apply as they stand; the first two matter only
+    /// when sampling.
+    pub fn sampling_temperature(&self) -> Option<f32> {
+        (self.do_sample == Some(true)).then(|| self.temperature.unwrap_or(1.0))
+    }
+}
+
 pub struct LoadedModel {
     pub model: Arc<dyn CausalLm>,
     pub tokenizer: Option<Arc<Tokenizer>>,

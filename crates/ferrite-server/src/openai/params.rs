@@ -1,6 +1,7 @@
 //! The request fields chat and completions share — model, sampling, stops, `n`, streaming —
 //! and their translation into the engine's `RequestParams`. Fields absent from a request take
-//! the model's `generation_config` defaults, then OpenAI's. vLLM's extras (`top_k`, `min_p`,
+//! the model's `generation_config` defaults (its temperature only when it samples,
+//! `GenerationDefaults::sampling_temperature`, as the CLI reads it), then OpenAI's. vLLM's extras (`top_k`, `min_p`,
 //! `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`) are accepted too, and
 //! structured output: `response_format` or vLLM's `guided_*` fields (`structured`).
 
@@ -105,12 +106,12 @@ impl CommonParams {
         }
         logit_bias.sort_unstable_by_key(|&(t, _)| t);
         let sampling = SamplingParams {
-            temperature: self.temperature.or(d.temperature).unwrap_or(1.0),
+            temperature: self.temperature.or(d.sampling_temperature()).unwrap_or(1.0),
             top_k: self.top_k.map_or(d.top_k.unwrap_or(0), |k| k.max(0) as usize),
             top_p: self.top_p.or(d.top_p).unwrap_or(1.0),
             min_p: self.min_p.unwrap_or(0.0),
             seed: self.seed.map_or_else(rand::random, |s| s as u64),
-            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            repetition_penalty: self.repetition_penalty.or(d.repetition_penalty).unwrap_or(1.0),
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             logit_bias,

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use ferrite_engine::{Request, RequestParams};
 use ferrite_models::chat_template::ChatRenderRequest;
+use ferrite_models::load::GenerationDefaults;
 use ferrite_server::parser::{Delta, OutputParser, ParseContext, ParserFactory, ToolCallDelta};
 use ferrite_server::{App, ModelInfo, ServerConfig};
 use serde_json::{json, Value};
@@ -95,6 +96,51 @@ async fn streaming_chat_equals_whole_chat() {
     body["stream_options"] = Value::Null;
     let events = post_stream(&server.at("/v1/chat/completions"), &body).await;
     assert!(events.iter().all(|e| e.get("usage").is_none() && !e["choices"].as_array().expect("choices").is_empty()));
+}
+
+/// A SmolLM2 server of the test's own whose model ships `defaults` as its generation config.
+fn smol_with_defaults(defaults: GenerationDefaults) -> TestServer {
+    let loaded = smollm2();
+    let mut info = ModelInfo::new(loaded, "smollm2".into(), vec![]);
+    info.defaults = defaults;
+    start(App::new(engine(loaded, Some(512), false), info, ServerConfig::default()))
+}
+
+/// The reply to a seeded request with `sampling` merged into its body.
+async fn seeded_reply(server: &TestServer, sampling: Value) -> String {
+    let mut body = json!({"messages": [{"role": "user", "content": "List fruits: apple, apple, apple,"}],
+                          "max_tokens": 12, "seed": 3});
+    for (k, v) in sampling.as_object().expect("object") {
+        body[k] = v.clone();
+    }
+    let (status, reply) = post(&server.at("/v1/chat/completions"), &body).await;
+    assert_eq!(status, 200, "{reply}");
+    content(&reply, 0)
+}
+
+#[tokio::test]
+async fn generation_config_defaults_follow_do_sample() {
+    // A greedy config (do_sample false): its temperature is not used (OpenAI's 1.0 is), its
+    // repetition penalty is.
+    let greedy_config = GenerationDefaults {
+        do_sample: Some(false),
+        temperature: Some(0.0),
+        repetition_penalty: Some(1.5),
+        ..Default::default()
+    };
+    let server = smol_with_defaults(greedy_config);
+    let defaulted = seeded_reply(&server, json!({})).await;
+    assert_eq!(defaulted, seeded_reply(&server, json!({"temperature": 1.0, "repetition_penalty": 1.5})).await);
+    let plain_greedy = seeded_reply(&server, json!({"temperature": 0.0, "repetition_penalty": 1.0})).await;
+    assert_ne!(defaulted, plain_greedy, "the greedy config's temperature was used");
+    let greedy = seeded_reply(&server, json!({"temperature": 0.0})).await;
+    assert_eq!(greedy, seeded_reply(&server, json!({"temperature": 0.0, "repetition_penalty": 1.5})).await);
+    assert_ne!(greedy, plain_greedy, "the config's repetition penalty was ignored");
+    // A sampling config's temperature is the default.
+    let sampling_config = GenerationDefaults { do_sample: Some(true), temperature: Some(0.0), ..Default::default() };
+    let server = smol_with_defaults(sampling_config);
+    assert_eq!(seeded_reply(&server, json!({})).await, seeded_reply(&server, json!({"temperature": 0.0})).await);
+    assert_ne!(seeded_reply(&server, json!({})).await, seeded_reply(&server, json!({"temperature": 1.0})).await);
 }
 
 #[tokio::test]
