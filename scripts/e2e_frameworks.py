@@ -173,20 +173,21 @@ def check_litellm(t: Table, smol: str, qwen: str) -> None:
         check(feature, fn)
 
 
-def check_langchain_openai(t: Table, smol: str, qwen: str) -> None:
-    import openai
+def check_langchain(t: Table, name: str, chat, not_found, smol: str, qwen: str, structured: dict) -> None:
+    """One LangChain chat model class (`chat`) against the two servers at `smol` and `qwen`;
+    `not_found` is its provider SDK's 404 error, `structured` the `with_structured_output`
+    options."""
     from langchain_core.messages import HumanMessage, ToolMessage
-    from langchain_openai import ChatOpenAI
     from pydantic import BaseModel
-    check, _ = t.client("langchain-openai", version("langchain-openai"))
-    llm = ChatOpenAI(model="smollm2", base_url=smol, api_key=KEY, max_tokens=MAX_TOKENS, temperature=0)
+    check, _ = t.client(name, version(name))
+    llm = chat(model="smollm2", base_url=smol, api_key=KEY, max_tokens=MAX_TOKENS, temperature=0)
 
     class City(BaseModel):
         city: str
         country: str
 
     def tools():
-        q = ChatOpenAI(model="qwen2.5-coder-0.5b", base_url=qwen, api_key=KEY, max_tokens=40, temperature=0)
+        q = chat(model="qwen2.5-coder-0.5b", base_url=qwen, api_key=KEY, max_tokens=40, temperature=0)
         msgs = [HumanMessage(ASK_WEATHER)]
         ai = q.bind_tools([WEATHER], tool_choice="get_weather").invoke(msgs)
         expect(ai.tool_calls and ai.tool_calls[0]["name"] == "get_weather", f"{ai}")
@@ -195,47 +196,8 @@ def check_langchain_openai(t: Table, smol: str, qwen: str) -> None:
 
     def errors():
         try:
-            ChatOpenAI(model="no-such-model", base_url=smol, api_key=KEY, max_tokens=4).invoke("hi")
-        except openai.NotFoundError as e:
-            expect(e.status_code == 404, str(e))
-        else:
-            raise AssertionError("no error for an unknown model")
-
-    check("plain", lambda: expect(llm.invoke("Say hello.").content, "no text"))
-    check("stream", lambda: expect("".join(c.content for c in llm.stream("Say hello.")), "no streamed text"))
-    check("tool round trip", tools)
-    check("structured output", lambda: expect(
-        isinstance(ChatOpenAI(model="smollm2", base_url=smol, api_key=KEY, max_tokens=40, temperature=0)
-                   .with_structured_output(City, method="json_schema").invoke(ASK_CITY), City),
-        "not a City"))
-    check("errors", errors)
-
-
-def check_langchain_anthropic(t: Table, smol: str, qwen: str) -> None:
-    import anthropic
-    from langchain_anthropic import ChatAnthropic
-    from langchain_core.messages import HumanMessage, ToolMessage
-    from pydantic import BaseModel
-    check, _ = t.client("langchain-anthropic", version("langchain-anthropic"))
-    smol_root, qwen_root = smol.removesuffix("/v1"), qwen.removesuffix("/v1")
-    llm = ChatAnthropic(model="smollm2", base_url=smol_root, api_key=KEY, max_tokens=MAX_TOKENS, temperature=0)
-
-    class City(BaseModel):
-        city: str
-        country: str
-
-    def tools():
-        q = ChatAnthropic(model="qwen2.5-coder-0.5b", base_url=qwen_root, api_key=KEY, max_tokens=40, temperature=0)
-        msgs = [HumanMessage(ASK_WEATHER)]
-        ai = q.bind_tools([WEATHER], tool_choice="get_weather").invoke(msgs)
-        expect(ai.tool_calls and ai.tool_calls[0]["name"] == "get_weather", f"{ai}")
-        msgs += [ai, ToolMessage("sunny, 21 C", tool_call_id=ai.tool_calls[0]["id"])]
-        expect(q.bind_tools([WEATHER]).invoke(msgs) is not None, "no answer")
-
-    def errors():
-        try:
-            ChatAnthropic(model="no-such-model", base_url=smol_root, api_key=KEY, max_tokens=4).invoke("hi")
-        except anthropic.NotFoundError as e:
+            chat(model="no-such-model", base_url=smol, api_key=KEY, max_tokens=4).invoke("hi")
+        except not_found as e:
             expect(e.status_code == 404, str(e))
         else:
             raise AssertionError("no error for an unknown model")
@@ -243,11 +205,26 @@ def check_langchain_anthropic(t: Table, smol: str, qwen: str) -> None:
     check("plain", lambda: expect(llm.invoke("Say hello.").content, "no text"))
     check("stream", lambda: expect("".join(str(c.content) for c in llm.stream("Say hello.")), "no streamed text"))
     check("tool round trip", tools)
-    # with_structured_output forces a tool call whose input is the schema.
     check("structured output", lambda: expect(
-        isinstance(ChatAnthropic(model="smollm2", base_url=smol_root, api_key=KEY, max_tokens=40, temperature=0)
-                   .with_structured_output(City).invoke(ASK_CITY), City), "not a City"))
+        isinstance(chat(model="smollm2", base_url=smol, api_key=KEY, max_tokens=40, temperature=0)
+                   .with_structured_output(City, **structured).invoke(ASK_CITY), City),
+        "not a City"))
     check("errors", errors)
+
+
+def check_langchain_openai(t: Table, smol: str, qwen: str) -> None:
+    import openai
+    from langchain_openai import ChatOpenAI
+    check_langchain(t, "langchain-openai", ChatOpenAI, openai.NotFoundError, smol, qwen, {"method": "json_schema"})
+
+
+def check_langchain_anthropic(t: Table, smol: str, qwen: str) -> None:
+    import anthropic
+    from langchain_anthropic import ChatAnthropic
+    # Anthropic's base URL has no /v1; with_structured_output forces a tool call whose input
+    # is the schema.
+    check_langchain(t, "langchain-anthropic", ChatAnthropic, anthropic.NotFoundError,
+                    smol.removesuffix("/v1"), qwen.removesuffix("/v1"), {})
 
 
 def check_llama_index(t: Table, smol: str, qwen: str) -> None:
