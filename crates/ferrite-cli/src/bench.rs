@@ -2,7 +2,8 @@
 //! llama-bench does (random prompt ids, a fixed number of generated tokens, EOS ignored) —
 //! with `--json-schema`, also constrained to a JSON schema, side by side with unconstrained;
 //! `throughput` drives many concurrent requests through the engine and reports output and
-//! total tokens per second with TTFT and TPOT percentiles; `serve` (in `bench_serve`) drives
+//! total tokens per second with TTFT and TPOT percentiles; `tiers` (in `bench_tiers`) the
+//! prefix cache's tiers and resumed generations; `serve` (in `bench_serve`) drives
 //! an OpenAI-compatible server over HTTP; `switch` and `respawn` (in `bench_pool`) time a
 //! pool's model switch and an isolated engine's restart. Each can print one JSON object.
 
@@ -26,6 +27,10 @@ pub enum BenchCommand {
     /// Time to first token of a request whose long prefix a finished request left in the
     /// prefix cache, against the same request cold.
     Prefix(PrefixArgs),
+    /// Time to first token with a long prefix in the device pool, in the SSD tier (after a
+    /// restart) and cold; a resumed generation against a restarted one; SSD write throughput;
+    /// decode speed with the SSD writer busy against idle.
+    Tiers(crate::bench_tiers::TiersArgs),
     /// Load-test an OpenAI-compatible server (ferrite, llama-server, vLLM) over HTTP with
     /// streaming /v1/completions: TTFT, TPOT, ITL and latency percentiles, throughput.
     Serve(crate::bench_serve::ServeBenchArgs),
@@ -111,6 +116,7 @@ pub fn bench(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Decode(a) => decode(a),
         BenchCommand::Throughput(a) => throughput(a),
         BenchCommand::Prefix(a) => prefix(a),
+        BenchCommand::Tiers(a) => crate::bench_tiers::tiers(a),
         BenchCommand::Serve(a) => crate::bench_serve::bench_serve(a),
         BenchCommand::Switch(a) => crate::bench_pool::switch(a),
         BenchCommand::Respawn(a) => crate::bench_pool::respawn(a),
@@ -125,7 +131,7 @@ impl Lcg {
         self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (self.0 >> 33) % below.max(1)
     }
-    fn ids(&mut self, n: usize, vocab: usize) -> Vec<u32> {
+    pub(crate) fn ids(&mut self, n: usize, vocab: usize) -> Vec<u32> {
         (0..n).map(|_| self.next(vocab as u64) as u32).collect()
     }
     /// A length drawn uniformly from [base × (1 − ratio), base × (1 + ratio)], at least 1.

@@ -8,6 +8,7 @@
 mod bench;
 mod bench_pool;
 mod bench_serve;
+mod bench_tiers;
 mod chat;
 mod fit;
 mod model_arg;

@@ -101,6 +101,17 @@ pub struct EngineArgs {
     /// Turn the prefix cache off.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Directory of the prefix cache's SSD tier: full KV blocks are written there in the
+    /// background and served after a restart (content-addressed, checksummed).
+    #[arg(long)]
+    pub prefix_cache_dir: Option<std::path::PathBuf>,
+    /// Bytes the SSD tier's directory may hold; the least recently used files go beyond.
+    #[arg(long, default_value_t = 10 << 30, requires = "prefix_cache_dir")]
+    pub prefix_cache_disk_bytes: u64,
+    /// Make generations resumable: record one's tokens every N generated tokens and when it
+    /// is cut off (client gone, shutdown), so an identical retry continues where it stopped.
+    #[arg(long)]
+    pub generation_checkpoint: Option<usize>,
     /// Fraction of the GPU's free memory, after weights and workspaces, the KV cache takes
     /// (when --kv-cache-memory is not given).
     #[arg(long, default_value_t = 0.9)]
@@ -197,6 +208,9 @@ impl Default for EngineArgs {
             kv_cache_memory: None,
             block_size: d.block_size,
             no_prefix_cache: false,
+            prefix_cache_dir: None,
+            prefix_cache_disk_bytes: 10 << 30,
+            generation_checkpoint: None,
             gpu_memory_utilization: d.gpu_memory_utilization,
             spec: SpecArgs::default(),
         }
@@ -214,6 +228,9 @@ impl EngineArgs {
             gpu_memory_utilization: self.gpu_memory_utilization,
             prefix_cache: !self.no_prefix_cache,
             namespace: model_namespace(path),
+            disk_cache: (self.prefix_cache_dir.clone())
+                .map(|d| ferrite_engine::kv::disk::DiskConfig::new(d, self.prefix_cache_disk_bytes)),
+            generation_checkpoint: self.generation_checkpoint,
             num_draft_tokens: self.spec.num_draft_tokens,
             fill: self.spec.fill_mode(),
             overlap: !self.spec.no_overlap,
@@ -373,14 +390,27 @@ pub fn device_report(loaded: &LoadedModel, threads: usize) -> String {
     }
 }
 
-/// The prefix-cache namespace of a model file: its path, size and modification time.
+/// The prefix-cache namespace of a model: its path, size and modification time, and for a
+/// directory those of each file in it (weights, config, tokenizer), so a changed tokenizer or
+/// config is another namespace.
 pub fn model_namespace(path: &std::path::Path) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
+    let stamp = |p: &std::path::Path, h: &mut std::collections::hash_map::DefaultHasher| {
+        if let Ok(m) = std::fs::metadata(p) {
+            m.len().hash(h);
+            m.modified().ok().hash(h);
+        }
+    };
     path.hash(&mut h);
-    if let Ok(m) = std::fs::metadata(path) {
-        m.len().hash(&mut h);
-        m.modified().ok().hash(&mut h);
+    stamp(path, &mut h);
+    if let Ok(dir) = std::fs::read_dir(path) {
+        let mut files: Vec<_> = dir.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        files.sort();
+        for f in files {
+            f.hash(&mut h);
+            stamp(&f, &mut h);
+        }
     }
     h.finish()
 }

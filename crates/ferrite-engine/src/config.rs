@@ -30,6 +30,11 @@ pub struct EngineConfig {
     pub prefix_cache: bool,
     /// Prefix-cache namespace: model fingerprint, KV scheme and adapter set, hashed.
     pub namespace: u64,
+    /// The SSD tier of the prefix cache (`--prefix-cache-dir`, `--prefix-cache-disk-bytes`).
+    pub disk_cache: Option<crate::kv::disk::DiskConfig>,
+    /// Resumable generations: record every N generated tokens, and when cut off
+    /// (`--generation-checkpoint N`).
+    pub generation_checkpoint: Option<usize>,
     /// Speculative decoding (`--spec ngram`, `--draft-model`).
     pub speculation: Speculation,
     /// Most tokens drafted per row per step (`--num-draft-tokens`).
@@ -75,6 +80,8 @@ impl Default for EngineConfig {
             gpu_memory_utilization: 0.9,
             prefix_cache: true,
             namespace: 0,
+            disk_cache: None,
+            generation_checkpoint: None,
             speculation: Speculation::Off,
             num_draft_tokens: 4,
             fill: FillMode::Off,

@@ -14,6 +14,7 @@
 mod emit;
 mod overlap;
 mod propose;
+mod tiers;
 
 use std::sync::Arc;
 
@@ -58,6 +59,12 @@ pub struct EngineCore {
     overlap: bool,
     /// The step queued on the model's device and not landed yet (`overlap`).
     in_flight: Option<overlap::InFlight>,
+    /// The prefix cache's namespace digest (`tiers::namespace`).
+    namespace: u64,
+    /// The SSD tier below the pool (`--prefix-cache-dir`).
+    disk: Option<crate::kv::disk::DiskTier>,
+    /// Records of interrupted generations (`--generation-checkpoint`).
+    resumes: Option<tiers::Resumes>,
 }
 
 /// The streaming detokenizer of a sequence that continues `prompt`: its first token is
@@ -96,7 +103,8 @@ impl EngineCore {
         let block_bytes = model.kv_block_bytes(cfg.block_size);
         let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_model_len)?;
         let kv = model.new_kv_cache(&group_blocks, cfg.block_size)?;
-        let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, cfg.prefix_cache.then_some(cfg.namespace));
+        let namespace = tiers::namespace(cfg.namespace, &kv, &layout, cfg.block_size);
+        let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, cfg.prefix_cache.then_some(namespace));
         let limits = Limits {
             max_model_len,
             vocab_size: mcfg.vocab_size,
@@ -124,6 +132,8 @@ impl EngineCore {
         }
         let metrics = Arc::new(Metrics::default());
         metrics.set_kv(kvm.free_blocks());
+        let disk = tiers::open_disk(cfg, &kv, &layout, namespace, &metrics)?;
+        let resumes = cfg.generation_checkpoint.map(tiers::Resumes::new).transpose()?;
         let grammars = Arc::new(Grammars::new(tokenizer.clone(), mcfg.vocab_size, eos.clone()));
         Ok(EngineCore {
             model,
@@ -142,6 +152,9 @@ impl EngineCore {
             grammars,
             overlap: cfg.overlap,
             in_flight: None,
+            namespace,
+            disk,
+            resumes,
         })
     }
 
@@ -191,7 +204,7 @@ impl EngineCore {
         };
         let fill = FillState { mode, cursor, ..Default::default() };
         let detok = detokenizer(self.tokenizer.as_deref(), &req.prompt);
-        let seq = Sequence {
+        let mut seq = Sequence {
             request: id,
             choice: 0,
             seed,
@@ -211,8 +224,13 @@ impl EngineCore {
             fill,
             spec: SpecState::default(),
             guide,
+            tier: Default::default(),
         };
         self.metrics.requests_added();
+        if self.admit_from_tiers(&mut seq) {
+            // Replaying an interrupted run of it ended it.
+            return Ok(());
+        }
         self.sched.waiting.push_back(seq);
         self.metrics.set_queue(self.sched.running.len(), self.sched.waiting.len());
         Ok(())
@@ -226,6 +244,8 @@ impl EngineCore {
         let mut i = 0;
         while i < self.sched.running.len() {
             if self.sched.running[i].request == id {
+                // Cut off: what it computed stays in the tiers for a retry.
+                self.cut(i);
                 aborted.push(self.sched.running.remove(i));
             } else {
                 i += 1;
@@ -246,6 +266,7 @@ impl EngineCore {
             return self.advance(flight);
         }
         self.plan_proposals();
+        self.install_restores();
         let rows = self.sched.schedule(&mut self.kvm);
         if rows.is_empty() {
             self.after_step_bookkeeping();
@@ -377,6 +398,7 @@ impl EngineCore {
             }
         }
         done.sort_unstable();
+        self.publish_step(&done);
         // A finished sequence's blocks go back as it is dropped.
         for idx in done.into_iter().rev() {
             self.sched.running.remove(idx);
@@ -465,6 +487,7 @@ impl EngineCore {
                 fill: FillState { mode: p.fill.mode, cursor: p.fill.cursor, ..Default::default() },
                 spec: SpecState::default(),
                 guide: p.guide.clone(),
+                tier: Default::default(),
             });
         }
         out
@@ -514,5 +537,6 @@ fn usage(seq: &Sequence) -> Usage {
         completion_tokens: seq.generated(),
         fill: seq.fill.usage,
         speculation: seq.spec.usage,
+        tiers: crate::request::TierUsage { ssd_tokens: seq.tier.ssd_tokens, resumed_tokens: seq.tier.resumed },
     }
 }

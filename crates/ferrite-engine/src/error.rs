@@ -31,6 +31,8 @@ pub enum EngineError {
     Guide(#[from] GuideError),
     #[error("engine configuration: {0}")]
     Config(String),
+    #[error(transparent)]
+    Disk(#[from] crate::kv::disk::DiskError),
     #[error("the engine has stopped")]
     Stopped,
     #[error("model: {0}")]

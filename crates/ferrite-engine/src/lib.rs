@@ -3,7 +3,8 @@
 //! One engine thread per model (`Engine`) owns the model, the paged KV cache and the
 //! iteration-level scheduler (`EngineCore`). Every request — one prompt or a thousand
 //! concurrent ones — runs through the same step loop: chunked prefill mixed with decode under
-//! a token budget, prefix caching, preemption by recomputation, per-request sampling, and
+//! a token budget, prefix caching (with an SSD tier that survives restarts), resumable
+//! generations, preemption by recomputation, per-request sampling, and
 //! structured output (grammar-constrained rows sharing the batch with free ones).
 
 pub mod config;
@@ -27,7 +28,7 @@ pub use engine::{Engine, RequestStream};
 pub use error::EngineError;
 pub use fill::FillMode;
 pub use metrics::Metrics;
-pub use request::{FinishReason, Finished, Output, Request, RequestId, RequestParams, Usage};
+pub use request::{FinishReason, Finished, Output, Request, RequestId, RequestParams, TierUsage, Usage};
 pub use sampling::SamplingParams;
 pub use spec::{FillUsage, SpecUsage};
 pub use structured::{Constraint, GuideError, Piece};

@@ -26,6 +26,28 @@ pub struct Metrics {
     pub asserted_tokens: AtomicU64,
     /// Steps queued on the device while the one before them still ran (`core/overlap.rs`).
     pub overlapped_steps: AtomicU64,
+    /// SSD tier (`kv/disk`): prompt tokens looked up there (past the pool's hit) and the
+    /// tokens restored from it.
+    pub ssd_lookup_tokens: AtomicU64,
+    pub ssd_hit_tokens: AtomicU64,
+    pub ssd_read_bytes: AtomicU64,
+    pub ssd_written_bytes: AtomicU64,
+    /// Time the writer spent writing (for its throughput).
+    pub ssd_write_micros: AtomicU64,
+    /// Bytes and files in the directory.
+    pub ssd_bytes: AtomicU64,
+    pub ssd_files: AtomicU64,
+    /// Stores waiting for the writer, and their bytes.
+    pub ssd_write_queue_jobs: AtomicU64,
+    pub ssd_write_queue_bytes: AtomicU64,
+    /// Stores dropped because the writer was behind (or failed).
+    pub ssd_writes_dropped: AtomicU64,
+    pub ssd_evicted_files: AtomicU64,
+    /// Corrupt, truncated or replaced files found (each deleted, each a miss).
+    pub ssd_corrupt_files: AtomicU64,
+    /// Generations continued from a record of an interrupted one, and the tokens replayed.
+    pub resumed_generations: AtomicU64,
+    pub resumed_tokens: AtomicU64,
 }
 
 impl Metrics {

@@ -74,6 +74,23 @@ pub struct Usage {
     pub completion_tokens: usize,
     pub fill: FillUsage,
     pub speculation: SpecUsage,
+    pub tiers: TierUsage,
+}
+
+/// Where a request's cached tokens came from beyond the KV pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TierUsage {
+    /// Prompt tokens (of `cached_tokens`) restored from the SSD tier.
+    pub ssd_tokens: usize,
+    /// Generated tokens replayed from an interrupted run of the same request.
+    pub resumed_tokens: usize,
+}
+
+impl std::ops::Add for TierUsage {
+    type Output = TierUsage;
+    fn add(self, o: TierUsage) -> TierUsage {
+        TierUsage { ssd_tokens: self.ssd_tokens + o.ssd_tokens, resumed_tokens: self.resumed_tokens + o.resumed_tokens }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -85,8 +85,8 @@ impl Scheduler {
             if !seq.looked_up {
                 if seq.kv.is_empty() {
                     seq.num_computed = kvm.acquire_prefix(&mut seq.kv, &seq.tokens);
-                    if seq.generated() == 0 && seq.cached_tokens == 0 {
-                        seq.cached_tokens = seq.num_computed;
+                    if seq.first_admission() {
+                        seq.note_first_hit(kvm.block_size());
                     }
                 }
                 seq.looked_up = true;

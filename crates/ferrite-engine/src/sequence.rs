@@ -41,9 +41,46 @@ pub(crate) struct Sequence {
     pub spec: SpecState,
     /// Its position in the output grammar, for a constrained request.
     pub guide: Option<Guide>,
+    /// Its dealings with the tiers below the pool and with resumption (`core/tiers.rs`).
+    pub tier: TierState,
+}
+
+/// A sequence's state towards the KV tiers below the pool and its resumable generation.
+#[derive(Debug, Default)]
+pub(crate) struct TierState {
+    /// A read-ahead of its prefix from a lower tier, not installed yet.
+    pub restore: Option<std::sync::mpsc::Receiver<crate::kv::Restored>>,
+    /// The blocks installed from a lower tier for it.
+    pub restored: std::ops::Range<usize>,
+    /// Full blocks already handed to the lower tier (or found there).
+    pub published: usize,
+    /// Prompt tokens served from the SSD tier at first admission.
+    pub ssd_tokens: usize,
+    /// The digest of (prompt, parameters) a resumable generation is recorded under.
+    pub resume_key: Option<u64>,
+    /// Tokens replayed from the record of an interrupted run of the same request.
+    pub resumed: usize,
+    /// Generated tokens at the last checkpoint.
+    pub checkpointed: usize,
+    /// Whether a record of this generation may exist (deleted when it finishes).
+    pub recorded: bool,
 }
 
 impl Sequence {
+    /// At first admission, with `num_computed` positions found cached: the prompt tokens
+    /// served from the prefix cache, and the part of them the SSD tier restored.
+    pub fn note_first_hit(&mut self, block_size: usize) {
+        self.cached_tokens = self.num_computed.min(self.prompt_len);
+        let r = &self.tier.restored;
+        let hit = self.num_computed / block_size;
+        self.tier.ssd_tokens = (hit.min(r.end) * block_size).min(self.prompt_len).saturating_sub(r.start * block_size);
+    }
+
+    /// Whether this is the sequence's first admission (nothing generated since it arrived).
+    pub fn first_admission(&self) -> bool {
+        self.generated() == self.tier.resumed && self.cached_tokens == 0
+    }
+
     pub fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }

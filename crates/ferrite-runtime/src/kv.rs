@@ -142,6 +142,22 @@ impl KvPool {
         }
     }
 
+    /// The raw bytes of values `range` (any dtype: this is what a block serialises to).
+    fn bytes(&self, range: std::ops::Range<usize>) -> &[u8] {
+        match self {
+            KvPool::F32(v) => bytemuck::cast_slice(&v[range]),
+            KvPool::F16(v) => bytemuck::cast_slice(&v[range]),
+        }
+    }
+
+    /// The raw bytes of values `range`, to overwrite.
+    fn bytes_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
+        match self {
+            KvPool::F32(v) => bytemuck::cast_slice_mut(&mut v[range]),
+            KvPool::F16(v) => bytemuck::cast_slice_mut(&mut v[range]),
+        }
+    }
+
     /// The pool's values as f32 (a copy; for tests and inspection).
     pub fn to_f32(&self) -> Vec<f32> {
         match self {
@@ -181,6 +197,10 @@ pub struct KvCache {
 fn next_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+fn device_blocks() -> RuntimeError {
+    RuntimeError::Shape("KV blocks on a CUDA device cannot be copied to the host yet".into())
 }
 
 fn check_blocks(layout: &KvLayout, group_blocks: &[usize], block_size: usize) -> Result<()> {
@@ -245,6 +265,66 @@ impl KvCache {
         }
     }
 
+    /// What a block's bytes mean: the storage and value type of the pools (part of the
+    /// prefix cache's namespace, so bytes are never restored into pools of another kind).
+    pub fn scheme(&self) -> String {
+        match &self.storage {
+            Storage::Host(l) => format!("host-{:?}", l.first().map_or(KvDtype::default(), |l| l.k.dtype())),
+            Storage::Device(_) => "device-bf16".into(),
+        }
+    }
+
+    /// Bytes `copy_block_out` writes for one block of `group`: K then V of each of the
+    /// group's layers, in layer order.
+    pub fn group_block_bytes(&self, group: usize) -> usize {
+        match &self.storage {
+            Storage::Host(l) => l.iter().filter(|l| l.spec.group == group).map(|l| 2 * l.block_values(self.block_size) * l.k.dtype().bytes()).sum(),
+            Storage::Device(_) => 0,
+        }
+    }
+
+    /// Append the contents of `block` of `group` to `out` (every layer of the group: its K
+    /// block, then its V block, as raw values). Only host pools can be copied.
+    pub fn copy_block_out(&self, group: usize, block: usize, out: &mut Vec<u8>) -> Result<()> {
+        let Storage::Host(layers) = &self.storage else { return Err(device_blocks()) };
+        self.check_block(group, block)?;
+        for l in layers.iter().filter(|l| l.spec.group == group) {
+            let range = l.block_range(self.block_size, block);
+            out.extend_from_slice(l.k.bytes(range.clone()));
+            out.extend_from_slice(l.v.bytes(range));
+        }
+        Ok(())
+    }
+
+    /// Overwrite `block` of `group` with `bytes`, as `copy_block_out` wrote them; an error
+    /// when their length is not `group_block_bytes(group)`.
+    pub fn copy_block_in(&mut self, group: usize, block: usize, bytes: &[u8]) -> Result<()> {
+        self.check_block(group, block)?;
+        let want = self.group_block_bytes(group);
+        let bs = self.block_size;
+        let Storage::Host(layers) = &mut self.storage else { return Err(device_blocks()) };
+        if bytes.len() != want {
+            return Err(RuntimeError::Shape(format!("a KV block of group {group} takes {want} bytes, got {}", bytes.len())));
+        }
+        let mut at = 0;
+        for l in layers.iter_mut().filter(|l| l.spec.group == group) {
+            let range = l.block_range(bs, block);
+            for pool in [&mut l.k, &mut l.v] {
+                let dst = pool.bytes_mut(range.clone());
+                dst.copy_from_slice(&bytes[at..at + dst.len()]);
+                at += dst.len();
+            }
+        }
+        Ok(())
+    }
+
+    fn check_block(&self, group: usize, block: usize) -> Result<()> {
+        match self.group_blocks.get(group) {
+            Some(&n) if block < n => Ok(()),
+            _ => Err(RuntimeError::Shape(format!("KV block {block} of group {group} does not exist"))),
+        }
+    }
+
     /// Host layer `i`; an error for device storage or a layer that does not exist.
     pub fn layer_mut(&mut self, i: usize) -> Result<&mut LayerKv> {
         match &mut self.storage {
@@ -287,9 +367,57 @@ impl LayerKv {
         self.populated = to;
     }
 
+    /// Values of one block of one pool.
+    fn block_values(&self, block_size: usize) -> usize {
+        self.spec.n_kv_heads * block_size * self.spec.head_dim
+    }
+
+    /// The values of `block` in `k`/`v` (a block is contiguous: `[kv_head][slot][head_dim]`).
+    fn block_range(&self, block_size: usize, block: usize) -> std::ops::Range<usize> {
+        let start = self.offset(block_size, block, 0, 0);
+        start..start + self.block_values(block_size)
+    }
+
     /// Offset of (block, head, slot) in `k`/`v`.
     #[inline]
     pub fn offset(&self, block_size: usize, block: usize, head: usize, slot: usize) -> usize {
         ((block * self.spec.n_kv_heads + head) * block_size + slot) * self.spec.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_copied_out_and_in_moves_exactly_its_values() {
+        let layout = KvLayout {
+            groups: vec![KvGroupKind::Full, KvGroupKind::Sliding { window: 4 }],
+            layers: vec![
+                KvLayerSpec { n_kv_heads: 2, head_dim: 3, group: 0 },
+                KvLayerSpec { n_kv_heads: 1, head_dim: 4, group: 1 },
+                KvLayerSpec { n_kv_heads: 2, head_dim: 3, group: 0 },
+            ],
+        };
+        for dtype in [KvDtype::F16, KvDtype::F32] {
+            let mut kv = KvCache::with_dtype(&layout, &[3, 3], 2, dtype).unwrap();
+            // Two layers of group 0, K and V each: 2 heads × 2 slots × 3 dims.
+            assert_eq!(kv.group_block_bytes(0), 2 * 2 * 12 * dtype.bytes());
+            let bytes: Vec<u8> = (0..kv.group_block_bytes(0)).map(|i| (i % 60) as u8).collect();
+            kv.copy_block_in(0, 1, &bytes).unwrap();
+            let mut out = Vec::new();
+            kv.copy_block_out(0, 1, &mut out).unwrap();
+            assert_eq!(out, bytes);
+            // Its neighbours and the other group are untouched.
+            for (g, b) in [(0, 0), (0, 2), (1, 1)] {
+                out.clear();
+                kv.copy_block_out(g, b, &mut out).unwrap();
+                assert!(out.iter().all(|&x| x == 0), "block {b} of group {g}");
+            }
+            assert!(kv.copy_block_in(0, 1, &bytes[1..]).is_err());
+            assert!(kv.copy_block_out(0, 3, &mut out).is_err());
+        }
+        let scheme = |d| KvCache::with_dtype(&layout, &[3, 3], 2, d).unwrap().scheme();
+        assert_ne!(scheme(KvDtype::F16), scheme(KvDtype::F32));
     }
 }

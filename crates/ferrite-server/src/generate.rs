@@ -187,10 +187,15 @@ pub fn merge_usage<'a>(usages: impl IntoIterator<Item = &'a Usage>) -> Usage {
         completion_tokens: acc.completion_tokens + u.completion_tokens,
         fill: acc.fill + u.fill,
         speculation: acc.speculation + u.speculation,
+        tiers: ferrite_engine::TierUsage {
+            ssd_tokens: acc.tiers.ssd_tokens.max(u.tiers.ssd_tokens),
+            resumed_tokens: acc.tiers.resumed_tokens + u.tiers.resumed_tokens,
+        },
     })
 }
 
-/// The ferrite usage extensions: `fill` and `speculation`, each present when it did something.
+/// The ferrite usage extensions: `fill`, `speculation` and `cache` (cached tokens by tier),
+/// each present when it did something.
 pub fn usage_extensions(u: &Usage) -> serde_json::Map<String, serde_json::Value> {
     let mut out = serde_json::Map::new();
     let f = &u.fill;
@@ -200,6 +205,17 @@ pub fn usage_extensions(u: &Usage) -> serde_json::Map<String, serde_json::Value>
             serde_json::json!({
                 "events": f.events, "injected_tokens": f.injected_tokens, "verify_accepted": f.verify_accepted,
                 "verify_rejected": f.verify_rejected, "wasted_samples": f.wasted_samples,
+            }),
+        );
+    }
+    let t = &u.tiers;
+    if u.cached_tokens > 0 || t.resumed_tokens > 0 {
+        // Cached prompt tokens by tier, and generated tokens replayed from an interrupted run.
+        out.insert(
+            "cache".into(),
+            serde_json::json!({
+                "device_tokens": u.cached_tokens.saturating_sub(t.ssd_tokens), "ssd_tokens": t.ssd_tokens,
+                "resumed_tokens": t.resumed_tokens,
             }),
         );
     }

@@ -1,7 +1,8 @@
 //! Server metrics and their Prometheus text (`/metrics`): HTTP requests by endpoint and
 //! status (counted by the `count_requests` middleware), TTFT / TPOT / end-to-end latency
 //! histograms (recorded by `Generation`), prompt and generated token counters, and the
-//! engine's gauges (running, waiting, KV blocks, prefix-cache hit rate) read at scrape time.
+//! engine's gauges (running, waiting, KV blocks, prefix-cache hit rate, hits, misses and bytes
+//! per KV tier) read at scrape time.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -150,7 +151,60 @@ impl ServerMetrics {
         for (name, help, v) in counters {
             sample(&mut out, name, help, "counter", v);
         }
+        render_tiers(&mut out, engine);
         out
+    }
+}
+
+/// One metric with a sample per tier.
+fn by_tier(out: &mut String, name: &str, help: &str, kind: &str, samples: &[(&str, u64)]) {
+    header(out, name, help, kind);
+    for (tier, v) in samples {
+        let _ = writeln!(out, "{name}{{tier=\"{tier}\"}} {v}");
+    }
+}
+
+/// The prefix cache's tiers (the device pool and the SSD tier) and resumed generations.
+fn render_tiers(out: &mut String, e: &EngineMetrics) {
+    let load = |a: &AtomicU64| a.load(Relaxed);
+    let (queried, hit, ssd_hit) = (load(&e.prefix_queried_tokens), load(&e.prefix_hit_tokens), load(&e.ssd_hit_tokens));
+    let device_hit = hit.saturating_sub(ssd_hit);
+    let hits = [("device", device_hit), ("ssd", ssd_hit)];
+    by_tier(out, "ferrite_prefix_cache_hit_tokens_total", "Prompt tokens served from each tier.", "counter", &hits);
+    let misses = [
+        ("device", queried.saturating_sub(device_hit)),
+        ("ssd", load(&e.ssd_lookup_tokens).saturating_sub(ssd_hit)),
+    ];
+    let help = "Prompt tokens looked up in each tier and not found there.";
+    by_tier(out, "ferrite_prefix_cache_miss_tokens_total", help, "counter", &misses);
+    let io = [("ssd_read", load(&e.ssd_read_bytes)), ("ssd_written", load(&e.ssd_written_bytes))];
+    by_tier(out, "ferrite_prefix_cache_bytes_total", "Bytes read from and written to the SSD tier.", "counter", &io);
+    let gauges: [(&str, &str, u64); 4] = [
+        ("ferrite_prefix_cache_ssd_bytes", "Bytes of files in the SSD tier's directory.", load(&e.ssd_bytes)),
+        ("ferrite_prefix_cache_ssd_files", "Files in the SSD tier's directory.", load(&e.ssd_files)),
+        ("ferrite_prefix_cache_ssd_write_queue_depth", "Stores waiting for the writer.", load(&e.ssd_write_queue_jobs)),
+        ("ferrite_prefix_cache_ssd_write_queue_bytes", "Bytes waiting for the writer.", load(&e.ssd_write_queue_bytes)),
+    ];
+    for (name, help, v) in gauges {
+        sample(out, name, help, "gauge", v);
+    }
+    let counters: [(&str, &str, u64); 5] = [
+        ("ferrite_prefix_cache_ssd_evictions_total", "Files evicted (LRU) from the SSD tier.", load(&e.ssd_evicted_files)),
+        (
+            "ferrite_prefix_cache_ssd_corrupt_files_total",
+            "Corrupt, truncated or replaced SSD tier files found and deleted.",
+            load(&e.ssd_corrupt_files),
+        ),
+        (
+            "ferrite_prefix_cache_ssd_dropped_writes_total",
+            "Stores dropped because the writer was behind.",
+            load(&e.ssd_writes_dropped),
+        ),
+        ("ferrite_resumed_generations_total", "Generations continued from an interrupted run.", load(&e.resumed_generations)),
+        ("ferrite_resumed_tokens_total", "Tokens replayed from interrupted runs.", load(&e.resumed_tokens)),
+    ];
+    for (name, help, v) in counters {
+        sample(out, name, help, "counter", v);
     }
 }
 

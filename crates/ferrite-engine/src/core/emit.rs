@@ -12,7 +12,9 @@ use crate::request::{FinishReason, Finished, Output};
 use crate::sampling::{
     apply_processors, processor_edits, sample, token_logprobs, uniform, SamplingParams, TokenLogprob,
 };
+use crate::metrics::Metrics;
 use crate::sequence::Sequence;
+use ferrite_models::tokenizer::Tokenizer;
 use crate::spec::usage as tally;
 use crate::spec::verify::{judge, Verdict};
 use crate::spec::{Origin, Policy, Proposal};
@@ -198,106 +200,19 @@ impl EngineCore {
     /// check its ends and stream it. A token its grammar refuses ends the row with an error
     /// instead, unstreamed.
     fn emit(&mut self, idx: usize, token: u32, logprobs: Vec<TokenLogprob>) -> Emitted {
-        let seq = &mut self.sched.running[idx];
-        let mut complete = false;
-        if let Some(guide) = seq.guide.as_mut() {
-            match guide.commit(&[token]) {
-                Ok(()) => complete = guide.is_finished(),
-                Err(e) => return self.fail_constrained(idx, e.to_string()),
-            }
-        }
-        let p = seq.params.clone();
-        seq.tokens.push(token);
-        *seq.counts.entry(token).or_insert(0) += 1;
-        self.metrics.add_generated(1);
-        let generated = seq.generated();
-
-        let is_end = (!p.ignore_eos && self.eos.contains(&token)) || p.stop_token_ids.contains(&token);
-        let mut text = String::new();
-        let mut reason = None;
-        let (mut stop_string, mut stop_token, mut error) = (None, None, None);
-        if is_end {
-            reason = Some(FinishReason::Stop);
-            stop_token = Some(token);
-        } else if let Some(tok) = &self.tokenizer {
-            match seq.detok.push(tok, token) {
-                Ok(piece) => {
-                    let (emit, hit) = seq.stops.push(&piece);
-                    text = emit;
-                    if hit.is_some() {
-                        reason = Some(FinishReason::Stop);
-                        stop_string = hit;
-                    }
-                }
-                Err(e) => {
-                    reason = Some(FinishReason::Error);
-                    error = Some(format!("detokenize: {e}"));
-                }
-            }
-        }
-        if reason.is_none() && (generated >= seq.max_tokens || seq.tokens.len() >= self.limits.max_model_len) {
-            reason = Some(FinishReason::Length);
-        }
-        // The grammar is complete: nothing more may follow.
-        complete &= reason.is_none();
-        if complete {
-            reason = Some(FinishReason::Stop);
-        }
-        // Any end but a stop string releases the text held back (an incomplete character, a
-        // possible stop string's start); a stop string drops what follows it.
-        if reason.is_some() && stop_string.is_none() {
-            if let Some(tok) = &self.tokenizer {
-                let tail = seq.detok.finish(tok).unwrap_or_default();
-                text.push_str(&seq.stops.push(&tail).0);
-                text.push_str(&seq.stops.flush());
-            }
-        }
-        let finished = reason.map(|reason| Finished { reason, stop_string, stop_token, error, usage: usage(seq) });
-        let done = finished.is_some();
-        let out = Output {
-            choice: seq.choice,
-            token_ids: vec![token],
-            text,
-            logprobs,
-            finished,
-            cached_tokens: seq.cached_tokens,
+        let e = Emitter {
+            eos: &self.eos,
+            tokenizer: self.tokenizer.as_deref(),
+            max_model_len: self.limits.max_model_len,
+            metrics: &self.metrics,
         };
-        if seq.sink.send(out).is_err() {
-            // The receiver is gone: the caller disconnected.
-            return Emitted::Disconnected;
-        }
-        if done {
-            self.metrics.request_finished();
-            Emitted::Finished
-        } else {
-            Emitted::Running
-        }
+        emit_token(&e, &mut self.sched.running[idx], token, logprobs)
     }
 
     /// End `running[idx]` with a grammar `error` and no new token: a token its grammar did not
     /// allow is never streamed.
     fn fail_constrained(&mut self, idx: usize, error: String) -> Emitted {
-        let seq = &mut self.sched.running[idx];
-        let finished = Finished {
-            reason: FinishReason::Error,
-            stop_string: None,
-            stop_token: None,
-            error: Some(error),
-            usage: usage(seq),
-        };
-        let out = Output {
-            choice: seq.choice,
-            token_ids: vec![],
-            text: String::new(),
-            logprobs: vec![],
-            cached_tokens: seq.cached_tokens,
-            finished: Some(finished),
-        };
-        if seq.sink.send(out).is_err() {
-            return Emitted::Disconnected;
-        }
-        self.metrics.request_finished();
-        Emitted::Finished
+        fail_constrained(&self.metrics, &mut self.sched.running[idx], error)
     }
 
     /// Send a final output for `seq` with no new token; its blocks go back as it is dropped.
@@ -320,4 +235,115 @@ impl EngineCore {
         let _ = seq.sink.send(out);
         self.metrics.request_finished();
     }
+}
+
+/// What streaming a token needs besides its sequence.
+pub(super) struct Emitter<'a> {
+    pub eos: &'a [u32],
+    pub tokenizer: Option<&'a Tokenizer>,
+    pub max_model_len: usize,
+    pub metrics: &'a Metrics,
+}
+
+/// Append `token` to `seq` (advancing its grammar, if constrained), detokenize, check its
+/// ends and stream it. A token its grammar refuses ends the row with an error instead,
+/// unstreamed.
+pub(super) fn emit_token(e: &Emitter<'_>, seq: &mut Sequence, token: u32, logprobs: Vec<TokenLogprob>) -> Emitted {
+    let mut complete = false;
+    if let Some(guide) = seq.guide.as_mut() {
+        match guide.commit(&[token]) {
+            Ok(()) => complete = guide.is_finished(),
+            Err(err) => return fail_constrained(e.metrics, seq, err.to_string()),
+        }
+    }
+    let p = seq.params.clone();
+    seq.tokens.push(token);
+    *seq.counts.entry(token).or_insert(0) += 1;
+    e.metrics.add_generated(1);
+    let generated = seq.generated();
+
+    let is_end = (!p.ignore_eos && e.eos.contains(&token)) || p.stop_token_ids.contains(&token);
+    let mut text = String::new();
+    let mut reason = None;
+    let (mut stop_string, mut stop_token, mut error) = (None, None, None);
+    if is_end {
+        reason = Some(FinishReason::Stop);
+        stop_token = Some(token);
+    } else if let Some(tok) = &e.tokenizer {
+        match seq.detok.push(tok, token) {
+            Ok(piece) => {
+                let (emit, hit) = seq.stops.push(&piece);
+                text = emit;
+                if hit.is_some() {
+                    reason = Some(FinishReason::Stop);
+                    stop_string = hit;
+                }
+            }
+            Err(err) => {
+                reason = Some(FinishReason::Error);
+                error = Some(format!("detokenize: {err}"));
+            }
+        }
+    }
+    if reason.is_none() && (generated >= seq.max_tokens || seq.tokens.len() >= e.max_model_len) {
+        reason = Some(FinishReason::Length);
+    }
+    // The grammar is complete: nothing more may follow.
+    complete &= reason.is_none();
+    if complete {
+        reason = Some(FinishReason::Stop);
+    }
+    // Any end but a stop string releases the text held back (an incomplete character, a
+    // possible stop string's start); a stop string drops what follows it.
+    if reason.is_some() && stop_string.is_none() {
+        if let Some(tok) = &e.tokenizer {
+            let tail = seq.detok.finish(tok).unwrap_or_default();
+            text.push_str(&seq.stops.push(&tail).0);
+            text.push_str(&seq.stops.flush());
+        }
+    }
+    let finished = reason.map(|reason| Finished { reason, stop_string, stop_token, error, usage: usage(seq) });
+    let done = finished.is_some();
+    let out = Output {
+        choice: seq.choice,
+        token_ids: vec![token],
+        text,
+        logprobs,
+        finished,
+        cached_tokens: seq.cached_tokens,
+    };
+    if seq.sink.send(out).is_err() {
+        // The receiver is gone: the caller disconnected.
+        return Emitted::Disconnected;
+    }
+    if done {
+        e.metrics.request_finished();
+        Emitted::Finished
+    } else {
+        Emitted::Running
+    }
+}
+
+/// End `seq` with a grammar `error` and no new token.
+fn fail_constrained(metrics: &Metrics, seq: &mut Sequence, error: String) -> Emitted {
+    let finished = Finished {
+        reason: FinishReason::Error,
+        stop_string: None,
+        stop_token: None,
+        error: Some(error),
+        usage: usage(seq),
+    };
+    let out = Output {
+        choice: seq.choice,
+        token_ids: vec![],
+        text: String::new(),
+        logprobs: vec![],
+        cached_tokens: seq.cached_tokens,
+        finished: Some(finished),
+    };
+    if seq.sink.send(out).is_err() {
+        return Emitted::Disconnected;
+    }
+    metrics.request_finished();
+    Emitted::Finished
 }

@@ -120,6 +120,75 @@ impl KvManager {
         hit * bs
     }
 
+    /// The chained hashes of the full blocks of `tokens` (empty without a prefix cache).
+    pub fn block_hashes(&self, tokens: &[u32]) -> Vec<u64> {
+        self.cache.as_ref().map_or_else(Vec::new, |c| c.block_hashes(tokens, self.block_size))
+    }
+
+    /// How many of the blocks `hashes` (of `tokens`), from the first, every group has cached.
+    pub fn cached_run(&self, hashes: &[u64], tokens: &[u32]) -> usize {
+        let Some(cache) = self.cache.as_ref() else { return 0 };
+        let bs = self.block_size;
+        let all = |i: usize| (0..self.policies.len()).all(|g| cache.get(g, hashes[i], &tokens[i * bs..(i + 1) * bs]).is_some());
+        (0..hashes.len()).take_while(|&i| all(i)).count()
+    }
+
+    /// Make the cached blocks of `hashes` (of `tokens`) the most recently used of their pools.
+    pub fn touch_prefix(&mut self, hashes: &[u64], tokens: &[u32]) {
+        let Some(cache) = self.cache.as_ref() else { return };
+        let bs = self.block_size;
+        let mut pools = lock(&self.pools);
+        for (g, pool) in pools.iter_mut().enumerate() {
+            for (i, &h) in hashes.iter().enumerate() {
+                if let Some(b) = cache.get(g, h, &tokens[i * bs..(i + 1) * bs]) {
+                    pool.retain(b);
+                    pool.release(b);
+                }
+            }
+        }
+    }
+
+    /// Blocks every group can take for restores: the fewest free blocks of any group.
+    pub fn restorable_blocks(&self) -> usize {
+        lock(&self.pools).iter().map(BlockPool::num_free).min().unwrap_or(0)
+    }
+
+    /// Bring a block restored from a lower tier into the pools: in each group that does not
+    /// cache `hash` already, take a free block, `fill(group, block)` it, and register it in
+    /// the prefix cache, unowned (an LRU free block, found by the next lookup). A group
+    /// whose fill fails, or that has no free block, does not get it.
+    pub fn restore_block(&mut self, hash: u64, tokens: &[u32], mut fill: impl FnMut(usize, u32) -> bool) {
+        let Some(cache) = self.cache.as_mut() else { return };
+        let mut pools = lock(&self.pools);
+        for (g, pool) in pools.iter_mut().enumerate() {
+            if cache.get(g, hash, tokens).is_some() {
+                continue;
+            }
+            let Some((block, evicted)) = pool.allocate() else { continue };
+            if let Some(h) = evicted {
+                cache.remove(g, h, block);
+            }
+            if fill(g, block) && cache.insert(g, hash, block, tokens) {
+                pool.set_hash(block, Some(hash));
+            }
+            pool.release(block);
+        }
+    }
+
+    /// The block of each group holding full block `i` of `kv` (of `tokens`): its own table
+    /// entry, or the cached block a sliding window released; `None` when some group's copy
+    /// is gone.
+    pub fn block_holders(&self, kv: &SeqKv, i: usize, tokens: &[u32]) -> Option<Vec<u32>> {
+        let cache = self.cache.as_ref()?;
+        let (bs, hash) = (self.block_size, *kv.hashes.get(i)?);
+        (kv.tables.iter().enumerate())
+            .map(|(g, t)| match t.get(i) {
+                Some(&b) if b != NO_BLOCK => Some(b),
+                _ => cache.get(g, hash, tokens.get(i * bs..(i + 1) * bs)?),
+            })
+            .collect()
+    }
+
     /// Grow every table to cover `total` positions; all or nothing.
     pub fn allocate(&mut self, kv: &mut SeqKv, total: usize) -> bool {
         debug_assert!(kv.is_from(&self.pools), "an allocation grows from its own pools");

@@ -1,14 +1,18 @@
 //! The engine's side of the paged KV cache: block pools, the owned per-sequence allocations
-//! (a block table per KV group), the rules of each group kind, and the prefix cache.
+//! (a block table per KV group), the rules of each group kind, the prefix cache, and the tiers
+//! below the pool (`tier`; the SSD tier in `disk`).
 
 pub mod block_pool;
+pub mod disk;
 pub mod manager;
 pub mod policy;
 pub mod prefix_cache;
 pub mod seq_kv;
+pub mod tier;
 
 pub use block_pool::BlockPool;
 pub use manager::KvManager;
 pub use policy::{policy_for, FullAttention, GroupPolicy, SlidingWindow};
 pub use prefix_cache::PrefixCache;
 pub use seq_kv::SeqKv;
+pub use tier::{KvTier, Restored};

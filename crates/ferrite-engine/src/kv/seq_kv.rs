@@ -51,6 +51,11 @@ impl SeqKv {
         &self.tables
     }
 
+    /// The chained hashes of the full blocks computed so far.
+    pub fn hashes(&self) -> &[u64] {
+        &self.hashes
+    }
+
     pub fn is_empty(&self) -> bool {
         self.tables.iter().all(Vec::is_empty)
     }

@@ -196,6 +196,7 @@ fn add_usage(a: Usage, b: Usage) -> Usage {
         completion_tokens: a.completion_tokens + b.completion_tokens,
         fill: a.fill + b.fill,
         speculation: a.speculation + b.speculation,
+        tiers: a.tiers + b.tiers,
     }
 }
 

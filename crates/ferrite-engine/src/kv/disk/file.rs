@@ -1,0 +1,250 @@
+//! The SSD tier's two file formats, encoded and checked here.
+//!
+//! A **run file** (`<first>-<last>.kvrun`, named by the chained hashes of its first and last
+//! blocks) holds a run
+//! of consecutive full KV blocks of one token sequence. Its header says what the bytes are —
+//! format version, namespace digest (model, tokenizer, KV scheme, block size, layout),
+//! block size, bytes per block of each KV group — and, per block, its chained hash, a CRC32
+//! of its payload and its token ids; a CRC32 of the header closes it. The payload follows:
+//! block after block, each the groups' bytes in group order (`KvCache::copy_block_out`). The
+//! header alone gives the index everything it needs, so a start-up scan never reads payloads.
+//!
+//! A **generation record** (`<key>.kvgen`) holds the prompt and the tokens generated so far
+//! of an interrupted generation, keyed by a digest of (namespace, prompt, parameters).
+//!
+//! Anything that does not parse, has the wrong length or fails a checksum is `Corrupt`.
+
+use std::io::Read;
+
+/// Bumped whenever either format changes; part of every file and of the namespace digest.
+pub const FORMAT_VERSION: u32 = 1;
+const RUN_MAGIC: &[u8; 8] = b"FRKVRUN\0";
+const GEN_MAGIC: &[u8; 8] = b"FRKVGEN\0";
+/// Magic, version and header length.
+const PREAMBLE: usize = 16;
+/// No header is larger (a run of 64k blocks of 256 tokens): a bigger length is corruption.
+const MAX_HEADER: usize = 64 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("corrupt cache file: {0}")]
+    Corrupt(&'static str),
+}
+
+/// What a run file's header says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunHeader {
+    pub namespace: u64,
+    pub block_size: u32,
+    /// Bytes of one block of each KV group.
+    pub group_bytes: Vec<u64>,
+    /// Chained hash of each block.
+    pub hashes: Vec<u64>,
+    /// CRC32 of each block's payload.
+    pub checksums: Vec<u32>,
+    /// `block_size` token ids per block.
+    pub tokens: Vec<u32>,
+}
+
+impl RunHeader {
+    pub fn block_bytes(&self) -> u64 {
+        self.group_bytes.iter().sum()
+    }
+
+    /// Bytes of the encoded header (where the payload starts).
+    pub fn len(&self) -> usize {
+        PREAMBLE + 8 + 4 + 4 + 8 * self.group_bytes.len() + 4 + 12 * self.hashes.len() + 4 * self.tokens.len() + 4
+    }
+
+    /// Bytes of the whole file.
+    pub fn file_len(&self) -> u64 {
+        self.len() as u64 + self.hashes.len() as u64 * self.block_bytes()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        out.extend_from_slice(RUN_MAGIC);
+        put32(&mut out, FORMAT_VERSION);
+        put32(&mut out, self.len() as u32);
+        put64(&mut out, self.namespace);
+        put32(&mut out, self.block_size);
+        put32(&mut out, self.group_bytes.len() as u32);
+        self.group_bytes.iter().for_each(|&b| put64(&mut out, b));
+        put32(&mut out, self.hashes.len() as u32);
+        self.hashes.iter().for_each(|&h| put64(&mut out, h));
+        self.checksums.iter().for_each(|&c| put32(&mut out, c));
+        self.tokens.iter().for_each(|&t| put32(&mut out, t));
+        let crc = crc32fast::hash(&out);
+        put32(&mut out, crc);
+        out
+    }
+
+    /// Read and check the header at the start of `r` (the payload is not read).
+    pub fn read(r: &mut impl Read) -> Result<RunHeader, FileError> {
+        let mut pre = [0u8; PREAMBLE];
+        read_exact(r, &mut pre)?;
+        let len = preamble(&pre, RUN_MAGIC)?;
+        let mut buf = pre.to_vec();
+        buf.resize(len, 0);
+        read_exact(r, &mut buf[PREAMBLE..])?;
+        let body = checked(&buf)?;
+        let mut c = Cursor { buf: body, at: PREAMBLE };
+        let namespace = c.u64()?;
+        let block_size = c.u32()?;
+        let groups = c.u32()? as usize;
+        let group_bytes = (0..groups.min(1024)).map(|_| c.u64()).collect::<Result<Vec<_>, _>>()?;
+        let n = c.u32()? as usize;
+        let hashes = (0..n.min(body.len() / 8)).map(|_| c.u64()).collect::<Result<Vec<_>, _>>()?;
+        let checksums = (0..n.min(body.len() / 4)).map(|_| c.u32()).collect::<Result<Vec<_>, _>>()?;
+        let t = n.saturating_mul(block_size as usize);
+        let tokens = (0..t.min(body.len() / 4)).map(|_| c.u32()).collect::<Result<Vec<_>, _>>()?;
+        let h = RunHeader { namespace, block_size, group_bytes, hashes, checksums, tokens };
+        if groups > 1024 || h.hashes.len() != n || h.tokens.len() != t || c.at != body.len() || h.len() != len {
+            return Err(FileError::Corrupt("header fields disagree with its length"));
+        }
+        Ok(h)
+    }
+}
+
+/// A generation cut short: its prompt and the tokens generated so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenRecord {
+    pub namespace: u64,
+    pub key: u64,
+    pub prompt: Vec<u32>,
+    pub generated: Vec<u32>,
+}
+
+impl GenRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        let len = PREAMBLE + 8 + 8 + 4 + 4 + 4 * (self.prompt.len() + self.generated.len()) + 4;
+        let mut out = Vec::with_capacity(len);
+        out.extend_from_slice(GEN_MAGIC);
+        put32(&mut out, FORMAT_VERSION);
+        put32(&mut out, len as u32);
+        put64(&mut out, self.namespace);
+        put64(&mut out, self.key);
+        put32(&mut out, self.prompt.len() as u32);
+        put32(&mut out, self.generated.len() as u32);
+        self.prompt.iter().chain(&self.generated).for_each(|&t| put32(&mut out, t));
+        let crc = crc32fast::hash(&out);
+        put32(&mut out, crc);
+        out
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<GenRecord, FileError> {
+        let pre: &[u8; PREAMBLE] = buf.get(..PREAMBLE).and_then(|p| p.try_into().ok()).ok_or(FileError::Corrupt("short"))?;
+        if preamble(pre, GEN_MAGIC)? != buf.len() {
+            return Err(FileError::Corrupt("generation record length"));
+        }
+        let body = checked(buf)?;
+        let mut c = Cursor { buf: body, at: PREAMBLE };
+        let (namespace, key) = (c.u64()?, c.u64()?);
+        let (p, g) = (c.u32()? as usize, c.u32()? as usize);
+        if p.saturating_add(g).saturating_mul(4) != body.len() - c.at {
+            return Err(FileError::Corrupt("generation record token counts"));
+        }
+        let prompt = (0..p).map(|_| c.u32()).collect::<Result<Vec<_>, _>>()?;
+        let generated = (0..g).map(|_| c.u32()).collect::<Result<Vec<_>, _>>()?;
+        Ok(GenRecord { namespace, key, prompt, generated })
+    }
+}
+
+fn put32(out: &mut Vec<u8>, x: u32) {
+    out.extend_from_slice(&x.to_le_bytes());
+}
+fn put64(out: &mut Vec<u8>, x: u64) {
+    out.extend_from_slice(&x.to_le_bytes());
+}
+
+/// `read_exact`, with a short file reported as corruption (a truncated file).
+fn read_exact(r: &mut impl Read, buf: &mut [u8]) -> Result<(), FileError> {
+    r.read_exact(buf).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => FileError::Corrupt("truncated"),
+        _ => FileError::Io(e),
+    })
+}
+
+/// Check the magic and version; the header (or record) length.
+fn preamble(pre: &[u8; PREAMBLE], magic: &[u8; 8]) -> Result<usize, FileError> {
+    if &pre[..8] != magic {
+        return Err(FileError::Corrupt("bad magic"));
+    }
+    if u32::from_le_bytes([pre[8], pre[9], pre[10], pre[11]]) != FORMAT_VERSION {
+        return Err(FileError::Corrupt("another format version"));
+    }
+    let len = u32::from_le_bytes([pre[12], pre[13], pre[14], pre[15]]) as usize;
+    if !(PREAMBLE + 4..=MAX_HEADER).contains(&len) {
+        return Err(FileError::Corrupt("bad header length"));
+    }
+    Ok(len)
+}
+
+/// `buf` without its trailing CRC32, which must match.
+fn checked(buf: &[u8]) -> Result<&[u8], FileError> {
+    let (body, crc) = buf.split_at(buf.len() - 4);
+    if crc32fast::hash(body).to_le_bytes() != crc {
+        return Err(FileError::Corrupt("header checksum"));
+    }
+    Ok(body)
+}
+
+struct Cursor<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], FileError> {
+        let b = self.buf.get(self.at..self.at + N).ok_or(FileError::Corrupt("header too short"))?;
+        self.at += N;
+        b.try_into().map_err(|_| FileError::Corrupt("header too short"))
+    }
+    fn u32(&mut self) -> Result<u32, FileError> {
+        self.take::<4>().map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Result<u64, FileError> {
+        self.take::<8>().map(u64::from_le_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> RunHeader {
+        RunHeader {
+            namespace: 9,
+            block_size: 2,
+            group_bytes: vec![8, 4],
+            hashes: vec![1, 2],
+            checksums: vec![3, 4],
+            tokens: vec![5, 6, 7, 8],
+        }
+    }
+
+    #[test]
+    fn headers_and_records_round_trip_and_any_flipped_byte_is_caught() {
+        let h = header();
+        let bytes = h.encode();
+        assert_eq!(bytes.len(), h.len());
+        assert_eq!(RunHeader::read(&mut &bytes[..]).unwrap(), h);
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x10;
+            assert!(RunHeader::read(&mut &bad[..]).is_err(), "flipped byte {i}");
+        }
+        assert!(matches!(RunHeader::read(&mut &bytes[..bytes.len() - 1]), Err(FileError::Corrupt("truncated"))));
+        let r = GenRecord { namespace: 1, key: 2, prompt: vec![3, 4, 5], generated: vec![6] };
+        let bytes = r.encode();
+        assert_eq!(GenRecord::decode(&bytes).unwrap(), r);
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 1;
+            assert!(GenRecord::decode(&bad).is_err(), "flipped byte {i}");
+        }
+        assert!(GenRecord::decode(&bytes[..bytes.len() - 4]).is_err());
+    }
+}

@@ -1,0 +1,184 @@
+//! The SSD tier's two threads. The writer takes stores off the queue in order and writes
+//! each atomically (temporary file named by process and counter, fsync, rename, fsync of the
+//! directory), then registers it and evicts down to the budget. The reader serves read-ahead
+//! requests: for each wanted block it finds the file and slot in the index, checks the
+//! header, the block's hash and token ids and the payload CRC32, and stops at the first block
+//! that is missing or bad; a bad file is deleted and counted.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc;
+use std::time::{Instant, SystemTime};
+
+use super::file::{FileError, RunHeader};
+use super::index::{stamp, Entry, Kind, TMP_EXT};
+use super::{lock, Shared};
+use crate::kv::tier::Restored;
+
+pub(super) enum WriteJob {
+    /// Write `parts`, concatenated, as file `name`.
+    File { name: String, parts: Vec<Vec<u8>>, kind: Kind, reserved: u64 },
+    Delete(String),
+}
+
+pub(super) struct ReadJob {
+    pub first: usize,
+    pub hashes: Vec<u64>,
+    pub tokens: Vec<u32>,
+    pub reply: mpsc::Sender<Restored>,
+}
+
+/// Write `parts` to `name` in `shared.dir` atomically; the bytes written.
+fn write_atomically(shared: &Shared, name: &str, parts: &[Vec<u8>]) -> std::io::Result<u64> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let tmp = shared.dir.join(format!("{name}.{}.{}.{TMP_EXT}", std::process::id(), COUNTER.fetch_add(1, Relaxed)));
+    let result = (|| {
+        let mut f = File::create(&tmp)?;
+        for p in parts {
+            f.write_all(p)?;
+        }
+        f.sync_all()?;
+        fs::rename(&tmp, shared.dir.join(name))?;
+        File::open(&shared.dir)?.sync_all()?;
+        Ok(parts.iter().map(|p| p.len() as u64).sum())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+pub(super) fn write_loop(shared: &Shared, jobs: mpsc::Receiver<WriteJob>) {
+    let m = &shared.metrics;
+    for job in jobs {
+        match job {
+            WriteJob::File { name, parts, kind, reserved } => {
+                let t0 = Instant::now();
+                let size: u64 = parts.iter().map(|p| p.len() as u64).sum();
+                // A file larger than the whole budget could never stay.
+                let written = if size > lock(&shared.index).budget {
+                    Err(std::io::Error::other("larger than the byte budget"))
+                } else {
+                    write_atomically(shared, &name, &parts)
+                };
+                m.ssd_write_micros.fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
+                let hashes = match &kind {
+                    Kind::Run(h) => h.clone(),
+                    _ => Vec::new(),
+                };
+                match written {
+                    Ok(bytes) => {
+                        let entry = Entry { bytes, last_use: stamp(SystemTime::now()), kind };
+                        let evicted = lock(&shared.index).add(name, entry);
+                        for e in &evicted {
+                            let _ = fs::remove_file(shared.dir.join(e));
+                        }
+                        m.ssd_written_bytes.fetch_add(bytes, Relaxed);
+                        m.ssd_evicted_files.fetch_add(evicted.len() as u64, Relaxed);
+                    }
+                    Err(e) => {
+                        if size <= lock(&shared.index).budget {
+                            eprintln!("ferrite-engine: prefix cache write of {name} failed: {e}");
+                        }
+                        m.ssd_writes_dropped.fetch_add(1, Relaxed);
+                    }
+                }
+                let mut pending = lock(&shared.pending);
+                hashes.iter().for_each(|h| {
+                    pending.remove(h);
+                });
+                drop(pending);
+                let left = shared.queued_bytes.fetch_sub(reserved, Relaxed) - reserved;
+                m.ssd_write_queue_bytes.store(left, Relaxed);
+            }
+            WriteJob::Delete(name) => {
+                lock(&shared.index).remove(&name);
+                let _ = fs::remove_file(shared.dir.join(&name));
+            }
+        }
+        m.ssd_write_queue_jobs.fetch_sub(1, Relaxed);
+        shared.gauges();
+    }
+}
+
+pub(super) fn read_loop(shared: &Shared, jobs: mpsc::Receiver<ReadJob>) {
+    for job in jobs {
+        let restored = read_run(shared, &job);
+        // The request may have left meanwhile: nobody to tell.
+        let _ = job.reply.send(restored);
+    }
+}
+
+/// Open run file `name` and check that its header is one this tier writes.
+fn open_run(shared: &Shared, name: &str) -> Result<(File, RunHeader), FileError> {
+    let mut f = File::open(shared.dir.join(name))?;
+    let h = RunHeader::read(&mut std::io::BufReader::new(&mut f))?;
+    if h.namespace != shared.namespace || h.block_size as usize != shared.block_size || h.group_bytes != shared.group_bytes
+    {
+        return Err(FileError::Corrupt("a run of another namespace under this name"));
+    }
+    Ok((f, h))
+}
+
+/// Block `slot` of an open run, checked against `hash` and `tokens`.
+fn read_block(f: &File, h: &RunHeader, slot: usize, hash: u64, tokens: &[u32]) -> Result<Vec<u8>, FileError> {
+    let bs = h.block_size as usize;
+    if h.hashes.get(slot) != Some(&hash) || h.tokens.get(slot * bs..(slot + 1) * bs) != Some(tokens) {
+        return Err(FileError::Corrupt("block hash or token ids differ"));
+    }
+    let n = h.block_bytes() as usize;
+    let mut buf = vec![0u8; n];
+    f.read_exact_at(&mut buf, h.len() as u64 + (slot * n) as u64).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => FileError::Corrupt("truncated"),
+        _ => FileError::Io(e),
+    })?;
+    if h.checksums.get(slot) != Some(&crc32fast::hash(&buf)) {
+        return Err(FileError::Corrupt("payload checksum"));
+    }
+    Ok(buf)
+}
+
+fn read_run(shared: &Shared, job: &ReadJob) -> Restored {
+    let bs = shared.block_size;
+    let mut out = Restored { first: job.first, blocks: Vec::new() };
+    let mut open: Option<(String, File, RunHeader)> = None;
+    let mut used = Vec::new();
+    for (j, &hash) in job.hashes.iter().enumerate() {
+        let Some((name, slot)) = lock(&shared.index).locate(hash).map(|(n, s)| (n.to_string(), s as usize)) else {
+            break;
+        };
+        if open.as_ref().is_none_or(|(n, _, _)| *n != name) {
+            match open_run(shared, &name) {
+                Ok((f, h)) => open = Some((name.clone(), f, h)),
+                Err(e) => {
+                    shared.failed(&name, &e);
+                    break;
+                }
+            }
+        }
+        let Some((_, f, h)) = open.as_ref() else { break };
+        match read_block(f, h, slot, hash, &job.tokens[j * bs..(j + 1) * bs]) {
+            Ok(bytes) => {
+                shared.metrics.ssd_read_bytes.fetch_add(bytes.len() as u64, Relaxed);
+                out.blocks.push(bytes);
+                if used.last() != Some(&name) {
+                    used.push(name);
+                }
+            }
+            Err(e) => {
+                shared.failed(&name, &e);
+                break;
+            }
+        }
+    }
+    // A hit refreshes the files' last use, on disk too (the LRU order outlives a restart).
+    for name in used {
+        lock(&shared.index).touch(&name);
+        if let Ok(f) = File::options().append(true).open(shared.dir.join(&name)) {
+            let _ = f.set_modified(SystemTime::now());
+        }
+    }
+    out
+}
