@@ -80,12 +80,8 @@ pub fn tiers(a: TiersArgs) -> Result<()> {
     let (loaded, path, threads) = a.model.load()?;
     let vocab = loaded.model.config().vocab_size;
     let len = a.prefix_len + a.suffix_len + 2 * a.gen_tokens + 8;
-    let base = EngineArgs {
-        max_num_seqs: 4,
-        max_num_batched_tokens: len,
-        max_model_len: Some(len),
-        ..EngineArgs::default()
-    };
+    let base =
+        EngineArgs { max_num_seqs: 4, max_num_batched_tokens: len, max_model_len: Some(len), ..EngineArgs::default() };
     let tiered = |checkpoint| EngineArgs {
         prefix_cache_dir: Some(dir.clone()),
         generation_checkpoint: Some(checkpoint),
@@ -156,8 +152,17 @@ pub fn tiers(a: TiersArgs) -> Result<()> {
         });
         println!("{out}");
     } else {
-        println!("model {} ({threads} threads): {} prefix + {} new tokens, medians of {}", path.display(), a.prefix_len, a.suffix_len, a.reps);
-        println!("TTFT pool {pool_ms:.1} ms | SSD {ssd_ms:.1} ms ({} tokens restored) | cold {cold_ms:.1} ms", ssd_tokens / a.reps as u64);
+        println!(
+            "model {} ({threads} threads): {} prefix + {} new tokens, medians of {}",
+            path.display(),
+            a.prefix_len,
+            a.suffix_len,
+            a.reps
+        );
+        println!(
+            "TTFT pool {pool_ms:.1} ms | SSD {ssd_ms:.1} ms ({} tokens restored) | cold {cold_ms:.1} ms",
+            ssd_tokens / a.reps as u64
+        );
         println!(
             "resume after a cut at {k} tokens ({replayed} replayed): first token {:.1} ms, first new token {:.1} ms | restarted: first token {:.1} ms, token {} at {:.1} ms",
             resumed[0] * 1e3,
@@ -167,7 +172,10 @@ pub fn tiers(a: TiersArgs) -> Result<()> {
             restarted[at] * 1e3
         );
         println!("SSD writes {:.1} MB in {:.0} ms: {mb_s:.0} MB/s", written as f64 / 1e6, write_us as f64 / 1e3);
-        println!("decode {idle:.1} tok/s writer idle, {busy:.1} tok/s writer busy ({:+.1} %)", (busy / idle - 1.0) * 100.0);
+        println!(
+            "decode {idle:.1} tok/s writer idle, {busy:.1} tok/s writer busy ({:+.1} %)",
+            (busy / idle - 1.0) * 100.0
+        );
     }
     Ok(())
 }

@@ -54,7 +54,12 @@ fn drain(rx: &mut UnboundedReceiver<Output>, tokens: &mut Vec<u32>) -> Option<Us
 
 /// One request on a fresh core over `cfg`, to its end; the core is dropped (its writer
 /// finishes) before this returns.
-fn run_one(m: &Arc<dyn CausalLm>, cfg: &EngineConfig, p: &[u32], params: &RequestParams) -> (Vec<u32>, Usage, Arc<Metrics>) {
+fn run_one(
+    m: &Arc<dyn CausalLm>,
+    cfg: &EngineConfig,
+    p: &[u32],
+    params: &RequestParams,
+) -> (Vec<u32>, Usage, Arc<Metrics>) {
     let mut c = core(m, cfg.clone());
     let mut rx = add(&mut c, 1, p.to_vec(), params.clone());
     run_to_end(&mut c);

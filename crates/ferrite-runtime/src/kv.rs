@@ -278,7 +278,11 @@ impl KvCache {
     /// group's layers, in layer order.
     pub fn group_block_bytes(&self, group: usize) -> usize {
         match &self.storage {
-            Storage::Host(l) => l.iter().filter(|l| l.spec.group == group).map(|l| 2 * l.block_values(self.block_size) * l.k.dtype().bytes()).sum(),
+            Storage::Host(l) => l
+                .iter()
+                .filter(|l| l.spec.group == group)
+                .map(|l| 2 * l.block_values(self.block_size) * l.k.dtype().bytes())
+                .sum(),
             Storage::Device(_) => 0,
         }
     }
@@ -304,7 +308,10 @@ impl KvCache {
         let bs = self.block_size;
         let Storage::Host(layers) = &mut self.storage else { return Err(device_blocks()) };
         if bytes.len() != want {
-            return Err(RuntimeError::Shape(format!("a KV block of group {group} takes {want} bytes, got {}", bytes.len())));
+            return Err(RuntimeError::Shape(format!(
+                "a KV block of group {group} takes {want} bytes, got {}",
+                bytes.len()
+            )));
         }
         let mut at = 0;
         for l in layers.iter_mut().filter(|l| l.spec.group == group) {

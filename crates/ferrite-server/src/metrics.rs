@@ -171,10 +171,8 @@ fn render_tiers(out: &mut String, e: &EngineMetrics) {
     let device_hit = hit.saturating_sub(ssd_hit);
     let hits = [("device", device_hit), ("ssd", ssd_hit)];
     by_tier(out, "ferrite_prefix_cache_hit_tokens_total", "Prompt tokens served from each tier.", "counter", &hits);
-    let misses = [
-        ("device", queried.saturating_sub(device_hit)),
-        ("ssd", load(&e.ssd_lookup_tokens).saturating_sub(ssd_hit)),
-    ];
+    let misses =
+        [("device", queried.saturating_sub(device_hit)), ("ssd", load(&e.ssd_lookup_tokens).saturating_sub(ssd_hit))];
     let help = "Prompt tokens looked up in each tier and not found there.";
     by_tier(out, "ferrite_prefix_cache_miss_tokens_total", help, "counter", &misses);
     let io = [("ssd_read", load(&e.ssd_read_bytes)), ("ssd_written", load(&e.ssd_written_bytes))];
@@ -189,7 +187,11 @@ fn render_tiers(out: &mut String, e: &EngineMetrics) {
         sample(out, name, help, "gauge", v);
     }
     let counters: [(&str, &str, u64); 5] = [
-        ("ferrite_prefix_cache_ssd_evictions_total", "Files evicted (LRU) from the SSD tier.", load(&e.ssd_evicted_files)),
+        (
+            "ferrite_prefix_cache_ssd_evictions_total",
+            "Files evicted (LRU) from the SSD tier.",
+            load(&e.ssd_evicted_files),
+        ),
         (
             "ferrite_prefix_cache_ssd_corrupt_files_total",
             "Corrupt, truncated or replaced SSD tier files found and deleted.",
@@ -200,7 +202,11 @@ fn render_tiers(out: &mut String, e: &EngineMetrics) {
             "Stores dropped because the writer was behind.",
             load(&e.ssd_writes_dropped),
         ),
-        ("ferrite_resumed_generations_total", "Generations continued from an interrupted run.", load(&e.resumed_generations)),
+        (
+            "ferrite_resumed_generations_total",
+            "Generations continued from an interrupted run.",
+            load(&e.resumed_generations),
+        ),
         ("ferrite_resumed_tokens_total", "Tokens replayed from interrupted runs.", load(&e.resumed_tokens)),
     ];
     for (name, help, v) in counters {

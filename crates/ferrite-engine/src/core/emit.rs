@@ -8,16 +8,16 @@
 use std::borrow::Cow;
 
 use super::{usage, Emitted, EngineCore, Pick};
+use crate::metrics::Metrics;
 use crate::request::{FinishReason, Finished, Output};
 use crate::sampling::{
     apply_processors, processor_edits, sample, token_logprobs, uniform, SamplingParams, TokenLogprob,
 };
-use crate::metrics::Metrics;
 use crate::sequence::Sequence;
-use ferrite_models::tokenizer::Tokenizer;
 use crate::spec::usage as tally;
 use crate::spec::verify::{judge, Verdict};
 use crate::spec::{Origin, Policy, Proposal};
+use ferrite_models::tokenizer::Tokenizer;
 use ferrite_runtime::sampling::{RowSampler, RowSampling};
 
 /// The end tokens `seq` may not pick yet (`min_tokens`), `ahead` tokens after its last known

@@ -244,7 +244,9 @@ impl EngineCore {
                 let i = first + j;
                 let tokens = &seq.tokens[i * bs..(i + 1) * bs];
                 kvm.restore_block(hashes[i], tokens, |g, b| {
-                    bytes.get(offsets[g]..offsets[g + 1]).is_some_and(|part| kv.copy_block_in(g, b as usize, part).is_ok())
+                    bytes
+                        .get(offsets[g]..offsets[g + 1])
+                        .is_some_and(|part| kv.copy_block_in(g, b as usize, part).is_ok())
                 });
             }
             seq.tier.restored = first..first + n;
@@ -268,7 +270,8 @@ impl EngineCore {
                     let key = seq.tier.resume_key;
                     self.forget_key(key);
                 }
-            } else if every.is_some_and(|n| seq.tier.resume_key.is_some() && seq.generated() - seq.tier.checkpointed >= n)
+            } else if every
+                .is_some_and(|n| seq.tier.resume_key.is_some() && seq.generated() - seq.tier.checkpointed >= n)
             {
                 self.checkpoint(idx);
             } else if let Some(disk) = &self.disk {
@@ -340,7 +343,8 @@ mod tests {
 
     #[test]
     fn the_resume_key_covers_prompt_and_parameters_but_not_a_greedy_seed() {
-        let greedy = |seed| RequestParams { sampling: SamplingParams { seed, ..Default::default() }, ..Default::default() };
+        let greedy =
+            |seed| RequestParams { sampling: SamplingParams { seed, ..Default::default() }, ..Default::default() };
         let key = |p: &[u32], params: &RequestParams| resume_key(1, p, params);
         assert_eq!(key(&[1, 2], &greedy(3)), key(&[1, 2], &greedy(4)));
         assert_ne!(key(&[1, 2], &greedy(3)), key(&[1, 3], &greedy(3)));

@@ -129,7 +129,9 @@ impl KvManager {
     pub fn cached_run(&self, hashes: &[u64], tokens: &[u32]) -> usize {
         let Some(cache) = self.cache.as_ref() else { return 0 };
         let bs = self.block_size;
-        let all = |i: usize| (0..self.policies.len()).all(|g| cache.get(g, hashes[i], &tokens[i * bs..(i + 1) * bs]).is_some());
+        let all = |i: usize| {
+            (0..self.policies.len()).all(|g| cache.get(g, hashes[i], &tokens[i * bs..(i + 1) * bs]).is_some())
+        };
         (0..hashes.len()).take_while(|&i| all(i)).count()
     }
 

@@ -15,5 +15,6 @@ mod pool;
 mod recorded;
 mod responses;
 mod structured;
+mod tiers;
 mod tools;
 mod web;

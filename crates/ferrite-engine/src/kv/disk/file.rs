@@ -54,20 +54,20 @@ impl RunHeader {
     }
 
     /// Bytes of the encoded header (where the payload starts).
-    pub fn len(&self) -> usize {
+    pub fn encoded_len(&self) -> usize {
         PREAMBLE + 8 + 4 + 4 + 8 * self.group_bytes.len() + 4 + 12 * self.hashes.len() + 4 * self.tokens.len() + 4
     }
 
     /// Bytes of the whole file.
     pub fn file_len(&self) -> u64 {
-        self.len() as u64 + self.hashes.len() as u64 * self.block_bytes()
+        self.encoded_len() as u64 + self.hashes.len() as u64 * self.block_bytes()
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.len());
+        let mut out = Vec::with_capacity(self.encoded_len());
         out.extend_from_slice(RUN_MAGIC);
         put32(&mut out, FORMAT_VERSION);
-        put32(&mut out, self.len() as u32);
+        put32(&mut out, self.encoded_len() as u32);
         put64(&mut out, self.namespace);
         put32(&mut out, self.block_size);
         put32(&mut out, self.group_bytes.len() as u32);
@@ -101,7 +101,7 @@ impl RunHeader {
         let t = n.saturating_mul(block_size as usize);
         let tokens = (0..t.min(body.len() / 4)).map(|_| c.u32()).collect::<Result<Vec<_>, _>>()?;
         let h = RunHeader { namespace, block_size, group_bytes, hashes, checksums, tokens };
-        if groups > 1024 || h.hashes.len() != n || h.tokens.len() != t || c.at != body.len() || h.len() != len {
+        if groups > 1024 || h.hashes.len() != n || h.tokens.len() != t || c.at != body.len() || h.encoded_len() != len {
             return Err(FileError::Corrupt("header fields disagree with its length"));
         }
         Ok(h)
@@ -135,7 +135,8 @@ impl GenRecord {
     }
 
     pub fn decode(buf: &[u8]) -> Result<GenRecord, FileError> {
-        let pre: &[u8; PREAMBLE] = buf.get(..PREAMBLE).and_then(|p| p.try_into().ok()).ok_or(FileError::Corrupt("short"))?;
+        let pre: &[u8; PREAMBLE] =
+            buf.get(..PREAMBLE).and_then(|p| p.try_into().ok()).ok_or(FileError::Corrupt("short"))?;
         if preamble(pre, GEN_MAGIC)? != buf.len() {
             return Err(FileError::Corrupt("generation record length"));
         }
@@ -229,7 +230,7 @@ mod tests {
     fn headers_and_records_round_trip_and_any_flipped_byte_is_caught() {
         let h = header();
         let bytes = h.encode();
-        assert_eq!(bytes.len(), h.len());
+        assert_eq!(bytes.len(), h.encoded_len());
         assert_eq!(RunHeader::read(&mut &bytes[..]).unwrap(), h);
         for i in 0..bytes.len() {
             let mut bad = bytes.clone();

@@ -19,7 +19,12 @@ use crate::kv::tier::Restored;
 
 pub(super) enum WriteJob {
     /// Write `parts`, concatenated, as file `name`.
-    File { name: String, parts: Vec<Vec<u8>>, kind: Kind, reserved: u64 },
+    File {
+        name: String,
+        parts: Vec<Vec<u8>>,
+        kind: Kind,
+        reserved: u64,
+    },
     Delete(String),
 }
 
@@ -115,7 +120,9 @@ pub(super) fn read_loop(shared: &Shared, jobs: mpsc::Receiver<ReadJob>) {
 fn open_run(shared: &Shared, name: &str) -> Result<(File, RunHeader), FileError> {
     let mut f = File::open(shared.dir.join(name))?;
     let h = RunHeader::read(&mut std::io::BufReader::new(&mut f))?;
-    if h.namespace != shared.namespace || h.block_size as usize != shared.block_size || h.group_bytes != shared.group_bytes
+    if h.namespace != shared.namespace
+        || h.block_size as usize != shared.block_size
+        || h.group_bytes != shared.group_bytes
     {
         return Err(FileError::Corrupt("a run of another namespace under this name"));
     }
@@ -130,7 +137,7 @@ fn read_block(f: &File, h: &RunHeader, slot: usize, hash: u64, tokens: &[u32]) -
     }
     let n = h.block_bytes() as usize;
     let mut buf = vec![0u8; n];
-    f.read_exact_at(&mut buf, h.len() as u64 + (slot * n) as u64).map_err(|e| match e.kind() {
+    f.read_exact_at(&mut buf, h.encoded_len() as u64 + (slot * n) as u64).map_err(|e| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => FileError::Corrupt("truncated"),
         _ => FileError::Io(e),
     })?;

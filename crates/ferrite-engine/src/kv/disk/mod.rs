@@ -162,11 +162,17 @@ impl DiskTier {
     /// Store the record of a generation cut short (queued like any write; dropped when the
     /// writer is behind).
     pub fn store_generation(&self, key: u64, prompt: &[u32], generated: &[u32]) {
-        let rec = GenRecord { namespace: self.shared.namespace, key, prompt: prompt.to_vec(), generated: generated.to_vec() };
+        let rec =
+            GenRecord { namespace: self.shared.namespace, key, prompt: prompt.to_vec(), generated: generated.to_vec() };
         let bytes = rec.encode();
         let n = bytes.len() as u64;
         if self.reserve(n) {
-            self.send(WriteJob::File { name: Self::gen_name(key), parts: vec![bytes], kind: Kind::Generation(key), reserved: n });
+            self.send(WriteJob::File {
+                name: Self::gen_name(key),
+                parts: vec![bytes],
+                kind: Kind::Generation(key),
+                reserved: n,
+            });
         }
     }
 
