@@ -187,7 +187,7 @@ impl From<EngineError> for ApiError {
             EngineError::Guide(GuideError::Matcher(_)) => ApiError::internal(message),
             EngineError::Guide(_) => ApiError::bad_request(message).with_code("invalid_constraint"),
             EngineError::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message),
-            EngineError::Config(_) | EngineError::Model(_) => ApiError::internal(message),
+            EngineError::Config(_) | EngineError::Disk(_) | EngineError::Model(_) => ApiError::internal(message),
         }
     }
 }
