@@ -96,7 +96,7 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> io::Result<Option<T
 
 /// Every counter and gauge of an engine's metrics, in a fixed order (the `Metrics` message's
 /// values, and what `/metrics` adds up over a pool's engines).
-pub fn metric_fields(m: &EngineMetrics) -> [&AtomicU64; 17] {
+pub fn metric_fields(m: &EngineMetrics) -> [&AtomicU64; 31] {
     [
         &m.requests_added,
         &m.requests_finished,
@@ -115,6 +115,20 @@ pub fn metric_fields(m: &EngineMetrics) -> [&AtomicU64; 17] {
         &m.verify_accepted_tokens,
         &m.asserted_tokens,
         &m.overlapped_steps,
+        &m.ssd_lookup_tokens,
+        &m.ssd_hit_tokens,
+        &m.ssd_read_bytes,
+        &m.ssd_written_bytes,
+        &m.ssd_write_micros,
+        &m.ssd_bytes,
+        &m.ssd_files,
+        &m.ssd_write_queue_jobs,
+        &m.ssd_write_queue_bytes,
+        &m.ssd_writes_dropped,
+        &m.ssd_evicted_files,
+        &m.ssd_corrupt_files,
+        &m.resumed_generations,
+        &m.resumed_tokens,
     ]
 }
 

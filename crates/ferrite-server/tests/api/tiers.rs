@@ -55,6 +55,7 @@ async fn a_restarted_server_serves_the_prefix_from_disk_with_the_same_answer() {
     assert!(ssd >= 256, "{}", b["usage"]);
     assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(ssd));
     let text = client().get(second.at("/metrics")).send().await.expect("metrics").text().await.expect("text");
+    assert_eq!(metric(&text, "ferrite_prefix_cache_hit_tokens_total{tier=\"ssd\"}"), ssd);
     assert_eq!(metric(&text, "ferrite_prefix_cache_ssd_corrupt_files_total"), 0);
     assert!(metric(&text, "ferrite_prefix_cache_ssd_files") > 0);
 }
