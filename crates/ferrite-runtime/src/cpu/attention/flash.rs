@@ -7,7 +7,8 @@
 //! is a broadcast of the key times a query column, and nothing is ever reduced across lanes.
 //! Keys are visited in chunks of `CHUNK` positions aligned to absolute positions. Per chunk:
 //!
-//! 1. the chunk's keys and values are widened to f32 (`kb`, `vb`, `[key][head_dim]`);
+//! 1. the chunk's keys and values are widened (or dequantized) to f32 (`kb`, `vb`,
+//!    `[key][head_dim]`), the only f32 copy of cache values, one chunk at a time;
 //! 2. scores `st[j][i] = scale * k_j · q_i` (four keys by up to four row vectors at a time);
 //! 3. the causal / sliding-window mask (where the chunk is not visible to every row), then the
 //!    running softmax: per row the max `m` and sum `l`; when a row's max grows, its sum and
@@ -25,7 +26,7 @@
 
 use std::arch::x86_64::*;
 
-use super::vf32::KvValue;
+use super::vf32::KvSource;
 use super::{for_each_kv_run, for_each_query_tile, visible_range, AttentionParams, Pools, QueryTile};
 use crate::batch::{ForwardBatch, RowSpan};
 use crate::cpu::qmatmul::isa::exp8;
@@ -72,12 +73,12 @@ struct Scratch {
 /// The CPU must have AVX-512 F (and AVX2, FMA).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub(super) unsafe fn attend<T: KvValue>(
+pub(super) unsafe fn attend<S: KvSource>(
     q: &[f32],
     batch: &ForwardBatch,
     rows: &[&RowSpan],
     layer: &LayerKv,
-    pools: Pools<'_, T>,
+    pools: Pools<S>,
     block_size: usize,
     p: &AttentionParams,
     out: &mut [f32],
@@ -94,12 +95,12 @@ pub(super) unsafe fn attend<T: KvValue>(
 /// One tile: its queries against every key they see, into `out`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn tile<T: KvValue>(
+unsafe fn tile<S: KvSource>(
     q: &[f32],
     batch: &ForwardBatch,
     &QueryTile { table, g, ref tokens }: &QueryTile<'_>,
     layer: &LayerKv,
-    pools: Pools<'_, T>,
+    pools: Pools<S>,
     block_size: usize,
     p: &AttentionParams,
     s: &mut Scratch,
@@ -237,13 +238,13 @@ unsafe fn transpose16(r: [__m512; L]) -> [__m512; L] {
 /// Widen keys and values of positions `keys` (inside chunk `c0..c0 + CHUNK`) of head `g` into
 /// `kb`/`vb` at their slots in the chunk; the other slots are zero.
 #[allow(clippy::too_many_arguments)]
-fn gather<T: KvValue>(
+fn gather<S: KvSource>(
     table: &[u32],
     g: usize,
     keys: std::ops::Range<usize>,
     c0: usize,
     layer: &LayerKv,
-    pools: Pools<'_, T>,
+    pools: Pools<S>,
     block_size: usize,
     hd: usize,
     s: &mut Scratch,
@@ -252,10 +253,10 @@ fn gather<T: KvValue>(
         s.kb.fill(0.0);
         s.vb.fill(0.0);
     }
-    for_each_kv_run(table, g, keys, layer, pools, block_size, |pos, k, v| {
+    for_each_kv_run(table, g, keys, layer, pools, block_size, |pos, src, len| {
         let at = (pos - c0) * hd;
-        T::widen(k, &mut s.kb[at..at + k.len()]);
-        T::widen(v, &mut s.vb[at..at + v.len()]);
+        pools.k.widen(src, &mut s.kb[at..at + len]);
+        pools.v.widen(src, &mut s.vb[at..at + len]);
     })
 }
 

@@ -20,7 +20,7 @@ mod vf32;
 
 use half::f16;
 
-use self::vf32::KvValue;
+use self::vf32::{KvSource, KvValue};
 use crate::batch::{ForwardBatch, RowSpan, NO_BLOCK};
 use crate::cpu::qmatmul::{kernel_mode, Level};
 use crate::error::{Result, RuntimeError};
@@ -107,17 +107,18 @@ fn for_each_query_tile<S>(
     })
 }
 
-/// `f(pos, keys, values)` for each run of the positions `keys` that lies in one cache block:
-/// its first position and the run's K and V rows of KV head `g`.
+/// `f(pos, at, len)` for each run of the positions `keys` that lies in one cache block: its
+/// first position and where the run's K and V rows of KV head `g` are in the pools (values
+/// `at..at + len`, checked to lie inside both).
 #[allow(clippy::too_many_arguments)]
-fn for_each_kv_run<T>(
+fn for_each_kv_run<S: KvSource>(
     table: &[u32],
     g: usize,
     keys: std::ops::Range<usize>,
     layer: &LayerKv,
-    pools: Pools<'_, T>,
+    pools: Pools<S>,
     block_size: usize,
-    mut f: impl FnMut(usize, &[T], &[T]),
+    mut f: impl FnMut(usize, usize, usize),
 ) -> Result<()> {
     let hd = layer.spec.head_dim;
     let mut pos = keys.start;
@@ -125,27 +126,21 @@ fn for_each_kv_run<T>(
         let (block, slot) = slot_of(table, block_size, pos)?;
         let run = (block_size - slot).min(keys.end - pos);
         let src = layer.offset(block_size, block, g, slot);
-        match (pools.k.get(src..src + run * hd), pools.v.get(src..src + run * hd)) {
-            (Some(k), Some(v)) => f(pos, k, v),
-            _ => return Err(RuntimeError::Shape(format!("attention: block {block} is outside the KV cache"))),
+        if src + run * hd > pools.k.len().min(pools.v.len()) {
+            return Err(RuntimeError::Shape(format!("attention: block {block} is outside the KV cache")));
         }
+        f(pos, src, run * hd);
         pos += run;
     }
     Ok(())
 }
 
 /// A layer's K and V pools, of one value type.
-pub(super) struct Pools<'a, T> {
-    k: &'a [T],
-    v: &'a [T],
+#[derive(Clone, Copy)]
+pub(super) struct Pools<S> {
+    k: S,
+    v: S,
 }
-
-impl<T> Clone for Pools<'_, T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for Pools<'_, T> {}
 
 fn mixed_pools() -> RuntimeError {
     RuntimeError::Shape("KV cache layer: K and V pools of different value types".into())
@@ -174,6 +169,14 @@ pub fn write_kv(k: &[f32], v: &[f32], batch: &ForwardBatch, layer: &mut LayerKv,
     match (&mut layer.k, &mut layer.v) {
         (KvPool::F32(kp), KvPool::F32(vp)) => write_rows(k, v, kp, vp, &at, hd),
         (KvPool::F16(kp), KvPool::F16(vp)) => write_rows(k, v, kp, vp, &at, hd),
+        (KvPool::Quant(kp), KvPool::Quant(vp)) => {
+            for &(off, src) in &at {
+                if !(kp.write(off, &k[src..src + hd]) && vp.write(off, &v[src..src + hd])) {
+                    return Err(RuntimeError::Shape(format!("write_kv: slot at {off} is outside the KV cache")));
+                }
+            }
+            Ok(())
+        }
         _ => Err(mixed_pools()),
     }
 }
@@ -228,20 +231,25 @@ fn attend_at(
     out: &mut [f32],
 ) -> Result<()> {
     match (&layer.k, &layer.v) {
-        (KvPool::F32(k), KvPool::F32(v)) => attend_pools(q, batch, layer, Pools { k, v }, block_size, p, level, out),
+        (KvPool::F32(k), KvPool::F32(v)) => {
+            attend_pools::<&[f32]>(q, batch, layer, Pools { k, v }, block_size, p, level, out)
+        }
         (KvPool::F16(k), KvPool::F16(v)) => {
-            attend_pools::<f16>(q, batch, layer, Pools { k, v }, block_size, p, level, out)
+            attend_pools::<&[f16]>(q, batch, layer, Pools { k, v }, block_size, p, level, out)
+        }
+        (KvPool::Quant(k), KvPool::Quant(v)) => {
+            attend_pools(q, batch, layer, Pools { k, v }, block_size, p, level, out)
         }
         _ => Err(mixed_pools()),
     }
 }
 
 #[allow(clippy::too_many_arguments)]
-fn attend_pools<T: KvValue>(
+fn attend_pools<S: KvSource>(
     q: &[f32],
     batch: &ForwardBatch,
     layer: &LayerKv,
-    pools: Pools<'_, T>,
+    pools: Pools<S>,
     block_size: usize,
     p: &AttentionParams,
     level: Level,
