@@ -15,7 +15,7 @@ use clap::{Args, Subcommand};
 use ferrite_engine::{Constraint, Engine, Request, RequestParams, SamplingParams};
 use serde_json::{json, Value};
 
-use crate::session::{EngineArgs, ModelArgs, SpecArgs};
+use crate::session::{EngineArgs, KvArgs, ModelArgs, SpecArgs};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -66,6 +66,8 @@ pub struct DecodeArgs {
     pub prompt_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub spec: SpecArgs,
+    #[command(flatten)]
+    pub kv: KvArgs,
     /// Also decode constrained to this JSON schema (a file), and report the speed ratio.
     #[arg(long)]
     pub json_schema: Option<std::path::PathBuf>,
@@ -226,6 +228,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
         max_model_len: Some(prompt_tokens + a.gen_tokens + 1),
         no_prefix_cache: true,
         spec: a.spec.clone(),
+        kv: a.kv.clone(),
         ..EngineArgs::default()
     };
     let engine = engine_args.start(&loaded, &path)?;
@@ -283,7 +286,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
             "forward_passes_per_run": steps, "draft_forwards": m.draft_forwards.load(Ordering::Relaxed),
             "load_ms": loaded.load_secs * 1e3, "ready_ms": ready_ms,
             "weight_bytes": loaded.weight_bytes,
-            "kv_bytes_per_token": loaded.model.kv_block_bytes(1).iter().sum::<usize>(),
+            "kv_cache": engine.limits().kv_scheme, "kv_bytes_per_token": engine.limits().kv_bytes_per_token,
+            "kv_capacity_tokens": engine.limits().kv_capacity_tokens,
             "prompt_tok_s": pmed, "prompt_tok_s_min": pp[0], "prompt_tok_s_max": pp[pp.len() - 1],
             "decode_tok_s": dmed, "decode_tok_s_min": tg[0], "decode_tok_s_max": tg[tg.len() - 1],
             "json_schema_decode_tok_s": jmed, "json_schema_tokens": jmed.map(|_| json_tokens),
@@ -292,9 +296,10 @@ fn decode(a: DecodeArgs) -> Result<()> {
         println!("{out}");
     } else {
         println!(
-            "model   {}  ({device}, load {:.0} ms, ready {ready_ms:.0} ms after start)",
+            "model   {}  ({device}, load {:.0} ms, ready {ready_ms:.0} ms after start; {})",
             path.display(),
-            loaded.load_secs * 1e3
+            loaded.load_secs * 1e3,
+            crate::session::kv_report(engine.limits())
         );
         println!("test          min      median   max   (tok/s, {} reps)", a.reps);
         println!("pp{:<8} {:>8.1} {pmed:>8.1} {:>8.1}", prompt_tokens, pp[0], pp[pp.len() - 1]);
@@ -385,13 +390,16 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
         "tpot_ms_p50": pct(&tpot, 0.5), "tpot_ms_p90": pct(&tpot, 0.9), "tpot_ms_p99": pct(&tpot, 0.99),
         "prefix_cache_hit_rate": m.prefix_hit_rate(),
         "preemptions": m.preemptions.load(Ordering::Relaxed),
+        "kv_cache": engine.limits().kv_scheme, "kv_bytes_per_token": engine.limits().kv_bytes_per_token,
+        "kv_capacity_tokens": engine.limits().kv_capacity_tokens,
     });
     if a.json {
         println!("{out}");
     } else {
         println!(
-            "model {} ({device}), {} requests of {} in / {} out at concurrency {}",
+            "model {} ({device}; {}), {} requests of {} in / {} out at concurrency {}",
             path.display(),
+            crate::session::kv_report(engine.limits()),
             a.num_requests,
             a.input_len,
             a.output_len,

@@ -10,10 +10,11 @@ use std::time::Instant;
 use ferrite_engine::fill::ToolScaffold;
 use ferrite_engine::{Engine, EngineConfig, FillMode, Request, RequestParams, Speculation};
 use ferrite_models::chat_template::ChatRenderRequest;
+use ferrite_models::fit::{KvDtypeChoice, DEFAULT_KV_GROUP_SIZE};
 use ferrite_models::tokenizer::Tokenizer;
 use ferrite_models::LoadedModel;
 use ferrite_runtime::cuda::{Device, DeviceChoice};
-use ferrite_runtime::DType;
+use ferrite_runtime::{DType, KvScheme, KvSkip};
 use serde_json::Value;
 
 #[derive(Args, Clone)]
@@ -98,6 +99,8 @@ pub struct EngineArgs {
     /// Positions per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    #[command(flatten)]
+    pub kv: KvArgs,
     /// Turn the prefix cache off.
     #[arg(long)]
     pub no_prefix_cache: bool,
@@ -107,6 +110,37 @@ pub struct EngineArgs {
     pub gpu_memory_utilization: f32,
     #[command(flatten)]
     pub spec: SpecArgs,
+}
+
+/// What the KV cache holds.
+#[derive(Args, Clone)]
+pub struct KvArgs {
+    /// KV cache value type: auto (f16 on the CPU, bf16 on a GPU), f16, bf16, int8 or int4
+    /// (group-affine, CPU); fp8 is refused on the CPU (int8 takes the same bytes).
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: KvDtypeChoice,
+    /// Values per scale and bias of an int8/int4 KV cache: 16, 32, 64 or 128, dividing the
+    /// head dim.
+    #[arg(long, default_value_t = DEFAULT_KV_GROUP_SIZE)]
+    pub kv_group_size: usize,
+    /// Layers whose KV stays f16 under int8/int4: sliding, first:N, last:N or a list of
+    /// KV-owning layer indices (0,1,29).
+    #[arg(long)]
+    pub kv_cache_skip_layers: Option<KvSkip>,
+}
+
+impl Default for KvArgs {
+    fn default() -> Self {
+        KvArgs { kv_cache_dtype: KvDtypeChoice::Auto, kv_group_size: DEFAULT_KV_GROUP_SIZE, kv_cache_skip_layers: None }
+    }
+}
+
+impl KvArgs {
+    /// The KV scheme of these flags on `device`; an error names a type the device cannot hold.
+    pub fn scheme(&self, device: Device) -> Result<KvScheme> {
+        let dtype = self.kv_cache_dtype.resolve(device, self.kv_group_size).map_err(|e| anyhow!(e))?.dtype;
+        Ok(KvScheme { dtype, skip: self.kv_cache_skip_layers.clone().unwrap_or_default() })
+    }
 }
 
 /// How the engine runs its steps: speculative decoding, fill, and overlap.
@@ -196,6 +230,7 @@ impl Default for EngineArgs {
             max_num_seqs: d.max_num_seqs,
             kv_cache_memory: None,
             block_size: d.block_size,
+            kv: KvArgs::default(),
             no_prefix_cache: false,
             gpu_memory_utilization: d.gpu_memory_utilization,
             spec: SpecArgs::default(),
@@ -223,7 +258,8 @@ impl EngineArgs {
 
     pub fn start(&self, loaded: &LoadedModel, path: &std::path::Path) -> Result<Engine> {
         let (speculation, tool_scaffold) = self.spec.resolve(loaded)?;
-        let cfg = EngineConfig { speculation, tool_scaffold, ..self.config(path) };
+        let kv_scheme = self.kv.scheme(loaded.device)?;
+        let cfg = EngineConfig { speculation, tool_scaffold, kv_scheme, ..self.config(path) };
         Ok(Engine::start(loaded.model.clone(), loaded.tokenizer.clone(), loaded.eos_token_ids(), &cfg)?)
     }
 }
@@ -280,12 +316,13 @@ impl Session {
         };
         let engine = engine_args.start(&loaded, &path)?;
         eprintln!(
-            "loaded {} ({} layers, {:.0} MB of weights) in {:.0} ms on {}",
+            "loaded {} ({} layers, {:.0} MB of weights) in {:.0} ms on {}; {}",
             path.display(),
             cfg.num_layers,
             loaded.weight_bytes as f64 / 1e6,
             loaded.load_secs * 1e3,
-            device_report(&loaded, threads)
+            device_report(&loaded, threads),
+            kv_report(engine.limits())
         );
         Ok(Session { loaded, engine })
     }
@@ -371,6 +408,14 @@ pub fn device_report(loaded: &LoadedModel, threads: usize) -> String {
         Device::Cpu => format!("{threads} threads"),
         Device::Cuda(_) => loaded.device_note.clone(),
     }
+}
+
+/// The KV cache for the load line: its type, bytes a token and capacity in tokens.
+pub fn kv_report(limits: &ferrite_engine::Limits) -> String {
+    format!(
+        "KV cache {}, {} bytes/token, {} tokens",
+        limits.kv_scheme, limits.kv_bytes_per_token, limits.kv_capacity_tokens
+    )
 }
 
 /// The prefix-cache namespace of a model file: its path, size and modification time.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use ferrite_models::model::CausalLm;
-use ferrite_runtime::KvLayout;
+use ferrite_runtime::{KvLayout, KvScheme};
 
 use crate::error::EngineError;
 use crate::fill::{FillMode, ToolScaffold};
@@ -28,8 +28,12 @@ pub struct EngineConfig {
     /// device model takes (`--gpu-memory-utilization`).
     pub gpu_memory_utilization: f32,
     pub prefix_cache: bool,
-    /// Prefix-cache namespace: model fingerprint, KV scheme and adapter set, hashed.
+    /// Prefix-cache namespace: model fingerprint and adapter set, hashed (the engine mixes
+    /// in `kv_scheme`).
     pub namespace: u64,
+    /// What the host KV pools hold (`--kv-cache-dtype`, `--kv-group-size`,
+    /// `--kv-cache-skip-layers`).
+    pub kv_scheme: KvScheme,
     /// Speculative decoding (`--spec ngram`, `--draft-model`).
     pub speculation: Speculation,
     /// Most tokens drafted per row per step (`--num-draft-tokens`).
@@ -75,6 +79,7 @@ impl Default for EngineConfig {
             gpu_memory_utilization: 0.9,
             prefix_cache: true,
             namespace: 0,
+            kv_scheme: KvScheme::default(),
             speculation: Speculation::Off,
             num_draft_tokens: 4,
             fill: FillMode::Off,
@@ -102,7 +107,12 @@ impl EngineConfig {
         let blocks = match (self.kv_cache_memory, free) {
             (Some(bytes), _) => bytes / per_block.max(1),
             (None, Some(free)) => (free as f64 * u as f64) as usize / per_block.max(1),
-            (None, None) => (max_model_len * self.max_num_seqs).div_ceil(self.block_size),
+            // Host memory: the bytes of `max_model_len × max_num_seqs` positions at the default
+            // precision, so a smaller KV type holds proportionally more positions.
+            (None, None) => {
+                let default_blocks = (max_model_len * self.max_num_seqs).div_ceil(self.block_size);
+                default_blocks * layout.block_bytes(self.block_size).iter().sum::<usize>() / per_block.max(1)
+            }
         };
         if blocks == 0 {
             return Err(EngineError::Config(format!(
@@ -121,6 +131,12 @@ pub struct Limits {
     pub vocab_size: usize,
     /// The longest sequence the KV cache can hold at once.
     pub kv_capacity_tokens: usize,
+    /// KV bytes a token of context takes (every group's).
+    #[serde(default)]
+    pub kv_bytes_per_token: usize,
+    /// What the KV pools hold, for reports (`KvScheme`'s display).
+    #[serde(default)]
+    pub kv_scheme: String,
     pub has_tokenizer: bool,
     pub max_n: usize,
 }

@@ -21,7 +21,7 @@ use ferrite_models::model::{run_forward, CausalLm, Pending, StepLimits, StepOutp
 use ferrite_models::tokenizer::{IncrementalDecoder, Tokenizer};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::sampling::{RowSampler, SampledToken};
-use ferrite_runtime::{ForwardBatch, KvCache, RuntimeError};
+use ferrite_runtime::{ForwardBatch, KvCache, KvScheme, RuntimeError};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::Speculation;
@@ -69,6 +69,19 @@ fn detokenizer(tokenizer: Option<&Tokenizer>, prompt: &[u32]) -> IncrementalDeco
     }
 }
 
+/// The prefix-cache namespace of `namespace`'s model with its KV held as `scheme`: blocks of
+/// one precision are never served to a cache of another (the default scheme keeps the
+/// model's namespace as it was).
+fn kv_namespace(namespace: u64, scheme: &KvScheme) -> u64 {
+    use std::hash::{Hash, Hasher};
+    if *scheme == KvScheme::default() {
+        return namespace;
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (namespace, scheme.to_string()).hash(&mut h);
+    h.finish()
+}
+
 /// The seed of choice `i` of a request seeded with `seed`.
 fn choice_seed(seed: u64, choice: usize) -> u64 {
     seed ^ (choice as u64).wrapping_mul(0xA24B_AED4_963E_E407)
@@ -93,14 +106,17 @@ impl EngineCore {
             max_model_len,
             block_size: cfg.block_size,
         })?;
-        let block_bytes = model.kv_block_bytes(cfg.block_size);
+        let block_bytes = model.kv_block_bytes(cfg.block_size, &cfg.kv_scheme)?;
         let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_model_len)?;
-        let kv = model.new_kv_cache(&group_blocks, cfg.block_size)?;
-        let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, cfg.prefix_cache.then_some(cfg.namespace));
+        let kv = model.new_kv_cache(&group_blocks, cfg.block_size, &cfg.kv_scheme)?;
+        let namespace = cfg.prefix_cache.then(|| kv_namespace(cfg.namespace, &cfg.kv_scheme));
+        let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, namespace);
         let limits = Limits {
             max_model_len,
             vocab_size: mcfg.vocab_size,
             kv_capacity_tokens: kvm.capacity_tokens(),
+            kv_bytes_per_token: block_bytes.iter().sum::<usize>() / cfg.block_size,
+            kv_scheme: model.kv_description(&cfg.kv_scheme),
             has_tokenizer: tokenizer.is_some(),
             max_n: 64,
         };
@@ -124,6 +140,7 @@ impl EngineCore {
         }
         let metrics = Arc::new(Metrics::default());
         metrics.set_kv(kvm.free_blocks());
+        metrics.set_kv_size(limits.kv_bytes_per_token, limits.kv_capacity_tokens);
         let grammars = Arc::new(Grammars::new(tokenizer.clone(), mcfg.vocab_size, eos.clone()));
         Ok(EngineCore {
             model,

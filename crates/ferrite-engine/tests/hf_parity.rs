@@ -9,14 +9,20 @@ use common::*;
 use ferrite_engine::EngineConfig;
 use ferrite_models::model::{CausalLm, Pending, Want};
 use ferrite_runtime::batch::RowLogits;
-use ferrite_runtime::{ForwardBatch, KvCache, KvDtype};
+use ferrite_runtime::{ForwardBatch, KvCache, KvDtype, KvScheme};
 
 /// Logits of every prompt position from one forward pass, over an f32 KV cache.
 fn prompt_logits(model: &dyn CausalLm, prompt: &[u32]) -> Vec<f32> {
     let block = 4;
     let blocks = prompt.len().div_ceil(block);
     let layout = model.kv_layout();
-    let mut kv = KvCache::with_dtype(&layout, &vec![blocks; layout.groups.len()], block, KvDtype::F32).expect("kv");
+    let mut kv = KvCache::with_scheme(
+        &layout,
+        &vec![blocks; layout.groups.len()],
+        block,
+        &KvScheme { dtype: KvDtype::F32, ..Default::default() },
+    )
+    .expect("kv");
     let mut batch = ForwardBatch::default();
     let tables = vec![(0..blocks as u32).collect::<Vec<_>>(); layout.groups.len()];
     batch.push_row(prompt, prompt.len(), tables, RowLogits::All);

@@ -13,7 +13,7 @@
 
 use ferrite_runtime::sampling::{RowSampler, SampledToken};
 use ferrite_runtime::{cpu, threads, RuntimeError};
-use ferrite_runtime::{ForwardBatch, KvCache, KvLayout};
+use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, KvScheme};
 
 use crate::config::ModelConfig;
 
@@ -190,14 +190,26 @@ pub trait CausalLm: Send + Sync {
     }
 
     /// Bytes one block of `block_size` positions takes in each KV group of `new_kv_cache`'s
-    /// storage.
-    fn kv_block_bytes(&self, block_size: usize) -> Vec<usize> {
-        self.kv_layout().block_bytes(block_size)
+    /// storage under `scheme`; an error for a scheme the model's KV cannot hold.
+    fn kv_block_bytes(&self, block_size: usize, scheme: &KvScheme) -> ferrite_runtime::Result<Vec<usize>> {
+        let layout = self.kv_layout();
+        Ok(layout.block_bytes_with(block_size, &layout.layer_dtypes(scheme)?))
     }
 
-    /// The KV storage `step` reads: `group_blocks[g]` blocks of `block_size` in group g.
-    fn new_kv_cache(&self, group_blocks: &[usize], block_size: usize) -> ferrite_runtime::Result<KvCache> {
-        KvCache::new(&self.kv_layout(), group_blocks, block_size)
+    /// What `new_kv_cache`'s pools hold under `scheme`, for reports.
+    fn kv_description(&self, scheme: &KvScheme) -> String {
+        scheme.to_string()
+    }
+
+    /// The KV storage `step` reads: `group_blocks[g]` blocks of `block_size` in group g, of
+    /// the value types `scheme` gives each layer.
+    fn new_kv_cache(
+        &self,
+        group_blocks: &[usize],
+        block_size: usize,
+        scheme: &KvScheme,
+    ) -> ferrite_runtime::Result<KvCache> {
+        KvCache::with_scheme(&self.kv_layout(), group_blocks, block_size, scheme)
     }
 }
 

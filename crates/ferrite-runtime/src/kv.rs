@@ -9,9 +9,10 @@
 //! set); a model reads the storage its ops need and gets an error for the other.
 //!
 //! Host pools hold f16 by default (`KvDtype`), or group-affine int8 / int4 codes read in place
-//! by the attention kernels (`kv_quant`; `KvScheme` picks the type per layer). f16: decode attention streams the whole cache every
-//! step and waits on memory, so half the bytes of f32 is most of the time saved (SmolLM2, 8
-//! rows of ~200 positions: attention 5.6 → 4.1 ms a step). f16 keeps 11 bits of mantissa
+//! by the attention kernels (`kv_quant`; a `KvScheme` picks the type of each layer). f16 over
+//! f32: decode attention streams the whole cache every step and waits on memory, so half the
+//! bytes of f32 is most of the time saved (SmolLM2, 8 rows of ~200 positions: attention 5.6 →
+//! 4.1 ms a step). f16 keeps 11 bits of mantissa
 //! (bf16 only 8) and K/V values lie far inside its range; every value is rounded once, when it
 //! is written, the same way whatever the batch. f32 pools are the exact choice (parity tests
 //! against transformers' f32 logits).

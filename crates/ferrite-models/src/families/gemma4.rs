@@ -345,9 +345,9 @@ mod tests {
         let (with, without) = (kv_bytes_per_token(&e4b(18)), kv_bytes_per_token(&e4b(0)));
         // What the 18 shared layers would own (K and V at the host cache's value size): 15 sliding
         // of 2×256, 3 global of 2×512.
-        let value = ferrite_runtime::KvDtype::default().bytes();
-        let shared: usize = (24..42).map(|i| 2 * 2 * s.shapes[i].head_dim * value).sum();
-        assert_eq!(shared, (15 * 2 * 256 + 3 * 2 * 512) * 2 * value);
+        let row = |hd: usize| ferrite_runtime::KvDtype::default().row_bytes(hd);
+        let shared: usize = (24..42).map(|i| 2 * 2 * row(s.shapes[i].head_dim)).sum();
+        assert_eq!(shared, 15 * 2 * 2 * row(256) + 3 * 2 * 2 * row(512));
         assert_eq!(without - with, shared);
         assert!(with * 10 < without * 6, "{with} vs {without} bytes per token");
     }

@@ -96,7 +96,7 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> io::Result<Option<T
 
 /// Every counter and gauge of an engine's metrics, in a fixed order (the `Metrics` message's
 /// values, and what `/metrics` adds up over a pool's engines).
-pub fn metric_fields(m: &EngineMetrics) -> [&AtomicU64; 17] {
+pub fn metric_fields(m: &EngineMetrics) -> [&AtomicU64; 19] {
     [
         &m.requests_added,
         &m.requests_finished,
@@ -115,6 +115,8 @@ pub fn metric_fields(m: &EngineMetrics) -> [&AtomicU64; 17] {
         &m.verify_accepted_tokens,
         &m.asserted_tokens,
         &m.overlapped_steps,
+        &m.kv_bytes_per_token,
+        &m.kv_capacity_tokens,
     ]
 }
 
