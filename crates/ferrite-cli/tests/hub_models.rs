@@ -1,7 +1,7 @@
 //! `ferrite models` and `ferrite fit` on a model in a fake Hugging Face cache (`HF_HUB_CACHE`)
 //! made from the `llama` fixture: listed with its size and architecture, resolved by repo id,
-//! sized by hand-checked numbers; a repo that is not there, a GPU that is not there and a
-//! fp8 KV cache on the CPU are one-line errors.
+//! sized by hand-checked numbers; a repo that is not there, a GPU that is not there and
+//! an fp8 KV cache on the CPU are one-line errors.
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
