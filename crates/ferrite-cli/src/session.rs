@@ -105,6 +105,9 @@ pub struct EngineArgs {
     /// (when --kv-cache-memory is not given).
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f32,
+    /// LoRA adapters loaded at once, at most (`--lora-modules` and run-time loads).
+    #[arg(long, default_value_t = 8)]
+    pub max_loras: usize,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
@@ -198,6 +201,7 @@ impl Default for EngineArgs {
             block_size: d.block_size,
             no_prefix_cache: false,
             gpu_memory_utilization: d.gpu_memory_utilization,
+            max_loras: d.max_loras,
             spec: SpecArgs::default(),
         }
     }
@@ -217,6 +221,7 @@ impl EngineArgs {
             num_draft_tokens: self.spec.num_draft_tokens,
             fill: self.spec.fill_mode(),
             overlap: !self.spec.no_overlap,
+            max_loras: self.max_loras,
             ..EngineConfig::default()
         }
     }

@@ -41,6 +41,8 @@ pub struct EngineConfig {
     /// Queue the next step while the model's device runs this one, when the model can
     /// (`--no-overlap` turns it off).
     pub overlap: bool,
+    /// LoRA adapters loaded at once, at most (`--max-loras`).
+    pub max_loras: usize,
 }
 
 /// How the engine drafts tokens for verification.
@@ -80,6 +82,7 @@ impl Default for EngineConfig {
             fill: FillMode::Off,
             tool_scaffold: None,
             overlap: true,
+            max_loras: 8,
         }
     }
 }

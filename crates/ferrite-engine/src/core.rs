@@ -11,9 +11,12 @@
 //! (`core/overlap.rs`), so the host's work for one step runs while the device computes the
 //! next.
 
+mod adapters;
 mod emit;
 mod overlap;
 mod propose;
+
+pub use adapters::AdapterNames;
 
 use std::sync::Arc;
 
@@ -58,6 +61,7 @@ pub struct EngineCore {
     overlap: bool,
     /// The step queued on the model's device and not landed yet (`overlap`).
     in_flight: Option<overlap::InFlight>,
+    adapters: adapters::Adapters,
 }
 
 /// The streaming detokenizer of a sequence that continues `prompt`: its first token is
@@ -142,6 +146,7 @@ impl EngineCore {
             grammars,
             overlap: cfg.overlap,
             in_flight: None,
+            adapters: adapters::Adapters::new(cfg.max_loras),
         })
     }
 
@@ -182,6 +187,7 @@ impl EngineCore {
         sink: UnboundedSender<Output>,
     ) -> Result<(), EngineError> {
         let max_tokens = self.limits.validate(&req)?;
+        let adapter = self.adapter_slot(req.params.adapter.as_deref())?;
         let n = req.params.n;
         let seed = choice_seed(req.params.sampling.seed, 0);
         let mode = req.params.fill.unwrap_or(self.fill);
@@ -198,7 +204,8 @@ impl EngineCore {
             prompt_len: req.prompt.len(),
             tokens: req.prompt,
             num_computed: 0,
-            kv: self.kvm.new_seq(),
+            kv: self.kvm.new_seq_in(adapter.map_or(0, |a| a.root)),
+            adapter: adapter.map(|a| a.id),
             looked_up: false,
             cached_tokens: 0,
             max_tokens,
@@ -270,7 +277,7 @@ impl EngineCore {
                 query.extend(&p.ids);
             }
             let context = s.num_computed + query.len();
-            batch.push_row(&query, context, s.kv.tables().to_vec(), logits);
+            batch.push_adapter_row(&query, context, s.kv.tables().to_vec(), logits, s.adapter);
             plan.push(PlanRow { index: Some(r.index), tokens: end - s.num_computed, logits: n_logits, proposal });
         }
         self.metrics.add_batch(batch.num_tokens());
@@ -455,6 +462,7 @@ impl EngineCore {
                 num_computed: kv.tables().first().map_or(0, |t| t.len()) * bs,
                 looked_up: true,
                 kv,
+                adapter: p.adapter,
                 cached_tokens: p.cached_tokens,
                 max_tokens: p.max_tokens,
                 counts: Default::default(),
@@ -473,6 +481,12 @@ impl EngineCore {
     /// Whether `running[idx]` takes the argmax of the raw logits this step.
     fn plain_greedy(&self, idx: usize) -> bool {
         emit::takes_argmax(&self.sched.running[idx], &self.eos, 0)
+    }
+}
+
+impl Drop for EngineCore {
+    fn drop(&mut self) {
+        self.detach_adapters();
     }
 }
 

@@ -29,6 +29,12 @@ pub enum EngineError {
     Sampling(#[from] SamplingError),
     #[error(transparent)]
     Guide(#[from] GuideError),
+    #[error("the LoRA adapter '{0}' is not loaded")]
+    UnknownAdapter(String),
+    #[error("the LoRA adapter '{name}' is in use by {sequences} sequence(s); unload it when they are done")]
+    AdapterInUse { name: String, sequences: usize },
+    #[error("LoRA adapter: {0}")]
+    Adapter(String),
     #[error("engine configuration: {0}")]
     Config(String),
     #[error("the engine has stopped")]

@@ -29,6 +29,10 @@ pub struct RequestParams {
     pub fill: Option<FillMode>,
     /// The shape the output must take (structured output); every choice follows it.
     pub constraint: Option<Constraint>,
+    /// The LoRA adapter (by the name it was loaded under) the request runs through; None: the
+    /// base model.
+    #[serde(default)]
+    pub adapter: Option<String>,
 }
 
 impl Default for RequestParams {
@@ -44,6 +48,7 @@ impl Default for RequestParams {
             n: 1,
             fill: None,
             constraint: None,
+            adapter: None,
         }
     }
 }

@@ -44,7 +44,7 @@ impl Scheduler {
     /// Free a sequence's blocks and queue it for recomputation ahead of new arrivals.
     fn preempt(&mut self, mut seq: Sequence, kvm: &mut KvManager) {
         // The old allocation's blocks go back as it is replaced.
-        seq.kv = kvm.new_seq();
+        seq.kv = kvm.new_seq_in(seq.kv.root());
         seq.num_computed = 0;
         seq.looked_up = false;
         self.preemptions += 1;
@@ -114,7 +114,7 @@ impl Scheduler {
             return false;
         };
         let seq = &mut self.waiting[idx];
-        seq.kv = kvm.new_seq();
+        seq.kv = kvm.new_seq_in(seq.kv.root());
         seq.num_computed = 0;
         seq.looked_up = false;
         true

@@ -6,13 +6,20 @@
 //! (granite) and added to the residual stream, then Gemma 4's per-layer input and layer
 //! scalar; the final norm, the LM head, the logit scale and softcap. A sublayer output is added
 //! to the residual in the same pass as the norm that reads the sum (`Norm::forward_add`)
-//! whenever one follows, so every family gets that fusion.
+//! whenever one follows, so every family gets that fusion. LoRA adapters attach at run time
+//! (`attach_lora`); a step's rows may each run through one, and every adapted projection adds
+//! its update to the base projection's output (`lora::cpu`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError, Tensor};
 
 use crate::blocks::{self, Attention, Linear, LmHead, Mlp, Norm};
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::lora::cpu::{CpuLora, LoraStep};
+use crate::lora::LoraAdapter;
 use crate::model::{CausalLm, Pending, StepOutput, Want};
 use crate::moe::Moe;
 use crate::plan::DecoderPlan;
@@ -69,6 +76,8 @@ pub struct Decoder {
     layers: Vec<Layer>,
     head: LmHead,
     layout: KvLayout,
+    /// Attached LoRA adapters by id.
+    loras: RwLock<HashMap<u32, Arc<CpuLora>>>,
 }
 
 /// The residual stream `x` and a sublayer output `o` that may still have to join it.
@@ -164,6 +173,7 @@ impl Decoder {
             layers,
             head,
             layout: plan.layout,
+            loras: RwLock::default(),
         })
     }
 
@@ -185,6 +195,13 @@ impl Decoder {
     /// batch's K/V into `kv`.
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<f32>> {
         let t = batch.num_tokens();
+        let attached: Vec<(u32, Arc<CpuLora>)> = if batch.has_adapters() {
+            let loras = self.loras.read().unwrap_or_else(|e| e.into_inner());
+            loras.iter().map(|(&id, l)| (id, l.clone())).collect()
+        } else {
+            Vec::new()
+        };
+        let lora = LoraStep::new(batch, |id| attached.iter().find(|(i, _)| *i == id).map(|(_, l)| &**l))?;
         let x = blocks::embed(&self.embed, &batch.tokens, self.embed_scale)?;
         let inputs = self.per_layer_input.as_ref().map(|p| p.inputs(&x, &batch.tokens)).transpose()?;
         let mut h = vec![0f32; x.len()];
@@ -193,22 +210,22 @@ impl Decoder {
             match &l.input_norm {
                 Some(norm) => {
                     s.norm_into(norm, &mut h);
-                    l.attn.forward(&h, batch, kv, &mut s.o)?;
+                    l.attn.forward(&h, batch, kv, &mut s.o, lora.layer(i))?;
                 }
                 None => {
                     s.settle();
-                    l.attn.forward(&s.x, batch, kv, &mut s.o)?;
+                    l.attn.forward(&s.x, batch, kv, &mut s.o, lora.layer(i))?;
                 }
             }
             s.sublayer_done(l.post_attn_norm.as_ref(), self.residual_scale);
             match &l.pre_ffn_norm {
                 Some(norm) => {
                     s.norm_into(norm, &mut h);
-                    l.mlp.forward(&h, t, &mut s.o)?;
+                    l.mlp.forward(&h, t, &mut s.o, lora.layer(i))?;
                 }
                 None => {
                     s.settle();
-                    l.mlp.forward(&s.x, t, &mut s.o)?;
+                    l.mlp.forward(&s.x, t, &mut s.o, lora.layer(i))?;
                 }
             }
             if let Some(moe) = &l.moe {
@@ -236,6 +253,19 @@ impl CausalLm for Decoder {
 
     fn kv_layout(&self) -> KvLayout {
         self.layout.clone()
+    }
+
+    fn attach_lora(&self, id: u32, adapter: &LoraAdapter) -> Result<()> {
+        let lora = CpuLora::new(adapter, self.layers.len(), |i, target| {
+            let l = &self.layers[i];
+            l.attn.features(target).or_else(|| l.mlp.features(target))
+        })?;
+        self.loras.write().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::new(lora));
+        Ok(())
+    }
+
+    fn detach_lora(&self, id: u32) {
+        self.loras.write().unwrap_or_else(|e| e.into_inner()).remove(&id);
     }
 
     /// Runs at once: the handle is resolved.

@@ -16,6 +16,7 @@ pub mod gpu;
 pub mod hf_cache;
 pub mod inspect;
 pub mod load;
+pub mod lora;
 pub mod model;
 pub mod moe;
 pub mod paths;

@@ -16,6 +16,8 @@ use ferrite_runtime::{cpu, threads, RuntimeError};
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout};
 
 use crate::config::ModelConfig;
+use crate::error::LoadError;
+use crate::lora::LoraAdapter;
 
 /// The largest step the engine will run, told to the model before the first one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +165,16 @@ pub trait CausalLm: Send + Sync {
     /// stay on the device for the next step's `batch.carried` until another step runs. A
     /// model that cannot carry picks refuses a batch with `carried` ids.
     fn step(&self, batch: &ForwardBatch, kv: &mut KvCache, want: Want<'_>) -> ferrite_runtime::Result<Pending>;
+
+    /// Attach `adapter` under `id`, so that rows of later steps whose `adapter` is `id` run
+    /// through it; its shapes are checked against the model's projections. A model that
+    /// cannot run adapters says so.
+    fn attach_lora(&self, _id: u32, adapter: &LoraAdapter) -> Result<(), LoadError> {
+        Err(LoadError::format(&adapter.path, "LoRA adapters run on the CPU executor only so far (--device cpu)"))
+    }
+
+    /// Forget the adapter attached under `id` (no step may name it any more).
+    fn detach_lora(&self, _id: u32) {}
 
     /// Whether the model draws `Want::Sample` rows on its device.
     fn samples_on_device(&self) -> bool {

@@ -11,6 +11,7 @@ use ferrite_runtime::{cpu, Result as RtResult};
 use crate::blocks::{Linear, Mlp, Norm};
 use crate::config::Activation;
 use crate::error::Result;
+use crate::lora::cpu::LayerLora;
 use crate::weights::Weights;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +119,7 @@ impl Moe {
             let rows: Vec<f32> =
                 picked.iter().flat_map(|&(tok, _)| &x[tok * hidden..(tok + 1) * hidden]).copied().collect();
             let mut y = vec![0f32; rows.len()];
-            expert.forward(&rows, picked.len(), &mut y)?;
+            expert.forward(&rows, picked.len(), &mut y, LayerLora::NONE)?;
             for (&(tok, w), y) in picked.iter().zip(y.chunks_exact(hidden)) {
                 out[tok * hidden..(tok + 1) * hidden].iter_mut().zip(y).for_each(|(o, v)| *o += v * w);
             }

@@ -94,7 +94,7 @@ struct Responder {
 
 impl Responder {
     fn body(&self, object_choices: Value) -> Value {
-        json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.served.model.name,
+        json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.served.model_name(),
                "system_fingerprint": null, "choices": object_choices})
     }
 

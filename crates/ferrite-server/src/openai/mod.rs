@@ -1,6 +1,8 @@
 //! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions` and `/v1/models`,
-//! with what they share (request fields, log-probabilities, usage, ids).
+//! with what they share (request fields, log-probabilities, usage, ids), and vLLM's LoRA
+//! adapter endpoints (`adapters`).
 
+pub mod adapters;
 pub mod chat;
 mod chat_output;
 pub mod completions;
@@ -24,6 +26,8 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{id}", get(models::retrieve))
+        .route("/v1/load_lora_adapter", post(adapters::load))
+        .route("/v1/unload_lora_adapter", post(adapters::unload))
 }
 
 /// OpenAI's `usage` object.

@@ -10,6 +10,7 @@ mod fill;
 mod hardening;
 mod lifecycle;
 mod listener;
+mod lora;
 mod ops;
 mod pool;
 mod recorded;
