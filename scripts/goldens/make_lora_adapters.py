@@ -6,6 +6,9 @@ How to run (from the repository root; the tiny llama fixture must exist, see mak
 
     pip install torch transformers==5.17.0 peft safetensors
     python scripts/goldens/make_lora_adapters.py      # writes tests/fixtures/lora/
+    python scripts/goldens/make_lora_adapters.py --bench DIR
+        # writes DIR/a0 .. DIR/a3: four SmolLM2-shaped adapters, r 16 on all seven projections,
+        # for `ferrite bench throughput --lora-modules` (not committed)
 
 Adapters (PEFT `LoraConfig`, `get_peft_model`, `save_pretrained`: adapter_config.json +
 adapter_model.safetensors), on tests/fixtures/models/llama unless said otherwise:
@@ -31,6 +34,7 @@ least MIN_MARGIN for every adapter, so the Rust comparison is not decided by flo
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -116,8 +120,36 @@ def save(model: peft.PeftModel, name: str) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
 
 
+SMOLLM2 = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    vocab_size=64,
+    tie_word_embeddings=True,
+)
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def bench(out: Path) -> None:
+    base = out / "_base"
+    AutoModelForCausalLM.from_config(LlamaConfig(**SMOLLM2)).save_pretrained(base)
+    for i in range(4):
+        model = adapted(base, dict(r=16, lora_alpha=16, target_modules=ALL), 50 + i, std=0.02)
+        model.save_pretrained(out / f"a{i}")
+    shutil.rmtree(base)
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench", type=Path, help="write four SmolLM2-shaped benchmark adapters here instead")
+    args = ap.parse_args()
     torch.set_grad_enabled(False)
+    if args.bench:
+        bench(args.bench)
+        return
     OUT.mkdir(parents=True, exist_ok=True)
     prompts = json.loads((BASE / "reference.json").read_text())["prompts"]
     reference = {
@@ -159,17 +191,7 @@ def main() -> None:
 
     # SmolLM2-135M's shape (the vocabulary is cut: embeddings are not adapted), bf16 weights.
     small_dir = OUT / "_smollm2_base"
-    smol = LlamaConfig(
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        vocab_size=64,
-        tie_word_embeddings=True,
-    )
-    AutoModelForCausalLM.from_config(smol).save_pretrained(small_dir)
+    AutoModelForCausalLM.from_config(LlamaConfig(**SMOLLM2)).save_pretrained(small_dir)
     model = adapted(small_dir, dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]), 3, std=0.05)
     model = model.to(torch.bfloat16)
     save(model, "smollm2")

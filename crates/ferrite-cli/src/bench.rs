@@ -251,7 +251,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
     sampling.validate(vocab)?;
     for rep in 0..=a.reps {
         let stop = a.prompt_file.is_some();
-        let (ttft, tpot, n) = timed_constrained(&engine, prompt.clone(), a.gen_tokens, stop, None, sampling.clone(), None)?;
+        let (ttft, tpot, n) =
+            timed_constrained(&engine, prompt.clone(), a.gen_tokens, stop, None, sampling.clone(), None)?;
         if rep > 0 {
             pp.push(prompt_tokens as f64 / ttft);
             tg.push(1.0 / tpot.max(1e-9));

@@ -82,7 +82,15 @@ impl Engine {
             .name("ferrite-engine".into())
             .spawn(move || run(core, rx))
             .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
-        Ok(Engine { tx: Some(tx), limits, metrics, grammars, adapters, next_id: AtomicU64::new(1), thread: Some(thread) })
+        Ok(Engine {
+            tx: Some(tx),
+            limits,
+            metrics,
+            grammars,
+            adapters,
+            next_id: AtomicU64::new(1),
+            thread: Some(thread),
+        })
     }
 
     pub fn limits(&self) -> &Limits {

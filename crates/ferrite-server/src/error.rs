@@ -187,8 +187,12 @@ impl From<EngineError> for ApiError {
             EngineError::Guide(GuideError::Matcher(_)) => ApiError::internal(message),
             EngineError::Guide(_) => ApiError::bad_request(message).with_code("invalid_constraint"),
             EngineError::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message),
-            EngineError::UnknownAdapter(_) => ApiError::not_found(message).with_param("model").with_code("model_not_found"),
-            EngineError::AdapterInUse { .. } => ApiError::new(StatusCode::CONFLICT, message).with_code("adapter_in_use"),
+            EngineError::UnknownAdapter(_) => {
+                ApiError::not_found(message).with_param("model").with_code("model_not_found")
+            }
+            EngineError::AdapterInUse { .. } => {
+                ApiError::new(StatusCode::CONFLICT, message).with_code("adapter_in_use")
+            }
             EngineError::Adapter(_) => ApiError::bad_request(message).with_code("invalid_adapter"),
             EngineError::Config(_) | EngineError::Model(_) => ApiError::internal(message),
         }

@@ -64,8 +64,9 @@ impl<'a> LoraStep<'a> {
         let mut tokens = Vec::new();
         for row in &batch.rows {
             let Some(id) = row.adapter else { continue };
-            let lora = attached(id)
-                .ok_or_else(|| RuntimeError::Shape(format!("a row runs through LoRA adapter {id}, which is not attached")))?;
+            let lora = attached(id).ok_or_else(|| {
+                RuntimeError::Shape(format!("a row runs through LoRA adapter {id}, which is not attached"))
+            })?;
             tokens.extend((row.query_start..row.query_start + row.query_len).map(|t| (t, lora)));
         }
         tokens.sort_unstable_by_key(|&(t, _)| t);

@@ -31,8 +31,15 @@ pub enum LoraTarget {
 }
 
 impl LoraTarget {
-    pub const ALL: [LoraTarget; 7] =
-        [LoraTarget::Q, LoraTarget::K, LoraTarget::V, LoraTarget::O, LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down];
+    pub const ALL: [LoraTarget; 7] = [
+        LoraTarget::Q,
+        LoraTarget::K,
+        LoraTarget::V,
+        LoraTarget::O,
+        LoraTarget::Gate,
+        LoraTarget::Up,
+        LoraTarget::Down,
+    ];
 
     /// The module's name in HF llama-style models (`q_proj`, ..., `down_proj`).
     pub fn module(self) -> &'static str {

@@ -48,7 +48,10 @@ pub trait EngineBackend: Send + Sync {
     }
     /// Load `adapter` under `name` (blocking).
     fn load_adapter(&self, _name: &str, _adapter: Arc<LoraAdapter>) -> Result<(), ApiError> {
-        Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "LoRA adapters are not served by engines in child processes (--isolate)"))
+        Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "LoRA adapters are not served by engines in child processes (--isolate)",
+        ))
     }
     /// Unload the adapter `name` (blocking); refused while a request runs through it.
     fn unload_adapter(&self, name: &str) -> Result<(), ApiError> {

@@ -163,9 +163,7 @@ async fn every_chat_surface_picks_the_adapter_by_model() {
     let server = own_smol();
     assert_eq!(load(&server, "smol-lora", "smollm2").await.0, 200);
     let user = "Name three colors.";
-    let chat = |model: &str| {
-        json!({"model": model, "messages": [{"role": "user", "content": user}], "max_tokens": 12, "temperature": 0})
-    };
+    let chat = |model: &str| json!({"model": model, "messages": [{"role": "user", "content": user}], "max_tokens": 12, "temperature": 0});
     let text_of = |v: &Value| v["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string();
     let (status, base) = post(&server.at("/v1/chat/completions"), &chat("smollm2")).await;
     assert_eq!(status, 200, "{base}");
