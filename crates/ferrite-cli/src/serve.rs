@@ -63,8 +63,17 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME=PATH", num_args = 1..)]
     pub lora_modules: Vec<String>,
     /// The largest LoRA rank an adapter may have (at most 64).
-    #[arg(long, default_value_t = ferrite_models::lora::MAX_LORA_RANK, value_parser = clap::value_parser!(u16).range(1..=64).map(usize::from))]
+    #[arg(long, default_value_t = ferrite_models::lora::MAX_LORA_RANK, value_parser = parse_lora_rank)]
     pub max_lora_rank: usize,
+}
+
+/// A LoRA rank in 1..=64.
+fn parse_lora_rank(s: &str) -> Result<usize, String> {
+    let max = ferrite_models::lora::MAX_LORA_RANK;
+    match s.parse::<usize>() {
+        Ok(r) if (1..=max).contains(&r) => Ok(r),
+        _ => Err(format!("'{s}' is not a rank in 1..={max}")),
+    }
 }
 
 /// `--lora-modules` entries as (name, path).

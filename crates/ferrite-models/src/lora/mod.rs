@@ -79,6 +79,9 @@ pub struct LoraAdapter {
     pub digest: u64,
 }
 
+/// A tensor's f32 values and shape.
+type Matrix = (Vec<f32>, Vec<usize>);
+
 /// FNV-1a over `bytes`, continuing from `h`.
 fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
     for &b in bytes {
@@ -186,8 +189,7 @@ impl LoraAdapter {
         }
         let bytes = std::fs::read(&weights_path).map_err(|e| LoadError::io(&weights_path, e))?;
         let file = SafetensorsDir::from_bytes(&weights_path, &bytes)?;
-        let mut pairs: std::collections::BTreeMap<(usize, usize), [Option<(Vec<f32>, Vec<usize>)>; 2]> =
-            Default::default();
+        let mut pairs: std::collections::BTreeMap<(usize, usize), [Option<Matrix>; 2]> = Default::default();
         for (name, _, shape) in file.tensors() {
             let (layer, target, is_b) = parse_tensor(&weights_path, name)?;
             let values = file.tensor(name)?.to_f32_vec()?;

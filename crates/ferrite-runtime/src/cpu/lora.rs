@@ -23,7 +23,7 @@ impl LoraPair {
     /// `a` is `[rank, in_features]`, `b` is `[out_features, rank]`; `b` is multiplied by
     /// `scale` here.
     pub fn new(a: Vec<f32>, mut b: Vec<f32>, rank: usize, in_features: usize, scale: f32) -> Result<LoraPair> {
-        if rank == 0 || a.len() != rank * in_features || b.len() % rank != 0 {
+        if rank == 0 || a.len() != rank * in_features || !b.len().is_multiple_of(rank) {
             return Err(RuntimeError::Shape(format!(
                 "LoRA A of {} values for rank {rank} × {in_features}, B of {} values",
                 a.len(),
@@ -65,7 +65,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 pub fn lora_add(x: &[f32], work: &[(usize, &LoraPair)], out: &mut [f32]) -> Result<()> {
     let Some(&(_, first)) = work.first() else { return Ok(()) };
     let (inp, outw) = (first.in_features, first.out_features);
-    let rows = |len: usize, width: usize| if width == 0 { 0 } else { len / width };
+    let rows = |len: usize, width: usize| len.checked_div(width).unwrap_or(0);
     let (x_rows, out_rows) = (rows(x.len(), inp), rows(out.len(), outw));
     let mut last = None;
     for &(t, p) in work {
