@@ -6,12 +6,14 @@
 //! (granite) and added to the residual stream, then Gemma 4's per-layer input and layer
 //! scalar; the final norm, the LM head, the logit scale and softcap. A sublayer output is added
 //! to the residual in the same pass as the norm that reads the sum (`Norm::forward_add`)
-//! whenever one follows, so every family gets that fusion.
+//! whenever one follows, so every family gets that fusion. A decoder with an embedding head
+//! (`embedding`) also embeds: the final norm of every token, then the head's pooling.
 
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError, Tensor};
 
 use crate::blocks::{self, Attention, Linear, LmHead, Mlp, Norm};
 use crate::config::ModelConfig;
+use crate::embedding::{EmbeddingHead, EmbeddingSpec};
 use crate::error::Result;
 use crate::model::{CausalLm, Pending, StepOutput, Want};
 use crate::moe::Moe;
@@ -69,6 +71,8 @@ pub struct Decoder {
     layers: Vec<Layer>,
     head: LmHead,
     layout: KvLayout,
+    embedding: Option<EmbeddingHead>,
+    causal: bool,
 }
 
 /// The residual stream `x` and a sublayer output `o` that may still have to join it.
@@ -112,6 +116,7 @@ impl Decoder {
     /// Build `plan` from `weights`, checking every tensor; `progress` is told after each layer.
     pub fn load(cfg: ModelConfig, plan: DecoderPlan, w: &Weights, progress: &dyn Fn(usize)) -> Result<Decoder> {
         let (d, eps, n, offset) = (cfg.hidden_size, plan.eps, plan.layers.len(), plan.norm_offset());
+        let causal = plan.causal();
         let norm = |name: &Option<String>| -> Result<Option<Norm>> {
             name.as_ref().map(|name| Norm::load_kind(w, name, d, plan.norm, eps)).transpose()
         };
@@ -164,7 +169,14 @@ impl Decoder {
             layers,
             head,
             layout: plan.layout,
+            embedding: None,
+            causal,
         })
+    }
+
+    /// The decoder, embedding with `head`.
+    pub fn with_embedding(self, head: Option<EmbeddingHead>) -> Decoder {
+        Decoder { embedding: head, ..self }
     }
 
     /// `input` of layer `i` (`[t, layers * width]` per-layer inputs) joins the residual.
@@ -181,7 +193,7 @@ impl Decoder {
         Ok(())
     }
 
-    /// The logits of `batch.logits_indices`, row-major `[rows, vocab]`, after writing the
+    /// The residual stream after the last layer, `[tokens, hidden]`, after writing the
     /// batch's K/V into `kv`.
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<f32>> {
         let t = batch.num_tokens();
@@ -225,7 +237,7 @@ impl Decoder {
             }
         }
         s.settle();
-        self.head.logits(&s.x, batch)
+        Ok(s.x)
     }
 }
 
@@ -243,7 +255,24 @@ impl CausalLm for Decoder {
         if !batch.carried.is_empty() {
             return Err(RuntimeError::Shape("a CPU model keeps no picks on a device to carry".into()));
         }
-        let logits = self.forward(batch, kv)?;
+        if !self.causal {
+            return Err(RuntimeError::Unsupported("a bidirectional model only embeds".into()));
+        }
+        let logits = self.head.logits(&self.forward(batch, kv)?, batch)?;
         StepOutput::from_logits(logits, self.cfg.vocab_size, want).map(Pending::ready)
+    }
+
+    fn embedding(&self) -> Option<&EmbeddingSpec> {
+        self.embedding.as_ref().map(EmbeddingHead::spec)
+    }
+
+    fn generates(&self) -> bool {
+        self.causal
+    }
+
+    fn embed(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<Vec<f32>>> {
+        let head = self.embedding.as_ref().ok_or_else(|| RuntimeError::Unsupported("this model does not embed".into()))?;
+        let states = self.head.norm_rows(&self.forward(batch, kv)?);
+        head.embed(&states, self.cfg.hidden_size, batch)
     }
 }

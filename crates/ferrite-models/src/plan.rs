@@ -139,6 +139,12 @@ pub struct DecoderPlan {
 }
 
 impl DecoderPlan {
+    /// Whether every layer attends causally (false: a bidirectional encoder, which embeds
+    /// and never generates).
+    pub fn causal(&self) -> bool {
+        self.layers.iter().all(|l| l.attn.params.causal)
+    }
+
     /// The norm offset of an RMSNorm model (0 for LayerNorm).
     pub fn norm_offset(&self) -> f32 {
         match self.norm {

@@ -5,7 +5,8 @@
 //! in HF order. A model whose RoPE rotates adjacent pairs (GLM) gets its q/k rows (and
 //! biases) reordered so that the executors' rotate-half RoPE rotates the same pairs: the
 //! attention scores are unchanged, as q and k share the order. Every fetch checks the shape
-//! the architecture expects.
+//! the architecture expects. A bare backbone saved without the `model.` prefix (an embedding
+//! model exported from `AutoModel`) is read under the same names.
 
 use std::path::Path;
 
@@ -90,7 +91,11 @@ impl Weights {
 
     fn file_name(&self, hf: &str) -> Option<String> {
         match &self.source {
-            WeightSource::Safetensors(_) => Some(hf.to_string()),
+            // A bare backbone (`Qwen3Model`, `Gemma3TextModel`) is saved without `model.`.
+            WeightSource::Safetensors(s) => match hf.strip_prefix("model.") {
+                Some(bare) if !s.contains(hf) && s.contains(bare) => Some(bare.to_string()),
+                _ => Some(hf.to_string()),
+            },
             WeightSource::Gguf(_) => gguf_name(hf, &self.layout),
         }
     }

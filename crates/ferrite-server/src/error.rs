@@ -186,8 +186,10 @@ impl From<EngineError> for ApiError {
             EngineError::Sampling(s) => bad(sampling_param(s)),
             EngineError::Guide(GuideError::Matcher(_)) => ApiError::internal(message),
             EngineError::Guide(_) => ApiError::bad_request(message).with_code("invalid_constraint"),
+            EngineError::CannotEmbed | EngineError::CannotGenerate => bad("model"),
+            EngineError::EmbedInputTooLong { .. } => bad("input").with_code("context_length_exceeded"),
             EngineError::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message),
-            EngineError::Config(_) | EngineError::Model(_) => ApiError::internal(message),
+            EngineError::EmbedParams | EngineError::Config(_) | EngineError::Model(_) => ApiError::internal(message),
         }
     }
 }

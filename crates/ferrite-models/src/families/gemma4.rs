@@ -273,6 +273,7 @@ pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
                 scale: 1.0,
                 window: s.window(t),
                 softcap: None,
+                causal: true,
             },
             rope: s.ropes[i].clone(),
             bias: cfg.qkv_bias,

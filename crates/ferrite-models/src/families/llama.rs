@@ -24,6 +24,7 @@ pub(super) fn base(cfg: &ModelConfig) -> DecoderPlan {
         scale: 1.0 / (cfg.head_dim as f32).sqrt(),
         window: cfg.sliding_window,
         softcap: None,
+        causal: true,
     };
     let layers = (0..cfg.num_layers)
         .map(|i| LayerPlan {

@@ -56,6 +56,9 @@ pub struct DecoderLayers {
 
 /// Why `plan` cannot run on the CUDA executor, if it cannot.
 pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
+    if !plan.causal() {
+        return Some("bidirectional attention has no CUDA kernel yet".into());
+    }
     for (i, l) in plan.layers.iter().enumerate() {
         let hd = l.attn.params.head_dim;
         if !HEAD_DIMS.contains(&hd) {

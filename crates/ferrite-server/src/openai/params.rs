@@ -136,6 +136,7 @@ impl CommonParams {
             n: self.n.unwrap_or(1),
             fill,
             constraint: self.constraint()?,
+            embed: false,
         })
     }
 }
