@@ -6,6 +6,7 @@
 //! one-line error and a non-zero exit.
 
 mod bench;
+mod bench_embed;
 mod bench_pool;
 mod bench_serve;
 mod chat;

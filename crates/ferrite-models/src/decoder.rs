@@ -271,7 +271,8 @@ impl CausalLm for Decoder {
     }
 
     fn embed(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<Vec<f32>>> {
-        let head = self.embedding.as_ref().ok_or_else(|| RuntimeError::Unsupported("this model does not embed".into()))?;
+        let head =
+            self.embedding.as_ref().ok_or_else(|| RuntimeError::Unsupported("this model does not embed".into()))?;
         let states = self.head.norm_rows(&self.forward(batch, kv)?);
         head.embed(&states, self.cfg.hidden_size, batch)
     }

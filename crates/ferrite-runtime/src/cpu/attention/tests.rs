@@ -95,7 +95,13 @@ fn check_shape(rng: &mut StdRng, nh: usize, nkv: usize, hd: usize, dtype: KvDtyp
             batch.push_row(&vec![0; len], ctx, vec![table], RowLogits::None);
         }
         let q: Vec<f32> = (0..batch.num_tokens() * nh * hd).map(|_| rng.random_range(-2.0..2.0)).collect();
-        let cases = [(None, None, true), (Some(23), None, true), (None, Some(3.0), true), (None, None, false), (Some(23), None, false)];
+        let cases = [
+            (None, None, true),
+            (Some(23), None, true),
+            (None, Some(3.0), true),
+            (None, None, false),
+            (Some(23), None, false),
+        ];
         for (window, softcap, causal) in cases {
             let p = AttentionParams { n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 0.3, window, softcap, causal };
             let want = reference(&q, &batch, &layer, bs, &p);
@@ -103,7 +109,9 @@ fn check_shape(rng: &mut StdRng, nh: usize, nkv: usize, hd: usize, dtype: KvDtyp
                 let mut out = vec![f32::NAN; q.len()];
                 attend_at(&q, &batch, &layer, bs, &p, level, &mut out).unwrap();
                 for (i, (got, want)) in out.iter().zip(&want).enumerate() {
-                    let what = format!("{dtype:?} hd {hd} {shapes:?} {level:?} {window:?} {softcap:?} causal {causal} value {i}");
+                    let what = format!(
+                        "{dtype:?} hd {hd} {shapes:?} {level:?} {window:?} {softcap:?} causal {causal} value {i}"
+                    );
                     assert!((f64::from(*got) - want).abs() < 2e-5, "{what}: {got} vs {want}");
                 }
             }
