@@ -22,6 +22,9 @@ use crate::extract::JsonBody;
 use crate::openai::completions::token_ids;
 use crate::state::{App, ModelInfo};
 
+/// Most inputs one request may hold (OpenAI's limit).
+const MAX_INPUTS: usize = 2048;
+
 #[derive(Debug, Deserialize)]
 struct EmbeddingRequest {
     model: Option<String>,
@@ -53,6 +56,9 @@ fn inputs(model: &ModelInfo, input: &Value) -> Result<Vec<Vec<u32>>, ApiError> {
     match input {
         Value::String(s) => Ok(vec![text(s)?]),
         Value::Array(items) if items.is_empty() => Err(bad_input("must not be empty")),
+        Value::Array(items) if items.len() > MAX_INPUTS && !items.iter().all(Value::is_number) => {
+            Err(bad_input(&format!("holds {} inputs; at most {MAX_INPUTS} are allowed", items.len())))
+        }
         Value::Array(items) if items.iter().all(Value::is_string) => {
             items.iter().map(|s| text(s.as_str().unwrap_or_default())).collect()
         }
@@ -95,7 +101,12 @@ pub async fn embeddings(State(app): State<Arc<App>>, body: JsonBody) -> Result<J
     let params = RequestParams { embed: true, ..Default::default() };
     let mut generations = Vec::with_capacity(inputs.len());
     for (ids, permit) in inputs.into_iter().zip(permits) {
-        generations.push(app.generate(&served, ids, params.clone(), permit, started).await?);
+        // The engine names the field it checked `prompt`; here it is `input`.
+        let g = app.generate(&served, ids, params.clone(), permit, started).await.map_err(|e| match e.param {
+            Some(ref p) if p == "prompt" => e.with_param("input"),
+            _ => e,
+        })?;
+        generations.push(g);
     }
     let mut data = Vec::with_capacity(generations.len());
     let mut prompt_tokens = 0;

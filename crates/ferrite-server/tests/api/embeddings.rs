@@ -97,7 +97,9 @@ async fn bad_inputs_get_openai_errors() {
     let body = assert_error(post(&url, &json!({"input": long})).await, 400, Some("input"), "embeds at most 256");
     assert_eq!(body["error"]["code"], "context_length_exceeded");
     let got = post(&url, &json!({"input": [5, 400]})).await;
-    assert_error(got, 400, Some("prompt"), "outside the vocabulary");
+    assert_error(got, 400, Some("input"), "outside the vocabulary");
+    let many: Vec<Value> = (0..2049).map(|_| json!([5])).collect();
+    assert_error(post(&url, &json!({"input": many})).await, 400, Some("input"), "at most 2048");
     // An embedding-only model does not generate.
     let body = json!({"prompt": [5, 6, 7], "max_tokens": 2});
     assert_error(post(&server.at("/v1/completions"), &body).await, 400, Some("model"), "only makes embeddings");

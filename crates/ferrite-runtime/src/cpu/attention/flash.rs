@@ -9,9 +9,10 @@
 //!
 //! 1. the chunk's keys and values are widened to f32 (`kb`, `vb`, `[key][head_dim]`);
 //! 2. scores `st[j][i] = scale * k_j · q_i` (four keys by up to four row vectors at a time);
-//! 3. the causal / sliding-window / bidirectional mask (where the chunk is not visible to every row), then the
-//!    running softmax: per row the max `m` and sum `l`; when a row's max grows, its sum and
-//!    output are rescaled by `e^(m_old - m_new)`; probabilities `p = e^(s - m)`, 0 where masked;
+//! 3. the causal / sliding-window / bidirectional mask (where the chunk is not visible to
+//!    every row), then the running softmax: per row the max `m` and sum `l`; when a row's max
+//!    grows, its sum and output are rescaled by `e^(m_old - m_new)`; probabilities
+//!    `p = e^(s - m)`, 0 where masked;
 //! 4. `ot[d][i] += Σ_j v_j[d] * p[j][i]` (four dims by up to four row vectors at a time).
 //!
 //! The outputs are `ot / l`, transposed back. A row's result depends only on its own query

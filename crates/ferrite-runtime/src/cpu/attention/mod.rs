@@ -1,4 +1,4 @@
-//! Causal GQA attention over the paged KV cache.
+//! GQA attention over the paged KV cache: causal, or bidirectional (encoders).
 //!
 //! `write_kv` stores a step's new keys and values into the blocks its rows own; then
 //! `paged_attention` lets every query token attend to its row's positions `[lo, hi]`, where
