@@ -59,9 +59,9 @@ async fn embeddings_match_the_reference_batched_and_alone() {
 async fn dimensions_truncate_and_renormalise_and_base64_carries_the_floats() {
     let server = gemma_embed();
     let input = fixture_reference("gemma3-embed")["inputs"][4].clone();
-    let full = floats(&embed(server, json!({"input": input}))["data"][0]["embedding"]);
+    let full = floats(&embed(server, json!({"input": input})).await["data"][0]["embedding"]);
     assert_eq!(full.len(), 64);
-    let short = floats(&embed(server, json!({"input": input, "dimensions": 32}))["data"][0]["embedding"]);
+    let short = floats(&embed(server, json!({"input": input, "dimensions": 32})).await["data"][0]["embedding"]);
     let norm = full[..32].iter().map(|x| x * x).sum::<f32>().sqrt();
     for (s, f) in short.iter().zip(&full[..32]) {
         assert!((s - f / norm).abs() < 1e-6, "{s} vs {}", f / norm);
@@ -115,7 +115,7 @@ async fn models_that_cannot_embed_or_truncate_say_so() {
     assert_error(got, 400, Some("dimensions"), "cannot be truncated");
     let want = floats(&fixture_reference("qwen3-embed")["embeddings"][2]);
     let input = fixture_reference("qwen3-embed")["inputs"][2].clone();
-    let got = floats(&embed(&qwen, json!({"input": input, "dimensions": 64}))["data"][0]["embedding"]);
+    let got = floats(&embed(&qwen, json!({"input": input, "dimensions": 64})).await["data"][0]["embedding"]);
     assert!(cosine(&got, &want) >= 0.999);
 }
 
