@@ -67,6 +67,37 @@ window.fetch = (url, opts) => {
   return Promise.resolve(new Response(text, {status: 200, headers: {'Content-Type': 'text/event-stream'}}));
 };
 """
+# Markdown and what the page's renderer makes of it (as HTML, for comparison only).
+MARKDOWN_CASES = [
+    ("# Title\nSome **bold**, *it*, `a <b>` and ~~old~~ in a_b_c.\nnext <i>line</i>",
+     "<h1>Title</h1><p>Some <strong>bold</strong>, <em>it</em>, <code>a &lt;b&gt;</code> and <del>old</del> in "
+     "a_b_c.<br>next &lt;i&gt;line&lt;/i&gt;</p>"),
+    ("1. one\n2. two\n   - sub *a*\n3. three\n\n- x\n\n- y",
+     "<ol class=\"tight\"><li><p>one</p></li><li><p>two</p><ul class=\"tight\"><li><p>sub <em>a</em></p></li></ul>"
+     "</li><li><p>three</p></li></ol><ul><li><p>x</p></li><li><p>y</p></li></ul>"),
+    ("| a | b |\n|:--|--:|\n| 1 | `x|y` |",
+     "<div class=\"table-wrap\"><table><thead><tr><th style=\"text-align: left;\">a</th><th style=\"text-align: "
+     "right;\">b</th></tr></thead><tbody><tr><td style=\"text-align: left;\">1</td><td style=\"text-align: right;\">"
+     "<code>x|y</code></td></tr></tbody></table></div>"),
+    ("> quote **x**\n> more\n\n---", "<blockquote><p>quote <strong>x</strong><br>more</p></blockquote><hr>"),
+    ("[ok](https://example.com) [bad](javascript:alert(1)) ![i](https://e.org/p.png) https://x.org/a.",
+     "<p><a href=\"https://example.com\" target=\"_blank\" rel=\"noopener noreferrer\">ok</a> <span>bad</span> "
+     "<a class=\"image-link\" href=\"https://e.org/p.png\" target=\"_blank\" rel=\"noopener noreferrer\">image: i</a> "
+     "<a href=\"https://x.org/a\" target=\"_blank\" rel=\"noopener noreferrer\">https://x.org/a</a>.</p>"),
+    ("\\*not em\\* <img src=x onerror=alert(1)>\n```rust\nlet s = \"<b>\"; // c\n",
+     "<p>*not em* &lt;img src=x onerror=alert(1)&gt;</p><div class=\"code-block\"><div class=\"code-head\"><span "
+     "class=\"lang\">rust</span><button class=\"copy\" type=\"button\">Copy</button></div><pre><code><span "
+     "class=\"hl-kw\">let</span> s = <span class=\"hl-str\">\"&lt;b&gt;\"</span>; <span class=\"hl-com\">// c</span>"
+     "</code></pre></div>"),
+]
+RENDER_MARKDOWN = """
+const [cases, done] = arguments;
+import('/web/markdown.js').then((m) => done(cases.map(([src]) => {
+  const box = document.createElement('div');
+  box.append(m.renderMarkdown(src));
+  return box.innerHTML;
+})), (e) => done('error: ' + e));
+"""
 # Records the body of every chat request the page sends (until the next reload).
 RECORD_REQUESTS = """
 window.__requests = [];
@@ -261,6 +292,13 @@ def run(server: Server, model: str, profile: Path, artifacts: Path) -> list[tupl
             assert picker.first_selected_option.get_attribute("value") == model
 
         check("the page loads, names the model and offers both", page_loads)
+
+        def markdown():
+            got = driver.execute_async_script(RENDER_MARKDOWN, MARKDOWN_CASES)
+            for (src, want), html in zip(MARKDOWN_CASES, got):
+                assert html == want, f"{src!r}:\n got {html}\nwant {want}"
+
+        check("Markdown renders blocks, inline marks, safe links and highlighted code", markdown)
 
         def settings_persist():
             settings("0", "24", "You are a concise assistant.")

@@ -363,6 +363,14 @@ $("new-chat").addEventListener("click", () => {
 });
 $("chats").addEventListener("click", onSidebarClick);
 $("messages").addEventListener("click", onMessagesClick);
+$("messages").addEventListener("keydown", (ev) => {
+  if (ev.target.classList.contains("edit-input") && ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
+    ev.preventDefault();
+    ev.target.closest(".msg").querySelector(".save-edit").click();
+  } else if (ev.target.classList.contains("edit-input") && ev.key === "Escape") {
+    renderChat();
+  }
+});
 $("messages").addEventListener("scroll", () => {
   const box = $("messages");
   state.stick = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
