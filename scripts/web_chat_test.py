@@ -437,6 +437,21 @@ def run(server: Server, model: str, profile: Path, artifacts: Path) -> list[tupl
         check("a scripted reply: markup stays text, code highlighted and copyable, reasoning, tool call",
               scripted_reply)
 
+        def stream_error():
+            driver.execute_script(STUB_FETCH, [
+                {"model": "scripted", "choices": [{"index": 0, "delta": {"content": "Partial answer"}}]},
+                {"error": {"message": "the engine process of 'scripted' was killed by signal 9",
+                           "type": "server_error"}},
+            ])
+            find(".msg.assistant .regenerate").click()
+            reply = until("the failed reply", lambda: replies()[0].get_attribute("data-state") == "error" and replies()[0])
+            assert content(reply) == "Partial answer", "the text so far stays"
+            error = find(".error-box", reply).text
+            assert error.startswith("Error server_error"), error
+            assert "killed by signal 9" in error, error
+
+        check("an error event mid-stream shows with the text so far", stream_error)
+
         def sidebar():
             assert len(chats()) == 2, [c.text for c in chats()]
             titles = [find(".title", c).text for c in chats()]

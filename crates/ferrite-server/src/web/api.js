@@ -63,15 +63,16 @@ export async function streamChat(body, { key, signal, onChunk }) {
     buffer = buffer.replace(/\r\n?/g, "\n");
     let at;
     while ((at = buffer.indexOf("\n\n")) >= 0) {
-      handleEvent(buffer.slice(0, at), onChunk, resp.status);
+      handleEvent(buffer.slice(0, at), onChunk);
       buffer = buffer.slice(at + 2);
     }
     if (done) break;
   }
-  if (buffer.trim()) handleEvent(buffer, onChunk, resp.status);
+  if (buffer.trim()) handleEvent(buffer, onChunk);
 }
 
-function handleEvent(event, onChunk, status) {
+// An error inside a stream came after a 200, so it carries no HTTP status of its own.
+function handleEvent(event, onChunk) {
   let name = "message";
   const data = [];
   for (const line of event.split("\n")) {
@@ -84,11 +85,11 @@ function handleEvent(event, onChunk, status) {
   try {
     chunk = JSON.parse(text);
   } catch {
-    throw new ApiError(status, "the stream sent an event that is not JSON", { body: text });
+    throw new ApiError(null, "the stream sent an event that is not JSON", { body: text });
   }
   if (chunk.error || name === "error") {
     const err = chunk.error || chunk;
-    throw new ApiError(status, err.message || "the stream ended with an error", { type: err.type || null, body: text });
+    throw new ApiError(null, err.message || "the stream ended with an error", { type: err.type || null, body: text });
   }
   onChunk(chunk);
 }

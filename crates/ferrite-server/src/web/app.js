@@ -243,7 +243,10 @@ function onSidebarClick(ev) {
     }
     target.classList.add("confirm");
     target.textContent = "Delete?";
-    setTimeout(() => renderSidebar(), 3000);
+    setTimeout(() => {
+      target.classList.remove("confirm");
+      target.textContent = "✕";
+    }, 3000);
   } else if (!ev.target.closest("input") && chat.id !== state.currentId) {
     openChat(chat.id);
   }
