@@ -19,7 +19,8 @@ async fn the_chat_page_and_its_assets_are_served_without_a_key() {
     assert_eq!(status, 200);
     assert!(ctype.starts_with("text/html"), "{ctype}");
     assert!(csp.contains("script-src 'self'") && csp.contains("default-src 'none'"), "{csp}");
-    for needle in ["<title>ferrite chat</title>", "/web/app.js", "/web/style.css", "id=\"stop\"", "id=\"model-picker\""] {
+    for needle in ["<title>ferrite chat</title>", "/web/app.js", "/web/style.css", "id=\"stop\"", "id=\"model-picker\""]
+    {
         assert!(page.contains(needle), "the page has {needle}");
     }
     assert!(!page.contains("<script>") && !page.contains("style="), "nothing inline (the CSP forbids it)");
