@@ -1,4 +1,4 @@
-"""GGUF (F32) of a roster fixture's weights, with the tensor names, metadata keys and q/k row order that
+"""GGUF (F32) of a roster or MoE fixture's weights, with the tensor names, metadata keys and q/k row order that
 llama.cpp's convert_hf_to_gguf.py (llama-cpp-python 0.3.36's vendor/llama.cpp) writes for that arch.
 
 `write_gguf(name, directory)` reads directory/config.json + model.safetensors and writes
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import gguf
@@ -24,6 +25,9 @@ ARCH = {
     "granite": "granite",
     "starcoder2": "starcoder2",
     "smollm3": "smollm3",
+    "qwen3-moe": "qwen3moe",
+    # llama.cpp's converter writes Mixtral as llama with expert tensors.
+    "mixtral": "llama",
 }
 
 # HF tensor name suffix (after model.layers.N.) -> GGUF name suffix (after blk.N.), per family.
@@ -56,11 +60,29 @@ LAYER = {
     "granite": COMMON_LAYER,
     "starcoder2": {**COMMON_LAYER, "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"},
     "smollm3": COMMON_LAYER,
+    "qwen3-moe": {
+        **COMMON_LAYER,
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "mlp.gate": "ffn_gate_inp",
+    },
+    "mixtral": {**COMMON_LAYER, "block_sparse_moe.gate": "ffn_gate_inp"},
+}
+# One expert's projection (model.layers.N.<block>.experts.E.<proj>.weight) -> the GGUF tensor that stacks
+# that projection of every expert of the layer ([experts, rows, cols]).
+EXPERT = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
+EXPERT_GGUF = {
+    "gate_proj": "ffn_gate_exps",
+    "up_proj": "ffn_up_exps",
+    "down_proj": "ffn_down_exps",
+    "w1": "ffn_gate_exps",
+    "w3": "ffn_up_exps",
+    "w2": "ffn_down_exps",
 }
 # llama.cpp runs these archs with its interleaved ("NORM") rope, so the converter permutes the HF q/k
 # rows from rotate-half order (pairs i, i + d/2) to adjacent pairs (2i, 2i + 1) within each head.
 # glm4 is NORM too but HF's Glm4 already rotates adjacent pairs: no permutation.
-PERMUTE_QK = {"granite", "smollm3"}
+PERMUTE_QK = {"granite", "smollm3", "mixtral"}
 
 # Placeholder vocabulary: `<tN>` pieces, SentencePiece-style ("llama") so no merges are needed.
 TOKENIZER = "llama"
@@ -121,6 +143,11 @@ def add_metadata(w: gguf.GGUFWriter, family: str, cfg: dict) -> None:
         # Not written by llama.cpp's converter (llama.cpp runs starcoder2 without a window); added so
         # the GGUF describes the same model as config.json. Absent in real starcoder2 GGUFs.
         w.add_sliding_window(cfg["sliding_window"])
+    if family in ("qwen3-moe", "mixtral"):
+        w.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+    if family == "qwen3-moe":
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if family != "granite" and "head_dim" in cfg:
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
@@ -153,13 +180,21 @@ def write_gguf(family: str, directory: Path) -> int:
     add_metadata(w, family, cfg)
     add_tokenizer(w, cfg)
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    experts: dict[tuple[str, str], dict[int, np.ndarray]] = {}
     for name, t in tensors.items():
         t = np.ascontiguousarray(t, dtype=np.float32)
+        if m := EXPERT.fullmatch(name):
+            layer, expert, proj = m.groups()
+            experts.setdefault((layer, EXPERT_GGUF[proj]), {})[int(expert)] = t
+            continue
         if family in PERMUTE_QK and ".self_attn.q_proj." in name:
             t = permute_rows(t, n_head)
         elif family in PERMUTE_QK and ".self_attn.k_proj." in name:
             t = permute_rows(t, n_kv)
         w.add_tensor(hf_to_gguf_name(name, family), np.ascontiguousarray(t))
+    for (layer, gguf_name), by_expert in experts.items():
+        stacked = np.stack([by_expert[e] for e in range(len(by_expert))])
+        w.add_tensor(f"blk.{layer}.{gguf_name}.weight", np.ascontiguousarray(stacked))
     if family == "phi3":
         rope = cfg["rope_parameters"]
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))

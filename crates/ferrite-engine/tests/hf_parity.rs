@@ -83,6 +83,8 @@ gguf_parity! {
     granite_gguf => "granite",
     starcoder2_gguf => "starcoder2",
     smollm3_gguf => "smollm3",
+    qwen3_moe_gguf => "qwen3-moe",
+    mixtral_gguf => "mixtral",
 }
 
 macro_rules! parity {
@@ -114,4 +116,6 @@ parity! {
     gemma4_shared_ple => "gemma4-shared-ple",
     gemma4_kv_eq_v => "gemma4-kv-eq-v",
     gemma4_moe => "gemma4-moe",
+    qwen3_moe => "qwen3-moe",
+    mixtral => "mixtral",
 }
