@@ -28,7 +28,8 @@ Fixtures (vocab 307, hidden 64, 4 heads, 2 KV heads, head_dim 16, bos 1, eos 306
              sparse; per-head q/k norms. GGUF arch qwen3moe (llama.cpp itself has no dense layers in a
              qwen3moe file: ferrite reads a layer without `ffn_gate_inp` as dense)
   mixtral    MixtralConfig: 2 layers, 4 experts, top-2, expert width (intermediate_size) 32, rope theta
-             1e6. GGUF arch llama with expert tensors, q/k rows permuted as llama.cpp's converter does
+             1e6. GGUF arch llama with expert tensors, q/k rows permuted as llama.cpp's converter does;
+             also `model-q8_0.gguf`, every matrix (stacked experts included) in Q8_0 blocks
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import os
 import sys
 from pathlib import Path
 
+import gguf
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -173,6 +175,8 @@ def main():
             assert effect > 1e-2, f"norm_topk_prob does not change the logits ({effect})"
             print(f"   switching norm_topk_prob off moves the longest prompt's logits by up to {effect}", file=sys.stderr)
         summary[name]["bytes"] += write_gguf(name, OUT_DIR / name)
+        if name == "mixtral":
+            summary[name]["bytes"] += write_gguf(name, OUT_DIR / name, gguf.GGMLQuantizationType.Q8_0, "model-q8_0.gguf")
     total = sum(v["bytes"] for v in summary.values())
     print(f"total {total} bytes", file=sys.stderr)
     assert not wanted - summary.keys(), f"unknown fixtures {wanted - summary.keys()}"

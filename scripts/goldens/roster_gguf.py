@@ -106,7 +106,7 @@ def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def add_metadata(w: gguf.GGUFWriter, family: str, cfg: dict) -> None:
+def add_metadata(w: gguf.GGUFWriter, family: str, cfg: dict, qtype: gguf.GGMLQuantizationType | None) -> None:
     rope = cfg["rope_parameters"]
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_head
@@ -151,7 +151,7 @@ def add_metadata(w: gguf.GGUFWriter, family: str, cfg: dict) -> None:
     if family != "granite" and "head_dim" in cfg:
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype is None else gguf.LlamaFileType.MOSTLY_Q8_0)
 
 
 def add_tokenizer(w: gguf.GGUFWriter, cfg: dict) -> None:
@@ -170,14 +170,22 @@ def add_tokenizer(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_add_bos_token(False)
 
 
-def write_gguf(family: str, directory: Path) -> int:
-    """Write directory/model.gguf; returns its size in bytes."""
+def add(w: gguf.GGUFWriter, name: str, t: np.ndarray, qtype: gguf.GGMLQuantizationType | None) -> None:
+    """Add `t` as F32, or (a matrix whose rows fit the type's blocks) quantized to `qtype`."""
+    if qtype is None or t.ndim < 2 or t.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+        w.add_tensor(name, np.ascontiguousarray(t))
+    else:
+        w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(t), qtype), raw_dtype=qtype)
+
+
+def write_gguf(family: str, directory: Path, qtype: gguf.GGMLQuantizationType | None = None, file_name: str = "model.gguf") -> int:
+    """Write directory/file_name (matrices F32, or quantized to `qtype`); returns its size in bytes."""
     cfg = json.loads((directory / "config.json").read_text())
     tensors = load_file(directory / "model.safetensors")
-    out = directory / "model.gguf"
+    out = directory / file_name
     w = gguf.GGUFWriter(out, ARCH[family])
     w.add_name(f"ferrite tiny {family}")
-    add_metadata(w, family, cfg)
+    add_metadata(w, family, cfg, qtype)
     add_tokenizer(w, cfg)
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     experts: dict[tuple[str, str], dict[int, np.ndarray]] = {}
@@ -191,10 +199,10 @@ def write_gguf(family: str, directory: Path) -> int:
             t = permute_rows(t, n_head)
         elif family in PERMUTE_QK and ".self_attn.k_proj." in name:
             t = permute_rows(t, n_kv)
-        w.add_tensor(hf_to_gguf_name(name, family), np.ascontiguousarray(t))
+        add(w, hf_to_gguf_name(name, family), t, qtype)
     for (layer, gguf_name), by_expert in experts.items():
         stacked = np.stack([by_expert[e] for e in range(len(by_expert))])
-        w.add_tensor(f"blk.{layer}.{gguf_name}.weight", np.ascontiguousarray(stacked))
+        add(w, f"blk.{layer}.{gguf_name}.weight", stacked, qtype)
     if family == "phi3":
         rope = cfg["rope_parameters"]
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
