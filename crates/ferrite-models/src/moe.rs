@@ -118,7 +118,7 @@ impl Experts {
                     ))
                 })
                 .collect::<Result<Vec<_>>>()?
-        } else {
+        } else if w.contains(&format!("{base}.0.{}.weight", names.gate)) {
             (0..e)
                 .map(|x| {
                     let p = |name: &str| format!("{base}.{x}.{name}");
@@ -130,6 +130,12 @@ impl Experts {
                     ))
                 })
                 .collect::<Result<Vec<_>>>()?
+        } else {
+            return Err(LoadError::Other(format!(
+                "the experts {base} are missing: none of {fused}, {} or {base}.E.{}.weight is in the weights",
+                stacked(names.gate),
+                names.gate
+            )));
         };
         Ok(Experts { experts, hidden })
     }
