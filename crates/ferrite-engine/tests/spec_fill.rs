@@ -117,7 +117,11 @@ fn every_method_equals_plain(fixture_name: &str) {
     for (name, c, reqs) in methods {
         // Alone: each request on its own core.
         for (i, (p, pr)) in reqs.iter().enumerate() {
-            assert_eq!(alone(&m, c.clone(), p.clone(), pr.clone()), plain[i], "{fixture_name} {name}: request {i} alone");
+            assert_eq!(
+                alone(&m, c.clone(), p.clone(), pr.clone()),
+                plain[i],
+                "{fixture_name} {name}: request {i} alone"
+            );
         }
         // Batched, a second time over a warm prefix cache.
         let mut core = core(&m, c.clone());
@@ -129,7 +133,11 @@ fn every_method_equals_plain(fixture_name: &str) {
                 .collect();
             run_to_end(&mut core);
             for (i, rx) in rxs.iter_mut().enumerate() {
-                assert_eq!(collect(rx, reqs[i].1.n), plain[i], "{fixture_name} {name}: request {i} batched, round {round}");
+                assert_eq!(
+                    collect(rx, reqs[i].1.n),
+                    plain[i],
+                    "{fixture_name} {name}: request {i} batched, round {round}"
+                );
             }
         }
         assert!(core.metrics().prefix_hit_rate() > 0.0, "{fixture_name} {name}: no prefix hit");
@@ -146,7 +154,10 @@ fn every_method_equals_plain(fixture_name: &str) {
             assert!(accepted > 0, "{fixture_name} {name}: {accepted} of {proposed} proposed tokens accepted");
         }
         if name == "self draft" {
-            assert_eq!(accepted, proposed, "{fixture_name}: the model as its own draft is always right at temperature 0");
+            assert_eq!(
+                accepted, proposed,
+                "{fixture_name}: the model as its own draft is always right at temperature 0"
+            );
         } else {
             assert!(accepted < proposed, "{fixture_name} {name}: no rejection happened, so no rollback was tested");
         }

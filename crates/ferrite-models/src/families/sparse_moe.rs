@@ -40,7 +40,13 @@ impl Sparse {
                 shape: self.shape,
                 renormalize: self.renormalize,
                 style: MoeStyle::Sparse,
-                names: ExpertNames { router: format!("{block}.gate"), experts: format!("{block}.experts"), gate, up, down },
+                names: ExpertNames {
+                    router: format!("{block}.gate"),
+                    experts: format!("{block}.experts"),
+                    gate,
+                    up,
+                    down,
+                },
             });
         }
         plan
@@ -59,8 +65,8 @@ impl Sparse {
             return Ok(None);
         }
         let width = count("expert_feed_forward_length").unwrap_or(cfg.intermediate_size);
-        let shape = MoeShape::checked(experts, count("expert_used_count").unwrap_or(0), width)
-            .map_err(|m| src.error(m))?;
+        let shape =
+            MoeShape::checked(experts, count("expert_used_count").unwrap_or(0), width).map_err(|m| src.error(m))?;
         let renormalize = g.get(&key("expert_weights_norm")).and_then(|v| v.as_bool()).unwrap_or(true);
         let layers = (0..cfg.num_layers).map(|i| g.tensor_info(&format!("blk.{i}.ffn_gate_inp.weight")).is_some());
         Ok(Some(Sparse { shape, renormalize, layers: layers.collect() }))

@@ -63,7 +63,9 @@ pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
             return Some(format!("layer {i}: head_dim {hd} has no CUDA attention kernel ({HEAD_DIMS:?})"));
         }
         if l.ffn.moe.as_ref().is_some_and(|m| m.style == MoeStyle::Sparse) {
-            return Some(format!("layer {i}: experts in place of the dense MLP (qwen3_moe, mixtral) have no CUDA path yet"));
+            return Some(format!(
+                "layer {i}: experts in place of the dense MLP (qwen3_moe, mixtral) have no CUDA path yet"
+            ));
         }
         if plan.layer_scalar && l.names.post_ffn_norm.is_none() && plan.per_layer_input.is_none() {
             // The scalar is applied by the norm that adds the FFN (or per-layer input) output.
