@@ -560,5 +560,11 @@ mod tests {
         // What has no kernel is refused, saying why: qwen3's head_dim 24.
         let why = unsupported(&fixture_plan("qwen3")).expect("head_dim 24 has no kernel");
         assert!(why.contains("head_dim 24"), "{why}");
+        // Experts in place of the dense MLP have no CUDA path yet; Gemma 4's have one.
+        for name in ["qwen3-moe", "mixtral"] {
+            let why = unsupported(&fixture_plan(name)).unwrap_or_else(|| panic!("{name} has no CUDA experts"));
+            assert!(why.contains("no CUDA path"), "{name}: {why}");
+        }
+        assert_eq!(unsupported(&fixture_plan("gemma4-moe")), None);
     }
 }
