@@ -107,7 +107,7 @@ record claude-code
 
 # --- Codex over Responses -----------------------------------------------------------------
 mkdir -p "$work/codex/home" "$work/codex/project"
-echo "You are a coding agent. Run commands with the exec_command tool." > "$work/codex/instructions.md"
+echo "You are a coding agent. Run commands with the exec_command tool, in the current directory: give only the cmd argument." > "$work/codex/instructions.md"
 cat > "$work/codex/home/config.toml" <<EOF
 model = "$MODEL"
 model_provider = "ferrite"
