@@ -18,6 +18,7 @@ mod run;
 mod sampling;
 mod serve;
 mod session;
+mod synthetic_text;
 mod worker;
 
 use clap::{Parser, Subcommand};

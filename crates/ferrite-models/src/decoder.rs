@@ -1,13 +1,14 @@
 //! `Decoder`: the CPU executor of a `DecoderPlan`, for every family.
 //!
 //! A step: the token embedding (scaled when the plan says so; Gemma 4 also computes its
-//! per-layer inputs), then per layer the attention and the feed-forward part, each with the
-//! norms the layer's names list (input norm, output norm, both, or neither), its output scaled
-//! (granite) and added to the residual stream, then Gemma 4's per-layer input and layer
-//! scalar; the final norm, the LM head, the logit scale and softcap. A sublayer output is added
-//! to the residual in the same pass as the norm that reads the sum (`Norm::forward_add`)
-//! whenever one follows, so every family gets that fusion. A decoder with an embedding head
-//! (`embedding`) also embeds: the final norm of every token, then the head's pooling.
+//! per-layer inputs), then per layer the attention and the feed-forward part (a dense MLP,
+//! routed experts (`moe`), or both), each with the norms the layer's names list (input norm,
+//! output norm, both, or neither), its output scaled (granite) and added to the residual
+//! stream, then Gemma 4's per-layer input and layer scalar; the final norm, the LM head, the
+//! logit scale and softcap. A sublayer output is added to the residual in the same pass as the
+//! norm that reads the sum (`Norm::forward_add`) whenever one follows, so every family gets
+//! that fusion. A decoder with an embedding head (`embedding`) also embeds: the final norm of
+//! every token, then the head's pooling.
 
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError, Tensor};
 
@@ -55,7 +56,8 @@ struct Layer {
     attn: Attention,
     post_attn_norm: Option<Norm>,
     pre_ffn_norm: Option<Norm>,
-    mlp: Mlp,
+    /// None for a layer whose experts replace it.
+    mlp: Option<Mlp>,
     moe: Option<Moe>,
     post_ffn_norm: Option<Norm>,
     input: Option<LayerInput>,
@@ -132,13 +134,15 @@ impl Decoder {
                 None => None,
             };
             let names = &l.names;
-            let moe = l.ffn.moe.map(|shape| Moe::load(w, &format!("model.layers.{i}"), d, shape, l.ffn.act, eps));
+            let ffn = &l.ffn;
+            let moe = ffn.moe.as_ref().map(|m| Moe::load(w, m, &format!("model.layers.{i}"), d, ffn.act, eps));
+            let mlp = ffn.dense().then(|| Mlp::load(w, &names.mlp, d, ffn.intermediate, ffn.act, ffn.bias));
             layers.push(Layer {
                 input_norm: norm(&names.input_norm)?,
                 attn: Attention::load(w, names, d, l.attn)?,
                 post_attn_norm: norm(&names.post_attn_norm)?,
                 pre_ffn_norm: norm(&names.pre_ffn_norm)?,
-                mlp: Mlp::load(w, &names.mlp, d, l.ffn.intermediate, l.ffn.act, l.ffn.bias)?,
+                mlp: mlp.transpose()?,
                 moe: moe.transpose()?,
                 post_ffn_norm: norm(&names.post_ffn_norm)?,
                 input,
@@ -213,19 +217,22 @@ impl Decoder {
                 }
             }
             s.sublayer_done(l.post_attn_norm.as_ref(), self.residual_scale);
-            match &l.pre_ffn_norm {
+            let input: &[f32] = match &l.pre_ffn_norm {
                 Some(norm) => {
                     s.norm_into(norm, &mut h);
-                    l.mlp.forward(&h, t, &mut s.o)?;
+                    &h
                 }
                 None => {
                     s.settle();
-                    l.mlp.forward(&s.x, t, &mut s.o)?;
+                    &s.x
                 }
+            };
+            if let Some(mlp) = &l.mlp {
+                mlp.forward(input, t, &mut s.o)?;
             }
             if let Some(moe) = &l.moe {
-                // The experts and their router read the residual stream before the FFN norm.
-                moe.add_to_mlp(&s.x, t, &mut s.o)?;
+                // Gemma 4's experts and router read the residual stream before the FFN norm.
+                moe.forward(input, &s.x, t, &mut s.o)?;
             }
             s.sublayer_done(l.post_ffn_norm.as_ref(), self.residual_scale);
             if let (Some(li), Some(inputs)) = (&l.input, &inputs) {

@@ -126,7 +126,7 @@ pub fn load_with(path: &Path, choice: DeviceChoice, opts: &LoadOptions) -> Resul
 
 /// A synthetic model (`gpu::SYNTHETIC_MODELS`) with random weights in `dtype` (bf16, or a
 /// GGUF block type the CUDA kernels read) generated on the CUDA device from `seed`; no
-/// tokenizer.
+/// tokenizer (the CLI attaches its family's, `ferrite-cli/src/synthetic_text.rs`).
 pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64, dtype: DType) -> Result<LoadedModel> {
     let t0 = Instant::now();
     let json = crate::gpu::synthetic_config(name).ok_or_else(|| {

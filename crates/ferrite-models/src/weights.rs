@@ -72,6 +72,11 @@ pub fn gguf_name(hf: &str, layout: &WeightLayout) -> Option<String> {
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" | "mlp.c_proj" => "ffn_down",
         "mlp.gate_up_proj" | "mlp.c_fc" => "ffn_up",
+        // Experts: the router, and each projection of every expert stacked in one tensor.
+        "mlp.gate" | "block_sparse_moe.gate" => "ffn_gate_inp",
+        "mlp.experts.gate_proj" | "block_sparse_moe.experts.w1" => "ffn_gate_exps",
+        "mlp.experts.up_proj" | "block_sparse_moe.experts.w3" => "ffn_up_exps",
+        "mlp.experts.down_proj" | "block_sparse_moe.experts.w2" => "ffn_down_exps",
         _ => return None,
     };
     Some(format!("blk.{layer}.{g}.{suffix}"))

@@ -70,8 +70,8 @@ fn attention_matches_the_reference_at_every_level() {
 fn random_pool(rng: &mut StdRng, n: usize, dtype: KvDtype) -> KvPool {
     let values = (0..n).map(|_| rng.random_range(-1.0..1.0));
     match dtype {
-        KvDtype::F32 => KvPool::F32(values.collect()),
-        KvDtype::F16 => KvPool::F16(values.map(f16::from_f32).collect()),
+        KvDtype::F32 => KvPool::F32(values.collect::<Vec<_>>()[..].into()),
+        KvDtype::F16 => KvPool::F16(values.map(f16::from_f32).collect::<Vec<_>>()[..].into()),
     }
 }
 
