@@ -4,7 +4,8 @@
 //! `throughput` drives many concurrent requests through the engine and reports output and
 //! total tokens per second with TTFT and TPOT percentiles; `serve` (in `bench_serve`) drives
 //! an OpenAI-compatible server over HTTP; `switch` and `respawn` (in `bench_pool`) time a
-//! pool's model switch and an isolated engine's restart. Each can print one JSON object.
+//! pool's model switch and an isolated engine's restart; `embed` (in `bench_embed`) an
+//! embedding model's embeddings per second. Each can print one JSON object.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,6 +34,8 @@ pub enum BenchCommand {
     Switch(crate::bench_pool::SwitchArgs),
     /// Restart time of an isolated engine (`serve --isolate`) after a kill -9.
     Respawn(crate::bench_pool::RespawnArgs),
+    /// Embeddings per second of an embedding model at given batch sizes.
+    Embed(crate::bench_embed::EmbedArgs),
 }
 
 #[derive(Args)]
@@ -117,6 +120,7 @@ pub fn bench(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Serve(a) => crate::bench_serve::bench_serve(a),
         BenchCommand::Switch(a) => crate::bench_pool::switch(a),
         BenchCommand::Respawn(a) => crate::bench_pool::respawn(a),
+        BenchCommand::Embed(a) => crate::bench_embed::embed(a),
     }
 }
 

@@ -6,6 +6,7 @@
 //! one-line error and a non-zero exit.
 
 mod bench;
+mod bench_embed;
 mod bench_pool;
 mod bench_serve;
 mod chat;
@@ -17,6 +18,7 @@ mod run;
 mod sampling;
 mod serve;
 mod session;
+mod synthetic_text;
 mod worker;
 
 use clap::{Parser, Subcommand};

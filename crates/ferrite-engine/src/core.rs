@@ -12,6 +12,7 @@
 //! next.
 
 mod adapters;
+mod embed;
 mod emit;
 mod overlap;
 mod propose;
@@ -100,13 +101,18 @@ impl EngineCore {
         let block_bytes = model.kv_block_bytes(cfg.block_size);
         let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_model_len)?;
         let kv = model.new_kv_cache(&group_blocks, cfg.block_size)?;
-        let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, cfg.prefix_cache.then_some(cfg.namespace));
+        // A bidirectional model's KV depends on the tokens after it: no prefix is shareable.
+        let prefix_cache = cfg.prefix_cache && model.generates();
+        let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, prefix_cache.then_some(cfg.namespace));
         let limits = Limits {
             max_model_len,
             vocab_size: mcfg.vocab_size,
             kv_capacity_tokens: kvm.capacity_tokens(),
             has_tokenizer: tokenizer.is_some(),
             max_n: 64,
+            max_step_tokens: cfg.max_num_batched_tokens,
+            embedding: model.embedding().cloned(),
+            generates: model.generates(),
         };
         let drafter = match &cfg.speculation {
             Speculation::Draft(draft) => {
@@ -254,6 +260,7 @@ impl EngineCore {
         }
         self.plan_proposals();
         let rows = self.sched.schedule(&mut self.kvm);
+        let rows = self.run_embeddings(rows);
         if rows.is_empty() {
             self.after_step_bookkeeping();
             return Ok(());

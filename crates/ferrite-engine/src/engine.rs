@@ -179,6 +179,7 @@ fn apply(core: &mut EngineCore, cmd: Command) {
                     logprobs: Vec::new(),
                     finished: Some(finished),
                     cached_tokens: 0,
+                    embedding: None,
                 };
                 let _ = sink.send(out);
             }

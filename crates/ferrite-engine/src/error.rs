@@ -35,6 +35,14 @@ pub enum EngineError {
     AdapterInUse { name: String, sequences: usize },
     #[error("LoRA adapter: {0}")]
     Adapter(String),
+    #[error("this model does not make embeddings")]
+    CannotEmbed,
+    #[error("this model only makes embeddings: it attends both ways and cannot generate")]
+    CannotGenerate,
+    #[error("the input has {input} tokens but this model embeds at most {max} at once")]
+    EmbedInputTooLong { input: usize, max: usize },
+    #[error("an embedding request makes one embedding (n = 1, no max_tokens)")]
+    EmbedParams,
     #[error("engine configuration: {0}")]
     Config(String),
     #[error("the engine has stopped")]

@@ -33,6 +33,10 @@ pub struct RequestParams {
     /// base model.
     #[serde(default)]
     pub adapter: Option<String>,
+    /// Embed the prompt instead of continuing it: a prefill-only request whose one output
+    /// carries the model's embedding of the whole prompt (no sampling, no KV kept after).
+    #[serde(default)]
+    pub embed: bool,
 }
 
 impl Default for RequestParams {
@@ -49,6 +53,7 @@ impl Default for RequestParams {
             fill: None,
             constraint: None,
             adapter: None,
+            embed: false,
         }
     }
 }
@@ -102,4 +107,7 @@ pub struct Output {
     /// Prompt tokens whose KV came from the prefix cache (known from the first output on,
     /// so a stream can report the prompt's split before the end).
     pub cached_tokens: usize,
+    /// The prompt's embedding, in the one output of an embedding request.
+    #[serde(default)]
+    pub embedding: Option<Vec<f32>>,
 }

@@ -483,6 +483,13 @@ impl LmHead {
         Ok(LmHead { norm, w: head, scale, softcap })
     }
 
+    /// The final norm of every row of `x` (`[t, hidden]`): the model's output states.
+    pub fn norm_rows(&self, x: &[f32]) -> Vec<f32> {
+        let mut normed = vec![0f32; x.len()];
+        self.norm.forward(x, &mut normed);
+        normed
+    }
+
     /// Logits `[logits_indices.len(), vocab]` of the rows of `x` (`[t, hidden]`) the batch asks for.
     pub fn logits(&self, x: &[f32], batch: &ForwardBatch) -> RtResult<Vec<f32>> {
         let d = self.w.row_len();

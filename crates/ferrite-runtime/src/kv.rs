@@ -20,6 +20,7 @@ use half::f16;
 use crate::cuda::ops::DeviceKv;
 use crate::cuda::Gpu;
 use crate::error::{Result, RuntimeError};
+use crate::hugemem::HugeVec;
 
 /// Shape of one KV-owning layer and the KV group whose blocks it uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,24 +89,17 @@ impl KvDtype {
 
 /// One host pool (K or V of a layer), `[block][kv_head][slot][head_dim]`.
 pub enum KvPool {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
+    F32(HugeVec<f32>),
+    F16(HugeVec<f16>),
 }
 
 impl KvPool {
-    /// `n` zeros. From zeroed memory: the pool is sized for the worst case and mostly never
-    /// written, and zeroed memory stays unbacked until first use, where a fill would not.
+    /// `n` zeros, in the process's own mapping (`HugeVec`): the pool is sized for the worst
+    /// case and mostly never written, and a fresh mapping stays unbacked until first use.
     pub fn zeroed(dtype: KvDtype, n: usize) -> KvPool {
         match dtype {
-            KvDtype::F32 => KvPool::F32(vec![0.0; n]),
-            KvDtype::F16 => {
-                let mut bits = std::mem::ManuallyDrop::new(vec![0u16; n]);
-                // SAFETY: f16 is a transparent u16 (same size and alignment), so the allocation
-                // is a valid Vec<f16> of the same length and capacity; all-zero bits are +0.0.
-                KvPool::F16(unsafe {
-                    Vec::from_raw_parts(bits.as_mut_ptr().cast::<f16>(), bits.len(), bits.capacity())
-                })
-            }
+            KvDtype::F32 => KvPool::F32(HugeVec::zeroed(n)),
+            KvDtype::F16 => KvPool::F16(HugeVec::zeroed(n)),
         }
     }
 
@@ -145,7 +139,7 @@ impl KvPool {
     /// The pool's values as f32 (a copy; for tests and inspection).
     pub fn to_f32(&self) -> Vec<f32> {
         match self {
-            KvPool::F32(v) => v.clone(),
+            KvPool::F32(v) => v.to_vec(),
             KvPool::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
         }
     }

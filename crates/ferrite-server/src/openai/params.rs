@@ -138,6 +138,7 @@ impl CommonParams {
             constraint: self.constraint()?,
             // Set from the lease on the model the request named (`App::generate`).
             adapter: None,
+            embed: false,
         })
     }
 }

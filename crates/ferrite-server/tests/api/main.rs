@@ -5,6 +5,7 @@ mod anthropic;
 mod chat;
 mod common;
 mod completions;
+mod embeddings;
 mod errors;
 mod fill;
 mod hardening;

@@ -1,6 +1,7 @@
 //! Attention against a direct f64 evaluation of softmax(q·Kᵀ·scale)·V, on random caches with
 //! shuffled block tables: decode rows (split key ranges), short and long multi-token rows
-//! (split at `TILE_MIN_QUERIES`), GQA, sliding windows and soft-capping, at every level.
+//! (split at `TILE_MIN_QUERIES`), GQA, sliding windows, soft-capping and bidirectional
+//! (non-causal) rows, at every level.
 
 use half::f16;
 use rand::rngs::StdRng;
@@ -17,14 +18,20 @@ fn reference(q: &[f32], batch: &ForwardBatch, layer: &LayerKv, bs: usize, p: &At
     for row in &batch.rows {
         let table = &row.block_tables[0];
         for t in row.query_start..row.query_start + row.query_len {
-            let keys = visible_range(batch.positions[t] as usize, p.window);
+            // The mask, written out: causal sees `pos - w < k <= pos`, bidirectional `|pos - k| < w`.
+            let pos = batch.positions[t] as usize;
+            let sees = |k: usize| match p.causal {
+                true => k <= pos && p.window.is_none_or(|w| pos - k < w),
+                false => p.window.is_none_or(|w| k.abs_diff(pos) < w),
+            };
+            let keys: Vec<usize> = (0..row.context_len).filter(|&k| sees(k)).collect();
             for h in 0..nh {
                 let g = h / group;
                 let qv = &q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
                 let at = |pos: usize| layer.offset(bs, table[pos / bs] as usize, g, pos % bs);
                 let scores: Vec<f64> = keys
-                    .clone()
-                    .map(|pos| {
+                    .iter()
+                    .map(|&pos| {
                         let k = &kf[at(pos)..at(pos) + hd];
                         let s = qv.iter().zip(k).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>()
                             * f64::from(p.scale);
@@ -34,7 +41,7 @@ fn reference(q: &[f32], batch: &ForwardBatch, layer: &LayerKv, bs: usize, p: &At
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let sum: f64 = w.iter().sum();
-                for (pos, w) in keys.clone().zip(&w) {
+                for (&pos, w) in keys.iter().zip(&w) {
                     let v = &vf[at(pos)..at(pos) + hd];
                     for (o, v) in out[(t * nh + h) * hd..(t * nh + h + 1) * hd].iter_mut().zip(v) {
                         *o += w / sum * f64::from(*v);
@@ -63,8 +70,8 @@ fn attention_matches_the_reference_at_every_level() {
 fn random_pool(rng: &mut StdRng, n: usize, dtype: KvDtype) -> KvPool {
     let values = (0..n).map(|_| rng.random_range(-1.0..1.0));
     match dtype {
-        KvDtype::F32 => KvPool::F32(values.collect()),
-        KvDtype::F16 => KvPool::F16(values.map(f16::from_f32).collect()),
+        KvDtype::F32 => KvPool::F32(values.collect::<Vec<_>>()[..].into()),
+        KvDtype::F16 => KvPool::F16(values.map(f16::from_f32).collect::<Vec<_>>()[..].into()),
     }
 }
 
@@ -88,14 +95,23 @@ fn check_shape(rng: &mut StdRng, nh: usize, nkv: usize, hd: usize, dtype: KvDtyp
             batch.push_row(&vec![0; len], ctx, vec![table], RowLogits::None);
         }
         let q: Vec<f32> = (0..batch.num_tokens() * nh * hd).map(|_| rng.random_range(-2.0..2.0)).collect();
-        for (window, softcap) in [(None, None), (Some(23), None), (None, Some(3.0))] {
-            let p = AttentionParams { n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 0.3, window, softcap };
+        let cases = [
+            (None, None, true),
+            (Some(23), None, true),
+            (None, Some(3.0), true),
+            (None, None, false),
+            (Some(23), None, false),
+        ];
+        for (window, softcap, causal) in cases {
+            let p = AttentionParams { n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 0.3, window, softcap, causal };
             let want = reference(&q, &batch, &layer, bs, &p);
             for level in Level::ALL.into_iter().filter(|l| l.available()) {
                 let mut out = vec![f32::NAN; q.len()];
                 attend_at(&q, &batch, &layer, bs, &p, level, &mut out).unwrap();
                 for (i, (got, want)) in out.iter().zip(&want).enumerate() {
-                    let what = format!("{dtype:?} hd {hd} {shapes:?} {level:?} {window:?} {softcap:?} value {i}");
+                    let what = format!(
+                        "{dtype:?} hd {hd} {shapes:?} {level:?} {window:?} {softcap:?} causal {causal} value {i}"
+                    );
                     assert!((f64::from(*got) - want).abs() < 2e-5, "{what}: {got} vs {want}");
                 }
             }
@@ -152,7 +168,15 @@ fn prefill_in_chunks_equals_prefill_whole() {
     let table: Vec<u32> = (0..ctx.div_ceil(bs) as u32).rev().collect();
     let q: Vec<f32> = (0..ctx * nh * hd).map(|_| rng.random_range(-2.0..2.0)).collect();
     for window in [None, Some(40)] {
-        let p = AttentionParams { n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 0.125, window, softcap: None };
+        let p = AttentionParams {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            scale: 0.125,
+            window,
+            softcap: None,
+            causal: true,
+        };
         let mut whole = ForwardBatch::default();
         whole.push_row(&[0; 150], ctx, vec![table.clone()], RowLogits::None);
         let mut want = vec![0f32; q.len()];
