@@ -144,6 +144,7 @@ pub fn config(args: &PoolArgs) -> PoolConfig {
         max_loaded: args.max_loaded_models,
         idle_unload: args.idle_unload.map(Duration::from_secs),
         memory_budget: args.memory_budget.or_else(available_memory),
+        max_lora_rank: None,
     }
 }
 

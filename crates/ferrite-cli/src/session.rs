@@ -30,9 +30,14 @@ pub struct ModelArgs {
     #[arg(long, default_value = "auto")]
     pub device: DeviceChoice,
     /// Instead of a model file, a model of a real shape with random weights generated on the
-    /// GPU (for benchmarks; no tokenizer): llama-3.1-8b, llama-3.2-1b, qwen2.5-1.5b, smollm2-135m.
+    /// GPU (for benchmarks): llama-3.1-8b, llama-3.2-1b, qwen2.5-1.5b, smollm2-135m,
+    /// gemma-4-e4b. It takes its family's tokenizer and chat template from the test assets
+    /// when they are here (scripts/fetch_test_assets.sh), or from --tokenizer.
     #[arg(long, conflicts_with = "model")]
     pub synthetic: Option<String>,
+    /// An HF directory or .gguf file whose tokenizer and chat template a synthetic model uses.
+    #[arg(long, requires = "synthetic")]
+    pub tokenizer: Option<std::path::PathBuf>,
     /// Weight dtype of a synthetic model: bf16, or a GGUF block type the CUDA kernels read
     /// (q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k).
     #[arg(long, default_value = "bf16", requires = "synthetic")]
@@ -56,7 +61,8 @@ impl ModelArgs {
                 DType::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(&self.dtype)).ok_or_else(|| {
                     anyhow!("unknown --dtype {} (bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k)", self.dtype)
                 })?;
-            let loaded = ferrite_models::synthetic(name, self.device, self.weight_seed, dtype)?;
+            let mut loaded = ferrite_models::synthetic(name, self.device, self.weight_seed, dtype)?;
+            crate::synthetic_text::attach(&mut loaded, name, self.tokenizer.as_deref())?;
             let path = match dtype {
                 DType::BF16 => format!("synthetic:{name}"),
                 q => format!("synthetic:{name}:{}", q.name().to_lowercase()),
@@ -108,6 +114,9 @@ pub struct EngineArgs {
     /// (when --kv-cache-memory is not given).
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f32,
+    /// LoRA adapters loaded at once, at most (`--lora-modules` and run-time loads).
+    #[arg(long, default_value_t = 8)]
+    pub max_loras: usize,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
@@ -233,6 +242,7 @@ impl Default for EngineArgs {
             kv: KvArgs::default(),
             no_prefix_cache: false,
             gpu_memory_utilization: d.gpu_memory_utilization,
+            max_loras: d.max_loras,
             spec: SpecArgs::default(),
         }
     }
@@ -252,6 +262,7 @@ impl EngineArgs {
             num_draft_tokens: self.spec.num_draft_tokens,
             fill: self.spec.fill_mode(),
             overlap: !self.spec.no_overlap,
+            max_loras: self.max_loras,
             ..EngineConfig::default()
         }
     }

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use ferrite_models::embedding::EmbeddingSpec;
 use ferrite_models::model::CausalLm;
 use ferrite_runtime::{KvLayout, KvScheme};
 
@@ -45,6 +46,8 @@ pub struct EngineConfig {
     /// Queue the next step while the model's device runs this one, when the model can
     /// (`--no-overlap` turns it off).
     pub overlap: bool,
+    /// LoRA adapters loaded at once, at most (`--max-loras`).
+    pub max_loras: usize,
 }
 
 /// How the engine drafts tokens for verification.
@@ -85,6 +88,7 @@ impl Default for EngineConfig {
             fill: FillMode::Off,
             tool_scaffold: None,
             overlap: true,
+            max_loras: 8,
         }
     }
 }
@@ -139,6 +143,12 @@ pub struct Limits {
     pub kv_scheme: String,
     pub has_tokenizer: bool,
     pub max_n: usize,
+    /// Query tokens per step: an embedding input runs whole in one step.
+    pub max_step_tokens: usize,
+    /// What the model's embeddings are, when it makes them.
+    pub embedding: Option<EmbeddingSpec>,
+    /// Whether the model generates (false: it only embeds).
+    pub generates: bool,
 }
 
 impl Limits {
@@ -148,6 +158,12 @@ impl Limits {
         let prompt = req.prompt.len();
         if prompt == 0 {
             return Err(EngineError::EmptyPrompt);
+        }
+        if p.embed {
+            return self.validate_embed(req).map(|()| 0);
+        }
+        if !self.generates {
+            return Err(EngineError::CannotGenerate);
         }
         if prompt >= self.max_model_len {
             return Err(EngineError::PromptTooLong { prompt, context: self.max_model_len });
@@ -181,5 +197,28 @@ impl Limits {
         }
         p.sampling.validate(self.vocab_size)?;
         Ok(max_tokens)
+    }
+
+    /// The longest input an embedding request may have: it runs whole in one step.
+    pub fn max_embed_tokens(&self) -> usize {
+        self.max_model_len.min(self.max_step_tokens).min(self.kv_capacity_tokens)
+    }
+
+    /// Check an embedding request (`RequestParams::embed`, non-empty prompt).
+    fn validate_embed(&self, req: &Request) -> Result<(), EngineError> {
+        if self.embedding.is_none() {
+            return Err(EngineError::CannotEmbed);
+        }
+        let (input, max) = (req.prompt.len(), self.max_embed_tokens());
+        if input > max {
+            return Err(EngineError::EmbedInputTooLong { input, max });
+        }
+        if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(EngineError::TokenOutOfRange { token: t, vocab: self.vocab_size });
+        }
+        if req.params.n != 1 || req.params.max_tokens.is_some() {
+            return Err(EngineError::EmbedParams);
+        }
+        Ok(())
     }
 }

@@ -245,7 +245,7 @@ fn workspace_bytes(m: &Inspected, device: Device, tokens: usize, rows: usize) ->
     let inter = widest(&|l| l.ffn.intermediate);
     // Residual and normed streams, q/k/v, attention output, its projection, gate+up, activation.
     let mut per_token = 3 * d + qkv + attn + 3 * inter;
-    if let Some(moe) = plan.layers.iter().find_map(|l| l.ffn.moe) {
+    if let Some(moe) = plan.layers.iter().find_map(|l| l.ffn.moe.as_ref().map(|m| m.shape)) {
         per_token += 3 * d + moe.num_experts + moe.top_k * (2 * d + 3 * moe.intermediate);
     }
     if let Some((_, width)) = plan.per_layer_input {

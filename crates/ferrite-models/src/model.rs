@@ -1,5 +1,7 @@
 //! `CausalLm`: what the engine needs from any architecture — its config, its KV layout and
-//! storage, and one step call over a flat `ForwardBatch` (`CausalLm::step`). The caller says
+//! storage, and one step call over a flat `ForwardBatch` (`CausalLm::step`); a model that
+//! embeds (`CausalLm::embedding`) also runs whole inputs to one embedding each
+//! (`CausalLm::embed`). The caller says
 //! what the step's logits rows want back (`Want`: the logits themselves, the argmax, or a
 //! sample drawn as each row's sampler says) and gets a `Pending` handle, which resolves to a
 //! `StepOutput`.
@@ -16,6 +18,9 @@ use ferrite_runtime::{cpu, threads, RuntimeError};
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, KvScheme};
 
 use crate::config::ModelConfig;
+use crate::embedding::EmbeddingSpec;
+use crate::error::LoadError;
+use crate::lora::LoraAdapter;
 
 /// The largest step the engine will run, told to the model before the first one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +168,31 @@ pub trait CausalLm: Send + Sync {
     /// stay on the device for the next step's `batch.carried` until another step runs. A
     /// model that cannot carry picks refuses a batch with `carried` ids.
     fn step(&self, batch: &ForwardBatch, kv: &mut KvCache, want: Want<'_>) -> ferrite_runtime::Result<Pending>;
+
+    /// Attach `adapter` under `id`, so that rows of later steps whose `adapter` is `id` run
+    /// through it; its shapes are checked against the model's projections. A model that
+    /// cannot run adapters says so.
+    fn attach_lora(&self, _id: u32, adapter: &LoraAdapter) -> Result<(), LoadError> {
+        Err(LoadError::format(&adapter.path, "LoRA adapters run on the CPU executor only so far (--device cpu)"))
+    }
+
+    /// Forget the adapter attached under `id` (no step may name it any more).
+    fn detach_lora(&self, _id: u32) {}
+    /// What the model's embeddings are, when it makes them (`embed`).
+    fn embedding(&self) -> Option<&EmbeddingSpec> {
+        None
+    }
+
+    /// Whether the model generates text (false: a bidirectional encoder, which only embeds).
+    fn generates(&self) -> bool {
+        true
+    }
+
+    /// The embedding of each row of `batch`, in order; every row holds its whole input (from
+    /// position 0), whose K/V go into `kv`.
+    fn embed(&self, _batch: &ForwardBatch, _kv: &mut KvCache) -> ferrite_runtime::Result<Vec<Vec<f32>>> {
+        Err(RuntimeError::Unsupported("this model does not make embeddings".into()))
+    }
 
     /// Whether the model draws `Want::Sample` rows on its device.
     fn samples_on_device(&self) -> bool {

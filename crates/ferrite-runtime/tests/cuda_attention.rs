@@ -142,6 +142,7 @@ fn params(h: Heads, window: Option<usize>, softcap: Option<f32>) -> AttentionPar
         scale: 1.0 / (h.hd as f32).sqrt(),
         window,
         softcap,
+        causal: true,
     }
 }
 

@@ -261,6 +261,7 @@ impl EngineCore {
             logprobs,
             finished,
             cached_tokens: seq.cached_tokens,
+            embedding: None,
         };
         if seq.sink.send(out).is_err() {
             // The receiver is gone: the caller disconnected.
@@ -292,6 +293,7 @@ impl EngineCore {
             logprobs: vec![],
             cached_tokens: seq.cached_tokens,
             finished: Some(finished),
+            embedding: None,
         };
         if seq.sink.send(out).is_err() {
             return Emitted::Disconnected;
@@ -316,6 +318,7 @@ impl EngineCore {
             logprobs: vec![],
             finished: Some(Finished { reason, stop_string, stop_token, error, usage: usage(&seq) }),
             cached_tokens: seq.cached_tokens,
+            embedding: None,
         };
         let _ = seq.sink.send(out);
         self.metrics.request_finished();

@@ -587,6 +587,9 @@ impl<L: Layers> CausalLm for GpuModel<L> {
 
     /// Logits come back at once (copied to the host); argmax and sampled picks queued.
     fn step(&self, batch: &ForwardBatch, kv: &mut KvCache, want: Want<'_>) -> RtResult<Pending> {
+        if batch.has_adapters() {
+            return Err(RuntimeError::Shape("the CUDA executor runs no LoRA adapters".into()));
+        }
         let samplers = match want {
             Want::Logits => return self.logits(batch, kv).map(|l| Pending::ready(StepOutput::Logits(l))),
             Want::Argmax => None,

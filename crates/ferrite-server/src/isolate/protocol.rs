@@ -141,6 +141,7 @@ mod tests {
                 usage: Usage { prompt_tokens: 3, completion_tokens: 2, ..Usage::default() },
             }),
             cached_tokens: 0,
+            embedding: Some(vec![0.5, -0.25]),
         };
         let mut buf = Vec::new();
         write_frame(&mut buf, &FromWorker::Output { id: 9, output: output.clone() }).expect("write");

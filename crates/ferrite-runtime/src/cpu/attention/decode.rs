@@ -68,7 +68,7 @@ pub(super) fn attend<S: KvSource>(
     for &row in rows {
         let table = table(row, layer)?;
         for t in row.query_start..row.query_start + row.query_len {
-            let keys = visible_range(batch.positions[t] as usize, p.window);
+            let keys = visible_range(batch.positions[t] as usize, row.context_len, p);
             let chunks = want.min(keys.len().div_ceil(MIN_CHUNK)).max(1);
             let per = keys.len().div_ceil(chunks);
             for g in 0..p.n_kv_heads {

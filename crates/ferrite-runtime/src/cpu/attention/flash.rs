@@ -10,9 +10,10 @@
 //! 1. the chunk's keys and values are widened (or dequantized) to f32 (`kb`, `vb`,
 //!    `[key][head_dim]`), the only f32 copy of cache values, one chunk at a time;
 //! 2. scores `st[j][i] = scale * k_j · q_i` (four keys by up to four row vectors at a time);
-//! 3. the causal / sliding-window mask (where the chunk is not visible to every row), then the
-//!    running softmax: per row the max `m` and sum `l`; when a row's max grows, its sum and
-//!    output are rescaled by `e^(m_old - m_new)`; probabilities `p = e^(s - m)`, 0 where masked;
+//! 3. the causal / sliding-window / bidirectional mask (where the chunk is not visible to
+//!    every row), then the running softmax: per row the max `m` and sum `l`; when a row's max
+//!    grows, its sum and output are rescaled by `e^(m_old - m_new)`; probabilities
+//!    `p = e^(s - m)`, 0 where masked;
 //! 4. `ot[d][i] += Σ_j v_j[d] * p[j][i]` (four dims by up to four row vectors at a time).
 //!
 //! The outputs are `ot / l`, transposed back. A row's result depends only on its own query
@@ -59,8 +60,8 @@ struct Scratch {
     /// Running max and sum per row.
     m: Vec<f32>,
     l: Vec<f32>,
-    /// Per row: its position, and the first position it sees (as f32, exact below 2^24).
-    pos: Vec<f32>,
+    /// Per row: the last and the first position it sees (as f32, exact below 2^24).
+    hi: Vec<f32>,
     lo: Vec<f32>,
     /// A chunk's keys and values as f32, `[CHUNK][head_dim]`.
     kb: Vec<f32>,
@@ -98,7 +99,7 @@ pub(super) unsafe fn attend<S: KvSource>(
 unsafe fn tile<S: KvSource>(
     q: &[f32],
     batch: &ForwardBatch,
-    &QueryTile { table, g, ref tokens }: &QueryTile<'_>,
+    &QueryTile { table, context_len, g, ref tokens }: &QueryTile<'_>,
     layer: &LayerKv,
     pools: Pools<S>,
     block_size: usize,
@@ -109,20 +110,20 @@ unsafe fn tile<S: KvSource>(
     let (nh, hd, group) = (p.n_heads, p.head_dim, p.n_heads / p.n_kv_heads);
     let m = tokens.len() * group;
     let mp = m.next_multiple_of(L);
-    // Rows: queries transposed, positions and visible starts. Padding rows see everything
-    // (their queries are zero and their outputs dropped), so they never force a mask.
+    // Rows: queries transposed, visible ends and starts. Padding rows see everything (their
+    // queries are zero and their outputs dropped), so they never force a mask.
     s.qt.resize(hd * mp, 0.0);
-    s.pos.clear();
-    s.pos.resize(mp, f32::MAX);
+    s.hi.clear();
+    s.hi.resize(mp, f32::MAX);
     s.lo.clear();
     s.lo.resize(mp, 0.0);
-    let (mut first, mut min_pos, mut max_lo, mut last) = (usize::MAX, usize::MAX, 0, 0);
+    let (mut first, mut min_hi, mut max_lo, mut last) = (usize::MAX, usize::MAX, 0, 0);
     for (ti, t) in tokens.clone().enumerate() {
-        let pos = batch.positions[t] as usize;
-        let vis = visible_range(pos, p.window);
-        (first, min_pos, max_lo, last) = (first.min(vis.start), min_pos.min(pos), max_lo.max(vis.start), last.max(pos));
+        let vis = visible_range(batch.positions[t] as usize, context_len, p);
+        let hi = vis.end - 1;
+        (first, min_hi, max_lo, last) = (first.min(vis.start), min_hi.min(hi), max_lo.max(vis.start), last.max(hi));
         for i in ti * group..(ti + 1) * group {
-            s.pos[i] = pos as f32;
+            s.hi[i] = hi as f32;
             s.lo[i] = vis.start as f32;
         }
     }
@@ -146,7 +147,7 @@ unsafe fn tile<S: KvSource>(
             s.st.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
         }
         // Does every row see the whole chunk (which then holds only gathered keys)?
-        let visible = c0 >= max_lo && c1 <= min_pos + 1;
+        let visible = c0 >= max_lo && c1 <= min_hi + 1;
         softmax_chunk(s, hd, mp, c0, visible);
         values(s, hd, mp);
     }
@@ -302,20 +303,20 @@ unsafe fn score_tile<const V: usize>(s: &mut Scratch, hd: usize, mp: usize, scal
 
 /// Fold the chunk at `c0` into the running softmax: scores become probabilities (0 where
 /// masked), each row's max and sum move, and its output rescales where its max grew. Without
-/// `visible`, key `c0 + j` counts for row `i` only if `lo[i] ≤ c0 + j ≤ pos[i]`.
+/// `visible`, key `c0 + j` counts for row `i` only if `lo[i] ≤ c0 + j ≤ hi[i]`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn softmax_chunk(s: &mut Scratch, hd: usize, mp: usize, c0: usize, visible: bool) {
     let st = s.st.as_mut_ptr();
     for v in 0..mp / L {
         let at = v * L;
-        let (pos, lo) = (_mm512_loadu_ps(s.pos.as_ptr().add(at)), _mm512_loadu_ps(s.lo.as_ptr().add(at)));
+        let (hi, lo) = (_mm512_loadu_ps(s.hi.as_ptr().add(at)), _mm512_loadu_ps(s.lo.as_ptr().add(at)));
         // Lanes of row vector v that see key c0 + j.
         let sees = |j: usize| -> __mmask16 {
             if visible {
                 return 0xFFFF;
             }
             let key = _mm512_set1_ps((c0 + j) as f32);
-            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(key, pos) & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(key, lo)
+            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(key, hi) & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(key, lo)
         };
         let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
         let mut max = neg_inf;

@@ -1,8 +1,11 @@
-//! Causal GQA attention over the paged KV cache.
+//! GQA attention over the paged KV cache: causal, or bidirectional (encoders).
 //!
 //! `write_kv` stores a step's new keys and values into the blocks its rows own; then
-//! `paged_attention` lets every query token attend to its row's positions `[lo, pos]`, where
-//! `lo` is 0 for full attention and `pos + 1 - window` for sliding-window layers. The query
+//! `paged_attention` lets every query token attend to its row's positions `[lo, hi]`, where
+//! `lo` is 0 for full attention and `pos + 1 - window` for sliding-window layers, and `hi` is
+//! the token's own position — or, for a non-causal (bidirectional) layer, the row's last
+//! position (within `pos + window - 1` when sliding): every key of such a row must be in the
+//! cache before it attends, so a bidirectional row runs whole in one step. The query
 //! heads of one KV head are always processed together and share each key and value read.
 //! Rows with many query tokens go to `flash` on AVX-512 (one pass over the keys with a running
 //! softmax, vectorized along the query rows) and to `tiles` on other CPUs (query tiles as two
@@ -39,11 +42,20 @@ pub struct AttentionParams {
     pub window: Option<usize>,
     /// Gemma-2 style `cap * tanh(score / cap)` on the scores.
     pub softcap: Option<f32>,
+    /// Queries see only earlier positions (false: the whole row, bidirectional attention,
+    /// within `window` on either side when sliding).
+    pub causal: bool,
 }
 
-/// Key positions a query at `pos` sees.
-fn visible_range(pos: usize, window: Option<usize>) -> std::ops::Range<usize> {
-    window.map_or(0, |w| (pos + 1).saturating_sub(w))..pos + 1
+/// Key positions a query at `pos` of a row whose KV length is `context_len` sees.
+fn visible_range(pos: usize, context_len: usize, p: &AttentionParams) -> std::ops::Range<usize> {
+    let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let hi = match (p.causal, p.window) {
+        (true, _) => pos + 1,
+        (false, None) => context_len,
+        (false, Some(w)) => (pos + w).min(context_len),
+    };
+    lo..hi
 }
 
 fn slot_of(table: &[u32], block_size: usize, pos: usize) -> Result<(usize, usize)> {
@@ -71,6 +83,8 @@ fn table<'a>(row: &'a RowSpan, layer: &LayerKv) -> Result<&'a [u32]> {
 /// `g`.
 struct QueryTile<'a> {
     table: &'a [u32],
+    /// The row's KV length.
+    context_len: usize,
     g: usize,
     tokens: std::ops::Range<usize>,
 }
@@ -94,7 +108,7 @@ fn for_each_query_tile<S>(
         let end = row.query_start + row.query_len;
         for g in 0..p.n_kv_heads {
             for t0 in (row.query_start..end).step_by(tile_len) {
-                tiles.push(QueryTile { table, g, tokens: t0..(t0 + tile_len).min(end) });
+                tiles.push(QueryTile { table, context_len: row.context_len, g, tokens: t0..(t0 + tile_len).min(end) });
             }
         }
     }

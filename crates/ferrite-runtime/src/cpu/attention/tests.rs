@@ -1,8 +1,8 @@
 //! Attention against a direct f64 evaluation of softmax(q·Kᵀ·scale)·V, on random caches with
 //! shuffled block tables: decode rows (split key ranges), short and long multi-token rows
-//! (split at `TILE_MIN_QUERIES`), GQA, sliding windows and soft-capping, at every level. For
-//! quantized pools the reference attends to the dequantized cache (dequantize-then-attend),
-//! the kernels to the codes in place.
+//! (split at `TILE_MIN_QUERIES`), GQA, sliding windows, soft-capping and bidirectional
+//! (non-causal) rows, at every level. For quantized pools the reference attends to the
+//! dequantized cache (dequantize-then-attend), the kernels to the codes in place.
 
 use half::f16;
 use rand::rngs::StdRng;
@@ -19,14 +19,20 @@ fn reference(q: &[f32], batch: &ForwardBatch, layer: &LayerKv, bs: usize, p: &At
     for row in &batch.rows {
         let table = &row.block_tables[0];
         for t in row.query_start..row.query_start + row.query_len {
-            let keys = visible_range(batch.positions[t] as usize, p.window);
+            // The mask, written out: causal sees `pos - w < k <= pos`, bidirectional `|pos - k| < w`.
+            let pos = batch.positions[t] as usize;
+            let sees = |k: usize| match p.causal {
+                true => k <= pos && p.window.is_none_or(|w| pos - k < w),
+                false => p.window.is_none_or(|w| k.abs_diff(pos) < w),
+            };
+            let keys: Vec<usize> = (0..row.context_len).filter(|&k| sees(k)).collect();
             for h in 0..nh {
                 let g = h / group;
                 let qv = &q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
                 let at = |pos: usize| layer.offset(bs, table[pos / bs] as usize, g, pos % bs);
                 let scores: Vec<f64> = keys
-                    .clone()
-                    .map(|pos| {
+                    .iter()
+                    .map(|&pos| {
                         let k = &kf[at(pos)..at(pos) + hd];
                         let s = qv.iter().zip(k).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>()
                             * f64::from(p.scale);
@@ -36,7 +42,7 @@ fn reference(q: &[f32], batch: &ForwardBatch, layer: &LayerKv, bs: usize, p: &At
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let sum: f64 = w.iter().sum();
-                for (pos, w) in keys.clone().zip(&w) {
+                for (&pos, w) in keys.iter().zip(&w) {
                     let v = &vf[at(pos)..at(pos) + hd];
                     for (o, v) in out[(t * nh + h) * hd..(t * nh + h + 1) * hd].iter_mut().zip(v) {
                         *o += w / sum * f64::from(*v);
@@ -115,14 +121,23 @@ fn check_shape(rng: &mut StdRng, nh: usize, nkv: usize, hd: usize, dtype: KvDtyp
             batch.push_row(&vec![0; len], ctx, vec![table], RowLogits::None);
         }
         let q: Vec<f32> = (0..batch.num_tokens() * nh * hd).map(|_| rng.random_range(-2.0..2.0)).collect();
-        for (window, softcap) in [(None, None), (Some(23), None), (None, Some(3.0))] {
-            let p = AttentionParams { n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 0.3, window, softcap };
+        let cases = [
+            (None, None, true),
+            (Some(23), None, true),
+            (None, Some(3.0), true),
+            (None, None, false),
+            (Some(23), None, false),
+        ];
+        for (window, softcap, causal) in cases {
+            let p = AttentionParams { n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 0.3, window, softcap, causal };
             let want = reference(&q, &batch, &layer, bs, &p);
             for level in Level::ALL.into_iter().filter(|l| l.available()) {
                 let mut out = vec![f32::NAN; q.len()];
                 attend_at(&q, &batch, &layer, bs, &p, level, &mut out).unwrap();
                 for (i, (got, want)) in out.iter().zip(&want).enumerate() {
-                    let what = format!("{dtype:?} hd {hd} {shapes:?} {level:?} {window:?} {softcap:?} value {i}");
+                    let what = format!(
+                        "{dtype:?} hd {hd} {shapes:?} {level:?} {window:?} {softcap:?} causal {causal} value {i}"
+                    );
                     assert!((f64::from(*got) - want).abs() < 2e-5 * (1.0 + want.abs()), "{what}: {got} vs {want}");
                 }
             }
@@ -183,7 +198,15 @@ fn prefill_in_chunks_equals_prefill_whole() {
         .flat_map(|d| [(d, None), (d, Some(40))])
     {
         let layer = LayerKv::new(spec, random_pool(&mut rng, n, dtype), random_pool(&mut rng, n, dtype));
-        let p = AttentionParams { n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 0.125, window, softcap: None };
+        let p = AttentionParams {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            scale: 0.125,
+            window,
+            softcap: None,
+            causal: true,
+        };
         let mut whole = ForwardBatch::default();
         whole.push_row(&[0; 150], ctx, vec![table.clone()], RowLogits::None);
         let mut want = vec![0f32; q.len()];

@@ -65,7 +65,7 @@ pub(super) fn attend<S: KvSource>(
 fn tile<S: KvSource>(
     q: &[f32],
     batch: &ForwardBatch,
-    &QueryTile { table, g, ref tokens }: &QueryTile<'_>,
+    &QueryTile { table, context_len, g, ref tokens }: &QueryTile<'_>,
     layer: &LayerKv,
     pools: Pools<S>,
     block_size: usize,
@@ -74,8 +74,9 @@ fn tile<S: KvSource>(
     s: &mut Scratch,
 ) -> Result<()> {
     let (nh, hd, group) = (p.n_heads, p.head_dim, p.n_heads / p.n_kv_heads);
-    let first = visible_range(batch.positions[tokens.start] as usize, p.window).start;
-    let last = batch.positions[tokens.end - 1] as usize;
+    // Both ends of the visible range grow with the position.
+    let first = visible_range(batch.positions[tokens.start] as usize, context_len, p).start;
+    let last = visible_range(batch.positions[tokens.end - 1] as usize, context_len, p).end - 1;
     let n_keys = last + 1 - first;
     // Gather keys and values [first, last] of head g.
     s.k.resize(n_keys * hd, 0.0);
@@ -103,7 +104,7 @@ fn tile<S: KvSource>(
     s.s.resize(m * n_keys, 0.0);
     product(&s.q, m, hd, &s.k, n_keys, &mut s.s);
     for (i, t) in tokens.clone().enumerate() {
-        let vis = visible_range(batch.positions[t] as usize, p.window);
+        let vis = visible_range(batch.positions[t] as usize, context_len, p);
         let (lo, hi) = (vis.start - first, vis.end - first);
         for qh in 0..group {
             let r = &mut s.s[(i * group + qh) * n_keys..(i * group + qh + 1) * n_keys];
