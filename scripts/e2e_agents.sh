@@ -12,20 +12,20 @@
 # reporting off, and a base URL on 127.0.0.1: they talk to nothing else. Short system prompts
 # and Claude Code's Bash tool alone keep their prompts small enough for a CPU run.
 #
-#   bash scripts/e2e_agents.sh [MODEL]     # default qwen2.5-coder-0.5b (SmolLM2's context
+#   bash scripts/e2e_agents.sh [MODEL]     # default qwen2.5-coder-1.5b (SmolLM2's context
 #                                          # holds neither client's prompt)
 # Env: FERRITE_BIN (default target/release/ferrite), FERRITE_HOME, E2E_TIMEOUT (seconds per
-# client, default 600), E2E_RECORD=DIR (point the clients at scripts/record_agent_requests.py
+# client, default 1800), E2E_RECORD=DIR (point the clients at scripts/record_agent_requests.py
 # instead and record their requests into DIR/claude-code.jsonl and DIR/codex.jsonl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CLAUDE_CODE_VERSION=2.1.332
 CODEX_VERSION=0.171.0
-MODEL=${1:-qwen2.5-coder-0.5b}
+MODEL=${1:-qwen2.5-coder-1.5b}
 BIN=${FERRITE_BIN:-target/release/ferrite}
 HOME_DIR=${FERRITE_HOME:-$HOME/.cache/ferrite}
 NPM_DIR=$HOME_DIR/agents-npm
-TIMEOUT=${E2E_TIMEOUT:-600}
+TIMEOUT=${E2E_TIMEOUT:-1800}
 started=$(date +%s)
 
 # --- install the pinned clients (once) ---------------------------------------------------
@@ -107,7 +107,7 @@ record claude-code
 
 # --- Codex over Responses -----------------------------------------------------------------
 mkdir -p "$work/codex/home" "$work/codex/project"
-echo "You are a coding agent. Run commands with the exec_command tool." > "$work/codex/instructions.md"
+echo "You are a coding agent. Run commands with the exec_command tool, in the current directory: give only the cmd argument." > "$work/codex/instructions.md"
 cat > "$work/codex/home/config.toml" <<EOF
 model = "$MODEL"
 model_provider = "ferrite"

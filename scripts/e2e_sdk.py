@@ -13,8 +13,11 @@ streaming); prefix-cache reuse reported as cached tokens (OpenAI and Anthropic);
 (plain, streaming, previous_response_id); messages (plain, streaming, count_tokens); a forced
 tool call and its round trip (OpenAI chat, Anthropic messages; forced calls' inputs validate
 against their tools' schemas); `chat.completions.stream(...).get_final_completion()` on a
-forced call; `parallel_tool_calls: false`; Anthropic `output_config.format`; a clean SIGTERM
-shutdown.
+forced call; `parallel_tool_calls: false`; Anthropic `output_config.format`;
+`embeddings.create` on a second pool model (the tiny bidirectional `gemma3-embed` fixture: token-id
+inputs, the SDK's default base64 encoding, `dimensions`; and text on the real EmbeddingGemma-300M
+when scripts/fetch_embedding_models.sh has fetched it), with a 400 for a model that cannot embed;
+a clean SIGTERM shutdown.
 """
 import argparse
 import json
@@ -354,6 +357,59 @@ def openai_checks(c: Checks, oa, model: str) -> None:
     c.run("openai parallel_tool_calls false -> one call", no_parallel_calls)
 
 
+EMBED_FIXTURE = ROOT / "tests" / "fixtures" / "models" / "gemma3-embed"
+EMBEDDINGGEMMA = ferrite_home() / "models" / "embeddinggemma-300m"
+
+
+def embedding_checks(c: Checks, oa, model: str) -> None:
+    import openai
+
+    ref = json.loads((EMBED_FIXTURE / "reference.json").read_text())
+
+    def cosine(a, b) -> float:
+        dot = sum(x * y for x, y in zip(a, b))
+        return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
+
+    def embeddings():
+        r = oa.embeddings.create(model="embed", input=ref["inputs"][:3])
+        expect(len(r.data) == 3 and [d.index for d in r.data] == [0, 1, 2], f"data {r.data}")
+        for d, want in zip(r.data, ref["embeddings"]):
+            expect(len(d.embedding) == 64, f"{len(d.embedding)} dimensions")
+            expect(cosine(d.embedding, want) >= 0.999, f"cosine {cosine(d.embedding, want)}")
+        tokens = sum(len(i) for i in ref["inputs"][:3])
+        expect(r.usage.prompt_tokens == tokens == r.usage.total_tokens, f"usage {r.usage}")
+        floats = oa.embeddings.create(model="embed", input=ref["inputs"][0], encoding_format="float")
+        gap = max(abs(a - b) for a, b in zip(floats.data[0].embedding, r.data[0].embedding))
+        expect(gap == 0, f"float and base64 encodings differ by {gap}")
+
+    def dimensions():
+        r = oa.embeddings.create(model="embed", input=ref["inputs"][4], dimensions=32)
+        v = r.data[0].embedding
+        expect(len(v) == 32 and abs(sum(x * x for x in v) - 1) < 1e-4, f"{len(v)} values")
+
+    def cannot_embed():
+        try:
+            oa.embeddings.create(model=model, input="hello")
+        except openai.BadRequestError as e:
+            expect("does not make embeddings" in str(e), str(e))
+            return
+        raise AssertionError(f"{model} made an embedding")
+
+    def embeddinggemma_text():
+        r = oa.embeddings.create(model="embeddinggemma", input=["The capital of France is Paris.",
+                                                                 "Paris is the capital of France."])
+        a, b = (d.embedding for d in r.data)
+        expect(len(a) == 768 and cosine(a, b) > 0.8, f"{len(a)} dimensions, cosine {cosine(a, b)}")
+
+    c.run("openai embeddings.create", embeddings)
+    c.run("openai embeddings.create dimensions", dimensions)
+    c.run("openai embeddings.create on a model that cannot embed -> 400", cannot_embed)
+    if (EMBEDDINGGEMMA / ".done").is_file():
+        c.run("openai embeddings.create on EmbeddingGemma text", embeddinggemma_text)
+    else:
+        print("SKIP openai embeddings.create on EmbeddingGemma text: run scripts/fetch_embedding_models.sh")
+
+
 def anthropic_checks(c: Checks, an, model: str) -> None:
     def check_usage(u, label="usage"):
         expect(u.input_tokens > 0, f"{label}.input_tokens = {u.input_tokens}")
@@ -473,7 +529,10 @@ def main() -> int:
     from anthropic import Anthropic
     from openai import OpenAI
 
-    server = Server(args.bin, args.model, ["--api-key", args.api_key])
+    pool = ["--model", f"embed={EMBED_FIXTURE}"]
+    if (EMBEDDINGGEMMA / ".done").is_file():
+        pool += ["--model", f"embeddinggemma={EMBEDDINGGEMMA}"]
+    server = Server(args.bin, args.model, ["--api-key", args.api_key, *pool])
     print(f"ferrite serve {args.model} at {server.url}", flush=True)
     c = Checks(args.only)
     try:
@@ -494,6 +553,7 @@ def main() -> int:
         c.run("openai wrong api key -> 401", wrong_key)
         openai_checks(c, oa, args.model)
         anthropic_checks(c, an, args.model)
+        embedding_checks(c, oa, args.model)
     finally:
         code = server.stop()
     if not args.only:

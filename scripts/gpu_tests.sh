@@ -36,6 +36,15 @@ build)
         cp "$path" ".gpu/$name"
     done
     rm -f "$log"
+    # The vocabularies and chat templates synthetic models take (scripts/fetch_test_assets.sh).
+    assets=${FERRITE_TEST_ASSETS:-${FERRITE_HOME:-$HOME/.cache/ferrite}/test-assets}/llama.cpp-models
+    mkdir -p .gpu/assets/llama.cpp-models/templates
+    for f in ggml-vocab-llama-bpe.gguf ggml-vocab-qwen2.gguf ggml-vocab-gemma-4.gguf; do
+        cp "$assets/$f" .gpu/assets/llama.cpp-models/
+    done
+    for t in meta-llama-Llama-3.1-8B-Instruct meta-llama-Llama-3.2-3B-Instruct Qwen-Qwen2.5-7B-Instruct google-gemma-4-31B-it; do
+        cp "$assets/templates/$t.jinja" .gpu/assets/llama.cpp-models/templates/
+    done
     ls -l .gpu
     ;;
 run | bench | all)
@@ -43,6 +52,7 @@ run | bench | all)
     mkdir -p "$out"
     export FERRITE_TEST_CUDA=1
     export FERRITE_HOME=${FERRITE_HOME:-$(mktemp -d)}
+    [ -d .gpu/assets ] && export FERRITE_TEST_ASSETS=$PWD/.gpu/assets
     for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
         [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
     done
@@ -94,6 +104,24 @@ PY
                 failed+=("bench $label")
             fi
         }
+        # HTTP serving: `ferrite serve` on a synthetic model (its family's tokenizer) under
+        # `ferrite bench serve` (streaming completions, EOS ignored).
+        serve_bench() {
+            local label=$1 model=$2
+            shift 2
+            local log="$out/serve_$label.log"
+            .gpu/ferrite serve --synthetic "$model" --port 0 --max-num-seqs 256 > "$log" 2>&1 &
+            local pid=$! url=
+            for _ in $(seq 240); do
+                url=$(grep -oE 'listening on http://[0-9.:]+' "$log" | head -1 | sed 's/listening on //') || true
+                [ -n "$url" ] && break
+                kill -0 "$pid" 2>/dev/null || break
+                sleep 0.5
+            done
+            if [ -n "$url" ]; then bench "$label" bench serve --url "$url" "$@"; else tail -5 "$log"; failed+=("serve $label"); fi
+            kill "$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null
+        }
         s8=(--synthetic llama-3.1-8b --dtype bf16)
         s1=(--synthetic llama-3.2-1b --dtype bf16)
         # The first start compiles the kernels into $FERRITE_HOME; every later one reads them.
@@ -120,6 +148,8 @@ PY
         bench decode-smollm bench decode --synthetic smollm2-135m --prompt-tokens 512 --gen-tokens 64 --reps 2
         bench decode-gemma4-e4b bench decode --synthetic gemma-4-e4b --dtype bf16 --prompt-tokens 512 --gen-tokens 128 \
             --reps 3
+        serve_bench serve-8b-c64 llama-3.1-8b --concurrency 64 --num-requests 256 --input-len 128 --output-len 128
+        serve_bench serve-1b-c256 llama-3.2-1b --concurrency 256 --num-requests 1024 --input-len 128 --output-len 128
     fi
     echo
     echo "=== summary (tolerance checks: max abs error, relative L2 error; measurements: medians)"

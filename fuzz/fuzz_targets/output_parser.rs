@@ -28,7 +28,7 @@ const REASONING: [Option<ReasoningTags>; 3] =
 fn parse(parser: &mut dyn OutputParser, pieces: &[&str]) -> Vec<Delta> {
     let mut out: Vec<Delta> = Vec::new();
     let deltas = pieces.iter().flat_map(|p| parser.push(p)).collect::<Vec<_>>();
-    for d in deltas.into_iter().chain(parser.finish()) {
+    for d in deltas.into_iter().chain(parser.finish().deltas) {
         match (out.last_mut(), d) {
             (Some(Delta::Content(a)), Delta::Content(b)) | (Some(Delta::Reasoning(a)), Delta::Reasoning(b)) => {
                 a.push_str(&b)

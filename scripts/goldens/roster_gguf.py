@@ -1,4 +1,4 @@
-"""GGUF (F32) of a roster fixture's weights, with the tensor names, metadata keys and q/k row order that
+"""GGUF (F32) of a roster or MoE fixture's weights, with the tensor names, metadata keys and q/k row order that
 llama.cpp's convert_hf_to_gguf.py (llama-cpp-python 0.3.36's vendor/llama.cpp) writes for that arch.
 
 `write_gguf(name, directory)` reads directory/config.json + model.safetensors and writes
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import gguf
@@ -24,6 +25,9 @@ ARCH = {
     "granite": "granite",
     "starcoder2": "starcoder2",
     "smollm3": "smollm3",
+    "qwen3-moe": "qwen3moe",
+    # llama.cpp's converter writes Mixtral as llama with expert tensors.
+    "mixtral": "llama",
 }
 
 # HF tensor name suffix (after model.layers.N.) -> GGUF name suffix (after blk.N.), per family.
@@ -56,11 +60,29 @@ LAYER = {
     "granite": COMMON_LAYER,
     "starcoder2": {**COMMON_LAYER, "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"},
     "smollm3": COMMON_LAYER,
+    "qwen3-moe": {
+        **COMMON_LAYER,
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "mlp.gate": "ffn_gate_inp",
+    },
+    "mixtral": {**COMMON_LAYER, "block_sparse_moe.gate": "ffn_gate_inp"},
+}
+# One expert's projection (model.layers.N.<block>.experts.E.<proj>.weight) -> the GGUF tensor that stacks
+# that projection of every expert of the layer ([experts, rows, cols]).
+EXPERT = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
+EXPERT_GGUF = {
+    "gate_proj": "ffn_gate_exps",
+    "up_proj": "ffn_up_exps",
+    "down_proj": "ffn_down_exps",
+    "w1": "ffn_gate_exps",
+    "w3": "ffn_up_exps",
+    "w2": "ffn_down_exps",
 }
 # llama.cpp runs these archs with its interleaved ("NORM") rope, so the converter permutes the HF q/k
 # rows from rotate-half order (pairs i, i + d/2) to adjacent pairs (2i, 2i + 1) within each head.
 # glm4 is NORM too but HF's Glm4 already rotates adjacent pairs: no permutation.
-PERMUTE_QK = {"granite", "smollm3"}
+PERMUTE_QK = {"granite", "smollm3", "mixtral"}
 
 # Placeholder vocabulary: `<tN>` pieces, SentencePiece-style ("llama") so no merges are needed.
 TOKENIZER = "llama"
@@ -84,7 +106,7 @@ def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def add_metadata(w: gguf.GGUFWriter, family: str, cfg: dict) -> None:
+def add_metadata(w: gguf.GGUFWriter, family: str, cfg: dict, qtype: gguf.GGMLQuantizationType | None) -> None:
     rope = cfg["rope_parameters"]
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_head
@@ -121,10 +143,15 @@ def add_metadata(w: gguf.GGUFWriter, family: str, cfg: dict) -> None:
         # Not written by llama.cpp's converter (llama.cpp runs starcoder2 without a window); added so
         # the GGUF describes the same model as config.json. Absent in real starcoder2 GGUFs.
         w.add_sliding_window(cfg["sliding_window"])
+    if family in ("qwen3-moe", "mixtral"):
+        w.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+    if family == "qwen3-moe":
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if family != "granite" and "head_dim" in cfg:
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype is None else gguf.LlamaFileType.MOSTLY_Q8_0)
 
 
 def add_tokenizer(w: gguf.GGUFWriter, cfg: dict) -> None:
@@ -143,23 +170,39 @@ def add_tokenizer(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_add_bos_token(False)
 
 
-def write_gguf(family: str, directory: Path) -> int:
-    """Write directory/model.gguf; returns its size in bytes."""
+def add(w: gguf.GGUFWriter, name: str, t: np.ndarray, qtype: gguf.GGMLQuantizationType | None) -> None:
+    """Add `t` as F32, or (a matrix whose rows fit the type's blocks) quantized to `qtype`."""
+    if qtype is None or t.ndim < 2 or t.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+        w.add_tensor(name, np.ascontiguousarray(t))
+    else:
+        w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(t), qtype), raw_dtype=qtype)
+
+
+def write_gguf(family: str, directory: Path, qtype: gguf.GGMLQuantizationType | None = None, file_name: str = "model.gguf") -> int:
+    """Write directory/file_name (matrices F32, or quantized to `qtype`); returns its size in bytes."""
     cfg = json.loads((directory / "config.json").read_text())
     tensors = load_file(directory / "model.safetensors")
-    out = directory / "model.gguf"
+    out = directory / file_name
     w = gguf.GGUFWriter(out, ARCH[family])
     w.add_name(f"ferrite tiny {family}")
-    add_metadata(w, family, cfg)
+    add_metadata(w, family, cfg, qtype)
     add_tokenizer(w, cfg)
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    experts: dict[tuple[str, str], dict[int, np.ndarray]] = {}
     for name, t in tensors.items():
         t = np.ascontiguousarray(t, dtype=np.float32)
+        if m := EXPERT.fullmatch(name):
+            layer, expert, proj = m.groups()
+            experts.setdefault((layer, EXPERT_GGUF[proj]), {})[int(expert)] = t
+            continue
         if family in PERMUTE_QK and ".self_attn.q_proj." in name:
             t = permute_rows(t, n_head)
         elif family in PERMUTE_QK and ".self_attn.k_proj." in name:
             t = permute_rows(t, n_kv)
-        w.add_tensor(hf_to_gguf_name(name, family), np.ascontiguousarray(t))
+        add(w, hf_to_gguf_name(name, family), t, qtype)
+    for (layer, gguf_name), by_expert in experts.items():
+        stacked = np.stack([by_expert[e] for e in range(len(by_expert))])
+        add(w, f"blk.{layer}.{gguf_name}.weight", stacked, qtype)
     if family == "phi3":
         rope = cfg["rope_parameters"]
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))

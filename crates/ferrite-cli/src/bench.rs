@@ -5,7 +5,8 @@
 //! total tokens per second with TTFT and TPOT percentiles; `tiers` (in `bench_tiers`) the
 //! prefix cache's tiers and resumed generations; `serve` (in `bench_serve`) drives
 //! an OpenAI-compatible server over HTTP; `switch` and `respawn` (in `bench_pool`) time a
-//! pool's model switch and an isolated engine's restart. Each can print one JSON object.
+//! pool's model switch and an isolated engine's restart; `embed` (in `bench_embed`) an
+//! embedding model's embeddings per second. Each can print one JSON object.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,7 +17,7 @@ use clap::{Args, Subcommand};
 use ferrite_engine::{Constraint, Engine, Request, RequestParams, SamplingParams};
 use serde_json::{json, Value};
 
-use crate::session::{EngineArgs, ModelArgs, SpecArgs};
+use crate::session::{EngineArgs, KvArgs, ModelArgs, SpecArgs};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -38,6 +39,8 @@ pub enum BenchCommand {
     Switch(crate::bench_pool::SwitchArgs),
     /// Restart time of an isolated engine (`serve --isolate`) after a kill -9.
     Respawn(crate::bench_pool::RespawnArgs),
+    /// Embeddings per second of an embedding model at given batch sizes.
+    Embed(crate::bench_embed::EmbedArgs),
 }
 
 #[derive(Args)]
@@ -71,6 +74,8 @@ pub struct DecodeArgs {
     pub prompt_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub spec: SpecArgs,
+    #[command(flatten)]
+    pub kv: KvArgs,
     /// Also decode constrained to this JSON schema (a file), and report the speed ratio.
     #[arg(long)]
     pub json_schema: Option<std::path::PathBuf>,
@@ -109,6 +114,9 @@ pub struct ThroughputArgs {
     /// Print one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// LoRA adapters (NAME=PATH, PEFT directories) the requests run through, in turn.
+    #[arg(long, value_name = "NAME=PATH", num_args = 1..)]
+    pub lora_modules: Vec<String>,
 }
 
 pub fn bench(cmd: BenchCommand) -> Result<()> {
@@ -120,6 +128,7 @@ pub fn bench(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Serve(a) => crate::bench_serve::bench_serve(a),
         BenchCommand::Switch(a) => crate::bench_pool::switch(a),
         BenchCommand::Respawn(a) => crate::bench_pool::respawn(a),
+        BenchCommand::Embed(a) => crate::bench_embed::embed(a),
     }
 }
 
@@ -169,11 +178,11 @@ pub(crate) fn pct(v: &[f64], q: f64) -> f64 {
 /// One request through `engine` (end tokens ignored unless `stop_at_eos`): (ttft s, tpot s,
 /// output tokens).
 fn timed_request(engine: &Engine, prompt: Vec<u32>, max_tokens: usize, stop_at_eos: bool) -> Result<(f64, f64, usize)> {
-    timed_constrained(engine, prompt, max_tokens, stop_at_eos, None, SamplingParams::default())
+    timed_constrained(engine, prompt, max_tokens, stop_at_eos, None, SamplingParams::default(), None)
 }
 
-/// `timed_request` under an output constraint (which may end it before `max_tokens`) and
-/// with `sampling`.
+/// `timed_request` under an output constraint (which may end it before `max_tokens`), with
+/// `sampling`, through the LoRA adapter `adapter` if given.
 fn timed_constrained(
     engine: &Engine,
     prompt: Vec<u32>,
@@ -181,12 +190,14 @@ fn timed_constrained(
     stop_at_eos: bool,
     constraint: Option<Constraint>,
     sampling: SamplingParams,
+    adapter: Option<String>,
 ) -> Result<(f64, f64, usize)> {
     let params = RequestParams {
         sampling,
         max_tokens: Some(max_tokens),
         ignore_eos: !stop_at_eos,
         constraint,
+        adapter,
         ..Default::default()
     };
     let t0 = Instant::now();
@@ -232,6 +243,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
         max_model_len: Some(prompt_tokens + a.gen_tokens + 1),
         no_prefix_cache: true,
         spec: a.spec.clone(),
+        kv: a.kv.clone(),
         ..EngineArgs::default()
     };
     let engine = engine_args.start(&loaded, &path)?;
@@ -252,7 +264,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
     sampling.validate(vocab)?;
     for rep in 0..=a.reps {
         let stop = a.prompt_file.is_some();
-        let (ttft, tpot, n) = timed_constrained(&engine, prompt.clone(), a.gen_tokens, stop, None, sampling.clone())?;
+        let (ttft, tpot, n) =
+            timed_constrained(&engine, prompt.clone(), a.gen_tokens, stop, None, sampling.clone(), None)?;
         if rep > 0 {
             pp.push(prompt_tokens as f64 / ttft);
             tg.push(1.0 / tpot.max(1e-9));
@@ -261,7 +274,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
         if let Some(c) = &schema {
             let constraint = Some(c.clone());
             let (_, tpot, n) =
-                timed_constrained(&engine, prompt.clone(), a.gen_tokens, false, constraint, sampling.clone())?;
+                timed_constrained(&engine, prompt.clone(), a.gen_tokens, false, constraint, sampling.clone(), None)?;
             if rep > 0 {
                 tg_json.push(1.0 / tpot.max(1e-9));
                 json_tokens = n;
@@ -289,7 +302,8 @@ fn decode(a: DecodeArgs) -> Result<()> {
             "forward_passes_per_run": steps, "draft_forwards": m.draft_forwards.load(Ordering::Relaxed),
             "load_ms": loaded.load_secs * 1e3, "ready_ms": ready_ms,
             "weight_bytes": loaded.weight_bytes,
-            "kv_bytes_per_token": loaded.model.kv_block_bytes(1).iter().sum::<usize>(),
+            "kv_cache": engine.limits().kv_scheme, "kv_bytes_per_token": engine.limits().kv_bytes_per_token,
+            "kv_capacity_tokens": engine.limits().kv_capacity_tokens,
             "prompt_tok_s": pmed, "prompt_tok_s_min": pp[0], "prompt_tok_s_max": pp[pp.len() - 1],
             "decode_tok_s": dmed, "decode_tok_s_min": tg[0], "decode_tok_s_max": tg[tg.len() - 1],
             "json_schema_decode_tok_s": jmed, "json_schema_tokens": jmed.map(|_| json_tokens),
@@ -298,9 +312,10 @@ fn decode(a: DecodeArgs) -> Result<()> {
         println!("{out}");
     } else {
         println!(
-            "model   {}  ({device}, load {:.0} ms, ready {ready_ms:.0} ms after start)",
+            "model   {}  ({device}, load {:.0} ms, ready {ready_ms:.0} ms after start; {})",
             path.display(),
-            loaded.load_secs * 1e3
+            loaded.load_secs * 1e3,
+            crate::session::kv_report(engine.limits())
         );
         println!("test          min      median   max   (tok/s, {} reps)", a.reps);
         println!("pp{:<8} {:>8.1} {pmed:>8.1} {:>8.1}", prompt_tokens, pp[0], pp[pp.len() - 1]);
@@ -352,6 +367,13 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
     let mut engine_args = a.engine.clone();
     engine_args.max_num_seqs = engine_args.max_num_seqs.max(a.concurrency);
     let engine = Arc::new(engine_args.start(&loaded, &path)?);
+    let mut adapters = Vec::new();
+    for (name, dir) in crate::serve::lora_modules(&a.lora_modules)? {
+        let lora = ferrite_models::lora::LoraAdapter::load(&dir, ferrite_models::lora::MAX_LORA_RANK)?;
+        engine.load_adapter(&name, Arc::new(lora))?;
+        adapters.push(name);
+    }
+    let adapters = Arc::new(adapters);
     let device = crate::session::device_report(&loaded, threads);
     let next = Arc::new(AtomicUsize::new(0));
     let results = Arc::new(Mutex::new(Vec::new()));
@@ -359,11 +381,13 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
     let clients: Vec<_> = (0..a.concurrency.min(a.num_requests))
         .map(|_| {
             let (engine, work, next, results) = (engine.clone(), work.clone(), next.clone(), results.clone());
+            let adapters = adapters.clone();
             std::thread::spawn(move || -> Result<()> {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some((prompt, max)) = work.get(i) else { return Ok(()) };
-                    let r = timed_request(&engine, prompt.clone(), *max, false)?;
+                    let adapter = (!adapters.is_empty()).then(|| adapters[i % adapters.len()].clone());
+                    let r = timed_constrained(&engine, prompt.clone(), *max, false, None, Default::default(), adapter)?;
                     results.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.push((prompt.len(), r));
                 }
             })
@@ -384,20 +408,23 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
     let out = json!({
         "model": path.display().to_string(), "threads": threads, "device": device,
         "num_requests": a.num_requests, "input_len": a.input_len, "output_len": a.output_len,
-        "concurrency": a.concurrency, "duration_s": wall,
+        "concurrency": a.concurrency, "duration_s": wall, "lora_adapters": adapters.len(),
         "output_tok_s": out_tokens as f64 / wall, "total_tok_s": (in_tokens + out_tokens) as f64 / wall,
         "request_s": a.num_requests as f64 / wall,
         "ttft_ms_p50": pct(&ttft, 0.5), "ttft_ms_p90": pct(&ttft, 0.9), "ttft_ms_p99": pct(&ttft, 0.99),
         "tpot_ms_p50": pct(&tpot, 0.5), "tpot_ms_p90": pct(&tpot, 0.9), "tpot_ms_p99": pct(&tpot, 0.99),
         "prefix_cache_hit_rate": m.prefix_hit_rate(),
         "preemptions": m.preemptions.load(Ordering::Relaxed),
+        "kv_cache": engine.limits().kv_scheme, "kv_bytes_per_token": engine.limits().kv_bytes_per_token,
+        "kv_capacity_tokens": engine.limits().kv_capacity_tokens,
     });
     if a.json {
         println!("{out}");
     } else {
         println!(
-            "model {} ({device}), {} requests of {} in / {} out at concurrency {}",
+            "model {} ({device}; {}), {} requests of {} in / {} out at concurrency {}",
             path.display(),
+            crate::session::kv_report(engine.limits()),
             a.num_requests,
             a.input_len,
             a.output_len,

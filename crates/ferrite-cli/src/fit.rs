@@ -26,9 +26,12 @@ pub struct FitArgs {
     /// Query tokens per engine step (sizes the workspace).
     #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
-    /// KV cache value type: auto (f16 on the CPU, bf16 on a GPU), f16 or bf16.
+    /// KV cache value type: auto (f16 on the CPU, bf16 on a GPU), f16, bf16, int8 or int4.
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: KvDtypeChoice,
+    /// Values per scale and bias of an int8/int4 KV cache.
+    #[arg(long, default_value_t = fit::DEFAULT_KV_GROUP_SIZE)]
+    pub kv_group_size: usize,
     /// A fixed KV cache size in bytes (default: what the memory leaves).
     #[arg(long)]
     pub kv_cache_memory: Option<usize>,
@@ -60,6 +63,7 @@ pub fn fit(args: FitArgs) -> Result<()> {
         max_num_batched_tokens: args.max_num_batched_tokens,
         block_size: args.block_size,
         kv_dtype: args.kv_cache_dtype,
+        kv_group_size: args.kv_group_size,
         kv_cache_memory: args.kv_cache_memory,
         gpu_memory_utilization: args.gpu_memory_utilization,
     };

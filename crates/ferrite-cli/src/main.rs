@@ -6,6 +6,7 @@
 //! one-line error and a non-zero exit.
 
 mod bench;
+mod bench_embed;
 mod bench_pool;
 mod bench_serve;
 mod bench_tiers;
@@ -18,6 +19,7 @@ mod run;
 mod sampling;
 mod serve;
 mod session;
+mod synthetic_text;
 mod worker;
 
 use clap::{Parser, Subcommand};
@@ -32,7 +34,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the OpenAI-compatible HTTP API (chat, completions, models, metrics).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Generate a completion for one prompt, streamed to stdout.
     Run(run::RunArgs),
     /// An interactive multi-turn chat in the terminal (/exit, /reset).
@@ -63,7 +65,7 @@ fn main() {
     STARTED.get_or_init(std::time::Instant::now);
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve::serve(args),
+        Command::Serve(args) => serve::serve(*args),
         Command::Run(args) => run::run(args),
         Command::Chat(args) => chat::chat(args),
         Command::Bench(cmd) => bench::bench(cmd),

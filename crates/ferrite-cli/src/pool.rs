@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferrite_engine::Engine;
-use ferrite_models::fit::{FitOptions, KvDtypeChoice};
+use ferrite_models::fit::FitOptions;
 use ferrite_models::LoadedModel;
 use ferrite_runtime::cuda::{resolve_device, Device, DeviceChoice};
 use ferrite_server::isolate::{IsolatedEngine, WorkerCommand};
@@ -144,6 +144,7 @@ pub fn config(args: &PoolArgs) -> PoolConfig {
         max_loaded: args.max_loaded_models,
         idle_unload: args.idle_unload.map(Duration::from_secs),
         memory_budget: args.memory_budget.or_else(available_memory),
+        max_lora_rank: None,
     }
 }
 
@@ -172,12 +173,12 @@ pub fn start_engine(loaded: &LoadedModel, path: &Path, args: &EngineArgs, thread
     }
     let limits = engine.limits();
     eprintln!(
-        "loaded {} in {:.0} ms on {}; context {} tokens, KV cache {} tokens",
+        "loaded {} in {:.0} ms on {}; context {} tokens, {}",
         path.display(),
         loaded.load_secs * 1e3,
         crate::session::device_report(loaded, threads),
         limits.max_model_len,
-        limits.kv_capacity_tokens
+        crate::session::kv_report(limits)
     );
     Ok(engine)
 }
@@ -191,7 +192,8 @@ fn fit_summary(path: &Path, args: &ServeArgs) -> Result<String> {
         max_num_seqs: e.max_num_seqs,
         max_num_batched_tokens: e.max_num_batched_tokens,
         block_size: e.block_size,
-        kv_dtype: KvDtypeChoice::Auto,
+        kv_dtype: e.kv.kv_cache_dtype,
+        kv_group_size: e.kv.kv_group_size,
         kv_cache_memory: e.kv_cache_memory,
         gpu_memory_utilization: e.gpu_memory_utilization,
     };

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use ferrite_server::guard::GuardConfig;
-use ferrite_server::pool::{ModelPool, Served};
+use ferrite_server::pool::{ModelPool, PoolConfig, Served};
 use ferrite_server::{App, ModelInfo, ServerConfig, Shutdown};
 
 use crate::pool::PoolArgs;
@@ -58,9 +58,36 @@ pub struct ServeArgs {
     /// Seconds a shutdown waits for in-flight requests.
     #[arg(long, default_value_t = 30)]
     pub shutdown_timeout: u64,
+    /// LoRA adapters to serve over the default model, as NAME=PATH (PEFT directories:
+    /// adapter_config.json + adapter_model.safetensors); a request's `model` picks one.
+    #[arg(long, value_name = "NAME=PATH", num_args = 1..)]
+    pub lora_modules: Vec<String>,
+    /// The largest LoRA rank an adapter may have (at most 64).
+    #[arg(long, default_value_t = ferrite_models::lora::MAX_LORA_RANK, value_parser = parse_lora_rank)]
+    pub max_lora_rank: usize,
+}
+
+/// A LoRA rank in 1..=64.
+fn parse_lora_rank(s: &str) -> Result<usize, String> {
+    let max = ferrite_models::lora::MAX_LORA_RANK;
+    match s.parse::<usize>() {
+        Ok(r) if (1..=max).contains(&r) => Ok(r),
+        _ => Err(format!("'{s}' is not a rank in 1..={max}")),
+    }
+}
+
+/// `--lora-modules` entries as (name, path).
+pub fn lora_modules(args: &[String]) -> Result<Vec<(String, std::path::PathBuf)>> {
+    args.iter()
+        .map(|m| match m.split_once('=') {
+            Some((name, path)) if !name.is_empty() && !path.is_empty() => Ok((name.to_string(), path.into())),
+            _ => anyhow::bail!("--lora-modules takes NAME=PATH, got '{m}'"),
+        })
+        .collect()
 }
 
 pub fn serve(args: ServeArgs) -> Result<()> {
+    let adapters = lora_modules(&args.lora_modules)?;
     let pool = match args.model.synthetic {
         // A synthetic model (random weights on the GPU, for benchmarks) is served alone.
         Some(_) => {
@@ -72,7 +99,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         None => {
             let threads = ferrite_runtime::threads::init(args.model.threads)?;
             let serve_args: Vec<String> = std::env::args().skip(2).collect();
-            ModelPool::new(crate::pool::models(&args, threads, &serve_args)?, crate::pool::config(&args.pool))
+            let config = PoolConfig { max_lora_rank: Some(args.max_lora_rank), ..crate::pool::config(&args.pool) };
+            ModelPool::new(crate::pool::models(&args, threads, &serve_args)?, config)
         }
     };
     let defaults = ServerConfig::default();
@@ -99,6 +127,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let ended = runtime.block_on(async {
         // The default model loads now, so a model that cannot load fails the start.
         drop(app.pool.acquire(None).await.map_err(|e| anyhow::anyhow!("{}", e.message))?);
+        for (name, path) in &adapters {
+            app.pool.load_adapter(name, path, None).await.map_err(|e| anyhow::anyhow!("{}", e.message))?;
+        }
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;

@@ -10,10 +10,11 @@ use std::time::Instant;
 use ferrite_engine::fill::ToolScaffold;
 use ferrite_engine::{Engine, EngineConfig, FillMode, Request, RequestParams, Speculation};
 use ferrite_models::chat_template::ChatRenderRequest;
+use ferrite_models::fit::{KvDtypeChoice, DEFAULT_KV_GROUP_SIZE};
 use ferrite_models::tokenizer::Tokenizer;
 use ferrite_models::LoadedModel;
 use ferrite_runtime::cuda::{Device, DeviceChoice};
-use ferrite_runtime::DType;
+use ferrite_runtime::{DType, KvScheme, KvSkip};
 use serde_json::Value;
 
 #[derive(Args, Clone)]
@@ -29,9 +30,14 @@ pub struct ModelArgs {
     #[arg(long, default_value = "auto")]
     pub device: DeviceChoice,
     /// Instead of a model file, a model of a real shape with random weights generated on the
-    /// GPU (for benchmarks; no tokenizer): llama-3.1-8b, llama-3.2-1b, qwen2.5-1.5b, smollm2-135m.
+    /// GPU (for benchmarks): llama-3.1-8b, llama-3.2-1b, qwen2.5-1.5b, smollm2-135m,
+    /// gemma-4-e4b. It takes its family's tokenizer and chat template from the test assets
+    /// when they are here (scripts/fetch_test_assets.sh), or from --tokenizer.
     #[arg(long, conflicts_with = "model")]
     pub synthetic: Option<String>,
+    /// An HF directory or .gguf file whose tokenizer and chat template a synthetic model uses.
+    #[arg(long, requires = "synthetic")]
+    pub tokenizer: Option<std::path::PathBuf>,
     /// Weight dtype of a synthetic model: bf16, or a GGUF block type the CUDA kernels read
     /// (q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k).
     #[arg(long, default_value = "bf16", requires = "synthetic")]
@@ -55,7 +61,8 @@ impl ModelArgs {
                 DType::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(&self.dtype)).ok_or_else(|| {
                     anyhow!("unknown --dtype {} (bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k)", self.dtype)
                 })?;
-            let loaded = ferrite_models::synthetic(name, self.device, self.weight_seed, dtype)?;
+            let mut loaded = ferrite_models::synthetic(name, self.device, self.weight_seed, dtype)?;
+            crate::synthetic_text::attach(&mut loaded, name, self.tokenizer.as_deref())?;
             let path = match dtype {
                 DType::BF16 => format!("synthetic:{name}"),
                 q => format!("synthetic:{name}:{}", q.name().to_lowercase()),
@@ -98,6 +105,8 @@ pub struct EngineArgs {
     /// Positions per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    #[command(flatten)]
+    pub kv: KvArgs,
     /// Turn the prefix cache off.
     #[arg(long)]
     pub no_prefix_cache: bool,
@@ -116,8 +125,42 @@ pub struct EngineArgs {
     /// (when --kv-cache-memory is not given).
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f32,
+    /// LoRA adapters loaded at once, at most (`--lora-modules` and run-time loads).
+    #[arg(long, default_value_t = 8)]
+    pub max_loras: usize,
     #[command(flatten)]
     pub spec: SpecArgs,
+}
+
+/// What the KV cache holds.
+#[derive(Args, Clone)]
+pub struct KvArgs {
+    /// KV cache value type: auto (f16 on the CPU, bf16 on a GPU), f16, bf16, int8 or int4
+    /// (group-affine, CPU); fp8 is refused on the CPU (int8 takes the same bytes).
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: KvDtypeChoice,
+    /// Values per scale and bias of an int8/int4 KV cache: 16, 32, 64 or 128, dividing the
+    /// head dim.
+    #[arg(long, default_value_t = DEFAULT_KV_GROUP_SIZE)]
+    pub kv_group_size: usize,
+    /// Layers whose KV stays f16 under int8/int4: sliding, first:N, last:N or a list of
+    /// KV-owning layer indices (0,1,29).
+    #[arg(long)]
+    pub kv_cache_skip_layers: Option<KvSkip>,
+}
+
+impl Default for KvArgs {
+    fn default() -> Self {
+        KvArgs { kv_cache_dtype: KvDtypeChoice::Auto, kv_group_size: DEFAULT_KV_GROUP_SIZE, kv_cache_skip_layers: None }
+    }
+}
+
+impl KvArgs {
+    /// The KV scheme of these flags on `device`; an error names a type the device cannot hold.
+    pub fn scheme(&self, device: Device) -> Result<KvScheme> {
+        let dtype = self.kv_cache_dtype.resolve(device, self.kv_group_size).map_err(|e| anyhow!(e))?.dtype;
+        Ok(KvScheme { dtype, skip: self.kv_cache_skip_layers.clone().unwrap_or_default() })
+    }
 }
 
 /// How the engine runs its steps: speculative decoding, fill, and overlap.
@@ -207,11 +250,13 @@ impl Default for EngineArgs {
             max_num_seqs: d.max_num_seqs,
             kv_cache_memory: None,
             block_size: d.block_size,
+            kv: KvArgs::default(),
             no_prefix_cache: false,
             prefix_cache_dir: None,
             prefix_cache_disk_bytes: 10 << 30,
             generation_checkpoint: None,
             gpu_memory_utilization: d.gpu_memory_utilization,
+            max_loras: d.max_loras,
             spec: SpecArgs::default(),
         }
     }
@@ -234,13 +279,15 @@ impl EngineArgs {
             num_draft_tokens: self.spec.num_draft_tokens,
             fill: self.spec.fill_mode(),
             overlap: !self.spec.no_overlap,
+            max_loras: self.max_loras,
             ..EngineConfig::default()
         }
     }
 
     pub fn start(&self, loaded: &LoadedModel, path: &std::path::Path) -> Result<Engine> {
         let (speculation, tool_scaffold) = self.spec.resolve(loaded)?;
-        let cfg = EngineConfig { speculation, tool_scaffold, ..self.config(path) };
+        let kv_scheme = self.kv.scheme(loaded.device)?;
+        let cfg = EngineConfig { speculation, tool_scaffold, kv_scheme, ..self.config(path) };
         Ok(Engine::start(loaded.model.clone(), loaded.tokenizer.clone(), loaded.eos_token_ids(), &cfg)?)
     }
 }
@@ -297,12 +344,13 @@ impl Session {
         };
         let engine = engine_args.start(&loaded, &path)?;
         eprintln!(
-            "loaded {} ({} layers, {:.0} MB of weights) in {:.0} ms on {}",
+            "loaded {} ({} layers, {:.0} MB of weights) in {:.0} ms on {}; {}",
             path.display(),
             cfg.num_layers,
             loaded.weight_bytes as f64 / 1e6,
             loaded.load_secs * 1e3,
-            device_report(&loaded, threads)
+            device_report(&loaded, threads),
+            kv_report(engine.limits())
         );
         Ok(Session { loaded, engine })
     }
@@ -388,6 +436,14 @@ pub fn device_report(loaded: &LoadedModel, threads: usize) -> String {
         Device::Cpu => format!("{threads} threads"),
         Device::Cuda(_) => loaded.device_note.clone(),
     }
+}
+
+/// The KV cache for the load line: its type, bytes a token and capacity in tokens.
+pub fn kv_report(limits: &ferrite_engine::Limits) -> String {
+    format!(
+        "KV cache {}, {} bytes/token, {} tokens",
+        limits.kv_scheme, limits.kv_bytes_per_token, limits.kv_capacity_tokens
+    )
 }
 
 /// The prefix-cache namespace of a model: its path, size and modification time, and for a

@@ -1,7 +1,7 @@
 //! `ferrite models` and `ferrite fit` on a model in a fake Hugging Face cache (`HF_HUB_CACHE`)
 //! made from the `llama` fixture: listed with its size and architecture, resolved by repo id,
-//! sized by hand-checked numbers; a repo that is not there, a GPU that is not there and a
-//! quantized KV cache are one-line errors.
+//! sized by hand-checked numbers; a repo that is not there, a GPU that is not there and
+//! an fp8 KV cache on the CPU are one-line errors.
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -84,7 +84,7 @@ fn missing_things_are_one_line_errors() {
     assert!(err.contains("cuda") || err.contains("NVIDIA"), "{err}");
     let out = ferrite(hub.path(), home.path(), &["fit", "test-org/tiny-llama", "--kv-cache-dtype", "fp8"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("a quantized KV cache (fp8) is not supported yet"), "{stderr}");
+    assert!(!out.status.success() && stderr.contains("an fp8 KV cache needs a GPU; on the CPU use int8"), "{stderr}");
     let err = one_line_error(&ferrite(hub.path(), home.path(), &["run", "no-such-thing", "-p", "hi"]));
     assert!(err.contains("not a model path, a named model") && err.contains("org/name"), "{err}");
 }

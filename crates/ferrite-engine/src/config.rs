@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use ferrite_models::embedding::EmbeddingSpec;
 use ferrite_models::model::CausalLm;
-use ferrite_runtime::KvLayout;
+use ferrite_runtime::{KvLayout, KvScheme};
 
 use crate::error::EngineError;
 use crate::fill::{FillMode, ToolScaffold};
@@ -28,13 +29,17 @@ pub struct EngineConfig {
     /// device model takes (`--gpu-memory-utilization`).
     pub gpu_memory_utilization: f32,
     pub prefix_cache: bool,
-    /// Prefix-cache namespace: model fingerprint, KV scheme and adapter set, hashed.
+    /// Prefix-cache namespace: model fingerprint and adapter set, hashed (the engine mixes
+    /// in `kv_scheme`).
     pub namespace: u64,
     /// The SSD tier of the prefix cache (`--prefix-cache-dir`, `--prefix-cache-disk-bytes`).
     pub disk_cache: Option<crate::kv::disk::DiskConfig>,
     /// Resumable generations: record every N generated tokens, and when cut off
     /// (`--generation-checkpoint N`).
     pub generation_checkpoint: Option<usize>,
+    /// What the host KV pools hold (`--kv-cache-dtype`, `--kv-group-size`,
+    /// `--kv-cache-skip-layers`).
+    pub kv_scheme: KvScheme,
     /// Speculative decoding (`--spec ngram`, `--draft-model`).
     pub speculation: Speculation,
     /// Most tokens drafted per row per step (`--num-draft-tokens`).
@@ -46,6 +51,8 @@ pub struct EngineConfig {
     /// Queue the next step while the model's device runs this one, when the model can
     /// (`--no-overlap` turns it off).
     pub overlap: bool,
+    /// LoRA adapters loaded at once, at most (`--max-loras`).
+    pub max_loras: usize,
 }
 
 /// How the engine drafts tokens for verification.
@@ -82,11 +89,13 @@ impl Default for EngineConfig {
             namespace: 0,
             disk_cache: None,
             generation_checkpoint: None,
+            kv_scheme: KvScheme::default(),
             speculation: Speculation::Off,
             num_draft_tokens: 4,
             fill: FillMode::Off,
             tool_scaffold: None,
             overlap: true,
+            max_loras: 8,
         }
     }
 }
@@ -109,7 +118,12 @@ impl EngineConfig {
         let blocks = match (self.kv_cache_memory, free) {
             (Some(bytes), _) => bytes / per_block.max(1),
             (None, Some(free)) => (free as f64 * u as f64) as usize / per_block.max(1),
-            (None, None) => (max_model_len * self.max_num_seqs).div_ceil(self.block_size),
+            // Host memory: the bytes of `max_model_len × max_num_seqs` positions at the default
+            // precision, so a smaller KV type holds proportionally more positions.
+            (None, None) => {
+                let default_blocks = (max_model_len * self.max_num_seqs).div_ceil(self.block_size);
+                default_blocks * layout.block_bytes(self.block_size).iter().sum::<usize>() / per_block.max(1)
+            }
         };
         if blocks == 0 {
             return Err(EngineError::Config(format!(
@@ -128,8 +142,20 @@ pub struct Limits {
     pub vocab_size: usize,
     /// The longest sequence the KV cache can hold at once.
     pub kv_capacity_tokens: usize,
+    /// KV bytes a token of context takes (every group's).
+    #[serde(default)]
+    pub kv_bytes_per_token: usize,
+    /// What the KV pools hold, for reports (`KvScheme`'s display).
+    #[serde(default)]
+    pub kv_scheme: String,
     pub has_tokenizer: bool,
     pub max_n: usize,
+    /// Query tokens per step: an embedding input runs whole in one step.
+    pub max_step_tokens: usize,
+    /// What the model's embeddings are, when it makes them.
+    pub embedding: Option<EmbeddingSpec>,
+    /// Whether the model generates (false: it only embeds).
+    pub generates: bool,
 }
 
 impl Limits {
@@ -139,6 +165,12 @@ impl Limits {
         let prompt = req.prompt.len();
         if prompt == 0 {
             return Err(EngineError::EmptyPrompt);
+        }
+        if p.embed {
+            return self.validate_embed(req).map(|()| 0);
+        }
+        if !self.generates {
+            return Err(EngineError::CannotGenerate);
         }
         if prompt >= self.max_model_len {
             return Err(EngineError::PromptTooLong { prompt, context: self.max_model_len });
@@ -172,5 +204,28 @@ impl Limits {
         }
         p.sampling.validate(self.vocab_size)?;
         Ok(max_tokens)
+    }
+
+    /// The longest input an embedding request may have: it runs whole in one step.
+    pub fn max_embed_tokens(&self) -> usize {
+        self.max_model_len.min(self.max_step_tokens).min(self.kv_capacity_tokens)
+    }
+
+    /// Check an embedding request (`RequestParams::embed`, non-empty prompt).
+    fn validate_embed(&self, req: &Request) -> Result<(), EngineError> {
+        if self.embedding.is_none() {
+            return Err(EngineError::CannotEmbed);
+        }
+        let (input, max) = (req.prompt.len(), self.max_embed_tokens());
+        if input > max {
+            return Err(EngineError::EmbedInputTooLong { input, max });
+        }
+        if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(EngineError::TokenOutOfRange { token: t, vocab: self.vocab_size });
+        }
+        if req.params.n != 1 || req.params.max_tokens.is_some() {
+            return Err(EngineError::EmbedParams);
+        }
+        Ok(())
     }
 }

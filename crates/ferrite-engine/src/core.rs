@@ -11,10 +11,14 @@
 //! (`core/overlap.rs`), so the host's work for one step runs while the device computes the
 //! next.
 
+mod adapters;
+mod embed;
 mod emit;
 mod overlap;
 mod propose;
 mod tiers;
+
+pub use adapters::AdapterNames;
 
 use std::sync::Arc;
 
@@ -65,6 +69,7 @@ pub struct EngineCore {
     disk: Option<crate::kv::disk::DiskTier>,
     /// Records of interrupted generations (`--generation-checkpoint`).
     resumes: Option<tiers::Resumes>,
+    adapters: adapters::Adapters,
 }
 
 /// The streaming detokenizer of a sequence that continues `prompt`: its first token is
@@ -100,17 +105,25 @@ impl EngineCore {
             max_model_len,
             block_size: cfg.block_size,
         })?;
-        let block_bytes = model.kv_block_bytes(cfg.block_size);
+        let block_bytes = model.kv_block_bytes(cfg.block_size, &cfg.kv_scheme)?;
         let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_model_len)?;
-        let kv = model.new_kv_cache(&group_blocks, cfg.block_size)?;
+        let kv = model.new_kv_cache(&group_blocks, cfg.block_size, &cfg.kv_scheme)?;
+        // A bidirectional model's KV depends on the tokens after it: no prefix is shareable.
+        let prefix_cache = cfg.prefix_cache && model.generates();
+        // The namespace holds the KV scheme through the pools' own description (`tiers`).
         let namespace = tiers::namespace(cfg.namespace, &kv, &layout, cfg.block_size);
-        let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, cfg.prefix_cache.then_some(namespace));
+        let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, prefix_cache.then_some(namespace));
         let limits = Limits {
             max_model_len,
             vocab_size: mcfg.vocab_size,
             kv_capacity_tokens: kvm.capacity_tokens(),
+            kv_bytes_per_token: block_bytes.iter().sum::<usize>() / cfg.block_size,
+            kv_scheme: model.kv_description(&cfg.kv_scheme),
             has_tokenizer: tokenizer.is_some(),
             max_n: 64,
+            max_step_tokens: cfg.max_num_batched_tokens,
+            embedding: model.embedding().cloned(),
+            generates: model.generates(),
         };
         let drafter = match &cfg.speculation {
             Speculation::Draft(draft) => {
@@ -134,6 +147,7 @@ impl EngineCore {
         metrics.set_kv(kvm.free_blocks());
         let disk = tiers::open_disk(cfg, &kv, &layout, namespace, &metrics)?;
         let resumes = cfg.generation_checkpoint.map(tiers::Resumes::new).transpose()?;
+        metrics.set_kv_size(limits.kv_bytes_per_token, limits.kv_capacity_tokens);
         let grammars = Arc::new(Grammars::new(tokenizer.clone(), mcfg.vocab_size, eos.clone()));
         Ok(EngineCore {
             model,
@@ -155,6 +169,7 @@ impl EngineCore {
             namespace,
             disk,
             resumes,
+            adapters: adapters::Adapters::new(cfg.max_loras),
         })
     }
 
@@ -195,6 +210,7 @@ impl EngineCore {
         sink: UnboundedSender<Output>,
     ) -> Result<(), EngineError> {
         let max_tokens = self.limits.validate(&req)?;
+        let adapter = self.adapter_slot(req.params.adapter.as_deref())?;
         let n = req.params.n;
         let seed = choice_seed(req.params.sampling.seed, 0);
         let mode = req.params.fill.unwrap_or(self.fill);
@@ -211,7 +227,8 @@ impl EngineCore {
             prompt_len: req.prompt.len(),
             tokens: req.prompt,
             num_computed: 0,
-            kv: self.kvm.new_seq(),
+            kv: self.kvm.new_seq_in(adapter.map_or(0, |a| a.root)),
+            adapter: adapter.map(|a| a.id),
             looked_up: false,
             cached_tokens: 0,
             max_tokens,
@@ -268,6 +285,7 @@ impl EngineCore {
         self.plan_proposals();
         self.install_restores();
         let rows = self.sched.schedule(&mut self.kvm);
+        let rows = self.run_embeddings(rows);
         if rows.is_empty() {
             self.after_step_bookkeeping();
             return Ok(());
@@ -291,7 +309,7 @@ impl EngineCore {
                 query.extend(&p.ids);
             }
             let context = s.num_computed + query.len();
-            batch.push_row(&query, context, s.kv.tables().to_vec(), logits);
+            batch.push_adapter_row(&query, context, s.kv.tables().to_vec(), logits, s.adapter);
             plan.push(PlanRow { index: Some(r.index), tokens: end - s.num_computed, logits: n_logits, proposal });
         }
         self.metrics.add_batch(batch.num_tokens());
@@ -477,6 +495,7 @@ impl EngineCore {
                 num_computed: kv.tables().first().map_or(0, |t| t.len()) * bs,
                 looked_up: true,
                 kv,
+                adapter: p.adapter,
                 cached_tokens: p.cached_tokens,
                 max_tokens: p.max_tokens,
                 counts: Default::default(),
@@ -496,6 +515,12 @@ impl EngineCore {
     /// Whether `running[idx]` takes the argmax of the raw logits this step.
     fn plain_greedy(&self, idx: usize) -> bool {
         emit::takes_argmax(&self.sched.running[idx], &self.eos, 0)
+    }
+}
+
+impl Drop for EngineCore {
+    fn drop(&mut self) {
+        self.detach_adapters();
     }
 }
 

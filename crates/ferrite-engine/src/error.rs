@@ -29,6 +29,20 @@ pub enum EngineError {
     Sampling(#[from] SamplingError),
     #[error(transparent)]
     Guide(#[from] GuideError),
+    #[error("the LoRA adapter '{0}' is not loaded")]
+    UnknownAdapter(String),
+    #[error("the LoRA adapter '{name}' is in use by {sequences} sequence(s); unload it when they are done")]
+    AdapterInUse { name: String, sequences: usize },
+    #[error("LoRA adapter: {0}")]
+    Adapter(String),
+    #[error("this model does not make embeddings")]
+    CannotEmbed,
+    #[error("this model only makes embeddings: it attends both ways and cannot generate")]
+    CannotGenerate,
+    #[error("the input has {input} tokens but this model embeds at most {max} at once")]
+    EmbedInputTooLong { input: usize, max: usize },
+    #[error("an embedding request makes one embedding (n = 1, no max_tokens)")]
+    EmbedParams,
     #[error("engine configuration: {0}")]
     Config(String),
     #[error(transparent)]

@@ -11,6 +11,9 @@ pub struct Metrics {
     pub waiting: AtomicU64,
     pub kv_blocks_free: AtomicU64,
     pub kv_blocks_total: AtomicU64,
+    /// KV bytes a token of context takes, and the tokens the cache holds.
+    pub kv_bytes_per_token: AtomicU64,
+    pub kv_capacity_tokens: AtomicU64,
     pub prefix_queried_tokens: AtomicU64,
     pub prefix_hit_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
@@ -64,6 +67,10 @@ impl Metrics {
     pub(crate) fn set_kv(&self, (free, total): (usize, usize)) {
         self.kv_blocks_free.store(free as u64, Relaxed);
         self.kv_blocks_total.store(total as u64, Relaxed);
+    }
+    pub(crate) fn set_kv_size(&self, bytes_per_token: usize, capacity_tokens: usize) {
+        self.kv_bytes_per_token.store(bytes_per_token as u64, Relaxed);
+        self.kv_capacity_tokens.store(capacity_tokens as u64, Relaxed);
     }
     pub(crate) fn set_prefix(&self, queried: u64, hit: u64) {
         self.prefix_queried_tokens.store(queried, Relaxed);

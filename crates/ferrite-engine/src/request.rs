@@ -29,6 +29,14 @@ pub struct RequestParams {
     pub fill: Option<FillMode>,
     /// The shape the output must take (structured output); every choice follows it.
     pub constraint: Option<Constraint>,
+    /// The LoRA adapter (by the name it was loaded under) the request runs through; None: the
+    /// base model.
+    #[serde(default)]
+    pub adapter: Option<String>,
+    /// Embed the prompt instead of continuing it: a prefill-only request whose one output
+    /// carries the model's embedding of the whole prompt (no sampling, no KV kept after).
+    #[serde(default)]
+    pub embed: bool,
 }
 
 impl Default for RequestParams {
@@ -44,6 +52,8 @@ impl Default for RequestParams {
             n: 1,
             fill: None,
             constraint: None,
+            adapter: None,
+            embed: false,
         }
     }
 }
@@ -114,4 +124,7 @@ pub struct Output {
     /// Prompt tokens whose KV came from the prefix cache (known from the first output on,
     /// so a stream can report the prompt's split before the end).
     pub cached_tokens: usize,
+    /// The prompt's embedding, in the one output of an embedding request.
+    #[serde(default)]
+    pub embedding: Option<Vec<f32>>,
 }

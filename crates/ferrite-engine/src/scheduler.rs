@@ -4,7 +4,8 @@
 //! its blocks are freed and it is recomputed later (`num_computed` back to 0), never lost.
 //! A decoding row may ask for room for proposed tokens after its pending one (verify and
 //! speculation); that room is given only when the budget and free blocks allow — proposals
-//! never preempt anyone.
+//! never preempt anyone. An embedding request runs its whole input in one step or waits, and
+//! never starts from the prefix cache (it needs every token's states).
 
 use std::collections::VecDeque;
 
@@ -44,7 +45,7 @@ impl Scheduler {
     /// Free a sequence's blocks and queue it for recomputation ahead of new arrivals.
     fn preempt(&mut self, mut seq: Sequence, kvm: &mut KvManager) {
         // The old allocation's blocks go back as it is replaced.
-        seq.kv = kvm.new_seq();
+        seq.kv = kvm.new_seq_in(seq.kv.root());
         seq.num_computed = 0;
         seq.looked_up = false;
         self.preemptions += 1;
@@ -83,7 +84,7 @@ impl Scheduler {
         while budget > 0 && self.running.len() < self.max_num_seqs {
             let Some(seq) = self.waiting.front_mut() else { break };
             if !seq.looked_up {
-                if seq.kv.is_empty() {
+                if seq.kv.is_empty() && !seq.params.embed {
                     seq.num_computed = kvm.acquire_prefix(&mut seq.kv, &seq.tokens);
                     if seq.first_admission() {
                         seq.note_first_hit(kvm.block_size());
@@ -92,6 +93,9 @@ impl Scheduler {
                 seq.looked_up = true;
             }
             let n = seq.remaining().min(budget);
+            if seq.params.embed && n < seq.remaining() {
+                break;
+            }
             if !kvm.allocate(&mut seq.kv, seq.num_computed + n) {
                 if self.running.is_empty() && self.release_waiting_blocks(kvm) {
                     continue;
@@ -114,7 +118,7 @@ impl Scheduler {
             return false;
         };
         let seq = &mut self.waiting[idx];
-        seq.kv = kvm.new_seq();
+        seq.kv = kvm.new_seq_in(seq.kv.root());
         seq.num_computed = 0;
         seq.looked_up = false;
         true

@@ -25,6 +25,8 @@ pub(crate) struct Sequence {
     /// Positions whose KV is in the cache; the rest of `tokens` is the next query.
     pub num_computed: usize,
     pub kv: SeqKv,
+    /// The id of the LoRA adapter it runs through (None: the base model).
+    pub adapter: Option<u32>,
     /// Whether the prefix cache was consulted for the current admission.
     pub looked_up: bool,
     /// Prompt tokens served from the prefix cache at first admission.

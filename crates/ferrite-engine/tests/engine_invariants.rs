@@ -12,8 +12,15 @@ use ferrite_models::model::{CausalLm, Pending, Want};
 use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc::unbounded_channel;
 
+/// The mixture-of-experts fixture the routing-sensitive invariants also run on.
+const MOE: &str = "qwen3-moe";
+
 fn model() -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
-    let (m, reference) = load_fixture("llama");
+    fixture("llama")
+}
+
+fn fixture(name: &str) -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
+    let (m, reference) = load_fixture(name);
     let prompts = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();
     (m, prompts)
 }
@@ -25,7 +32,16 @@ fn random_prompt(rng: &mut impl Rng, len: usize, vocab: usize) -> Vec<u32> {
 
 #[test]
 fn batch_invariance_greedy_and_seeded() {
-    let (m, _) = model();
+    batch_invariance("llama");
+}
+
+#[test]
+fn moe_batch_invariance_greedy_and_seeded() {
+    batch_invariance(MOE);
+}
+
+fn batch_invariance(name: &str) {
+    let (m, _) = fixture(name);
     let vocab = m.config().vocab_size;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let reqs: Vec<(Vec<u32>, RequestParams)> = (0..16)
@@ -45,28 +61,46 @@ fn batch_invariance_greedy_and_seeded() {
     for (i, (p, params)) in reqs.iter().enumerate() {
         let together = collect(&mut rxs[i], 1);
         let solo = alone(&m, cfg.clone(), p.clone(), params.clone());
-        assert_eq!(together, solo, "request {i} differs when batched");
+        assert_eq!(together, solo, "{name}: request {i} differs when batched");
         assert_eq!(together[0].len(), params.max_tokens.unwrap_or(0));
     }
 }
 
 #[test]
 fn chunked_prefill_equals_whole_prefill() {
-    let (m, prompts) = model();
+    chunked_prefill("llama");
+}
+
+#[test]
+fn moe_chunked_prefill_equals_whole_prefill() {
+    chunked_prefill(MOE);
+}
+
+fn chunked_prefill(name: &str) {
+    let (m, prompts) = fixture(name);
     let prompt = prompts[2].clone();
     let whole =
         alone(&m, EngineConfig { max_num_batched_tokens: 4096, ..EngineConfig::default() }, prompt.clone(), greedy(20));
     for chunk in [1, 3, 7, 16, 39] {
         for block in [1, 4, 16] {
             let cfg = EngineConfig { max_num_batched_tokens: chunk, block_size: block, ..EngineConfig::default() };
-            assert_eq!(alone(&m, cfg, prompt.clone(), greedy(20)), whole, "chunk {chunk} block {block}");
+            assert_eq!(alone(&m, cfg, prompt.clone(), greedy(20)), whole, "{name}: chunk {chunk} block {block}");
         }
     }
 }
 
 #[test]
 fn prefix_hit_equals_cold_run() {
-    let (m, prompts) = model();
+    prefix_hit("llama");
+}
+
+#[test]
+fn moe_prefix_hit_equals_cold_run() {
+    prefix_hit(MOE);
+}
+
+fn prefix_hit(name: &str) {
+    let (m, prompts) = fixture(name);
     let base = prompts[2].clone(); // 40 tokens
     let mut other = base[..33].to_vec();
     other.extend([5, 6, 7]);
@@ -87,7 +121,7 @@ fn prefix_hit_equals_cold_run() {
         }
     }
     assert_eq!(cached, 32, "33 shared tokens = 8 full blocks of 4");
-    assert_eq!(vec![toks], cold);
+    assert_eq!(vec![toks], cold, "{name}");
     assert!(c.metrics().prefix_hit_rate() > 0.0);
 }
 

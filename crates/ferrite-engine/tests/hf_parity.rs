@@ -1,7 +1,8 @@
 //! HF parity on the tiny random-weight fixtures (`scripts/goldens/make_tiny_models.py`):
 //! prompt logits within 1e-4 relative of transformers' f32 logits (over an f32 KV cache: the
 //! default f16 one rounds K and V by up to 2^-11 relative), and 32 greedy tokens identical,
-//! through the engine (chunked prefill over the default paged KV cache).
+//! through the engine (chunked prefill over the default paged KV cache); and a Q8_0 GGUF of
+//! the Mixtral fixture within Q8_0's rounding.
 
 mod common;
 
@@ -9,14 +10,20 @@ use common::*;
 use ferrite_engine::EngineConfig;
 use ferrite_models::model::{CausalLm, Pending, Want};
 use ferrite_runtime::batch::RowLogits;
-use ferrite_runtime::{ForwardBatch, KvCache, KvDtype};
+use ferrite_runtime::{ForwardBatch, KvCache, KvDtype, KvScheme};
 
 /// Logits of every prompt position from one forward pass, over an f32 KV cache.
 fn prompt_logits(model: &dyn CausalLm, prompt: &[u32]) -> Vec<f32> {
     let block = 4;
     let blocks = prompt.len().div_ceil(block);
     let layout = model.kv_layout();
-    let mut kv = KvCache::with_dtype(&layout, &vec![blocks; layout.groups.len()], block, KvDtype::F32).expect("kv");
+    let mut kv = KvCache::with_scheme(
+        &layout,
+        &vec![blocks; layout.groups.len()],
+        block,
+        &KvScheme { dtype: KvDtype::F32, ..Default::default() },
+    )
+    .expect("kv");
     let mut batch = ForwardBatch::default();
     let tables = vec![(0..blocks as u32).collect::<Vec<_>>(); layout.groups.len()];
     batch.push_row(prompt, prompt.len(), tables, RowLogits::All);
@@ -42,12 +49,7 @@ fn check_model(name: &str, model: std::sync::Arc<dyn CausalLm>, reference: &serd
     for (p, prompt) in prompts.iter().enumerate() {
         let prompt = ids(prompt);
         let got = prompt_logits(model.as_ref(), &prompt);
-        let want: Vec<f32> = reference["logits"][p]
-            .as_array()
-            .expect("logits")
-            .iter()
-            .flat_map(|row| row.as_array().expect("row").iter().map(|x| x.as_f64().expect("logit") as f32))
-            .collect();
+        let want = reference_logits(reference, p);
         assert_eq!(got.len(), prompt.len() * vocab, "{name} prompt {p}: logits count");
         let mut worst = 0f32;
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -70,6 +72,43 @@ fn check_model(name: &str, model: std::sync::Arc<dyn CausalLm>, reference: &serd
     }
 }
 
+/// The reference logits of prompt `p`, row-major.
+fn reference_logits(reference: &serde_json::Value, p: usize) -> Vec<f32> {
+    (reference["logits"][p].as_array().expect("logits").iter())
+        .flat_map(|row| row.as_array().expect("row").iter().map(|x| x.as_f64().expect("logit") as f32))
+        .collect()
+}
+
+/// The Mixtral fixture with every matrix in Q8_0 blocks, its experts as stacked Q8_0 tensors:
+/// near transformers' f32 logits, with the same top token almost everywhere.
+#[test]
+fn mixtral_q8_0_gguf_tracks_transformers() {
+    let (_, reference) = load_fixture("mixtral");
+    let model = ferrite_models::load(&fixture_dir("mixtral").join("model-q8_0.gguf")).expect("GGUF").model;
+    let vocab = model.config().vocab_size;
+    let argmax = |row: &[f32]| (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b]));
+    for (p, prompt) in reference["prompts"].as_array().expect("prompts").iter().enumerate() {
+        let got = prompt_logits(model.as_ref(), &ids(prompt));
+        let want = reference_logits(&reference, p);
+        assert_eq!(got.len(), want.len());
+        let rms = |v: &mut dyn Iterator<Item = f32>| {
+            let (sum, n) = v.fold((0f64, 0usize), |(s, n), x| (s + f64::from(x) * f64::from(x), n + 1));
+            (sum / n as f64).sqrt()
+        };
+        let err = rms(&mut got.iter().zip(&want).map(|(g, w)| g - w)) / rms(&mut want.iter().copied());
+        let rows = want.len() / vocab;
+        let agree = (0..rows)
+            .filter(|&r| argmax(&got[r * vocab..(r + 1) * vocab]) == argmax(&want[r * vocab..(r + 1) * vocab]))
+            .count();
+        eprintln!("mixtral Q8_0 prompt {p}: relative RMS logit error {err:.2e}, top token {agree} of {rows}");
+        assert!(err > 1e-5, "prompt {p}: the Q8_0 file gives the f32 logits");
+        // Q8_0 noise can flip a close second expert at a few positions, which moves those
+        // logits more than rounding alone; a wrong expert slice would give errors near 1.
+        assert!(err < 0.15, "prompt {p}: relative RMS logit error {err}");
+        assert!(agree * 10 >= rows * 9, "prompt {p}: top token agrees at {agree} of {rows} positions");
+    }
+}
+
 macro_rules! gguf_parity {
     ($($test:ident => $name:literal),* $(,)?) => {
         $(#[test] fn $test() { check_gguf($name); })*
@@ -83,6 +122,8 @@ gguf_parity! {
     granite_gguf => "granite",
     starcoder2_gguf => "starcoder2",
     smollm3_gguf => "smollm3",
+    qwen3_moe_gguf => "qwen3-moe",
+    mixtral_gguf => "mixtral",
 }
 
 macro_rules! parity {
@@ -114,4 +155,6 @@ parity! {
     gemma4_shared_ple => "gemma4-shared-ple",
     gemma4_kv_eq_v => "gemma4-kv-eq-v",
     gemma4_moe => "gemma4-moe",
+    qwen3_moe => "qwen3-moe",
+    mixtral => "mixtral",
 }

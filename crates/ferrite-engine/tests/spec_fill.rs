@@ -20,7 +20,12 @@ use ferrite_runtime::cuda::DeviceChoice;
 type Requests = [(Vec<u32>, RequestParams)];
 
 fn target() -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
-    let (m, reference) = load_fixture("llama");
+    fixture("llama")
+}
+
+/// Fixture `name` and its prompts, plus two that repeat themselves.
+fn fixture(name: &str) -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
+    let (m, reference) = load_fixture(name);
     let mut prompts: Vec<Vec<u32>> = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();
     // Prompts that repeat themselves, so lookups find spans.
     prompts.push([10, 11, 12, 13, 14, 15].repeat(4));
@@ -28,9 +33,9 @@ fn target() -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
     (m, prompts)
 }
 
-/// The fixture cut to its first layer: a draft that often disagrees with the full model.
-fn weak_draft() -> Arc<dyn CausalLm> {
-    ferrite_models::load_with(&fixture_dir("llama"), DeviceChoice::Cpu, &LoadOptions { max_layers: Some(1) })
+/// Fixture `name` cut to its first layer: a draft that often disagrees with the full model.
+fn weak_draft(name: &str) -> Arc<dyn CausalLm> {
+    ferrite_models::load_with(&fixture_dir(name), DeviceChoice::Cpu, &LoadOptions { max_layers: Some(1) })
         .expect("load")
         .model
 }
@@ -87,7 +92,17 @@ fn verified(core: &EngineCore) -> (u64, u64) {
 
 #[test]
 fn every_method_equals_plain_decoding_at_temperature_0() {
-    let (m, prompts) = target();
+    every_method_equals_plain("llama");
+}
+
+/// The same on the mixture-of-experts fixture: verifying a span routes its tokens together.
+#[test]
+fn moe_every_method_equals_plain_decoding_at_temperature_0() {
+    every_method_equals_plain("qwen3-moe");
+}
+
+fn every_method_equals_plain(fixture_name: &str) {
+    let (m, prompts) = fixture(fixture_name);
     let reqs = greedy_requests(&m, &prompts);
     let plain = plain_outputs(&m, &reqs);
     let echo: Vec<_> =
@@ -96,13 +111,17 @@ fn every_method_equals_plain_decoding_at_temperature_0() {
         ("ngram", cfg(Speculation::Ngram, 3), &reqs),
         ("fill echo", cfg(Speculation::Off, 1), &echo),
         ("self draft", cfg(Speculation::Draft(m.clone()), 4), &reqs),
-        ("weak draft", cfg(Speculation::Draft(weak_draft()), 3), &reqs),
-        ("weak draft + echo", cfg(Speculation::Draft(weak_draft()), 2), &echo),
+        ("weak draft", cfg(Speculation::Draft(weak_draft(fixture_name)), 3), &reqs),
+        ("weak draft + echo", cfg(Speculation::Draft(weak_draft(fixture_name)), 2), &echo),
     ];
     for (name, c, reqs) in methods {
         // Alone: each request on its own core.
         for (i, (p, pr)) in reqs.iter().enumerate() {
-            assert_eq!(alone(&m, c.clone(), p.clone(), pr.clone()), plain[i], "{name}: request {i} alone");
+            assert_eq!(
+                alone(&m, c.clone(), p.clone(), pr.clone()),
+                plain[i],
+                "{fixture_name} {name}: request {i} alone"
+            );
         }
         // Batched, a second time over a warm prefix cache.
         let mut core = core(&m, c.clone());
@@ -114,10 +133,14 @@ fn every_method_equals_plain_decoding_at_temperature_0() {
                 .collect();
             run_to_end(&mut core);
             for (i, rx) in rxs.iter_mut().enumerate() {
-                assert_eq!(collect(rx, reqs[i].1.n), plain[i], "{name}: request {i} batched, round {round}");
+                assert_eq!(
+                    collect(rx, reqs[i].1.n),
+                    plain[i],
+                    "{fixture_name} {name}: request {i} batched, round {round}"
+                );
             }
         }
-        assert!(core.metrics().prefix_hit_rate() > 0.0, "{name}: no prefix hit");
+        assert!(core.metrics().prefix_hit_rate() > 0.0, "{fixture_name} {name}: no prefix hit");
         assert_no_leak(&core);
         // A random-weight model does not copy: echo spans (3-gram matches that include the
         // generated token) hardly ever occur and lookups are rarely right — the SmolLM2 tests
@@ -126,14 +149,17 @@ fn every_method_equals_plain_decoding_at_temperature_0() {
             continue;
         }
         let (proposed, accepted) = verified(&core);
-        assert!(proposed > 0, "{name}: nothing was proposed");
+        assert!(proposed > 0, "{fixture_name} {name}: nothing was proposed");
         if name.contains("draft") {
-            assert!(accepted > 0, "{name}: {accepted} of {proposed} proposed tokens accepted");
+            assert!(accepted > 0, "{fixture_name} {name}: {accepted} of {proposed} proposed tokens accepted");
         }
         if name == "self draft" {
-            assert_eq!(accepted, proposed, "the model as its own draft is always right at temperature 0");
+            assert_eq!(
+                accepted, proposed,
+                "{fixture_name}: the model as its own draft is always right at temperature 0"
+            );
         } else {
-            assert!(accepted < proposed, "{name}: no rejection happened, so no rollback was tested");
+            assert!(accepted < proposed, "{fixture_name} {name}: no rejection happened, so no rollback was tested");
         }
     }
 }
@@ -141,7 +167,7 @@ fn every_method_equals_plain_decoding_at_temperature_0() {
 #[test]
 fn usage_reports_speculation() {
     let (m, prompts) = target();
-    let mut core = core(&m, cfg(Speculation::Draft(weak_draft()), 3));
+    let mut core = core(&m, cfg(Speculation::Draft(weak_draft("llama")), 3));
     let mut rx = add(&mut core, 1, prompts[3].clone(), greedy(20));
     run_to_end(&mut core);
     let mut fin = None;
@@ -160,7 +186,7 @@ fn usage_reports_speculation() {
 fn seeded_speculative_sampling_is_reproducible() {
     let (m, prompts) = target();
     let reqs: Vec<_> = (0..6).map(|i| (prompts[i % prompts.len()].clone(), seeded(20, 77 + i as u64, 0.9))).collect();
-    let c = cfg(Speculation::Draft(weak_draft()), 3);
+    let c = cfg(Speculation::Draft(weak_draft("llama")), 3);
     let (batched, core) = together(&m, c.clone(), &reqs);
     assert!(verified(&core).0 > 0);
     for (i, (p, pr)) in reqs.iter().enumerate() {
@@ -204,7 +230,7 @@ fn speculative_sampling_keeps_the_target_distribution() {
     let prompt = prompts[1].clone();
     let k = 6;
     let sampling = |seed| SamplingParams { temperature: 1.0, top_k: k, seed, ..Default::default() };
-    let draft = weak_draft();
+    let draft = weak_draft("llama");
     let c =
         EngineConfig { max_num_seqs: 256, max_num_batched_tokens: 4096, ..cfg(Speculation::Draft(draft.clone()), 2) };
     let n = 12_000;

@@ -15,6 +15,8 @@ use ferrite_runtime::{ForwardBatch, KvCache, KvGroupKind, KvLayout, Result as Rt
 
 use crate::config::{Activation, ModelConfig};
 use crate::error::Result;
+use crate::lora::cpu::LayerLora;
+use crate::lora::LoraTarget;
 use crate::plan::{LayerNames, MlpNames, NormKind, QkvNames};
 use crate::rope_scaling::RopeScaling;
 use crate::weights::Weights;
@@ -75,6 +77,15 @@ impl Linear {
 
     pub fn out_features(&self) -> usize {
         self.w.rows()
+    }
+
+    pub fn in_features(&self) -> usize {
+        self.w.row_len()
+    }
+
+    /// (in, out) features.
+    fn features(&self) -> (usize, usize) {
+        (self.in_features(), self.out_features())
     }
 
     /// `x` is `[t, in]`; returns `[t, out]`.
@@ -195,19 +206,35 @@ impl Mlp {
         Mlp { gate: Some(gate), up, down, act }
     }
 
-    /// `x` is `[t, hidden]`; writes `[t, hidden]` into `out`.
-    pub fn forward(&self, x: &[f32], t: usize, out: &mut [f32]) -> RtResult<()> {
-        match &self.gate {
+    /// `x` is `[t, hidden]`; writes `[t, hidden]` into `out`, each projection with the
+    /// update of the tokens `lora` adapts.
+    pub fn forward(&self, x: &[f32], t: usize, out: &mut [f32], lora: LayerLora<'_>) -> RtResult<()> {
+        let act = match &self.gate {
             Some(gate) => {
-                let [mut gate, up] = Linear::forward_many([gate, &self.up], x, t)?;
+                let [mut gate, mut up] = Linear::forward_many([gate, &self.up], x, t)?;
+                lora.add(LoraTarget::Gate, x, &mut gate)?;
+                lora.add(LoraTarget::Up, x, &mut up)?;
                 self.act.gate(&mut gate, &up);
-                self.down.forward_into(&gate, t, out)
+                gate
             }
             None => {
                 let mut up = self.up.forward(x, t)?;
+                lora.add(LoraTarget::Up, x, &mut up)?;
                 self.act.apply(&mut up);
-                self.down.forward_into(&up, t, out)
+                up
             }
+        };
+        self.down.forward_into(&act, t, out)?;
+        lora.add(LoraTarget::Down, &act, out)
+    }
+
+    /// (in, out) features of the projection `target`, if the MLP has it.
+    pub fn features(&self, target: LoraTarget) -> Option<(usize, usize)> {
+        match target {
+            LoraTarget::Gate => self.gate.as_ref().map(Linear::features),
+            LoraTarget::Up => Some(self.up.features()),
+            LoraTarget::Down => Some(self.down.features()),
+            _ => None,
         }
     }
 }
@@ -343,23 +370,51 @@ impl Attention {
         })
     }
 
+    /// (in, out) features of the projection `target`, if the layer computes it.
+    pub fn features(&self, target: LoraTarget) -> Option<(usize, usize)> {
+        match target {
+            LoraTarget::Q => Some(self.q.features()),
+            LoraTarget::K => self.kv.as_ref().map(|kv| kv.k.features()),
+            LoraTarget::V => self.kv.as_ref().and_then(|kv| kv.v.as_ref()).map(Linear::features),
+            LoraTarget::O => Some(self.o.features()),
+            _ => None,
+        }
+    }
+
     /// `h` is `[t, hidden]`; writes this layer's K/V (unless shared), attends over its KV cache
-    /// layer and writes the output projection `[t, hidden]` into `out`.
-    pub fn forward(&self, h: &[f32], batch: &ForwardBatch, kv: &mut KvCache, out: &mut [f32]) -> RtResult<()> {
+    /// layer and writes the output projection `[t, hidden]` into `out`; each projection gets
+    /// the update of the tokens `lora` adapts.
+    pub fn forward(
+        &self,
+        h: &[f32],
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        out: &mut [f32],
+        lora: LayerLora<'_>,
+    ) -> RtResult<()> {
         let t = batch.num_tokens();
         let p = &self.params;
         // q, k and v read the same input: one call quantizes it once.
         let (mut q, new_kv) = match &self.kv {
             Some(KvProjection { k, v: Some(v), .. }) => {
-                let [q, keys, values] = Linear::forward_many([&self.q, k, v], h, t)?;
+                let [mut q, mut keys, mut values] = Linear::forward_many([&self.q, k, v], h, t)?;
+                lora.add(LoraTarget::K, h, &mut keys)?;
+                lora.add(LoraTarget::V, h, &mut values)?;
+                lora.add(LoraTarget::Q, h, &mut q)?;
                 (q, Some((keys, values)))
             }
             Some(KvProjection { k, v: None, .. }) => {
-                let [q, keys] = Linear::forward_many([&self.q, k], h, t)?;
+                let [mut q, mut keys] = Linear::forward_many([&self.q, k], h, t)?;
+                lora.add(LoraTarget::K, h, &mut keys)?;
+                lora.add(LoraTarget::Q, h, &mut q)?;
                 let values = keys.clone();
                 (q, Some((keys, values)))
             }
-            None => (self.q.forward(h, t)?, None),
+            None => {
+                let mut q = self.q.forward(h, t)?;
+                lora.add(LoraTarget::Q, h, &mut q)?;
+                (q, None)
+            }
         };
         if let Some(n) = &self.q_norm {
             n.forward_in_place(&mut q);
@@ -381,7 +436,8 @@ impl Attention {
         }
         let mut attn = vec![0f32; t * p.n_heads * p.head_dim];
         cpu::paged_attention(&q, batch, layer, block_size, p, &mut attn)?;
-        self.o.forward_into(&attn, t, out)
+        self.o.forward_into(&attn, t, out)?;
+        lora.add(LoraTarget::O, &attn, out)
     }
 }
 
@@ -425,6 +481,13 @@ impl LmHead {
         };
         cpu::prepare_linear(&head);
         Ok(LmHead { norm, w: head, scale, softcap })
+    }
+
+    /// The final norm of every row of `x` (`[t, hidden]`): the model's output states.
+    pub fn norm_rows(&self, x: &[f32]) -> Vec<f32> {
+        let mut normed = vec![0f32; x.len()];
+        self.norm.forward(x, &mut normed);
+        normed
     }
 
     /// Logits `[logits_indices.len(), vocab]` of the rows of `x` (`[t, hidden]`) the batch asks for.

@@ -1,18 +1,28 @@
 //! `Decoder`: the CPU executor of a `DecoderPlan`, for every family.
 //!
 //! A step: the token embedding (scaled when the plan says so; Gemma 4 also computes its
-//! per-layer inputs), then per layer the attention and the feed-forward part, each with the
-//! norms the layer's names list (input norm, output norm, both, or neither), its output scaled
-//! (granite) and added to the residual stream, then Gemma 4's per-layer input and layer
-//! scalar; the final norm, the LM head, the logit scale and softcap. A sublayer output is added
-//! to the residual in the same pass as the norm that reads the sum (`Norm::forward_add`)
-//! whenever one follows, so every family gets that fusion.
+//! per-layer inputs), then per layer the attention and the feed-forward part (a dense MLP,
+//! routed experts (`moe`), or both), each with the norms the layer's names list (input norm,
+//! output norm, both, or neither), its output scaled (granite) and added to the residual
+//! stream, then Gemma 4's per-layer input and layer scalar; the final norm, the LM head, the
+//! logit scale and softcap. A sublayer output is added to the residual in the same pass as the
+//! norm that reads the sum (`Norm::forward_add`) whenever one follows, so every family gets
+//! that fusion. A decoder with an embedding head (`embedding`) also embeds: the final norm of
+//! every token, then the head's pooling. LoRA adapters attach at run time (`attach_lora`); a
+//! step's rows may each run through one, and every adapted projection adds its update to the
+//! base projection's output (`lora::cpu`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError, Tensor};
 
 use crate::blocks::{self, Attention, Linear, LmHead, Mlp, Norm};
 use crate::config::ModelConfig;
+use crate::embedding::{EmbeddingHead, EmbeddingSpec};
 use crate::error::Result;
+use crate::lora::cpu::{CpuLora, LoraStep};
+use crate::lora::LoraAdapter;
 use crate::model::{CausalLm, Pending, StepOutput, Want};
 use crate::moe::Moe;
 use crate::plan::DecoderPlan;
@@ -53,7 +63,8 @@ struct Layer {
     attn: Attention,
     post_attn_norm: Option<Norm>,
     pre_ffn_norm: Option<Norm>,
-    mlp: Mlp,
+    /// None for a layer whose experts replace it.
+    mlp: Option<Mlp>,
     moe: Option<Moe>,
     post_ffn_norm: Option<Norm>,
     input: Option<LayerInput>,
@@ -69,6 +80,10 @@ pub struct Decoder {
     layers: Vec<Layer>,
     head: LmHead,
     layout: KvLayout,
+    /// Attached LoRA adapters by id.
+    loras: RwLock<HashMap<u32, Arc<CpuLora>>>,
+    embedding: Option<EmbeddingHead>,
+    causal: bool,
 }
 
 /// The residual stream `x` and a sublayer output `o` that may still have to join it.
@@ -112,6 +127,7 @@ impl Decoder {
     /// Build `plan` from `weights`, checking every tensor; `progress` is told after each layer.
     pub fn load(cfg: ModelConfig, plan: DecoderPlan, w: &Weights, progress: &dyn Fn(usize)) -> Result<Decoder> {
         let (d, eps, n, offset) = (cfg.hidden_size, plan.eps, plan.layers.len(), plan.norm_offset());
+        let causal = plan.causal();
         let norm = |name: &Option<String>| -> Result<Option<Norm>> {
             name.as_ref().map(|name| Norm::load_kind(w, name, d, plan.norm, eps)).transpose()
         };
@@ -127,13 +143,15 @@ impl Decoder {
                 None => None,
             };
             let names = &l.names;
-            let moe = l.ffn.moe.map(|shape| Moe::load(w, &format!("model.layers.{i}"), d, shape, l.ffn.act, eps));
+            let ffn = &l.ffn;
+            let moe = ffn.moe.as_ref().map(|m| Moe::load(w, m, &format!("model.layers.{i}"), d, ffn.act, eps));
+            let mlp = ffn.dense().then(|| Mlp::load(w, &names.mlp, d, ffn.intermediate, ffn.act, ffn.bias));
             layers.push(Layer {
                 input_norm: norm(&names.input_norm)?,
                 attn: Attention::load(w, names, d, l.attn)?,
                 post_attn_norm: norm(&names.post_attn_norm)?,
                 pre_ffn_norm: norm(&names.pre_ffn_norm)?,
-                mlp: Mlp::load(w, &names.mlp, d, l.ffn.intermediate, l.ffn.act, l.ffn.bias)?,
+                mlp: mlp.transpose()?,
                 moe: moe.transpose()?,
                 post_ffn_norm: norm(&names.post_ffn_norm)?,
                 input,
@@ -164,7 +182,15 @@ impl Decoder {
             layers,
             head,
             layout: plan.layout,
+            loras: RwLock::default(),
+            embedding: None,
+            causal,
         })
+    }
+
+    /// The decoder, embedding with `head`.
+    pub fn with_embedding(self, head: Option<EmbeddingHead>) -> Decoder {
+        Decoder { embedding: head, ..self }
     }
 
     /// `input` of layer `i` (`[t, layers * width]` per-layer inputs) joins the residual.
@@ -181,10 +207,17 @@ impl Decoder {
         Ok(())
     }
 
-    /// The logits of `batch.logits_indices`, row-major `[rows, vocab]`, after writing the
+    /// The residual stream after the last layer, `[tokens, hidden]`, after writing the
     /// batch's K/V into `kv`.
     fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<f32>> {
         let t = batch.num_tokens();
+        let attached: Vec<(u32, Arc<CpuLora>)> = if batch.has_adapters() {
+            let loras = self.loras.read().unwrap_or_else(|e| e.into_inner());
+            loras.iter().map(|(&id, l)| (id, l.clone())).collect()
+        } else {
+            Vec::new()
+        };
+        let lora = LoraStep::new(batch, |id| attached.iter().find(|(i, _)| *i == id).map(|(_, l)| &**l))?;
         let x = blocks::embed(&self.embed, &batch.tokens, self.embed_scale)?;
         let inputs = self.per_layer_input.as_ref().map(|p| p.inputs(&x, &batch.tokens)).transpose()?;
         let mut h = vec![0f32; x.len()];
@@ -193,27 +226,30 @@ impl Decoder {
             match &l.input_norm {
                 Some(norm) => {
                     s.norm_into(norm, &mut h);
-                    l.attn.forward(&h, batch, kv, &mut s.o)?;
+                    l.attn.forward(&h, batch, kv, &mut s.o, lora.layer(i))?;
                 }
                 None => {
                     s.settle();
-                    l.attn.forward(&s.x, batch, kv, &mut s.o)?;
+                    l.attn.forward(&s.x, batch, kv, &mut s.o, lora.layer(i))?;
                 }
             }
             s.sublayer_done(l.post_attn_norm.as_ref(), self.residual_scale);
-            match &l.pre_ffn_norm {
+            let input: &[f32] = match &l.pre_ffn_norm {
                 Some(norm) => {
                     s.norm_into(norm, &mut h);
-                    l.mlp.forward(&h, t, &mut s.o)?;
+                    &h
                 }
                 None => {
                     s.settle();
-                    l.mlp.forward(&s.x, t, &mut s.o)?;
+                    &s.x
                 }
+            };
+            if let Some(mlp) = &l.mlp {
+                mlp.forward(input, t, &mut s.o, lora.layer(i))?;
             }
             if let Some(moe) = &l.moe {
-                // The experts and their router read the residual stream before the FFN norm.
-                moe.add_to_mlp(&s.x, t, &mut s.o)?;
+                // Gemma 4's experts and router read the residual stream before the FFN norm.
+                moe.forward(input, &s.x, t, &mut s.o)?;
             }
             s.sublayer_done(l.post_ffn_norm.as_ref(), self.residual_scale);
             if let (Some(li), Some(inputs)) = (&l.input, &inputs) {
@@ -225,7 +261,7 @@ impl Decoder {
             }
         }
         s.settle();
-        self.head.logits(&s.x, batch)
+        Ok(s.x)
     }
 }
 
@@ -238,12 +274,43 @@ impl CausalLm for Decoder {
         self.layout.clone()
     }
 
+    fn attach_lora(&self, id: u32, adapter: &LoraAdapter) -> Result<()> {
+        let lora = CpuLora::new(adapter, self.layers.len(), |i, target| {
+            let l = &self.layers[i];
+            l.attn.features(target).or_else(|| l.mlp.as_ref().and_then(|m| m.features(target)))
+        })?;
+        self.loras.write().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::new(lora));
+        Ok(())
+    }
+
+    fn detach_lora(&self, id: u32) {
+        self.loras.write().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    }
+
     /// Runs at once: the handle is resolved.
     fn step(&self, batch: &ForwardBatch, kv: &mut KvCache, want: Want<'_>) -> RtResult<Pending> {
         if !batch.carried.is_empty() {
             return Err(RuntimeError::Shape("a CPU model keeps no picks on a device to carry".into()));
         }
-        let logits = self.forward(batch, kv)?;
+        if !self.causal {
+            return Err(RuntimeError::Unsupported("a bidirectional model only embeds".into()));
+        }
+        let logits = self.head.logits(&self.forward(batch, kv)?, batch)?;
         StepOutput::from_logits(logits, self.cfg.vocab_size, want).map(Pending::ready)
+    }
+
+    fn embedding(&self) -> Option<&EmbeddingSpec> {
+        self.embedding.as_ref().map(EmbeddingHead::spec)
+    }
+
+    fn generates(&self) -> bool {
+        self.causal
+    }
+
+    fn embed(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<Vec<f32>>> {
+        let head =
+            self.embedding.as_ref().ok_or_else(|| RuntimeError::Unsupported("this model does not embed".into()))?;
+        let states = self.head.norm_rows(&self.forward(batch, kv)?);
+        head.embed(&states, self.cfg.hidden_size, batch)
     }
 }

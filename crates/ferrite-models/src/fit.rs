@@ -13,60 +13,75 @@ use std::str::FromStr;
 
 use ferrite_runtime::cuda::ops::QuantMatrix;
 use ferrite_runtime::cuda::{resolve_device, Device, DeviceChoice};
-use ferrite_runtime::KvGroupKind;
+use ferrite_runtime::{KvDtype, KvGroupKind, KvScheme};
+
+/// `--kv-group-size` when not given.
+pub const DEFAULT_KV_GROUP_SIZE: usize = 64;
 
 use crate::error::{LoadError, Result};
 use crate::inspect::{Format, Inspected, TensorMeta};
 use crate::plan::DecoderPlan;
 
-/// A KV cache value type and its bytes per value.
+/// A KV cache value type as a device holds it: its name for reports, and the host type of
+/// the same size (bf16 counts as f16, two bytes a value).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvCacheDtype {
     pub name: &'static str,
-    pub bytes: usize,
+    pub dtype: KvDtype,
 }
 
-/// The KV cache value types the engine stores (host pools hold f16, device pools bf16).
-pub const KV_CACHE_DTYPES: &[KvCacheDtype] =
-    &[KvCacheDtype { name: "f16", bytes: 2 }, KvCacheDtype { name: "bf16", bytes: 2 }];
-
-/// Quantized KV types other engines offer, refused by name until ferrite stores them.
-const QUANTIZED_KV: &[&str] = &["fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"];
-
-/// `--kv-cache-dtype`: auto (what the device's pools hold) or one of `KV_CACHE_DTYPES`.
+/// `--kv-cache-dtype`: auto (what the device's pools hold by default) or a named type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KvDtypeChoice {
     #[default]
     Auto,
-    Is(KvCacheDtype),
+    F16,
+    Bf16,
+    Fp8,
+    Int8,
+    Int4,
 }
+
+/// The names `--kv-cache-dtype` takes.
+const KV_DTYPE_NAMES: &str = "auto, f16, bf16, fp8, int8, int4";
 
 impl FromStr for KvDtypeChoice {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<KvDtypeChoice, String> {
-        let s = s.trim().to_ascii_lowercase();
-        if s == "auto" {
-            return Ok(KvDtypeChoice::Auto);
-        }
-        if let Some(d) = KV_CACHE_DTYPES.iter().find(|d| d.name == s) {
-            return Ok(KvDtypeChoice::Is(*d));
-        }
-        let names: Vec<&str> = KV_CACHE_DTYPES.iter().map(|d| d.name).collect();
-        if QUANTIZED_KV.contains(&s.as_str()) {
-            return Err(format!("a quantized KV cache ({s}) is not supported yet; use auto, {}", names.join(", ")));
-        }
-        Err(format!("unknown KV cache dtype '{s}' (auto, {})", names.join(", ")))
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => KvDtypeChoice::Auto,
+            "f16" | "fp16" => KvDtypeChoice::F16,
+            "bf16" => KvDtypeChoice::Bf16,
+            "fp8" | "fp8_e4m3" => KvDtypeChoice::Fp8,
+            "int8" => KvDtypeChoice::Int8,
+            "int4" => KvDtypeChoice::Int4,
+            other => return Err(format!("unknown KV cache dtype '{other}' ({KV_DTYPE_NAMES})")),
+        })
     }
 }
 
 impl KvDtypeChoice {
-    /// The type the KV pools of `device` hold.
-    pub fn resolve(self, device: Device) -> KvCacheDtype {
+    /// The type the KV pools of `device` hold, quantized ones in groups of `group` values; an
+    /// error for a type the device cannot hold. The CPU holds f16, int8 and int4 (fp8 is
+    /// refused there: int8 takes the same bytes and keeps more precision); a GPU holds bf16.
+    pub fn resolve(self, device: Device, group: usize) -> std::result::Result<KvCacheDtype, String> {
+        let is = |name, dtype| Ok(KvCacheDtype { name, dtype });
         match (self, device) {
-            (KvDtypeChoice::Is(d), _) => d,
-            (KvDtypeChoice::Auto, Device::Cpu) => KV_CACHE_DTYPES[0],
-            (KvDtypeChoice::Auto, Device::Cuda(_)) => KV_CACHE_DTYPES[1],
+            (KvDtypeChoice::Auto | KvDtypeChoice::F16, Device::Cpu) => is("f16", KvDtype::F16),
+            (KvDtypeChoice::Int8, Device::Cpu) => is("int8", KvDtype::Int8 { group }),
+            (KvDtypeChoice::Int4, Device::Cpu) => is("int4", KvDtype::Int4 { group }),
+            (KvDtypeChoice::Auto | KvDtypeChoice::Bf16, Device::Cuda(_)) => is("bf16", KvDtype::F16),
+            (KvDtypeChoice::Bf16, Device::Cpu) => {
+                Err("the CPU KV cache holds f16, not bf16 (use auto, f16, int8 or int4 on the CPU)".into())
+            }
+            (KvDtypeChoice::Fp8, Device::Cpu) => Err("an fp8 KV cache needs a GPU; on the CPU use int8 (the same \
+                                                      bytes a value, group-affine)"
+                .into()),
+            (d, Device::Cuda(_)) => Err(format!(
+                "a {} KV cache is not built for the GPU yet: its kernels read bf16 KV (use auto or bf16 there)",
+                format!("{d:?}").to_lowercase()
+            )),
         }
     }
 }
@@ -130,6 +145,8 @@ pub struct FitOptions {
     pub max_num_batched_tokens: usize,
     pub block_size: usize,
     pub kv_dtype: KvDtypeChoice,
+    /// Values per scale and bias of a quantized KV type (`--kv-group-size`).
+    pub kv_group_size: usize,
     /// A fixed KV cache size (`--kv-cache-memory`); default: what the memory leaves.
     pub kv_cache_memory: Option<usize>,
     /// Fraction of the GPU's free memory left after weights and workspace the KV takes.
@@ -144,6 +161,7 @@ impl Default for FitOptions {
             max_num_batched_tokens: 2048,
             block_size: 16,
             kv_dtype: KvDtypeChoice::Auto,
+            kv_group_size: DEFAULT_KV_GROUP_SIZE,
             kv_cache_memory: None,
             gpu_memory_utilization: 0.9,
         }
@@ -227,7 +245,7 @@ fn workspace_bytes(m: &Inspected, device: Device, tokens: usize, rows: usize) ->
     let inter = widest(&|l| l.ffn.intermediate);
     // Residual and normed streams, q/k/v, attention output, its projection, gate+up, activation.
     let mut per_token = 3 * d + qkv + attn + 3 * inter;
-    if let Some(moe) = plan.layers.iter().find_map(|l| l.ffn.moe) {
+    if let Some(moe) = plan.layers.iter().find_map(|l| l.ffn.moe.as_ref().map(|m| m.shape)) {
         per_token += 3 * d + moe.num_experts + moe.top_k * (2 * d + 3 * moe.intermediate);
     }
     if let Some((_, width)) = plan.per_layer_input {
@@ -265,11 +283,13 @@ pub fn fit(m: &Inspected, device: Device, memory: DeviceMemory, opts: &FitOption
     if max_model_len == 0 {
         return Err(LoadError::Other("--max-model-len must be at least 1".into()));
     }
-    let kv_dtype = opts.kv_dtype.resolve(device);
+    let kv_dtype = opts.kv_dtype.resolve(device, opts.kv_group_size).map_err(LoadError::Other)?;
     let weights: usize = m.tensors.iter().map(|t| held_bytes(t, device)).sum();
     let workspace = workspace_bytes(m, device, opts.max_num_batched_tokens, opts.max_num_seqs);
     let layout = &m.plan.layout;
-    let per_token = layout.block_bytes_of(1, kv_dtype.bytes);
+    let scheme = KvScheme { dtype: kv_dtype.dtype, ..KvScheme::default() };
+    let per_token =
+        layout.block_bytes_with(1, &layout.layer_dtypes(&scheme).map_err(|e| LoadError::Other(e.to_string()))?);
     let groups: Vec<KvGroupFit> = layout
         .groups
         .iter()

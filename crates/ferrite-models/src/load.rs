@@ -11,6 +11,7 @@ use serde_json::Value;
 use crate::chat_template::{ChatTemplate, ModelChatTemplates};
 use crate::config::{ConfigSource, ModelConfig};
 use crate::decoder::Decoder;
+use crate::embedding::EmbeddingHead;
 use crate::error::{LoadError, Result};
 use crate::gguf::GgufFile;
 use crate::model::CausalLm;
@@ -125,7 +126,7 @@ pub fn load_with(path: &Path, choice: DeviceChoice, opts: &LoadOptions) -> Resul
 
 /// A synthetic model (`gpu::SYNTHETIC_MODELS`) with random weights in `dtype` (bf16, or a
 /// GGUF block type the CUDA kernels read) generated on the CUDA device from `seed`; no
-/// tokenizer.
+/// tokenizer (the CLI attaches its family's, `ferrite-cli/src/synthetic_text.rs`).
 pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64, dtype: DType) -> Result<LoadedModel> {
     let t0 = Instant::now();
     let json = crate::gpu::synthetic_config(name).ok_or_else(|| {
@@ -221,11 +222,21 @@ fn layout(cfg: &ModelConfig, plan: &DecoderPlan, gguf: bool) -> WeightLayout {
     }
 }
 
-/// The model of `plan`, on the CUDA device when `target` resolved to one and the plan has a
-/// CUDA path.
-fn build(cfg: ModelConfig, plan: DecoderPlan, weights: &Weights, target: &Target) -> Result<Built> {
+/// The model of `plan` (embedding with `embedding`), on the CUDA device when `target`
+/// resolved to one and the plan has a CUDA path; a model that embeds runs on the CPU.
+fn build(
+    cfg: ModelConfig,
+    plan: DecoderPlan,
+    weights: &Weights,
+    target: &Target,
+    embedding: Option<EmbeddingHead>,
+) -> Result<Built> {
     if let Device::Cuda(ordinal) = target.device {
-        match crate::gpu::unsupported(&plan) {
+        let why = match &embedding {
+            Some(_) => Some("embeddings are made on the CPU only".to_string()),
+            None => crate::gpu::unsupported(&plan),
+        };
+        match why {
             None => {
                 let (gpu, note) = open_gpu(ordinal)?;
                 let bar = LoadBar::new(weights.file_bytes(), cfg.num_layers);
@@ -238,7 +249,7 @@ fn build(cfg: ModelConfig, plan: DecoderPlan, weights: &Weights, target: &Target
             Some(why) => return Err(LoadError::Other(format!("cannot run this model on cuda:{ordinal}: {why}"))),
         }
     }
-    Ok((build_cpu(cfg, plan, weights)?, Device::Cpu, "cpu".into()))
+    Ok((build_cpu(cfg, plan, weights, embedding)?, Device::Cpu, "cpu".into()))
 }
 
 /// The loading progress bar, in bytes of weights (each layer counted as an equal share); drawn
@@ -273,9 +284,14 @@ impl LoadBar {
     }
 }
 
-fn build_cpu(cfg: ModelConfig, plan: DecoderPlan, weights: &Weights) -> Result<Arc<dyn CausalLm>> {
+fn build_cpu(
+    cfg: ModelConfig,
+    plan: DecoderPlan,
+    weights: &Weights,
+    embedding: Option<EmbeddingHead>,
+) -> Result<Arc<dyn CausalLm>> {
     let bar = LoadBar::new(weights.file_bytes(), cfg.num_layers);
-    let model = Decoder::load(cfg, plan, weights, &|n| bar.layer_done(n))?;
+    let model = Decoder::load(cfg, plan, weights, &|n| bar.layer_done(n))?.with_embedding(embedding);
     bar.finish();
     Ok(Arc::new(model))
 }
@@ -290,7 +306,11 @@ fn load_hf_dir(dir: &Path, target: &Target, opts: &LoadOptions) -> Result<Loaded
     opts.apply(dir, &mut cfg)?;
     let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path: &cfg_path, json: &json })?;
     let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), layout(&cfg, &plan, false));
-    let (model, device, device_note) = build(cfg, plan, &weights, target)?;
+    let embedding = EmbeddingHead::from_model_dir(dir, &json, cfg.hidden_size)?;
+    if embedding.is_none() && !plan.causal() {
+        return Err(LoadError::format(dir, "a bidirectional model needs a pooling config (modules.json) to embed"));
+    }
+    let (model, device, device_note) = build(cfg, plan, &weights, target, embedding)?;
     let ModelText { tokenizer, chat_template, generation } = hf_text(dir)?;
     Ok(LoadedModel {
         model,
@@ -394,7 +414,7 @@ fn load_gguf(path: &Path, target: &Target, opts: &LoadOptions) -> Result<LoadedM
     let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Gguf(&g))?;
     let layout = layout(&cfg, &plan, true);
     let weights = Weights::new(WeightSource::Gguf(g), layout);
-    let (model, device, device_note) = build(cfg, plan, &weights, target)?;
+    let (model, device, device_note) = build(cfg, plan, &weights, target, None)?;
     Ok(LoadedModel {
         model,
         tokenizer,

@@ -1,5 +1,7 @@
 //! `CausalLm`: what the engine needs from any architecture — its config, its KV layout and
-//! storage, and one step call over a flat `ForwardBatch` (`CausalLm::step`). The caller says
+//! storage, and one step call over a flat `ForwardBatch` (`CausalLm::step`); a model that
+//! embeds (`CausalLm::embedding`) also runs whole inputs to one embedding each
+//! (`CausalLm::embed`). The caller says
 //! what the step's logits rows want back (`Want`: the logits themselves, the argmax, or a
 //! sample drawn as each row's sampler says) and gets a `Pending` handle, which resolves to a
 //! `StepOutput`.
@@ -13,9 +15,12 @@
 
 use ferrite_runtime::sampling::{RowSampler, SampledToken};
 use ferrite_runtime::{cpu, threads, RuntimeError};
-use ferrite_runtime::{ForwardBatch, KvCache, KvLayout};
+use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, KvScheme};
 
 use crate::config::ModelConfig;
+use crate::embedding::EmbeddingSpec;
+use crate::error::LoadError;
+use crate::lora::LoraAdapter;
 
 /// The largest step the engine will run, told to the model before the first one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +169,31 @@ pub trait CausalLm: Send + Sync {
     /// model that cannot carry picks refuses a batch with `carried` ids.
     fn step(&self, batch: &ForwardBatch, kv: &mut KvCache, want: Want<'_>) -> ferrite_runtime::Result<Pending>;
 
+    /// Attach `adapter` under `id`, so that rows of later steps whose `adapter` is `id` run
+    /// through it; its shapes are checked against the model's projections. A model that
+    /// cannot run adapters says so.
+    fn attach_lora(&self, _id: u32, adapter: &LoraAdapter) -> Result<(), LoadError> {
+        Err(LoadError::format(&adapter.path, "LoRA adapters run on the CPU executor only so far (--device cpu)"))
+    }
+
+    /// Forget the adapter attached under `id` (no step may name it any more).
+    fn detach_lora(&self, _id: u32) {}
+    /// What the model's embeddings are, when it makes them (`embed`).
+    fn embedding(&self) -> Option<&EmbeddingSpec> {
+        None
+    }
+
+    /// Whether the model generates text (false: a bidirectional encoder, which only embeds).
+    fn generates(&self) -> bool {
+        true
+    }
+
+    /// The embedding of each row of `batch`, in order; every row holds its whole input (from
+    /// position 0), whose K/V go into `kv`.
+    fn embed(&self, _batch: &ForwardBatch, _kv: &mut KvCache) -> ferrite_runtime::Result<Vec<Vec<f32>>> {
+        Err(RuntimeError::Unsupported("this model does not make embeddings".into()))
+    }
+
     /// Whether the model draws `Want::Sample` rows on its device.
     fn samples_on_device(&self) -> bool {
         false
@@ -190,14 +220,26 @@ pub trait CausalLm: Send + Sync {
     }
 
     /// Bytes one block of `block_size` positions takes in each KV group of `new_kv_cache`'s
-    /// storage.
-    fn kv_block_bytes(&self, block_size: usize) -> Vec<usize> {
-        self.kv_layout().block_bytes(block_size)
+    /// storage under `scheme`; an error for a scheme the model's KV cannot hold.
+    fn kv_block_bytes(&self, block_size: usize, scheme: &KvScheme) -> ferrite_runtime::Result<Vec<usize>> {
+        let layout = self.kv_layout();
+        Ok(layout.block_bytes_with(block_size, &layout.layer_dtypes(scheme)?))
     }
 
-    /// The KV storage `step` reads: `group_blocks[g]` blocks of `block_size` in group g.
-    fn new_kv_cache(&self, group_blocks: &[usize], block_size: usize) -> ferrite_runtime::Result<KvCache> {
-        KvCache::new(&self.kv_layout(), group_blocks, block_size)
+    /// What `new_kv_cache`'s pools hold under `scheme`, for reports.
+    fn kv_description(&self, scheme: &KvScheme) -> String {
+        scheme.to_string()
+    }
+
+    /// The KV storage `step` reads: `group_blocks[g]` blocks of `block_size` in group g, of
+    /// the value types `scheme` gives each layer.
+    fn new_kv_cache(
+        &self,
+        group_blocks: &[usize],
+        block_size: usize,
+        scheme: &KvScheme,
+    ) -> ferrite_runtime::Result<KvCache> {
+        KvCache::with_scheme(&self.kv_layout(), group_blocks, block_size, scheme)
     }
 }
 

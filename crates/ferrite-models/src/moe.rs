@@ -1,16 +1,30 @@
-//! Gemma 4's mixture-of-experts block, which runs beside the dense MLP of a layer.
+//! Routed mixtures of experts on the CPU: the feed-forward kind a `MoePlan` describes.
 //!
-//! A router (unscaled RMSNorm, a learned per-channel scale and `1/sqrt(hidden)`, a linear
-//! layer, softmax) picks each token's top-k experts; their weights are renormalized to sum to 1
-//! and multiplied by a learned per-expert scale. Each expert is a GeGLU MLP whose gate and up
-//! projections are stored stacked (`experts.gate_up_proj`, `[experts, 2 × inter, hidden]`).
-//! The block's output, normed, is added to the normed output of the dense MLP.
+//! A router (a linear layer, softmax) picks each token's top-k experts; their probabilities are
+//! renormalized to sum to 1 where the family says so. Each expert is a gated MLP. The experts
+//! run one at a time, each over the rows of the tokens routed to it (gathered into one batch,
+//! so each chosen expert's weights are read once per step, by the same matmul kernels as every
+//! other layer, quantized or not), and their outputs are scattered back, times the routing
+//! weights, in ascending expert order: a token's result does not depend on the tokens it is
+//! batched with.
+//!
+//! Qwen3-MoE and Mixtral (`MoeStyle::Sparse`) replace the dense MLP with the experts. Gemma 4
+//! (`MoeStyle::Gemma4`) runs them beside it: its router reads the residual, unit-RMSNormed,
+//! times a learned per-channel scale and `1/sqrt(hidden)`, and multiplies each chosen weight
+//! by a learned per-expert scale; the experts read their own norm of the residual, and the
+//! normed outputs of the dense MLP and of the experts are summed.
+//!
+//! Expert weights load from any of the layouts `ExpertNames` lists: stacked `gate_up_proj` /
+//! `down_proj` tensors (transformers 5, Gemma 4), GGUF's stacked `ffn_{gate,up,down}_exps`, or
+//! one tensor per expert and projection (Hugging Face checkpoints of Qwen3-MoE and Mixtral).
 
-use ferrite_runtime::{cpu, Result as RtResult};
+use ferrite_runtime::{cpu, Result as RtResult, RuntimeError, Tensor};
 
 use crate::blocks::{Linear, Mlp, Norm};
 use crate::config::Activation;
-use crate::error::Result;
+use crate::error::{LoadError, Result};
+use crate::lora::cpu::LayerLora;
+use crate::plan::{ExpertNames, MoePlan, MoeStyle};
 use crate::weights::Weights;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,13 +35,161 @@ pub struct MoeShape {
     pub intermediate: usize,
 }
 
-pub struct Moe {
-    router_norm: Norm,
-    router_scale: Vec<f32>,
-    router: Linear,
-    per_expert_scale: Vec<f32>,
+impl MoeShape {
+    /// A shape with at least one expert, `top_k` of them at most, each of a positive width.
+    pub fn checked(num_experts: usize, top_k: usize, intermediate: usize) -> std::result::Result<MoeShape, String> {
+        if num_experts == 0 || top_k == 0 || intermediate == 0 {
+            return Err(format!(
+                "experts {num_experts}, experts per token {top_k}, expert width {intermediate}: each must be positive"
+            ));
+        }
+        if top_k > num_experts {
+            return Err(format!("{top_k} experts per token of {num_experts} experts"));
+        }
+        Ok(MoeShape { num_experts, top_k, intermediate })
+    }
+}
+
+/// One token's route from its router logits (`scores`, one per expert, softmaxed in place):
+/// its `top_k` (expert, weight) pairs, best first, the weights divided by their sum when
+/// `renormalize`, and times `per_expert_scale` when given. The CPU and CUDA models route with
+/// it.
+pub fn route_row(
+    scores: &mut [f32],
     top_k: usize,
+    renormalize: bool,
+    per_expert_scale: Option<&[f32]>,
+) -> Vec<(usize, f32)> {
+    cpu::softmax_in_place(scores);
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    // Stable: equal probabilities keep the lower expert first.
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+    let top = &order[..top_k.min(scores.len())];
+    let sum: f32 = if renormalize { top.iter().map(|&i| scores[i]).sum() } else { 1.0 };
+    let scale = |i: usize| per_expert_scale.map_or(1.0, |s| s[i]);
+    top.iter().map(|&i| (i, scores[i] / sum * scale(i))).collect()
+}
+
+/// A layer's experts, each a gated MLP over rows of the stored tensors.
+pub struct Experts {
     experts: Vec<Mlp>,
+    hidden: usize,
+}
+
+impl Experts {
+    /// The experts `names` gives, in whichever layout the file stores them.
+    pub fn load(w: &Weights, names: &ExpertNames, shape: MoeShape, hidden: usize, act: Activation) -> Result<Experts> {
+        let (e, inter) = (shape.num_experts, shape.intermediate);
+        let base = &names.experts;
+        let bad = |name: &str, err: RuntimeError| LoadError::Other(format!("{name}: {err}"));
+        // Rows `r` of a stacked tensor, as a matmul weight.
+        let rows = |t: &Tensor, name: &str, r: std::ops::Range<usize>| -> Result<Linear> {
+            let part = t.slice_rows(r).map_err(|err| bad(name, err))?;
+            cpu::prepare_linear(&part);
+            Ok(Linear::from_tensor(part))
+        };
+        let fused = format!("{base}.gate_up_proj");
+        let stacked = |p: &str| format!("{base}.{p}.weight");
+        let experts = if w.contains(&fused) {
+            let down_name = format!("{base}.down_proj");
+            let gate_up = w.get(&fused, &[e, 2 * inter, hidden])?;
+            let down = w.get(&down_name, &[e, hidden, inter])?;
+            (0..e)
+                .map(|x| {
+                    let at = 2 * inter * x;
+                    Ok(Mlp::gated(
+                        rows(&gate_up, &fused, at..at + inter)?,
+                        rows(&gate_up, &fused, at + inter..at + 2 * inter)?,
+                        rows(&down, &down_name, hidden * x..hidden * (x + 1))?,
+                        act,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else if w.contains(&stacked(names.gate)) {
+            let [gate, up, down] = [names.gate, names.up, names.down].map(stacked);
+            let (g, u) = (w.get(&gate, &[e, inter, hidden])?, w.get(&up, &[e, inter, hidden])?);
+            let dn = w.get(&down, &[e, hidden, inter])?;
+            (0..e)
+                .map(|x| {
+                    Ok(Mlp::gated(
+                        rows(&g, &gate, inter * x..inter * (x + 1))?,
+                        rows(&u, &up, inter * x..inter * (x + 1))?,
+                        rows(&dn, &down, hidden * x..hidden * (x + 1))?,
+                        act,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else if w.contains(&format!("{base}.0.{}.weight", names.gate)) {
+            (0..e)
+                .map(|x| {
+                    let p = |name: &str| format!("{base}.{x}.{name}");
+                    Ok(Mlp::gated(
+                        Linear::load(w, &p(names.gate), inter, hidden, false)?,
+                        Linear::load(w, &p(names.up), inter, hidden, false)?,
+                        Linear::load(w, &p(names.down), hidden, inter, false)?,
+                        act,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            return Err(LoadError::Other(format!(
+                "the experts {base} are missing: none of {fused}, {} or {base}.E.{}.weight is in the weights",
+                stacked(names.gate),
+                names.gate
+            )));
+        };
+        Ok(Experts { experts, hidden })
+    }
+
+    fn len(&self) -> usize {
+        self.experts.len()
+    }
+
+    /// `out[t] = Σ w · expert_e(x[t])` over token `t`'s route `routes[t]` of (expert, weight)
+    /// pairs, summed in ascending expert order; `x` and `out` are `[tokens, hidden]`. Each
+    /// expert runs once, over the gathered rows of the tokens routed to it.
+    pub fn mix(&self, x: &[f32], routes: &[Vec<(usize, f32)>], out: &mut [f32]) -> RtResult<()> {
+        let d = self.hidden;
+        if x.len() != routes.len() * d || out.len() != x.len() {
+            return Err(RuntimeError::Shape(format!(
+                "experts of width {d}: {} inputs, {} outputs for {} routes",
+                x.len(),
+                out.len(),
+                routes.len()
+            )));
+        }
+        let mut picked: Vec<Vec<(usize, f32)>> = vec![Vec::new(); self.experts.len()];
+        for (tok, route) in routes.iter().enumerate() {
+            for &(e, w) in route {
+                let slot = picked.get_mut(e).ok_or_else(|| RuntimeError::Shape(format!("no expert {e}")))?;
+                slot.push((tok, w));
+            }
+        }
+        out.fill(0.0);
+        let mut rows = Vec::new();
+        let mut y = Vec::new();
+        for (expert, picked) in self.experts.iter().zip(&picked) {
+            if picked.is_empty() {
+                continue;
+            }
+            rows.clear();
+            rows.extend(picked.iter().flat_map(|&(tok, _)| &x[tok * d..(tok + 1) * d]));
+            y.resize(rows.len(), 0.0);
+            expert.forward(&rows, picked.len(), &mut y, LayerLora::NONE)?;
+            for (&(tok, w), y) in picked.iter().zip(y.chunks_exact(d)) {
+                out[tok * d..(tok + 1) * d].iter_mut().zip(y).for_each(|(o, v)| *o += v * w);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Gemma 4's router input scale, per-expert scales and the norms around its experts.
+struct Gemma4Parts {
+    router_norm: Norm,
+    /// The router input's learned per-channel scale, times `hidden^-1/2`.
+    router_scale: Vec<f32>,
+    per_expert_scale: Vec<f32>,
     /// Norms the dense MLP's output (`post_feedforward_layernorm_1`).
     post_mlp_norm: Norm,
     /// Norms the experts' input (`pre_feedforward_layernorm_2`).
@@ -36,96 +198,78 @@ pub struct Moe {
     post_norm: Norm,
 }
 
-/// One token's route from its router scores (`scores`, one per expert, softmaxed in place):
-/// its `top_k` (expert, weight) pairs, best first, the weights renormalized to sum to 1 and
-/// times `per_expert_scale`. The CPU and CUDA models route with it.
-pub fn route_row(scores: &mut [f32], top_k: usize, per_expert_scale: &[f32]) -> Vec<(usize, f32)> {
-    cpu::softmax_in_place(scores);
-    let mut order: Vec<usize> = (0..scores.len()).collect();
-    // Stable: equal probabilities keep the lower expert first.
-    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-    let top = &order[..top_k.min(scores.len())];
-    let sum: f32 = top.iter().map(|&i| scores[i]).sum();
-    top.iter().map(|&i| (i, scores[i] / sum * per_expert_scale[i])).collect()
+pub struct Moe {
+    router: Linear,
+    top_k: usize,
+    renormalize: bool,
+    experts: Experts,
+    gemma4: Option<Gemma4Parts>,
 }
 
 impl Moe {
-    /// The router, experts and norms of the layer `prefix` (`model.layers.N`).
-    pub fn load(w: &Weights, prefix: &str, hidden: usize, shape: MoeShape, act: Activation, eps: f32) -> Result<Moe> {
-        let (e, inter) = (shape.num_experts, shape.intermediate);
-        let p = |s: &str| format!("{prefix}.{s}");
-        let norm = |s: &str| Norm::load(w, &p(&format!("{s}.weight")), hidden, 0.0, eps);
-        let gate_up = w.get(&p("experts.gate_up_proj"), &[e, 2 * inter, hidden])?;
-        let down = w.get(&p("experts.down_proj"), &[e, hidden, inter])?;
-        let experts = (0..e)
-            .map(|x| -> Result<Mlp> {
-                let rows =
-                    |t: &ferrite_runtime::Tensor, r: std::ops::Range<usize>| t.slice_rows(r).map(Linear::from_tensor);
-                let base = 2 * inter * x;
-                Ok(Mlp::gated(
-                    rows(&gate_up, base..base + inter)?,
-                    rows(&gate_up, base + inter..base + 2 * inter)?,
-                    rows(&down, hidden * x..hidden * (x + 1))?,
-                    act,
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
+    /// The router and experts `plan` names, of layer `layer` (`model.layers.N`, for Gemma 4's
+    /// router scales and norms).
+    pub fn load(w: &Weights, plan: &MoePlan, layer: &str, hidden: usize, act: Activation, eps: f32) -> Result<Moe> {
+        let e = plan.shape.num_experts;
+        let gemma4 = match plan.style {
+            MoeStyle::Sparse => None,
+            MoeStyle::Gemma4 => {
+                let p = |s: &str| format!("{layer}.{s}");
+                let norm = |s: &str| Norm::load(w, &p(&format!("{s}.weight")), hidden, 0.0, eps);
+                let root = (hidden as f64).powf(-0.5) as f32;
+                let scale = w.get_f32(&p("router.scale"), &[hidden])?;
+                Some(Gemma4Parts {
+                    router_norm: Norm::unit(hidden, eps),
+                    router_scale: scale.iter().map(|s| s * root).collect(),
+                    per_expert_scale: w.get_f32(&p("router.per_expert_scale"), &[e])?,
+                    post_mlp_norm: norm("post_feedforward_layernorm_1")?,
+                    pre_norm: norm("pre_feedforward_layernorm_2")?,
+                    post_norm: norm("post_feedforward_layernorm_2")?,
+                })
+            }
+        };
         Ok(Moe {
-            router_norm: Norm::unit(hidden, eps),
-            router_scale: w.get_f32(&p("router.scale"), &[hidden])?,
-            router: Linear::load(w, &p("router.proj"), e, hidden, false)?,
-            per_expert_scale: w.get_f32(&p("router.per_expert_scale"), &[e])?,
-            top_k: shape.top_k,
-            experts,
-            post_mlp_norm: norm("post_feedforward_layernorm_1")?,
-            pre_norm: norm("pre_feedforward_layernorm_2")?,
-            post_norm: norm("post_feedforward_layernorm_2")?,
+            router: Linear::load(w, &plan.names.router, e, hidden, false)?,
+            top_k: plan.shape.top_k,
+            renormalize: plan.renormalize,
+            experts: Experts::load(w, &plan.names, plan.shape, hidden, act)?,
+            gemma4,
         })
     }
 
-    /// Each token's `top_k` (expert, weight) pairs, best first.
+    /// Each token's `top_k` (expert, weight) pairs, best first, from the router input `x`
+    /// (`[t, hidden]`).
     fn route(&self, x: &[f32], t: usize) -> RtResult<Vec<Vec<(usize, f32)>>> {
-        let hidden = self.router_scale.len();
-        let mut normed = vec![0f32; x.len()];
-        self.router_norm.forward(x, &mut normed);
-        let root = (hidden as f64).powf(-0.5) as f32;
-        for row in normed.chunks_exact_mut(hidden) {
-            row.iter_mut().zip(&self.router_scale).for_each(|(v, s)| *v = *v * s * root);
-        }
-        let mut scores = self.router.forward(&normed, t)?;
-        let e = self.per_expert_scale.len();
-        Ok(scores.chunks_exact_mut(e).map(|row| route_row(row, self.top_k, &self.per_expert_scale)).collect())
+        let mut scores = self.router.forward(x, t)?;
+        let e = self.experts.len();
+        let scale = self.gemma4.as_ref().map(|g| g.per_expert_scale.as_slice());
+        Ok(scores.chunks_exact_mut(e).map(|row| route_row(row, self.top_k, self.renormalize, scale)).collect())
     }
 
-    /// `mlp_out = post_mlp_norm(mlp_out) + post_norm(experts(pre_norm(residual)))`, where
-    /// `residual` (`[t, hidden]`) is the layer's input to the feed-forward part.
-    pub fn add_to_mlp(&self, residual: &[f32], t: usize, mlp_out: &mut [f32]) -> RtResult<()> {
-        let hidden = self.router_scale.len();
-        let routes = self.route(residual, t)?;
+    /// The layer's feed-forward output: `out = experts(h)` for a sparse layer, where `h`
+    /// (`[t, hidden]`) is its normed input; for Gemma 4 `out` holds the dense MLP's output and
+    /// becomes `post_mlp_norm(out) + post_norm(experts(pre_norm(residual)))`, where `residual`
+    /// is the layer's input to the feed-forward part.
+    pub fn forward(&self, h: &[f32], residual: &[f32], t: usize, out: &mut [f32]) -> RtResult<()> {
+        let Some(g) = &self.gemma4 else {
+            let routes = self.route(h, t)?;
+            return self.experts.mix(h, &routes, out);
+        };
         let mut x = vec![0f32; residual.len()];
-        self.pre_norm.forward(residual, &mut x);
-        // Experts in ascending order, each over the tokens routed to it (as transformers sums).
-        let mut out = vec![0f32; residual.len()];
-        for (e, expert) in self.experts.iter().enumerate() {
-            let picked: Vec<(usize, f32)> = routes
-                .iter()
-                .enumerate()
-                .filter_map(|(tok, r)| r.iter().find(|(x, _)| *x == e).map(|(_, w)| (tok, *w)))
-                .collect();
-            if picked.is_empty() {
-                continue;
-            }
-            let rows: Vec<f32> =
-                picked.iter().flat_map(|&(tok, _)| &x[tok * hidden..(tok + 1) * hidden]).copied().collect();
-            let mut y = vec![0f32; rows.len()];
-            expert.forward(&rows, picked.len(), &mut y)?;
-            for (&(tok, w), y) in picked.iter().zip(y.chunks_exact(hidden)) {
-                out[tok * hidden..(tok + 1) * hidden].iter_mut().zip(y).for_each(|(o, v)| *o += v * w);
-            }
+        g.router_norm.forward(residual, &mut x);
+        for row in x.chunks_exact_mut(g.router_scale.len()) {
+            row.iter_mut().zip(&g.router_scale).for_each(|(v, s)| *v *= s);
         }
-        self.post_mlp_norm.forward_in_place(mlp_out);
-        self.post_norm.forward_in_place(&mut out);
-        mlp_out.iter_mut().zip(&out).for_each(|(m, e)| *m += e);
+        let routes = self.route(&x, t)?;
+        g.pre_norm.forward(residual, &mut x);
+        let mut mixed = vec![0f32; residual.len()];
+        self.experts.mix(&x, &routes, &mut mixed)?;
+        g.post_mlp_norm.forward_in_place(out);
+        g.post_norm.forward_in_place(&mut mixed);
+        out.iter_mut().zip(&mixed).for_each(|(m, e)| *m += e);
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

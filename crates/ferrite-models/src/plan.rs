@@ -5,7 +5,8 @@
 //! `w` or `1 + w` weight, or LayerNorm with a bias), the residual and logit multipliers, the
 //! final softcap and the per-layer inputs; per layer, the attention (`AttentionConfig`: heads,
 //! head dim, score scale, RoPE schedule or none, q/k norms, window, softcap, own KV or a
-//! donor's), the feed-forward (gated or plain, its width, an optional MoE beside it) and the
+//! donor's), the feed-forward (gated or plain, its width; or routed experts, `MoePlan`, in
+//! place of the dense MLP or beside it) and the
 //! tensor names (`LayerNames`), whose norms also say where the norms sit: an input norm and a
 //! pre-FFN norm (pre-norm), those plus a norm on each sublayer output (sandwich), or only the
 //! output norms (post-norm). A family file turns a config into a plan; nothing else differs
@@ -96,6 +97,46 @@ impl LayerNames {
     }
 }
 
+/// Where a layer's experts sit and what their router reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeStyle {
+    /// The experts are the layer's feed-forward: they and a linear router read the pre-FFN-normed
+    /// input, and the dense MLP is absent (qwen3_moe, mixtral).
+    Sparse,
+    /// Gemma 4: beside the dense MLP; the router reads the residual, unit-RMSNormed, times a
+    /// learned scale and `hidden^-1/2`, and scales each chosen expert by a learned factor; the
+    /// experts read their own norm of the residual, and the normed outputs of both are summed.
+    Gemma4,
+}
+
+/// The tensor names of a layer's experts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpertNames {
+    /// The router's linear layer (`[experts, hidden]`).
+    pub router: String,
+    /// The experts' module: its projections are stored stacked per expert,
+    /// `{experts}.gate_up_proj` (`[experts, 2 × inter, hidden]`, gate rows first) and
+    /// `{experts}.down_proj` (transformers 5, Gemma 4); or stacked one tensor per projection,
+    /// `{experts}.{gate}.weight` (`[experts, inter, hidden]`: GGUF's `ffn_gate_exps`); or
+    /// one tensor per expert and projection, `{experts}.{e}.{gate}.weight`.
+    pub experts: String,
+    /// The projection names: `gate_proj`, `up_proj`, `down_proj` (Mixtral: `w1`, `w3`, `w2`).
+    pub gate: &'static str,
+    pub up: &'static str,
+    pub down: &'static str,
+}
+
+/// A layer's routed mixture of experts: each token's top-k experts by softmax probability.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoePlan {
+    pub shape: MoeShape,
+    /// The chosen experts' probabilities are divided by their sum (Mixtral, Gemma 4, Qwen3-MoE's
+    /// `norm_topk_prob`).
+    pub renormalize: bool,
+    pub style: MoeStyle,
+    pub names: ExpertNames,
+}
+
 /// The feed-forward part of a layer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FfnPlan {
@@ -104,8 +145,15 @@ pub struct FfnPlan {
     pub intermediate: usize,
     /// Biases on its projections.
     pub bias: bool,
-    /// A routed mixture of experts beside the dense MLP (Gemma 4).
-    pub moe: Option<MoeShape>,
+    /// Routed experts, in place of the dense MLP or beside it (`MoeStyle`).
+    pub moe: Option<MoePlan>,
+}
+
+impl FfnPlan {
+    /// The layer has a dense MLP (no experts, or experts beside it).
+    pub fn dense(&self) -> bool {
+        self.moe.as_ref().is_none_or(|m| m.style != MoeStyle::Sparse)
+    }
 }
 
 /// One decoder layer.
@@ -139,6 +187,12 @@ pub struct DecoderPlan {
 }
 
 impl DecoderPlan {
+    /// Whether every layer attends causally (false: a bidirectional encoder, which embeds
+    /// and never generates).
+    pub fn causal(&self) -> bool {
+        self.layers.iter().all(|l| l.attn.params.causal)
+    }
+
     /// The norm offset of an RMSNorm model (0 for LayerNorm).
     pub fn norm_offset(&self) -> f32 {
         match self.norm {

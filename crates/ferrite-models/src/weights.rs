@@ -5,7 +5,8 @@
 //! in HF order. A model whose RoPE rotates adjacent pairs (GLM) gets its q/k rows (and
 //! biases) reordered so that the executors' rotate-half RoPE rotates the same pairs: the
 //! attention scores are unchanged, as q and k share the order. Every fetch checks the shape
-//! the architecture expects.
+//! the architecture expects. A bare backbone saved without the `model.` prefix (an embedding
+//! model exported from `AutoModel`) is read under the same names.
 
 use std::path::Path;
 
@@ -71,6 +72,11 @@ pub fn gguf_name(hf: &str, layout: &WeightLayout) -> Option<String> {
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" | "mlp.c_proj" => "ffn_down",
         "mlp.gate_up_proj" | "mlp.c_fc" => "ffn_up",
+        // Experts: the router, and each projection of every expert stacked in one tensor.
+        "mlp.gate" | "block_sparse_moe.gate" => "ffn_gate_inp",
+        "mlp.experts.gate_proj" | "block_sparse_moe.experts.w1" => "ffn_gate_exps",
+        "mlp.experts.up_proj" | "block_sparse_moe.experts.w3" => "ffn_up_exps",
+        "mlp.experts.down_proj" | "block_sparse_moe.experts.w2" => "ffn_down_exps",
         _ => return None,
     };
     Some(format!("blk.{layer}.{g}.{suffix}"))
@@ -90,7 +96,11 @@ impl Weights {
 
     fn file_name(&self, hf: &str) -> Option<String> {
         match &self.source {
-            WeightSource::Safetensors(_) => Some(hf.to_string()),
+            // A bare backbone (`Qwen3Model`, `Gemma3TextModel`) is saved without `model.`.
+            WeightSource::Safetensors(s) => match hf.strip_prefix("model.") {
+                Some(bare) if !s.contains(hf) && s.contains(bare) => Some(bare.to_string()),
+                _ => Some(hf.to_string()),
+            },
             WeightSource::Gguf(_) => gguf_name(hf, &self.layout),
         }
     }

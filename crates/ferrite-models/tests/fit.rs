@@ -7,7 +7,7 @@ use std::path::Path;
 use ferrite_models::fit::{fit, parse_meminfo, DeviceMemory, FitOptions, KvDtypeChoice, Verdict};
 use ferrite_models::inspect::inspect;
 use ferrite_runtime::cuda::Device;
-use ferrite_runtime::KvGroupKind;
+use ferrite_runtime::{KvDtype, KvGroupKind};
 
 fn fixture(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
@@ -110,12 +110,17 @@ fn shared_layers_cost_nothing() {
 #[test]
 fn kv_dtypes() {
     assert_eq!("auto".parse::<KvDtypeChoice>().unwrap(), KvDtypeChoice::Auto);
-    let KvDtypeChoice::Is(d) = "BF16".parse::<KvDtypeChoice>().unwrap() else { panic!("bf16") };
-    assert_eq!((d.name, d.bytes), ("bf16", 2));
-    let err = "fp8".parse::<KvDtypeChoice>().unwrap_err();
-    assert!(err.contains("quantized KV cache (fp8) is not supported yet"), "{err}");
+    let gpu = Device::Cuda(0);
+    let d = "BF16".parse::<KvDtypeChoice>().unwrap().resolve(gpu, 64).unwrap();
+    assert_eq!((d.name, d.dtype.row_bytes(64)), ("bf16", 128));
+    let d = "int8".parse::<KvDtypeChoice>().unwrap().resolve(Device::Cpu, 32).unwrap();
+    assert_eq!((d.name, d.dtype), ("int8", KvDtype::Int8 { group: 32 }));
+    let err = "fp8".parse::<KvDtypeChoice>().unwrap().resolve(Device::Cpu, 64).unwrap_err();
+    assert!(err.contains("fp8 KV cache needs a GPU; on the CPU use int8"), "{err}");
+    let err = KvDtypeChoice::Int4.resolve(gpu, 64).unwrap_err();
+    assert!(err.contains("int4 KV cache is not built for the GPU yet"), "{err}");
     let err = "f64".parse::<KvDtypeChoice>().unwrap_err();
-    assert!(err.contains("unknown KV cache dtype 'f64' (auto, f16, bf16)"), "{err}");
+    assert!(err.contains("unknown KV cache dtype 'f64' (auto, f16, bf16, fp8, int8, int4)"), "{err}");
 }
 
 #[test]

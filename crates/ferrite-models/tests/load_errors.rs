@@ -208,3 +208,21 @@ fn gemma4_layers_without_kv_weights_must_be_shared() {
     let msg = load_err(tmp.path());
     assert!(msg.contains("model.layers.3.self_attn.k_proj.weight"), "{msg}");
 }
+
+#[test]
+fn missing_experts() {
+    // Expert 0 gone: no layout of the experts is complete, and the error lists the three.
+    let tmp = copy_fixture_named("qwen3-moe");
+    edit_header(tmp.path(), |h| {
+        h.remove("model.layers.2.mlp.experts.0.gate_proj.weight");
+    });
+    let msg = load_err(tmp.path());
+    assert!(msg.contains("model.layers.2.mlp.experts are missing") && msg.contains("gate_up_proj"), "{msg}");
+    // A later expert gone: that tensor is named.
+    let tmp = copy_fixture_named("qwen3-moe");
+    edit_header(tmp.path(), |h| {
+        h.remove("model.layers.0.mlp.experts.5.down_proj.weight");
+    });
+    let msg = load_err(tmp.path());
+    assert!(msg.contains("model.layers.0.mlp.experts.5.down_proj.weight: missing"), "{msg}");
+}

@@ -4,7 +4,8 @@
 //! k+1 for verification. Their tokens are concatenated; each row carries its span, the KV
 //! length after the step and its block table into the paged KV cache. A device model may
 //! also take some input ids from the previous step's picks without the host seeing them
-//! (`carried`).
+//! (`carried`). A row may run through a LoRA adapter (`RowSpan::adapter`, the id the engine
+//! attached it under); rows of one step may use different adapters or none.
 
 /// One row's part of a `ForwardBatch`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +19,8 @@ pub struct RowSpan {
     /// Per KV group, the physical block ids holding positions
     /// `[i * block_size, (i + 1) * block_size)`; `NO_BLOCK` where a sliding window freed it.
     pub block_tables: Vec<Vec<u32>>,
+    /// The LoRA adapter the row runs through (its id with the model), or the base model.
+    pub adapter: Option<u32>,
 }
 
 /// A block-table entry whose block was released (it fell out of a sliding window).
@@ -50,6 +53,18 @@ impl ForwardBatch {
     /// `context_len - tokens.len()` tokens in the KV cache; `block_tables` has one table per
     /// KV group.
     pub fn push_row(&mut self, tokens: &[u32], context_len: usize, block_tables: Vec<Vec<u32>>, logits: RowLogits) {
+        self.push_adapter_row(tokens, context_len, block_tables, logits, None)
+    }
+
+    /// `push_row` for a row that runs through the LoRA adapter `adapter` (None: the base).
+    pub fn push_adapter_row(
+        &mut self,
+        tokens: &[u32],
+        context_len: usize,
+        block_tables: Vec<Vec<u32>>,
+        logits: RowLogits,
+        adapter: Option<u32>,
+    ) {
         let query_start = self.tokens.len();
         let first = context_len - tokens.len();
         self.tokens.extend_from_slice(tokens);
@@ -63,11 +78,16 @@ impl ForwardBatch {
             }
             RowLogits::All => self.logits_indices.extend(query_start..query_start + tokens.len()),
         }
-        self.rows.push(RowSpan { query_start, query_len: tokens.len(), context_len, block_tables });
+        self.rows.push(RowSpan { query_start, query_len: tokens.len(), context_len, block_tables, adapter });
     }
 
     pub fn num_tokens(&self) -> usize {
         self.tokens.len()
+    }
+
+    /// Whether any row runs through a LoRA adapter.
+    pub fn has_adapters(&self) -> bool {
+        self.rows.iter().any(|r| r.adapter.is_some())
     }
 }
 

@@ -12,6 +12,8 @@ pub enum RuntimeError {
     ShortBuffer { what: String, need: usize, got: usize },
     #[error("row length {len} is not a multiple of the {dtype:?} block size {block}")]
     BlockAlignment { dtype: DType, len: usize, block: usize },
+    #[error("{0}")]
+    Unsupported(String),
     #[error("thread pool: {0}")]
     Threads(String),
     #[error(transparent)]

@@ -1,5 +1,5 @@
-//! Long-lived byte buffers on transparent huge pages, for data that kernels stream through on
-//! every step (the packed weight copies).
+//! Long-lived buffers on transparent huge pages, for data that kernels stream through on every
+//! step (the packed weight copies, the host KV pools).
 //!
 //! Streaming weights from 4 KiB pages costs a TLB miss every 4 KiB; a decode step of SmolLM2
 //! reads ~115 MB of weights, ~28 k pages. Buffers here come from 2 MiB-aligned chunks marked
@@ -7,6 +7,12 @@
 //! matmul at eight rows ran 1.32 → 1.09 ms a step when its copy was on huge pages). Small
 //! buffers share a chunk, bump-allocated; a chunk is unmapped when the last buffer in it is
 //! dropped. Where huge pages are off, the same memory is ordinary pages.
+//!
+//! The memory comes from the process's own anonymous mappings, never from `malloc`: a large
+//! `calloc` made on a thread other than the main one is served from a glibc thread arena and
+//! zero-filled page by page, which backs all of it at once (a 2 GiB KV pool allocated on the
+//! server's loader thread made a 160 MB process a 2.2 GB one). A mapping stays unbacked until
+//! written.
 
 use std::sync::{Arc, Mutex};
 
@@ -79,19 +85,25 @@ pub struct HugeBuf {
 }
 
 enum Memory {
-    Mapped { chunk: Arc<Chunk>, at: usize, len: usize },
-    Heap(Vec<u8>),
+    Mapped {
+        chunk: Arc<Chunk>,
+        at: usize,
+        len: usize,
+    },
+    /// Where no mapping can be made; `u64` words keep it 8-byte aligned for `HugeVec`.
+    Heap(Vec<u64>, usize),
 }
 
 impl HugeBuf {
     /// `len` zero bytes.
     pub fn zeroed(len: usize) -> HugeBuf {
+        let heap = |len: usize| Memory::Heap(vec![0; len.div_ceil(8)], len);
         let memory = if len == 0 {
-            Memory::Heap(Vec::new())
+            heap(0)
         } else if len > CHUNK / 2 {
             match Chunk::map(len.next_multiple_of(HUGE_PAGE)) {
                 Some(c) => Memory::Mapped { chunk: Arc::new(c), at: 0, len },
-                None => Memory::Heap(vec![0; len]),
+                None => heap(len),
             }
         } else {
             let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
@@ -104,7 +116,7 @@ impl HugeBuf {
                     *used = (at + len).next_multiple_of(ALIGN);
                     Memory::Mapped { chunk: chunk.clone(), at, len }
                 }
-                None => Memory::Heap(vec![0; len]),
+                None => heap(len),
             }
         };
         HugeBuf { memory }
@@ -115,7 +127,7 @@ impl HugeBuf {
             // SAFETY: `at..at + len` lies in the chunk, which lives as long as `self`, and no
             // other buffer covers it.
             Memory::Mapped { chunk, at, len } => unsafe { std::slice::from_raw_parts(chunk.ptr.add(*at), *len) },
-            Memory::Heap(v) => v,
+            Memory::Heap(v, len) => &bytemuck::cast_slice(v)[..*len],
         }
     }
 
@@ -123,8 +135,44 @@ impl HugeBuf {
         match &mut self.memory {
             // SAFETY: as in `as_slice`; `&mut self` makes this the only view of the range.
             Memory::Mapped { chunk, at, len } => unsafe { std::slice::from_raw_parts_mut(chunk.ptr.add(*at), *len) },
-            Memory::Heap(v) => v,
+            Memory::Heap(v, len) => &mut bytemuck::cast_slice_mut(v)[..*len],
         }
+    }
+}
+
+/// `len` values of `T` in a `HugeBuf`: zero until written, 8-byte aligned.
+pub struct HugeVec<T> {
+    buf: HugeBuf,
+    len: usize,
+    _values: std::marker::PhantomData<T>,
+}
+
+impl<T: bytemuck::Pod> HugeVec<T> {
+    /// `len` values whose bits are all zero.
+    pub fn zeroed(len: usize) -> HugeVec<T> {
+        const { assert!(std::mem::align_of::<T>() <= 8) };
+        HugeVec { buf: HugeBuf::zeroed(len * std::mem::size_of::<T>()), len, _values: std::marker::PhantomData }
+    }
+}
+
+impl<T: bytemuck::Pod> From<&[T]> for HugeVec<T> {
+    fn from(values: &[T]) -> HugeVec<T> {
+        let mut v = HugeVec::zeroed(values.len());
+        v.copy_from_slice(values);
+        v
+    }
+}
+
+impl<T: bytemuck::Pod> std::ops::Deref for HugeVec<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &bytemuck::cast_slice(self.buf.as_slice())[..self.len]
+    }
+}
+
+impl<T: bytemuck::Pod> std::ops::DerefMut for HugeVec<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut bytemuck::cast_slice_mut(self.buf.as_mut_slice())[..self.len]
     }
 }
 
@@ -146,5 +194,16 @@ mod tests {
             assert!(b.as_slice().iter().all(|&x| x == i as u8 + 1), "buffer {i} overwritten by another");
         }
         assert!(HugeBuf::zeroed(0).as_slice().is_empty());
+    }
+
+    #[test]
+    fn typed_buffers_read_back_what_was_written() {
+        let mut v: HugeVec<f32> = HugeVec::zeroed(1001);
+        assert!(v.iter().all(|&x| x == 0.0));
+        assert_eq!(v.as_ptr() as usize % std::mem::align_of::<f32>(), 0);
+        v[1000] = 2.5;
+        let copy = HugeVec::from(&v[..]);
+        assert_eq!(copy.len(), 1001);
+        assert_eq!(copy[1000], 2.5);
     }
 }

@@ -8,9 +8,11 @@
 //! The pools live in host memory (the CPU op set) or on a CUDA device as bf16 (the CUDA op
 //! set); a model reads the storage its ops need and gets an error for the other.
 //!
-//! Host pools hold f16 by default (`KvDtype`): decode attention streams the whole cache every
-//! step and waits on memory, so half the bytes of f32 is most of the time saved (SmolLM2, 8
-//! rows of ~200 positions: attention 5.6 → 4.1 ms a step). f16 keeps 11 bits of mantissa
+//! Host pools hold f16 by default (`KvDtype`), or group-affine int8 / int4 codes read in place
+//! by the attention kernels (`kv_quant`; a `KvScheme` picks the type of each layer). f16 over
+//! f32: decode attention streams the whole cache every step and waits on memory, so half the
+//! bytes of f32 is most of the time saved (SmolLM2, 8 rows of ~200 positions: attention 5.6 →
+//! 4.1 ms a step). f16 keeps 11 bits of mantissa
 //! (bf16 only 8) and K/V values lie far inside its range; every value is rounded once, when it
 //! is written, the same way whatever the batch. f32 pools are the exact choice (parity tests
 //! against transformers' f32 logits).
@@ -20,6 +22,8 @@ use half::f16;
 use crate::cuda::ops::DeviceKv;
 use crate::cuda::Gpu;
 use crate::error::{Result, RuntimeError};
+use crate::hugemem::HugeVec;
+use crate::kv_quant::{KvBits, QuantPool, KV_GROUP_SIZES};
 
 /// Shape of one KV-owning layer and the KV group whose blocks it uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,16 +59,32 @@ impl KvLayout {
 
     /// Host bytes (default `KvDtype`) one block of `block_size` positions takes, per group.
     pub fn block_bytes(&self, block_size: usize) -> Vec<usize> {
-        self.block_bytes_of(block_size, KvDtype::default().bytes())
+        self.block_bytes_with(block_size, &vec![KvDtype::default(); self.layers.len()])
     }
 
-    /// Bytes one block of `block_size` positions takes, per group, at `elem_bytes` a value.
-    pub fn block_bytes_of(&self, block_size: usize, elem_bytes: usize) -> Vec<usize> {
+    /// Bytes one block of `block_size` positions takes, per group, with layer `i`'s pools
+    /// holding `dtypes[i]`.
+    pub fn block_bytes_with(&self, block_size: usize, dtypes: &[KvDtype]) -> Vec<usize> {
         let mut out = vec![0; self.groups.len()];
-        for l in &self.layers {
-            out[l.group] += 2 * l.n_kv_heads * l.head_dim * block_size * elem_bytes;
+        for (l, d) in self.layers.iter().zip(dtypes) {
+            out[l.group] += 2 * l.n_kv_heads * block_size * d.row_bytes(l.head_dim);
         }
         out
+    }
+
+    /// The value type of each layer's pools under `scheme`; an error names a group size the
+    /// head dim does not take.
+    pub fn layer_dtypes(&self, scheme: &KvScheme) -> Result<Vec<KvDtype>> {
+        let n = self.layers.len();
+        self.layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let sliding = matches!(self.groups.get(l.group), Some(KvGroupKind::Sliding { .. }));
+                let dtype = if scheme.skip.keeps(i, n, sliding) { KvDtype::default() } else { scheme.dtype };
+                dtype.check(l.head_dim).map(|()| dtype)
+            })
+            .collect()
     }
 }
 
@@ -74,38 +94,139 @@ pub enum KvDtype {
     F32,
     #[default]
     F16,
+    /// Group-affine codes (`kv_quant`), `group` values a scale and bias.
+    Int8 {
+        group: usize,
+    },
+    Int4 {
+        group: usize,
+    },
 }
 
 impl KvDtype {
-    /// Bytes per value.
-    pub fn bytes(self) -> usize {
+    /// Bytes one row (a token's head) of `head_dim` values takes.
+    pub fn row_bytes(self, head_dim: usize) -> usize {
         match self {
-            KvDtype::F32 => std::mem::size_of::<f32>(),
-            KvDtype::F16 => std::mem::size_of::<f16>(),
+            KvDtype::F32 => 4 * head_dim,
+            KvDtype::F16 => 2 * head_dim,
+            KvDtype::Int8 { group } => head_dim + 4 * head_dim / group,
+            KvDtype::Int4 { group } => head_dim / 2 + 4 * head_dim / group,
+        }
+    }
+
+    /// The quantized code width and group size, for the quantized types.
+    pub fn quantized(self) -> Option<(KvBits, usize)> {
+        match self {
+            KvDtype::F32 | KvDtype::F16 => None,
+            KvDtype::Int8 { group } => Some((KvBits::Int8, group)),
+            KvDtype::Int4 { group } => Some((KvBits::Int4, group)),
+        }
+    }
+
+    /// Whether rows of `head_dim` values can be held: a quantized type's group size must be
+    /// one of `KV_GROUP_SIZES` and divide the head dim.
+    pub fn check(self, head_dim: usize) -> Result<()> {
+        match self.quantized() {
+            Some((_, group)) if !KV_GROUP_SIZES.contains(&group) => {
+                Err(RuntimeError::Shape(format!("KV group size {group} is not one of {KV_GROUP_SIZES:?}")))
+            }
+            Some((_, group)) if !head_dim.is_multiple_of(group) => {
+                Err(RuntimeError::Shape(format!("KV group size {group} does not divide the head dim {head_dim}")))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvDtype::F32 => f.write_str("f32"),
+            KvDtype::F16 => f.write_str("f16"),
+            KvDtype::Int8 { group } => write!(f, "int8/g{group}"),
+            KvDtype::Int4 { group } => write!(f, "int4/g{group}"),
+        }
+    }
+}
+
+/// Layers whose pools stay at full precision under a quantized `KvScheme`
+/// (`--kv-cache-skip-layers`). Layer indices count KV-owning layers (`KvLayout::layers`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum KvSkip {
+    #[default]
+    None,
+    /// Sliding-window layers.
+    Sliding,
+    First(usize),
+    Last(usize),
+    List(Vec<usize>),
+}
+
+impl KvSkip {
+    /// Whether layer `i` of `n` (sliding or not) keeps full precision.
+    fn keeps(&self, i: usize, n: usize, sliding: bool) -> bool {
+        match self {
+            KvSkip::None => false,
+            KvSkip::Sliding => sliding,
+            KvSkip::First(k) => i < *k,
+            KvSkip::Last(k) => i + k >= n,
+            KvSkip::List(l) => l.contains(&i),
+        }
+    }
+}
+
+impl std::str::FromStr for KvSkip {
+    type Err = String;
+
+    /// `sliding`, `first:N`, `last:N` or a comma-separated list of layer indices.
+    fn from_str(s: &str) -> std::result::Result<KvSkip, String> {
+        let s = s.trim();
+        let num = |v: &str| v.trim().parse::<usize>().map_err(|_| format!("'{v}' is not a layer count or index"));
+        if s.eq_ignore_ascii_case("sliding") {
+            Ok(KvSkip::Sliding)
+        } else if let Some(n) = s.strip_prefix("first:") {
+            num(n).map(KvSkip::First)
+        } else if let Some(n) = s.strip_prefix("last:") {
+            num(n).map(KvSkip::Last)
+        } else {
+            s.split(',').map(num).collect::<std::result::Result<_, _>>().map(KvSkip::List)
+        }
+    }
+}
+
+/// What the host KV pools hold: a value type for the cache and the layers it skips.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KvScheme {
+    pub dtype: KvDtype,
+    pub skip: KvSkip,
+}
+
+impl std::fmt::Display for KvScheme {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.skip {
+            KvSkip::None => write!(f, "{}", self.dtype),
+            skip => write!(f, "{} (full precision: {skip:?})", self.dtype),
         }
     }
 }
 
 /// One host pool (K or V of a layer), `[block][kv_head][slot][head_dim]`.
 pub enum KvPool {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
+    F32(HugeVec<f32>),
+    F16(HugeVec<f16>),
+    Quant(QuantPool),
 }
 
 impl KvPool {
-    /// `n` zeros. From zeroed memory: the pool is sized for the worst case and mostly never
-    /// written, and zeroed memory stays unbacked until first use, where a fill would not.
+    /// `n` zeros, in the process's own mapping (`HugeVec`): the pool is sized for the worst
+    /// case and mostly never written, and a fresh mapping stays unbacked until first use.
+    /// A quantized `n` is a whole number of groups (`KvDtype::check`).
     pub fn zeroed(dtype: KvDtype, n: usize) -> KvPool {
         match dtype {
-            KvDtype::F32 => KvPool::F32(vec![0.0; n]),
-            KvDtype::F16 => {
-                let mut bits = std::mem::ManuallyDrop::new(vec![0u16; n]);
-                // SAFETY: f16 is a transparent u16 (same size and alignment), so the allocation
-                // is a valid Vec<f16> of the same length and capacity; all-zero bits are +0.0.
-                KvPool::F16(unsafe {
-                    Vec::from_raw_parts(bits.as_mut_ptr().cast::<f16>(), bits.len(), bits.capacity())
-                })
-            }
+            KvDtype::F32 => KvPool::F32(HugeVec::zeroed(n)),
+            KvDtype::F16 => KvPool::F16(HugeVec::zeroed(n)),
+            KvDtype::Int8 { group } => KvPool::Quant(QuantPool::zeroed(KvBits::Int8, group, n)),
+            KvDtype::Int4 { group } => KvPool::Quant(QuantPool::zeroed(KvBits::Int4, group, n)),
         }
     }
 
@@ -113,13 +234,16 @@ impl KvPool {
         match self {
             KvPool::F32(v) => v.len(),
             KvPool::F16(v) => v.len(),
+            KvPool::Quant(q) => q.len(),
         }
     }
 
-    fn dtype(&self) -> KvDtype {
+    /// Values whose memory `POPULATE_BYTES` covers.
+    fn values_per_populate(&self) -> usize {
         match self {
-            KvPool::F32(_) => KvDtype::F32,
-            KvPool::F16(_) => KvDtype::F16,
+            KvPool::F32(_) => POPULATE_BYTES / 4,
+            KvPool::F16(_) => POPULATE_BYTES / 2,
+            KvPool::Quant(q) => POPULATE_BYTES * 8 / q.bits().bits(),
         }
     }
 
@@ -127,42 +251,68 @@ impl KvPool {
     /// one page fault per 4 KiB page on first write. Advice only: where the kernel lacks it,
     /// the pages fault in on first write as before.
     fn populate(&mut self, range: std::ops::Range<usize>) {
-        let size = self.dtype().bytes();
-        let ptr = match self {
-            KvPool::F32(v) => v.as_mut_ptr() as usize,
-            KvPool::F16(v) => v.as_mut_ptr() as usize,
+        let regions = match self {
+            KvPool::F32(v) => {
+                [(v.as_mut_ptr() as *mut u8, range.start * 4..range.end * 4), (std::ptr::null_mut(), 0..0)]
+            }
+            KvPool::F16(v) => {
+                [(v.as_mut_ptr() as *mut u8, range.start * 2..range.end * 2), (std::ptr::null_mut(), 0..0)]
+            }
+            KvPool::Quant(q) => q.regions_mut(range),
         };
-        let start = (ptr + range.start * size) & !(PAGE - 1);
-        let end = ptr + range.end * size;
-        if end > start {
-            // SAFETY: the range lies in this pool's allocation (its start rounded down to a
-            // page, which holds pool or allocator memory of this process), kept alive by
-            // `&mut self`; populating does not change memory contents.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE) };
+        for (ptr, bytes) in regions {
+            let start = (ptr as usize + bytes.start) & !(PAGE - 1);
+            let end = ptr as usize + bytes.end;
+            if !ptr.is_null() && end > start {
+                // SAFETY: the range lies in this pool's allocation (its start rounded down to
+                // a page, which holds pool or allocator memory of this process), kept alive by
+                // `&mut self`; populating does not change memory contents.
+                unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE) };
+            }
         }
     }
 
-    /// The raw bytes of values `range` (any dtype: this is what a block serialises to).
-    fn bytes(&self, range: std::ops::Range<usize>) -> &[u8] {
+    /// What the pool holds.
+    fn dtype(&self) -> KvDtype {
         match self {
-            KvPool::F32(v) => bytemuck::cast_slice(&v[range]),
-            KvPool::F16(v) => bytemuck::cast_slice(&v[range]),
+            KvPool::F32(_) => KvDtype::F32,
+            KvPool::F16(_) => KvDtype::F16,
+            KvPool::Quant(q) => match q.bits() {
+                KvBits::Int8 => KvDtype::Int8 { group: q.group() },
+                KvBits::Int4 => KvDtype::Int4 { group: q.group() },
+            },
         }
     }
 
-    /// The raw bytes of values `range`, to overwrite.
-    fn bytes_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
+    /// The raw bytes of values `range` (what a block serialises to): the values of a float
+    /// pool; the codes, then the groups' (scale, bias), of a quantized one.
+    fn bytes(&self, range: std::ops::Range<usize>) -> [&[u8]; 2] {
         match self {
-            KvPool::F32(v) => bytemuck::cast_slice_mut(&mut v[range]),
-            KvPool::F16(v) => bytemuck::cast_slice_mut(&mut v[range]),
+            KvPool::F32(v) => [bytemuck::cast_slice(&v[range]), &[]],
+            KvPool::F16(v) => [bytemuck::cast_slice(&v[range]), &[]],
+            KvPool::Quant(q) => q.bytes(range),
         }
     }
 
-    /// The pool's values as f32 (a copy; for tests and inspection).
+    /// The raw bytes of values `range`, to overwrite, as `bytes` gives them.
+    fn bytes_mut(&mut self, range: std::ops::Range<usize>) -> [&mut [u8]; 2] {
+        match self {
+            KvPool::F32(v) => [bytemuck::cast_slice_mut(&mut v[range]), &mut []],
+            KvPool::F16(v) => [bytemuck::cast_slice_mut(&mut v[range]), &mut []],
+            KvPool::Quant(q) => q.bytes_mut(range),
+        }
+    }
+
+    /// The pool's values as f32 (a copy, dequantized; for tests and inspection).
     pub fn to_f32(&self) -> Vec<f32> {
         match self {
-            KvPool::F32(v) => v.clone(),
+            KvPool::F32(v) => v.to_vec(),
             KvPool::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            KvPool::Quant(q) => {
+                let mut out = vec![0.0; q.len()];
+                q.widen(0, &mut out);
+                out
+            }
         }
     }
 }
@@ -217,16 +367,23 @@ impl KvCache {
     /// Host storage (f16, the default `KvDtype`) for `layout` with `group_blocks[g]` blocks of
     /// `block_size` in group `g`.
     pub fn new(layout: &KvLayout, group_blocks: &[usize], block_size: usize) -> Result<KvCache> {
-        KvCache::with_dtype(layout, group_blocks, block_size, KvDtype::default())
+        KvCache::with_scheme(layout, group_blocks, block_size, &KvScheme::default())
     }
 
-    /// Host storage of `dtype` values, as `new`.
-    pub fn with_dtype(layout: &KvLayout, group_blocks: &[usize], block_size: usize, dtype: KvDtype) -> Result<KvCache> {
+    /// Host storage with each layer's pools of the value type `scheme` gives it, as `new`.
+    pub fn with_scheme(
+        layout: &KvLayout,
+        group_blocks: &[usize],
+        block_size: usize,
+        scheme: &KvScheme,
+    ) -> Result<KvCache> {
         check_blocks(layout, group_blocks, block_size)?;
+        let dtypes = layout.layer_dtypes(scheme)?;
         let layers = layout
             .layers
             .iter()
-            .map(|&spec| {
+            .zip(dtypes)
+            .map(|(&spec, dtype)| {
                 let n = group_blocks[spec.group] * block_size * spec.n_kv_heads * spec.head_dim;
                 LayerKv::new(spec, KvPool::zeroed(dtype, n), KvPool::zeroed(dtype, n))
             })
@@ -269,7 +426,7 @@ impl KvCache {
     /// prefix cache's namespace, so bytes are never restored into pools of another kind).
     pub fn scheme(&self) -> String {
         match &self.storage {
-            Storage::Host(l) => format!("host-{:?}", l.first().map_or(KvDtype::default(), |l| l.k.dtype())),
+            Storage::Host(l) => format!("host-{:?}", l.iter().map(|l| l.k.dtype()).collect::<Vec<_>>()),
             Storage::Device(_) => "device-bf16".into(),
         }
     }
@@ -281,7 +438,7 @@ impl KvCache {
             Storage::Host(l) => l
                 .iter()
                 .filter(|l| l.spec.group == group)
-                .map(|l| 2 * l.block_values(self.block_size) * l.k.dtype().bytes())
+                .map(|l| 2 * l.k.bytes(l.block_range(self.block_size, 0)).iter().map(|b| b.len()).sum::<usize>())
                 .sum(),
             Storage::Device(_) => 0,
         }
@@ -294,8 +451,9 @@ impl KvCache {
         self.check_block(group, block)?;
         for l in layers.iter().filter(|l| l.spec.group == group) {
             let range = l.block_range(self.block_size, block);
-            out.extend_from_slice(l.k.bytes(range.clone()));
-            out.extend_from_slice(l.v.bytes(range));
+            for part in l.k.bytes(range.clone()).into_iter().chain(l.v.bytes(range)) {
+                out.extend_from_slice(part);
+            }
         }
         Ok(())
     }
@@ -317,9 +475,10 @@ impl KvCache {
         for l in layers.iter_mut().filter(|l| l.spec.group == group) {
             let range = l.block_range(bs, block);
             for pool in [&mut l.k, &mut l.v] {
-                let dst = pool.bytes_mut(range.clone());
-                dst.copy_from_slice(&bytes[at..at + dst.len()]);
-                at += dst.len();
+                for dst in pool.bytes_mut(range.clone()) {
+                    dst.copy_from_slice(&bytes[at..at + dst.len()]);
+                    at += dst.len();
+                }
             }
         }
         Ok(())
@@ -367,7 +526,7 @@ impl LayerKv {
         if end <= self.populated {
             return;
         }
-        let per = POPULATE_BYTES / self.k.dtype().bytes();
+        let per = self.k.values_per_populate();
         let to = end.next_multiple_of(per).min(self.k.len());
         self.k.populate(self.populated..to);
         self.v.populate(self.populated..to);
@@ -401,15 +560,20 @@ mod tests {
         let layout = KvLayout {
             groups: vec![KvGroupKind::Full, KvGroupKind::Sliding { window: 4 }],
             layers: vec![
-                KvLayerSpec { n_kv_heads: 2, head_dim: 3, group: 0 },
-                KvLayerSpec { n_kv_heads: 1, head_dim: 4, group: 1 },
-                KvLayerSpec { n_kv_heads: 2, head_dim: 3, group: 0 },
+                KvLayerSpec { n_kv_heads: 2, head_dim: 16, group: 0 },
+                KvLayerSpec { n_kv_heads: 1, head_dim: 32, group: 1 },
+                KvLayerSpec { n_kv_heads: 2, head_dim: 16, group: 0 },
             ],
         };
-        for dtype in [KvDtype::F16, KvDtype::F32] {
-            let mut kv = KvCache::with_dtype(&layout, &[3, 3], 2, dtype).unwrap();
-            // Two layers of group 0, K and V each: 2 heads × 2 slots × 3 dims.
-            assert_eq!(kv.group_block_bytes(0), 2 * 2 * 12 * dtype.bytes());
+        let cache = |dtype| {
+            let scheme = KvScheme { dtype, ..Default::default() };
+            KvCache::with_scheme(&layout, &[3, 3], 2, &scheme).unwrap()
+        };
+        let dtypes = [KvDtype::F16, KvDtype::F32, KvDtype::Int8 { group: 16 }, KvDtype::Int4 { group: 16 }];
+        for dtype in dtypes {
+            let mut kv = cache(dtype);
+            // Two layers of group 0, K and V each: 2 heads × 2 slots of 16 values.
+            assert_eq!(kv.group_block_bytes(0), 2 * 2 * 2 * 2 * dtype.row_bytes(16), "{dtype:?}");
             let bytes: Vec<u8> = (0..kv.group_block_bytes(0)).map(|i| (i % 60) as u8).collect();
             kv.copy_block_in(0, 1, &bytes).unwrap();
             let mut out = Vec::new();
@@ -424,7 +588,7 @@ mod tests {
             assert!(kv.copy_block_in(0, 1, &bytes[1..]).is_err());
             assert!(kv.copy_block_out(0, 3, &mut out).is_err());
         }
-        let scheme = |d| KvCache::with_dtype(&layout, &[3, 3], 2, d).unwrap().scheme();
-        assert_ne!(scheme(KvDtype::F16), scheme(KvDtype::F32));
+        let schemes: std::collections::HashSet<String> = dtypes.iter().map(|&d| cache(d).scheme()).collect();
+        assert_eq!(schemes.len(), dtypes.len(), "{schemes:?}");
     }
 }

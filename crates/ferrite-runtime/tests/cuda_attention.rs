@@ -25,7 +25,7 @@ use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cpu::{self, AttentionParams};
 use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv, RopeShape};
 use ferrite_runtime::cuda::Gpu;
-use ferrite_runtime::kv::{KvLayerSpec, KvPool, LayerKv};
+use ferrite_runtime::kv::{KvDtype, KvLayerSpec, KvPool, LayerKv};
 use ferrite_runtime::ForwardBatch;
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -93,7 +93,7 @@ fn run_case(
     let (kh, kf) = rand_bf16(rng, n, 1.0);
     let (vh, vf) = rand_bf16(rng, n, 1.0);
     let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
-    let mut layer = LayerKv::new(spec, KvPool::F32(kf), KvPool::F32(vf));
+    let mut layer = LayerKv::new(spec, KvPool::F32(kf[..].into()), KvPool::F32(vf[..].into()));
     let mut dkv = DeviceKv::new(gpu, pool, BLOCK, nkv, hd).unwrap();
     gpu.upload_into(&kh, &mut dkv.k).unwrap();
     gpu.upload_into(&vh, &mut dkv.v).unwrap();
@@ -142,6 +142,7 @@ fn params(h: Heads, window: Option<usize>, softcap: Option<f32>) -> AttentionPar
         scale: 1.0 / (h.hd as f32).sqrt(),
         window,
         softcap,
+        causal: true,
     }
 }
 
@@ -186,8 +187,8 @@ fn cuda_rope_with_kv_store_matches_cpu() {
         let n = pool * BLOCK * nkv * hd;
         let mut layer = LayerKv::new(
             KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 },
-            KvPool::F32(vec![0.0; n]),
-            KvPool::F32(vec![0.0; n]),
+            KvPool::zeroed(KvDtype::F32, n),
+            KvPool::zeroed(KvDtype::F32, n),
         );
         cpu::write_kv(&k, &v, &batch, &mut layer, BLOCK).unwrap();
         // A padding token after the rows: the metadata gives it no slot.

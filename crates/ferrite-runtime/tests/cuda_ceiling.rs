@@ -122,6 +122,7 @@ fn cuda_ceilings_and_baselines() {
             scale: 1.0 / (hd as f32).sqrt(),
             window: None,
             softcap: None,
+            causal: true,
         };
         let blocks = rows * ctx / bs;
         let mut kv = DeviceKv::new(gpu, blocks, bs, nkv, hd).unwrap();

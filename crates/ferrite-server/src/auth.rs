@@ -1,7 +1,7 @@
 //! API-key authentication: with `--api-key KEY`, every API route needs
 //! `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic clients);
-//! anything else is 401. `/health` and `/metrics` stay open for probes and scrapers, and
-//! `/` (the web chat page, which asks for the key when the API wants one).
+//! anything else is 401. `/health` and `/metrics` stay open for probes and scrapers, and so
+//! do `/` and its assets (the web chat page, which asks for the key when the API wants one).
 
 use std::sync::Arc;
 
@@ -14,11 +14,15 @@ use crate::error::ApiError;
 use crate::state::App;
 
 /// Paths served without a key.
-const OPEN_PATHS: &[&str] = &["/", "/health", "/metrics"];
+const OPEN_PATHS: &[&str] = &["/health", "/metrics"];
 
 pub async fn require_api_key(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let Some(key) = app.config.api_key.as_deref() else { return next.run(req).await };
-    if OPEN_PATHS.contains(&req.uri().path()) || presented_key(req.headers()).is_some_and(|k| same(k, key)) {
+    let path = req.uri().path();
+    if OPEN_PATHS.contains(&path)
+        || crate::web::is_open_path(path)
+        || presented_key(req.headers()).is_some_and(|k| same(k, key))
+    {
         return next.run(req).await;
     }
     ApiError::new(

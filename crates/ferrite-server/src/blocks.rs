@@ -50,8 +50,6 @@ impl Blocks {
                     let start = first.then(|| (c.id.unwrap_or_default(), c.name.unwrap_or_default()));
                     (BlockKind::ToolCall, c.arguments, start)
                 }
-                // `parser::parse_whole` / `parse_streamed` have already settled it.
-                Delta::Cut(_) => continue,
             };
             let continues = self.open && self.blocks.last().is_some_and(|b| b.kind == kind) && call.is_none();
             if !continues {

@@ -186,8 +186,19 @@ impl From<EngineError> for ApiError {
             EngineError::Sampling(s) => bad(sampling_param(s)),
             EngineError::Guide(GuideError::Matcher(_)) => ApiError::internal(message),
             EngineError::Guide(_) => ApiError::bad_request(message).with_code("invalid_constraint"),
+            EngineError::CannotEmbed | EngineError::CannotGenerate => bad("model"),
+            EngineError::EmbedInputTooLong { .. } => bad("input").with_code("context_length_exceeded"),
             EngineError::Stopped => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message),
-            EngineError::Config(_) | EngineError::Disk(_) | EngineError::Model(_) => ApiError::internal(message),
+            EngineError::UnknownAdapter(_) => {
+                ApiError::not_found(message).with_param("model").with_code("model_not_found")
+            }
+            EngineError::AdapterInUse { .. } => {
+                ApiError::new(StatusCode::CONFLICT, message).with_code("adapter_in_use")
+            }
+            EngineError::Adapter(_) => ApiError::bad_request(message).with_code("invalid_adapter"),
+            EngineError::EmbedParams | EngineError::Config(_) | EngineError::Disk(_) | EngineError::Model(_) => {
+                ApiError::internal(message)
+            }
         }
     }
 }

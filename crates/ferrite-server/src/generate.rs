@@ -75,6 +75,8 @@ impl App {
         let prompt_len = prompt.len() as u64;
         let open_choices = params.n;
         let s = served.clone();
+        // A request for a LoRA adapter runs through it (the lease holds it until the end).
+        let params = RequestParams { adapter: served.adapter().map(String::from), ..params };
         let stream = self.off_runtime(move |_| s.engine.submit(Request { prompt, params })).await?;
         self.metrics.prompt_tokens.fetch_add(prompt_len, Relaxed);
         Ok(Generation {

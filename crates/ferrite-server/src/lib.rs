@@ -2,7 +2,7 @@
 //! demand, each in this process or in a child process of its own, `isolate`).
 //!
 //! `router` assembles the API surfaces — one module each (`openai`: chat, completions,
-//! models; `anthropic`: messages; `responses`: the Responses API; `ops`: health, metrics,
+//! embeddings, models; `anthropic`: messages; `responses`: the Responses API; `ops`: health, metrics,
 //! tokenize; `web`: the chat page at `/`) — over what they share: the app state (`state`),
 //! typed errors (`error`), body extraction (`extract`), API-key checks (`auth`), `Host` and
 //! `Origin` checks (`guard`), admission control (`admission`), CPU-heavy work off the async

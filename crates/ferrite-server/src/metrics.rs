@@ -115,11 +115,17 @@ impl ServerMetrics {
         self.e2e.render(&mut out, "ferrite_e2e_request_latency_seconds", "Time from request to its last token.");
         let load = |a: &AtomicU64| a.load(Relaxed);
         let (free, total) = (load(&engine.kv_blocks_free), load(&engine.kv_blocks_total));
-        let gauges: [(&str, &str, u64); 4] = [
+        let gauges: [(&str, &str, u64); 6] = [
             ("ferrite_num_requests_running", "Sequences in the running batch.", load(&engine.running)),
             ("ferrite_num_requests_waiting", "Sequences waiting to be scheduled.", load(&engine.waiting)),
             ("ferrite_kv_blocks_used", "KV cache blocks in use.", total.saturating_sub(free)),
             ("ferrite_kv_blocks_free", "KV cache blocks free.", free),
+            (
+                "ferrite_kv_bytes_per_token",
+                "KV cache bytes a token of context takes (summed over the pool's models).",
+                load(&engine.kv_bytes_per_token),
+            ),
+            ("ferrite_kv_capacity_tokens", "Tokens the KV cache holds.", load(&engine.kv_capacity_tokens)),
         ];
         for (name, help, v) in gauges {
             sample(&mut out, name, help, "gauge", v);

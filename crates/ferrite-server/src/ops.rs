@@ -33,7 +33,8 @@ async fn health(State(app): State<Arc<App>>) -> Response {
     if down.is_empty() {
         return Json(json!({"status": "ok"})).into_response();
     }
-    let status = if down.len() == app.pool.list().len() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
+    let models = app.pool.list().iter().filter(|m| m.parent.is_none()).count();
+    let status = if down.len() == models { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::OK };
     let models: Map<String, Value> = down.into_iter().map(|(name, why)| (name, json!(why))).collect();
     (status, Json(json!({"status": "degraded", "down": models}))).into_response()
 }

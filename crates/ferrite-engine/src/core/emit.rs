@@ -231,6 +231,7 @@ impl EngineCore {
             logprobs: vec![],
             finished: Some(Finished { reason, stop_string, stop_token, error, usage: usage(&seq) }),
             cached_tokens: seq.cached_tokens,
+            embedding: None,
         };
         let _ = seq.sink.send(out);
         self.metrics.request_finished();
@@ -311,6 +312,7 @@ pub(super) fn emit_token(e: &Emitter<'_>, seq: &mut Sequence, token: u32, logpro
         logprobs,
         finished,
         cached_tokens: seq.cached_tokens,
+        embedding: None,
     };
     if seq.sink.send(out).is_err() {
         // The receiver is gone: the caller disconnected.
@@ -339,6 +341,7 @@ fn fail_constrained(metrics: &Metrics, seq: &mut Sequence, error: String) -> Emi
         text: String::new(),
         logprobs: vec![],
         cached_tokens: seq.cached_tokens,
+        embedding: None,
         finished: Some(finished),
     };
     if seq.sink.send(out).is_err() {

@@ -130,7 +130,7 @@ impl EngineCore {
         let mut batch = ForwardBatch::default();
         for (i, s) in self.sched.running.iter().enumerate() {
             // The id is a placeholder: the device carries the queued step's pick of row i in.
-            batch.push_row(&[0], s.tokens.len() + 1, s.kv.tables().to_vec(), RowLogits::Last);
+            batch.push_adapter_row(&[0], s.tokens.len() + 1, s.kv.tables().to_vec(), RowLogits::Last, s.adapter);
             batch.carried.push((i, i));
         }
         let samplers: Vec<RowSampler> = match greedy {

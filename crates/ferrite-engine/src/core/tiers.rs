@@ -208,7 +208,7 @@ impl EngineCore {
     fn read_ahead(&self, seq: &mut Sequence) {
         let Some(disk) = &self.disk else { return };
         let bs = self.kvm.block_size();
-        let mut hashes = self.kvm.block_hashes(&seq.tokens);
+        let mut hashes = self.kvm.block_hashes(seq.kv.root(), &seq.tokens);
         hashes.truncate((seq.tokens.len() - 1) / bs);
         let pooled = self.kvm.cached_run(&hashes, &seq.tokens);
         let found = disk.run_len(&hashes[pooled..]);
@@ -227,7 +227,7 @@ impl EngineCore {
         let bs = kvm.block_size();
         for seq in self.sched.waiting.iter_mut().take(room) {
             let Some(restored) = seq.tier.restore.take().and_then(|rx| rx.recv().ok()) else { continue };
-            let hashes = kvm.block_hashes(&seq.tokens);
+            let hashes = kvm.block_hashes(seq.kv.root(), &seq.tokens);
             let first = restored.first;
             // The pool's part of the hit becomes the most recently used, so the blocks taken
             // for the restore are older ones.

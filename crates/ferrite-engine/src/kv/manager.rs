@@ -59,7 +59,13 @@ impl KvManager {
 
     /// An allocation with no blocks yet, drawing on these pools.
     pub fn new_seq(&self) -> SeqKv {
-        SeqKv::new(&self.pools, self.policies.len())
+        self.new_seq_in(0)
+    }
+
+    /// An allocation with no blocks yet whose prefix-cache chain starts at `root` (a LoRA
+    /// adapter's digest): it shares cached blocks only with sequences of the same root.
+    pub fn new_seq_in(&self, root: u64) -> SeqKv {
+        SeqKv::new(&self.pools, self.policies.len(), root)
     }
 
     pub fn prefix_cache(&self) -> Option<&PrefixCache> {
@@ -90,7 +96,7 @@ impl KvManager {
         debug_assert!(kv.is_from(&self.pools) && kv.is_empty(), "a prefix goes into a fresh allocation of this pool");
         let bs = self.block_size;
         let Some(cache) = self.cache.as_mut() else { return 0 };
-        let mut hashes = cache.block_hashes(tokens, bs);
+        let mut hashes = cache.block_hashes(kv.root, tokens, bs);
         hashes.truncate(tokens.len().saturating_sub(1) / bs);
         let block = |cache: &PrefixCache, g: usize, i: usize| cache.get(g, hashes[i], &tokens[i * bs..(i + 1) * bs]);
         let mut hit = hashes.len();
@@ -120,9 +126,10 @@ impl KvManager {
         hit * bs
     }
 
-    /// The chained hashes of the full blocks of `tokens` (empty without a prefix cache).
-    pub fn block_hashes(&self, tokens: &[u32]) -> Vec<u64> {
-        self.cache.as_ref().map_or_else(Vec::new, |c| c.block_hashes(tokens, self.block_size))
+    /// The chained hashes of the full blocks of `tokens` in a chain rooted at `root` (0, or an
+    /// adapter's digest; `SeqKv::root`), empty without a prefix cache.
+    pub fn block_hashes(&self, root: u64, tokens: &[u32]) -> Vec<u64> {
+        self.cache.as_ref().map_or_else(Vec::new, |c| c.block_hashes(root, tokens, self.block_size))
     }
 
     /// How many of the blocks `hashes` (of `tokens`), from the first, every group has cached.
@@ -225,7 +232,7 @@ impl KvManager {
             while kv.hashes.len() < computed / bs {
                 let i = kv.hashes.len();
                 let block_tokens = &tokens[i * bs..(i + 1) * bs];
-                let h = chain_hash(kv.hashes.last().copied().unwrap_or(0), self.namespace, block_tokens);
+                let h = chain_hash(kv.hashes.last().copied().unwrap_or(kv.root), self.namespace, block_tokens);
                 for (g, (pool, table)) in pools.iter_mut().zip(&kv.tables).enumerate() {
                     let block = table[i];
                     if block != NO_BLOCK && pool.hash(block).is_none() && cache.insert(g, h, block, block_tokens) {
@@ -265,7 +272,7 @@ impl KvManager {
     /// shares (a sliding table may have released blocks).
     pub fn share_prefix(&mut self, kv: &SeqKv, blocks: usize) -> SeqKv {
         debug_assert!(kv.is_from(&self.pools), "an allocation is shared within its own pools");
-        let mut out = self.new_seq();
+        let mut out = self.new_seq_in(kv.root);
         if !self.policies.iter().all(|p| p.shares_prefix()) {
             return out;
         }

@@ -1,6 +1,7 @@
 //! `PrefixCache`: full KV blocks keyed by a hash chained over (parent hash, block tokens,
-//! namespace). The namespace folds in the model fingerprint, the KV scheme and the adapter
-//! set, so blocks are never shared across things that would compute different KV.
+//! namespace). The namespace folds in the model fingerprint and the KV scheme; a chain starts
+//! at its sequence's root (0, or the digest of the LoRA adapter it runs through), so blocks
+//! are never shared across things that would compute different KV.
 //!
 //! Each KV group (full attention, sliding window) has its own entries under the same chained
 //! hashes: a block id means something only within its group's pool. `get` finds the cached
@@ -41,9 +42,9 @@ impl PrefixCache {
         PrefixCache { namespace, groups: vec![HashMap::new(); groups], queried_tokens: 0, hit_tokens: 0 }
     }
 
-    /// Hashes of the full blocks of `tokens`, chained.
-    pub fn block_hashes(&self, tokens: &[u32], block_size: usize) -> Vec<u64> {
-        let mut parent = 0;
+    /// Hashes of the full blocks of `tokens`, chained from `root`.
+    pub fn block_hashes(&self, root: u64, tokens: &[u32], block_size: usize) -> Vec<u64> {
+        let mut parent = root;
         tokens
             .chunks_exact(block_size)
             .map(|b| {

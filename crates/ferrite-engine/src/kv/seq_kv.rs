@@ -34,16 +34,23 @@ pub(super) fn lock(pools: &SharedPools) -> MutexGuard<'_, Vec<BlockPool>> {
 }
 
 /// One sequence's blocks: a table per KV group (`NO_BLOCK` where a sliding window released
-/// one), and the chained hashes of its full blocks.
+/// one), and the chained hashes of its full blocks, whose chain starts at `root` (0 for the
+/// base model, the adapter's digest for a sequence run through a LoRA adapter: its KV differs).
 pub struct SeqKv {
     pub(super) pools: SharedPools,
     pub(super) tables: Vec<Vec<u32>>,
     pub(super) hashes: Vec<u64>,
+    pub(super) root: u64,
 }
 
 impl SeqKv {
-    pub(super) fn new(pools: &SharedPools, groups: usize) -> SeqKv {
-        SeqKv { pools: pools.clone(), tables: vec![Vec::new(); groups], hashes: Vec::new() }
+    pub(super) fn new(pools: &SharedPools, groups: usize, root: u64) -> SeqKv {
+        SeqKv { pools: pools.clone(), tables: vec![Vec::new(); groups], hashes: Vec::new(), root }
+    }
+
+    /// Where its prefix-cache hash chain starts (what computes its KV besides the model).
+    pub fn root(&self) -> u64 {
+        self.root
     }
 
     /// The block tables, one per group, read-only: what a row of a model step is given.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ferrite_models::model::{run_forward, CausalLm, Want};
 use ferrite_runtime::batch::RowLogits;
-use ferrite_runtime::{ForwardBatch, KvCache};
+use ferrite_runtime::{ForwardBatch, KvCache, KvScheme};
 use rand::Rng;
 
 use super::proposal::{Origin, Policy, Proposal};
@@ -56,9 +56,11 @@ impl Drafter {
     pub fn new(model: Arc<dyn CausalLm>, cfg: &EngineConfig, max_model_len: usize) -> Result<Drafter, EngineError> {
         let max_len = max_model_len.min(model.config().max_context());
         let layout = model.kv_layout();
-        let block_bytes = model.kv_block_bytes(cfg.block_size);
+        // The draft's own KV stays at the default precision, whatever the target's scheme.
+        let scheme = KvScheme::default();
+        let block_bytes = model.kv_block_bytes(cfg.block_size, &scheme)?;
         let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_len)?;
-        let kv = model.new_kv_cache(&group_blocks, cfg.block_size)?;
+        let kv = model.new_kv_cache(&group_blocks, cfg.block_size, &scheme)?;
         let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, None);
         Ok(Drafter { model, kv, kvm, max_len, forwards: 0 })
     }

@@ -25,7 +25,7 @@ pub fn cache(model: &dyn CausalLm, blocks: usize) -> (KvCache, Vec<Vec<u32>>) {
     let limits = StepLimits { max_tokens: 1024, max_rows: 8, max_model_len: 1024, block_size: BLOCK };
     model.prepare(&limits).expect("prepare");
     let groups = model.kv_layout().groups.len();
-    let kv = model.new_kv_cache(&vec![blocks; groups], BLOCK).expect("kv cache");
+    let kv = model.new_kv_cache(&vec![blocks; groups], BLOCK, &Default::default()).expect("kv cache");
     (kv, vec![(0..blocks as u32).collect(); groups])
 }
 

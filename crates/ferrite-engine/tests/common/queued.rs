@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use ferrite_models::config::ModelConfig;
 use ferrite_models::model::{CausalLm, Pending, QueuedStep, StepLimits, StepOutput, Want};
-use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result, RuntimeError};
+use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, KvScheme, Result, RuntimeError};
 
 pub struct Queueing {
     inner: Arc<dyn CausalLm>,
@@ -86,11 +86,11 @@ impl CausalLm for Queueing {
         self.inner.prepare(limits)
     }
 
-    fn kv_block_bytes(&self, block_size: usize) -> Vec<usize> {
-        self.inner.kv_block_bytes(block_size)
+    fn kv_block_bytes(&self, block_size: usize, scheme: &KvScheme) -> Result<Vec<usize>> {
+        self.inner.kv_block_bytes(block_size, scheme)
     }
 
-    fn new_kv_cache(&self, group_blocks: &[usize], block_size: usize) -> Result<KvCache> {
-        self.inner.new_kv_cache(group_blocks, block_size)
+    fn new_kv_cache(&self, group_blocks: &[usize], block_size: usize, scheme: &KvScheme) -> Result<KvCache> {
+        self.inner.new_kv_cache(group_blocks, block_size, scheme)
     }
 }

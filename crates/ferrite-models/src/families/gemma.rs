@@ -6,6 +6,9 @@
 //! in Gemma 2, every 6th in Gemma 3) and the attention scale is `query_pre_attn_scalar^-0.5`.
 //! Gemma 2 softcaps attention scores and final logits; Gemma 3 adds q/k norms and gives local
 //! and global layers their own RoPE (`rope_local_base_freq`, scaling on global layers only).
+//! A Gemma 3 with `use_bidirectional_attention` (EmbeddingGemma) attends both ways: global
+//! layers see the whole input, sliding layers the positions less than `sliding_window / 2 + 1`
+//! away on either side (transformers halves the configured window for it).
 
 use ferrite_runtime::cpu::AttentionParams;
 use ferrite_runtime::KvGroupKind;
@@ -46,6 +49,8 @@ struct Settings {
     final_softcap: Option<f32>,
     /// RoPE of the sliding-window layers (`ModelConfig::rope` is the global layers').
     local_rope: RopeScaling,
+    /// Bidirectional (non-causal) attention (`use_bidirectional_attention`, Gemma 3 only).
+    bidirectional: bool,
 }
 
 /// An optional positive float: absent → `default`, null → none.
@@ -62,8 +67,8 @@ impl Settings {
     fn from_hf(cfg: &ModelConfig, gen: Gen, json: &Value) -> std::result::Result<Settings, String> {
         let n = cfg.num_layers;
         let bidirectional = json.get("use_bidirectional_attention").is_some_and(|v| v.as_bool() == Some(true));
-        if bidirectional {
-            return Err("use_bidirectional_attention = true is not supported".into());
+        if bidirectional && gen != Gen::Gemma3 {
+            return Err("use_bidirectional_attention = true is read for gemma3_text only".into());
         }
         let (default_types, default_final) = match gen {
             Gen::Gemma => (vec![LayerType::Full; n], None),
@@ -106,6 +111,7 @@ impl Settings {
                 _ => cap(json, "final_logit_softcapping", default_final),
             },
             local_rope,
+            bidirectional,
         })
     }
 
@@ -151,6 +157,7 @@ impl Settings {
                 _ => None,
             },
             local_rope,
+            bidirectional: false,
         })
     }
 }
@@ -180,6 +187,7 @@ fn plan(cfg: &ModelConfig, src: &ConfigSource, gen: Gen) -> Result<DecoderPlan> 
     // The weights hold `w` of a `(1 + w)` norm.
     let (eps, offset) = (cfg.rms_norm_eps, 1.0);
     let window = |t: LayerType| match (t, cfg.sliding_window) {
+        (LayerType::Sliding, Some(w)) if s.bidirectional => Ok(Some(w / 2 + 1)),
         (LayerType::Sliding, Some(w)) => Ok(Some(w)),
         (LayerType::Sliding, None) => Err(src.error("sliding_attention layers need a sliding_window")),
         (LayerType::Full, _) => Ok(None),
@@ -200,6 +208,7 @@ fn plan(cfg: &ModelConfig, src: &ConfigSource, gen: Gen) -> Result<DecoderPlan> 
                 scale: s.query_pre_attn_scalar.powf(-0.5) as f32,
                 window: window(t)?,
                 softcap: s.attn_softcap,
+                causal: !s.bidirectional,
             },
             rope: if t == LayerType::Sliding { s.local_rope.clone() } else { cfg.rope.clone() },
             bias: cfg.qkv_bias,

@@ -12,7 +12,7 @@
 //! - per-layer inputs (`hidden_size_per_layer_input`): a second embedding table plus a
 //!   projection of the embeddings feed each layer a small gated residual;
 //! - the MoE block (`enable_moe_block`): a routed top-k mixture of GeGLU experts beside the
-//!   dense MLP of every layer (see `moe`).
+//!   dense MLP of every layer (`MoeStyle::Gemma4`, see `moe`).
 //!
 //! Every key of the config is checked: an unknown or unsupported setting is a load error.
 
@@ -24,7 +24,7 @@ use crate::blocks::{self, AttentionConfig, LayerKv};
 use crate::config::{get_usize, rope_from_params, ConfigSource, LayerType, ModelConfig};
 use crate::error::Result;
 use crate::moe::MoeShape;
-use crate::plan::{DecoderPlan, FfnPlan, LayerNames, LayerPlan, NormKind};
+use crate::plan::{DecoderPlan, ExpertNames, FfnPlan, LayerNames, LayerPlan, MoePlan, MoeStyle, NormKind};
 use crate::rope_scaling::RopeScaling;
 
 /// Every `Gemma4TextConfig` key (and the generic `PreTrainedConfig` ones) ferrite understands;
@@ -273,6 +273,7 @@ pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
                 scale: 1.0,
                 window: s.window(t),
                 softcap: None,
+                causal: true,
             },
             rope: s.ropes[i].clone(),
             bias: cfg.qkv_bias,
@@ -286,7 +287,19 @@ pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
             eps: cfg.rms_norm_eps,
         };
         let intermediate = cfg.intermediate_size * if s.double_wide && shared { 2 } else { 1 };
-        let ffn = FfnPlan { act: cfg.hidden_act, intermediate, bias: false, moe: s.moe };
+        let moe = s.moe.map(|shape| MoePlan {
+            shape,
+            renormalize: true,
+            style: MoeStyle::Gemma4,
+            names: ExpertNames {
+                router: format!("model.layers.{i}.router.proj"),
+                experts: format!("model.layers.{i}.experts"),
+                gate: "gate_proj",
+                up: "up_proj",
+                down: "down_proj",
+            },
+        });
+        let ffn = FfnPlan { act: cfg.hidden_act, intermediate, bias: false, moe };
         layers.push(LayerPlan { attn, ffn, names: LayerNames::sandwich(i) });
     }
     if let Some(i) = s.layer_types.iter().position(|t| *t == LayerType::Full) {
@@ -345,9 +358,9 @@ mod tests {
         let (with, without) = (kv_bytes_per_token(&e4b(18)), kv_bytes_per_token(&e4b(0)));
         // What the 18 shared layers would own (K and V at the host cache's value size): 15 sliding
         // of 2×256, 3 global of 2×512.
-        let value = ferrite_runtime::KvDtype::default().bytes();
-        let shared: usize = (24..42).map(|i| 2 * 2 * s.shapes[i].head_dim * value).sum();
-        assert_eq!(shared, (15 * 2 * 256 + 3 * 2 * 512) * 2 * value);
+        let row = |hd: usize| ferrite_runtime::KvDtype::default().row_bytes(hd);
+        let shared: usize = (24..42).map(|i| 2 * 2 * row(s.shapes[i].head_dim)).sum();
+        assert_eq!(shared, 15 * 2 * 2 * row(256) + 3 * 2 * 2 * row(512));
         assert_eq!(without - with, shared);
         assert!(with * 10 < without * 6, "{with} vs {without} bytes per token");
     }

@@ -1,6 +1,7 @@
 //! The llama family of dense decoders: llama (SmolLM2, Llama 3.x), mistral (sliding window),
 //! qwen2 (QKV bias) and qwen3 (per-head q/k norm). Pre-norm blocks of GQA attention with RoPE
-//! and a SwiGLU MLP, HF llama tensor names.
+//! and a SwiGLU MLP, HF llama tensor names. A GGUF file of one of them with expert tensors is
+//! Mixtral (`mixtral`).
 
 use ferrite_runtime::cpu::AttentionParams;
 use ferrite_runtime::{KvGroupKind, KvLayout};
@@ -10,8 +11,12 @@ use crate::config::{ConfigSource, ModelConfig};
 use crate::error::Result;
 use crate::plan::{DecoderPlan, FfnPlan, LayerNames, LayerPlan, NormKind};
 
-pub fn plan(cfg: &mut ModelConfig, _src: &ConfigSource) -> Result<DecoderPlan> {
-    Ok(base(cfg))
+pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
+    match src {
+        // Mixtral's GGUF files are this architecture with expert tensors.
+        ConfigSource::Gguf(_) => super::mixtral::plan(cfg, src),
+        ConfigSource::Hf { .. } => Ok(base(cfg)),
+    }
 }
 
 /// The llama plan of `cfg`: the dense layout other families start from and adjust.
@@ -24,6 +29,7 @@ pub(super) fn base(cfg: &ModelConfig) -> DecoderPlan {
         scale: 1.0 / (cfg.head_dim as f32).sqrt(),
         window: cfg.sliding_window,
         softcap: None,
+        causal: true,
     };
     let layers = (0..cfg.num_layers)
         .map(|i| LayerPlan {

@@ -8,9 +8,12 @@ mod gemma4;
 mod glm4;
 mod granite;
 mod llama;
+mod mixtral;
 mod olmo2;
 mod phi3;
+mod qwen3_moe;
 mod smollm3;
+mod sparse_moe;
 mod starcoder2;
 
 use crate::config::{ConfigSource, ModelConfig};
@@ -116,6 +119,19 @@ pub static FAMILIES: &[Family] = &[
         gguf: Some("qwen3"),
         quirks: Quirks { qk_norm: true, window: WindowRule::QwenFlag, ..LLAMA },
         plan: llama::plan,
+    },
+    Family {
+        name: "qwen3_moe",
+        gguf: Some("qwen3moe"),
+        quirks: Quirks { qk_norm: true, window: WindowRule::QwenFlag, ..LLAMA },
+        plan: qwen3_moe::plan,
+    },
+    Family {
+        name: "mixtral",
+        // As `llama` with expert tensors (`llama::plan`).
+        gguf: None,
+        quirks: Quirks { window: WindowRule::Key, default_theta: 1_000_000.0, ..LLAMA },
+        plan: mixtral::plan,
     },
     Family { name: "phi3", gguf: Some("phi3"), quirks: Quirks { window: WindowRule::Key, ..LLAMA }, plan: phi3::plan },
     Family { name: "olmo2", gguf: Some("olmo2"), quirks: Quirks { gguf_sandwich: true, ..LLAMA }, plan: olmo2::plan },

@@ -18,9 +18,10 @@
 //! bf16, every kernel computes in f32, GEMMs accumulate in f32. What a plan does not ask for
 //! (biases, scales, LayerNorm, per-row RoPE tables) launches nothing.
 //!
-//! Experts are routed on the host: a MoE layer copies its router logits back, picks each
-//! token's experts as the CPU model does, and runs each expert over the tokens routed to it.
-//! Such a step is not capturable, so MoE models decode eagerly.
+//! Gemma 4's experts are routed on the host: a MoE layer copies its router logits back, picks
+//! each token's experts as the CPU model does, and runs each expert over the tokens routed to
+//! it. Such a step is not capturable, so MoE models decode eagerly. Experts in place of the
+//! dense MLP (qwen3_moe, mixtral) run on the CPU only for now (`unsupported`).
 
 use std::sync::Arc;
 
@@ -36,7 +37,7 @@ use super::runner::{step_inputs, Decode, GpuModel, LayerBuffers, Layers, StepIo}
 use crate::config::{Activation, ModelConfig};
 use crate::error::{LoadError, Result};
 use crate::moe::route_row;
-use crate::plan::DecoderPlan;
+use crate::plan::{DecoderPlan, MoeStyle};
 
 /// Any family on the device.
 pub type GpuDecoder = GpuModel<DecoderLayers>;
@@ -56,10 +57,18 @@ pub struct DecoderLayers {
 
 /// Why `plan` cannot run on the CUDA executor, if it cannot.
 pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
+    if !plan.causal() {
+        return Some("bidirectional attention has no CUDA kernel yet".into());
+    }
     for (i, l) in plan.layers.iter().enumerate() {
         let hd = l.attn.params.head_dim;
         if !HEAD_DIMS.contains(&hd) {
             return Some(format!("layer {i}: head_dim {hd} has no CUDA attention kernel ({HEAD_DIMS:?})"));
+        }
+        if l.ffn.moe.as_ref().is_some_and(|m| m.style == MoeStyle::Sparse) {
+            return Some(format!(
+                "layer {i}: experts in place of the dense MLP (qwen3_moe, mixtral) have no CUDA path yet"
+            ));
         }
         if plan.layer_scalar && l.names.post_ffn_norm.is_none() && plan.per_layer_input.is_none() {
             // The scalar is applied by the norm that adds the FFN (or per-layer input) output.
@@ -142,7 +151,7 @@ impl DecoderLayers {
         i: usize,
         tokens: usize,
     ) -> RtResult<()> {
-        let Some(shape) = self.plan.layers[i].ffn.moe else { return Ok(()) };
+        let Some(shape) = self.plan.layers[i].ffn.moe.as_ref().map(|m| m.shape) else { return Ok(()) };
         let (d, eps) = (self.cfg.hidden_size, self.plan.eps);
         let (e, k, mi) = (shape.num_experts, shape.top_k, shape.intermediate);
         ops::rms_norm(gpu, &*o, None, &w.post_mlp_norm, (tokens, d), eps, 0.0, &mut m.mixed)?;
@@ -150,7 +159,7 @@ impl DecoderLayers {
         ops::linear::<f32>(gpu, &m.normed, &w.router, None, &mut m.logits, (tokens, e, d))?;
         let mut scores = gpu.download(&m.logits.slice(..tokens * e))?;
         let routes: Vec<Vec<(usize, f32)>> =
-            scores.chunks_exact_mut(e).map(|row| route_row(row, k, &w.per_expert_scale)).collect();
+            scores.chunks_exact_mut(e).map(|row| route_row(row, k, true, Some(&w.per_expert_scale))).collect();
         // Pairs expert-major (each expert's tokens contiguous); each token's pairs in
         // ascending expert order, as the CPU sums them.
         let mut rows = Vec::with_capacity(tokens * k);
@@ -443,7 +452,7 @@ impl Layers for DecoderLayers {
             }),
             None => None,
         };
-        let moe = match self.plan.layers.iter().find_map(|l| l.ffn.moe) {
+        let moe = match self.plan.layers.iter().find_map(|l| l.ffn.moe.as_ref().map(|m| m.shape)) {
             Some(s) => {
                 let pairs = tokens * s.top_k;
                 Some(MoeBuffers {
@@ -554,5 +563,11 @@ mod tests {
         // What has no kernel is refused, saying why: qwen3's head_dim 24.
         let why = unsupported(&fixture_plan("qwen3")).expect("head_dim 24 has no kernel");
         assert!(why.contains("head_dim 24"), "{why}");
+        // Experts in place of the dense MLP have no CUDA path yet; Gemma 4's have one.
+        for name in ["qwen3-moe", "mixtral"] {
+            let why = unsupported(&fixture_plan(name)).unwrap_or_else(|| panic!("{name} has no CUDA experts"));
+            assert!(why.contains("no CUDA path"), "{name}: {why}");
+        }
+        assert_eq!(unsupported(&fixture_plan("gemma4-moe")), None);
     }
 }

@@ -377,7 +377,7 @@ fn build(
             }
             None => None,
         };
-        let moe = match l.ffn.moe {
+        let moe = match l.ffn.moe.as_ref().map(|m| m.shape) {
             Some(shape) => {
                 let (e, mi) = (shape.num_experts, shape.intermediate);
                 let root = (d as f64).powf(-0.5) as f32;

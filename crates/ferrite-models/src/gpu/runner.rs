@@ -26,7 +26,7 @@ use ferrite_runtime::cuda::ops::{
 };
 use ferrite_runtime::cuda::{CudaSlice, CudaView, Gpu, Graph, HostBuf};
 use ferrite_runtime::sampling::{LogitEdit, RowSampler, RowSampling};
-use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError};
+use ferrite_runtime::{ForwardBatch, KvCache, KvDtype, KvLayout, KvScheme, Result as RtResult, RuntimeError};
 use half::bf16;
 
 use crate::config::ModelConfig;
@@ -587,6 +587,9 @@ impl<L: Layers> CausalLm for GpuModel<L> {
 
     /// Logits come back at once (copied to the host); argmax and sampled picks queued.
     fn step(&self, batch: &ForwardBatch, kv: &mut KvCache, want: Want<'_>) -> RtResult<Pending> {
+        if batch.has_adapters() {
+            return Err(RuntimeError::Shape("the CUDA executor runs no LoRA adapters".into()));
+        }
         let samplers = match want {
             Want::Logits => return self.logits(batch, kv).map(|l| Pending::ready(StepOutput::Logits(l))),
             Want::Argmax => None,
@@ -613,11 +616,24 @@ impl<L: Layers> CausalLm for GpuModel<L> {
         Ok(Some(self.gpu.memory()?.0))
     }
 
-    fn kv_block_bytes(&self, block_size: usize) -> Vec<usize> {
-        self.layers.layout().block_bytes_of(block_size, std::mem::size_of::<bf16>())
+    fn kv_block_bytes(&self, block_size: usize, scheme: &KvScheme) -> RtResult<Vec<usize>> {
+        if scheme.dtype != KvDtype::default() {
+            return Err(RuntimeError::Shape(format!(
+                "a {} KV cache runs on the CPU only so far: the CUDA kernels read bf16 KV (use --kv-cache-dtype auto \
+                 or bf16 on the GPU)",
+                scheme.dtype
+            )));
+        }
+        // bf16 takes the default host type's (f16's) two bytes a value.
+        const { assert!(std::mem::size_of::<bf16>() == std::mem::size_of::<half::f16>()) };
+        Ok(self.layers.layout().block_bytes(block_size))
     }
 
-    fn new_kv_cache(&self, group_blocks: &[usize], block_size: usize) -> RtResult<KvCache> {
+    fn kv_description(&self, _scheme: &KvScheme) -> String {
+        "bf16".into()
+    }
+
+    fn new_kv_cache(&self, group_blocks: &[usize], block_size: usize, _scheme: &KvScheme) -> RtResult<KvCache> {
         KvCache::on_device(&self.gpu, self.layers.layout(), group_blocks, block_size)
     }
 }

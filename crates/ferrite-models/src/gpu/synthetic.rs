@@ -80,7 +80,7 @@ mod tests {
         let json = synthetic_config("gemma-4-e4b").expect("e4b");
         let mut unshared = json.clone();
         unshared["num_kv_shared_layers"] = json!(0);
-        let bytes = |j: &Value| -> usize { plan_of(j).1.layout.block_bytes_of(1, 2).iter().sum() };
+        let bytes = |j: &Value| -> usize { plan_of(j).1.layout.block_bytes(1).iter().sum() };
         let (with, without) = (bytes(&json), bytes(&unshared));
         // 42 layers, every 6th global (7): sliding K+V 2 heads x 256, global 2 heads x 512, bf16.
         let (sliding, global) = (2 * 2 * 256 * 2, 2 * 2 * 512 * 2);

@@ -6,6 +6,7 @@
 pub mod activation;
 pub mod attention;
 pub mod embedding;
+pub mod lora;
 pub mod matmul;
 pub mod norm;
 pub mod qmatmul;
@@ -15,6 +16,7 @@ pub mod rope;
 pub use activation::{gelu_tanh_mul, silu_mul};
 pub use attention::{paged_attention, write_kv, AttentionParams};
 pub use embedding::embedding;
+pub use lora::{lora_add, LoraPair};
 pub use matmul::{linear, linear_many, prepare_linear};
 pub use norm::{add_layer_norm, add_rms_norm, layer_norm, rms_norm, rms_norm_in_place};
 pub use qmatmul::{kernel_mode, set_kernel_mode, KernelMode, Level};

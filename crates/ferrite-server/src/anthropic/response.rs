@@ -82,7 +82,7 @@ impl Reply {
             "id": self.id,
             "type": "message",
             "role": "assistant",
-            "model": self.served.model.name,
+            "model": self.served.model_name(),
             "content": content,
             "stop_reason": reason,
             "stop_sequence": sequence,

@@ -96,7 +96,7 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> io::Result<Option<T
 
 /// Every counter and gauge of an engine's metrics, in a fixed order (the `Metrics` message's
 /// values, and what `/metrics` adds up over a pool's engines).
-pub fn metric_fields(m: &EngineMetrics) -> [&AtomicU64; 31] {
+pub fn metric_fields(m: &EngineMetrics) -> [&AtomicU64; 33] {
     [
         &m.requests_added,
         &m.requests_finished,
@@ -129,6 +129,8 @@ pub fn metric_fields(m: &EngineMetrics) -> [&AtomicU64; 31] {
         &m.ssd_corrupt_files,
         &m.resumed_generations,
         &m.resumed_tokens,
+        &m.kv_bytes_per_token,
+        &m.kv_capacity_tokens,
     ]
 }
 
@@ -153,6 +155,7 @@ mod tests {
                 usage: Usage { prompt_tokens: 3, completion_tokens: 2, ..Usage::default() },
             }),
             cached_tokens: 0,
+            embedding: Some(vec![0.5, -0.25]),
         };
         let mut buf = Vec::new();
         write_frame(&mut buf, &FromWorker::Output { id: 9, output: output.clone() }).expect("write");

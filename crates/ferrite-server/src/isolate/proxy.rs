@@ -344,6 +344,7 @@ fn fail_open(link: &mut Link, why: &str) {
                     usage: Default::default(),
                 }),
                 cached_tokens: 0,
+                embedding: None,
             });
         }
     }

@@ -93,7 +93,7 @@ impl ChatResponder {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
-            "model": self.served.model.name,
+            "model": self.served.model_name(),
             "system_fingerprint": null,
             "choices": choices,
         })
@@ -168,7 +168,7 @@ async fn whole(mut r: ChatResponder, generation: Generation) -> Result<Value, Ap
         "id": r.id,
         "object": "chat.completion",
         "created": r.created,
-        "model": r.served.model.name,
+        "model": r.served.model_name(),
         "system_fingerprint": null,
         "choices": out,
         "usage": usage_json(&usage),

@@ -21,8 +21,6 @@ impl Parsed {
                 Delta::Content(t) => self.content.push_str(&t),
                 Delta::Reasoning(t) => self.reasoning.push_str(&t),
                 Delta::ToolCall(c) => self.tool_calls.push(c),
-                // `parser::parse_whole` / `parse_streamed` have already settled it.
-                Delta::Cut(_) => {}
             }
         }
     }

@@ -54,7 +54,8 @@ fn bad_prompt() -> ApiError {
     )
 }
 
-fn token_ids(v: &Value) -> Option<Vec<u32>> {
+/// A JSON list of token ids.
+pub(crate) fn token_ids(v: &Value) -> Option<Vec<u32>> {
     v.as_array()?.iter().map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok())).collect()
 }
 
@@ -94,7 +95,7 @@ struct Responder {
 
 impl Responder {
     fn body(&self, object_choices: Value) -> Value {
-        json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.served.model.name,
+        json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.served.model_name(),
                "system_fingerprint": null, "choices": object_choices})
     }
 

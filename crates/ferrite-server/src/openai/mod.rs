@@ -1,9 +1,12 @@
-//! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions` and `/v1/models`,
-//! with what they share (request fields, log-probabilities, usage, ids).
+//! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`
+//! and `/v1/models`, with what they share (request fields, log-probabilities, usage, ids), and
+//! vLLM's LoRA adapter endpoints (`adapters`).
 
+pub mod adapters;
 pub mod chat;
 mod chat_output;
 pub mod completions;
+pub mod embeddings;
 pub mod logprobs;
 pub mod messages;
 pub mod models;
@@ -22,8 +25,11 @@ pub fn routes() -> Router<Arc<App>> {
     Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{id}", get(models::retrieve))
+        .route("/v1/load_lora_adapter", post(adapters::load))
+        .route("/v1/unload_lora_adapter", post(adapters::unload))
 }
 
 /// OpenAI's `usage` object.

@@ -1,6 +1,7 @@
 //! `GET /v1/models` and `GET /v1/models/{id}`: every model of the pool with its state
 //! (`loaded`, `loading`, `unloaded`, `restarting` or `down`; any of a model's names retrieves
-//! it; another name is 404). Listing a model does not load it.
+//! it; another name is 404), then every LoRA adapter with its base model as `parent` and its
+//! directory as `root`. Listing a model does not load it.
 
 use std::sync::Arc;
 
@@ -19,7 +20,11 @@ fn model_object(m: &ModelStatus) -> Value {
         "created": m.created,
         "owned_by": "ferrite",
         "status": m.state,
+        "parent": m.parent,
     });
+    if let Some(root) = &m.root {
+        v["root"] = json!(root);
+    }
     if let Some(len) = m.max_model_len {
         v["max_model_len"] = json!(len);
     }

@@ -136,6 +136,9 @@ impl CommonParams {
             n: self.n.unwrap_or(1),
             fill,
             constraint: self.constraint()?,
+            // Set from the lease on the model the request named (`App::generate`).
+            adapter: None,
+            embed: false,
         })
     }
 }

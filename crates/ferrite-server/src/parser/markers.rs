@@ -56,6 +56,7 @@ mod tests {
             logprobs: vec![],
             finished: None,
             cached_tokens: 0,
+            embedding: None,
         };
         markers.restore(&mut out);
         assert_eq!(out.text, "held[TOOL_CALLS]");
@@ -66,6 +67,7 @@ mod tests {
             logprobs: vec![],
             finished: None,
             cached_tokens: 0,
+            embedding: None,
         };
         markers.restore(&mut plain);
         assert_eq!(plain.text, "x");

@@ -32,39 +32,41 @@ pub enum Delta {
     Content(String),
     Reasoning(String),
     ToolCall(ToolCallDelta),
-    /// The generation ended inside the latest announced call: its pieces so far were closed
-    /// into valid JSON (what a streaming client already holds), and this is the model's text
-    /// of the call. Only `finish` reports it; `parse_whole` / `parse_streamed` consume it.
-    Cut(String),
+}
+
+/// What a parser gives when the generation ends: the deltas it held back, and, when the end
+/// fell inside the latest announced tool call, the model's text of that call (`cut`; the
+/// call's pieces so far were closed into valid JSON, what a streaming client already holds).
+#[derive(Debug, Default)]
+pub struct Finished {
+    pub deltas: Vec<Delta>,
+    pub cut: Option<String>,
+}
+
+impl Finished {
+    /// `before`, then what `then` gave at its end.
+    fn after(mut before: Vec<Delta>, then: Finished) -> Finished {
+        before.extend(then.deltas);
+        Finished { deltas: before, cut: then.cut }
+    }
 }
 
 /// A whole reply through `parser`: its deltas, and whether the generation's end cut a tool
 /// call short — that call is then not a call: its pieces give way to its text, as content,
 /// and the reply ends as truncated.
 pub fn parse_whole(parser: &mut dyn OutputParser, text: &str) -> (Vec<Delta>, bool) {
-    let mut deltas = parser.push(text);
-    deltas.extend(parser.finish());
-    let Some(text) = deltas.iter().find_map(|d| match d {
-        Delta::Cut(text) => Some(text.clone()),
-        _ => None,
-    }) else {
-        return (deltas, false);
-    };
-    let cut_index = deltas
+    let end = Finished::after(parser.push(text), parser.finish());
+    let Some(text) = end.cut else { return (end.deltas, false) };
+    let cut_index = end
+        .deltas
         .iter()
         .filter_map(|d| match d {
             Delta::ToolCall(c) => Some(c.index),
             _ => None,
         })
         .max();
-    let mut out: Vec<Delta> = deltas
-        .into_iter()
-        .filter(|d| match d {
-            Delta::ToolCall(c) => Some(c.index) != cut_index,
-            Delta::Cut(_) => false,
-            _ => true,
-        })
-        .collect();
+    let mut out: Vec<Delta> =
+        end.deltas.into_iter().filter(|d| !matches!(d, Delta::ToolCall(c) if Some(c.index) == cut_index)).collect();
     out.push(Delta::Content(text));
     (out, true)
 }
@@ -73,15 +75,12 @@ pub fn parse_whole(parser: &mut dyn OutputParser, text: &str) -> (Vec<Delta>, bo
 /// it): its deltas, and whether the end cut a tool call short — the client keeps that call's
 /// pieces, closed into valid JSON, and the reply ends as truncated.
 pub fn parse_streamed(parser: &mut dyn OutputParser, text: &str, last: bool) -> (Vec<Delta>, bool) {
-    let mut deltas = parser.push(text);
+    let deltas = parser.push(text);
     if !last {
         return (deltas, false);
     }
-    deltas.extend(parser.finish());
-    let before = deltas.len();
-    deltas.retain(|d| !matches!(d, Delta::Cut(_)));
-    let cut = deltas.len() != before;
-    (deltas, cut)
+    let end = Finished::after(deltas, parser.finish());
+    (end.deltas, end.cut.is_some())
 }
 
 /// A piece of one tool call: the first piece of a call carries its `id` and `name`; later
@@ -101,7 +100,7 @@ pub trait OutputParser: Send {
     /// of markup is held back).
     fn push(&mut self, text: &str) -> Vec<Delta>;
     /// The generation ended: flush what was held back.
-    fn finish(&mut self) -> Vec<Delta>;
+    fn finish(&mut self) -> Finished;
 }
 
 /// What a factory may look at to choose a parser.
@@ -137,8 +136,8 @@ impl OutputParser for PlainText {
         }
     }
 
-    fn finish(&mut self) -> Vec<Delta> {
-        Vec::new()
+    fn finish(&mut self) -> Finished {
+        Finished::default()
     }
 }
 
@@ -191,10 +190,8 @@ impl OutputParser for Primed {
         out
     }
 
-    fn finish(&mut self) -> Vec<Delta> {
-        let mut out = std::mem::take(&mut self.pending);
-        out.extend(self.inner.finish());
-        out
+    fn finish(&mut self) -> Finished {
+        Finished::after(std::mem::take(&mut self.pending), self.inner.finish())
     }
 }
 
@@ -219,7 +216,8 @@ impl OutputParser for FirstCallOnly {
         FirstCallOnly::keep(self.inner.push(text))
     }
 
-    fn finish(&mut self) -> Vec<Delta> {
-        FirstCallOnly::keep(self.inner.finish())
+    fn finish(&mut self) -> Finished {
+        let end = self.inner.finish();
+        Finished { deltas: FirstCallOnly::keep(end.deltas), cut: end.cut }
     }
 }

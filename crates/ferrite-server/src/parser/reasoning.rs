@@ -6,7 +6,7 @@
 
 use super::family::ReasoningTags;
 use super::scan::{find, Found};
-use super::{Delta, OutputParser};
+use super::{Delta, Finished, OutputParser};
 
 pub struct ReasoningParser {
     tags: ReasoningTags,
@@ -86,7 +86,7 @@ impl OutputParser for ReasoningParser {
         out
     }
 
-    fn finish(&mut self) -> Vec<Delta> {
+    fn finish(&mut self) -> Finished {
         let mut out = Vec::new();
         let rest = std::mem::take(&mut self.buf);
         if self.inside {
@@ -94,7 +94,6 @@ impl OutputParser for ReasoningParser {
         } else {
             self.content(&rest, &mut out);
         }
-        out.extend(self.inner.finish());
-        out
+        Finished::after(out, self.inner.finish())
     }
 }

@@ -12,7 +12,7 @@ struct Reply {
     content: String,
     reasoning: String,
     calls: Vec<(String, Value)>,
-    /// The text of a call the end of the generation cut short (`Delta::Cut`).
+    /// The text of a call the end of the generation cut short (`Finished::cut`).
     cut: Option<String>,
 }
 
@@ -53,6 +53,16 @@ fn tools_list(on: bool) -> Vec<Value> {
     }
 }
 
+/// Merge deltas and what the parser gave at the end, checking each call starts with its id
+/// and name, in index order.
+fn merge_finished(deltas: Vec<Delta>, end: Finished) -> Reply {
+    let mut all = deltas;
+    all.extend(end.deltas);
+    let mut r = merge(all);
+    r.cut = end.cut;
+    r
+}
+
 /// Merge deltas, checking each call starts with its id and name, in index order.
 fn merge(deltas: Vec<Delta>) -> Reply {
     let mut r = Reply::default();
@@ -72,10 +82,6 @@ fn merge(deltas: Vec<Delta>) -> Reply {
                 }
                 args[c.index].push_str(&c.arguments);
             }
-            Delta::Cut(text) => {
-                assert!(r.cut.is_none(), "one cut call at most");
-                r.cut = Some(text);
-            }
         }
     }
     for (call, text) in r.calls.iter_mut().zip(args) {
@@ -89,8 +95,8 @@ fn feed(mut p: Box<dyn OutputParser>, pieces: &[&str]) -> Reply {
     for piece in pieces {
         deltas.extend(p.push(piece));
     }
-    deltas.extend(p.finish());
-    merge(deltas)
+    let end = p.finish();
+    merge_finished(deltas, end)
 }
 
 /// Parse `text` whole, char by char and split in two at every char boundary; all must agree.
@@ -330,8 +336,12 @@ fn forced_openings_announce_the_call_first() {
         }
         let mut deltas = first;
         deltas.extend(p.push(rest));
-        deltas.extend(p.finish());
-        assert_eq!(merge(deltas), reply("", "", &[("get_weather", json!({"city": "Rome"}))]), "{syntax:?}");
+        let end = p.finish();
+        assert_eq!(
+            merge_finished(deltas, end),
+            reply("", "", &[("get_weather", json!({"city": "Rome"}))]),
+            "{syntax:?}"
+        );
         // Any function: the model writes the name.
         let opening = format.tool_call_opening(None).expect("opening");
         let rest = match syntax {

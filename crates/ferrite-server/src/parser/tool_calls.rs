@@ -4,7 +4,7 @@
 //! to JSON safe points (`json`), so what a client receives is always valid JSON once the
 //! call ends — a call cut short or broken after its name is closed at its last safe point
 //! (and the rest of a broken Hermes block is dropped). A call the generation's end cut
-//! short is also reported (`Delta::Cut`, with the model's text of it), so that the reply
+//! short is also reported (`Finished::cut`, with the model's text of it), so that the reply
 //! says it was truncated.
 //!
 //! A reply that is a bare call object (Llama's form; Qwen2.5-Coder does it in Hermes
@@ -17,7 +17,7 @@ use super::family::ToolSyntax;
 use super::gemma;
 use super::json::{ArgsStream, CallEvent, CallReader, Step};
 use super::scan::{find, Found};
-use super::{Delta, OutputParser, ToolCallDelta};
+use super::{Delta, Finished, OutputParser, ToolCallDelta};
 use crate::state::random_id;
 
 /// The text of one call in the making.
@@ -543,9 +543,10 @@ impl OutputParser for ToolCallParser {
         std::mem::take(&mut self.out)
     }
 
-    fn finish(&mut self) -> Vec<Delta> {
+    fn finish(&mut self) -> Finished {
         self.run();
         let rest = std::mem::take(&mut self.buf);
+        let mut cut = None;
         match std::mem::replace(&mut self.state, State::Text) {
             State::Start | State::Text => self.content(&rest),
             State::Call(Body::Gemma(body)) => match gemma::parse_call(&format!("{body}{rest}")) {
@@ -559,7 +560,7 @@ impl OutputParser for ToolCallParser {
                 let text = format!("{}{}{rest}", self.call_text, self.raw);
                 self.state = State::Call(body);
                 self.close_call();
-                self.out.push(Delta::Cut(text));
+                cut = Some(text);
             }
             State::Call(_) => self.content(&format!("{}{rest}", self.raw)),
             State::Discard => {}
@@ -576,6 +577,6 @@ impl OutputParser for ToolCallParser {
             }
         }
         self.held_ws.clear();
-        std::mem::take(&mut self.out)
+        Finished { deltas: std::mem::take(&mut self.out), cut }
     }
 }

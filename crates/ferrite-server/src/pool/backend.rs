@@ -1,10 +1,13 @@
 //! `EngineBackend`: what the server needs of a running engine, whether it runs in this process
 //! (`ferrite_engine::Engine`) or in a child process (`isolate::IsolatedEngine`): submit a
-//! request and stream its outputs, its limits, its metrics, and whether it is up.
+//! request and stream its outputs, its limits, its metrics, whether it is up, and LoRA
+//! adapters loaded and unloaded at run time.
 
 use std::sync::Arc;
 
+use axum::http::StatusCode;
 use ferrite_engine::{Engine, Limits, Metrics as EngineMetrics, Output, Request, RequestStream};
+use ferrite_models::lora::LoraAdapter;
 
 use crate::error::ApiError;
 use crate::isolate::RemoteStream;
@@ -43,6 +46,17 @@ pub trait EngineBackend: Send + Sync {
     fn pid(&self) -> Option<u32> {
         None
     }
+    /// Load `adapter` under `name` (blocking).
+    fn load_adapter(&self, _name: &str, _adapter: Arc<LoraAdapter>) -> Result<(), ApiError> {
+        Err(ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "LoRA adapters are not served by engines in child processes (--isolate)",
+        ))
+    }
+    /// Unload the adapter `name` (blocking); refused while a request runs through it.
+    fn unload_adapter(&self, name: &str) -> Result<(), ApiError> {
+        Err(ApiError::not_found(format!("the LoRA adapter '{name}' is not loaded")))
+    }
 }
 
 impl EngineBackend for Engine {
@@ -56,6 +70,14 @@ impl EngineBackend for Engine {
 
     fn submit(&self, req: Request) -> Result<EngineStream, ApiError> {
         Ok(EngineStream::Local(Engine::submit(self, req)?))
+    }
+
+    fn load_adapter(&self, name: &str, adapter: Arc<LoraAdapter>) -> Result<(), ApiError> {
+        Ok(Engine::load_adapter(self, name, adapter)?)
+    }
+
+    fn unload_adapter(&self, name: &str) -> Result<(), ApiError> {
+        Ok(Engine::unload_adapter(self, name)?)
     }
 }
 

@@ -7,8 +7,10 @@
 //! even with every other model unloaded is refused with 507.
 //!
 //! A request holds a `Lease` on its model's engine from before it is prepared until its
-//! response is done, which is what "in flight" means here.
+//! response is done, which is what "in flight" means here. A request for a LoRA adapter
+//! (`adapters`) leases its base model's engine and holds the adapter too.
 
+pub mod adapters;
 pub mod backend;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,6 +20,7 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use ferrite_engine::Metrics as EngineMetrics;
 
+pub use adapters::AdapterHold;
 pub use backend::{EngineBackend, EngineHealth, EngineStream};
 
 use crate::error::ApiError;
@@ -60,6 +63,8 @@ pub struct PoolConfig {
     pub idle_unload: Option<Duration>,
     /// Bytes the resident models' estimates may add up to.
     pub memory_budget: Option<u64>,
+    /// The largest LoRA rank an adapter may have (`--max-lora-rank`; None: `MAX_LORA_RANK`).
+    pub max_lora_rank: Option<usize>,
 }
 
 /// One model's state, as `/v1/models` lists it.
@@ -73,6 +78,10 @@ pub struct ModelStatus {
     pub max_model_len: Option<usize>,
     /// The engine's process, when it runs in its own.
     pub pid: Option<u32>,
+    /// The base model of a LoRA adapter.
+    pub parent: Option<String>,
+    /// Where a LoRA adapter was loaded from.
+    pub root: Option<String>,
 }
 
 struct Entry {
@@ -107,6 +116,9 @@ pub struct ModelPool {
     /// Signalled when a lease ends (a model may have become idle).
     freed: Arc<tokio::sync::Notify>,
     config: PoolConfig,
+    adapters: Mutex<Vec<adapters::AdapterEntry>>,
+    /// Held while an adapter is loaded or unloaded (one at a time).
+    adapter_admin: tokio::sync::Mutex<()>,
 }
 
 /// A request's hold on one model's engine; the model is not unloaded while any is held.
@@ -114,6 +126,20 @@ pub struct Lease {
     served: Arc<Served>,
     leases: Arc<AtomicUsize>,
     freed: Arc<tokio::sync::Notify>,
+    /// The LoRA adapter the request runs through.
+    adapter: Option<AdapterHold>,
+}
+
+impl Lease {
+    /// The name of the LoRA adapter the request runs through (None: the base model).
+    pub fn adapter(&self) -> Option<&str> {
+        self.adapter.as_ref().map(|a| a.name.as_str())
+    }
+
+    /// The name a response reports as its model: the adapter's, or the model's.
+    pub fn model_name(&self) -> &str {
+        self.adapter().unwrap_or(&self.served.model.name)
+    }
 }
 
 impl std::ops::Deref for Lease {
@@ -126,7 +152,12 @@ impl std::ops::Deref for Lease {
 impl Clone for Lease {
     fn clone(&self) -> Lease {
         self.leases.fetch_add(1, Ordering::AcqRel);
-        Lease { served: self.served.clone(), leases: self.leases.clone(), freed: self.freed.clone() }
+        Lease {
+            served: self.served.clone(),
+            leases: self.leases.clone(),
+            freed: self.freed.clone(),
+            adapter: self.adapter.clone(),
+        }
     }
 }
 
@@ -155,7 +186,14 @@ impl ModelPool {
             .map(|m| Entry { name: m.name, aliases: m.aliases, loader: Some(m.loader), loading: Arc::default() })
             .collect();
         let slots = entries.iter().map(|_| Slot { created: unix_now(), ..Slot::default() }).collect();
-        ModelPool { entries, slots: Arc::new(Mutex::new(slots)), freed: Arc::new(tokio::sync::Notify::new()), config }
+        ModelPool {
+            entries,
+            slots: Arc::new(Mutex::new(slots)),
+            freed: Arc::new(tokio::sync::Notify::new()),
+            config,
+            adapters: Mutex::default(),
+            adapter_admin: tokio::sync::Mutex::default(),
+        }
     }
 
     /// A pool of one model, already loaded and never unloaded.
@@ -182,6 +220,8 @@ impl ModelPool {
             slots: Arc::new(Mutex::new(vec![slot])),
             freed: Arc::new(tokio::sync::Notify::new()),
             config: PoolConfig::default(),
+            adapters: Mutex::default(),
+            adapter_admin: tokio::sync::Mutex::default(),
         }
     }
 
@@ -190,7 +230,7 @@ impl ModelPool {
     }
 
     fn slots(&self) -> MutexGuard<'_, Vec<Slot>> {
-        lock(&self.slots)
+        lock_any(&self.slots)
     }
 
     /// The entry a request's `model` names (absent: the first); unknown → 404.
@@ -204,9 +244,20 @@ impl ModelPool {
         })
     }
 
-    /// A lease on the model `requested` names, loading it first when it is not resident.
+    /// A lease on the model `requested` names, loading it first when it is not resident; a
+    /// LoRA adapter's name leases its base model and holds the adapter.
     pub async fn acquire(&self, requested: Option<&str>) -> Result<Lease, ApiError> {
-        let i = self.find(requested)?;
+        let (i, hold) = match requested.and_then(|name| self.find_adapter(name)) {
+            Some((i, hold)) => (i, Some(hold)),
+            None => (self.find(requested)?, None),
+        };
+        let mut lease = self.acquire_entry(i).await?;
+        lease.adapter = hold;
+        Ok(lease)
+    }
+
+    /// A lease on entry `i`, loading it first when it is not resident.
+    async fn acquire_entry(&self, i: usize) -> Result<Lease, ApiError> {
         if let Some(lease) = self.lease(i) {
             return Ok(lease);
         }
@@ -218,9 +269,12 @@ impl ModelPool {
         self.lease(i).ok_or_else(|| ApiError::internal("the model was unloaded as soon as it loaded"))
     }
 
-    /// The name of the model `requested` names (404 when none), without loading it.
-    pub fn resolve_name(&self, requested: &str) -> Result<&str, ApiError> {
-        self.find(Some(requested)).map(|i| self.entries[i].name.as_str())
+    /// The name of the model or adapter `requested` names (404 when none), without loading it.
+    pub fn resolve_name(&self, requested: &str) -> Result<String, ApiError> {
+        if let Some((_, hold)) = self.find_adapter(requested) {
+            return Ok(hold.name.clone());
+        }
+        self.find(Some(requested)).map(|i| self.entries[i].name.clone())
     }
 
     fn lease(&self, i: usize) -> Option<Lease> {
@@ -228,7 +282,7 @@ impl ModelPool {
         let r = slots[i].resident.as_mut()?;
         r.last_used = Instant::now();
         r.leases.fetch_add(1, Ordering::AcqRel);
-        Some(Lease { served: r.served.clone(), leases: r.leases.clone(), freed: self.freed.clone() })
+        Some(Lease { served: r.served.clone(), leases: r.leases.clone(), freed: self.freed.clone(), adapter: None })
     }
 
     async fn load(&self, i: usize, loading: tokio::sync::OwnedMutexGuard<()>) -> Result<(), ApiError> {
@@ -249,11 +303,16 @@ impl ModelPool {
             }
         }
         let (slots, name) = (self.slots.clone(), entry.name.clone());
+        let adapters = self.adapters_of(i);
         let load = tokio::task::spawn_blocking(move || {
             let _loading = loading;
             let started = Instant::now();
             let loaded = loader.load();
-            let mut slots = lock(&slots);
+            // Its adapters are attached before any request can see the engine.
+            if let Ok(served) = &loaded {
+                adapters::attach(served, &name, adapters);
+            }
+            let mut slots = lock_any(&slots);
             let slot = &mut slots[i];
             slot.reserved = None;
             let served = loaded?;
@@ -349,7 +408,7 @@ impl ModelPool {
     }
 
     /// Every model with its state, in the order they were given.
-    pub fn list(&self) -> Vec<ModelStatus> {
+    fn list_models(&self) -> Vec<ModelStatus> {
         let slots = self.slots();
         self.entries
             .iter()
@@ -360,9 +419,24 @@ impl ModelPool {
                     (None, Some(_)) => ("loading", None),
                     (None, None) => ("unloaded", None),
                 };
-                ModelStatus { name: e.name.clone(), created: s.created, state, max_model_len: s.max_model_len, pid }
+                ModelStatus {
+                    name: e.name.clone(),
+                    created: s.created,
+                    state,
+                    max_model_len: s.max_model_len,
+                    pid,
+                    parent: None,
+                    root: None,
+                }
             })
-            .collect()
+            .collect::<Vec<_>>()
+    }
+
+    /// Every model with its state, then every LoRA adapter with its base model's.
+    pub fn list(&self) -> Vec<ModelStatus> {
+        let mut models = self.list_models();
+        models.extend(self.adapter_statuses(&models));
+        models
     }
 
     /// The resident models whose engines are down, with why.
@@ -393,8 +467,9 @@ impl ModelPool {
     }
 }
 
-fn lock(slots: &Mutex<Vec<Slot>>) -> MutexGuard<'_, Vec<Slot>> {
-    slots.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// Lock `m`, poisoned or not (every update under these locks is one assignment).
+fn lock_any<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Drop engines on the blocking pool: an engine's drop waits for its thread (or process).

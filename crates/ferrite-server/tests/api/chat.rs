@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use ferrite_engine::{Request, RequestParams};
 use ferrite_models::chat_template::ChatRenderRequest;
 use ferrite_models::load::GenerationDefaults;
-use ferrite_server::parser::{Delta, OutputParser, ParseContext, ParserFactory, ToolCallDelta};
+use ferrite_server::parser::{Delta, Finished, OutputParser, ParseContext, ParserFactory, ToolCallDelta};
 use ferrite_server::{App, ModelInfo, ServerConfig};
 use serde_json::{json, Value};
 
@@ -314,7 +314,7 @@ impl OutputParser for ProbeParser {
             vec![Delta::Reasoning(text.to_string())]
         }
     }
-    fn finish(&mut self) -> Vec<Delta> {
+    fn finish(&mut self) -> Finished {
         let piece = |id: Option<&str>, name: Option<&str>, args: &str| {
             Delta::ToolCall(ToolCallDelta {
                 index: 0,
@@ -323,7 +323,8 @@ impl OutputParser for ProbeParser {
                 arguments: args.into(),
             })
         };
-        vec![piece(Some("call_probe"), Some("probe"), "{\"x\":"), piece(None, None, " 1}")]
+        let deltas = vec![piece(Some("call_probe"), Some("probe"), "{\"x\":"), piece(None, None, " 1}")];
+        Finished { deltas, cut: None }
     }
 }
 

@@ -128,6 +128,8 @@ async fn metrics_count_requests_latencies_tokens_and_kv() {
     assert_eq!(metric(&text, "ferrite_kv_blocks_used"), 0.0);
     let total = served(&server).await.engine.metrics().kv_blocks_total.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(metric(&text, "ferrite_kv_blocks_free"), total as f64);
+    assert!(metric(&text, "ferrite_kv_bytes_per_token") > 0.0);
+    assert!(metric(&text, "ferrite_kv_capacity_tokens") > 0.0);
     // The same prompt again hits the prefix cache (its full blocks).
     assert_eq!(post(&server.at("/v1/completions"), &body).await.0, 200);
     let (_, text) = get(&server.at("/metrics")).await;

@@ -6,7 +6,7 @@
 //! (split-K), so even a single decode token spreads over every thread. The `group` query heads
 //! of a KV head are handled together and share each key and value read.
 
-use super::vf32::{self, KvValue, Rows, Vf32};
+use super::vf32::{self, KvSource, Rows, Vf32};
 use super::{slot_of, table, visible_range, AttentionParams, Pools};
 use crate::batch::{ForwardBatch, RowSpan};
 use crate::cpu::qmatmul::Level;
@@ -36,28 +36,22 @@ struct Partial {
 }
 
 /// Where the cache and the batch live, shared by every item.
-struct Ctx<'a, T> {
+#[derive(Clone, Copy)]
+struct Ctx<'a, S> {
     q: &'a [f32],
     layer: &'a LayerKv,
-    pools: Pools<'a, T>,
+    pools: Pools<S>,
     block_size: usize,
     p: &'a AttentionParams,
 }
 
-impl<T> Clone for Ctx<'_, T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for Ctx<'_, T> {}
-
 #[allow(clippy::too_many_arguments)]
-pub(super) fn attend<T: KvValue>(
+pub(super) fn attend<S: KvSource>(
     q: &[f32],
     batch: &ForwardBatch,
     rows: &[&RowSpan],
     layer: &LayerKv,
-    pools: Pools<'_, T>,
+    pools: Pools<S>,
     block_size: usize,
     p: &AttentionParams,
     level: Level,
@@ -74,7 +68,7 @@ pub(super) fn attend<T: KvValue>(
     for &row in rows {
         let table = table(row, layer)?;
         for t in row.query_start..row.query_start + row.query_len {
-            let keys = visible_range(batch.positions[t] as usize, p.window);
+            let keys = visible_range(batch.positions[t] as usize, row.context_len, p);
             let chunks = want.min(keys.len().div_ceil(MIN_CHUNK)).max(1);
             let per = keys.len().div_ceil(chunks);
             for g in 0..p.n_kv_heads {
@@ -98,7 +92,7 @@ pub(super) fn attend<T: KvValue>(
             Level::Avx2 | Level::AvxVnni => return unsafe { chunk_avx2(ctx, item, scratch) },
             Level::Scalar => {}
         }
-        chunk::<vf32::Scalar, T>(ctx, item, scratch)
+        chunk::<vf32::Scalar, S>(ctx, item, scratch)
     })
     .into_iter()
     .collect::<Result<_>>()?;
@@ -107,14 +101,14 @@ pub(super) fn attend<T: KvValue>(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn chunk_avx2<T: KvValue>(ctx: Ctx<'_, T>, item: &Item<'_>, scratch: &mut Scratch) -> Result<Partial> {
-    chunk::<vf32::Avx2, T>(ctx, item, scratch)
+unsafe fn chunk_avx2<S: KvSource>(ctx: Ctx<'_, S>, item: &Item<'_>, scratch: &mut Scratch) -> Result<Partial> {
+    chunk::<vf32::Avx2, S>(ctx, item, scratch)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn chunk_avx512<T: KvValue>(ctx: Ctx<'_, T>, item: &Item<'_>, scratch: &mut Scratch) -> Result<Partial> {
-    chunk::<vf32::Avx512, T>(ctx, item, scratch)
+unsafe fn chunk_avx512<S: KvSource>(ctx: Ctx<'_, S>, item: &Item<'_>, scratch: &mut Scratch) -> Result<Partial> {
+    chunk::<vf32::Avx512, S>(ctx, item, scratch)
 }
 
 /// A worker's buffers, reused across items: the cache offsets of an item's positions and
@@ -126,7 +120,7 @@ struct Scratch {
 }
 
 /// The offsets in the K and V pools of the cache slots of `keys` for KV head `g`, in order.
-fn slot_offsets<T>(ctx: Ctx<'_, T>, item: &Item<'_>, offs: &mut Vec<usize>) -> Result<()> {
+fn slot_offsets<S>(ctx: Ctx<'_, S>, item: &Item<'_>, offs: &mut Vec<usize>) -> Result<()> {
     let (hd, bs) = (ctx.p.head_dim, ctx.block_size);
     offs.clear();
     let mut pos = item.keys.start;
@@ -141,7 +135,7 @@ fn slot_offsets<T>(ctx: Ctx<'_, T>, item: &Item<'_>, offs: &mut Vec<usize>) -> R
 }
 
 #[inline(always)]
-fn chunk<V: Vf32, T: KvValue>(ctx: Ctx<'_, T>, item: &Item<'_>, scratch: &mut Scratch) -> Result<Partial> {
+fn chunk<V: Vf32, S: KvSource>(ctx: Ctx<'_, S>, item: &Item<'_>, scratch: &mut Scratch) -> Result<Partial> {
     let p = ctx.p;
     let (hd, group) = (p.head_dim, p.n_heads / p.n_kv_heads);
     let n = item.keys.len();

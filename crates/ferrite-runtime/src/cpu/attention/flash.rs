@@ -7,11 +7,13 @@
 //! is a broadcast of the key times a query column, and nothing is ever reduced across lanes.
 //! Keys are visited in chunks of `CHUNK` positions aligned to absolute positions. Per chunk:
 //!
-//! 1. the chunk's keys and values are widened to f32 (`kb`, `vb`, `[key][head_dim]`);
+//! 1. the chunk's keys and values are widened (or dequantized) to f32 (`kb`, `vb`,
+//!    `[key][head_dim]`), the only f32 copy of cache values, one chunk at a time;
 //! 2. scores `st[j][i] = scale * k_j · q_i` (four keys by up to four row vectors at a time);
-//! 3. the causal / sliding-window mask (where the chunk is not visible to every row), then the
-//!    running softmax: per row the max `m` and sum `l`; when a row's max grows, its sum and
-//!    output are rescaled by `e^(m_old - m_new)`; probabilities `p = e^(s - m)`, 0 where masked;
+//! 3. the causal / sliding-window / bidirectional mask (where the chunk is not visible to
+//!    every row), then the running softmax: per row the max `m` and sum `l`; when a row's max
+//!    grows, its sum and output are rescaled by `e^(m_old - m_new)`; probabilities
+//!    `p = e^(s - m)`, 0 where masked;
 //! 4. `ot[d][i] += Σ_j v_j[d] * p[j][i]` (four dims by up to four row vectors at a time).
 //!
 //! The outputs are `ot / l`, transposed back. A row's result depends only on its own query
@@ -25,7 +27,7 @@
 
 use std::arch::x86_64::*;
 
-use super::vf32::KvValue;
+use super::vf32::KvSource;
 use super::{for_each_kv_run, for_each_query_tile, visible_range, AttentionParams, Pools, QueryTile};
 use crate::batch::{ForwardBatch, RowSpan};
 use crate::cpu::qmatmul::isa::exp8;
@@ -58,8 +60,8 @@ struct Scratch {
     /// Running max and sum per row.
     m: Vec<f32>,
     l: Vec<f32>,
-    /// Per row: its position, and the first position it sees (as f32, exact below 2^24).
-    pos: Vec<f32>,
+    /// Per row: the last and the first position it sees (as f32, exact below 2^24).
+    hi: Vec<f32>,
     lo: Vec<f32>,
     /// A chunk's keys and values as f32, `[CHUNK][head_dim]`.
     kb: Vec<f32>,
@@ -72,12 +74,12 @@ struct Scratch {
 /// The CPU must have AVX-512 F (and AVX2, FMA).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub(super) unsafe fn attend<T: KvValue>(
+pub(super) unsafe fn attend<S: KvSource>(
     q: &[f32],
     batch: &ForwardBatch,
     rows: &[&RowSpan],
     layer: &LayerKv,
-    pools: Pools<'_, T>,
+    pools: Pools<S>,
     block_size: usize,
     p: &AttentionParams,
     out: &mut [f32],
@@ -94,12 +96,12 @@ pub(super) unsafe fn attend<T: KvValue>(
 /// One tile: its queries against every key they see, into `out`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn tile<T: KvValue>(
+unsafe fn tile<S: KvSource>(
     q: &[f32],
     batch: &ForwardBatch,
-    &QueryTile { table, g, ref tokens }: &QueryTile<'_>,
+    &QueryTile { table, context_len, g, ref tokens }: &QueryTile<'_>,
     layer: &LayerKv,
-    pools: Pools<'_, T>,
+    pools: Pools<S>,
     block_size: usize,
     p: &AttentionParams,
     s: &mut Scratch,
@@ -108,20 +110,20 @@ unsafe fn tile<T: KvValue>(
     let (nh, hd, group) = (p.n_heads, p.head_dim, p.n_heads / p.n_kv_heads);
     let m = tokens.len() * group;
     let mp = m.next_multiple_of(L);
-    // Rows: queries transposed, positions and visible starts. Padding rows see everything
-    // (their queries are zero and their outputs dropped), so they never force a mask.
+    // Rows: queries transposed, visible ends and starts. Padding rows see everything (their
+    // queries are zero and their outputs dropped), so they never force a mask.
     s.qt.resize(hd * mp, 0.0);
-    s.pos.clear();
-    s.pos.resize(mp, f32::MAX);
+    s.hi.clear();
+    s.hi.resize(mp, f32::MAX);
     s.lo.clear();
     s.lo.resize(mp, 0.0);
-    let (mut first, mut min_pos, mut max_lo, mut last) = (usize::MAX, usize::MAX, 0, 0);
+    let (mut first, mut min_hi, mut max_lo, mut last) = (usize::MAX, usize::MAX, 0, 0);
     for (ti, t) in tokens.clone().enumerate() {
-        let pos = batch.positions[t] as usize;
-        let vis = visible_range(pos, p.window);
-        (first, min_pos, max_lo, last) = (first.min(vis.start), min_pos.min(pos), max_lo.max(vis.start), last.max(pos));
+        let vis = visible_range(batch.positions[t] as usize, context_len, p);
+        let hi = vis.end - 1;
+        (first, min_hi, max_lo, last) = (first.min(vis.start), min_hi.min(hi), max_lo.max(vis.start), last.max(hi));
         for i in ti * group..(ti + 1) * group {
-            s.pos[i] = pos as f32;
+            s.hi[i] = hi as f32;
             s.lo[i] = vis.start as f32;
         }
     }
@@ -145,7 +147,7 @@ unsafe fn tile<T: KvValue>(
             s.st.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
         }
         // Does every row see the whole chunk (which then holds only gathered keys)?
-        let visible = c0 >= max_lo && c1 <= min_pos + 1;
+        let visible = c0 >= max_lo && c1 <= min_hi + 1;
         softmax_chunk(s, hd, mp, c0, visible);
         values(s, hd, mp);
     }
@@ -237,13 +239,13 @@ unsafe fn transpose16(r: [__m512; L]) -> [__m512; L] {
 /// Widen keys and values of positions `keys` (inside chunk `c0..c0 + CHUNK`) of head `g` into
 /// `kb`/`vb` at their slots in the chunk; the other slots are zero.
 #[allow(clippy::too_many_arguments)]
-fn gather<T: KvValue>(
+fn gather<S: KvSource>(
     table: &[u32],
     g: usize,
     keys: std::ops::Range<usize>,
     c0: usize,
     layer: &LayerKv,
-    pools: Pools<'_, T>,
+    pools: Pools<S>,
     block_size: usize,
     hd: usize,
     s: &mut Scratch,
@@ -252,10 +254,10 @@ fn gather<T: KvValue>(
         s.kb.fill(0.0);
         s.vb.fill(0.0);
     }
-    for_each_kv_run(table, g, keys, layer, pools, block_size, |pos, k, v| {
+    for_each_kv_run(table, g, keys, layer, pools, block_size, |pos, src, len| {
         let at = (pos - c0) * hd;
-        T::widen(k, &mut s.kb[at..at + k.len()]);
-        T::widen(v, &mut s.vb[at..at + v.len()]);
+        pools.k.widen(src, &mut s.kb[at..at + len]);
+        pools.v.widen(src, &mut s.vb[at..at + len]);
     })
 }
 
@@ -301,20 +303,20 @@ unsafe fn score_tile<const V: usize>(s: &mut Scratch, hd: usize, mp: usize, scal
 
 /// Fold the chunk at `c0` into the running softmax: scores become probabilities (0 where
 /// masked), each row's max and sum move, and its output rescales where its max grew. Without
-/// `visible`, key `c0 + j` counts for row `i` only if `lo[i] ≤ c0 + j ≤ pos[i]`.
+/// `visible`, key `c0 + j` counts for row `i` only if `lo[i] ≤ c0 + j ≤ hi[i]`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn softmax_chunk(s: &mut Scratch, hd: usize, mp: usize, c0: usize, visible: bool) {
     let st = s.st.as_mut_ptr();
     for v in 0..mp / L {
         let at = v * L;
-        let (pos, lo) = (_mm512_loadu_ps(s.pos.as_ptr().add(at)), _mm512_loadu_ps(s.lo.as_ptr().add(at)));
+        let (hi, lo) = (_mm512_loadu_ps(s.hi.as_ptr().add(at)), _mm512_loadu_ps(s.lo.as_ptr().add(at)));
         // Lanes of row vector v that see key c0 + j.
         let sees = |j: usize| -> __mmask16 {
             if visible {
                 return 0xFFFF;
             }
             let key = _mm512_set1_ps((c0 + j) as f32);
-            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(key, pos) & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(key, lo)
+            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(key, hi) & _mm512_cmp_ps_mask::<_CMP_GE_OQ>(key, lo)
         };
         let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
         let mut max = neg_inf;

@@ -1,8 +1,11 @@
-//! Causal GQA attention over the paged KV cache.
+//! GQA attention over the paged KV cache: causal, or bidirectional (encoders).
 //!
 //! `write_kv` stores a step's new keys and values into the blocks its rows own; then
-//! `paged_attention` lets every query token attend to its row's positions `[lo, pos]`, where
-//! `lo` is 0 for full attention and `pos + 1 - window` for sliding-window layers. The query
+//! `paged_attention` lets every query token attend to its row's positions `[lo, hi]`, where
+//! `lo` is 0 for full attention and `pos + 1 - window` for sliding-window layers, and `hi` is
+//! the token's own position — or, for a non-causal (bidirectional) layer, the row's last
+//! position (within `pos + window - 1` when sliding): every key of such a row must be in the
+//! cache before it attends, so a bidirectional row runs whole in one step. The query
 //! heads of one KV head are always processed together and share each key and value read.
 //! Rows with many query tokens go to `flash` on AVX-512 (one pass over the keys with a running
 //! softmax, vectorized along the query rows) and to `tiles` on other CPUs (query tiles as two
@@ -20,7 +23,7 @@ mod vf32;
 
 use half::f16;
 
-use self::vf32::KvValue;
+use self::vf32::{KvSource, KvValue};
 use crate::batch::{ForwardBatch, RowSpan, NO_BLOCK};
 use crate::cpu::qmatmul::{kernel_mode, Level};
 use crate::error::{Result, RuntimeError};
@@ -39,11 +42,20 @@ pub struct AttentionParams {
     pub window: Option<usize>,
     /// Gemma-2 style `cap * tanh(score / cap)` on the scores.
     pub softcap: Option<f32>,
+    /// Queries see only earlier positions (false: the whole row, bidirectional attention,
+    /// within `window` on either side when sliding).
+    pub causal: bool,
 }
 
-/// Key positions a query at `pos` sees.
-fn visible_range(pos: usize, window: Option<usize>) -> std::ops::Range<usize> {
-    window.map_or(0, |w| (pos + 1).saturating_sub(w))..pos + 1
+/// Key positions a query at `pos` of a row whose KV length is `context_len` sees.
+fn visible_range(pos: usize, context_len: usize, p: &AttentionParams) -> std::ops::Range<usize> {
+    let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    let hi = match (p.causal, p.window) {
+        (true, _) => pos + 1,
+        (false, None) => context_len,
+        (false, Some(w)) => (pos + w).min(context_len),
+    };
+    lo..hi
 }
 
 fn slot_of(table: &[u32], block_size: usize, pos: usize) -> Result<(usize, usize)> {
@@ -71,6 +83,8 @@ fn table<'a>(row: &'a RowSpan, layer: &LayerKv) -> Result<&'a [u32]> {
 /// `g`.
 struct QueryTile<'a> {
     table: &'a [u32],
+    /// The row's KV length.
+    context_len: usize,
     g: usize,
     tokens: std::ops::Range<usize>,
 }
@@ -94,7 +108,7 @@ fn for_each_query_tile<S>(
         let end = row.query_start + row.query_len;
         for g in 0..p.n_kv_heads {
             for t0 in (row.query_start..end).step_by(tile_len) {
-                tiles.push(QueryTile { table, g, tokens: t0..(t0 + tile_len).min(end) });
+                tiles.push(QueryTile { table, context_len: row.context_len, g, tokens: t0..(t0 + tile_len).min(end) });
             }
         }
     }
@@ -107,17 +121,18 @@ fn for_each_query_tile<S>(
     })
 }
 
-/// `f(pos, keys, values)` for each run of the positions `keys` that lies in one cache block:
-/// its first position and the run's K and V rows of KV head `g`.
+/// `f(pos, at, len)` for each run of the positions `keys` that lies in one cache block: its
+/// first position and where the run's K and V rows of KV head `g` are in the pools (values
+/// `at..at + len`, checked to lie inside both).
 #[allow(clippy::too_many_arguments)]
-fn for_each_kv_run<T>(
+fn for_each_kv_run<S: KvSource>(
     table: &[u32],
     g: usize,
     keys: std::ops::Range<usize>,
     layer: &LayerKv,
-    pools: Pools<'_, T>,
+    pools: Pools<S>,
     block_size: usize,
-    mut f: impl FnMut(usize, &[T], &[T]),
+    mut f: impl FnMut(usize, usize, usize),
 ) -> Result<()> {
     let hd = layer.spec.head_dim;
     let mut pos = keys.start;
@@ -125,27 +140,21 @@ fn for_each_kv_run<T>(
         let (block, slot) = slot_of(table, block_size, pos)?;
         let run = (block_size - slot).min(keys.end - pos);
         let src = layer.offset(block_size, block, g, slot);
-        match (pools.k.get(src..src + run * hd), pools.v.get(src..src + run * hd)) {
-            (Some(k), Some(v)) => f(pos, k, v),
-            _ => return Err(RuntimeError::Shape(format!("attention: block {block} is outside the KV cache"))),
+        if src + run * hd > pools.k.len().min(pools.v.len()) {
+            return Err(RuntimeError::Shape(format!("attention: block {block} is outside the KV cache")));
         }
+        f(pos, src, run * hd);
         pos += run;
     }
     Ok(())
 }
 
 /// A layer's K and V pools, of one value type.
-pub(super) struct Pools<'a, T> {
-    k: &'a [T],
-    v: &'a [T],
+#[derive(Clone, Copy)]
+pub(super) struct Pools<S> {
+    k: S,
+    v: S,
 }
-
-impl<T> Clone for Pools<'_, T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for Pools<'_, T> {}
 
 fn mixed_pools() -> RuntimeError {
     RuntimeError::Shape("KV cache layer: K and V pools of different value types".into())
@@ -174,6 +183,14 @@ pub fn write_kv(k: &[f32], v: &[f32], batch: &ForwardBatch, layer: &mut LayerKv,
     match (&mut layer.k, &mut layer.v) {
         (KvPool::F32(kp), KvPool::F32(vp)) => write_rows(k, v, kp, vp, &at, hd),
         (KvPool::F16(kp), KvPool::F16(vp)) => write_rows(k, v, kp, vp, &at, hd),
+        (KvPool::Quant(kp), KvPool::Quant(vp)) => {
+            for &(off, src) in &at {
+                if !(kp.write(off, &k[src..src + hd]) && vp.write(off, &v[src..src + hd])) {
+                    return Err(RuntimeError::Shape(format!("write_kv: slot at {off} is outside the KV cache")));
+                }
+            }
+            Ok(())
+        }
         _ => Err(mixed_pools()),
     }
 }
@@ -228,20 +245,25 @@ fn attend_at(
     out: &mut [f32],
 ) -> Result<()> {
     match (&layer.k, &layer.v) {
-        (KvPool::F32(k), KvPool::F32(v)) => attend_pools(q, batch, layer, Pools { k, v }, block_size, p, level, out),
+        (KvPool::F32(k), KvPool::F32(v)) => {
+            attend_pools::<&[f32]>(q, batch, layer, Pools { k, v }, block_size, p, level, out)
+        }
         (KvPool::F16(k), KvPool::F16(v)) => {
-            attend_pools::<f16>(q, batch, layer, Pools { k, v }, block_size, p, level, out)
+            attend_pools::<&[f16]>(q, batch, layer, Pools { k, v }, block_size, p, level, out)
+        }
+        (KvPool::Quant(k), KvPool::Quant(v)) => {
+            attend_pools(q, batch, layer, Pools { k, v }, block_size, p, level, out)
         }
         _ => Err(mixed_pools()),
     }
 }
 
 #[allow(clippy::too_many_arguments)]
-fn attend_pools<T: KvValue>(
+fn attend_pools<S: KvSource>(
     q: &[f32],
     batch: &ForwardBatch,
     layer: &LayerKv,
-    pools: Pools<'_, T>,
+    pools: Pools<S>,
     block_size: usize,
     p: &AttentionParams,
     level: Level,

@@ -1,6 +1,8 @@
 //! Attention against a direct f64 evaluation of softmax(q·Kᵀ·scale)·V, on random caches with
 //! shuffled block tables: decode rows (split key ranges), short and long multi-token rows
-//! (split at `TILE_MIN_QUERIES`), GQA, sliding windows and soft-capping, at every level.
+//! (split at `TILE_MIN_QUERIES`), GQA, sliding windows, soft-capping and bidirectional
+//! (non-causal) rows, at every level. For quantized pools the reference attends to the
+//! dequantized cache (dequantize-then-attend), the kernels to the codes in place.
 
 use half::f16;
 use rand::rngs::StdRng;
@@ -17,14 +19,20 @@ fn reference(q: &[f32], batch: &ForwardBatch, layer: &LayerKv, bs: usize, p: &At
     for row in &batch.rows {
         let table = &row.block_tables[0];
         for t in row.query_start..row.query_start + row.query_len {
-            let keys = visible_range(batch.positions[t] as usize, p.window);
+            // The mask, written out: causal sees `pos - w < k <= pos`, bidirectional `|pos - k| < w`.
+            let pos = batch.positions[t] as usize;
+            let sees = |k: usize| match p.causal {
+                true => k <= pos && p.window.is_none_or(|w| pos - k < w),
+                false => p.window.is_none_or(|w| k.abs_diff(pos) < w),
+            };
+            let keys: Vec<usize> = (0..row.context_len).filter(|&k| sees(k)).collect();
             for h in 0..nh {
                 let g = h / group;
                 let qv = &q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
                 let at = |pos: usize| layer.offset(bs, table[pos / bs] as usize, g, pos % bs);
                 let scores: Vec<f64> = keys
-                    .clone()
-                    .map(|pos| {
+                    .iter()
+                    .map(|&pos| {
                         let k = &kf[at(pos)..at(pos) + hd];
                         let s = qv.iter().zip(k).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>()
                             * f64::from(p.scale);
@@ -34,7 +42,7 @@ fn reference(q: &[f32], batch: &ForwardBatch, layer: &LayerKv, bs: usize, p: &At
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let sum: f64 = w.iter().sum();
-                for (pos, w) in keys.clone().zip(&w) {
+                for (&pos, w) in keys.iter().zip(&w) {
                     let v = &vf[at(pos)..at(pos) + hd];
                     for (o, v) in out[(t * nh + h) * hd..(t * nh + h + 1) * hd].iter_mut().zip(v) {
                         *o += w / sum * f64::from(*v);
@@ -59,13 +67,38 @@ fn attention_matches_the_reference_at_every_level() {
     }
 }
 
-/// A pool of `n` random values in (-1, 1).
-fn random_pool(rng: &mut StdRng, n: usize, dtype: KvDtype) -> KvPool {
-    let values = (0..n).map(|_| rng.random_range(-1.0..1.0));
-    match dtype {
-        KvDtype::F32 => KvPool::F32(values.collect()),
-        KvDtype::F16 => KvPool::F16(values.map(f16::from_f32).collect()),
+/// The same for int8 and int4 pools, every group size, on head dims the AVX-512 loops take
+/// whole (64, 128) and one whose value loop they leave to the per-row primitives (48).
+#[test]
+fn quantized_attention_matches_dequantize_then_attend() {
+    let mut rng = StdRng::seed_from_u64(rand::rng().random());
+    for (nh, nkv, hd, groups) in [(6, 2, 48, &[16][..]), (9, 3, 64, &[16, 32, 64]), (4, 4, 128, &[64, 128])] {
+        for &group in groups {
+            for dtype in [KvDtype::Int8 { group }, KvDtype::Int4 { group }] {
+                check_shape(&mut rng, nh, nkv, hd, dtype);
+            }
+        }
     }
+}
+
+/// A pool of `n` random values in (-1, 1) (quantized ones with some groups offset and
+/// scaled, so groups differ in scale and bias).
+fn random_pool(rng: &mut StdRng, n: usize, dtype: KvDtype) -> KvPool {
+    let values: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let mut pool = KvPool::zeroed(dtype, n);
+    match &mut pool {
+        KvPool::F32(p) => p.copy_from_slice(&values),
+        KvPool::F16(p) => p.iter_mut().zip(&values).for_each(|(d, &x)| *d = f16::from_f32(x)),
+        KvPool::Quant(q) => {
+            let group = q.group();
+            for (i, x) in values.chunks(group).enumerate() {
+                let (a, b) = (0.5 + (i % 3) as f32 * 0.25, ((i % 5) as f32 - 2.0) * 0.125);
+                let x: Vec<f32> = x.iter().map(|v| v * a + b).collect();
+                assert!(q.write(i * group, &x));
+            }
+        }
+    }
+    pool
 }
 
 fn check_shape(rng: &mut StdRng, nh: usize, nkv: usize, hd: usize, dtype: KvDtype) {
@@ -88,15 +121,24 @@ fn check_shape(rng: &mut StdRng, nh: usize, nkv: usize, hd: usize, dtype: KvDtyp
             batch.push_row(&vec![0; len], ctx, vec![table], RowLogits::None);
         }
         let q: Vec<f32> = (0..batch.num_tokens() * nh * hd).map(|_| rng.random_range(-2.0..2.0)).collect();
-        for (window, softcap) in [(None, None), (Some(23), None), (None, Some(3.0))] {
-            let p = AttentionParams { n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 0.3, window, softcap };
+        let cases = [
+            (None, None, true),
+            (Some(23), None, true),
+            (None, Some(3.0), true),
+            (None, None, false),
+            (Some(23), None, false),
+        ];
+        for (window, softcap, causal) in cases {
+            let p = AttentionParams { n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 0.3, window, softcap, causal };
             let want = reference(&q, &batch, &layer, bs, &p);
             for level in Level::ALL.into_iter().filter(|l| l.available()) {
                 let mut out = vec![f32::NAN; q.len()];
                 attend_at(&q, &batch, &layer, bs, &p, level, &mut out).unwrap();
                 for (i, (got, want)) in out.iter().zip(&want).enumerate() {
-                    let what = format!("{dtype:?} hd {hd} {shapes:?} {level:?} {window:?} {softcap:?} value {i}");
-                    assert!((f64::from(*got) - want).abs() < 2e-5, "{what}: {got} vs {want}");
+                    let what = format!(
+                        "{dtype:?} hd {hd} {shapes:?} {level:?} {window:?} {softcap:?} causal {causal} value {i}"
+                    );
+                    assert!((f64::from(*got) - want).abs() < 2e-5 * (1.0 + want.abs()), "{what}: {got} vs {want}");
                 }
             }
         }
@@ -137,7 +179,8 @@ fn write_kv_rounds_to_the_pool_type() {
 /// A prompt's outputs do not depend on how it is cut into chunks: the same 150 query tokens
 /// as one row, and as rows of 47, 16 and 87 tokens over the same cache (each later chunk
 /// seeing the earlier ones' keys), give equal values, bit for bit, for every row that takes
-/// the multi-token kernel (`flash`, AVX-512) — with and without a sliding window.
+/// the multi-token kernel (`flash`, AVX-512) — with and without a sliding window, on f16 and
+/// quantized pools.
 #[test]
 fn prefill_in_chunks_equals_prefill_whole() {
     let level = Level::Avx512Vnni;
@@ -148,11 +191,22 @@ fn prefill_in_chunks_equals_prefill_whole() {
     let (nh, nkv, hd, bs, ctx): (usize, usize, usize, usize, usize) = (9, 3, 64, 16, 150);
     let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
     let n = ctx.div_ceil(bs) * bs * nkv * hd;
-    let layer = LayerKv::new(spec, random_pool(&mut rng, n, KvDtype::F16), random_pool(&mut rng, n, KvDtype::F16));
     let table: Vec<u32> = (0..ctx.div_ceil(bs) as u32).rev().collect();
     let q: Vec<f32> = (0..ctx * nh * hd).map(|_| rng.random_range(-2.0..2.0)).collect();
-    for window in [None, Some(40)] {
-        let p = AttentionParams { n_heads: nh, n_kv_heads: nkv, head_dim: hd, scale: 0.125, window, softcap: None };
+    for (dtype, window) in [KvDtype::F16, KvDtype::Int8 { group: 64 }, KvDtype::Int4 { group: 32 }]
+        .into_iter()
+        .flat_map(|d| [(d, None), (d, Some(40))])
+    {
+        let layer = LayerKv::new(spec, random_pool(&mut rng, n, dtype), random_pool(&mut rng, n, dtype));
+        let p = AttentionParams {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            scale: 0.125,
+            window,
+            softcap: None,
+            causal: true,
+        };
         let mut whole = ForwardBatch::default();
         whole.push_row(&[0; 150], ctx, vec![table.clone()], RowLogits::None);
         let mut want = vec![0f32; q.len()];
@@ -163,6 +217,38 @@ fn prefill_in_chunks_equals_prefill_whole() {
         }
         let mut got = vec![0f32; q.len()];
         attend_at(&q, &chunks, &layer, bs, &p, level, &mut got).unwrap();
-        assert!(got == want, "{level:?} window {window:?}: chunked prefill differs from whole");
+        assert!(got == want, "{dtype:?} {level:?} window {window:?}: chunked prefill differs from whole");
+    }
+}
+
+/// `write_kv` into quantized pools stores each token's head rows as `QuantPool::write` would
+/// on its own, and leaves every other slot alone.
+#[test]
+fn write_kv_quantizes_each_row_in_place() {
+    let (nkv, hd, bs, tokens) = (2, 32, 4, 3);
+    let mut batch = ForwardBatch::default();
+    batch.push_row(&[0; 3], tokens, vec![vec![1]], RowLogits::None);
+    let k: Vec<f32> = (0..tokens * nkv * hd).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+    let v: Vec<f32> = k.iter().map(|x| 0.5 - x).collect();
+    for dtype in [KvDtype::Int8 { group: 16 }, KvDtype::Int4 { group: 32 }] {
+        let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
+        let n = 2 * bs * nkv * hd;
+        let mut layer = LayerKv::new(spec, KvPool::zeroed(dtype, n), KvPool::zeroed(dtype, n));
+        write_kv(&k, &v, &batch, &mut layer, bs).unwrap();
+        let (mut kr, mut vr) = (layer.k.to_f32(), layer.v.to_f32());
+        for t in 0..tokens {
+            for h in 0..nkv {
+                let off = layer.offset(bs, 1, h, t);
+                let src = (t * nkv + h) * hd;
+                for (values, got) in [(&k, &mut kr), (&v, &mut vr)] {
+                    let mut alone = KvPool::zeroed(dtype, hd);
+                    let KvPool::Quant(q) = &mut alone else { unreachable!() };
+                    assert!(q.write(0, &values[src..src + hd]));
+                    assert_eq!(got[off..off + hd], alone.to_f32()[..], "{dtype:?} token {t} head {h}");
+                    got[off..off + hd].fill(0.0);
+                }
+            }
+        }
+        assert!(kr.iter().chain(&vr).all(|&x| x == 0.0), "{dtype:?}: a slot outside the tokens' was written");
     }
 }

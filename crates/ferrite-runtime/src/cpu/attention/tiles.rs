@@ -9,7 +9,7 @@
 
 use gemm::Parallelism;
 
-use super::vf32::{self, KvValue, Vf32};
+use super::vf32::{self, KvSource, Vf32};
 use super::{for_each_kv_run, for_each_query_tile, visible_range, AttentionParams, Pools, QueryTile};
 use crate::batch::{ForwardBatch, RowSpan};
 use crate::cpu::matmul::gemm_f32;
@@ -34,12 +34,12 @@ struct Scratch {
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(super) fn attend<T: KvValue>(
+pub(super) fn attend<S: KvSource>(
     q: &[f32],
     batch: &ForwardBatch,
     rows: &[&RowSpan],
     layer: &LayerKv,
-    pools: Pools<'_, T>,
+    pools: Pools<S>,
     block_size: usize,
     p: &AttentionParams,
     level: Level,
@@ -62,29 +62,30 @@ pub(super) fn attend<T: KvValue>(
 
 /// Compute the tile's outputs into `s.o` (`[token][head in group][head_dim]`).
 #[allow(clippy::too_many_arguments)]
-fn tile<T: KvValue>(
+fn tile<S: KvSource>(
     q: &[f32],
     batch: &ForwardBatch,
-    &QueryTile { table, g, ref tokens }: &QueryTile<'_>,
+    &QueryTile { table, context_len, g, ref tokens }: &QueryTile<'_>,
     layer: &LayerKv,
-    pools: Pools<'_, T>,
+    pools: Pools<S>,
     block_size: usize,
     p: &AttentionParams,
     level: Level,
     s: &mut Scratch,
 ) -> Result<()> {
     let (nh, hd, group) = (p.n_heads, p.head_dim, p.n_heads / p.n_kv_heads);
-    let first = visible_range(batch.positions[tokens.start] as usize, p.window).start;
-    let last = batch.positions[tokens.end - 1] as usize;
+    // Both ends of the visible range grow with the position.
+    let first = visible_range(batch.positions[tokens.start] as usize, context_len, p).start;
+    let last = visible_range(batch.positions[tokens.end - 1] as usize, context_len, p).end - 1;
     let n_keys = last + 1 - first;
     // Gather keys and values [first, last] of head g.
     s.k.resize(n_keys * hd, 0.0);
     s.vt.resize(n_keys * hd, 0.0);
-    for_each_kv_run(table, g, first..last + 1, layer, pools, block_size, |pos, k, v| {
+    for_each_kv_run(table, g, first..last + 1, layer, pools, block_size, |pos, src, len| {
         let at = pos - first;
-        T::widen(k, &mut s.k[at * hd..at * hd + k.len()]);
-        s.run.resize(v.len(), 0.0);
-        T::widen(v, &mut s.run);
+        pools.k.widen(src, &mut s.k[at * hd..at * hd + len]);
+        s.run.resize(len, 0.0);
+        pools.v.widen(src, &mut s.run);
         for (j, v) in s.run.chunks_exact(hd).enumerate() {
             for (d, &x) in v.iter().enumerate() {
                 s.vt[d * n_keys + at + j] = x;
@@ -103,7 +104,7 @@ fn tile<T: KvValue>(
     s.s.resize(m * n_keys, 0.0);
     product(&s.q, m, hd, &s.k, n_keys, &mut s.s);
     for (i, t) in tokens.clone().enumerate() {
-        let vis = visible_range(batch.positions[t] as usize, p.window);
+        let vis = visible_range(batch.positions[t] as usize, context_len, p);
         let (lo, hi) = (vis.start - first, vis.end - first);
         for qh in 0..group {
             let r = &mut s.s[(i * group + qh) * n_keys..(i * group + qh + 1) * n_keys];

@@ -15,6 +15,8 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
+use crate::kv_quant::QuantPool;
+
 /// A value type of the KV cache: written from f32, read back as f32.
 pub(super) trait KvValue: Copy + Send + Sync {
     /// `dst = src`, rounded to this type.
@@ -55,17 +57,81 @@ impl KvValue for f16 {
     }
 }
 
-/// `len` cache rows of `hd` values: row `j` is `data[offs[j]..offs[j] + hd]`, every one inside
-/// `data` (checked on construction, so the kernels may read them unchecked).
-pub(super) struct Rows<'a, T> {
-    data: &'a [T],
+/// A K or V pool as the kernels read it, by value offset: a float slice, or quantized codes
+/// dequantized as they are read (`QuantPool`).
+pub(super) trait KvSource: Copy + Send + Sync {
+    /// Values held.
+    fn len(&self) -> usize;
+    /// `dst` = values `off..off + dst.len()` as f32 (whole rows; the caller checked the range).
+    fn widen(&self, off: usize, dst: &mut [f32]);
+    /// Ask for the cache lines of values `off..off + n`.
+    fn prefetch(&self, off: usize, n: usize);
+    /// Values `off..off + 16` as f32, `off` a multiple of 16 inside the pool.
+    ///
+    /// # Safety
+    /// AVX-512 F; `off + 16 <= len()`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(&self, off: usize) -> std::arch::x86_64::__m512;
+}
+
+impl<T: KvValue> KvSource for &[T] {
+    fn len(&self) -> usize {
+        <[T]>::len(self)
+    }
+    #[inline(always)]
+    fn widen(&self, off: usize, dst: &mut [f32]) {
+        T::widen(&self[off..off + dst.len()], dst)
+    }
+    #[inline(always)]
+    fn prefetch(&self, off: usize, n: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let row = self.as_ptr().wrapping_add(off) as *const i8;
+            for b in (0..n * std::mem::size_of::<T>()).step_by(64) {
+                // SAFETY: a prefetch has no architectural effect, whatever the address.
+                unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(row.wrapping_add(b)) };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (off, n);
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(&self, off: usize) -> std::arch::x86_64::__m512 {
+        T::load16(self.as_ptr().add(off))
+    }
+}
+
+impl KvSource for &QuantPool {
+    fn len(&self) -> usize {
+        QuantPool::len(self)
+    }
+    #[inline(always)]
+    fn widen(&self, off: usize, dst: &mut [f32]) {
+        QuantPool::widen(self, off, dst)
+    }
+    #[inline(always)]
+    fn prefetch(&self, off: usize, n: usize) {
+        QuantPool::prefetch(self, off, n)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(&self, off: usize) -> std::arch::x86_64::__m512 {
+        QuantPool::load16(self, off)
+    }
+}
+
+/// `len` cache rows of `hd` values: row `j` is values `offs[j]..offs[j] + hd` of `data`, every
+/// one inside it (checked on construction, so the kernels may read them unchecked).
+pub(super) struct Rows<'a, S> {
+    data: S,
     offs: &'a [usize],
     hd: usize,
 }
 
-impl<'a, T: KvValue> Rows<'a, T> {
+impl<'a, S: KvSource> Rows<'a, S> {
     /// `None` if a row reaches past `data`.
-    pub(super) fn new(data: &'a [T], offs: &'a [usize], hd: usize) -> Option<Rows<'a, T>> {
+    pub(super) fn new(data: S, offs: &'a [usize], hd: usize) -> Option<Rows<'a, S>> {
         offs.iter().all(|&o| o.checked_add(hd).is_some_and(|end| end <= data.len())).then_some(Rows { data, offs, hd })
     }
 
@@ -76,7 +142,7 @@ impl<'a, T: KvValue> Rows<'a, T> {
     /// Row `j` as f32, into `buf`.
     fn row_f32<'b>(&self, j: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
         buf.resize(self.hd, 0.0);
-        T::widen(&self.data[self.offs[j]..self.offs[j] + self.hd], buf);
+        self.data.widen(self.offs[j], buf);
         buf
     }
 
@@ -84,16 +150,9 @@ impl<'a, T: KvValue> Rows<'a, T> {
     /// cache blocks, so the hardware prefetcher cannot run ahead across them.
     #[inline(always)]
     fn prefetch(&self, j: usize) {
-        #[cfg(target_arch = "x86_64")]
         if let Some(&o) = self.offs.get(j) {
-            let row = self.data.as_ptr().wrapping_add(o) as *const i8;
-            for off in (0..self.hd * std::mem::size_of::<T>()).step_by(64) {
-                // SAFETY: a prefetch has no architectural effect, whatever the address.
-                unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(row.wrapping_add(off)) };
-            }
+            self.data.prefetch(o, self.hd);
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = j;
     }
 }
 
@@ -123,19 +182,19 @@ pub(super) trait Vf32 {
     /// `out[h * n + j] = scale * (q_h · row j)` for the query heads `q_h` (`q` is
     /// `[heads, hd]`, `out` is `[heads, n]`, `n = keys.len()`).
     #[inline(always)]
-    fn scores<T: KvValue>(q: &[f32], keys: &Rows<'_, T>, scale: f32, out: &mut [f32]) {
-        scores_by_dot::<Self, T>(q, keys, scale, out)
+    fn scores<S: KvSource>(q: &[f32], keys: &Rows<'_, S>, scale: f32, out: &mut [f32]) {
+        scores_by_dot::<Self, S>(q, keys, scale, out)
     }
 
     /// `out[h] += Σ_j w[h * n + j] * row j` for each head `h` (`out` is `[heads, hd]`).
     #[inline(always)]
-    fn weighted_sum<T: KvValue>(w: &[f32], values: &Rows<'_, T>, out: &mut [f32]) {
-        weighted_sum_by_axpy::<Self, T>(w, values, out)
+    fn weighted_sum<S: KvSource>(w: &[f32], values: &Rows<'_, S>, out: &mut [f32]) {
+        weighted_sum_by_axpy::<Self, S>(w, values, out)
     }
 }
 
 #[inline(always)]
-fn scores_by_dot<V: Vf32 + ?Sized, T: KvValue>(q: &[f32], keys: &Rows<'_, T>, scale: f32, out: &mut [f32]) {
+fn scores_by_dot<V: Vf32 + ?Sized, S: KvSource>(q: &[f32], keys: &Rows<'_, S>, scale: f32, out: &mut [f32]) {
     let n = keys.len();
     let mut buf = Vec::new();
     for j in 0..n {
@@ -148,7 +207,7 @@ fn scores_by_dot<V: Vf32 + ?Sized, T: KvValue>(q: &[f32], keys: &Rows<'_, T>, sc
 }
 
 #[inline(always)]
-fn weighted_sum_by_axpy<V: Vf32 + ?Sized, T: KvValue>(w: &[f32], values: &Rows<'_, T>, out: &mut [f32]) {
+fn weighted_sum_by_axpy<V: Vf32 + ?Sized, S: KvSource>(w: &[f32], values: &Rows<'_, S>, out: &mut [f32]) {
     let n = values.len();
     let mut buf = Vec::new();
     for j in 0..n {
@@ -189,7 +248,7 @@ pub(super) use x86::{Avx2, Avx512};
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{scores_by_dot, weighted_sum_by_axpy, KvValue, Rows, Vf32};
+    use super::{scores_by_dot, weighted_sum_by_axpy, KvSource, Rows, Vf32};
     use crate::cpu::qmatmul::isa::{exp8, hsum_ps};
 
     /// AVX2 + FMA. Only used inside functions compiled with those features.
@@ -311,13 +370,12 @@ mod x86 {
     /// `scores` for `G` query heads (`q` is `[G, hd]`, `out` rows `h * n`), `hd` a multiple of
     /// 16: each key tile is widened once for all `G` heads.
     #[inline(always)]
-    unsafe fn scores_heads<T: KvValue, const G: usize>(q: &[f32], keys: &Rows<'_, T>, scale: f32, out: *mut f32) {
+    unsafe fn scores_heads<S: KvSource, const G: usize>(q: &[f32], keys: &Rows<'_, S>, scale: f32, out: *mut f32) {
         let (n, hd) = (keys.len(), keys.hd);
-        let base = keys.data.as_ptr();
         for t0 in (0..n).step_by(KEY_TILE) {
             let valid = (n - t0).min(KEY_TILE);
             // A short last tile repeats its last key; those lanes are not stored.
-            let rows: [*const T; KEY_TILE] = std::array::from_fn(|j| base.add(keys.offs[t0 + j.min(valid - 1)]));
+            let rows: [usize; KEY_TILE] = std::array::from_fn(|j| keys.offs[t0 + j.min(valid - 1)]);
             for j in t0 + 2 * KEY_TILE..(t0 + 3 * KEY_TILE).min(n) {
                 keys.prefetch(j);
             }
@@ -325,7 +383,7 @@ mod x86 {
             for d in (0..hd).step_by(16) {
                 let qv: [__m512; G] = std::array::from_fn(|h| _mm512_loadu_ps(q.as_ptr().add(h * hd + d)));
                 for (j, r) in rows.iter().enumerate() {
-                    let k = T::load16(r.add(d));
+                    let k = keys.data.load16(r + d);
                     for h in 0..G {
                         acc[h][j] = _mm512_fmadd_ps(qv[h], k, acc[h][j]);
                     }
@@ -341,9 +399,8 @@ mod x86 {
     /// `weighted_sum` for `G` heads (`w` rows `h * n`, `out` `[G, hd]`), `hd` a multiple of 64:
     /// each value row is widened once for all `G` heads.
     #[inline(always)]
-    unsafe fn weighted_sum_heads<T: KvValue, const G: usize>(w: *const f32, values: &Rows<'_, T>, out: &mut [f32]) {
+    unsafe fn weighted_sum_heads<S: KvSource, const G: usize>(w: *const f32, values: &Rows<'_, S>, out: &mut [f32]) {
         let (n, hd) = (values.len(), values.hd);
-        let base = values.data.as_ptr();
         for d in (0..hd).step_by(64) {
             let mut acc: [[__m512; 4]; G] = std::array::from_fn(|h| {
                 std::array::from_fn(|i| _mm512_loadu_ps(out.as_ptr().add(h * hd + d + 16 * i)))
@@ -354,8 +411,8 @@ mod x86 {
                     values.prefetch(j);
                 }
                 for j in t0..t1 {
-                    let v = base.add(values.offs[j] + d);
-                    let vals: [__m512; 4] = std::array::from_fn(|i| T::load16(v.add(16 * i)));
+                    let v = values.offs[j] + d;
+                    let vals: [__m512; 4] = std::array::from_fn(|i| values.data.load16(v + 16 * i));
                     for (h, acc) in acc.iter_mut().enumerate() {
                         let s = _mm512_set1_ps(*w.add(h * n + j));
                         for (a, v) in acc.iter_mut().zip(&vals) {
@@ -394,10 +451,10 @@ mod x86 {
         }
 
         #[inline(always)]
-        fn scores<T: KvValue>(q: &[f32], keys: &Rows<'_, T>, scale: f32, out: &mut [f32]) {
+        fn scores<S: KvSource>(q: &[f32], keys: &Rows<'_, S>, scale: f32, out: &mut [f32]) {
             let (n, hd) = (keys.len(), keys.hd);
             if !hd.is_multiple_of(16) || !q.len().is_multiple_of(hd) || out.len() != q.len() / hd * n {
-                return scores_by_dot::<Self, T>(q, keys, scale, out);
+                return scores_by_dot::<Self, S>(q, keys, scale, out);
             }
             let heads = q.len() / hd;
             for h0 in (0..heads).step_by(SCORE_HEADS) {
@@ -406,19 +463,19 @@ mod x86 {
                 // (`Rows`), `q` holds the heads from `h0` on and `out` their `n` scores each.
                 unsafe {
                     match (heads - h0).min(SCORE_HEADS) {
-                        3 => scores_heads::<T, 3>(q, keys, scale, out),
-                        2 => scores_heads::<T, 2>(q, keys, scale, out),
-                        _ => scores_heads::<T, 1>(q, keys, scale, out),
+                        3 => scores_heads::<S, 3>(q, keys, scale, out),
+                        2 => scores_heads::<S, 2>(q, keys, scale, out),
+                        _ => scores_heads::<S, 1>(q, keys, scale, out),
                     }
                 }
             }
         }
 
         #[inline(always)]
-        fn weighted_sum<T: KvValue>(w: &[f32], values: &Rows<'_, T>, out: &mut [f32]) {
+        fn weighted_sum<S: KvSource>(w: &[f32], values: &Rows<'_, S>, out: &mut [f32]) {
             let (n, hd) = (values.len(), values.hd);
             if !hd.is_multiple_of(64) || !out.len().is_multiple_of(hd) || w.len() != out.len() / hd * n {
-                return weighted_sum_by_axpy::<Self, T>(w, values, out);
+                return weighted_sum_by_axpy::<Self, S>(w, values, out);
             }
             let heads = out.len() / hd;
             for h0 in (0..heads).step_by(VALUE_HEADS) {
@@ -427,10 +484,10 @@ mod x86 {
                 // those heads' outputs.
                 unsafe {
                     match (heads - h0).min(VALUE_HEADS) {
-                        4 => weighted_sum_heads::<T, 4>(w, values, out),
-                        3 => weighted_sum_heads::<T, 3>(w, values, out),
-                        2 => weighted_sum_heads::<T, 2>(w, values, out),
-                        _ => weighted_sum_heads::<T, 1>(w, values, out),
+                        4 => weighted_sum_heads::<S, 4>(w, values, out),
+                        3 => weighted_sum_heads::<S, 3>(w, values, out),
+                        2 => weighted_sum_heads::<S, 2>(w, values, out),
+                        _ => weighted_sum_heads::<S, 1>(w, values, out),
                     }
                 }
             }
