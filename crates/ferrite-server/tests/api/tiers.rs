@@ -72,8 +72,10 @@ async fn a_stream_cut_by_its_client_is_continued_by_an_identical_retry() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = start(tiered_app(dir.path()));
     let url = server.at("/v1/completions");
+    // Long enough that the client's drop lands mid-generation however busy the machine is (a
+    // generation that ends first leaves no record, and the retry would replay nothing).
     let body = json!({
-        "prompt": "The history of the printing press begins", "max_tokens": 48, "ignore_eos": true,
+        "prompt": "The history of the printing press begins", "max_tokens": 400, "ignore_eos": true,
         "temperature": 0, "stream": true, "stream_options": {"include_usage": true},
     });
     let mut cut = client().post(&url).json(&body).send().await.expect("request");
