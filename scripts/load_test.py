@@ -81,7 +81,7 @@ class Server:
         def pump():
             for line in self.proc.stderr:
                 self.log.append(line.rstrip())
-                if m := re.search(r"KV cache (\d+) tokens", line):
+                if m := re.search(r"KV cache [^,]+, \d+ bytes/token, (\d+) tokens", line):
                     self.kv_tokens = int(m.group(1))
                 if m := re.search(r"listening on http://[^:]+:(\d+)", line):
                     self.port = int(m.group(1))
@@ -324,6 +324,8 @@ async def main_async(args) -> int:
           f"RSS {server.rss_kib() / 1024:.0f} MiB at start", flush=True)
     code = None
     try:
+        c.check("the load line names the KV capacity", args.no_fill or server.kv_tokens is not None,
+                "no 'KV cache …, N tokens' on the server's load line: the fill cannot size itself")
         t0 = time.monotonic()
         sent, failed = (0, 0) if args.no_fill else await fill_kv(server, args.concurrency, args.deadline)
         print(f"KV fill: {sent} prompt tokens in {time.monotonic() - t0:.1f} s, RSS {server.rss_kib() / 1024:.0f} MiB",
