@@ -325,7 +325,7 @@ async def main_async(args) -> int:
     code = None
     try:
         c.check("the load line names the KV capacity", args.no_fill or server.kv_tokens is not None,
-                "no 'KV cache …, N tokens' on the server's load line: the fill cannot size itself")
+                f"{server.kv_tokens} tokens (None: the fill cannot size itself)")
         t0 = time.monotonic()
         sent, failed = (0, 0) if args.no_fill else await fill_kv(server, args.concurrency, args.deadline)
         print(f"KV fill: {sent} prompt tokens in {time.monotonic() - t0:.1f} s, RSS {server.rss_kib() / 1024:.0f} MiB",
