@@ -19,6 +19,11 @@
 
 use half::f16;
 
+use std::sync::Arc;
+
+use cudarc::driver::DevicePtr;
+
+use crate::cuda::kv_copy::CopyStream;
 use crate::cuda::ops::DeviceKv;
 use crate::cuda::Gpu;
 use crate::error::{Result, RuntimeError};
@@ -331,26 +336,83 @@ const PAGE: usize = 4096;
 const POPULATE_BYTES: usize = 2 << 20;
 
 /// Where the pools are.
-enum Storage {
+pub(crate) enum Storage {
     Host(Vec<LayerKv>),
-    Device(Vec<DeviceKv>),
+    Device(DevicePools),
+}
+
+/// Pools on a CUDA device: each layer's, the KV group of each, and the stream block copies
+/// to and from host memory run on (`kv_host`).
+pub(crate) struct DevicePools {
+    layers: Vec<DeviceKv>,
+    groups: Vec<usize>,
+    pub(crate) copies: Arc<CopyStream>,
+}
+
+impl DevicePools {
+    /// Bytes one block of a layer's K (or V) pool takes.
+    fn layer_block_bytes(l: &DeviceKv) -> usize {
+        l.n_kv_heads * l.block_size * l.head_dim * std::mem::size_of::<half::bf16>()
+    }
+
+    fn group_block_bytes(&self, group: usize) -> usize {
+        self.layers.iter().zip(&self.groups).filter(|(_, &g)| g == group).map(|(l, _)| 2 * Self::layer_block_bytes(l)).sum()
+    }
+
+    /// The device address and length of each part of `block` of `group`, in the order of a
+    /// whole block's bytes (each layer's K block, then its V block). `block` must exist.
+    pub(crate) fn block_regions(&self, group: usize, block: usize) -> Vec<(u64, usize)> {
+        let stream = self.copies.compute();
+        let mut out = Vec::new();
+        for (l, _) in self.layers.iter().zip(&self.groups).filter(|(_, &g)| g == group) {
+            let n = Self::layer_block_bytes(l);
+            for pool in [&l.k, &l.v] {
+                out.push((pool.device_ptr(stream).0 + (block * n) as u64, n));
+            }
+        }
+        out
+    }
 }
 
 pub struct KvCache {
     /// Unique per cache in this process (a captured graph remembers which cache it writes).
     id: u64,
-    storage: Storage,
+    pub(crate) storage: Storage,
     group_blocks: Vec<usize>,
+    pub(crate) block_size: usize,
+}
+
+/// The raw bytes of `block` of `group` in host pools, in the order of a whole block's bytes
+/// (each layer's K block, then its V block; a quantized pool's codes, then its parameters).
+pub(crate) fn host_block_parts(
+    layers: &[LayerKv],
+    group: usize,
+    block: usize,
     block_size: usize,
+) -> impl Iterator<Item = &[u8]> {
+    layers.iter().filter(move |l| l.spec.group == group).flat_map(move |l| {
+        let range = l.block_range(block_size, block);
+        l.k.bytes(range.clone()).into_iter().chain(l.v.bytes(range))
+    })
+}
+
+/// `host_block_parts`, to overwrite.
+pub(crate) fn host_block_parts_mut(
+    layers: &mut [LayerKv],
+    group: usize,
+    block: usize,
+    block_size: usize,
+) -> impl Iterator<Item = &mut [u8]> {
+    layers.iter_mut().filter(move |l| l.spec.group == group).flat_map(move |l| {
+        let range = l.block_range(block_size, block);
+        let (k, v) = (&mut l.k, &mut l.v);
+        k.bytes_mut(range.clone()).into_iter().chain(v.bytes_mut(range))
+    })
 }
 
 fn next_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-fn device_blocks() -> RuntimeError {
-    RuntimeError::Shape("KV blocks on a CUDA device cannot be copied to the host yet".into())
 }
 
 fn check_blocks(layout: &KvLayout, group_blocks: &[usize], block_size: usize) -> Result<()> {
@@ -399,7 +461,10 @@ impl KvCache {
             .iter()
             .map(|spec| DeviceKv::new(gpu, group_blocks[spec.group], block_size, spec.n_kv_heads, spec.head_dim))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(KvCache { id: next_id(), storage: Storage::Device(layers), group_blocks: group_blocks.to_vec(), block_size })
+        let groups = layout.layers.iter().map(|l| l.group).collect();
+        let copies = Arc::new(CopyStream::new(gpu.stream())?);
+        let pools = DevicePools { layers, groups, copies };
+        Ok(KvCache { id: next_id(), storage: Storage::Device(pools), group_blocks: group_blocks.to_vec(), block_size })
     }
 
     pub fn group_blocks(&self) -> &[usize] {
@@ -418,7 +483,7 @@ impl KvCache {
     pub fn num_layers(&self) -> usize {
         match &self.storage {
             Storage::Host(l) => l.len(),
-            Storage::Device(l) => l.len(),
+            Storage::Device(d) => d.layers.len(),
         }
     }
 
@@ -431,60 +496,16 @@ impl KvCache {
         }
     }
 
-    /// Bytes `copy_block_out` writes for one block of `group`: K then V of each of the
-    /// group's layers, in layer order.
+    /// Bytes of one block of `group` (`kv_host` gives their order): K then V of each of
+    /// the group's layers, in layer order.
     pub fn group_block_bytes(&self, group: usize) -> usize {
         match &self.storage {
-            Storage::Host(l) => l
-                .iter()
-                .filter(|l| l.spec.group == group)
-                .map(|l| 2 * l.k.bytes(l.block_range(self.block_size, 0)).iter().map(|b| b.len()).sum::<usize>())
-                .sum(),
-            Storage::Device(_) => 0,
+            Storage::Host(l) => host_block_parts(l, group, 0, self.block_size).map(<[u8]>::len).sum(),
+            Storage::Device(d) => d.group_block_bytes(group),
         }
     }
 
-    /// Append the contents of `block` of `group` to `out` (every layer of the group: its K
-    /// block, then its V block, as raw values). Only host pools can be copied.
-    pub fn copy_block_out(&self, group: usize, block: usize, out: &mut Vec<u8>) -> Result<()> {
-        let Storage::Host(layers) = &self.storage else { return Err(device_blocks()) };
-        self.check_block(group, block)?;
-        for l in layers.iter().filter(|l| l.spec.group == group) {
-            let range = l.block_range(self.block_size, block);
-            for part in l.k.bytes(range.clone()).into_iter().chain(l.v.bytes(range)) {
-                out.extend_from_slice(part);
-            }
-        }
-        Ok(())
-    }
-
-    /// Overwrite `block` of `group` with `bytes`, as `copy_block_out` wrote them; an error
-    /// when their length is not `group_block_bytes(group)`.
-    pub fn copy_block_in(&mut self, group: usize, block: usize, bytes: &[u8]) -> Result<()> {
-        self.check_block(group, block)?;
-        let want = self.group_block_bytes(group);
-        let bs = self.block_size;
-        let Storage::Host(layers) = &mut self.storage else { return Err(device_blocks()) };
-        if bytes.len() != want {
-            return Err(RuntimeError::Shape(format!(
-                "a KV block of group {group} takes {want} bytes, got {}",
-                bytes.len()
-            )));
-        }
-        let mut at = 0;
-        for l in layers.iter_mut().filter(|l| l.spec.group == group) {
-            let range = l.block_range(bs, block);
-            for pool in [&mut l.k, &mut l.v] {
-                for dst in pool.bytes_mut(range.clone()) {
-                    dst.copy_from_slice(&bytes[at..at + dst.len()]);
-                    at += dst.len();
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn check_block(&self, group: usize, block: usize) -> Result<()> {
+    pub(crate) fn check_block(&self, group: usize, block: usize) -> Result<()> {
         match self.group_blocks.get(group) {
             Some(&n) if block < n => Ok(()),
             _ => Err(RuntimeError::Shape(format!("KV block {block} of group {group} does not exist"))),
@@ -505,9 +526,9 @@ impl KvCache {
     /// Device layer `i`; an error for host storage or a layer that does not exist.
     pub fn device_layer_mut(&mut self, i: usize) -> Result<&mut DeviceKv> {
         match &mut self.storage {
-            Storage::Device(l) => {
-                let n = l.len();
-                l.get_mut(i).ok_or_else(|| RuntimeError::Shape(format!("KV layer {i} of {n}")))
+            Storage::Device(d) => {
+                let n = d.layers.len();
+                d.layers.get_mut(i).ok_or_else(|| RuntimeError::Shape(format!("KV layer {i} of {n}")))
             }
             Storage::Host(_) => Err(RuntimeError::Shape("a CUDA model was given a KV cache in host memory".into())),
         }
@@ -548,47 +569,5 @@ impl LayerKv {
     #[inline]
     pub fn offset(&self, block_size: usize, block: usize, head: usize, slot: usize) -> usize {
         ((block * self.spec.n_kv_heads + head) * block_size + slot) * self.spec.head_dim
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_block_copied_out_and_in_moves_exactly_its_values() {
-        let layout = KvLayout {
-            groups: vec![KvGroupKind::Full, KvGroupKind::Sliding { window: 4 }],
-            layers: vec![
-                KvLayerSpec { n_kv_heads: 2, head_dim: 16, group: 0 },
-                KvLayerSpec { n_kv_heads: 1, head_dim: 32, group: 1 },
-                KvLayerSpec { n_kv_heads: 2, head_dim: 16, group: 0 },
-            ],
-        };
-        let cache = |dtype| {
-            let scheme = KvScheme { dtype, ..Default::default() };
-            KvCache::with_scheme(&layout, &[3, 3], 2, &scheme).unwrap()
-        };
-        let dtypes = [KvDtype::F16, KvDtype::F32, KvDtype::Int8 { group: 16 }, KvDtype::Int4 { group: 16 }];
-        for dtype in dtypes {
-            let mut kv = cache(dtype);
-            // Two layers of group 0, K and V each: 2 heads × 2 slots of 16 values.
-            assert_eq!(kv.group_block_bytes(0), 2 * 2 * 2 * 2 * dtype.row_bytes(16), "{dtype:?}");
-            let bytes: Vec<u8> = (0..kv.group_block_bytes(0)).map(|i| (i % 60) as u8).collect();
-            kv.copy_block_in(0, 1, &bytes).unwrap();
-            let mut out = Vec::new();
-            kv.copy_block_out(0, 1, &mut out).unwrap();
-            assert_eq!(out, bytes);
-            // Its neighbours and the other group are untouched.
-            for (g, b) in [(0, 0), (0, 2), (1, 1)] {
-                out.clear();
-                kv.copy_block_out(g, b, &mut out).unwrap();
-                assert!(out.iter().all(|&x| x == 0), "block {b} of group {g}");
-            }
-            assert!(kv.copy_block_in(0, 1, &bytes[1..]).is_err());
-            assert!(kv.copy_block_out(0, 3, &mut out).is_err());
-        }
-        let schemes: std::collections::HashSet<String> = dtypes.iter().map(|&d| cache(d).scheme()).collect();
-        assert_eq!(schemes.len(), dtypes.len(), "{schemes:?}");
     }
 }

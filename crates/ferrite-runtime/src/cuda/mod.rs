@@ -15,6 +15,7 @@ mod context;
 mod device;
 mod error;
 mod functions;
+pub(crate) mod kv_copy;
 pub mod ops;
 mod pinned;
 
