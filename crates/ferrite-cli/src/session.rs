@@ -110,6 +110,11 @@ pub struct EngineArgs {
     /// Turn the prefix cache off.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Host RAM (bytes, page-locked) for the prefix-cache blocks a GPU's KV pool evicts,
+    /// kept there instead of dropped and restored on a hit (GPU models only: on the CPU the
+    /// pool already is RAM).
+    #[arg(long)]
+    pub host_cache_memory: Option<usize>,
     /// Directory of the prefix cache's SSD tier: full KV blocks are written there in the
     /// background and served after a restart (content-addressed, checksummed).
     #[arg(long)]
@@ -252,6 +257,7 @@ impl Default for EngineArgs {
             block_size: d.block_size,
             kv: KvArgs::default(),
             no_prefix_cache: false,
+            host_cache_memory: None,
             prefix_cache_dir: None,
             prefix_cache_disk_bytes: 10 << 30,
             generation_checkpoint: None,
@@ -273,6 +279,7 @@ impl EngineArgs {
             gpu_memory_utilization: self.gpu_memory_utilization,
             prefix_cache: !self.no_prefix_cache,
             namespace: model_namespace(path),
+            host_cache_memory: self.host_cache_memory,
             disk_cache: (self.prefix_cache_dir.clone())
                 .map(|d| ferrite_engine::kv::disk::DiskConfig::new(d, self.prefix_cache_disk_bytes)),
             generation_checkpoint: self.generation_checkpoint,
@@ -285,6 +292,9 @@ impl EngineArgs {
     }
 
     pub fn start(&self, loaded: &LoadedModel, path: &std::path::Path) -> Result<Engine> {
+        if self.host_cache_memory.is_some() && loaded.device == Device::Cpu {
+            bail!("--host-cache-memory is for GPU models: on the CPU the KV pool already is host RAM (use --kv-cache-memory)");
+        }
         let (speculation, tool_scaffold) = self.spec.resolve(loaded)?;
         let kv_scheme = self.kv.scheme(loaded.device)?;
         let cfg = EngineConfig { speculation, tool_scaffold, kv_scheme, ..self.config(path) };

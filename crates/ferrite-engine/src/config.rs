@@ -32,6 +32,9 @@ pub struct EngineConfig {
     /// Prefix-cache namespace: model fingerprint and adapter set, hashed (the engine mixes
     /// in `kv_scheme`).
     pub namespace: u64,
+    /// The host-RAM tier of the prefix cache: bytes of host memory for the blocks the pool
+    /// evicts (`--host-cache-memory`; the CLI takes it for GPU models only).
+    pub host_cache_memory: Option<usize>,
     /// The SSD tier of the prefix cache (`--prefix-cache-dir`, `--prefix-cache-disk-bytes`).
     pub disk_cache: Option<crate::kv::disk::DiskConfig>,
     /// Resumable generations: record every N generated tokens, and when cut off
@@ -87,6 +90,7 @@ impl Default for EngineConfig {
             gpu_memory_utilization: 0.9,
             prefix_cache: true,
             namespace: 0,
+            host_cache_memory: None,
             disk_cache: None,
             generation_checkpoint: None,
             kv_scheme: KvScheme::default(),

@@ -16,6 +16,7 @@ mod embed;
 mod emit;
 mod overlap;
 mod propose;
+mod restore;
 mod tiers;
 
 pub use adapters::AdapterNames;
@@ -65,8 +66,12 @@ pub struct EngineCore {
     in_flight: Option<overlap::InFlight>,
     /// The prefix cache's namespace digest (`tiers::namespace`).
     namespace: u64,
-    /// The SSD tier below the pool (`--prefix-cache-dir`).
+    /// The host-RAM tier below the pool (`--host-cache-memory`).
+    host: Option<crate::kv::host::HostTier>,
+    /// The SSD tier below it (`--prefix-cache-dir`).
     disk: Option<crate::kv::disk::DiskTier>,
+    /// The host slots the SSD tier's block copies go through (with `disk`).
+    staging: Option<ferrite_runtime::HostBlocks>,
     /// Records of interrupted generations (`--generation-checkpoint`).
     resumes: Option<tiers::Resumes>,
     adapters: adapters::Adapters,
@@ -112,7 +117,7 @@ impl EngineCore {
         let prefix_cache = cfg.prefix_cache && model.generates();
         // The namespace holds the KV scheme through the pools' own description (`tiers`).
         let namespace = tiers::namespace(cfg.namespace, &kv, &layout, cfg.block_size);
-        let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, prefix_cache.then_some(namespace));
+        let mut kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, prefix_cache.then_some(namespace));
         let limits = Limits {
             max_model_len,
             vocab_size: mcfg.vocab_size,
@@ -145,7 +150,8 @@ impl EngineCore {
         }
         let metrics = Arc::new(Metrics::default());
         metrics.set_kv(kvm.free_blocks());
-        let disk = tiers::open_disk(cfg, &kv, &layout, namespace, &metrics)?;
+        let host = tiers::open_host(cfg, &kv, &mut kvm, &metrics)?;
+        let (disk, staging) = tiers::open_disk(cfg, &kv, &layout, namespace, &metrics)?.unzip();
         let resumes = cfg.generation_checkpoint.map(tiers::Resumes::new).transpose()?;
         metrics.set_kv_size(limits.kv_bytes_per_token, limits.kv_capacity_tokens);
         let grammars = Arc::new(Grammars::new(tokenizer.clone(), mcfg.vocab_size, eos.clone()));
@@ -167,7 +173,9 @@ impl EngineCore {
             overlap: cfg.overlap,
             in_flight: None,
             namespace,
+            host,
             disk,
+            staging,
             resumes,
             adapters: adapters::Adapters::new(cfg.max_loras),
         })
@@ -334,6 +342,9 @@ impl EngineCore {
             (false, true) => Want::Sample(&samplers),
             (false, false) => Want::Logits,
         };
+        if let Err(e) = self.before_forward() {
+            return Err(self.fail_rows(&rows, e));
+        }
         // Constrained rows about to sample compute their token masks on a helper thread
         // meanwhile.
         let sampling: Vec<usize> = plan.iter().filter(|r| r.logits > 0).map(PlanRow::row).collect();
@@ -562,6 +573,10 @@ fn usage(seq: &Sequence) -> Usage {
         completion_tokens: seq.generated(),
         fill: seq.fill.usage,
         speculation: seq.spec.usage,
-        tiers: crate::request::TierUsage { ssd_tokens: seq.tier.ssd_tokens, resumed_tokens: seq.tier.resumed },
+        tiers: crate::request::TierUsage {
+            host_tokens: seq.tier.tier_tokens[crate::kv::TierKind::Host as usize],
+            ssd_tokens: seq.tier.tier_tokens[crate::kv::TierKind::Ssd as usize],
+            resumed_tokens: seq.tier.resumed,
+        },
     }
 }

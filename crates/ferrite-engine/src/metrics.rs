@@ -29,6 +29,18 @@ pub struct Metrics {
     pub asserted_tokens: AtomicU64,
     /// Steps queued on the device while the one before them still ran (`core/overlap.rs`).
     pub overlapped_steps: AtomicU64,
+    /// Host-RAM tier (`kv/host.rs`): prompt tokens looked up there (past the pool's hit) and
+    /// the tokens restored from it; bytes copied in (saves of evicted blocks) and out
+    /// (restores); blocks and bytes held, the budget; blocks it evicted, and saves that failed.
+    pub host_lookup_tokens: AtomicU64,
+    pub host_hit_tokens: AtomicU64,
+    pub host_written_bytes: AtomicU64,
+    pub host_read_bytes: AtomicU64,
+    pub host_blocks: AtomicU64,
+    pub host_bytes: AtomicU64,
+    pub host_capacity_bytes: AtomicU64,
+    pub host_evicted_blocks: AtomicU64,
+    pub host_failed_saves: AtomicU64,
     /// SSD tier (`kv/disk`): prompt tokens looked up there (past the pool's hit) and the
     /// tokens restored from it.
     pub ssd_lookup_tokens: AtomicU64,

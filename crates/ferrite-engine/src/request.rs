@@ -90,6 +90,8 @@ pub struct Usage {
 /// Where a request's cached tokens came from beyond the KV pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TierUsage {
+    /// Prompt tokens (of `cached_tokens`) restored from the host-RAM tier.
+    pub host_tokens: usize,
     /// Prompt tokens (of `cached_tokens`) restored from the SSD tier.
     pub ssd_tokens: usize,
     /// Generated tokens replayed from an interrupted run of the same request.
@@ -99,7 +101,11 @@ pub struct TierUsage {
 impl std::ops::Add for TierUsage {
     type Output = TierUsage;
     fn add(self, o: TierUsage) -> TierUsage {
-        TierUsage { ssd_tokens: self.ssd_tokens + o.ssd_tokens, resumed_tokens: self.resumed_tokens + o.resumed_tokens }
+        TierUsage {
+            host_tokens: self.host_tokens + o.host_tokens,
+            ssd_tokens: self.ssd_tokens + o.ssd_tokens,
+            resumed_tokens: self.resumed_tokens + o.resumed_tokens,
+        }
     }
 }
 

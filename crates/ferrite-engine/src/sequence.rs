@@ -50,14 +50,16 @@ pub(crate) struct Sequence {
 /// A sequence's state towards the KV tiers below the pool and its resumable generation.
 #[derive(Debug, Default)]
 pub(crate) struct TierState {
-    /// A read-ahead of its prefix from a lower tier, not installed yet.
-    pub restore: Option<std::sync::mpsc::Receiver<crate::kv::Restored>>,
-    /// The blocks installed from a lower tier for it.
-    pub restored: std::ops::Range<usize>,
-    /// Full blocks already handed to the lower tier (or found there).
+    /// A tier below the pool held part of its prefix at arrival: restore before admission.
+    pub restore: bool,
+    /// The SSD tier's read-ahead of its prefix, not installed yet.
+    pub read_ahead: Option<std::sync::mpsc::Receiver<crate::kv::Restored>>,
+    /// The blocks installed for it from each tier (indexed by `TierKind`).
+    pub restored: [std::ops::Range<usize>; 2],
+    /// Full blocks already handed to the SSD tier (or found there).
     pub published: usize,
-    /// Prompt tokens served from the SSD tier at first admission.
-    pub ssd_tokens: usize,
+    /// Prompt tokens served from each tier (indexed by `TierKind`) at first admission.
+    pub tier_tokens: [usize; 2],
     /// The digest of (prompt, parameters) a resumable generation is recorded under.
     pub resume_key: Option<u64>,
     /// Tokens replayed from the record of an interrupted run of the same request.
@@ -70,12 +72,13 @@ pub(crate) struct TierState {
 
 impl Sequence {
     /// At first admission, with `num_computed` positions found cached: the prompt tokens
-    /// served from the prefix cache, and the part of them the SSD tier restored.
+    /// served from the prefix cache, and the parts of them each tier below the pool restored.
     pub fn note_first_hit(&mut self, block_size: usize) {
         self.cached_tokens = self.num_computed.min(self.prompt_len);
-        let r = &self.tier.restored;
         let hit = self.num_computed / block_size;
-        self.tier.ssd_tokens = (hit.min(r.end) * block_size).min(self.prompt_len).saturating_sub(r.start * block_size);
+        for (tokens, r) in self.tier.tier_tokens.iter_mut().zip(&self.tier.restored) {
+            *tokens = (hit.min(r.end) * block_size).min(self.prompt_len).saturating_sub(r.start * block_size);
+        }
     }
 
     /// Whether this is the sequence's first admission (nothing generated since it arrived).

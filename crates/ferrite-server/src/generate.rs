@@ -190,6 +190,7 @@ pub fn merge_usage<'a>(usages: impl IntoIterator<Item = &'a Usage>) -> Usage {
         fill: acc.fill + u.fill,
         speculation: acc.speculation + u.speculation,
         tiers: ferrite_engine::TierUsage {
+            host_tokens: acc.tiers.host_tokens.max(u.tiers.host_tokens),
             ssd_tokens: acc.tiers.ssd_tokens.max(u.tiers.ssd_tokens),
             resumed_tokens: acc.tiers.resumed_tokens + u.tiers.resumed_tokens,
         },
@@ -216,8 +217,8 @@ pub fn usage_extensions(u: &Usage) -> serde_json::Map<String, serde_json::Value>
         out.insert(
             "cache".into(),
             serde_json::json!({
-                "device_tokens": u.cached_tokens.saturating_sub(t.ssd_tokens), "ssd_tokens": t.ssd_tokens,
-                "resumed_tokens": t.resumed_tokens,
+                "device_tokens": u.cached_tokens.saturating_sub(t.host_tokens + t.ssd_tokens),
+                "host_tokens": t.host_tokens, "ssd_tokens": t.ssd_tokens, "resumed_tokens": t.resumed_tokens,
             }),
         );
     }

@@ -170,20 +170,34 @@ fn by_tier(out: &mut String, name: &str, help: &str, kind: &str, samples: &[(&st
     }
 }
 
-/// The prefix cache's tiers (the device pool and the SSD tier) and resumed generations.
+/// The prefix cache's tiers (the device pool, host RAM and the SSD tier) and resumed
+/// generations.
 fn render_tiers(out: &mut String, e: &EngineMetrics) {
     let load = |a: &AtomicU64| a.load(Relaxed);
-    let (queried, hit, ssd_hit) = (load(&e.prefix_queried_tokens), load(&e.prefix_hit_tokens), load(&e.ssd_hit_tokens));
-    let device_hit = hit.saturating_sub(ssd_hit);
-    let hits = [("device", device_hit), ("ssd", ssd_hit)];
+    let (queried, hit) = (load(&e.prefix_queried_tokens), load(&e.prefix_hit_tokens));
+    let (host_hit, ssd_hit) = (load(&e.host_hit_tokens), load(&e.ssd_hit_tokens));
+    let device_hit = hit.saturating_sub(ssd_hit + host_hit);
+    let hits = [("device", device_hit), ("host", host_hit), ("ssd", ssd_hit)];
     by_tier(out, "ferrite_prefix_cache_hit_tokens_total", "Prompt tokens served from each tier.", "counter", &hits);
-    let misses =
-        [("device", queried.saturating_sub(device_hit)), ("ssd", load(&e.ssd_lookup_tokens).saturating_sub(ssd_hit))];
+    let misses = [
+        ("device", queried.saturating_sub(device_hit)),
+        ("host", load(&e.host_lookup_tokens).saturating_sub(host_hit)),
+        ("ssd", load(&e.ssd_lookup_tokens).saturating_sub(ssd_hit)),
+    ];
     let help = "Prompt tokens looked up in each tier and not found there.";
     by_tier(out, "ferrite_prefix_cache_miss_tokens_total", help, "counter", &misses);
-    let io = [("ssd_read", load(&e.ssd_read_bytes)), ("ssd_written", load(&e.ssd_written_bytes))];
-    by_tier(out, "ferrite_prefix_cache_bytes_total", "Bytes read from and written to the SSD tier.", "counter", &io);
-    let gauges: [(&str, &str, u64); 4] = [
+    let io = [
+        ("host_read", load(&e.host_read_bytes)),
+        ("host_written", load(&e.host_written_bytes)),
+        ("ssd_read", load(&e.ssd_read_bytes)),
+        ("ssd_written", load(&e.ssd_written_bytes)),
+    ];
+    let help = "Bytes read from (restored) and written to the host-RAM and SSD tiers.";
+    by_tier(out, "ferrite_prefix_cache_bytes_total", help, "counter", &io);
+    let gauges: [(&str, &str, u64); 7] = [
+        ("ferrite_prefix_cache_host_bytes", "Bytes of KV blocks in the host-RAM tier.", load(&e.host_bytes)),
+        ("ferrite_prefix_cache_host_blocks", "KV blocks in the host-RAM tier.", load(&e.host_blocks)),
+        ("ferrite_prefix_cache_host_capacity_bytes", "The host-RAM tier's budget.", load(&e.host_capacity_bytes)),
         ("ferrite_prefix_cache_ssd_bytes", "Bytes of files in the SSD tier's directory.", load(&e.ssd_bytes)),
         ("ferrite_prefix_cache_ssd_files", "Files in the SSD tier's directory.", load(&e.ssd_files)),
         ("ferrite_prefix_cache_ssd_write_queue_depth", "Stores waiting for the writer.", load(&e.ssd_write_queue_jobs)),
@@ -192,7 +206,17 @@ fn render_tiers(out: &mut String, e: &EngineMetrics) {
     for (name, help, v) in gauges {
         sample(out, name, help, "gauge", v);
     }
-    let counters: [(&str, &str, u64); 5] = [
+    let counters: [(&str, &str, u64); 7] = [
+        (
+            "ferrite_prefix_cache_host_evictions_total",
+            "KV blocks evicted (LRU) from the host-RAM tier.",
+            load(&e.host_evicted_blocks),
+        ),
+        (
+            "ferrite_prefix_cache_host_failed_saves_total",
+            "Evicted KV blocks the host-RAM tier could not copy in (dropped).",
+            load(&e.host_failed_saves),
+        ),
         (
             "ferrite_prefix_cache_ssd_evictions_total",
             "Files evicted (LRU) from the SSD tier.",

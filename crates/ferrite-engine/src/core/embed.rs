@@ -27,8 +27,13 @@ impl EngineCore {
             batch.push_row(&s.tokens, s.tokens.len(), s.kv.tables().to_vec(), RowLogits::None);
         }
         self.metrics.add_batch(batch.num_tokens());
-        let (model, kv) = (&self.model, &mut self.kv);
-        let vectors = run_forward(&**model, || model.embed(&batch, kv)).map_err(EngineError::from);
+        let vectors = match self.before_forward() {
+            Ok(()) => {
+                let (model, kv) = (&self.model, &mut self.kv);
+                run_forward(&**model, || model.embed(&batch, kv)).map_err(EngineError::from)
+            }
+            Err(e) => Err(e),
+        };
         // Rows come in running order: removing them from the back keeps the indices valid.
         let gone: Vec<usize> = embed.iter().map(|r| r.index).collect();
         let mut seqs: Vec<_> = gone.iter().rev().map(|&i| self.sched.running.remove(i)).collect();

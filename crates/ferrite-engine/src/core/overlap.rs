@@ -138,6 +138,7 @@ impl EngineCore {
             false => self.sched.running.iter().map(|s| emit::row_sampler(s, &self.eos, 1)).collect(),
         };
         let want = if greedy { Want::Argmax } else { Want::Sample(&samplers) };
+        self.before_forward()?;
         let (model, kv) = (&self.model, &mut self.kv);
         let pending = run_forward(&**model, || model.step(&batch, kv, want))?;
         self.metrics.add_batch(batch.num_tokens());

@@ -1,13 +1,11 @@
-//! The engine's side of the KV tiers below the pool and of resumable generations.
+//! The engine's side of the KV tiers below the pool and of resumable generations: opening
+//! the tiers, what is published when, and resumption (the block moves are `core/restore.rs`).
 //!
-//! - **Read ahead**: when a request arrives, the blocks of its prompt that the pool lacks and
-//!   the SSD tier holds are fetched on the tier's reader thread. Just before the scheduler
-//!   looks the request up, `install_restores` copies them into free pool blocks registered in
-//!   the prefix cache, so the ordinary prefix hit serves them: one path for every request.
-//! - **Publish**: full prompt blocks go to the tier as soon as they are computed; generated
-//!   blocks at each checkpoint and when the sequence ends (finished or cut off). Copying a
-//!   block out is a memcpy on the engine thread; the file writes are the writer thread's, and
-//!   a store the writer has no room for is dropped.
+//! - **Publish**: full prompt blocks go to the SSD tier as soon as they are computed;
+//!   generated blocks at each checkpoint and when the sequence ends (finished or cut off).
+//!   Copying blocks out is the engine thread's (a memcpy, or a device copy it waits for); the
+//!   file writes are the writer thread's, and a store the writer has no room for is dropped.
+//! - **Host RAM** (`--host-cache-memory`) takes what the pool evicts (`kv/host.rs`).
 //! - **Resume** (`--generation-checkpoint N`): every N generated tokens, and when a generation
 //!   is cut off (client disconnect, shutdown), its tokens are recorded under a digest of
 //!   (namespace, prompt, parameters) — in memory and, with the SSD tier, on disk. An identical
@@ -19,14 +17,16 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use ferrite_runtime::{KvCache, KvLayout};
+use ferrite_runtime::{HostBlocks, KvCache, KvLayout};
 
 use super::emit::{emit_token, Emitter};
+use super::restore::publish;
 use super::{Emitted, EngineCore};
 use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::kv::disk::{DiskTier, FORMAT_VERSION};
-use crate::kv::{KvManager, KvTier};
+use crate::kv::host::HostTier;
+use crate::kv::KvManager;
 use crate::metrics::Metrics;
 use crate::request::RequestParams;
 use crate::sequence::Sequence;
@@ -104,61 +104,46 @@ impl Resumes {
     }
 }
 
-/// Open the SSD tier of `cfg`, if it has one.
+/// Bytes of staging the SSD tier's block copies go through at a time.
+const STAGING_BYTES: usize = 64 << 20;
+
+/// Open the SSD tier of `cfg`, if it has one, and the staging slots its copies go through.
 pub(super) fn open_disk(
     cfg: &EngineConfig,
     kv: &KvCache,
     layout: &KvLayout,
     namespace: u64,
     metrics: &Arc<Metrics>,
-) -> Result<Option<DiskTier>, EngineError> {
+) -> Result<Option<(DiskTier, HostBlocks)>, EngineError> {
     let Some(d) = &cfg.disk_cache else { return Ok(None) };
     if !cfg.prefix_cache {
         return Err(EngineError::Config("--prefix-cache-dir needs the prefix cache (drop --no-prefix-cache)".into()));
     }
     let group_bytes: Vec<u64> = (0..layout.groups.len()).map(|g| kv.group_block_bytes(g) as u64).collect();
-    if group_bytes.contains(&0) {
-        return Err(EngineError::Config(
-            "--prefix-cache-dir needs a KV cache in host memory (this model keeps its KV on a GPU)".into(),
-        ));
-    }
-    Ok(Some(DiskTier::open(d, namespace, cfg.block_size, group_bytes, metrics.clone())?))
+    let staging = kv.host_blocks((STAGING_BYTES / kv.block_bytes().max(1)).max(1))?;
+    Ok(Some((DiskTier::open(d, namespace, cfg.block_size, group_bytes, metrics.clone())?, staging)))
 }
 
-/// Hand full blocks `seq.tier.published .. upto` of `seq` to `tier`, as runs of the blocks
-/// it does not hold yet; stops at the first block the writer has no room for.
-fn publish(tier: &dyn KvTier, kvm: &KvManager, kv: &KvCache, seq: &mut Sequence, upto: usize) {
-    let bs = kvm.block_size();
-    let upto = upto.min(seq.kv.hashes().len());
-    let groups = seq.kv.tables().len();
-    let block_bytes: u64 = (0..groups).map(|g| kv.group_block_bytes(g) as u64).sum();
-    let (mut hashes, mut tokens, mut payload) = (Vec::new(), Vec::new(), Vec::new());
-    let flush = |hashes: &mut Vec<u64>, tokens: &mut Vec<u32>, payload: &mut Vec<u8>| {
-        if !hashes.is_empty() {
-            let reserved = hashes.len() as u64 * block_bytes;
-            tier.store(std::mem::take(hashes), std::mem::take(tokens), std::mem::take(payload), reserved);
-        }
-    };
-    for i in seq.tier.published..upto {
-        let h = seq.kv.hashes()[i];
-        let holders = if tier.holds(h) { None } else { kvm.block_holders(&seq.kv, i, &seq.tokens) };
-        let Some(holders) = holders else {
-            flush(&mut hashes, &mut tokens, &mut payload);
-            continue;
-        };
-        if !tier.reserve(block_bytes) {
-            break;
-        }
-        let start = payload.len();
-        if holders.iter().enumerate().any(|(g, &b)| kv.copy_block_out(g, b as usize, &mut payload).is_err()) {
-            payload.truncate(start);
-            break;
-        }
-        hashes.push(h);
-        tokens.extend_from_slice(&seq.tokens[i * bs..(i + 1) * bs]);
+/// Open the host-RAM tier of `cfg`, if it has one; the pool then records what it evicts.
+pub(super) fn open_host(
+    cfg: &EngineConfig,
+    kv: &KvCache,
+    kvm: &mut KvManager,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<HostTier>, EngineError> {
+    let Some(bytes) = cfg.host_cache_memory else { return Ok(None) };
+    if kvm.prefix_cache().is_none() {
+        return Err(EngineError::Config("--host-cache-memory needs the prefix cache (drop --no-prefix-cache)".into()));
     }
-    flush(&mut hashes, &mut tokens, &mut payload);
-    seq.tier.published = upto;
+    let slots = bytes / kv.block_bytes().max(1);
+    if slots == 0 {
+        return Err(EngineError::Config(format!(
+            "--host-cache-memory {bytes} holds no KV block ({} bytes each)",
+            kv.block_bytes()
+        )));
+    }
+    kvm.keep_spills();
+    Ok(Some(HostTier::new(kv.host_blocks(slots)?, metrics.clone())))
 }
 
 impl EngineCore {
@@ -204,56 +189,6 @@ impl EngineCore {
         false
     }
 
-    /// Start reading the blocks of `seq`'s prefix that the pool lacks and the SSD tier has.
-    fn read_ahead(&self, seq: &mut Sequence) {
-        let Some(disk) = &self.disk else { return };
-        let bs = self.kvm.block_size();
-        let mut hashes = self.kvm.block_hashes(seq.kv.root(), &seq.tokens);
-        hashes.truncate((seq.tokens.len() - 1) / bs);
-        let pooled = self.kvm.cached_run(&hashes, &seq.tokens);
-        let found = disk.run_len(&hashes[pooled..]);
-        self.metrics.ssd_lookup_tokens.fetch_add(((hashes.len() - pooled) * bs) as u64, Relaxed);
-        if found > 0 {
-            let tokens = seq.tokens[pooled * bs..(pooled + found) * bs].to_vec();
-            seq.tier.restore = disk.fetch(pooled, hashes[pooled..pooled + found].to_vec(), tokens);
-        }
-    }
-
-    /// Install the read-aheads of the waiting sequences the next schedule may admit (waiting
-    /// for those still being read): their blocks become cached pool blocks.
-    pub(super) fn install_restores(&mut self) {
-        let room = self.sched.max_num_seqs.saturating_sub(self.sched.running.len()).max(1);
-        let (kvm, kv, metrics) = (&mut self.kvm, &mut self.kv, &self.metrics);
-        let bs = kvm.block_size();
-        for seq in self.sched.waiting.iter_mut().take(room) {
-            let Some(restored) = seq.tier.restore.take().and_then(|rx| rx.recv().ok()) else { continue };
-            let hashes = kvm.block_hashes(seq.kv.root(), &seq.tokens);
-            let first = restored.first;
-            // The pool's part of the hit becomes the most recently used, so the blocks taken
-            // for the restore are older ones.
-            kvm.touch_prefix(&hashes[..first], &seq.tokens);
-            let total = (seq.tokens.len() + 1).div_ceil(bs);
-            let cap = kvm.restorable_blocks().saturating_sub(total.saturating_sub(restored.blocks.len()));
-            let groups = seq.kv.tables().len();
-            let mut offsets = vec![0];
-            for g in 0..groups {
-                offsets.push(offsets[g] + kv.group_block_bytes(g));
-            }
-            let n = restored.blocks.len().min(cap);
-            for (j, bytes) in restored.blocks.iter().take(n).enumerate() {
-                let i = first + j;
-                let tokens = &seq.tokens[i * bs..(i + 1) * bs];
-                kvm.restore_block(hashes[i], tokens, |g, b| {
-                    bytes
-                        .get(offsets[g]..offsets[g + 1])
-                        .is_some_and(|part| kv.copy_block_in(g, b as usize, part).is_ok())
-                });
-            }
-            seq.tier.restored = first..first + n;
-            metrics.ssd_hit_tokens.fetch_add((n * bs) as u64, Relaxed);
-        }
-    }
-
     /// After a step: publish the prompt blocks computed so far, checkpoint resumable
     /// generations that passed another `every` tokens, and publish everything of the
     /// sequences at `done` (finished), whose records are no longer needed.
@@ -274,20 +209,20 @@ impl EngineCore {
                 .is_some_and(|n| seq.tier.resume_key.is_some() && seq.generated() - seq.tier.checkpointed >= n)
             {
                 self.checkpoint(idx);
-            } else if let Some(disk) = &self.disk {
+            } else if let Some((disk, staging)) = self.disk.as_ref().zip(self.staging.as_mut()) {
                 let upto = seq.num_computed.min(seq.prompt_len) / bs;
                 if upto > seq.tier.published {
-                    publish(disk, &self.kvm, &self.kv, &mut self.sched.running[idx], upto);
+                    publish(disk, &self.kvm, &self.kv, staging, &mut self.sched.running[idx], upto);
                 }
             }
         }
     }
 
     fn publish_all(&mut self, idx: usize) {
-        if let Some(disk) = &self.disk {
+        if let Some((disk, staging)) = self.disk.as_ref().zip(self.staging.as_mut()) {
             let seq = &mut self.sched.running[idx];
             let upto = seq.kv.hashes().len();
-            publish(disk, &self.kvm, &self.kv, seq, upto);
+            publish(disk, &self.kvm, &self.kv, staging, seq, upto);
         }
     }
 

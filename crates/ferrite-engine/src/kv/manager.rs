@@ -12,6 +12,11 @@
 //! the same prefix reuse them: a hit of `h` blocks is the longest one every group's policy can
 //! serve — all `h` blocks in a full-attention group, only those the window still reads at
 //! position `h · block_size` in a sliding one (the ones before were released and may be gone).
+//!
+//! With a tier below the pool that takes evicted blocks (host RAM), every cached block the
+//! pools evict is recorded as a `Spill` — its hash, tokens and the block of each group that
+//! caches it — while its bytes are still intact; the engine hands the spills to the tier
+//! (`take_spills`) before the next write to the pool.
 
 use std::sync::{Arc, Mutex};
 
@@ -31,6 +36,39 @@ pub struct KvManager {
     block_size: usize,
     cache: Option<PrefixCache>,
     namespace: u64,
+    /// Evicted cached blocks not handed to a tier yet; None when no tier takes them.
+    spills: Option<Vec<Spill>>,
+}
+
+/// A cached block the pools evicted, its bytes intact until the next write to the pools:
+/// its chained hash, its tokens, and the block of each group that caches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spill {
+    pub hash: u64,
+    pub tokens: Vec<u32>,
+    pub holders: Vec<u32>,
+}
+
+/// Take the least recently freed block of `pool` (group `g`), evicting the cached prefix it
+/// held; a spill records it when every group cached it.
+fn take_free(
+    pool: &mut BlockPool,
+    g: usize,
+    cache: &mut Option<PrefixCache>,
+    spills: &mut Option<Vec<Spill>>,
+    groups: usize,
+) -> Option<u32> {
+    let (block, evicted) = pool.allocate()?;
+    let (Some(h), Some(cache)) = (evicted, cache.as_mut()) else { return Some(block) };
+    let tokens = cache.remove(g, h, block);
+    if let (Some(spills), Some(tokens)) = (spills.as_mut(), tokens) {
+        let holders: Option<Vec<u32>> =
+            (0..groups).map(|o| if o == g { Some(block) } else { cache.get(o, h, &tokens) }).collect();
+        if let Some(holders) = holders {
+            spills.push(Spill { hash: h, tokens, holders });
+        }
+    }
+    Some(block)
 }
 
 impl KvManager {
@@ -50,7 +88,18 @@ impl KvManager {
             block_size,
             cache,
             namespace: prefix_namespace.unwrap_or(0),
+            spills: None,
         }
+    }
+
+    /// Record the cached blocks the pools evict from now on (`take_spills`).
+    pub fn keep_spills(&mut self) {
+        self.spills.get_or_insert_with(Vec::new);
+    }
+
+    /// The cached blocks evicted since the last call (see the module docs).
+    pub fn take_spills(&mut self) -> Vec<Spill> {
+        self.spills.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     pub fn block_size(&self) -> usize {
@@ -162,25 +211,35 @@ impl KvManager {
         lock(&self.pools).iter().map(BlockPool::num_free).min().unwrap_or(0)
     }
 
-    /// Bring a block restored from a lower tier into the pools: in each group that does not
-    /// cache `hash` already, take a free block, `fill(group, block)` it, and register it in
-    /// the prefix cache, unowned (an LRU free block, found by the next lookup). A group
-    /// whose fill fails, or that has no free block, does not get it.
-    pub fn restore_block(&mut self, hash: u64, tokens: &[u32], mut fill: impl FnMut(usize, u32) -> bool) {
-        let Some(cache) = self.cache.as_mut() else { return };
+    /// Take a free block for a restore of block `hash` (of `tokens`) in each group that does
+    /// not cache it already: (group, block) pairs, each owned by the caller until
+    /// `finish_restore`. A group without a free block gets none.
+    pub fn restore_targets(&mut self, hash: u64, tokens: &[u32]) -> Vec<(usize, u32)> {
+        let Some(cache) = self.cache.as_ref() else { return Vec::new() };
+        let lacking: Vec<usize> = (0..self.policies.len()).filter(|&g| cache.get(g, hash, tokens).is_none()).collect();
+        let groups = self.policies.len();
         let mut pools = lock(&self.pools);
-        for (g, pool) in pools.iter_mut().enumerate() {
-            if cache.get(g, hash, tokens).is_some() {
-                continue;
+        let mut out = Vec::new();
+        for g in lacking {
+            if let Some(b) = take_free(&mut pools[g], g, &mut self.cache, &mut self.spills, groups) {
+                out.push((g, b));
             }
-            let Some((block, evicted)) = pool.allocate() else { continue };
-            if let Some(h) = evicted {
-                cache.remove(g, h, block);
+        }
+        out
+    }
+
+    /// Register the targets of a restore whose copy in succeeded (`filled[i]` for
+    /// `targets[i]`) in the prefix cache, unowned (LRU free blocks the next lookup finds),
+    /// and give every target back.
+    pub fn finish_restore(&mut self, hash: u64, tokens: &[u32], targets: &[(usize, u32)], filled: &[bool]) {
+        let mut pools = lock(&self.pools);
+        for (&(g, block), &ok) in targets.iter().zip(filled) {
+            if let Some(cache) = self.cache.as_mut() {
+                if ok && cache.insert(g, hash, block, tokens) {
+                    pools[g].set_hash(block, Some(hash));
+                }
             }
-            if fill(g, block) && cache.insert(g, hash, block, tokens) {
-                pool.set_hash(block, Some(hash));
-            }
-            pool.release(block);
+            pools[g].release(block);
         }
     }
 
@@ -208,12 +267,10 @@ impl KvManager {
         if pools.iter().zip(&need).any(|(p, &n)| p.num_free() < n) {
             return false;
         }
+        let groups = self.policies.len();
         for (g, (pool, &n)) in pools.iter_mut().zip(&need).enumerate() {
             for _ in 0..n {
-                let Some((block, evicted)) = pool.allocate() else { return false };
-                if let (Some(h), Some(cache)) = (evicted, self.cache.as_mut()) {
-                    cache.remove(g, h, block);
-                }
+                let Some(block) = take_free(pool, g, &mut self.cache, &mut self.spills, groups) else { return false };
                 kv.tables[g].push(block);
             }
         }
@@ -354,6 +411,37 @@ mod tests {
         let mut again = m.new_seq();
         assert_eq!(m.acquire_prefix(&mut again, &tokens), 12);
         m.check_holders([&again]).unwrap();
+    }
+
+    #[test]
+    fn evicted_cached_blocks_are_recorded_as_spills_with_every_groups_holder() {
+        let mut m = manager(vec![KvGroupKind::Full, KvGroupKind::Full], 3);
+        m.keep_spills();
+        let tokens: Vec<u32> = (1..=8).collect();
+        let mut a = m.new_seq();
+        assert!(m.allocate(&mut a, 8));
+        m.after_step(&mut a, &tokens, 8);
+        let held: Vec<Vec<u32>> = a.tables().to_vec();
+        drop(a);
+        // Three fresh blocks per group take the free list: the two cached blocks of each group
+        // are evicted, each recorded once with both groups' holders.
+        let mut b = m.new_seq();
+        assert!(m.allocate(&mut b, 12));
+        let spills = m.take_spills();
+        assert_eq!(spills.len(), 2, "{spills:?}");
+        assert_eq!(spills[0].tokens, tokens[..4]);
+        assert_eq!(spills[0].holders, vec![held[0][0], held[1][0]]);
+        assert_eq!(spills[1].holders, vec![held[0][1], held[1][1]]);
+        assert!(m.take_spills().is_empty());
+        drop(b);
+        // A restore takes free blocks, and registers only what was filled.
+        let h = m.block_hashes(0, &tokens)[0];
+        let targets = m.restore_targets(h, &tokens[..4]);
+        assert_eq!(targets.len(), 2);
+        m.finish_restore(h, &tokens[..4], &targets, &[true, false]);
+        let c = m.prefix_cache().expect("cache");
+        assert!(c.get(0, h, &tokens[..4]).is_some() && c.get(1, h, &tokens[..4]).is_none());
+        m.check_invariants().unwrap();
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! The engine's side of the paged KV cache: block pools, the owned per-sequence allocations
 //! (a block table per KV group), the rules of each group kind, the prefix cache, and the tiers
-//! below the pool (`tier`; the SSD tier in `disk`).
+//! below the pool (`tier`; the host-RAM tier in `host`, the SSD tier in `disk`).
 
 pub mod block_pool;
 pub mod disk;
+pub mod host;
 pub mod manager;
 pub mod policy;
 pub mod prefix_cache;
@@ -11,8 +12,8 @@ pub mod seq_kv;
 pub mod tier;
 
 pub use block_pool::BlockPool;
-pub use manager::KvManager;
+pub use manager::{KvManager, Spill};
 pub use policy::{policy_for, FullAttention, GroupPolicy, SlidingWindow};
 pub use prefix_cache::PrefixCache;
 pub use seq_kv::SeqKv;
-pub use tier::{KvTier, Restored};
+pub use tier::{BlockData, KvTier, Restored, TierKind};

@@ -70,10 +70,12 @@ impl PrefixCache {
         true
     }
 
-    pub fn remove(&mut self, group: usize, hash: u64, block: u32) {
+    /// Forget `block` of `group` caching `hash`; the tokens it cached, if it did.
+    pub fn remove(&mut self, group: usize, hash: u64, block: u32) -> Option<Vec<u32>> {
         let map = &mut self.groups[group];
-        if map.get(&hash).is_some_and(|(b, _)| *b == block) {
-            map.remove(&hash);
+        match map.get(&hash) {
+            Some((b, _)) if *b == block => map.remove(&hash).map(|(_, t)| t),
+            _ => None,
         }
     }
 

@@ -1,27 +1,41 @@
 //! `KvTier`: a store of full KV blocks below the pool, addressed by chained block hash.
 //!
-//! Lookup goes pool first, then each tier in order (a host-RAM tier for device pools would
-//! sit before the SSD tier, `kv/disk`); the longest run of blocks found wins. A tier never
-//! hands blocks to a sequence itself: what it `fetch`es (read ahead, on its own thread, when
-//! a request arrives) the engine copies into pool blocks and registers in the prefix cache
-//! just before the scheduler looks the request up, so a restored prefix is served by the same
-//! path as any pool hit. Stores go through a bounded queue: `reserve` refuses, rather than
-//! waits, when the tier's writer is behind.
+//! Lookup goes pool first, then each tier in order — the host-RAM tier (`kv/host.rs`, GPU
+//! pools) before the SSD tier (`kv/disk`); the longest run of blocks found wins. A tier never
+//! hands blocks to a sequence itself: what it `fetch`es (read ahead, on the SSD tier's own
+//! thread, when a request arrives; at once from host RAM) the engine copies into pool blocks
+//! and registers in the prefix cache just before the scheduler looks the request up, so a
+//! restored prefix is served by the same path as any pool hit.
 
 use std::sync::mpsc::Receiver;
 
-/// Blocks a tier read back: `blocks[j]` is block `first + j` of the sequence, every group's
-/// bytes in group order (`KvCache::copy_block_out`), checked against the hashes and tokens
-/// it was asked for.
+/// Which tier a block came from (usage and metrics count tokens by tier).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TierKind {
+    Host = 0,
+    Ssd = 1,
+}
+
+/// Where the bytes of a block a tier found are.
+#[derive(Debug)]
+pub enum BlockData {
+    /// Read into memory (the SSD tier): every group's bytes in group order, as a `HostBlocks`
+    /// slot holds them.
+    Bytes(Vec<u8>),
+    /// In the host tier's own slots, looked up again (hash and tokens) when copied in.
+    Held,
+}
+
+/// Blocks a tier found: `blocks[j]` is block `first + j` of the sequence, checked against
+/// the hashes and tokens it was asked for.
 #[derive(Debug, Default)]
 pub struct Restored {
     pub first: usize,
-    pub blocks: Vec<Vec<u8>>,
+    pub blocks: Vec<BlockData>,
 }
 
 pub trait KvTier: Send {
-    /// The tier's name in usage and metrics.
-    fn name(&self) -> &'static str;
+    fn kind(&self) -> TierKind;
 
     /// Whether the tier holds (or is about to hold) the block `hash`.
     fn holds(&self, hash: u64) -> bool;
@@ -35,12 +49,4 @@ pub trait KvTier: Send {
     /// whose tokens are `tokens` (`block_size` each); the blocks that were found intact, from
     /// the first, arrive on the receiver.
     fn fetch(&self, first: usize, hashes: Vec<u64>, tokens: Vec<u32>) -> Option<Receiver<Restored>>;
-
-    /// Reserve room in the write queue for `bytes`; false (and the store dropped) when the
-    /// writer is behind.
-    fn reserve(&self, bytes: u64) -> bool;
-
-    /// Store a run of consecutive blocks (`payload`: each block's bytes, in order) for which
-    /// `reserved` bytes were reserved.
-    fn store(&self, hashes: Vec<u64>, tokens: Vec<u32>, payload: Vec<u8>, reserved: u64);
 }

@@ -6,7 +6,7 @@
 //! format version, namespace digest (model, tokenizer, KV scheme, block size, layout),
 //! block size, bytes per block of each KV group — and, per block, its chained hash, a CRC32
 //! of its payload and its token ids; a CRC32 of the header closes it. The payload follows:
-//! block after block, each the groups' bytes in group order (`KvCache::copy_block_out`). The
+//! block after block, each the groups' bytes in group order (as a `HostBlocks` slot holds them). The
 //! header alone gives the index everything it needs, so a start-up scan never reads payloads.
 //!
 //! A **generation record** (`<key>.kvgen`) holds the prompt and the tokens generated so far

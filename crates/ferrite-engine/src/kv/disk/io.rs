@@ -15,7 +15,7 @@ use std::time::{Instant, SystemTime};
 use super::file::{FileError, RunHeader};
 use super::index::{stamp, Entry, Kind, TMP_EXT};
 use super::{lock, Shared};
-use crate::kv::tier::Restored;
+use crate::kv::tier::{BlockData, Restored};
 
 pub(super) enum WriteJob {
     /// Write `parts`, concatenated, as file `name`.
@@ -169,7 +169,7 @@ fn read_run(shared: &Shared, job: &ReadJob) -> Restored {
         match read_block(f, h, slot, hash, &job.tokens[j * bs..(j + 1) * bs]) {
             Ok(bytes) => {
                 shared.metrics.ssd_read_bytes.fetch_add(bytes.len() as u64, Relaxed);
-                out.blocks.push(bytes);
+                out.blocks.push(BlockData::Bytes(bytes));
                 if used.last() != Some(&name) {
                     used.push(name);
                 }

@@ -33,7 +33,7 @@ use file::{FileError, GenRecord, RunHeader};
 use index::{Index, Kind, GEN_EXT, RUN_EXT};
 use io::{ReadJob, WriteJob};
 
-use super::tier::{KvTier, Restored};
+use super::tier::{KvTier, Restored, TierKind};
 use crate::metrics::Metrics;
 
 /// Where the SSD tier lives and how much it may hold.
@@ -200,11 +200,49 @@ impl DiskTier {
             }
         }
     }
+
+    /// Reserve room in the write queue for `bytes`; false (and the store dropped) when the
+    /// writer is behind.
+    pub fn reserve(&self, bytes: u64) -> bool {
+        let q = &self.shared.queued_bytes;
+        let before = q.fetch_add(bytes, Relaxed);
+        // One store always fits an empty queue.
+        if before > 0 && before + bytes > self.queue_bytes {
+            q.fetch_sub(bytes, Relaxed);
+            self.shared.metrics.ssd_writes_dropped.fetch_add(1, Relaxed);
+            return false;
+        }
+        self.shared.metrics.ssd_write_queue_bytes.store(before + bytes, Relaxed);
+        true
+    }
+
+    /// Store a run of consecutive blocks (`payload`: each block's bytes, in order) for which
+    /// `reserved` bytes were reserved; a run of no blocks frees the reservation.
+    pub fn store(&self, hashes: Vec<u64>, tokens: Vec<u32>, payload: Vec<u8>, reserved: u64) {
+        let (Some(&first), Some(&last)) = (hashes.first(), hashes.last()) else {
+            let left = self.shared.queued_bytes.fetch_sub(reserved, Relaxed) - reserved;
+            self.shared.metrics.ssd_write_queue_bytes.store(left, Relaxed);
+            return;
+        };
+        let s = &self.shared;
+        let checksums = payload.chunks(s.block_bytes().max(1) as usize).map(crc32fast::hash).collect();
+        lock(&s.pending).extend(&hashes);
+        let header = RunHeader {
+            namespace: s.namespace,
+            block_size: s.block_size as u32,
+            group_bytes: s.group_bytes.clone(),
+            hashes: hashes.clone(),
+            checksums,
+            tokens,
+        };
+        let name = format!("{first:016x}-{last:016x}.{RUN_EXT}");
+        self.send(WriteJob::File { name, parts: vec![header.encode(), payload], kind: Kind::Run(hashes), reserved });
+    }
 }
 
 impl KvTier for DiskTier {
-    fn name(&self) -> &'static str {
-        "ssd"
+    fn kind(&self) -> TierKind {
+        TierKind::Ssd
     }
 
     fn holds(&self, hash: u64) -> bool {
@@ -220,36 +258,6 @@ impl KvTier for DiskTier {
         let (reply, rx) = mpsc::channel();
         self.reads.as_ref()?.send(ReadJob { first, hashes, tokens, reply }).ok()?;
         Some(rx)
-    }
-
-    fn reserve(&self, bytes: u64) -> bool {
-        let q = &self.shared.queued_bytes;
-        let before = q.fetch_add(bytes, Relaxed);
-        // One store always fits an empty queue.
-        if before > 0 && before + bytes > self.queue_bytes {
-            q.fetch_sub(bytes, Relaxed);
-            self.shared.metrics.ssd_writes_dropped.fetch_add(1, Relaxed);
-            return false;
-        }
-        self.shared.metrics.ssd_write_queue_bytes.store(before + bytes, Relaxed);
-        true
-    }
-
-    fn store(&self, hashes: Vec<u64>, tokens: Vec<u32>, payload: Vec<u8>, reserved: u64) {
-        let (Some(&first), Some(&last)) = (hashes.first(), hashes.last()) else { return };
-        let s = &self.shared;
-        let checksums = payload.chunks(s.block_bytes().max(1) as usize).map(crc32fast::hash).collect();
-        lock(&s.pending).extend(&hashes);
-        let header = RunHeader {
-            namespace: s.namespace,
-            block_size: s.block_size as u32,
-            group_bytes: s.group_bytes.clone(),
-            hashes: hashes.clone(),
-            checksums,
-            tokens,
-        };
-        let name = format!("{first:016x}-{last:016x}.{RUN_EXT}");
-        self.send(WriteJob::File { name, parts: vec![header.encode(), payload], kind: Kind::Run(hashes), reserved });
     }
 }
 

@@ -1,0 +1,259 @@
+//! Moving KV blocks between the pool and the tiers below it (`kv/tier.rs`), the one path
+//! every tier goes through.
+//!
+//! - **Read ahead** (a request arrives): the blocks of its prompt the pool lacks are looked up
+//!   in host RAM, then on the SSD from where host RAM's run ends; the SSD's part is read on
+//!   its reader thread meanwhile.
+//! - **Install** (`install_restores`, just before the scheduler looks the request up): the
+//!   pool's part of the hit is touched, host RAM is looked up again from where the pool's part
+//!   ends now, the SSD's read-ahead is taken, and the longest contiguous run is copied into
+//!   free pool blocks (`KvCache::load_block`, queued on the copy stream for a device pool)
+//!   registered in the prefix cache: the ordinary prefix hit serves them.
+//! - **Spills**: cached blocks the pool evicts are saved to host RAM before anything writes
+//!   the pool again (`before_forward`, and within a restore before each block's copy in);
+//!   then the next step is fenced after the queued copies.
+//! - **Publish**: full blocks go to the SSD tier, copied out through the staging slots a
+//!   window at a time.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use ferrite_runtime::{HostBlocks, KvCache};
+
+use super::EngineCore;
+use crate::error::EngineError;
+use crate::kv::disk::DiskTier;
+use crate::kv::host::HostTier;
+use crate::kv::{BlockData, KvManager, KvTier, TierKind};
+use crate::sequence::Sequence;
+
+/// Hand the blocks the pool evicted since the last call to the host tier.
+fn spill(kvm: &mut KvManager, host: &mut Option<HostTier>, kv: &KvCache) {
+    let Some(host) = host.as_mut() else { return };
+    for s in kvm.take_spills() {
+        host.save(kv, s.hash, &s.tokens, &s.holders);
+    }
+}
+
+/// A run of consecutive blocks being published: what the SSD tier gets in one store.
+#[derive(Default)]
+struct Run {
+    hashes: Vec<u64>,
+    tokens: Vec<u32>,
+    payload: Vec<u8>,
+    reserved: u64,
+    /// Blocks copied into the staging slots `0..staged` and not read back yet.
+    staged: usize,
+    /// A copy failed: the run is dropped.
+    failed: bool,
+}
+
+impl Run {
+    /// Read the staged blocks back into the payload (waiting for their copies).
+    fn unstage(&mut self, staging: &HostBlocks) {
+        for k in 0..std::mem::take(&mut self.staged) {
+            match staging.bytes(k) {
+                Ok(b) => self.payload.extend_from_slice(b),
+                Err(_) => self.failed = true,
+            }
+        }
+    }
+
+    /// Store what the run holds (a failed run stores nothing and frees its reservation).
+    fn flush(&mut self, disk: &DiskTier, staging: &HostBlocks) {
+        self.unstage(staging);
+        let run = std::mem::take(self);
+        if run.failed {
+            disk.store(Vec::new(), Vec::new(), Vec::new(), run.reserved);
+        } else {
+            disk.store(run.hashes, run.tokens, run.payload, run.reserved);
+        }
+    }
+}
+
+/// Hand full blocks `seq.tier.published .. upto` of `seq` to the SSD tier, as runs of the
+/// blocks it does not hold yet; stops at the first block the writer has no room for.
+pub(super) fn publish(
+    disk: &DiskTier,
+    kvm: &KvManager,
+    kv: &KvCache,
+    staging: &mut HostBlocks,
+    seq: &mut Sequence,
+    upto: usize,
+) {
+    let bs = kvm.block_size();
+    let upto = upto.min(seq.kv.hashes().len());
+    let block_bytes = kv.block_bytes() as u64;
+    let mut run = Run::default();
+    for i in seq.tier.published..upto {
+        let h = seq.kv.hashes()[i];
+        let holders = if disk.holds(h) { None } else { kvm.block_holders(&seq.kv, i, &seq.tokens) };
+        let Some(holders) = holders else {
+            run.flush(disk, staging);
+            continue;
+        };
+        if run.staged == staging.slots() {
+            run.unstage(staging);
+        }
+        if run.failed || !disk.reserve(block_bytes) {
+            break;
+        }
+        run.reserved += block_bytes;
+        let k = run.staged;
+        if holders.iter().enumerate().any(|(g, &b)| kv.save_block(g, b as usize, staging, k).is_err()) {
+            break;
+        }
+        run.staged += 1;
+        run.hashes.push(h);
+        run.tokens.extend_from_slice(&seq.tokens[i * bs..(i + 1) * bs]);
+    }
+    run.flush(disk, staging);
+    seq.tier.published = upto;
+}
+
+/// A block to copy in: its index in the sequence, the tier it comes from, its bytes.
+struct Planned {
+    index: usize,
+    kind: TierKind,
+    data: BlockData,
+}
+
+impl EngineCore {
+    /// Save what the pool evicted, then fence the next forward pass after the queued copies.
+    pub(super) fn before_forward(&mut self) -> Result<(), EngineError> {
+        spill(&mut self.kvm, &mut self.host, &self.kv);
+        Ok(self.kv.fence()?)
+    }
+
+    /// Start reading the blocks of `seq`'s prefix that the pool lacks and a tier has.
+    pub(super) fn read_ahead(&self, seq: &mut Sequence) {
+        if self.host.is_none() && self.disk.is_none() {
+            return;
+        }
+        let bs = self.kvm.block_size();
+        let mut hashes = self.kvm.block_hashes(seq.kv.root(), &seq.tokens);
+        hashes.truncate((seq.tokens.len() - 1) / bs);
+        let mut next = self.kvm.cached_run(&hashes, &seq.tokens);
+        if let Some(host) = &self.host {
+            self.metrics.host_lookup_tokens.fetch_add(((hashes.len() - next) * bs) as u64, Relaxed);
+            let found = host.run_len(&hashes[next..]);
+            seq.tier.restore |= found > 0;
+            next += found;
+        }
+        if let Some(disk) = &self.disk {
+            self.metrics.ssd_lookup_tokens.fetch_add(((hashes.len() - next) * bs) as u64, Relaxed);
+            let found = disk.run_len(&hashes[next..]);
+            if found > 0 {
+                let tokens = seq.tokens[next * bs..(next + found) * bs].to_vec();
+                seq.tier.read_ahead = disk.fetch(next, hashes[next..next + found].to_vec(), tokens);
+                seq.tier.restore = true;
+            }
+        }
+    }
+
+    /// Install the restores of the waiting sequences the next schedule may admit (waiting
+    /// for the SSD reads still under way): their blocks become cached pool blocks.
+    pub(super) fn install_restores(&mut self) {
+        let room = self.sched.max_num_seqs.saturating_sub(self.sched.running.len()).max(1);
+        for w in 0..self.sched.waiting.len().min(room) {
+            if std::mem::take(&mut self.sched.waiting[w].tier.restore) {
+                self.install(w);
+            }
+        }
+    }
+
+    /// The blocks to copy in for `waiting[w]`, whose prefix the pool holds up to `pooled`:
+    /// host RAM's runs from there (past the blocks the pool still holds between them), then
+    /// the SSD's read-ahead where it continues them.
+    fn plan_restore(&mut self, w: usize, hashes: &[u64], pooled: usize) -> Vec<Planned> {
+        let bs = self.kvm.block_size();
+        let seq = &mut self.sched.waiting[w];
+        let tokens = &seq.tokens;
+        let mut next = pooled;
+        let mut plan = Vec::new();
+        while let Some(host) = &self.host {
+            next += self.kvm.cached_run(&hashes[next..], &tokens[next * bs..]);
+            let run = host.fetch(next, hashes[next..].to_vec(), tokens[next * bs..hashes.len() * bs].to_vec());
+            let blocks = run.and_then(|rx| rx.recv().ok()).map_or_else(Vec::new, |r| r.blocks);
+            if blocks.is_empty() {
+                break;
+            }
+            for data in blocks {
+                plan.push(Planned { index: next, kind: TierKind::Host, data });
+                next += 1;
+            }
+        }
+        if let Some(restored) = seq.tier.read_ahead.take().and_then(|rx| rx.recv().ok()) {
+            if restored.first <= next {
+                let skip = next - restored.first;
+                for (j, data) in restored.blocks.into_iter().enumerate().skip(skip) {
+                    plan.push(Planned { index: restored.first + j, kind: TierKind::Ssd, data });
+                }
+            }
+        }
+        plan
+    }
+
+    /// Copy the blocks a tier holds of `waiting[w]`'s prefix into the pool.
+    fn install(&mut self, w: usize) {
+        let bs = self.kvm.block_size();
+        let (root, tokens) = (self.sched.waiting[w].kv.root(), self.sched.waiting[w].tokens.clone());
+        let mut hashes = self.kvm.block_hashes(root, &tokens);
+        hashes.truncate((tokens.len() - 1) / bs);
+        let pooled = self.kvm.cached_run(&hashes, &tokens);
+        // What the pool holds of the prefix becomes the most recently used, so the blocks
+        // taken for the restore are older ones.
+        self.kvm.touch_prefix(&hashes, &tokens);
+        let mut plan = self.plan_restore(w, &hashes, pooled);
+        let total = (tokens.len() + 1).div_ceil(bs);
+        plan.truncate(self.kvm.restorable_blocks().saturating_sub(total.saturating_sub(plan.len())));
+        let window = self.staging.as_ref().map_or(1, HostBlocks::slots).max(1);
+        let block_bytes = self.kv.block_bytes() as u64;
+        let mut restored = [usize::MAX..0, usize::MAX..0];
+        'windows: for part in plan.chunks(window) {
+            // The SSD's bytes go to the staging slots first (waiting, once, for the copies
+            // of the window before).
+            for (k, p) in part.iter().enumerate() {
+                if let (BlockData::Bytes(b), Some(staging)) = (&p.data, self.staging.as_mut()) {
+                    if staging.write(k, b).is_err() {
+                        break 'windows;
+                    }
+                }
+            }
+            for (k, p) in part.iter().enumerate() {
+                let (i, t) = (p.index, &tokens[p.index * bs..(p.index + 1) * bs]);
+                let targets = self.kvm.restore_targets(hashes[i], t);
+                spill(&mut self.kvm, &mut self.host, &self.kv);
+                let source = match &p.data {
+                    BlockData::Bytes(_) => self.staging.as_ref().map(|s| (s, k)),
+                    BlockData::Held => {
+                        let host = self.host.as_mut();
+                        host.and_then(|h| h.slot_of(hashes[i], t).map(|s| (&*h, s))).map(|(h, s)| (h.mem(), s))
+                    }
+                };
+                let kv = &mut self.kv;
+                let filled: Vec<bool> = (targets.iter())
+                    .map(|&(g, b)| source.is_some_and(|(mem, s)| kv.load_block(g, b as usize, mem, s).is_ok()))
+                    .collect();
+                self.kvm.finish_restore(hashes[i], t, &targets, &filled);
+                if !filled.iter().all(|&f| f) {
+                    break 'windows;
+                }
+                if targets.is_empty() {
+                    // The pool had it already (restored for another request meanwhile).
+                    continue;
+                }
+                let r = &mut restored[p.kind as usize];
+                *r = r.start.min(i)..r.end.max(i + 1);
+                let (hit, read) = match p.kind {
+                    TierKind::Host => (&self.metrics.host_hit_tokens, &self.metrics.host_read_bytes),
+                    TierKind::Ssd => (&self.metrics.ssd_hit_tokens, &self.metrics.ssd_read_bytes),
+                };
+                hit.fetch_add(bs as u64, Relaxed);
+                if p.kind == TierKind::Host {
+                    read.fetch_add(block_bytes, Relaxed);
+                }
+            }
+        }
+        self.sched.waiting[w].tier.restored = restored.map(|r| if r.start < r.end { r } else { 0..0 });
+    }
+}
