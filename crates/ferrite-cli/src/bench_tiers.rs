@@ -1,11 +1,16 @@
 //! `ferrite bench tiers`: the prefix cache's tiers measured side by side in one run — time
-//! to first token of a request whose long prefix is in the device pool, in the SSD tier (a
-//! new engine over the same directory, as after a restart) and nowhere (cold); a resumed
-//! generation against the same request restarted from nothing; the SSD writer's throughput;
-//! and decode speed with the writer kept busy (a checkpoint every token) against no tier.
+//! to first token of a request whose long prefix is in the device pool, in host RAM (GPU
+//! models: a pool just big enough for one request, so the next prompt evicts the prefix into
+//! `--host-cache-memory`), in the SSD tier (a new engine over the same directory, as after a
+//! restart) and nowhere (cold); a resumed generation against the same request restarted
+//! from nothing; the SSD writer's throughput; and decode speed with the writer kept busy (a
+//! checkpoint every token) against no tier.
+//!
+//! The SSD is filled with the prefix in slices that fit the writer's queue (each waited for),
+//! so a long prefix is stored whole rather than dropped by the queue's backpressure.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -14,6 +19,11 @@ use serde_json::json;
 
 use crate::bench::{pct, Lcg};
 use crate::session::{EngineArgs, ModelArgs};
+use ferrite_runtime::cuda::Device;
+
+/// Bytes of KV one slice of the prefix publishes at most while filling the SSD tier (the
+/// writer's queue holds 256 MiB).
+const SLICE_BYTES: usize = 64 << 20;
 
 #[derive(Args)]
 pub struct TiersArgs {
@@ -68,6 +78,36 @@ fn ms(v: &mut [f64]) -> f64 {
     pct(v, 0.5) * 1e3
 }
 
+/// Wait until the SSD writer of `engine` has written everything queued.
+fn drain_writes(engine: &Engine) -> Result<()> {
+    let m = engine.metrics();
+    let t0 = Instant::now();
+    while m.ssd_write_queue_jobs.load(Relaxed) > 0 {
+        if t0.elapsed() > Duration::from_secs(600) {
+            bail!("the SSD writer did not finish in 10 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(())
+}
+
+/// Put `prefix` in `engine`'s pool and SSD tier: requests for ever longer slices of it, each
+/// publishing at most `slice` new tokens, each waited for on the writer.
+fn fill(engine: &Engine, prefix: &[u32], slice: usize) -> Result<()> {
+    let mut end = 0;
+    while end < prefix.len() {
+        end = (end + slice).min(prefix.len());
+        token_times(engine, prefix[..end].to_vec(), one(), None)?;
+        drain_writes(engine)?;
+    }
+    Ok(())
+}
+
+/// One greedy token.
+fn one() -> RequestParams {
+    RequestParams { max_tokens: Some(1), ignore_eos: true, ..Default::default() }
+}
+
 pub fn tiers(a: TiersArgs) -> Result<()> {
     if a.reps == 0 || a.prefix_len == 0 || a.suffix_len == 0 || a.gen_tokens < 2 {
         bail!("--reps, --prefix-len and --suffix-len must be at least 1, --gen-tokens at least 2");
@@ -80,8 +120,13 @@ pub fn tiers(a: TiersArgs) -> Result<()> {
     let (loaded, path, threads) = a.model.load()?;
     let vocab = loaded.model.config().vocab_size;
     let len = a.prefix_len + a.suffix_len + 2 * a.gen_tokens + 8;
-    let base =
-        EngineArgs { max_num_seqs: 4, max_num_batched_tokens: len, max_model_len: Some(len), ..EngineArgs::default() };
+    // Long prompts are prefilled in chunks (a 32k-token step would size every workspace for it).
+    let base = EngineArgs {
+        max_num_seqs: 4,
+        max_num_batched_tokens: len.min(8192),
+        max_model_len: Some(len),
+        ..EngineArgs::default()
+    };
     let tiered = |checkpoint| EngineArgs {
         prefix_cache_dir: Some(dir.clone()),
         generation_checkpoint: Some(checkpoint),
@@ -90,26 +135,45 @@ pub fn tiers(a: TiersArgs) -> Result<()> {
     let cold_args = EngineArgs { no_prefix_cache: true, ..base.clone() };
     let greedy = |n| RequestParams { max_tokens: Some(n), ignore_eos: true, ..Default::default() };
     let cold = cold_args.start(&loaded, &path)?;
+    let bytes_per_token = cold.limits().kv_bytes_per_token.max(1);
+    let slice = (SLICE_BYTES / bytes_per_token).max(1);
+    // Host RAM (GPU models): a pool of one request's blocks, and host memory for two.
+    let gpu = loaded.device != Device::Cpu;
+    let host_args = EngineArgs {
+        kv_cache_memory: Some(bytes_per_token * (len + 4 * base.block_size)),
+        host_cache_memory: Some(bytes_per_token * 2 * len),
+        ..base.clone()
+    };
     let mut rng = Lcg(0x5EED);
-    let (mut pool_t, mut ssd_t, mut cold_t) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut written, mut write_us, mut ssd_tokens) = (0, 0, 0);
+    let (mut pool_t, mut host_t, mut ssd_t, mut cold_t) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut written, mut write_us, mut ssd_tokens, mut host_tokens) = (0, 0, 0, 0);
     for _ in 0..a.reps {
         let shared = rng.ids(a.prefix_len, vocab);
         let mut with_suffix = || [shared.clone(), rng.ids(a.suffix_len, vocab)].concat();
-        let (first, second, third) = (with_suffix(), with_suffix(), with_suffix());
-        cold_t.push(token_times(&cold, third.clone(), greedy(1), None)?[0]);
+        let (second, third, fourth) = (with_suffix(), with_suffix(), with_suffix());
+        cold_t.push(token_times(&cold, third.clone(), one(), None)?[0]);
         let writer = tiered(16).start(&loaded, &path)?;
-        token_times(&writer, first, greedy(1), None)?;
-        pool_t.push(token_times(&writer, second, greedy(1), None)?[0]);
+        fill(&writer, &shared, slice)?;
+        pool_t.push(token_times(&writer, second, one(), None)?[0]);
         let m = writer.metrics().clone();
         // Dropping the engine finishes its writes: the next one starts as after a restart.
         drop(writer);
         written += m.ssd_written_bytes.load(Relaxed);
         write_us += m.ssd_write_micros.load(Relaxed);
         let restarted = tiered(16).start(&loaded, &path)?;
-        ssd_t.push(token_times(&restarted, third, greedy(1), None)?[0]);
+        ssd_t.push(token_times(&restarted, third, one(), None)?[0]);
         ssd_tokens += restarted.metrics().ssd_hit_tokens.load(Relaxed);
+        drop(restarted);
+        if gpu {
+            let engine = host_args.start(&loaded, &path)?;
+            token_times(&engine, shared.clone(), one(), None)?;
+            // Another prompt as long takes the pool: the prefix goes to host RAM.
+            token_times(&engine, rng.ids(len - 2 * a.gen_tokens, vocab), one(), None)?;
+            host_t.push(token_times(&engine, fourth, one(), None)?[0]);
+            host_tokens += engine.metrics().host_hit_tokens.load(Relaxed);
+        }
     }
+    let host_ms = (!host_t.is_empty()).then(|| ms(&mut host_t));
     // A seeded generation cut off by its client after `gen_tokens`, then retried: the retry
     // replays what was generated and continues; the restarted run computes all of it again.
     let k = a.gen_tokens;
@@ -142,8 +206,8 @@ pub fn tiers(a: TiersArgs) -> Result<()> {
         let out = json!({
             "model": path.display().to_string(), "threads": threads, "prefix_len": a.prefix_len,
             "suffix_len": a.suffix_len, "reps": a.reps,
-            "ttft_ms_pool": pool_ms, "ttft_ms_ssd": ssd_ms, "ttft_ms_cold": cold_ms,
-            "ssd_hit_tokens_per_rep": ssd_tokens / a.reps as u64,
+            "ttft_ms_pool": pool_ms, "ttft_ms_host": host_ms, "ttft_ms_ssd": ssd_ms, "ttft_ms_cold": cold_ms,
+            "host_hit_tokens_per_rep": host_tokens / a.reps as u64, "ssd_hit_tokens_per_rep": ssd_tokens / a.reps as u64,
             "resume": {"cut_after": k, "replayed": replayed, "resumed_first_token_ms": resumed[0] * 1e3,
                        "resumed_first_new_token_ms": resumed[at] * 1e3, "restarted_first_token_ms": restarted[0] * 1e3,
                        "restarted_token_ms_at_same_point": restarted[at] * 1e3},
@@ -159,8 +223,12 @@ pub fn tiers(a: TiersArgs) -> Result<()> {
             a.suffix_len,
             a.reps
         );
+        let host = match host_ms {
+            Some(t) => format!("{t:.1} ms ({} tokens restored)", host_tokens / a.reps as u64),
+            None => "n/a (the CPU pool is host RAM)".into(),
+        };
         println!(
-            "TTFT pool {pool_ms:.1} ms | SSD {ssd_ms:.1} ms ({} tokens restored) | cold {cold_ms:.1} ms",
+            "TTFT pool {pool_ms:.1} ms | host RAM {host} | SSD {ssd_ms:.1} ms ({} tokens restored) | cold {cold_ms:.1} ms",
             ssd_tokens / a.reps as u64
         );
         println!(
