@@ -13,7 +13,7 @@
 #                                     # (or /tmp), table last
 #   bash scripts/gpu_tests.sh bench   # there: `ferrite bench` on synthetic models (decode at
 #                                     # B=1 greedy and sampled, 2,048-token prefill, throughput,
-#                                     # start-up), table last
+#                                     # start-up, the prefix cache's tiers), table last
 #   bash scripts/gpu_tests.sh all     # there: run, then bench
 #
 # The binaries load the driver, NVRTC and cuBLASLt at run time; the first one to open the
@@ -58,7 +58,8 @@ run | bench | all)
     done
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
     failed=()
-    tests=(cuda_ops cuda_layer_ops cuda_memory cuda_quant cuda_attention cuda_sampling cuda_model cuda_goldens cuda_ceiling)
+    tests=(cuda_ops cuda_layer_ops cuda_memory cuda_quant cuda_attention cuda_sampling cuda_model cuda_goldens cuda_tiers
+           cuda_ceiling)
     [ "$1" = bench ] && tests=()
     # cuda_model's comparison with Hugging Face transformers needs their reference, made here
     # (a 1B-class random llama and transformers' log-probabilities; ~30 s, 2.5 GB of disk).
@@ -89,14 +90,15 @@ run | bench | all)
             local label=$1
             shift
             echo "=== bench $label: ferrite $*"
-            if timeout 150 .gpu/ferrite "$@" --json > "$out/bench_$label.json" 2> "$out/bench_$label.err"; then
+            if timeout "${BENCH_TIMEOUT:-150}" .gpu/ferrite "$@" --json > "$out/bench_$label.json" 2> "$out/bench_$label.err"; then
                 python3 - "$label" "$out/bench_$label.json" >> "$out/bench.table" <<'PY'
 import json, sys
 label, path = sys.argv[1], sys.argv[2]
 r = json.loads(open(path).read().strip().splitlines()[-1])
 keys = ["prompt_tok_s", "decode_tok_s", "output_tok_s", "total_tok_s", "tpot_ms_p50", "ttft_ms_p50", "load_ms", "ready_ms",
-        "weight_bytes", "kv_bytes_per_token"]
-print("TABLE|bench " + label + "|" + "|".join(f"{k} {r[k]:.1f}" for k in keys if k in r))
+        "weight_bytes", "kv_bytes_per_token", "ttft_ms_pool", "ttft_ms_host", "ttft_ms_ssd", "ttft_ms_cold",
+        "ssd_write_mb_per_s", "decode_busy_over_idle"]
+print("TABLE|bench " + label + "|" + "|".join(f"{k} {r[k]:.1f}" for k in keys if r.get(k) is not None))
 PY
                 cat "$out/bench_$label.json"
             else
@@ -148,6 +150,9 @@ PY
         bench decode-smollm bench decode --synthetic smollm2-135m --prompt-tokens 512 --gen-tokens 64 --reps 2
         bench decode-gemma4-e4b bench decode --synthetic gemma-4-e4b --dtype bf16 --prompt-tokens 512 --gen-tokens 128 \
             --reps 3
+        # The prefix cache's tiers (pool, host RAM, SSD under $TMPDIR, cold), resume, writer.
+        BENCH_TIMEOUT=600 bench tiers-8b-8k bench tiers "${s8[@]}" --prefix-len 8192 --reps 2
+        BENCH_TIMEOUT=600 bench tiers-8b-32k bench tiers "${s8[@]}" --prefix-len 32768 --reps 1
         serve_bench serve-8b-c64 llama-3.1-8b --concurrency 64 --num-requests 256 --input-len 128 --output-len 128
         serve_bench serve-1b-c256 llama-3.2-1b --concurrency 256 --num-requests 1024 --input-len 128 --output-len 128
     fi

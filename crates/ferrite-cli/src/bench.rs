@@ -28,8 +28,8 @@ pub enum BenchCommand {
     /// Time to first token of a request whose long prefix a finished request left in the
     /// prefix cache, against the same request cold.
     Prefix(PrefixArgs),
-    /// Time to first token with a long prefix in the device pool, in the SSD tier (after a
-    /// restart) and cold; a resumed generation against a restarted one; SSD write throughput;
+    /// Time to first token with a long prefix in the device pool, in host RAM (GPU), in the
+    /// SSD tier (after a restart) and cold; a resumed generation against a restarted one; SSD write throughput;
     /// decode speed with the SSD writer busy against idle.
     Tiers(crate::bench_tiers::TiersArgs),
     /// Load-test an OpenAI-compatible server (ferrite, llama-server, vLLM) over HTTP with

@@ -120,13 +120,17 @@ pub fn tiers(a: TiersArgs) -> Result<()> {
     let (loaded, path, threads) = a.model.load()?;
     let vocab = loaded.model.config().vocab_size;
     let len = a.prefix_len + a.suffix_len + 2 * a.gen_tokens + 8;
-    // Long prompts are prefilled in chunks (a 32k-token step would size every workspace for it).
-    let base = EngineArgs {
+    // Long prompts are prefilled in chunks (a 32k-token step would size every workspace for
+    // it). Every engine's pool holds four requests: a GPU's default (most of its memory)
+    // would leave the engines started next to the first one too little.
+    let mut base = EngineArgs {
         max_num_seqs: 4,
         max_num_batched_tokens: len.min(8192),
         max_model_len: Some(len),
         ..EngineArgs::default()
     };
+    let bytes_per_token = base.start(&loaded, &path)?.limits().kv_bytes_per_token.max(1);
+    base.kv_cache_memory = Some(bytes_per_token * 4 * len);
     let tiered = |checkpoint| EngineArgs {
         prefix_cache_dir: Some(dir.clone()),
         generation_checkpoint: Some(checkpoint),
@@ -135,7 +139,6 @@ pub fn tiers(a: TiersArgs) -> Result<()> {
     let cold_args = EngineArgs { no_prefix_cache: true, ..base.clone() };
     let greedy = |n| RequestParams { max_tokens: Some(n), ignore_eos: true, ..Default::default() };
     let cold = cold_args.start(&loaded, &path)?;
-    let bytes_per_token = cold.limits().kv_bytes_per_token.max(1);
     let slice = (SLICE_BYTES / bytes_per_token).max(1);
     // Host RAM (GPU models): a pool of one request's blocks, and host memory for two.
     let gpu = loaded.device != Device::Cpu;

@@ -71,7 +71,8 @@ fn cuda_prefix_restored_from_host_ram_and_ssd_gives_the_cold_tokens() {
     };
     let shared = text("rivers");
     let first = [shared.clone(), tok.encode(" And so the first list ends.", false).expect("encode")].concat();
-    let second = [shared.clone(), tok.encode(" The second list asks: what comes next?", false).expect("encode")].concat();
+    let second =
+        [shared.clone(), tok.encode(" The second list asks: what comes next?", false).expect("encode")].concat();
     let filler = text("mountains and the weather in spring");
     let base = EngineConfig { max_num_batched_tokens: 256, max_num_seqs: 4, ..EngineConfig::default() };
     let cold = run(&mut engine(&gpu, &EngineConfig { prefix_cache: false, ..base.clone() }), &[&second]).remove(0).0;

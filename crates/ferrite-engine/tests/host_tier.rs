@@ -110,10 +110,8 @@ fn host_ram_is_looked_up_before_the_ssd_and_a_restart_falls_back_to_the_ssd() {
     let (m, _) = load_fixture("llama");
     let vocab = m.config().vocab_size;
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = EngineConfig {
-        disk_cache: Some(DiskConfig::new(dir.path().to_path_buf(), 64 << 20)),
-        ..tiered(&m, 40, 64)
-    };
+    let cfg =
+        EngineConfig { disk_cache: Some(DiskConfig::new(dir.path().to_path_buf(), 64 << 20)), ..tiered(&m, 40, 64) };
     let first = prompt(4, 100, vocab);
     let second = [&first[..96], &prompt(5, 10, vocab)[..]].concat();
     let cold_tokens = alone(&m, cold(), second.clone(), greedy(8)).remove(0);

@@ -356,7 +356,12 @@ impl DevicePools {
     }
 
     fn group_block_bytes(&self, group: usize) -> usize {
-        self.layers.iter().zip(&self.groups).filter(|(_, &g)| g == group).map(|(l, _)| 2 * Self::layer_block_bytes(l)).sum()
+        self.layers
+            .iter()
+            .zip(&self.groups)
+            .filter(|(_, &g)| g == group)
+            .map(|(l, _)| 2 * Self::layer_block_bytes(l))
+            .sum()
     }
 
     /// The device address and length of each part of `block` of `group`, in the order of a

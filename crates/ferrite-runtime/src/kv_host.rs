@@ -92,7 +92,8 @@ impl HostBlocks {
     /// Slot `slot`'s bytes; an error for a slot never written.
     fn slot(&self, slot: usize) -> Result<&[u8]> {
         let (c, at) = self.locate(slot)?;
-        let chunk = self.chunks[c].as_ref().ok_or_else(|| RuntimeError::Shape(format!("host KV slot {slot} is empty")))?;
+        let chunk =
+            self.chunks[c].as_ref().ok_or_else(|| RuntimeError::Shape(format!("host KV slot {slot} is empty")))?;
         Ok(&chunk.bytes()[at..at + self.slot_bytes])
     }
 
@@ -120,7 +121,11 @@ impl HostBlocks {
     /// Overwrite the start of `slot` with `bytes` (after queued copies out of it finished).
     pub fn write(&mut self, slot: usize, bytes: &[u8]) -> Result<()> {
         if bytes.len() > self.slot_bytes {
-            return Err(RuntimeError::Shape(format!("{} bytes for a host KV slot of {}", bytes.len(), self.slot_bytes)));
+            return Err(RuntimeError::Shape(format!(
+                "{} bytes for a host KV slot of {}",
+                bytes.len(),
+                self.slot_bytes
+            )));
         }
         self.settle()?;
         self.slot_mut(slot)?[..bytes.len()].copy_from_slice(bytes);

@@ -46,15 +46,7 @@ impl HostTier {
     /// A tier over `mem` (from `KvCache::host_blocks`, sized by the budget).
     pub fn new(mem: HostBlocks, metrics: Arc<Metrics>) -> HostTier {
         metrics.host_capacity_bytes.store((mem.slots() * mem.slot_bytes()) as u64, Relaxed);
-        HostTier {
-            mem,
-            entries: HashMap::new(),
-            lru: BTreeMap::new(),
-            clock: 0,
-            free: Vec::new(),
-            unused: 0,
-            metrics,
-        }
+        HostTier { mem, entries: HashMap::new(), lru: BTreeMap::new(), clock: 0, free: Vec::new(), unused: 0, metrics }
     }
 
     /// The memory the tier's blocks are in.
