@@ -208,7 +208,7 @@ impl EngineCore {
         plan.truncate(self.kvm.restorable_blocks().saturating_sub(total.saturating_sub(plan.len())));
         let window = self.staging.as_ref().map_or(1, HostBlocks::slots).max(1);
         let block_bytes = self.kv.block_bytes() as u64;
-        let mut restored = [usize::MAX..0, usize::MAX..0];
+        let mut restored = [0..0, 0..0];
         'windows: for part in plan.chunks(window) {
             // The SSD's bytes go to the staging slots first (waiting, once, for the copies
             // of the window before).
@@ -242,8 +242,9 @@ impl EngineCore {
                     // The pool had it already (restored for another request meanwhile).
                     continue;
                 }
+                // Each tier's blocks come in order, one run.
                 let r = &mut restored[p.kind as usize];
-                *r = r.start.min(i)..r.end.max(i + 1);
+                *r = if r.start == r.end { i..i + 1 } else { r.start..i + 1 };
                 let (hit, read) = match p.kind {
                     TierKind::Host => (&self.metrics.host_hit_tokens, &self.metrics.host_read_bytes),
                     TierKind::Ssd => (&self.metrics.ssd_hit_tokens, &self.metrics.ssd_read_bytes),
@@ -254,6 +255,6 @@ impl EngineCore {
                 }
             }
         }
-        self.sched.waiting[w].tier.restored = restored.map(|r| if r.start < r.end { r } else { 0..0 });
+        self.sched.waiting[w].tier.restored = restored;
     }
 }
