@@ -134,13 +134,15 @@ fn cuda_sampling_follows_the_cpu_rule() {
             &format!("{rows}x{vocab}{what} tokens"),
             format!("exact={exact}|boundary={boundary}|of {rows}"),
         );
-        // The log-probability under the raw logits: f32 log-sum-exp in two summation orders.
+        // The log-probability under the raw logits: f32 log-sum-exp in two summation orders,
+        // each off by a few ulps of the largest logit (the peaked rows' reach 30).
+        let largest = logits.iter().filter(|v| v.is_finite()).fold(0f32, |m, v| m.max(v.abs()));
         compare(
             "sampling",
             &format!("{rows}x{vocab} logprob"),
             &gpu.download(&logprobs).unwrap(),
             &want_lp,
-            1e-4,
+            1e-4 + 8.0 * f32::EPSILON * largest,
             1e-5,
         );
     }

@@ -226,25 +226,49 @@ __device__ __forceinline__ bool candidate(float v, int id, float mr, float inv_t
     return *e >= min_e;
 }
 
-// Pick bin of a radix pass (thread 0): the highest bin (`descending`) or the lowest whose
-// weight, added to `before`, reaches `target`.
+// Inclusive prefix sum over the lanes of a warp.
+__device__ __forceinline__ unsigned long long warp_scan(unsigned long long v) {
+    const int lane = threadIdx.x & 31;
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long t = __shfl_up_sync(FULL_MASK, v, o);
+        if (lane >= o) v += t;
+    }
+    return v;
+}
+
+// Pick bin of a radix pass (warp 0): the highest bin (`descending`) or the lowest whose
+// weight, added to `before`, reaches `target`. Lane l takes scan positions 8l..8l+7 (bin
+// 255 - i descending, i ascending); a scan of the lanes' sums finds the lane the target falls
+// in, and that lane walks its eight bins.
 __device__ __forceinline__ void pick_bin(Select* s, unsigned prefix, int shift, unsigned long long before,
                                          unsigned long long target, bool descending) {
-    unsigned long long cum = before;
-    int found = -1;
-    for (int i = 0; i < 256; i++) {
-        const int b = descending ? 255 - i : i;
-        if (cum + s->hist[b] >= target) {
-            found = b;
-            break;
-        }
-        cum += s->hist[b];
+    const int lane = threadIdx.x & 31;
+    unsigned long long w[8], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int i = 8 * lane + j;
+        w[j] = s->hist[descending ? 255 - i : i];
+        sum += w[j];
     }
-    s->bin = found;
-    if (found >= 0) {
-        s->prefix = prefix | ((unsigned)found << shift);
-        s->above = cum;
-        s->group = s->hist[found];
+    const unsigned long long incl = warp_scan(sum);
+    const unsigned crossing = __ballot_sync(FULL_MASK, before + incl >= target);
+    if (crossing == 0) {
+        if (lane == 0) s->bin = -1;
+        return;
+    }
+    if (lane != __ffs(crossing) - 1) return;
+    unsigned long long cum = before + incl - sum;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (cum + w[j] >= target) {
+            const int b = descending ? 255 - (8 * lane + j) : 8 * lane + j;
+            s->bin = b;
+            s->prefix = prefix | ((unsigned)b << shift);
+            s->above = cum;
+            s->group = w[j];
+            return;
+        }
+        cum += w[j];
     }
 }
 
@@ -275,7 +299,7 @@ __device__ Cut select_cut(const Row& row, float mr, float inv_t, Cut cut, float 
             hist_add(s->hist, bin, w);
         });
         __syncthreads();
-        if (threadIdx.x == 0) pick_bin(s, prefix, shift, above, target, true);
+        if (threadIdx.x < 32) pick_bin(s, prefix, shift, above, target, true);
         __syncthreads();
         if (s->bin < 0) return cut;
         prefix = s->prefix;
@@ -302,7 +326,7 @@ __device__ Cut select_cut(const Row& row, float mr, float inv_t, Cut cut, float 
             hist_add(s->hist, bin, 1ull);
         });
         __syncthreads();
-        if (threadIdx.x == 0) pick_bin(s, id, shift, before, need < members ? need : members, false);
+        if (threadIdx.x < 32) pick_bin(s, id, shift, before, need < members ? need : members, false);
         __syncthreads();
         if (s->bin < 0) return Cut{k, k == cut.key ? cut.id : NO_ID};  // unreachable: the group has `members`
         id = s->prefix;
@@ -397,7 +421,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 
     float amax_v;
     int amax;
-    row_argmax<2>(x, vocab, s_v, s_i, &amax_v, &amax);
+    row_argmax<4>(x, vocab, s_v, s_i, &amax_v, &amax);
     if (amax == 0x7fffffff) amax = 0;  // every logit NaN: index 0, as the CPU's argmax
     int token = amax;
     const float t = temperature[row];
@@ -422,23 +446,42 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
             hist_add(g.count, b, 1ull);
         });
         lse = mr + logf(block_sum(z, s_v));
-        if (threadIdx.x == 0) {
-            unsigned long long total = 0;
-            for (int b = 0; b < DIST_BUCKETS; b++) total += g.mass[b];
-            const unsigned long long want = (unsigned long long)ceil((double)p * (double)total);
+        if (threadIdx.x < 32) {
             // The first bucket whose top set holds every token a cut can keep: all the mass,
-            // or the top_k (top_p then cuts inside them), or top_p of the mass.
-            unsigned long long mass = 0, count = 0;
-            int last = -1;
-            for (int b = 0; b < DIST_BUCKETS && last < 0; b++) {
-                mass += g.mass[b];
-                count += g.count[b];
-                if (mass == total || (k > 0 && count >= (unsigned long long)k) || (k <= 0 && p < 1.f && mass >= want))
-                    last = b;
+            // or the top_k (top_p then cuts inside them), or top_p of the mass. Lane l takes
+            // buckets 8l..8l+7; scans of the lanes' sums find the lane it falls in.
+            const int lane = threadIdx.x;
+            unsigned long long m[8], c[8], msum = 0, csum = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                m[j] = g.mass[8 * lane + j];
+                c[j] = g.count[8 * lane + j];
+                msum += m[j];
+                csum += c[j];
             }
-            g.total = total;
-            g.last = count <= GATHER_MAX ? last : -1;
-            g.n = 0;
+            const unsigned long long mincl = warp_scan(msum), cincl = warp_scan(csum);
+            const unsigned long long total = __shfl_sync(FULL_MASK, mincl, 31);
+            const unsigned long long want = (unsigned long long)ceil((double)p * (double)total);
+            auto holds = [&](unsigned long long mass, unsigned long long count) {
+                return mass == total || (k > 0 && count >= (unsigned long long)k) || (k <= 0 && p < 1.f && mass >= want);
+            };
+            // Every token's bucket is at most 255, so the last lane holds all the mass.
+            const unsigned at = __ballot_sync(FULL_MASK, holds(mincl, cincl));
+            if (lane == __ffs(at) - 1) {
+                unsigned long long mass = mincl - msum, count = cincl - csum;
+                int last = 8 * lane + 7;
+                for (int j = 0; j < 8; j++) {
+                    mass += m[j];
+                    count += c[j];
+                    if (holds(mass, count)) {
+                        last = 8 * lane + j;
+                        break;
+                    }
+                }
+                g.total = total;
+                g.last = count <= GATHER_MAX ? last : -1;
+                g.n = 0;
+            }
         }
         __syncthreads();
         const int last = g.last;
