@@ -19,7 +19,7 @@ use crate::config::{EngineConfig, Limits};
 use crate::core::{AdapterNames, EngineCore};
 use crate::error::EngineError;
 use crate::metrics::Metrics;
-use crate::request::{FinishReason, Finished, Output, Request, RequestId};
+use crate::request::{Finished, Output, Request, RequestId};
 use crate::structured::{Grammars, Guide};
 
 enum Command {
@@ -165,22 +165,7 @@ fn apply(core: &mut EngineCore, cmd: Command) {
             if let Err(e) = core.add_guided(id, *req, guide.map(|g| *g), sink.clone()) {
                 // Validated at submit; reaching here means something changed under it (its
                 // adapter was unloaded in between): the request ends with the error.
-                let finished = Finished {
-                    reason: FinishReason::Error,
-                    stop_string: None,
-                    stop_token: None,
-                    error: Some(e.to_string()),
-                    usage: Default::default(),
-                };
-                let out = Output {
-                    choice: 0,
-                    token_ids: Vec::new(),
-                    text: String::new(),
-                    logprobs: Vec::new(),
-                    finished: Some(finished),
-                    cached_tokens: 0,
-                    embedding: None,
-                };
+                let out = Output::end(0, Finished::error(e.to_string(), Default::default()), 0);
                 let _ = sink.send(out);
             }
         }

@@ -119,6 +119,13 @@ pub struct Finished {
     pub usage: Usage,
 }
 
+impl Finished {
+    /// An end by `error`, with the usage so far.
+    pub fn error(error: String, usage: Usage) -> Self {
+        Finished { reason: FinishReason::Error, stop_string: None, stop_token: None, error: Some(error), usage }
+    }
+}
+
 /// One streamed piece of one choice: new token ids, their text, and (last) how it ended.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Output {
@@ -133,4 +140,19 @@ pub struct Output {
     /// The prompt's embedding, in the one output of an embedding request.
     #[serde(default)]
     pub embedding: Option<Vec<f32>>,
+}
+
+impl Output {
+    /// A choice's last output that carries no new token, only how it ended.
+    pub fn end(choice: usize, finished: Finished, cached_tokens: usize) -> Self {
+        Output {
+            choice,
+            token_ids: Vec::new(),
+            text: String::new(),
+            logprobs: Vec::new(),
+            finished: Some(finished),
+            cached_tokens,
+            embedding: None,
+        }
+    }
 }

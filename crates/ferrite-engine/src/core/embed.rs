@@ -53,15 +53,7 @@ impl EngineCore {
                         error: None,
                         usage: usage(&seq),
                     };
-                    let out = Output {
-                        choice: 0,
-                        token_ids: vec![],
-                        text: String::new(),
-                        logprobs: vec![],
-                        finished: Some(finished),
-                        cached_tokens: 0,
-                        embedding: Some(embedding),
-                    };
+                    let out = Output { embedding: Some(embedding), ..Output::end(0, finished, 0) };
                     // A receiver that is gone wanted nothing more.
                     let _ = seq.sink.send(out);
                     self.metrics.request_finished();

@@ -224,15 +224,8 @@ impl EngineCore {
         stop_token: Option<u32>,
         error: Option<String>,
     ) {
-        let out = Output {
-            choice: seq.choice,
-            token_ids: vec![],
-            text: String::new(),
-            logprobs: vec![],
-            finished: Some(Finished { reason, stop_string, stop_token, error, usage: usage(&seq) }),
-            cached_tokens: seq.cached_tokens,
-            embedding: None,
-        };
+        let finished = Finished { reason, stop_string, stop_token, error, usage: usage(&seq) };
+        let out = Output::end(seq.choice, finished, seq.cached_tokens);
         let _ = seq.sink.send(out);
         self.metrics.request_finished();
     }
@@ -328,22 +321,7 @@ pub(super) fn emit_token(e: &Emitter<'_>, seq: &mut Sequence, token: u32, logpro
 
 /// End `seq` with a grammar `error` and no new token.
 fn fail_constrained(metrics: &Metrics, seq: &mut Sequence, error: String) -> Emitted {
-    let finished = Finished {
-        reason: FinishReason::Error,
-        stop_string: None,
-        stop_token: None,
-        error: Some(error),
-        usage: usage(seq),
-    };
-    let out = Output {
-        choice: seq.choice,
-        token_ids: vec![],
-        text: String::new(),
-        logprobs: vec![],
-        cached_tokens: seq.cached_tokens,
-        embedding: None,
-        finished: Some(finished),
-    };
+    let out = Output::end(seq.choice, Finished::error(error, usage(seq)), seq.cached_tokens);
     if seq.sink.send(out).is_err() {
         return Emitted::Disconnected;
     }

@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use ferrite_engine::{FinishReason, Finished, Limits, Metrics as EngineMetrics, Output, Request, RequestId};
+use ferrite_engine::{Finished, Limits, Metrics as EngineMetrics, Output, Request, RequestId};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use super::protocol::{metric_fields, read_frame, write_frame, FromWorker, ToWorker};
@@ -331,21 +331,7 @@ fn fail_open(link: &mut Link, why: &str) {
     link.pending.clear();
     for (_, open) in link.streams.drain() {
         for choice in open.unfinished {
-            let _ = open.tx.send(Output {
-                choice,
-                token_ids: Vec::new(),
-                text: String::new(),
-                logprobs: Vec::new(),
-                finished: Some(Finished {
-                    reason: FinishReason::Error,
-                    stop_string: None,
-                    stop_token: None,
-                    error: Some(why.to_string()),
-                    usage: Default::default(),
-                }),
-                cached_tokens: 0,
-                embedding: None,
-            });
+            let _ = open.tx.send(Output::end(choice, Finished::error(why.to_string(), Default::default()), 0));
         }
     }
 }

@@ -10,6 +10,14 @@
 // bin add their weights first (match + warp reduce), so a crowded bin costs one atomic per
 // warp, not one per element.
 //
+// A sampled row reads its logits three times (argmax; log-sum-exp with a histogram of mass and
+// count by distance from the max; a gather) and runs every select over the gathered rows in
+// shared memory: the fewest highest logits that hold every token the row's cuts can keep
+// (all with non-zero fixed-point mass, or the top_k, or top_p of the mass). The selects see
+// the same keys, masses and ties in that top set as in the whole row, so they find the same
+// cuts; a row whose set does not fit (a flat distribution without top-k/top-p) runs them
+// over the whole row.
+//
 // The steps, as the CPU sampler does them: keep the top_k highest logits (0 = all); scale by
 // 1/temperature and exponentiate relative to the max (the max gets e = 1); drop e < min_p;
 // keep the shortest prefix (highest first) whose mass reaches top_p of the top-k mass; draw
@@ -154,6 +162,32 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
 }
 
+// A row as the select passes see it: every element of x[0..n) with its index as id, or a
+// gathered subset (values and ids) in shared memory. `visit` calls f(id, v, valid) with a
+// trip count uniform across the block, lanes past the end with valid = false.
+struct Dense {
+    const float* x;
+    int n;
+    template <class F>
+    __device__ __forceinline__ void visit(F f) const {
+        for_each(x, n, f);
+    }
+};
+
+struct Gathered {
+    const float* v;
+    const int* id;
+    int n;
+    template <class F>
+    __device__ __forceinline__ void visit(F f) const {
+        for (int base = 0; base < n; base += blockDim.x) {
+            const int i = base + threadIdx.x;
+            const bool ok = i < n;
+            f(ok ? id[i] : 0, ok ? v[i] : 0.f, ok);
+        }
+    }
+};
+
 struct Select {
     unsigned long long hist[256];
     unsigned prefix;
@@ -192,25 +226,49 @@ __device__ __forceinline__ bool candidate(float v, int id, float mr, float inv_t
     return *e >= min_e;
 }
 
-// Pick bin of a radix pass (thread 0): the highest bin (`descending`) or the lowest whose
-// weight, added to `before`, reaches `target`.
+// Inclusive prefix sum over the lanes of a warp.
+__device__ __forceinline__ unsigned long long warp_scan(unsigned long long v) {
+    const int lane = threadIdx.x & 31;
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long t = __shfl_up_sync(FULL_MASK, v, o);
+        if (lane >= o) v += t;
+    }
+    return v;
+}
+
+// Pick bin of a radix pass (warp 0): the highest bin (`descending`) or the lowest whose
+// weight, added to `before`, reaches `target`. Lane l takes scan positions 8l..8l+7 (bin
+// 255 - i descending, i ascending); a scan of the lanes' sums finds the lane the target falls
+// in, and that lane walks its eight bins.
 __device__ __forceinline__ void pick_bin(Select* s, unsigned prefix, int shift, unsigned long long before,
                                          unsigned long long target, bool descending) {
-    unsigned long long cum = before;
-    int found = -1;
-    for (int i = 0; i < 256; i++) {
-        const int b = descending ? 255 - i : i;
-        if (cum + s->hist[b] >= target) {
-            found = b;
-            break;
-        }
-        cum += s->hist[b];
+    const int lane = threadIdx.x & 31;
+    unsigned long long w[8], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int i = 8 * lane + j;
+        w[j] = s->hist[descending ? 255 - i : i];
+        sum += w[j];
     }
-    s->bin = found;
-    if (found >= 0) {
-        s->prefix = prefix | ((unsigned)found << shift);
-        s->above = cum;
-        s->group = s->hist[found];
+    const unsigned long long incl = warp_scan(sum);
+    const unsigned crossing = __ballot_sync(FULL_MASK, before + incl >= target);
+    if (crossing == 0) {
+        if (lane == 0) s->bin = -1;
+        return;
+    }
+    if (lane != __ffs(crossing) - 1) return;
+    unsigned long long cum = before + incl - sum;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (cum + w[j] >= target) {
+            const int b = descending ? 255 - (8 * lane + j) : 8 * lane + j;
+            s->bin = b;
+            s->prefix = prefix | ((unsigned)b << shift);
+            s->above = cum;
+            s->group = w[j];
+            return;
+        }
+        cum += w[j];
     }
 }
 
@@ -220,7 +278,8 @@ __device__ __forceinline__ void pick_bin(Select* s, unsigned prefix, int shift, 
 // when that key is shared (tied logits) and only some of the tied tokens are needed, or
 // `exact_id` asks for the last member's id, three more passes over the ids of the tied tokens
 // find the last one needed.
-__device__ Cut select_cut(const float* x, int n, float mr, float inv_t, Cut cut, float min_e, bool by_mass,
+template <class Row>
+__device__ Cut select_cut(const Row& row, float mr, float inv_t, Cut cut, float min_e, bool by_mass,
                           unsigned long long target, bool exact_id, Select* s) {
     unsigned prefix = 0;
     unsigned long long above = 0;
@@ -228,7 +287,7 @@ __device__ Cut select_cut(const float* x, int n, float mr, float inv_t, Cut cut,
         for (int b = threadIdx.x; b < 256; b += blockDim.x) s->hist[b] = 0;
         __syncthreads();
         const unsigned hi_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
-        for_each(x, n, [&](int i, float v, bool valid) {
+        row.visit([&](int i, float v, bool valid) {
             unsigned key;
             float e;
             int bin = -1;
@@ -240,7 +299,7 @@ __device__ Cut select_cut(const float* x, int n, float mr, float inv_t, Cut cut,
             hist_add(s->hist, bin, w);
         });
         __syncthreads();
-        if (threadIdx.x == 0) pick_bin(s, prefix, shift, above, target, true);
+        if (threadIdx.x < 32) pick_bin(s, prefix, shift, above, target, true);
         __syncthreads();
         if (s->bin < 0) return cut;
         prefix = s->prefix;
@@ -257,7 +316,7 @@ __device__ Cut select_cut(const float* x, int n, float mr, float inv_t, Cut cut,
     for (int shift = 16; shift >= 0; shift -= 8) {  // ids < 2^24
         for (int b = threadIdx.x; b < 256; b += blockDim.x) s->hist[b] = 0;
         __syncthreads();
-        for_each(x, n, [&](int i, float v, bool valid) {
+        row.visit([&](int i, float v, bool valid) {
             unsigned key;
             float e;
             int bin = -1;
@@ -267,7 +326,7 @@ __device__ Cut select_cut(const float* x, int n, float mr, float inv_t, Cut cut,
             hist_add(s->hist, bin, 1ull);
         });
         __syncthreads();
-        if (threadIdx.x == 0) pick_bin(s, id, shift, before, need < members ? need : members, false);
+        if (threadIdx.x < 32) pick_bin(s, id, shift, before, need < members ? need : members, false);
         __syncthreads();
         if (s->bin < 0) return Cut{k, k == cut.key ? cut.id : NO_ID};  // unreachable: the group has `members`
         id = s->prefix;
@@ -277,11 +336,12 @@ __device__ Cut select_cut(const float* x, int n, float mr, float inv_t, Cut cut,
 }
 
 // Mass of the candidates inside `cut` with e >= min_e.
-__device__ unsigned long long kept_mass(const float* x, int n, float mr, float inv_t, Cut cut, float min_e, Select* s) {
+template <class Row>
+__device__ unsigned long long kept_mass(const Row& row, float mr, float inv_t, Cut cut, float min_e, Select* s) {
     if (threadIdx.x == 0) s->total = 0;
     __syncthreads();
     unsigned long long local = 0;
-    for_each(x, n, [&](int i, float v, bool valid) {
+    row.visit([&](int i, float v, bool valid) {
         unsigned key;
         float e;
         if (valid && candidate(v, i, mr, inv_t, cut, min_e, &key, &e)) local += (unsigned long long)(e * MASS_ONE);
@@ -308,6 +368,45 @@ __device__ float row_log_sum_exp(const float* x, int vocab, float* s_v, float* m
     return mr + logf(z);
 }
 
+// The cuts of one sampled row over `row` (the whole row or its gathered top set), the draw
+// last; `zk` is the mass top_p measures against when top_k keeps everything (the whole row's).
+template <class Row>
+__device__ int draw_token(const Row& row, float mr, float inv_t, int k, float p, float min_e, float u,
+                          unsigned long long zk, Select* s) {
+    Cut cut = Cut{0u, NO_ID};
+    if (k > 0) cut = select_cut(row, mr, inv_t, cut, 0.f, false, (unsigned long long)k, false, s);
+    if (p < 1.f) {
+        if (k > 0) zk = kept_mass(row, mr, inv_t, cut, 0.f, s);
+        const unsigned long long want = (unsigned long long)ceil((double)p * (double)zk);
+        cut = select_cut(row, mr, inv_t, cut, min_e, true, want < 1 ? 1 : want, false, s);
+    }
+    const unsigned long long total = kept_mass(row, mr, inv_t, cut, min_e, s);
+    const unsigned long long draw = (unsigned long long)((double)u * (double)total) + 1ull;
+    const Cut d = select_cut(row, mr, inv_t, cut, min_e, true, draw > total ? total : draw, true, s);
+    return d.id != NO_ID && total > 0 ? d.id : -1;
+}
+
+// Room for a sampled row's gathered top set in shared memory.
+#define GATHER_MAX (4 * SAMPLE_THREADS)
+// Buckets of distance from the max, (max - v) / T in eighths: 255 holds 31.875 and beyond
+// (a token past 27.73 has no fixed-point mass).
+#define DIST_BUCKETS 256
+
+__device__ __forceinline__ int dist_bucket(float v, float mr, float inv_t) {
+    const float d = (mr - v) * inv_t * 8.f;
+    return d < (float)(DIST_BUCKETS - 1) ? (int)d : DIST_BUCKETS - 1;
+}
+
+struct Gather {
+    unsigned long long mass[DIST_BUCKETS];
+    unsigned long long count[DIST_BUCKETS];
+    unsigned long long total;
+    int last;  // the last bucket of the top set; -1: it does not fit
+    int n;
+    float v[GATHER_MAX];
+    int id[GATHER_MAX];
+};
+
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_rows(const float* __restrict__ logits, int vocab, int stride, const float* __restrict__ temperature,
                 const int* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ min_p,
@@ -316,34 +415,89 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     __shared__ float s_v[32];
     __shared__ int s_i[32];
     __shared__ Select s;
+    __shared__ Gather g;
     const int row = blockIdx.x;
     const float* x = logits + (u64)row * stride;
 
     float amax_v;
     int amax;
-    row_argmax<2>(x, vocab, s_v, s_i, &amax_v, &amax);
+    row_argmax<4>(x, vocab, s_v, s_i, &amax_v, &amax);
     if (amax == 0x7fffffff) amax = 0;  // every logit NaN: index 0, as the CPU's argmax
-    float mr;
-    const float lse = row_log_sum_exp(x, vocab, s_v, &mr);
-
     int token = amax;
     const float t = temperature[row];
     const float inv_t = 1.f / t;
-    if (t > 0.f && is_finite(inv_t) && mr != -FERRITE_INF && amax_v != FERRITE_INF) {
-        Cut cut = Cut{0u, NO_ID};
-        const int k = top_k[row];
-        if (k > 0) cut = select_cut(x, vocab, mr, inv_t, cut, 0.f, false, (unsigned long long)k, false, &s);
-        const float min_e = min_p[row];
-        const float p = top_p[row];
-        if (p < 1.f) {
-            const unsigned long long zk = kept_mass(x, vocab, mr, inv_t, cut, 0.f, &s);
-            const unsigned long long want = (unsigned long long)ceil((double)p * (double)zk);
-            cut = select_cut(x, vocab, mr, inv_t, cut, min_e, true, want < 1 ? 1 : want, false, &s);
+    const int k = top_k[row];
+    const float p = top_p[row];
+    float lse;
+    // A finite argmax is the largest finite logit: no +inf (a certainty), some finite one.
+    if (!(t > 0.f && is_finite(inv_t) && is_finite(amax_v))) {
+        float mr;
+        lse = row_log_sum_exp(x, vocab, s_v, &mr);
+    } else {
+        const float mr = amax_v;
+        for (int b = threadIdx.x; b < DIST_BUCKETS; b += blockDim.x) g.mass[b] = g.count[b] = 0;
+        __syncthreads();
+        float z = 0.f;
+        for_each(x, vocab, [&](int, float v, bool valid) {
+            const bool f = valid && is_finite(v);
+            if (f) z += expf(v - mr);
+            const int b = f ? dist_bucket(v, mr, inv_t) : -1;
+            hist_add(g.mass, b, f ? mass_of(v, mr, inv_t) : 0ull);
+            hist_add(g.count, b, 1ull);
+        });
+        lse = mr + logf(block_sum(z, s_v));
+        if (threadIdx.x < 32) {
+            // The first bucket whose top set holds every token a cut can keep: all the mass,
+            // or the top_k (top_p then cuts inside them), or top_p of the mass. Lane l takes
+            // buckets 8l..8l+7; scans of the lanes' sums find the lane it falls in.
+            const int lane = threadIdx.x;
+            unsigned long long m[8], c[8], msum = 0, csum = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                m[j] = g.mass[8 * lane + j];
+                c[j] = g.count[8 * lane + j];
+                msum += m[j];
+                csum += c[j];
+            }
+            const unsigned long long mincl = warp_scan(msum), cincl = warp_scan(csum);
+            const unsigned long long total = __shfl_sync(FULL_MASK, mincl, 31);
+            const unsigned long long want = (unsigned long long)ceil((double)p * (double)total);
+            auto holds = [&](unsigned long long mass, unsigned long long count) {
+                return mass == total || (k > 0 && count >= (unsigned long long)k) || (k <= 0 && p < 1.f && mass >= want);
+            };
+            // Every token's bucket is at most 255, so the last lane holds all the mass.
+            const unsigned at = __ballot_sync(FULL_MASK, holds(mincl, cincl));
+            if (lane == __ffs(at) - 1) {
+                unsigned long long mass = mincl - msum, count = cincl - csum;
+                int last = 8 * lane + 7;
+                for (int j = 0; j < 8; j++) {
+                    mass += m[j];
+                    count += c[j];
+                    if (holds(mass, count)) {
+                        last = 8 * lane + j;
+                        break;
+                    }
+                }
+                g.total = total;
+                g.last = count <= GATHER_MAX ? last : -1;
+                g.n = 0;
+            }
         }
-        const unsigned long long total = kept_mass(x, vocab, mr, inv_t, cut, min_e, &s);
-        const unsigned long long draw = (unsigned long long)((double)uniform[row] * (double)total) + 1ull;
-        const Cut d = select_cut(x, vocab, mr, inv_t, cut, min_e, true, draw > total ? total : draw, true, &s);
-        if (d.id != NO_ID && total > 0) token = d.id;
+        __syncthreads();
+        const int last = g.last;
+        if (last >= 0) {
+            for_each(x, vocab, [&](int i, float v, bool valid) {
+                if (valid && is_finite(v) && dist_bucket(v, mr, inv_t) <= last) {
+                    const int at = atomicAdd(&g.n, 1);
+                    g.v[at] = v;
+                    g.id[at] = i;
+                }
+            });
+            __syncthreads();
+        }
+        const int d = last >= 0 ? draw_token(Gathered{g.v, g.id, g.n}, mr, inv_t, k, p, min_p[row], uniform[row], g.total, &s)
+                                : draw_token(Dense{x, vocab}, mr, inv_t, k, p, min_p[row], uniform[row], g.total, &s);
+        if (d >= 0) token = d;
     }
     if (threadIdx.x == 0) {
         tokens[row] = (unsigned)token;
@@ -391,7 +545,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     float mr;
     const float lse = row_log_sum_exp(x, vocab, s_v, &mr);
     if (threadIdx.x == 0) s_n = 0;
-    const Cut cut = select_cut(x, vocab, mr, 1.f, Cut{0u, NO_ID}, 0.f, false, (unsigned long long)n_top, true, &s);
+    const Cut cut = select_cut(Dense{x, vocab}, mr, 1.f, Cut{0u, NO_ID}, 0.f, false, (unsigned long long)n_top, true, &s);
     for_each(x, vocab, [&](int i, float v, bool valid) {
         if (valid && is_finite(v) && kept(order_key(v), i, cut)) {
             const int at = atomicAdd(&s_n, 1);
