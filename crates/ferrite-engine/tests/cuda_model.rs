@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use common::model::{
     cache, compare_logits, cuda_enabled, divergence, equal_or_tie, log_softmax, parting_at_tie, prefill_logits,
-    top2_margin, top_k, LogitsAgreement, BLOCK, TIE_MARGIN,
+    smollm2_gguf, top2_margin, top_k, LogitsAgreement, BLOCK, TIE_MARGIN,
 };
 use ferrite_engine::sampling::{apply_processors, distribution, uniform, TokenCounts, TokenLogprob};
 use ferrite_engine::{EngineConfig, EngineCore, Output, Request, RequestParams, SamplingParams};
@@ -393,14 +393,7 @@ fn cuda_smollm2_q4_1_matches_cpu() {
     if !cuda_enabled("cuda_smollm2_q4_1_matches_cpu") {
         return;
     }
-    let path = std::env::var_os("FERRITE_SMOLLM2_GGUF").map(std::path::PathBuf::from).unwrap_or_else(|| {
-        let home = std::env::var_os("HOME").map(std::path::PathBuf::from).unwrap_or_default();
-        home.join(".cache/ferrite/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
-    if !path.is_file() {
-        eprintln!("SKIP cuda_smollm2_q4_1_matches_cpu: no {} (set FERRITE_SMOLLM2_GGUF)", path.display());
-        return;
-    }
+    let Some(path) = smollm2_gguf("cuda_smollm2_q4_1_matches_cpu") else { return };
     let cpu = ferrite_models::load_on(&path, DeviceChoice::Cpu).expect("cpu load");
     let gpu = ferrite_models::load_on(&path, DeviceChoice::Cuda(0)).expect("cuda load").model;
     let tokenizer = cpu.tokenizer.clone().expect("tokenizer");

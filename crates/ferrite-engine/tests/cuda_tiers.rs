@@ -15,7 +15,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::model::{cuda_enabled, equal_or_tie};
+use common::model::{cuda_enabled, equal_or_tie, smollm2_gguf};
 use ferrite_engine::kv::disk::DiskConfig;
 use ferrite_engine::{EngineConfig, EngineCore, Output, Request, RequestParams, Usage};
 use ferrite_models::model::CausalLm;
@@ -53,14 +53,7 @@ fn cuda_prefix_restored_from_host_ram_and_ssd_gives_the_cold_tokens() {
     if !cuda_enabled("cuda_prefix_restored_from_host_ram_and_ssd_gives_the_cold_tokens") {
         return;
     }
-    let path = std::env::var_os("FERRITE_SMOLLM2_GGUF").map(std::path::PathBuf::from).unwrap_or_else(|| {
-        let home = std::env::var_os("HOME").map(std::path::PathBuf::from).unwrap_or_default();
-        home.join(".cache/ferrite/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
-    if !path.is_file() {
-        eprintln!("SKIP cuda_tiers: no {} (set FERRITE_SMOLLM2_GGUF)", path.display());
-        return;
-    }
+    let Some(path) = smollm2_gguf("cuda_tiers") else { return };
     let cpu = ferrite_models::load_on(&path, DeviceChoice::Cpu).expect("cpu load");
     let gpu = ferrite_models::load_on(&path, DeviceChoice::Cuda(0)).expect("cuda load").model;
     let tok = cpu.tokenizer.clone().expect("tokenizer");

@@ -19,6 +19,20 @@ pub fn cuda_enabled(test: &str) -> bool {
     on
 }
 
+/// SmolLM2-135M-Instruct Q4_1, real weights for the CUDA tests: `FERRITE_SMOLLM2_GGUF`, by
+/// default the models cache under `$HOME`; `None` (saying why `test` is skipped) when absent.
+pub fn smollm2_gguf(test: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("FERRITE_SMOLLM2_GGUF").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").map(std::path::PathBuf::from).unwrap_or_default();
+        home.join(".cache/ferrite/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
+    if !path.is_file() {
+        eprintln!("SKIP {test}: no {} (set FERRITE_SMOLLM2_GGUF)", path.display());
+        return None;
+    }
+    Some(path)
+}
+
 /// The KV cache a model wants, with `blocks` blocks in every group, and the identity block
 /// tables.
 pub fn cache(model: &dyn CausalLm, blocks: usize) -> (KvCache, Vec<Vec<u32>>) {
