@@ -130,8 +130,7 @@ impl EngineCore {
             return;
         }
         let bs = self.kvm.block_size();
-        let mut hashes = self.kvm.block_hashes(seq.kv.root(), &seq.tokens);
-        hashes.truncate((seq.tokens.len() - 1) / bs);
+        let hashes = self.kvm.prefix_hashes(seq.kv.root(), &seq.tokens);
         let mut next = self.kvm.cached_run(&hashes, &seq.tokens);
         if let Some(host) = &self.host {
             self.metrics.host_lookup_tokens.fetch_add(((hashes.len() - next) * bs) as u64, Relaxed);
@@ -197,8 +196,7 @@ impl EngineCore {
     fn install(&mut self, w: usize) {
         let bs = self.kvm.block_size();
         let (root, tokens) = (self.sched.waiting[w].kv.root(), self.sched.waiting[w].tokens.clone());
-        let mut hashes = self.kvm.block_hashes(root, &tokens);
-        hashes.truncate((tokens.len() - 1) / bs);
+        let hashes = self.kvm.prefix_hashes(root, &tokens);
         let pooled = self.kvm.cached_run(&hashes, &tokens);
         // What the pool holds of the prefix becomes the most recently used, so the blocks
         // taken for the restore are older ones.
@@ -245,13 +243,15 @@ impl EngineCore {
                 // Each tier's blocks come in order, one run.
                 let r = &mut restored[p.kind as usize];
                 *r = if r.start == r.end { i..i + 1 } else { r.start..i + 1 };
-                let (hit, read) = match p.kind {
-                    TierKind::Host => (&self.metrics.host_hit_tokens, &self.metrics.host_read_bytes),
-                    TierKind::Ssd => (&self.metrics.ssd_hit_tokens, &self.metrics.ssd_read_bytes),
-                };
-                hit.fetch_add(bs as u64, Relaxed);
-                if p.kind == TierKind::Host {
-                    read.fetch_add(block_bytes, Relaxed);
+                // The SSD's reader counts the bytes it reads.
+                match p.kind {
+                    TierKind::Host => {
+                        self.metrics.host_hit_tokens.fetch_add(bs as u64, Relaxed);
+                        self.metrics.host_read_bytes.fetch_add(block_bytes, Relaxed);
+                    }
+                    TierKind::Ssd => {
+                        self.metrics.ssd_hit_tokens.fetch_add(bs as u64, Relaxed);
+                    }
                 }
             }
         }

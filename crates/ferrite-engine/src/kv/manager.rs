@@ -144,9 +144,8 @@ impl KvManager {
     pub fn acquire_prefix(&mut self, kv: &mut SeqKv, tokens: &[u32]) -> usize {
         debug_assert!(kv.is_from(&self.pools) && kv.is_empty(), "a prefix goes into a fresh allocation of this pool");
         let bs = self.block_size;
+        let hashes = self.prefix_hashes(kv.root, tokens);
         let Some(cache) = self.cache.as_mut() else { return 0 };
-        let mut hashes = cache.block_hashes(kv.root, tokens, bs);
-        hashes.truncate(tokens.len().saturating_sub(1) / bs);
         let block = |cache: &PrefixCache, g: usize, i: usize| cache.get(g, hashes[i], &tokens[i * bs..(i + 1) * bs]);
         let mut hit = hashes.len();
         for (g, policy) in self.policies.iter().enumerate() {
@@ -179,6 +178,14 @@ impl KvManager {
     /// adapter's digest; `SeqKv::root`), empty without a prefix cache.
     pub fn block_hashes(&self, root: u64, tokens: &[u32]) -> Vec<u64> {
         self.cache.as_ref().map_or_else(Vec::new, |c| c.block_hashes(root, tokens, self.block_size))
+    }
+
+    /// The hashes of the blocks of `tokens` a prefix hit may serve: the full blocks short of
+    /// the last position (computed for its logits).
+    pub fn prefix_hashes(&self, root: u64, tokens: &[u32]) -> Vec<u64> {
+        let mut hashes = self.block_hashes(root, tokens);
+        hashes.truncate(tokens.len().saturating_sub(1) / self.block_size);
+        hashes
     }
 
     /// How many of the blocks `hashes` (of `tokens`), from the first, every group has cached.
