@@ -20,7 +20,7 @@ pub mod tensor;
 pub mod threads;
 
 pub use batch::{ForwardBatch, RowSpan};
-pub use dtype::DType;
+pub use dtype::{DType, MlxFormat, MlxScale};
 pub use error::{Result, RuntimeError};
 pub use kv::{KvCache, KvDtype, KvGroupKind, KvLayout, KvScheme, KvSkip};
 pub use kv_host::HostBlocks;

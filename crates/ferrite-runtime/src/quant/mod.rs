@@ -12,9 +12,12 @@
 //!
 //! - `legacy`: the 32-value blocks Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1.
 //! - `kquants`: the 256-value super-blocks Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K.
+//! - `mlx`: MLX's affine groups (4 or 8 bits, groups of 32, 64 or 128), as blocks assembled
+//!   at load from a checkpoint's packed words, scales and biases.
 
 mod kquants;
 mod legacy;
+pub mod mlx;
 
 pub(crate) use kquants::{k4_k5_codes, q6_k_codes, scale_min_k4};
 pub(crate) use legacy::unpack_nibbles;
@@ -59,6 +62,7 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
         DType::Q5K => each_block(src, dst, kquants::dequantize_q5_k),
         DType::Q6K => each_block(src, dst, kquants::dequantize_q6_k),
         DType::Q8K => each_block(src, dst, kquants::dequantize_q8_k),
+        DType::Mlx(f) => mlx::dequantize_row(f, src, dst),
     }
     Ok(())
 }
