@@ -6,7 +6,8 @@
 //! Both sides are cut into blocks of 32 values along `k`. A weight block is 32 small integers
 //! `v` with a scale `ws` and an offset term `wm` (`value = ws * v + wm`): a legacy block's
 //! `(d, m)`, a Q4_K/Q5_K sub-block's `(d * sc, -dmin * min)`, a Q6_K block's `(d, 0)` with its
-//! two group scales folded into `v` (|v| ≤ 4096). An activation block is 14-bit codes `q` with
+//! two group scales folded into `v` (|v| ≤ 4096), an MLX block's `(scale, bias)` of its group
+//! with its unsigned codes (v ≤ 255). An activation block is 14-bit codes `q` with
 //! a scale `da` and `s = da * Σq`. The numerics, per output and block in order of `k`, are
 //! exactly
 //!
@@ -33,7 +34,7 @@ use rayon::prelude::*;
 use super::acts;
 use super::isa::Level;
 use super::legacy::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::packed::{self, Packing, K4K5, Q6K, QUAD, QUADS};
+use super::packed::{self, Half, Mlx, Packing, K4K5, Q6K, QUAD, QUADS};
 use crate::cpu::SharedMut;
 use crate::dtype::DType;
 use crate::error::{Result, RuntimeError};
@@ -175,6 +176,14 @@ pub(crate) unsafe fn linear_many(x: &[f32], m: usize, ws: &[&Tensor], outs: &mut
         Some(DType::Q8_0) => linear_packed::<Q8_0>(x, m, ws, outs),
         Some(DType::Q4K) => linear_packed::<K4K5<false>>(x, m, ws, outs),
         Some(DType::Q5K) => linear_packed::<K4K5<true>>(x, m, ws, outs),
+        Some(DType::Mlx(f)) => match (f.bits(), f.group()) {
+            (4, 32) => linear_packed::<Mlx<4, 32>>(x, m, ws, outs),
+            (4, 64) => linear_packed::<Mlx<4, 64>>(x, m, ws, outs),
+            (4, _) => linear_packed::<Mlx<4, 128>>(x, m, ws, outs),
+            (_, 32) => linear_packed::<Mlx<8, 32>>(x, m, ws, outs),
+            (_, 64) => linear_packed::<Mlx<8, 64>>(x, m, ws, outs),
+            _ => linear_packed::<Mlx<8, 128>>(x, m, ws, outs),
+        },
         Some(_) => linear_packed::<Q6K>(x, m, ws, outs),
     }
 }
@@ -183,6 +192,7 @@ unsafe fn linear_packed<F: Packing>(x: &[f32], m: usize, ws: &[&Tensor], outs: &
     // Rows hold whole super-blocks, so `k` is a multiple of 32 (of 256 for the K-quants,
     // whose `KC` slices are then whole super-blocks).
     let k = ws[0].row_len();
+    let half = Half::of(ws[0].dtype());
     let acts = Acts::new(x, m, k);
     // Per weight, about four panels per thread, so a thread slowed by other work sheds
     // panels to the rest; a panel starts on a packed group.
@@ -214,13 +224,13 @@ unsafe fn linear_packed<F: Packing>(x: &[f32], m: usize, ws: &[&Tensor], outs: &
         let (i, r0, r1) = jobs[j];
         // SAFETY: the caller vouches for the CPU; this job writes columns r0..r1 of every row
         // of output i, which no other job touches.
-        unsafe { panel::<F>(&acts, m, srcs[j], group, r1 - r0, dst[i].ptr().add(r0), ws[i].rows(), sliver) };
+        unsafe { panel::<F>(&acts, m, srcs[j], (group, half), r1 - r0, dst[i].ptr().add(r0), ws[i].rows(), sliver) };
     });
     Ok(())
 }
 
-/// One panel of `cols` weight rows from their packed groups (`src`, `group` bytes each) into
-/// `c` (row stride `ldc`), sliver by sliver: each `MR`-row tile over the whole of `k` straight
+/// One panel of `cols` weight rows from their packed groups (`src`, `group` bytes each, their
+/// headers' 16-bit floats of type `half`) into `c` (row stride `ldc`), sliver by sliver: each `MR`-row tile over the whole of `k` straight
 /// from the packed codes, or (more than `DIRECT_ROWS` rows) `KC` slices expanded once into `sl`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -228,7 +238,7 @@ unsafe fn panel<F: Packing>(
     acts: &Acts,
     m: usize,
     src: &[u8],
-    group: usize,
+    (group, half): (usize, Half),
     cols: usize,
     c: *mut f32,
     ldc: usize,
@@ -246,7 +256,8 @@ unsafe fn panel<F: Packing>(
             let first = src.as_ptr().add(j0 / packed::GROUP * group);
             // A lone last group reads itself twice; the second half's lanes are never stored.
             let second = if nr > packed::GROUP { first.add(group) } else { first };
-            let w = PackedWeights::<F> { groups: [first, second], next: 2 * group, kind: std::marker::PhantomData };
+            let w =
+                PackedWeights::<F> { groups: [first, second], next: 2 * group, half, kind: std::marker::PhantomData };
             let slice = if direct { k } else { KC };
             for pc in (0..k).step_by(slice) {
                 let blocks = slice.min(k - pc) / B;
@@ -356,6 +367,7 @@ impl TileWeights for SliverWeights {
 struct PackedWeights<F> {
     groups: [*const u8; 2],
     next: usize,
+    half: Half,
     kind: std::marker::PhantomData<F>,
 }
 
@@ -386,7 +398,7 @@ impl<F: Packing> TileWeights for PackedWeights<F> {
         for off in (0..share).step_by(64) {
             _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(off) as *const i8);
         }
-        F::scales(sb, s)
+        F::scales(sb, s, self.half)
     }
     #[inline(always)]
     unsafe fn block(&self, b: usize, z: usize) -> F::Block {

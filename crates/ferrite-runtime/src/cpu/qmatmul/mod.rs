@@ -7,8 +7,9 @@
 //!   tensor, the same size as the GGUF blocks). Below it, the
 //!   row kernels: the activations are quantized once per call to 15-bit integer blocks (`acts`)
 //!   and each weight row is dotted with them straight from its GGUF blocks: `legacy` (Q4_0,
-//!   Q4_1, Q5_0, Q5_1, Q8_0 against 32-blocks) and `kquants` (Q4_K, Q5_K, Q6_K against
-//!   256-blocks).
+//!   Q4_1, Q5_0, Q5_1, Q8_0 against 32-blocks), `kquants` (Q4_K, Q5_K, Q6_K against
+//!   256-blocks) and `mlx` (MLX's affine groups against 32-blocks). MLX formats are block
+//!   types like the GGUF ones (`quant::mlx`): the integer GEMM packs those with 16-bit scales.
 //! - **16-bit floats**: rows widened in registers and dotted with the f32 activations
 //!   (`float`) for small `m`; from `PANEL_MIN_ROWS` rows, panels dequantized to f32 (`dequant`)
 //!   and multiplied with an AVX-512 f32 GEMM (`gemm512`) or the `gemm` crate (`panel`). Panels
@@ -28,6 +29,7 @@ mod igemm;
 pub(crate) mod isa;
 mod kquants;
 mod legacy;
+mod mlx;
 mod mode;
 #[cfg(target_arch = "x86_64")]
 mod packed;
@@ -124,6 +126,13 @@ pub(crate) fn rows(x: &[f32], m: usize, w: &Tensor, out: &mut [f32], level: Leve
     let (dtype, k, rb) = (w.dtype(), w.row_len(), w.row_bytes());
     let bytes = w.bytes();
     let row = |r: usize| &bytes[r * rb..(r + 1) * rb];
+    if let DType::Mlx(f) = dtype {
+        let acts = QuantizedActs::new(x, m, k, 32, level);
+        let act_rows: Vec<ActRow<'_>> = (0..m).map(|i| acts.row(i)).collect();
+        // SAFETY: as below; a weight row holds the `k / group` blocks of `f`.
+        par_rows(w.rows(), m, out, |r, i| unsafe { mlx::dot(f, level, row(r), act_rows[i]) });
+        return true;
+    }
     let quantized =
         legacy::kernel(dtype, level).map(|f| (f, 32)).or_else(|| kquants::kernel(dtype, level).map(|f| (f, 256)));
     if let Some((kernel, block)) = quantized {

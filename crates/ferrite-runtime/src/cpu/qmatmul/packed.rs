@@ -1,6 +1,7 @@
-//! Interleaved weights for `igemm`: every GGUF block format it multiplies (Q4_0, Q4_1, Q5_0,
-//! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) re-laid out once, so that the integer GEMM reads the codes of
-//! 16 output columns already in its register order, for every number of activation rows.
+//! Interleaved weights for `igemm`: every block format it multiplies (Q4_0, Q4_1, Q5_0,
+//! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, and MLX's affine 4- and 8-bit groups with 16-bit scales)
+//! re-laid out once, so that the integer GEMM reads the codes of 16 output columns already in
+//! its register order, for every number of activation rows.
 //!
 //! `igemm`'s micro-kernel keeps the output columns in the lanes of a register and multiplies
 //! one broadcast pair of activation codes by the pairs `(v[2p], v[2p + 1])` of 16 weight rows
@@ -8,12 +9,13 @@
 //! transposed for that; here one load and a few instructions give the register.
 //!
 //! Rows are packed in groups of 16, super-block by super-block (32 values for the legacy
-//! formats, 256 for the K-quants). A packed super-block holds the 16 rows' headers side by
-//! side, then its 32-value blocks, each 16 steps `p` holding codes `2p` and `2p + 1` of the 16
-//! rows:
+//! formats, 256 for the K-quants, the group for MLX). A packed super-block holds the 16 rows'
+//! headers side by side, then its 32-value blocks, each 16 steps `p` holding codes `2p` and
+//! `2p + 1` of the 16 rows:
 //!
 //! ```text
 //! legacy  d[16] f16, m[16] f16 (affine formats only)
+//! MLX     scale[16], bias[16] in the checkpoint's bf16 or f16 (`Half`), for every block
 //! Q4_K/5_K d[16] f16, dmin[16] f16, sc[8][16] u8, mn[8][16] u8   (6-bit scales unpacked)
 //! Q6_K    d[16] f16, sc[16][16] i8                                (one scale per 16 values)
 //! block   4- to 6-bit: 4 quads of 64 bytes, then per step the high-bit masks
@@ -21,7 +23,7 @@
 //!           2p and in nibble 4 + s those of code 2p + 1, for step p = 4q + s
 //!           masks (5-bit): u16 masks of bit 4 of codes 2p, 2p + 1       4 bytes a step
 //!           masks (6-bit): those, then masks of bit 5                   8 bytes a step
-//!         8-bit: per step two signed bytes per row                      32 bytes a step
+//!         8-bit: per step two bytes per row (signed; MLX's unsigned)   32 bytes a step
 //! ```
 //!
 //! — the GGUF size, 2–3 % more for Q4_K/Q5_K. A quad gives the kernel four steps from one
@@ -34,7 +36,8 @@ use std::arch::x86_64::*;
 use rayon::prelude::*;
 
 use super::legacy::{Legacy, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use crate::dtype::DType;
+use crate::dtype::{DType, MlxScale};
+use crate::quant::mlx::code;
 use crate::quant::{k4_k5_codes, q6_k_codes, scale_min_k4};
 use crate::tensor::Tensor;
 
@@ -48,6 +51,25 @@ const STEPS: usize = B / 2;
 pub(super) const QUAD: usize = 4;
 /// Quads per block.
 pub(super) const QUADS: usize = STEPS / QUAD;
+
+/// How the 16-bit floats of a packed header widen: f16 (the GGUF formats, MLX with f16
+/// scales) or bf16 (MLX with bf16 scales). The bits are copied as stored; the kernel widens
+/// them, exactly either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Half {
+    F16,
+    Bf16,
+}
+
+impl Half {
+    /// The header type of `dtype`'s packed copy.
+    pub(super) fn of(dtype: DType) -> Half {
+        match dtype {
+            DType::Mlx(f) if f.scale() == MlxScale::Bf16 => Half::Bf16,
+            _ => Half::F16,
+        }
+    }
+}
 
 /// A block format's packed encoding.
 pub(super) trait Packing {
@@ -69,8 +91,9 @@ pub(super) trait Packing {
 
     /// Write GGUF super-block `src` of row `j` into packed super-block `dst`.
     fn pack(src: &[u8], j: usize, dst: &mut [u8]);
-    /// `(ws, wm)` of block `s` of the packed super-block at `sb`, for the 16 rows.
-    unsafe fn scales(sb: *const u8, s: usize) -> (__m512, __m512);
+    /// `(ws, wm)` of block `s` of the packed super-block at `sb`, for the 16 rows, with the
+    /// header's 16-bit floats of type `half`.
+    unsafe fn scales(sb: *const u8, s: usize, half: Half) -> (__m512, __m512);
     unsafe fn block(sb: *const u8, s: usize) -> Self::Block;
     /// Quad `q` of a block.
     unsafe fn quad(block: Self::Block, q: usize) -> Self::Quad;
@@ -135,6 +158,17 @@ fn put_block(codes: &[u8], j: usize, bits: u32, block: &mut [u8]) {
 #[inline(always)]
 unsafe fn f16x16(at: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i))
+}
+
+/// 16 rows' 16-bit floats of type `half` at `at` as f32 (a bf16 is the top half of its f32).
+#[inline(always)]
+unsafe fn half16(at: *const u8, half: Half) -> __m512 {
+    match half {
+        Half::F16 => f16x16(at),
+        Half::Bf16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+            at as *const __m256i,
+        )))),
+    }
 }
 
 /// Quad `q` of the 4-bit codes at `codes`.
@@ -216,7 +250,7 @@ impl<F: LegacyCodes> Packing for F {
     }
 
     #[inline(always)]
-    unsafe fn scales(sb: *const u8, _: usize) -> (__m512, __m512) {
+    unsafe fn scales(sb: *const u8, _: usize, _: Half) -> (__m512, __m512) {
         (f16x16(sb), if Self::WITH_MIN { f16x16(sb.add(32)) } else { _mm512_setzero_ps() })
     }
 
@@ -275,7 +309,7 @@ impl<const Q5: bool> Packing for K4K5<Q5> {
     }
 
     #[inline(always)]
-    unsafe fn scales(sb: *const u8, s: usize) -> (__m512, __m512) {
+    unsafe fn scales(sb: *const u8, s: usize, _: Half) -> (__m512, __m512) {
         let byte = |at: usize| _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(sb.add(at) as *const __m128i)));
         let neg_dmin = _mm512_sub_ps(_mm512_setzero_ps(), f16x16(sb.add(32)));
         (_mm512_mul_ps(f16x16(sb), byte(64 + 16 * s)), _mm512_mul_ps(neg_dmin, byte(192 + 16 * s)))
@@ -324,7 +358,7 @@ impl Packing for Q6K {
     }
 
     #[inline(always)]
-    unsafe fn scales(sb: *const u8, _: usize) -> (__m512, __m512) {
+    unsafe fn scales(sb: *const u8, _: usize, _: Half) -> (__m512, __m512) {
         (f16x16(sb), _mm512_setzero_ps())
     }
 
@@ -352,12 +386,65 @@ impl Packing for Q6K {
     }
 }
 
+/// MLX's affine groups of `G` values with `BITS`-wide unsigned codes and a 16-bit scale and
+/// bias (`quant::mlx`): `ws = scale`, `wm = bias` for every 32-value block of the group.
+pub(super) struct Mlx<const BITS: u32, const G: usize>;
+
+impl<const BITS: u32, const G: usize> Packing for Mlx<BITS, G> {
+    const SB: usize = G;
+    const GGUF_BYTES: usize = 4 + G * BITS as usize / 8;
+    const WITH_MIN: bool = true;
+    const HEADER: usize = 64;
+    const BLOCK: usize = block_bytes(BITS);
+    type Block = *const u8;
+    type Quad = __m512i;
+
+    fn pack(src: &[u8], j: usize, dst: &mut [u8]) {
+        dst[2 * j..2 * j + 2].copy_from_slice(&src[0..2]);
+        dst[32 + 2 * j..32 + 2 * j + 2].copy_from_slice(&src[2..4]);
+        let mut codes = [0u8; 128];
+        for (i, c) in codes.iter_mut().take(G).enumerate() {
+            *c = code(BITS, &src[4..], i);
+        }
+        put_codes(&codes[..G], j, BITS, &mut dst[Self::HEADER..]);
+    }
+
+    #[inline(always)]
+    unsafe fn scales(sb: *const u8, _: usize, half: Half) -> (__m512, __m512) {
+        (half16(sb, half), half16(sb.add(32), half))
+    }
+
+    #[inline(always)]
+    unsafe fn block(sb: *const u8, s: usize) -> *const u8 {
+        sb.add(Self::HEADER + s * Self::BLOCK)
+    }
+
+    #[inline(always)]
+    unsafe fn quad(codes: *const u8, q: usize) -> __m512i {
+        if BITS == 8 {
+            return _mm512_setzero_si512();
+        }
+        nibble_quad(codes, q)
+    }
+
+    #[inline(always)]
+    unsafe fn pairs<const S: usize>(codes: *const u8, quad: __m512i, q: usize) -> __m512i {
+        if BITS == 8 {
+            return _mm512_cvtepu8_epi16(_mm256_loadu_si256(codes.add(32 * (QUAD * q + S)) as *const __m256i));
+        }
+        nibble_pairs::<S>(quad)
+    }
+}
+
 /// Whether `igemm` multiplies `dtype` (packed).
 pub(super) fn packs(dtype: DType) -> bool {
-    matches!(
-        dtype,
-        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K | DType::Q5K | DType::Q6K
-    )
+    match dtype {
+        DType::Mlx(f) => f.scale() != MlxScale::F32,
+        d => matches!(
+            d,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q4K | DType::Q5K | DType::Q6K
+        ),
+    }
 }
 
 /// `w`'s packed copy (built on first use and kept with the tensor); `w.dtype()` is one that
@@ -371,6 +458,14 @@ pub(super) fn packed(w: &Tensor) -> &[u8] {
         DType::Q8_0 => packed_as::<Q8_0>(w),
         DType::Q4K => packed_as::<K4K5<false>>(w),
         DType::Q5K => packed_as::<K4K5<true>>(w),
+        DType::Mlx(f) => match (f.bits(), f.group()) {
+            (4, 32) => packed_as::<Mlx<4, 32>>(w),
+            (4, 64) => packed_as::<Mlx<4, 64>>(w),
+            (4, _) => packed_as::<Mlx<4, 128>>(w),
+            (_, 32) => packed_as::<Mlx<8, 32>>(w),
+            (_, 64) => packed_as::<Mlx<8, 64>>(w),
+            _ => packed_as::<Mlx<8, 128>>(w),
+        },
         _ => packed_as::<Q6K>(w),
     }
 }

@@ -21,7 +21,7 @@ use crate::tensor::Buffer;
 /// Relative f32 rounding allowance (sums of ~10-100 block terms, each rounded a few times).
 const TIGHT: f64 = 2e-6;
 
-const ROW_KERNEL_DTYPES: [DType; 10] = [
+const GGUF_ROW_KERNEL_DTYPES: [DType; 10] = [
     DType::Q4_0,
     DType::Q4_1,
     DType::Q5_0,
@@ -33,6 +33,11 @@ const ROW_KERNEL_DTYPES: [DType; 10] = [
     DType::F16,
     DType::BF16,
 ];
+
+/// Every dtype with a row kernel: the GGUF ones above and every MLX format.
+fn row_kernel_dtypes() -> Vec<DType> {
+    GGUF_ROW_KERNEL_DTYPES.into_iter().chain(crate::dtype::MlxFormat::all().map(DType::Mlx)).collect()
+}
 
 fn levels() -> Vec<Level> {
     Level::ALL.into_iter().filter(|l| l.available()).collect()
@@ -56,6 +61,16 @@ fn random_weights(dtype: DType, n: usize, k: usize, rng: &mut StdRng) -> Tensor 
         DType::F16 => (0..n * k).flat_map(|_| half::f16::from_f32(rng.random_range(-1.0..1.0)).to_le_bytes()).collect(),
         DType::BF16 => {
             (0..n * k).flat_map(|_| half::bf16::from_f32(rng.random_range(-1.0..1.0)).to_le_bytes()).collect()
+        }
+        DType::Mlx(f) => {
+            let mut b: Vec<u8> = (0..dtype.row_bytes(k).unwrap() * n).map(|_| rng.random()).collect();
+            let s = f.scale().bytes();
+            for block in b.chunks_exact_mut(dtype.block_bytes()) {
+                let scale = rng.random_range(0.0005..0.02) / if f.bits() == 8 { 16.0 } else { 1.0 };
+                crate::quant::mlx::write_scale(f.scale(), scale, &mut block[..s]);
+                crate::quant::mlx::write_scale(f.scale(), rng.random_range(-0.15..0.05), &mut block[s..2 * s]);
+            }
+            b
         }
         _ => {
             let mut b: Vec<u8> = (0..dtype.row_bytes(k).unwrap() * n).map(|_| rng.random()).collect();
@@ -91,7 +106,7 @@ fn reference(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f64> {
 }
 
 fn row_block(dtype: DType) -> usize {
-    if dtype.block_elems() == 256 {
+    if dtype.block_elems() == 256 && !matches!(dtype, DType::Mlx(_)) {
         256
     } else {
         32
@@ -103,6 +118,8 @@ fn row_block(dtype: DType) -> usize {
 fn lengths(dtype: DType) -> Vec<usize> {
     match dtype {
         DType::F16 | DType::BF16 => vec![301, 40, 7],
+        // Groups of 32 to 128: several KC slices of the integer GEMM, and a single group.
+        DType::Mlx(f) => vec![5 * f.group(), f.group()],
         _ if dtype.block_elems() == 256 => vec![3 * 256, 256],
         _ => vec![11 * 32, 3 * 32, 32],
     }
@@ -112,7 +129,7 @@ fn lengths(dtype: DType) -> Vec<usize> {
 fn row_kernels_match_the_reference_at_every_level() {
     let mut rng = StdRng::seed_from_u64(rand::rng().random());
     let n = 37;
-    for dtype in ROW_KERNEL_DTYPES {
+    for dtype in row_kernel_dtypes() {
         for k in lengths(dtype) {
             let w = random_weights(dtype, n, k, &mut rng);
             let wf = w.to_f32_vec().unwrap();
@@ -166,7 +183,7 @@ fn linear_matches_the_reference_for_every_dtype_and_level() {
     let mut rng = StdRng::seed_from_u64(rand::rng().random());
     // Three 32-row slivers, the last partial: several panels on the AVX-512 path.
     let n = 93;
-    let dtypes = ROW_KERNEL_DTYPES.into_iter().chain([DType::Q8_1, DType::Q2K, DType::Q3K]);
+    let dtypes = row_kernel_dtypes().into_iter().chain([DType::Q8_1, DType::Q2K, DType::Q3K]);
     for dtype in dtypes {
         let k = lengths(dtype)[0];
         let w = random_weights(dtype, n, k, &mut rng);
@@ -201,7 +218,7 @@ fn linear_matches_the_reference_for_every_dtype_and_level() {
 
 /// The largest activation code of the path `linear_at` takes, `None` for the f32 paths.
 fn activation_qmax(dtype: DType, level: Level) -> Option<f64> {
-    if !ROW_KERNEL_DTYPES.contains(&dtype) || matches!(dtype, DType::F16 | DType::BF16) {
+    if !row_kernel_dtypes().contains(&dtype) || matches!(dtype, DType::F16 | DType::BF16) {
         return None;
     }
     #[cfg(target_arch = "x86_64")]
@@ -218,7 +235,7 @@ fn activation_qmax(dtype: DType, level: Level) -> Option<f64> {
 fn batched_rows_equal_rows_alone() {
     let mut rng = StdRng::seed_from_u64(rand::rng().random());
     let n = 93;
-    let quantized = ROW_KERNEL_DTYPES.into_iter().filter(|d| !matches!(d, DType::F16 | DType::BF16));
+    let quantized = row_kernel_dtypes().into_iter().filter(|d| !matches!(d, DType::F16 | DType::BF16));
     for dtype in quantized {
         let k = lengths(dtype)[0];
         let w = random_weights(dtype, n, k, &mut rng);
@@ -265,11 +282,13 @@ fn reference_mode_is_exact() {
 #[test]
 fn linear_many_equals_linear_alone() {
     let mut rng = StdRng::seed_from_u64(rand::rng().random());
-    let quantized = ROW_KERNEL_DTYPES.into_iter().filter(|d| !matches!(d, DType::F16 | DType::BF16));
+    let quantized = row_kernel_dtypes().into_iter().filter(|d| !matches!(d, DType::F16 | DType::BF16));
     for dtype in quantized {
         let k = lengths(dtype)[0];
         let ws: Vec<Tensor> = [93, 32, 7].iter().map(|&n| random_weights(dtype, n, k, &mut rng)).collect();
-        let mixed = [&ws[0], &random_weights(DType::Q8_0, 40, k, &mut rng)].map(|w| w.clone());
+        // Another dtype of the same row length (MLX groups of 128 rows are not Q8_0 rows).
+        let other = if k.is_multiple_of(64) { DType::Q8_0 } else { DType::Q4_0 };
+        let mixed = [&ws[0], &random_weights(other, 40, k, &mut rng)].map(|w| w.clone());
         for weights in [ws.iter().collect::<Vec<_>>(), mixed.iter().collect()] {
             for m in [1, 8, 17] {
                 let x = random_acts(m * k, &mut rng);
