@@ -10,6 +10,7 @@ use ferrite_runtime::DType;
 use crate::config::{ConfigSource, ModelConfig};
 use crate::error::{LoadError, Result};
 use crate::gguf::GgufFile;
+use crate::mlx::MlxQuantization;
 use crate::plan::DecoderPlan;
 use crate::safetensors::SafetensorsDir;
 
@@ -70,7 +71,8 @@ pub fn inspect(path: &Path) -> Result<Inspected> {
         let mut cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
         let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path: &cfg_path, json: &json })?;
         let st = SafetensorsDir::open(path)?;
-        let tensors = st.tensors().map(|(_, dtype, shape)| TensorMeta { dtype, shape: shape.to_vec() }).collect();
+        let mlx = MlxQuantization::from_config(&cfg_path, &json)?;
+        let tensors = MlxQuantization::metas(mlx.as_ref(), &st)?;
         Ok(Inspected { format: Format::Safetensors, cfg, plan, tensors })
     } else if path.is_file() {
         let g = GgufFile::open(path)?;

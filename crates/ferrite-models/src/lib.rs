@@ -19,6 +19,7 @@ pub mod inspect;
 pub mod load;
 pub mod lora;
 pub mod model;
+pub mod mlx;
 pub mod moe;
 pub mod paths;
 pub mod plan;

@@ -1,6 +1,7 @@
 //! Safetensors checkpoints: one `model.safetensors` or shards listed in
 //! `model.safetensors.index.json`, memory-mapped; every header entry is checked against the
-//! file size before use.
+//! file size before use. Tensors are f32, f16 or bf16, or uint32 words (the packed codes of an
+//! MLX-quantized matrix, which `mlx` reads together with its scales and biases).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -11,9 +12,26 @@ use serde_json::Value;
 
 use crate::error::{LoadError, Result};
 
+/// How a tensor's elements are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    Float(DType),
+    /// Little-endian uint32 words: packed quantized codes.
+    U32,
+}
+
+impl Stored {
+    fn bytes(self) -> usize {
+        match self {
+            Stored::Float(d) => d.block_bytes(),
+            Stored::U32 => 4,
+        }
+    }
+}
+
 struct Entry {
     file: usize,
-    dtype: DType,
+    dtype: Stored,
     shape: Vec<usize>,
     start: usize,
     end: usize,
@@ -96,10 +114,11 @@ impl SafetensorsDir {
             }
             let bad = |m: &str| LoadError::tensor(path, name, m.to_string());
             let dtype = match info.get("dtype").and_then(Value::as_str) {
-                Some("F32") => DType::F32,
-                Some("F16") => DType::F16,
-                Some("BF16") => DType::BF16,
-                Some(other) => return Err(bad(&format!("dtype {other} is not supported (F32, F16, BF16)"))),
+                Some("F32") => Stored::Float(DType::F32),
+                Some("F16") => Stored::Float(DType::F16),
+                Some("BF16") => Stored::Float(DType::BF16),
+                Some("U32") => Stored::U32,
+                Some(other) => return Err(bad(&format!("dtype {other} is not supported (F32, F16, BF16, U32)"))),
                 None => return Err(bad("no dtype")),
             };
             let shape: Vec<usize> = info
@@ -118,9 +137,12 @@ impl SafetensorsDir {
             if end > data_len {
                 return Err(bad(&format!("data ends at {end} but the file holds {data_len} data bytes (truncated?)")));
             }
-            let need = Tensor::byte_len(dtype, &shape).map_err(|e| bad(&e.to_string()))?;
+            let need = shape
+                .iter()
+                .try_fold(dtype.bytes(), |n, &d| n.checked_mul(d))
+                .ok_or_else(|| bad(&format!("{dtype:?} tensor of shape {shape:?} overflows")))?;
             if end - start != need {
-                return Err(bad(&format!("{} bytes for {dtype} {shape:?}, expected {need}", end - start)));
+                return Err(bad(&format!("{} bytes for {dtype:?} {shape:?}, expected {need}", end - start)));
             }
             self.entries.insert(
                 name.clone(),
@@ -144,12 +166,25 @@ impl SafetensorsDir {
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
         let e = self.entries.get(name).ok_or_else(|| LoadError::tensor(self.path_of(name), name, "missing"))?;
         let (path, map) = &self.files[e.file];
-        Tensor::new(e.dtype, e.shape.clone(), Buffer::Mapped { map: map.clone(), range: e.start..e.end })
+        let Stored::Float(dtype) = e.dtype else {
+            return Err(LoadError::tensor(
+                path,
+                name,
+                "packed uint32 words (an MLX-quantized weight) without MLX `quantization` in config.json",
+            ));
+        };
+        Tensor::new(dtype, e.shape.clone(), Buffer::Mapped { map: map.clone(), range: e.start..e.end })
             .map_err(|err| LoadError::tensor(path, name, err.to_string()))
     }
 
-    /// Every tensor's name, dtype and shape (no data is read).
-    pub fn tensors(&self) -> impl Iterator<Item = (&str, DType, &[usize])> {
+    /// The stored type, shape and raw little-endian bytes of `name`.
+    pub fn raw(&self, name: &str) -> Result<(Stored, &[usize], &[u8])> {
+        let e = self.entries.get(name).ok_or_else(|| LoadError::tensor(self.path_of(name), name, "missing"))?;
+        Ok((e.dtype, &e.shape, &self.files[e.file].1[e.start..e.end]))
+    }
+
+    /// Every tensor's name, stored type and shape (no data is read).
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, Stored, &[usize])> {
         self.entries.iter().map(|(name, e)| (name.as_str(), e.dtype, e.shape.as_slice()))
     }
 

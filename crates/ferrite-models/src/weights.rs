@@ -6,7 +6,8 @@
 //! biases) reordered so that the executors' rotate-half RoPE rotates the same pairs: the
 //! attention scores are unchanged, as q and k share the order. Every fetch checks the shape
 //! the architecture expects. A bare backbone saved without the `model.` prefix (an embedding
-//! model exported from `AutoModel`) is read under the same names.
+//! model exported from `AutoModel`) is read under the same names. A matrix of an MLX-quantized
+//! checkpoint (`mlx`) is fetched by its `.weight` name like any other, as MLX blocks.
 
 use std::path::Path;
 
@@ -14,6 +15,7 @@ use ferrite_runtime::{DType, Tensor};
 
 use crate::error::{LoadError, Result};
 use crate::gguf::GgufFile;
+use crate::mlx::MlxQuantization;
 use crate::safetensors::SafetensorsDir;
 
 pub enum WeightSource {
@@ -37,6 +39,8 @@ pub struct WeightLayout {
 pub struct Weights {
     source: WeightSource,
     layout: WeightLayout,
+    /// The checkpoint's MLX quantization (safetensors only).
+    mlx: Option<MlxQuantization>,
 }
 
 /// Translate an HF tensor name to its GGUF name.
@@ -84,7 +88,19 @@ pub fn gguf_name(hf: &str, layout: &WeightLayout) -> Option<String> {
 
 impl Weights {
     pub fn new(source: WeightSource, layout: WeightLayout) -> Weights {
-        Weights { source, layout }
+        Weights { source, layout, mlx: None }
+    }
+
+    /// These weights with the MLX quantization `config.json` declares (`None`: plain floats).
+    pub fn with_mlx(self, mlx: Option<MlxQuantization>) -> Weights {
+        Weights { mlx, ..self }
+    }
+
+    /// The MLX-quantized module whose `.weight` is the stored tensor `name`, if it is one.
+    fn mlx_module<'a>(&self, name: &'a str) -> Option<(&MlxQuantization, &SafetensorsDir, &'a str)> {
+        let (WeightSource::Safetensors(s), Some(q)) = (&self.source, &self.mlx) else { return None };
+        let module = name.strip_suffix(".weight")?;
+        MlxQuantization::quantized(s, module).then_some((q, s, module))
     }
 
     fn path(&self, name: &str) -> &Path {
@@ -116,9 +132,10 @@ impl Weights {
     /// The tensor `hf`, checked to have `shape`.
     pub fn get(&self, hf: &str, shape: &[usize]) -> Result<Tensor> {
         let name = self.file_name(hf).ok_or_else(|| LoadError::tensor(self.path(hf), hf, "has no GGUF name"))?;
-        let t = match &self.source {
-            WeightSource::Safetensors(s) => s.tensor(&name)?,
-            WeightSource::Gguf(g) => g.tensor(&name)?,
+        let t = match (&self.source, self.mlx_module(&name)) {
+            (_, Some((q, s, module))) => q.matrix(s, module, shape)?,
+            (WeightSource::Safetensors(s), None) => s.tensor(&name)?,
+            (WeightSource::Gguf(g), _) => g.tensor(&name)?,
         };
         if t.shape() != shape {
             return Err(LoadError::tensor(self.path(hf), &name, format!("shape {:?}, expected {shape:?}", t.shape())));
@@ -201,6 +218,9 @@ impl Weights {
     /// The dtype most of the model's matrices use (for reports).
     pub fn dtype_of(&self, hf: &str) -> Option<DType> {
         let name = self.file_name(hf)?;
+        if let Some((q, s, module)) = self.mlx_module(&name) {
+            return q.dtype_of(s, module);
+        }
         match &self.source {
             WeightSource::Safetensors(s) => s.tensor(&name).ok().map(|t| t.dtype()),
             WeightSource::Gguf(g) => g.tensor_info(&name).map(|t| t.dtype),
