@@ -40,6 +40,12 @@ fn moe_batch_invariance_greedy_and_seeded() {
     batch_invariance(MOE);
 }
 
+/// An MLX 4-bit checkpoint: the integer kernels give a row the same result in any batch.
+#[test]
+fn mlx_batch_invariance_greedy_and_seeded() {
+    batch_invariance("mlx-llama-mixed");
+}
+
 fn batch_invariance(name: &str) {
     let (m, _) = fixture(name);
     let vocab = m.config().vocab_size;
@@ -74,6 +80,11 @@ fn chunked_prefill_equals_whole_prefill() {
 #[test]
 fn moe_chunked_prefill_equals_whole_prefill() {
     chunked_prefill(MOE);
+}
+
+#[test]
+fn mlx_chunked_prefill_equals_whole_prefill() {
+    chunked_prefill("mlx-qwen3-q4-g64");
 }
 
 fn chunked_prefill(name: &str) {

@@ -2,7 +2,7 @@
 //! cached on disk.
 //!
 //! Each source (with the shared `common.cuh` prepended) is one module; `quant.cuh` is one
-//! module per GGUF block type it is instantiated for. For an architecture
+//! module per GGUF block type it is instantiated for, and one per MLX code width. For an architecture
 //! NVRTC knows (sm_90a on Hopper) it yields a cubin; for a newer device it yields PTX for the
 //! newest architecture NVRTC has, which the driver compiles. Images are cached under
 //! `$FERRITE_HOME/kernels/` keyed by the SHA-256 of (module name, full source, options, NVRTC
@@ -31,7 +31,7 @@ macro_rules! sources {
     ($($name:literal),* $(,)?; quant: $($q:literal),* $(,)?) => {
         &[
             $(Source { name: $name, code: include_str!(concat!("kernels/", $name, ".cu")) },)*
-            // One module per GGUF block type: the shared source instantiated for it.
+            // One module per block type: the shared source instantiated for it.
             $(Source {
                 name: concat!("quant_", $q),
                 code: concat!(include_str!("kernels/quant.cuh"), "\nQUANT_KERNELS(", $q, ")\n"),
@@ -53,7 +53,7 @@ pub(crate) const SOURCES: &[Source] = sources![
     "init",
     "gemv",
     "gemma";
-    quant: "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k",
+    quant: "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k", "mlx4", "mlx8",
 ];
 
 /// What NVRTC is asked to produce.

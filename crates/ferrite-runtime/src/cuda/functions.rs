@@ -9,7 +9,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::compile::{Image, SOURCES};
 use super::error::{CudaError, CudaResult};
-use crate::dtype::DType;
+use crate::dtype::{DType, MlxScale};
 
 /// Head dims the attention kernels are instantiated for, in the order of their arrays below.
 pub(crate) const HEAD_DIMS: [usize; 6] = [16, 32, 64, 128, 256, 512];
@@ -50,20 +50,34 @@ pub(crate) struct Functions {
     pub qkv_norm: CudaFunction,
     pub per_layer_inputs: CudaFunction,
     pub moe_combine: CudaFunction,
-    /// The kernels of each GGUF block type with a CUDA path, in `QUANT_TYPES` order.
+    /// The kernels of each block-type module, in `QUANT_MODULES` order.
     pub quant: Vec<QuantFunctions>,
 }
 
-/// GGUF block types the quantized kernels read, with their module suffixes.
-pub(crate) const QUANT_TYPES: [(DType, &str); 7] = [
-    (DType::Q4_0, "q4_0"),
-    (DType::Q4_1, "q4_1"),
-    (DType::Q5_0, "q5_0"),
-    (DType::Q8_0, "q8_0"),
-    (DType::Q4K, "q4_k"),
-    (DType::Q5K, "q5_k"),
-    (DType::Q6K, "q6_k"),
-];
+/// The quantized kernels' modules (`quant_<suffix>`): one per GGUF block type they read, one
+/// per MLX code width (`quant_module` maps a dtype to its module).
+pub(crate) const QUANT_MODULES: [&str; 9] = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k", "mlx4", "mlx8"];
+
+/// GGUF block types the quantized kernels read.
+pub(crate) const GGUF_QUANT_TYPES: [DType; 7] =
+    [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
+
+/// The index in `QUANT_MODULES` of the kernels that read `dtype`, and the `fmt` argument they
+/// take for it (quant.cuh: 0 for GGUF types; an MLX format's log2(group / 32) and scale type).
+pub(crate) fn quant_module(dtype: DType) -> Option<(usize, i32)> {
+    match dtype {
+        DType::Mlx(f) => {
+            let lg = f.group().trailing_zeros() as i32 - 5;
+            let scale = match f.scale() {
+                MlxScale::Bf16 => 0,
+                MlxScale::F16 => 1,
+                MlxScale::F32 => 2,
+            };
+            Some((if f.bits() == 4 { 7 } else { 8 }, lg | scale << 2))
+        }
+        d => GGUF_QUANT_TYPES.iter().position(|&t| t == d).map(|i| (i, 0)),
+    }
+}
 
 /// One block type's kernels (`kernels/quant.cuh`).
 pub(crate) struct QuantFunctions {
@@ -113,9 +127,9 @@ impl Functions {
             fns.try_into().map_err(|_| CudaError::Nvrtc(format!("{prefix}: expected 8 kernels")))
         };
         let per_rows = |prefix: &str| per_rows_in("gemv", prefix);
-        let quant = QUANT_TYPES
+        let quant = QUANT_MODULES
             .iter()
-            .map(|(_, suffix)| {
+            .map(|suffix| {
                 let module = format!("quant_{suffix}");
                 Ok(QuantFunctions {
                     gemv: per_rows_in(&module, "qgemv")?,

@@ -1,15 +1,19 @@
-// GGUF block-quantized weights on the device, read in their file layout: one module per block
-// type (compile.rs appends `QUANT_KERNELS(<type>)` to this source), each with
+// Block-quantized weights on the device, read in their layout on the host (GGUF blocks, MLX
+// affine blocks): one module per block type (compile.rs appends `QUANT_KERNELS(<type>)` to this
+// source), each with
 //   qgemv_m{1..8}  the skinny GEMM of decode over quantized rows, dequantizing in registers;
 //   dequant_rows   rows (all, or gathered by id) to bf16: the GEMM path's scratch, embeddings;
 //   random_blocks  random blocks with sane scales (synthetic models).
+// Every kernel takes `fmt`, the runtime part of a type's layout: 0 for the GGUF types, and for
+// the MLX modules (one per code width) the group size and scale type (`mlx` below).
 //
 // A row of k values is k / 32 "units" of 32 consecutive values. A type's `load` reads the
 // bytes of unit u into registers (at the alignment its block guarantees) and `decode8` turns
 // the 8 values 8c .. 8c + 7 of the unit into small integers q (exact in f32) with the affine
-// map of their half-unit: value = a * q + b, where a * q is exact and the one rounding of the
-// sum is the same one ggml's (and our CPU's) `dequantize_row_*` makes, so `dequant_rows` is
-// bit for bit the CPU dequantization (then rounded to bf16).
+// map of their half-unit: value = a * q + b, where a * q is exact (for MLX's f32 scales it
+// rounds, as on the CPU) and the rounding of the sum is the same one ggml's (and our CPU's)
+// `dequantize_row_*` makes, so `dequant_rows` is bit for bit the CPU dequantization (then
+// rounded to bf16).
 //
 // Layouts (ggml's; quant/legacy.rs and quant/kquants.rs describe them):
 //   q4_0  18 B / 32: d f16 | qs[16]            value j: (nibble - 8) * d, j < 16 low nibbles
@@ -22,6 +26,9 @@
 //   q6_k 210 B / 256: ql[128] | qh[64] | scales i8[16] | d; unit (half h, plane p) holds values
 //         128 h + 32 p + l: low 4 bits nibble p / 2 of ql[64 h + 32 (p % 2) + l], high 2 bits
 //         bits 2p of qh[32 h + l]; value (d * scale[group]) * (q - 32), 16 values a group
+//   mlx  (quant/mlx.rs) per group of G = 32, 64 or 128: scale, bias (bf16, f16 or f32) | the
+//         group's packed codes, G * BITS / 8 bytes: value i is bits BITS * (i % (32 / BITS)) of
+//         little-endian word i / (32 / BITS); value scale * q + bias
 
 typedef unsigned char u8;
 
@@ -44,6 +51,11 @@ __device__ __forceinline__ unsigned short float_to_half(float f) {
 
 __device__ __forceinline__ float f16_at(const u8* p) { return half_to_float((unsigned short)ld16(p)); }
 
+// Bytes of a row of k values of a GGUF block type T (fixed layout: `fmt` unused).
+#define FIXED_LAYOUT                                                                           \
+    static __device__ __forceinline__ u64 row_bytes(int k, int) { return (u64)(k / ELEMS) * BYTES; } \
+    static __device__ __forceinline__ int block_bytes(int) { return BYTES; }
+
 // The small unsigned integer q (< 2^23) minus `off`, exactly, without an int-to-float convert:
 // the bits 0x4B000000 | q are the float 2^23 + q.
 __device__ __forceinline__ float small_int(unsigned q, float off) {
@@ -59,8 +71,9 @@ __device__ __forceinline__ unsigned byte_of(unsigned w0, unsigned w1, int j) {
 
 struct q4_0 {
     enum { BYTES = 18, ELEMS = 32, MIN = 0 };
+    FIXED_LAYOUT
     struct Raw { unsigned qs[4]; float d; };
-    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
+    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r, int) {
         const u8* b = row + (u64)u * BYTES;
         r.d = f16_at(b);
 #pragma unroll
@@ -73,15 +86,16 @@ struct q4_0 {
         a = r.d;
         bb = 0.f;
     }
-    static __device__ __forceinline__ void set_scales(u8* b, float amp) {
+    static __device__ __forceinline__ void set_scales(u8* b, float amp, int) {
         *(unsigned short*)b = float_to_half(amp / 8.f);
     }
 };
 
 struct q4_1 {
     enum { BYTES = 20, ELEMS = 32, MIN = 1 };
+    FIXED_LAYOUT
     struct Raw { unsigned qs[4]; float d, m; };
-    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
+    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r, int) {
         const u8* b = row + (u64)u * BYTES;
         const unsigned dm = ld32(b);
         r.d = half_to_float(dm & 0xffff);
@@ -96,7 +110,7 @@ struct q4_1 {
         a = r.d;
         bb = r.m;
     }
-    static __device__ __forceinline__ void set_scales(u8* b, float amp) {
+    static __device__ __forceinline__ void set_scales(u8* b, float amp, int) {
         *(unsigned short*)b = float_to_half(2.f * amp / 15.f);
         *(unsigned short*)(b + 2) = float_to_half(-amp);
     }
@@ -104,8 +118,9 @@ struct q4_1 {
 
 struct q5_0 {
     enum { BYTES = 22, ELEMS = 32, MIN = 0 };
+    FIXED_LAYOUT
     struct Raw { unsigned qs[4]; unsigned qh; float d; };
-    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
+    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r, int) {
         const u8* b = row + (u64)u * BYTES;
         r.d = f16_at(b);
         r.qh = ld32_a2(b + 2);
@@ -122,15 +137,16 @@ struct q5_0 {
         a = r.d;
         bb = 0.f;
     }
-    static __device__ __forceinline__ void set_scales(u8* b, float amp) {
+    static __device__ __forceinline__ void set_scales(u8* b, float amp, int) {
         *(unsigned short*)b = float_to_half(amp / 16.f);
     }
 };
 
 struct q8_0 {
     enum { BYTES = 34, ELEMS = 32, MIN = 0 };
+    FIXED_LAYOUT
     struct Raw { unsigned qs[8]; float d; };
-    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
+    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r, int) {
         const u8* b = row + (u64)u * BYTES;
         r.d = f16_at(b);
 #pragma unroll
@@ -143,7 +159,7 @@ struct q8_0 {
         a = r.d;
         bb = 0.f;
     }
-    static __device__ __forceinline__ void set_scales(u8* b, float amp) {
+    static __device__ __forceinline__ void set_scales(u8* b, float amp, int) {
         *(unsigned short*)b = float_to_half(amp / 127.f);
     }
 };
@@ -166,8 +182,9 @@ __device__ __forceinline__ void scale_min_k4(const unsigned* s, int j, unsigned&
 template <bool FIVE>
 struct qk45 {
     enum { BYTES = FIVE ? 176 : 144, ELEMS = 256, MIN = 1 };
+    FIXED_LAYOUT
     struct Raw { unsigned qs[8]; unsigned qh[FIVE ? 8 : 1]; float a, b; int s; };
-    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
+    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r, int) {
         const u8* b = row + (u64)(u >> 3) * BYTES;
         r.s = u & 7;
         const unsigned dd = ld32(b);
@@ -199,7 +216,7 @@ struct qk45 {
         a = r.a;
         bb = r.b;
     }
-    static __device__ __forceinline__ void set_scales(u8* b, float amp) {
+    static __device__ __forceinline__ void set_scales(u8* b, float amp, int) {
         *(unsigned short*)b = float_to_half(2.f * amp / ((FIVE ? 31.f : 15.f) * 63.f));
         *(unsigned short*)(b + 2) = float_to_half(amp / 63.f);
     }
@@ -209,8 +226,9 @@ typedef qk45<true> q5_k;
 
 struct q6_k {
     enum { BYTES = 210, ELEMS = 256, MIN = 0 };
+    FIXED_LAYOUT
     struct Raw { unsigned ql[8]; unsigned qh[8]; float a0, a1; int p; };
-    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
+    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r, int) {
         const u8* b = row + (u64)(u >> 3) * BYTES;
         const int h = (u >> 2) & 1, p = u & 3, g = 8 * h + 2 * p;
         r.p = p;
@@ -237,10 +255,66 @@ struct q6_k {
         a = c < 2 ? r.a0 : r.a1;
         bb = 0.f;
     }
-    static __device__ __forceinline__ void set_scales(u8* b, float amp) {
+    static __device__ __forceinline__ void set_scales(u8* b, float amp, int) {
         *(unsigned short*)(b + 208) = float_to_half(amp / (32.f * 128.f));
     }
 };
+
+// --- MLX affine groups ---
+
+// fmt: bits 0-1 log2(G / 32), bits 2-3 the scale type (MLX_BF16, MLX_F16, MLX_F32).
+#define MLX_BF16 0
+#define MLX_F16 1
+#define MLX_F32 2
+
+template <int BITS>
+struct mlx {
+    enum { MIN = 1 };
+    // A unit's codes: BITS words (32 values), and its group's scale and bias.
+    struct Raw { unsigned qs[BITS]; float a, b; };
+    static __device__ __forceinline__ int scale_bytes(int fmt) { return (fmt >> 2) == MLX_F32 ? 4 : 2; }
+    static __device__ __forceinline__ int block_bytes(int fmt) { return 2 * scale_bytes(fmt) + (4 * BITS << (fmt & 3)); }
+    static __device__ __forceinline__ u64 row_bytes(int k, int fmt) { return (u64)(k >> (5 + (fmt & 3))) * block_bytes(fmt); }
+    static __device__ __forceinline__ float scale_at(const u8* p, int fmt) {
+        switch (fmt >> 2) {
+            case MLX_BF16: return bf2f((bf16_t)ld16(p));
+            case MLX_F16: return f16_at(p);
+            default: return __uint_as_float(ld32(p));
+        }
+    }
+    static __device__ __forceinline__ void load(const u8* row, int u, Raw& r, int fmt) {
+        // Unit u is sub-unit u % (G / 32) of group u / (G / 32); block sizes are multiples of 4.
+        const int lg = fmt & 3, sb = scale_bytes(fmt);
+        const u8* b = row + (u64)(u >> lg) * block_bytes(fmt);
+        r.a = scale_at(b, fmt);
+        r.b = scale_at(b + sb, fmt);
+        const u8* codes = b + 2 * sb + 4 * BITS * (u & ((1 << lg) - 1));
+#pragma unroll
+        for (int i = 0; i < BITS; i++) r.qs[i] = ld32(codes + 4 * i);
+    }
+    static __device__ __forceinline__ void decode8(const Raw& r, int c, float* q, float& a, float& bb) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const unsigned v = BITS == 4 ? (r.qs[c] >> (4 * j)) & 15 : byte_of(r.qs[2 * c], r.qs[2 * c + 1], j);
+            q[j] = small_int(v, 0.f);
+        }
+        a = r.a;
+        bb = r.b;
+    }
+    static __device__ __forceinline__ void put_scale(u8* p, float v, int fmt) {
+        switch (fmt >> 2) {
+            case MLX_BF16: *(unsigned short*)p = f2bf(v); break;
+            case MLX_F16: *(unsigned short*)p = float_to_half(v); break;
+            default: *(unsigned*)p = __float_as_uint(v);
+        }
+    }
+    static __device__ __forceinline__ void set_scales(u8* b, float amp, int fmt) {
+        put_scale(b, 2.f * amp / (float)((1 << BITS) - 1), fmt);
+        put_scale(b + scale_bytes(fmt), -amp, fmt);
+    }
+};
+typedef mlx<4> mlx4;
+typedef mlx<8> mlx8;
 
 // --- kernels ---
 
@@ -261,11 +335,11 @@ struct q6_k {
 // (gated: ceil(n / 2)) of QG_THREADS threads.
 template <typename T, int M>
 __device__ __forceinline__ void qgemv(const bf16_t* __restrict__ x, const u8* __restrict__ w, const void* bias,
-                                      void* y, int n, int k, int ldy, int mode) {
+                                      void* y, int n, int k, int ldy, int mode, int fmt) {
     __shared__ float part[QG_THREADS / 32][M][QG_ROWS];
     const bool gated = mode >= QG_SILU;
     const int row0 = blockIdx.x * (gated ? 2 : QG_ROWS);
-    const u64 row_bytes = (u64)(k / T::ELEMS) * T::BYTES;
+    const u64 row_bytes = T::row_bytes(k, fmt);
     const int units = k >> 5;
     const u8* wr[QG_ROWS];
 #pragma unroll
@@ -281,7 +355,7 @@ __device__ __forceinline__ void qgemv(const bf16_t* __restrict__ x, const u8* __
     for (int u = threadIdx.x; u < units; u += QG_THREADS) {
         typename T::Raw raw[QG_ROWS];
 #pragma unroll
-        for (int r = 0; r < QG_ROWS; r++) T::load(wr[r], u, raw[r]);
+        for (int r = 0; r < QG_ROWS; r++) T::load(wr[r], u, raw[r], fmt);
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             float xv[M][8], xs[M];
@@ -325,21 +399,23 @@ __device__ __forceinline__ void qgemv(const bf16_t* __restrict__ x, const u8* __
 // path's scratch). Grid: rows blocks of QG_THREADS threads.
 template <typename T>
 __device__ __forceinline__ void dequant_rows_impl(const u8* __restrict__ w, const unsigned* __restrict__ ids,
-                                             bf16_t* __restrict__ out, int k, int vocab, float scale) {
+                                             bf16_t* __restrict__ out, int k, int vocab, float scale, int fmt) {
     const int t = blockIdx.x;
     const unsigned src = ids != nullptr ? ids[t] : (unsigned)t;
     uint4* o = (uint4*)(out + (u64)t * k);
-    const u8* row = w + (u64)src * ((u64)(k / T::ELEMS) * T::BYTES);
+    const u8* row = w + (u64)src * T::row_bytes(k, fmt);
     for (int u = threadIdx.x; u < (k >> 5); u += QG_THREADS) {
         typename T::Raw raw;
-        if (src < (unsigned)vocab) T::load(row, u, raw);
+        if (src < (unsigned)vocab) T::load(row, u, raw, fmt);
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             float q[8], a, b, v[8];
             if (src < (unsigned)vocab) {
                 T::decode8(raw, c, q, a, b);
 #pragma unroll
-                for (int j = 0; j < 8; j++) v[j] = fmaf(a, q[j], b) * scale;
+                // Product then sum, each rounded: the CPU's `a * q + b` (a * q is exact but for
+                // MLX's f32 scales, where a fused multiply-add would round once, unlike the CPU).
+                for (int j = 0; j < 8; j++) v[j] = __fadd_rn(__fmul_rn(a, q[j]), b) * scale;
             } else {
 #pragma unroll
                 for (int j = 0; j < 8; j++) v[j] = 0.f;
@@ -353,23 +429,25 @@ __device__ __forceinline__ void dequant_rows_impl(const u8* __restrict__ w, cons
 // Random blocks: every byte from splitmix64 of (seed, byte index), then the type's f16 scales
 // set so values lie roughly in [-amp, amp]. One thread a block, grid-stride.
 template <typename T>
-__device__ __forceinline__ void random_blocks_impl(u8* __restrict__ w, u64 blocks, u64 seed, float amp) {
+__device__ __forceinline__ void random_blocks_impl(u8* __restrict__ w, u64 blocks, u64 seed, float amp, int fmt) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
+    const int bytes = T::block_bytes(fmt);
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < blocks; i += stride) {
-        u8* b = w + i * T::BYTES;
+        u8* b = w + i * bytes;
         u64 r = 0;
-        for (int j = 0; j < T::BYTES; j++) {
-            if ((j & 7) == 0) r = splitmix64(seed ^ splitmix64(i * T::BYTES + j));
+        for (int j = 0; j < bytes; j++) {
+            if ((j & 7) == 0) r = splitmix64(seed ^ splitmix64(i * bytes + j));
             b[j] = (u8)(r >> (8 * (j & 7)));
         }
-        T::set_scales(b, amp);
+        T::set_scales(b, amp, fmt);
     }
 }
 
 #define QGEMV_KERNEL(T, M)                                                                                  \
     extern "C" __global__ void __launch_bounds__(QG_THREADS)                                                \
-        qgemv_m##M(const bf16_t* x, const u8* w, const void* bias, void* y, int n, int k, int ldy, int mode) { pdl_entry(); \
-        qgemv<T, M>(x, w, bias, y, n, k, ldy, mode);                                                        \
+        qgemv_m##M(const bf16_t* x, const u8* w, const void* bias, void* y, int n, int k, int ldy, int mode, int fmt) { \
+        pdl_entry();                                                                                        \
+        qgemv<T, M>(x, w, bias, y, n, k, ldy, mode, fmt);                                                   \
     }
 
 #define QUANT_KERNELS(T)                                                                                    \
@@ -382,9 +460,11 @@ __device__ __forceinline__ void random_blocks_impl(u8* __restrict__ w, u64 block
     QGEMV_KERNEL(T, 7)                                                                                      \
     QGEMV_KERNEL(T, 8)                                                                                      \
     extern "C" __global__ void __launch_bounds__(QG_THREADS)                                                \
-        dequant_rows(const u8* w, const unsigned* ids, bf16_t* out, int k, int vocab, float scale) { pdl_entry();      \
-        dequant_rows_impl<T>(w, ids, out, k, vocab, scale);                                                      \
+        dequant_rows(const u8* w, const unsigned* ids, bf16_t* out, int k, int vocab, float scale, int fmt) { \
+        pdl_entry();                                                                                        \
+        dequant_rows_impl<T>(w, ids, out, k, vocab, scale, fmt);                                            \
     }                                                                                                       \
-    extern "C" __global__ void random_blocks(u8* w, u64 blocks, u64 seed, float amp) { pdl_entry();                     \
-        random_blocks_impl<T>(w, blocks, seed, amp);                                                             \
+    extern "C" __global__ void random_blocks(u8* w, u64 blocks, u64 seed, float amp, int fmt) {            \
+        pdl_entry();                                                                                        \
+        random_blocks_impl<T>(w, blocks, seed, amp, fmt);                                                   \
     }

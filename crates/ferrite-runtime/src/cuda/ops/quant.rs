@@ -1,5 +1,6 @@
-//! GGUF block-quantized weight matrices on the device and the ops over them. The blocks keep
-//! their file layout (an upload is a copy); `kernels/quant.cuh` reads them:
+//! Block-quantized weight matrices on the device (GGUF blocks, MLX affine blocks as
+//! `quant::mlx` assembles them) and the ops over them. The blocks keep their host layout (an
+//! upload is a copy); `kernels/quant.cuh` reads them:
 //! - decode-sized batches (m ≤ `GEMV_MAX_ROWS`): the quantized skinny GEMM, which dequantizes
 //!   in registers and reads each weight byte once per step;
 //! - larger batches: the matrix dequantized into the caller's bf16 scratch (sized once for
@@ -13,7 +14,7 @@ use half::bf16;
 use crate::cuda::blas::GemmOutput;
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
-use crate::cuda::functions::{QuantFunctions, QUANT_TYPES};
+use crate::cuda::functions::{quant_module, QuantFunctions, GGUF_QUANT_TYPES};
 use crate::cuda::ops::elementwise::{gated_activation, GatedActivation, GEMV_MAX_ROWS};
 use crate::dtype::DType;
 
@@ -34,8 +35,8 @@ pub struct QuantPart {
     blocks: CudaSlice<u8>,
 }
 
-/// A `[rows, cols]` weight matrix of GGUF blocks, as one or more row ranges (parts) each in
-/// one block type: a fused projection whose pieces a file quantized differently (a Q4_K_M
+/// A `[rows, cols]` weight matrix of quantized blocks, as one or more row ranges (parts) each
+/// in one block type: a fused projection whose pieces a file quantized differently (a Q4_K_M
 /// file's Q6_K `attn_v` under Q4_K `attn_q` and `attn_k`) keeps each piece as it was.
 pub struct QuantMatrix {
     cols: usize,
@@ -47,16 +48,19 @@ fn shape_err(what: String) -> CudaError {
 }
 
 impl QuantMatrix {
-    /// Whether the quantized kernels read `dtype`.
+    /// Whether the quantized kernels read `dtype`: the GGUF types of `GGUF_QUANT_TYPES` and
+    /// every MLX format.
     pub fn supports(dtype: DType) -> bool {
-        QUANT_TYPES.iter().any(|(t, _)| *t == dtype)
+        quant_module(dtype).is_some()
     }
 
     /// Bytes of a row of `cols` values in `dtype`, checking that the kernels read the type and
     /// the row is whole 32-value units.
     fn row_bytes(dtype: DType, cols: usize) -> CudaResult<usize> {
         if !Self::supports(dtype) {
-            return Err(CudaError::Unsupported(format!("{dtype} weights (quantized kernels read {QUANT_TYPES:?})")));
+            return Err(CudaError::Unsupported(format!(
+                "{dtype} weights (quantized kernels read {GGUF_QUANT_TYPES:?} and the MLX formats)"
+            )));
         }
         let bytes = dtype.row_bytes(cols).map_err(|e| shape_err(e.to_string()))?;
         if cols == 0 || !cols.is_multiple_of(32) {
@@ -90,7 +94,8 @@ impl QuantMatrix {
         let n = (bytes / dtype.block_bytes()) as u64;
         let wp = gpu.ptr_mut(&mut blocks);
         let grid = gpu.grid_for(n as usize, 256);
-        gpu.launch(&kernels(gpu, dtype)?.random_blocks, cfg((grid, 1, 1), 256, 0), &[&wp, &n, &seed, &amp])?;
+        let (f, fmt) = kernels(gpu, dtype)?;
+        gpu.launch(&f.random_blocks, cfg((grid, 1, 1), 256, 0), &[&wp, &n, &seed, &amp, &fmt])?;
         Ok(QuantMatrix { cols, parts: vec![QuantPart { dtype, rows, blocks }] })
     }
 
@@ -113,11 +118,10 @@ impl QuantMatrix {
     }
 }
 
-fn kernels(gpu: &Gpu, dtype: DType) -> CudaResult<&QuantFunctions> {
-    QUANT_TYPES
-        .iter()
-        .position(|(t, _)| *t == dtype)
-        .and_then(|i| gpu.fns.quant.get(i))
+/// The kernels that read `dtype` and the `fmt` argument they take for it.
+fn kernels(gpu: &Gpu, dtype: DType) -> CudaResult<(&QuantFunctions, i32)> {
+    quant_module(dtype)
+        .and_then(|(i, fmt)| Some((gpu.fns.quant.get(i)?, fmt)))
         .ok_or_else(|| CudaError::Unsupported(format!("{dtype} weights")))
 }
 
@@ -138,14 +142,14 @@ fn qgemv(
     let (k, ldy) = (w.cols as i32, ldy as i32);
     let mut row = 0;
     for p in &w.parts {
-        let f = &kernels(gpu, p.dtype)?.gemv[m - 1];
+        let (fns, fmt) = kernels(gpu, p.dtype)?;
         let wp = gpu.ptr(&p.blocks);
         let (yo, bo) = (yp + (row * out_bytes) as u64, if bp == 0 { 0 } else { bp + (row * out_bytes) as u64 });
         let n = p.rows as i32;
         gpu.launch(
-            f,
+            &fns.gemv[m - 1],
             cfg((p.rows.div_ceil(GEMV_ROWS) as u32, 1, 1), THREADS, 0),
-            &[&xp, &wp, &bo, &yo, &n, &k, &ldy, &mode],
+            &[&xp, &wp, &bo, &yo, &n, &k, &ldy, &mode, &fmt],
         )?;
         row += p.rows;
     }
@@ -224,11 +228,15 @@ pub fn quant_linear_gated(
         GatedActivation::GeluTanh => MODE_GELU,
     };
     let part = &w.parts[0];
-    let f = &kernels(gpu, part.dtype)?.gemv[m - 1];
+    let (fns, fmt) = kernels(gpu, part.dtype)?;
     let (wp, yp, bp) = (gpu.ptr(&part.blocks), gpu.ptr_mut(y), 0u64);
     let (n_i, k_i) = (n as i32, k as i32);
     // A block per 2 outputs: their gate and up rows are its 4 rows.
-    gpu.launch(f, cfg((n.div_ceil(2) as u32, 1, 1), THREADS, 0), &[&xp, &wp, &bp, &yp, &n_i, &k_i, &n_i, &mode])
+    gpu.launch(
+        &fns.gemv[m - 1],
+        cfg((n.div_ceil(2) as u32, 1, 1), THREADS, 0),
+        &[&xp, &wp, &bp, &yp, &n_i, &k_i, &n_i, &mode, &fmt],
+    )
 }
 
 /// `out[t] = bf16(W[ids[t]] * scale)` for t < `tokens`: an embedding gather from a quantized
@@ -258,8 +266,8 @@ pub fn quant_embedding(
     }
     let (wp, ip, op) = (gpu.ptr(&part.blocks), gpu.ptr(ids), gpu.ptr_mut(out));
     let (k, vocab) = (w.cols as i32, part.rows as i32);
-    let f = &kernels(gpu, part.dtype)?.dequant_rows;
-    gpu.launch(f, cfg((tokens as u32, 1, 1), THREADS, 0), &[&wp, &ip, &op, &k, &vocab, &scale])
+    let (fns, fmt) = kernels(gpu, part.dtype)?;
+    gpu.launch(&fns.dequant_rows, cfg((tokens as u32, 1, 1), THREADS, 0), &[&wp, &ip, &op, &k, &vocab, &scale, &fmt])
 }
 
 /// All of `w` dequantized to bf16 into `out` (at least rows·cols values, each part at its
@@ -274,8 +282,8 @@ pub fn dequantize(gpu: &Gpu, w: &QuantMatrix, out: &mut CudaSlice<bf16>) -> Cuda
         let op = gpu.ptr_mut(out) + (row * w.cols * 2) as u64;
         let wp = gpu.ptr(&p.blocks);
         let rows = p.rows as i32;
-        let f = &kernels(gpu, p.dtype)?.dequant_rows;
-        gpu.launch(f, cfg((p.rows as u32, 1, 1), THREADS, 0), &[&wp, &none, &op, &k, &rows, &scale])?;
+        let (fns, fmt) = kernels(gpu, p.dtype)?;
+        gpu.launch(&fns.dequant_rows, cfg((p.rows as u32, 1, 1), THREADS, 0), &[&wp, &none, &op, &k, &rows, &scale, &fmt])?;
         row += p.rows;
     }
     Ok(())
