@@ -24,10 +24,12 @@ use ferrite_runtime::{ForwardBatch, KvCache, KvDtype, KvScheme};
 
 static MODE: Mutex<()> = Mutex::new(());
 
-/// Largest logit error of the fast kernels, relative to max(|logit|, 1): activation codes of 14
-/// bits move each product by ~1e-4 of its block's magnitude; the fixtures' logits (std ~4) then
-/// move by a few 1e-3 at most.
-const FAST_TOL: f32 = 2e-2;
+/// Largest logit error of the fast kernels, relative to max(|logit|, 1). Activation codes of 14
+/// bits (the AVX-512 integer GEMM) move each product by up to ~5e-4 of `Σ|w|·|x|`, and these
+/// random models' large weights carry that through two layers: measured at most 1.7e-2 with
+/// 14-bit codes and 9.3e-3 with the row kernels' 15-bit codes (half the step, half the error;
+/// an error in the weights' arithmetic would not halve), the reference path within 1e-4.
+const FAST_TOL: f32 = 3e-2;
 
 /// Logits of every prompt position from one forward pass, over an f32 KV cache.
 fn prompt_logits(model: &dyn CausalLm, prompt: &[u32]) -> Vec<f32> {

@@ -1,6 +1,7 @@
 //! The quantized CUDA kernels against the CPU's dequantization and matmul, on fresh random
-//! GGUF blocks of every type the GPU reads, odd shapes, outputs NaN-poisoned before each run.
-//! Gated on `FERRITE_TEST_CUDA=1`.
+//! blocks of every type the GPU reads (the GGUF types and every MLX affine format: 4 and 8
+//! bits, groups of 32, 64 and 128, bf16, f16 and f32 scales), odd shapes, outputs
+//! NaN-poisoned before each run. Gated on `FERRITE_TEST_CUDA=1`.
 //!
 //! The GPU's dequantization makes the same single rounding as the CPU's (`quant.cuh`), so the
 //! dequantized rows and the embedding gather are compared exactly. The skinny GEMM's products
@@ -16,14 +17,19 @@ use ferrite_runtime::cpu;
 use ferrite_runtime::cuda::ops::{self, GatedActivation, QuantMatrix};
 use ferrite_runtime::cuda::{DevicePtr, Gpu};
 use ferrite_runtime::quant::dequantize_row;
-use ferrite_runtime::{DType, Tensor};
+use ferrite_runtime::{DType, MlxFormat, MlxScale, Tensor};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::Rng;
 
 const RTOL: f32 = 1.0 / 256.0;
 
-const TYPES: [DType; 7] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
+const GGUF_TYPES: [DType; 7] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
+
+/// Every block type the GPU reads: the GGUF ones and every MLX format.
+fn types() -> Vec<DType> {
+    GGUF_TYPES.into_iter().chain(MlxFormat::all().map(DType::Mlx)).collect()
+}
 
 /// Byte offsets of a block's f16 scales: random bytes there could be inf or NaN.
 fn scale_offsets(dtype: DType) -> &'static [usize] {
@@ -34,10 +40,29 @@ fn scale_offsets(dtype: DType) -> &'static [usize] {
     }
 }
 
-/// `rows` rows of `k` values of random `dtype` blocks: random bytes, finite random scales.
+/// `v` in an MLX scale type, as its little-endian bytes.
+fn scale_bytes(scale: MlxScale, v: f32) -> Vec<u8> {
+    match scale {
+        MlxScale::Bf16 => bf16::from_f32(v).to_le_bytes().to_vec(),
+        MlxScale::F16 => f16::from_f32(v).to_le_bytes().to_vec(),
+        MlxScale::F32 => v.to_le_bytes().to_vec(),
+    }
+}
+
+/// `rows` rows of `k` values of random `dtype` blocks: random bytes, finite random scales (an
+/// MLX group: a scale of about 0.03 over its code range, a bias in [-0.03, 0.03)).
 fn random_blocks(rng: &mut StdRng, dtype: DType, rows: usize, k: usize) -> Vec<u8> {
     let mut bytes: Vec<u8> = (0..rows * dtype.row_bytes(k).unwrap()).map(|_| rng.random()).collect();
     for block in bytes.chunks_exact_mut(dtype.block_bytes()) {
+        if let DType::Mlx(f) = dtype {
+            let levels = ((1u32 << f.bits()) - 1) as f32;
+            let header = [rng.random_range(0.001f32..0.06) / levels, rng.random_range(-0.03f32..0.03)]
+                .iter()
+                .flat_map(|&v| scale_bytes(f.scale(), v))
+                .collect::<Vec<u8>>();
+            block[..header.len()].copy_from_slice(&header);
+            continue;
+        }
         for &o in scale_offsets(dtype) {
             let d = f16::from_f32(rng.random_range(-0.03f32..0.03));
             block[o..o + 2].copy_from_slice(&d.to_le_bytes());
@@ -57,6 +82,10 @@ fn dequantized(dtype: DType, bytes: &[u8], k: usize) -> Vec<f32> {
 
 /// Row lengths for `dtype`: one block, an odd number of blocks, a Llama-sized row.
 fn row_lengths(dtype: DType) -> [usize; 3] {
+    if let DType::Mlx(f) = dtype {
+        // One group, seven, and a Llama-sized row.
+        return [f.group(), 7 * f.group(), 4096];
+    }
     if dtype.block_elems() == 256 {
         [256, 768, 4096]
     } else {
@@ -91,7 +120,7 @@ fn upload(gpu: &Gpu, k: usize, parts: &[(DType, usize, &[u8])]) -> QuantMatrix {
 fn cuda_quant_linear_matches_cpu() {
     let Some((gpu, _checks)) = gpu("cuda_quant_linear_matches_cpu") else { return };
     let mut rng = rng("quant_linear");
-    for dtype in TYPES {
+    for dtype in types() {
         let [k1, k2, k3] = row_lengths(dtype);
         for (m, n, k) in [(1, 67, k1), (3, 1003, k2), (8, 130, k3), (13, 77, k2), (40, 33, k1), (1, 4104, k3)] {
             let w_bytes = random_blocks(&mut rng, dtype, n, k);
@@ -150,13 +179,20 @@ fn cuda_quant_linear_of_mixed_parts_matches_cpu() {
     let Some((gpu, _checks)) = gpu("cuda_quant_linear_of_mixed_parts_matches_cpu") else { return };
     let mut rng = rng("quant_mixed");
     let k = 512;
-    let parts = [(DType::Q4K, 130), (DType::Q6K, 33), (DType::Q8_0, 65)];
+    let mlx = |bits, group, scale| DType::Mlx(MlxFormat::new(bits, group, scale).unwrap());
+    let parts = [
+        (DType::Q4K, 130),
+        (DType::Q6K, 33),
+        (DType::Q8_0, 65),
+        (mlx(4, 64, MlxScale::Bf16), 19),
+        (mlx(8, 128, MlxScale::F16), 7),
+    ];
     let bytes: Vec<Vec<u8>> = parts.iter().map(|&(t, rows)| random_blocks(&mut rng, t, rows, k)).collect();
     let w: Vec<f32> = parts.iter().zip(&bytes).flat_map(|(&(t, _), b)| dequantized(t, b, k)).collect();
     let spec: Vec<(DType, usize, &[u8])> = parts.iter().zip(&bytes).map(|(&(t, r), b)| (t, r, b.as_slice())).collect();
     let q = upload(gpu, k, &spec);
     let n = q.rows();
-    assert_eq!((n, q.dtypes()), (228, vec![DType::Q4K, DType::Q6K, DType::Q8_0]));
+    assert_eq!((n, q.dtypes()), (254, parts.iter().map(|p| p.0).collect::<Vec<_>>()));
     for m in [1, 5, 21] {
         let (xh, xf) = rand_bf16(&mut rng, m * k, 1.0);
         let want = cpu_linear(&xf, m, &if m > 8 { bf16_rounded(&w) } else { w.clone() }, n, k, None);
@@ -180,7 +216,7 @@ fn cuda_quant_linear_of_mixed_parts_matches_cpu() {
 fn cuda_quant_linear_gated_matches_cpu() {
     let Some((gpu, _checks)) = gpu("cuda_quant_linear_gated_matches_cpu") else { return };
     let mut rng = rng("quant_gated");
-    for dtype in TYPES {
+    for dtype in types() {
         let [k1, k2, _] = row_lengths(dtype);
         for (m, n, k) in [(1, 65, k1), (4, 301, k2), (8, 18, k1), (11, 40, k2)] {
             let act = if rng.random() { GatedActivation::Silu } else { GatedActivation::GeluTanh };
@@ -223,7 +259,7 @@ fn cuda_quant_linear_gated_matches_cpu() {
 fn cuda_dequantize_and_embedding_are_exact() {
     let Some((gpu, _checks)) = gpu("cuda_dequantize_and_embedding_are_exact") else { return };
     let mut rng = rng("dequantize");
-    for dtype in TYPES {
+    for dtype in types() {
         let (rows, k) = (37, row_lengths(dtype)[1]);
         let bytes = random_blocks(&mut rng, dtype, rows, k);
         let w = dequantized(dtype, &bytes, k);
@@ -255,7 +291,7 @@ fn cuda_dequantize_and_embedding_are_exact() {
 fn cuda_random_blocks_are_sane() {
     let Some((gpu, _checks)) = gpu("cuda_random_blocks_are_sane") else { return };
     let amp = 0.05f32;
-    for dtype in TYPES {
+    for dtype in types() {
         let (rows, k) = (300, 512);
         let mut first = Vec::new();
         for seed in [1u64, 2] {
