@@ -30,16 +30,17 @@ pub struct ModelArgs {
     #[arg(long, default_value = "auto")]
     pub device: DeviceChoice,
     /// Instead of a model file, a model of a real shape with random weights generated on the
-    /// GPU (for benchmarks): llama-3.1-8b, llama-3.2-1b, qwen2.5-1.5b, smollm2-135m,
-    /// gemma-4-e4b. It takes its family's tokenizer and chat template from the test assets
+    /// device (on the GPU, or in host memory on the CPU; for benchmarks): llama-3.1-8b,
+    /// llama-3.2-1b, qwen2.5-1.5b, smollm2-135m, gemma-4-e4b. It takes its family's tokenizer and chat template from the test assets
     /// when they are here (scripts/fetch_test_assets.sh), or from --tokenizer.
     #[arg(long, conflicts_with = "model")]
     pub synthetic: Option<String>,
     /// An HF directory or .gguf file whose tokenizer and chat template a synthetic model uses.
     #[arg(long, requires = "synthetic")]
     pub tokenizer: Option<std::path::PathBuf>,
-    /// Weight dtype of a synthetic model: bf16, or a GGUF block type the CUDA kernels read
-    /// (q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k).
+    /// Weight dtype of a synthetic model: bf16, a GGUF block type (q4_0, q4_1, q5_0, q8_0,
+    /// q4_k, q5_k, q6_k; q5_1 and f16 on the CPU), or MLX affine 4/8-bit: mlx4 and mlx8
+    /// (groups of 64, bf16 scales) or a full name such as mlx4_g32_bf16 or mlx8_g128_f16.
     #[arg(long, default_value = "bf16", requires = "synthetic")]
     pub dtype: String,
     /// Seed of a synthetic model's weights.
@@ -57,10 +58,9 @@ impl ModelArgs {
     pub fn load(&self) -> Result<(LoadedModel, std::path::PathBuf, usize)> {
         let threads = ferrite_runtime::threads::init(self.threads)?;
         if let Some(name) = &self.synthetic {
-            let dtype =
-                DType::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(&self.dtype)).ok_or_else(|| {
-                    anyhow!("unknown --dtype {} (bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k)", self.dtype)
-                })?;
+            let dtype = DType::parse(&self.dtype).ok_or_else(|| {
+                anyhow!("unknown --dtype {} (bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k, mlx4, mlx8)", self.dtype)
+            })?;
             let mut loaded = ferrite_models::synthetic(name, self.device, self.weight_seed, dtype)?;
             crate::synthetic_text::attach(&mut loaded, name, self.tokenizer.as_deref())?;
             let path = match dtype {

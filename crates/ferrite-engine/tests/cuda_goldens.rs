@@ -7,7 +7,9 @@
 //! GELU MLP with a sliding window of 8, llama's dynamic NTK RoPE (frequencies by each row's
 //! length, as long RoPE's), gemma, gemma2, gemma3_text and the three gemma4_text
 //! fixtures: KV-shared layers with per-layer inputs, `attention_k_eq_v` with a double-wide
-//! MLP, the MoE block), the six roster families also from their GGUF (llama.cpp's tensor
+//! MLP, the MoE block), the MLX affine-quantized fixtures (4- and 8-bit groups read by the
+//! quantized kernels, bf16/f16/f32 scales, per-module overrides, a quantized tied embedding as
+//! the head), the six roster families also from their GGUF (llama.cpp's tensor
 //! names and layouts), gated by `FERRITE_TEST_CUDA=1` (skipped elsewhere). The Gemma
 //! fixtures' sliding window is 8 tokens, so every prompt here but the shortest is longer than
 //! the window. (`cuda_model` covers the llama fixtures.)
@@ -42,7 +44,7 @@ use ferrite_runtime::cuda::DeviceChoice;
 use ferrite_runtime::ForwardBatch;
 use serde_json::Value;
 
-const FIXTURES: [&str; 14] = [
+const FIXTURES: [&str; 19] = [
     "qwen3-hd32",
     "glm4",
     "smollm3",
@@ -57,6 +59,11 @@ const FIXTURES: [&str; 14] = [
     "gemma4-shared-ple",
     "gemma4-kv-eq-v",
     "gemma4-moe",
+    "mlx-llama-q4-g64",
+    "mlx-llama-q4-g128",
+    "mlx-llama-q8-g32",
+    "mlx-llama-mixed",
+    "mlx-qwen3-q4-g64",
 ];
 /// The fixtures whose directory also holds the `model.gguf` llama.cpp's converter writes.
 const GGUF_FIXTURES: [&str; 6] = ["phi3", "olmo2", "glm4", "granite", "starcoder2", "smollm3"];

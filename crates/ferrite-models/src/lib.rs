@@ -23,6 +23,7 @@ pub mod mlx;
 pub mod moe;
 pub mod paths;
 pub mod plan;
+pub mod random_weights;
 pub mod registry;
 pub mod rope_scaling;
 pub mod safetensors;

@@ -17,6 +17,7 @@ use crate::gguf::GgufFile;
 use crate::mlx::MlxQuantization;
 use crate::model::CausalLm;
 use crate::plan::DecoderPlan;
+use crate::random_weights::RandomWeights;
 use crate::safetensors::SafetensorsDir;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{WeightLayout, WeightSource, Weights};
@@ -125,9 +126,10 @@ pub fn load_with(path: &Path, choice: DeviceChoice, opts: &LoadOptions) -> Resul
     Ok(loaded)
 }
 
-/// A synthetic model (`gpu::SYNTHETIC_MODELS`) with random weights in `dtype` (bf16, or a
-/// GGUF block type the CUDA kernels read) generated on the CUDA device from `seed`; no
-/// tokenizer (the CLI attaches its family's, `ferrite-cli/src/synthetic_text.rs`).
+/// A synthetic model (`gpu::SYNTHETIC_MODELS`) with random weights in `dtype` from `seed`: on
+/// a CUDA device, generated there (bf16, or a block type the CUDA kernels read); on the CPU,
+/// made on the host (bf16, f16, f32, the GGUF types the fast kernels read, every MLX format).
+/// No tokenizer (the CLI attaches its family's, `ferrite-cli/src/synthetic_text.rs`).
 pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64, dtype: DType) -> Result<LoadedModel> {
     let t0 = Instant::now();
     let json = crate::gpu::synthetic_config(name).ok_or_else(|| {
@@ -136,21 +138,25 @@ pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64, dtype: DType) -> R
             crate::gpu::SYNTHETIC_MODELS.join(", ")
         ))
     })?;
-    let ordinal = match resolve_device(choice)? {
-        Device::Cuda(n) => n,
-        Device::Cpu => {
-            return Err(LoadError::Other(
-                "synthetic models are generated on a CUDA device, and none is available".into(),
-            ))
-        }
-    };
-    let (gpu, device_note) = open_gpu(ordinal)?;
+    let device = resolve_device(choice)?;
     let path = Path::new("synthetic/config.json");
     let mut cfg = ModelConfig::from_hf_json(path, &json)?;
     let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path, json: &json })?;
-    let weights = crate::gpu::DecoderWeights::random(&cfg, &plan, &gpu, seed, dtype)?;
-    let weight_bytes = weights.bytes;
-    let model = Arc::new(crate::gpu::GpuDecoder::new(cfg, plan, weights, gpu)?);
+    let (model, weight_bytes, device_note): (Arc<dyn CausalLm>, usize, String) = match device {
+        Device::Cuda(ordinal) => {
+            let (gpu, device_note) = open_gpu(ordinal)?;
+            let weights = crate::gpu::DecoderWeights::random(&cfg, &plan, &gpu, seed, dtype)?;
+            let weight_bytes = weights.bytes;
+            (Arc::new(crate::gpu::GpuDecoder::new(cfg, plan, weights, gpu)?), weight_bytes, device_note)
+        }
+        Device::Cpu => {
+            let embed_fan_in = if plan.embed_scale.is_some() { cfg.hidden_size } else { 3 };
+            let random = RandomWeights::new(dtype, seed, embed_fan_in);
+            let weights = Weights::new(WeightSource::Random(random), WeightLayout::default());
+            let model = build_cpu(cfg, plan, &weights, None)?;
+            (model, weights.file_bytes(), "cpu".into())
+        }
+    };
     Ok(LoadedModel {
         model,
         tokenizer: None,
@@ -158,7 +164,7 @@ pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64, dtype: DType) -> R
         generation: GenerationDefaults::default(),
         weight_bytes,
         load_secs: t0.elapsed().as_secs_f64(),
-        device: Device::Cuda(ordinal),
+        device,
         device_note,
     })
 }

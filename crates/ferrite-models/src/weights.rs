@@ -16,11 +16,14 @@ use ferrite_runtime::{DType, Tensor};
 use crate::error::{LoadError, Result};
 use crate::gguf::GgufFile;
 use crate::mlx::MlxQuantization;
+use crate::random_weights::RandomWeights;
 use crate::safetensors::SafetensorsDir;
 
 pub enum WeightSource {
     Safetensors(SafetensorsDir),
     Gguf(GgufFile),
+    /// Random weights made on demand (a synthetic model on the CPU).
+    Random(RandomWeights),
 }
 
 /// How the stored tensors differ from the layout the executors read.
@@ -107,6 +110,7 @@ impl Weights {
         match &self.source {
             WeightSource::Safetensors(s) => s.path_of(name),
             WeightSource::Gguf(g) => g.path(),
+            WeightSource::Random(_) => Path::new("synthetic"),
         }
     }
 
@@ -118,6 +122,7 @@ impl Weights {
                 _ => Some(hf.to_string()),
             },
             WeightSource::Gguf(_) => gguf_name(hf, &self.layout),
+            WeightSource::Random(_) => Some(hf.to_string()),
         }
     }
 
@@ -125,6 +130,8 @@ impl Weights {
         match (&self.source, self.file_name(hf)) {
             (WeightSource::Safetensors(s), Some(n)) => s.contains(&n),
             (WeightSource::Gguf(g), Some(n)) => g.tensor_info(&n).is_some(),
+            // Optional tensors (biases, an untied head) are absent; the loader asks for the rest.
+            (WeightSource::Random(_), _) => false,
             _ => false,
         }
     }
@@ -136,6 +143,7 @@ impl Weights {
             (_, Some((q, s, module))) => q.matrix(s, module, shape)?,
             (WeightSource::Safetensors(s), None) => s.tensor(&name)?,
             (WeightSource::Gguf(g), _) => g.tensor(&name)?,
+            (WeightSource::Random(r), _) => r.tensor(&name, shape)?,
         };
         if t.shape() != shape {
             return Err(LoadError::tensor(self.path(hf), &name, format!("shape {:?}, expected {shape:?}", t.shape())));
@@ -212,6 +220,7 @@ impl Weights {
         match &self.source {
             WeightSource::Safetensors(s) => s.total_bytes(),
             WeightSource::Gguf(g) => g.data_bytes(),
+            WeightSource::Random(r) => r.bytes(),
         }
     }
 
@@ -224,6 +233,7 @@ impl Weights {
         match &self.source {
             WeightSource::Safetensors(s) => s.tensor(&name).ok().map(|t| t.dtype()),
             WeightSource::Gguf(g) => g.tensor_info(&name).map(|t| t.dtype),
+            WeightSource::Random(r) => Some(r.dtype()),
         }
     }
 }

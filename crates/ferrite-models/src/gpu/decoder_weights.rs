@@ -251,7 +251,8 @@ impl DecoderWeights {
     pub fn random(cfg: &ModelConfig, plan: &DecoderPlan, gpu: &Gpu, seed: u64, dtype: DType) -> Result<DecoderWeights> {
         if dtype != DType::BF16 && !QuantMatrix::supports(dtype) {
             return Err(LoadError::Other(format!(
-                "synthetic weights in {dtype}: the CUDA path takes bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k or q6_k"
+                "synthetic weights in {dtype}: the CUDA path takes bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k \
+                 or an MLX format (mlx4, mlx8, MLX4_G32_BF16, ...)"
             )));
         }
         let embed_fan_in = if plan.embed_scale.is_some() { cfg.hidden_size } else { 3 };

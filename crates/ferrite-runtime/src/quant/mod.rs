@@ -14,10 +14,12 @@
 //! - `kquants`: the 256-value super-blocks Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K.
 //! - `mlx`: MLX's affine groups (4 or 8 bits, groups of 32, 64 or 128), as blocks assembled
 //!   at load from a checkpoint's packed words, scales and biases.
+//! - `random`: random weights of a dtype for synthetic models.
 
 mod kquants;
 mod legacy;
 pub mod mlx;
+pub mod random;
 
 pub(crate) use kquants::{k4_k5_codes, q6_k_codes, scale_min_k4};
 pub(crate) use legacy::unpack_nibbles;
