@@ -140,7 +140,7 @@ impl MlxQuantization {
                     st.path_of(name),
                     name,
                     format!(
-                        "{got:?} {got_shape:?}, expected {stored:?} {want:?} for {}-bit groups of {} over a {shape:?} matrix",
+                        "{got} {got_shape:?}, expected {stored} {want:?} for {}-bit groups of {} over a {shape:?} matrix",
                         f.bits(),
                         f.group()
                     ),

@@ -20,6 +20,15 @@ pub enum Stored {
     U32,
 }
 
+impl std::fmt::Display for Stored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stored::Float(d) => write!(f, "{d}"),
+            Stored::U32 => f.write_str("U32"),
+        }
+    }
+}
+
 impl Stored {
     fn bytes(self) -> usize {
         match self {
@@ -140,9 +149,9 @@ impl SafetensorsDir {
             let need = shape
                 .iter()
                 .try_fold(dtype.bytes(), |n, &d| n.checked_mul(d))
-                .ok_or_else(|| bad(&format!("{dtype:?} tensor of shape {shape:?} overflows")))?;
+                .ok_or_else(|| bad(&format!("{dtype} tensor of shape {shape:?} overflows")))?;
             if end - start != need {
-                return Err(bad(&format!("{} bytes for {dtype:?} {shape:?}, expected {need}", end - start)));
+                return Err(bad(&format!("{} bytes for {dtype} {shape:?}, expected {need}", end - start)));
             }
             self.entries.insert(
                 name.clone(),
