@@ -8,12 +8,14 @@
 //! for a module left in floats. A module `m` is quantized in the file when `m.scales` is there
 //! (mlx-lm skips modules whose width no group divides): then `m.weight` holds uint32 words,
 //! `[out, in * bits / 32]`, and `m.scales` and `m.biases` one float per group,
-//! `[out, in / group]`. Embeddings and the LM head are quantized the same way.
+//! `[out, in / group]`. Embeddings and the LM head are quantized the same way. The three stay
+//! mapped (`MlxParts`) until a reader needs the matrix as blocks.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use ferrite_runtime::quant::mlx::MlxParts;
 use ferrite_runtime::{Buffer, DType, MlxFormat, MlxScale, Tensor};
 use serde_json::Value;
 
@@ -114,8 +116,8 @@ impl MlxQuantization {
         Self::quantized(st, module).then(|| self.format(st, module).ok().map(DType::Mlx)).flatten()
     }
 
-    /// `{module}.weight` of logical `shape` (`[.., out, in]`) as one tensor of MLX blocks,
-    /// each stored tensor's dtype and shape checked (an error names the tensor and says what
+    /// `{module}.weight` of logical `shape` (`[.., out, in]`) as one tensor of MLX blocks over
+    /// the mapped words, scales and biases, each stored tensor's dtype and shape checked (an error names the tensor and says what
     /// was expected). `module` must be quantized in `st`.
     pub fn matrix(&self, st: &SafetensorsDir, module: &str, shape: &[usize]) -> Result<Tensor> {
         let f = self.format(st, module)?;
@@ -133,7 +135,7 @@ impl MlxQuantization {
                 format!("{k} input features are not whole groups of {} ({})", f.group(), f.name()),
             ));
         }
-        let expect = |name: &str, stored: Stored, want: Vec<usize>| -> Result<&[u8]> {
+        let expect = |name: &str, stored: Stored, want: Vec<usize>| -> Result<Buffer> {
             let (got, got_shape, bytes) = st.raw(name)?;
             if got != stored || got_shape != want.as_slice() {
                 return Err(LoadError::tensor(
@@ -153,10 +155,9 @@ impl MlxQuantization {
         let scales = expect(&format!("{module}.scales"), sd, with_last(k / f.group()))?;
         let biases = expect(&format!("{module}.biases"), sd, with_last(k / f.group()))?;
         let rows = lead.iter().product();
-        let blocks = ferrite_runtime::quant::mlx::assemble(f, rows, k, words, scales, biases)
-            .map_err(|e| LoadError::tensor(path, &wname, e.to_string()))?;
-        Tensor::new(DType::Mlx(f), shape.to_vec(), Buffer::Bytes(Arc::new(blocks)))
-            .map_err(|e| LoadError::tensor(path, &wname, e.to_string()))
+        let bad = |e: ferrite_runtime::RuntimeError| LoadError::tensor(path, &wname, e.to_string());
+        let parts = MlxParts::new(f, rows, k, words, scales, biases).map_err(bad)?;
+        Tensor::new(DType::Mlx(f), shape.to_vec(), Buffer::Mlx(Arc::new(parts))).map_err(bad)
     }
 
     /// The tensors of `st` as the model holds them: each quantized module's three tensors as

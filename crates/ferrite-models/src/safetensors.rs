@@ -186,10 +186,10 @@ impl SafetensorsDir {
             .map_err(|err| LoadError::tensor(path, name, err.to_string()))
     }
 
-    /// The stored type, shape and raw little-endian bytes of `name`.
-    pub fn raw(&self, name: &str) -> Result<(Stored, &[usize], &[u8])> {
+    /// The stored type, shape and raw little-endian bytes (a view of the mapped file) of `name`.
+    pub fn raw(&self, name: &str) -> Result<(Stored, &[usize], Buffer)> {
         let e = self.entries.get(name).ok_or_else(|| LoadError::tensor(self.path_of(name), name, "missing"))?;
-        Ok((e.dtype, &e.shape, &self.files[e.file].1[e.start..e.end]))
+        Ok((e.dtype, &e.shape, Buffer::Mapped { map: self.files[e.file].1.clone(), range: e.start..e.end }))
     }
 
     /// Every tensor's name, stored type and shape (no data is read).

@@ -1,7 +1,7 @@
 //! `Tensor`: a shaped, typed view over host memory that is either owned or memory-mapped.
 //!
-//! Weights keep their file dtype (f32, f16, bf16 or a GGUF block type); activations are f32
-//! slices owned by the model. A tensor's last dimension is its row (the reduction axis of a
+//! Weights keep their file dtype (f32, f16, bf16, a GGUF block type, or MLX blocks kept as the
+//! checkpoint's parts until read whole); activations are f32 slices owned by the model. A tensor's last dimension is its row (the reduction axis of a
 //! linear layer); quantized rows hold a whole number of blocks.
 
 use std::ops::Range;
@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 use crate::dtype::DType;
 use crate::error::{Result, RuntimeError};
 use crate::hugemem::HugeBuf;
+use crate::quant::mlx::MlxParts;
 
 /// Host bytes behind a tensor.
 #[derive(Clone)]
@@ -20,14 +21,57 @@ pub enum Buffer {
     Bytes(Arc<Vec<u8>>),
     /// A byte range of a memory-mapped file.
     Mapped { map: Arc<memmap2::Mmap>, range: Range<usize> },
+    /// An MLX matrix's packed words, scales and biases, read as blocks (`quant::mlx`).
+    Mlx(Arc<MlxParts>),
 }
 
 impl Buffer {
+    /// The bytes (an MLX matrix's blocks: assembled on the first call).
     pub fn bytes(&self) -> &[u8] {
         match self {
             Buffer::F32(v) => bytemuck::cast_slice(v.as_slice()),
             Buffer::Bytes(v) => v.as_slice(),
             Buffer::Mapped { map, range } => &map[range.clone()],
+            Buffer::Mlx(p) => p.blocks(),
+        }
+    }
+
+    /// Bytes held (without assembling anything).
+    pub fn len(&self) -> usize {
+        match self {
+            Buffer::Mapped { range, .. } => range.len(),
+            Buffer::Mlx(p) => p.len(),
+            b => b.bytes().len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes `range` (within `len()`): a view of a mapped file, a copy otherwise.
+    pub fn slice(&self, range: Range<usize>) -> Buffer {
+        match self {
+            Buffer::Mapped { map, range: r } => {
+                Buffer::Mapped { map: map.clone(), range: r.start + range.start..r.start + range.end }
+            }
+            b => Buffer::Bytes(Arc::new(b.bytes()[range].to_vec())),
+        }
+    }
+
+    /// Hand the pages of a mapped file back to the page cache (they fault in again if read);
+    /// nothing for owned memory.
+    pub(crate) fn release_pages(&self) {
+        match self {
+            Buffer::Mapped { map, range } => {
+                // SAFETY: the map is a read-only view of a file nobody writes while it is
+                // loaded; dropping its pages only makes the next read fault them in again.
+                let _ = unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, range.start, range.len())
+                };
+            }
+            Buffer::Mlx(p) if !p.assembled() => p.release_pages(),
+            _ => {}
         }
     }
 }
@@ -59,7 +103,12 @@ impl Tensor {
                 )));
             }
         }
-        let got = buffer.bytes().len();
+        if let Buffer::Mlx(p) = &buffer {
+            if dtype != DType::Mlx(p.format()) {
+                return Err(RuntimeError::Shape(format!("{} parts read as {dtype}", p.format().name())));
+            }
+        }
+        let got = buffer.len();
         if got != need {
             return Err(RuntimeError::ShortBuffer { what: format!("{dtype} tensor of shape {shape:?}"), need, got });
         }
@@ -94,24 +143,32 @@ impl Tensor {
     /// into a zeroed buffer on huge pages (`hugemem`), built on the first call and kept with
     /// the tensor and its clones.
     ///
-    /// The kernel then reads only the derived bytes, so a memory-mapped tensor's pages are
-    /// handed back to the page cache (they fault in again if read, e.g. by an embedding lookup
-    /// of a tied weight): the process holds the weights once.
+    /// The kernel then reads only the derived bytes, so a memory-mapped tensor's pages (an
+    /// MLX matrix's parts, while not assembled) are handed back to the page cache (they fault
+    /// in again if read, e.g. by an embedding lookup of a tied weight): the process holds the
+    /// weights once.
     pub(crate) fn derived(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> &[u8] {
         self.derived
             .get_or_init(|| {
                 let mut derived = HugeBuf::zeroed(len);
                 fill(derived.as_mut_slice());
-                if let Buffer::Mapped { map, range } = &self.buffer {
-                    // SAFETY: the map is a read-only view of a file nobody writes while it is
-                    // loaded; dropping its pages only makes the next read fault them in again.
-                    let _ = unsafe {
-                        map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, range.start, range.len())
-                    };
-                }
+                self.buffer.release_pages();
                 derived
             })
             .as_slice()
+    }
+
+    /// The bytes of rows `range`: a view of the tensor's bytes, or, for MLX parts not yet
+    /// assembled, those rows assembled into `scratch` (so a reader of a few rows at a time
+    /// never makes the whole copy).
+    pub(crate) fn row_blocks<'a>(&'a self, range: Range<usize>, scratch: &'a mut Vec<u8>) -> &'a [u8] {
+        match &self.buffer {
+            Buffer::Mlx(p) if !p.assembled() => {
+                p.rows_into(range, scratch);
+                scratch
+            }
+            _ => self.row_range_bytes(range),
+        }
     }
     pub fn elem_count(&self) -> usize {
         self.shape.iter().product()
@@ -204,8 +261,14 @@ impl Tensor {
                 Buffer::F32(Arc::new(v[range.start * n..range.end * n].to_vec()))
             }
             Buffer::Bytes(_) => Buffer::Bytes(Arc::new(self.row_range_bytes(range).to_vec())),
+            Buffer::Mlx(p) => Buffer::Mlx(Arc::new(p.slice_rows(range.clone())?)),
         };
         Tensor::new(self.dtype, shape, buffer)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn buffer_for_tests(&self) -> &Buffer {
+        &self.buffer
     }
 
     /// Same bytes, new shape with the same row length and element count.

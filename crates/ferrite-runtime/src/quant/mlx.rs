@@ -5,7 +5,7 @@
 //! `scales` and `biases`, one per group of `group` consecutive values of a row
 //! (`[out, in / group]`, in the model's float type). A value is `scale * code + bias`.
 //!
-//! At load the three are interleaved into one row of blocks, one block per group, so that
+//! A tensor of MLX blocks reads its rows as one row of blocks, one block per group, so that
 //! every consumer of a row of blocks (the matmul kernels, embedding gathers, row slices, the
 //! GPU upload) reads MLX weights like any GGUF block type:
 //!
@@ -16,13 +16,23 @@
 //! The codes are the group's bytes of the packed row as MLX wrote them: 4-bit value `i` is
 //! nibble `i % 2` (low first) of byte `i / 2`, 8-bit value `i` is byte `i`.
 //!
+//! A checkpoint's three tensors stay as they are mapped (`MlxParts`, a tensor's buffer) until a
+//! reader needs the whole matrix as blocks: the integer GEMM's re-layout reads rows assembled a
+//! few at a time, so a packed matrix is held once (its packed copy; the file's pages are handed
+//! back), and only a table read by rows (an embedding) or copied whole (a GPU upload) is
+//! assembled in memory.
+//!
 //! Dequantization is `scale * code + bias` in f32, the product rounded, then the sum: with a
 //! 16-bit scale (at most 11 significant bits) times a code of at most 8 bits the product is
 //! exact, so the one rounding is the add's and any evaluation order (FMA or not) gives the
 //! same bits; an f32 scale's product rounds too.
 
+use std::ops::Range;
+use std::sync::OnceLock;
+
 use crate::dtype::{MlxFormat, MlxScale};
 use crate::error::{Result, RuntimeError};
+use crate::tensor::Buffer;
 
 /// A float of `scale`'s type at `b` (little-endian), widened exactly to f32.
 pub(crate) fn read_scale(scale: MlxScale, b: &[u8]) -> f32 {
@@ -69,15 +79,13 @@ pub(super) fn dequantize_row(f: MlxFormat, src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// The rows of an `[rows, k]` matrix of format `f` as blocks, from an MLX checkpoint's
-/// `weight` words, `scales` and `biases` (their raw little-endian bytes, row-major). The
-/// caller names the tensors in errors; this checks only the byte counts.
-pub fn assemble(f: MlxFormat, rows: usize, k: usize, words: &[u8], scales: &[u8], biases: &[u8]) -> Result<Vec<u8>> {
+/// Check that `words`, `scales` and `biases` (byte counts) hold an `[rows, k]` matrix of `f`.
+fn check_parts(f: MlxFormat, rows: usize, k: usize, words: usize, scales: usize, biases: usize) -> Result<()> {
     let g = f.group();
     if k == 0 || !k.is_multiple_of(g) {
         return Err(RuntimeError::Shape(format!("{} rows of {k} values: not whole groups of {g}", f.name())));
     }
-    let (groups, code_row, s) = (k / g, k * f.bits() as usize / 8, f.scale().bytes());
+    let (groups, s) = (k / g, f.scale().bytes());
     let need = |what: &str, got: usize, want: usize| {
         if got == want {
             Ok(())
@@ -85,19 +93,103 @@ pub fn assemble(f: MlxFormat, rows: usize, k: usize, words: &[u8], scales: &[u8]
             Err(RuntimeError::ShortBuffer { what: format!("{what} of a [{rows}, {k}] {} matrix", f.name()), need: want, got })
         }
     };
-    need("packed codes", words.len(), rows * code_row)?;
-    need("scales", scales.len(), rows * groups * s)?;
-    need("biases", biases.len(), rows * groups * s)?;
+    need("packed codes", words, rows * k * f.bits() as usize / 8)?;
+    need("scales", scales, rows * groups * s)?;
+    need("biases", biases, rows * groups * s)
+}
+
+/// Rows `range` of a checked `[_, k]` matrix of `f` as blocks into `out` (cleared first).
+fn assemble_rows(f: MlxFormat, k: usize, range: Range<usize>, words: &[u8], scales: &[u8], biases: &[u8], out: &mut Vec<u8>) {
+    let (groups, code_row, s) = (k / f.group(), k * f.bits() as usize / 8, f.scale().bytes());
     let block = f.header_bytes() + f.code_bytes();
-    let mut out = vec![0u8; rows * groups * block];
-    for (b, dst) in out.chunks_exact_mut(block).enumerate() {
+    out.clear();
+    out.resize(range.len() * groups * block, 0);
+    for (i, dst) in out.chunks_exact_mut(block).enumerate() {
+        // Block i is group i % groups of row range.start + i / groups; its codes follow in the
+        // packed row.
+        let (r, g) = (range.start + i / groups, i % groups);
+        let b = r * groups + g;
         dst[..s].copy_from_slice(&scales[b * s..(b + 1) * s]);
         dst[s..2 * s].copy_from_slice(&biases[b * s..(b + 1) * s]);
-        // Block b is group b % groups of row b / groups: its codes follow in the packed row.
-        let at = b / groups * code_row + b % groups * f.code_bytes();
+        let at = r * code_row + g * f.code_bytes();
         dst[2 * s..].copy_from_slice(&words[at..at + f.code_bytes()]);
     }
+}
+
+/// The rows of an `[rows, k]` matrix of format `f` as blocks, from an MLX checkpoint's
+/// `weight` words, `scales` and `biases` (their raw little-endian bytes, row-major). The
+/// caller names the tensors in errors; this checks only the byte counts.
+pub fn assemble(f: MlxFormat, rows: usize, k: usize, words: &[u8], scales: &[u8], biases: &[u8]) -> Result<Vec<u8>> {
+    check_parts(f, rows, k, words.len(), scales.len(), biases.len())?;
+    let mut out = Vec::new();
+    assemble_rows(f, k, 0..rows, words, scales, biases, &mut out);
     Ok(out)
+}
+
+/// An `[rows, k]` MLX matrix as its checkpoint stores it: the packed words, scales and biases
+/// (views of the mapped file, usually), assembled into blocks on the first whole read.
+pub struct MlxParts {
+    format: MlxFormat,
+    rows: usize,
+    k: usize,
+    words: Buffer,
+    scales: Buffer,
+    biases: Buffer,
+    blocks: OnceLock<Vec<u8>>,
+}
+
+impl MlxParts {
+    /// The parts of an `[rows, k]` matrix of `f`, their byte counts checked.
+    pub fn new(f: MlxFormat, rows: usize, k: usize, words: Buffer, scales: Buffer, biases: Buffer) -> Result<MlxParts> {
+        check_parts(f, rows, k, words.len(), scales.len(), biases.len())?;
+        Ok(MlxParts { format: f, rows, k, words, scales, biases, blocks: OnceLock::new() })
+    }
+
+    pub fn format(&self) -> MlxFormat {
+        self.format
+    }
+
+    /// Bytes of the matrix as blocks.
+    pub(crate) fn len(&self) -> usize {
+        self.rows * self.k / self.format.group() * (self.format.header_bytes() + self.format.code_bytes())
+    }
+
+    /// The whole matrix as blocks (assembled on the first call, then kept; the parts' mapped
+    /// pages are then handed back, as the blocks hold what they hold).
+    pub(crate) fn blocks(&self) -> &[u8] {
+        self.blocks.get_or_init(|| {
+            let mut out = Vec::new();
+            self.rows_into(0..self.rows, &mut out);
+            self.release_pages();
+            out
+        })
+    }
+
+    /// Rows `range` (within the matrix) as blocks into `out`.
+    pub(crate) fn rows_into(&self, range: Range<usize>, out: &mut Vec<u8>) {
+        let (w, s, b) = (self.words.bytes(), self.scales.bytes(), self.biases.bytes());
+        assemble_rows(self.format, self.k, range, w, s, b, out);
+    }
+
+    /// Whether the whole matrix has been assembled.
+    pub(crate) fn assembled(&self) -> bool {
+        self.blocks.get().is_some()
+    }
+
+    /// Rows `range` (within the matrix) as parts of their own: views of the same buffers.
+    pub(crate) fn slice_rows(&self, range: Range<usize>) -> Result<MlxParts> {
+        let f = self.format;
+        let (code_row, scale_row) = (self.k * f.bits() as usize / 8, self.k / f.group() * f.scale().bytes());
+        let part = |b: &Buffer, row: usize| b.slice(range.start * row..range.end * row);
+        MlxParts::new(f, range.len(), self.k, part(&self.words, code_row), part(&self.scales, scale_row), part(&self.biases, scale_row))
+    }
+
+    /// Hand the mapped parts' pages back (they fault in again if read).
+    pub(crate) fn release_pages(&self) {
+        for b in [&self.words, &self.scales, &self.biases] {
+            b.release_pages();
+        }
+    }
 }
 
 /// Quantize `row` (whole groups) into blocks of `f` as MLX's affine quantization defines it:
@@ -205,6 +297,37 @@ mod tests {
             assert!(assemble(f, rows, k, &w[4..], &s, &b).is_err());
             assert!(assemble(f, rows, k + 1, &w, &s, &b).is_err());
         }
+    }
+
+    /// A tensor over the parts reads as the assembled blocks — whole, by rows, sliced — and
+    /// reading a few rows (or slicing) assembles nothing.
+    #[test]
+    fn parts_read_as_assembled_blocks() {
+        use crate::dtype::DType;
+        use crate::tensor::Tensor;
+        use std::sync::Arc;
+        let f = MlxFormat::new(4, 32, MlxScale::Bf16).unwrap();
+        let (rows, k) = (5, 96);
+        let codes: Vec<Vec<u32>> = (0..rows).map(|r| (0..k).map(|j| ((r * 3 + j) % 16) as u32).collect()).collect();
+        let groups = rows * k / 32;
+        let scales: Vec<f32> = (0..groups).map(|i| 0.5 + i as f32 / 16.0).collect();
+        let biases: Vec<f32> = (0..groups).map(|i| i as f32 / 8.0 - 1.0).collect();
+        let (w, s, b) = mlx_parts(f, &codes, &scales, &biases);
+        let blocks = assemble(f, rows, k, &w, &s, &b).unwrap();
+        let owned = |v: &Vec<u8>| Buffer::Bytes(Arc::new(v.clone()));
+        let parts = MlxParts::new(f, rows, k, owned(&w), owned(&s), owned(&b)).unwrap();
+        let t = Tensor::new(DType::Mlx(f), vec![rows, k], Buffer::Mlx(Arc::new(parts))).unwrap();
+        let plain = Tensor::new(DType::Mlx(f), vec![rows, k], Buffer::Bytes(Arc::new(blocks.clone()))).unwrap();
+        let mut scratch = Vec::new();
+        assert_eq!(t.row_blocks(1..3, &mut scratch), plain.row_range_bytes(1..3));
+        let sliced = t.slice_rows(2..5).unwrap();
+        let Buffer::Mlx(p) = &t.buffer_for_tests() else { panic!("parts") };
+        assert!(!p.assembled(), "reading rows or slicing assembled the matrix");
+        assert_eq!(sliced.to_f32_vec().unwrap(), plain.slice_rows(2..5).unwrap().to_f32_vec().unwrap());
+        assert_eq!(t.to_f32_vec().unwrap(), plain.to_f32_vec().unwrap());
+        assert_eq!(t.bytes(), blocks.as_slice());
+        // Parts that do not make the matrix are an error.
+        assert!(MlxParts::new(f, rows, k, owned(&w), owned(&s), Buffer::Bytes(Arc::new(vec![0; 4]))).is_err());
     }
 
     /// MLX's quantizer: the group's extremes come back within half a step, codes span the

@@ -478,9 +478,11 @@ pub(super) fn group_bytes<F: Packing>(k: usize) -> usize {
 fn packed_as<F: Packing>(w: &Tensor) -> &[u8] {
     let (n, k, rb) = (w.rows(), w.row_len(), w.row_bytes());
     w.derived(n.div_ceil(GROUP) * group_bytes::<F>(k), |out| {
-        let bytes = w.bytes();
         out.par_chunks_mut(group_bytes::<F>(k)).enumerate().for_each(|(g, dst)| {
-            for (j, row) in bytes.chunks_exact(rb).skip(g * GROUP).take(GROUP).enumerate() {
+            // The group's rows (an MLX matrix's assembled here, a group at a time).
+            let mut scratch = Vec::new();
+            let rows = w.row_blocks(g * GROUP..((g + 1) * GROUP).min(n), &mut scratch);
+            for (j, row) in rows.chunks_exact(rb).enumerate() {
                 for (src, dst) in row.chunks_exact(F::GGUF_BYTES).zip(dst.chunks_exact_mut(F::PACKED)) {
                     F::pack(src, j, dst);
                 }

@@ -305,3 +305,47 @@ fn linear_many_equals_linear_alone() {
         }
     }
 }
+
+/// An MLX matrix over its checkpoint parts multiplies as its assembled blocks do, bit for bit,
+/// at every level; the integer GEMM packs it a group of rows at a time, never assembling the
+/// whole matrix.
+#[test]
+fn mlx_parts_multiply_as_their_blocks() {
+    use crate::dtype::{MlxFormat, MlxScale};
+    use crate::quant::mlx::MlxParts;
+    let mut rng = StdRng::seed_from_u64(rand::rng().random());
+    let (n, k, m) = (45, 256, 3);
+    for f in [MlxFormat::new(4, 64, MlxScale::Bf16).unwrap(), MlxFormat::new(8, 128, MlxScale::F16).unwrap()] {
+        let dtype = DType::Mlx(f);
+        // Random parts as a checkpoint stores them: words, then finite scales and biases.
+        let words: Vec<u8> = (0..n * k * f.bits() as usize / 8).map(|_| rng.random()).collect();
+        let groups = n * k / f.group();
+        let scale = |v: f32| match f.scale() {
+            MlxScale::F16 => half::f16::from_f32(v).to_le_bytes(),
+            _ => half::bf16::from_f32(v).to_le_bytes(),
+        };
+        let scales: Vec<u8> = (0..groups).flat_map(|_| scale(rng.random_range(0.001..0.01))).collect();
+        let biases: Vec<u8> = (0..groups).flat_map(|_| scale(rng.random_range(-0.1..0.0))).collect();
+        let owned = |v: &Vec<u8>| Buffer::Bytes(std::sync::Arc::new(v.clone()));
+        let lazy = || {
+            let parts = MlxParts::new(f, n, k, owned(&words), owned(&scales), owned(&biases)).unwrap();
+            Tensor::new(dtype, vec![n, k], Buffer::Mlx(std::sync::Arc::new(parts))).unwrap()
+        };
+        let blocks = crate::quant::mlx::assemble(f, n, k, &words, &scales, &biases).unwrap();
+        let plain = Tensor::new(dtype, vec![n, k], Buffer::Bytes(std::sync::Arc::new(blocks))).unwrap();
+        let x = random_acts(m * k, &mut rng);
+        for level in levels() {
+            // Fresh parts at each level (the row kernels read the assembled matrix).
+            let lazy = lazy();
+            let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            linear_at(&x, m, &lazy, &mut a, level).unwrap();
+            linear_at(&x, m, &plain, &mut b, level).unwrap();
+            assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()), "{dtype} {level:?}");
+            #[cfg(target_arch = "x86_64")]
+            if takes_igemm(Some(level), dtype) {
+                let Buffer::Mlx(p) = lazy.buffer_for_tests() else { panic!("parts") };
+                assert!(!p.assembled(), "{dtype}: packing assembled the whole matrix");
+            }
+        }
+    }
+}
