@@ -192,7 +192,8 @@ impl Tensor {
         &self.bytes()[range.start * rb..range.end * rb]
     }
 
-    /// Dequantize rows `range` into `out` (`range.len() * row_len` values).
+    /// Dequantize rows `range` into `out` (`range.len() * row_len` values). MLX parts are
+    /// assembled for those rows only.
     pub fn dequantize_rows(&self, range: Range<usize>, out: &mut [f32]) -> Result<()> {
         let n = self.row_len();
         if range.start > range.end || out.len() != range.len() * n || range.end > self.rows() {
@@ -206,7 +207,9 @@ impl Tensor {
             return Ok(());
         }
         let rb = self.row_bytes();
-        let bytes = self.row_range_bytes(range);
+        // An embedding gather of MLX parts assembles only the rows it reads.
+        let mut scratch = Vec::new();
+        let bytes = self.row_blocks(range, &mut scratch);
         for (row, dst) in bytes.chunks_exact(rb).zip(out.chunks_exact_mut(n)) {
             crate::quant::dequantize_row(self.dtype, row, dst)?;
         }

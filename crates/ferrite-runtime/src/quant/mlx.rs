@@ -17,10 +17,10 @@
 //! nibble `i % 2` (low first) of byte `i / 2`, 8-bit value `i` is byte `i`.
 //!
 //! A checkpoint's three tensors stay as they are mapped (`MlxParts`, a tensor's buffer) until a
-//! reader needs the whole matrix as blocks: the integer GEMM's re-layout reads rows assembled a
-//! few at a time, so a packed matrix is held once (its packed copy; the file's pages are handed
-//! back), and only a table read by rows (an embedding) or copied whole (a GPU upload) is
-//! assembled in memory.
+//! reader needs the whole matrix as blocks: the integer GEMM's re-layout and an embedding
+//! gather assemble the rows they read, so a packed matrix is held once (its packed copy; the
+//! file's pages are handed back); the row kernels and a GPU upload read the matrix assembled
+//! once (the mapped pages then handed back too).
 //!
 //! Dequantization is `scale * code + bias` in f32, the product rounded, then the sum: with a
 //! 16-bit scale (at most 11 significant bits) times a code of at most 8 bits the product is
