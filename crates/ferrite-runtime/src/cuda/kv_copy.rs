@@ -143,7 +143,8 @@ impl CopyStream {
         let (bytes, to_pool) = (*bytes as u64, i32::from(to_pool));
         let mut launch = self.copy.launch_builder(&self.mover.func);
         launch.arg(&table).arg(&stage).arg(&bytes).arg(&ids).arg(&to_pool);
-        let cfg = LaunchConfig { grid_dim: (*pieces, blocks.len() as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg =
+            LaunchConfig { grid_dim: (*pieces, blocks.len() as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: the arguments match `kv_blocks_move`'s parameters; the table's pieces lie in
         // this cache's pools for every block id below the pool's block count (the caller's
         // contract), and the staging buffer holds `blocks.len()` blocks (`batch`).
