@@ -426,7 +426,7 @@ impl fmt::Display for Fit {
         let held = match (self.format, self.device) {
             (_, Device::Cpu) => "as stored, memory-mapped",
             (Format::Gguf, Device::Cuda(_)) => "quantized blocks the kernels read kept, the rest bf16",
-            (Format::Safetensors, Device::Cuda(_)) => "bf16",
+            (Format::Safetensors, Device::Cuda(_)) => "bf16; MLX-quantized blocks kept as stored",
         };
         writeln!(f, "weights    {} ({held})", h(self.weights))?;
         writeln!(f, "workspace  {}", h(self.workspace))?;
