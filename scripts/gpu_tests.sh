@@ -137,6 +137,13 @@ PY
         FERRITE_PDL=0 bench decode-8b-no-pdl bench decode "${s8[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
         bench decode-8b-q4_0 bench decode --synthetic llama-3.1-8b --dtype q4_0 --prompt-tokens 512 --gen-tokens 128 \
             --reps 3
+        # MLX affine 4- and 8-bit groups of 64 (bf16 scales), as the mlx-community checkpoints hold them.
+        bench decode-8b-mlx4 bench decode --synthetic llama-3.1-8b --dtype mlx4 --prompt-tokens 512 --gen-tokens 128 \
+            --reps 3
+        bench decode-8b-mlx8 bench decode --synthetic llama-3.1-8b --dtype mlx8 --prompt-tokens 512 --gen-tokens 128 \
+            --reps 3
+        bench prefill-8b-mlx4 bench decode --synthetic llama-3.1-8b --dtype mlx4 --prompt-tokens 2048 --gen-tokens 2 \
+            --reps 3
         # Seeded sampling drawn on the device (only ids come back), against the greedy line.
         bench decode-1b-sampled bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3 \
             --temperature 0.8 --top-p 0.9

@@ -86,7 +86,11 @@ impl MlxQuantization {
     fn format(&self, st: &SafetensorsDir, module: &str) -> Result<MlxFormat> {
         let path = st.path_of(&format!("{module}.scales"));
         let (bits, group) = self.params_of(module).ok_or_else(|| {
-            LoadError::tensor(path, &format!("{module}.scales"), "config.json's quantization says this module is not quantized")
+            LoadError::tensor(
+                path,
+                &format!("{module}.scales"),
+                "config.json's quantization says this module is not quantized",
+            )
         })?;
         let scale_dtype = |name: &str| -> Result<MlxScale> {
             match st.raw(name)?.0 {
@@ -103,7 +107,8 @@ impl MlxQuantization {
         if scale_dtype(&biases)? != scale {
             return Err(LoadError::tensor(path, &biases, "not in the scales' dtype"));
         }
-        MlxFormat::new(bits, group, scale).map_err(|e| LoadError::tensor(path, &format!("{module}.weight"), e.to_string()))
+        MlxFormat::new(bits, group, scale)
+            .map_err(|e| LoadError::tensor(path, &format!("{module}.weight"), e.to_string()))
     }
 
     /// Whether `module` is stored quantized in `st`.
@@ -166,9 +171,8 @@ impl MlxQuantization {
     pub fn metas(q: Option<&MlxQuantization>, st: &SafetensorsDir) -> Result<Vec<TensorMeta>> {
         let mut out = Vec::new();
         for (name, stored, shape) in st.tensors() {
-            let quantized_part = |suffix: &str| {
-                name.strip_suffix(suffix).is_some_and(|m| q.is_some() && Self::quantized(st, m))
-            };
+            let quantized_part =
+                |suffix: &str| name.strip_suffix(suffix).is_some_and(|m| q.is_some() && Self::quantized(st, m));
             if quantized_part(".scales") || quantized_part(".biases") {
                 continue;
             }

@@ -74,7 +74,8 @@ fn mlx(bits: u32, group: usize, scale: MlxScale) -> DType {
 #[test]
 fn inspect_reports_each_module_in_its_format() {
     let m = ferrite_models::inspect::inspect(&fixture("mlx-llama-mixed")).expect("inspect");
-    let find = |dtype: DType, shape: &[usize]| m.tensors.iter().filter(|t| t.dtype == dtype && t.shape == shape).count();
+    let find =
+        |dtype: DType, shape: &[usize]| m.tensors.iter().filter(|t| t.dtype == dtype && t.shape == shape).count();
     let bf = MlxScale::Bf16;
     assert_eq!(find(mlx(4, 32, bf), &[307, 128]), 1, "embed_tokens 4-bit g32");
     assert_eq!(find(mlx(8, 128, bf), &[307, 128]), 1, "lm_head 8-bit g128");
@@ -82,7 +83,8 @@ fn inspect_reports_each_module_in_its_format() {
     assert_eq!(find(DType::BF16, &[64, 128]), 1, "layer 1 v_proj in bf16");
     assert_eq!(find(mlx(4, 64, bf), &[128, 256]), 1, "layer 1 down_proj by default");
     assert!(m.tensors.iter().all(|t| t.shape.last() != Some(&2) && t.shape.last() != Some(&4)), "scales left over");
-    let stored: usize = std::fs::metadata(fixture("mlx-llama-mixed").join("model.safetensors")).expect("file").len() as usize;
+    let stored: usize =
+        std::fs::metadata(fixture("mlx-llama-mixed").join("model.safetensors")).expect("file").len() as usize;
     // The blocks hold what the three tensors hold; the file adds its header.
     assert!(m.stored_bytes() < stored && m.stored_bytes() > stored * 9 / 10, "{} of {stored}", m.stored_bytes());
 }

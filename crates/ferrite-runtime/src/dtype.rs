@@ -85,10 +85,14 @@ impl MlxFormat {
     /// The format, or why it is not one ferrite reads.
     pub fn new(bits: u32, group: usize, scale: MlxScale) -> Result<MlxFormat> {
         if !Self::BITS.contains(&bits) {
-            return Err(RuntimeError::Unsupported(format!("MLX {bits}-bit weights are not supported (4 and 8 bits are)")));
+            return Err(RuntimeError::Unsupported(format!(
+                "MLX {bits}-bit weights are not supported (4 and 8 bits are)"
+            )));
         }
         if !Self::GROUPS.contains(&group) {
-            return Err(RuntimeError::Unsupported(format!("MLX group size {group} is not supported (32, 64 and 128 are)")));
+            return Err(RuntimeError::Unsupported(format!(
+                "MLX group size {group} is not supported (32, 64 and 128 are)"
+            )));
         }
         Ok(MlxFormat { bits: bits as u8, group: group as u16, scale })
     }
@@ -181,10 +185,7 @@ impl DType {
         if let Some(bits) = short {
             return MlxFormat::new(bits, 64, MlxScale::Bf16).ok().map(DType::Mlx);
         }
-        DType::ALL
-            .into_iter()
-            .chain(MlxFormat::all().map(DType::Mlx))
-            .find(|t| t.name().eq_ignore_ascii_case(name))
+        DType::ALL.into_iter().chain(MlxFormat::all().map(DType::Mlx)).find(|t| t.name().eq_ignore_ascii_case(name))
     }
 
     /// The ggml type id used in GGUF tensor infos, and its inverse.

@@ -1,7 +1,7 @@
 //! ferrite-runtime: tensors and devices.
 //!
-//! Holds the dtypes (float and GGUF block-quantized), the `Tensor` type that carries weights
-//! (owned or memory-mapped), the quantized block formats, and the CPU op set a dense decoder
+//! Holds the dtypes (float, GGUF block-quantized and MLX affine), the `Tensor` type that
+//! carries weights (owned or memory-mapped), the quantized block formats, and the CPU op set a dense decoder
 //! needs (embedding, matmul, RMSNorm, RoPE, gated activations, paged attention, softmax,
 //! argmax). Each op is a plain function over slices and tensors.
 

@@ -66,9 +66,8 @@ impl Buffer {
             Buffer::Mapped { map, range } => {
                 // SAFETY: the map is a read-only view of a file nobody writes while it is
                 // loaded; dropping its pages only makes the next read fault them in again.
-                let _ = unsafe {
-                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, range.start, range.len())
-                };
+                let _ =
+                    unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, range.start, range.len()) };
             }
             Buffer::Mlx(p) if !p.assembled() => p.release_pages(),
             _ => {}

@@ -75,7 +75,8 @@ pub(crate) fn quant_module(dtype: DType) -> Option<(usize, i32)> {
                 MlxScale::F16 => 1,
                 MlxScale::F32 => 2,
             };
-            Some((if f.bits() == 4 { 7 } else { 8 }, lg | scale << 2))
+            let module = if f.bits() == 4 { "mlx4" } else { "mlx8" };
+            Some((QUANT_MODULES.iter().position(|&m| m == module)?, lg | scale << 2))
         }
         d => GGUF_QUANT_TYPES.iter().position(|&t| t == d).map(|i| (i, 0)),
     }
@@ -186,4 +187,30 @@ pub(crate) fn head_dim_index(head_dim: usize) -> CudaResult<usize> {
         .iter()
         .position(|&d| d == head_dim)
         .ok_or_else(|| CudaError::Unsupported(format!("attention with head_dim {head_dim} (have {HEAD_DIMS:?})")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::MlxFormat;
+
+    /// Every MLX format goes to its code width's module with `fmt` = log2(group / 32) and the
+    /// scale type (quant.cuh's `mlx`); the GGUF types to their own modules with 0.
+    #[test]
+    fn every_quantized_dtype_has_its_module() {
+        for f in MlxFormat::all() {
+            let (i, fmt) = quant_module(DType::Mlx(f)).expect("MLX module");
+            assert_eq!(QUANT_MODULES[i], format!("mlx{}", f.bits()));
+            assert_eq!(32 << (fmt & 3), f.group());
+            assert_eq!(fmt >> 2, MlxScale::ALL.iter().position(|&s| s == f.scale()).unwrap() as i32);
+        }
+        for (i, t) in GGUF_QUANT_TYPES.iter().enumerate() {
+            assert_eq!(quant_module(*t), Some((i, 0)));
+        }
+        assert_eq!(quant_module(DType::Q2K), None);
+        assert_eq!(
+            super::super::compile::SOURCES.iter().filter(|s| s.name.starts_with("quant_")).count(),
+            QUANT_MODULES.len()
+        );
+    }
 }

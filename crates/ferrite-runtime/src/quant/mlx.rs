@@ -90,7 +90,11 @@ fn check_parts(f: MlxFormat, rows: usize, k: usize, words: usize, scales: usize,
         if got == want {
             Ok(())
         } else {
-            Err(RuntimeError::ShortBuffer { what: format!("{what} of a [{rows}, {k}] {} matrix", f.name()), need: want, got })
+            Err(RuntimeError::ShortBuffer {
+                what: format!("{what} of a [{rows}, {k}] {} matrix", f.name()),
+                need: want,
+                got,
+            })
         }
     };
     need("packed codes", words, rows * k * f.bits() as usize / 8)?;
@@ -99,7 +103,15 @@ fn check_parts(f: MlxFormat, rows: usize, k: usize, words: usize, scales: usize,
 }
 
 /// Rows `range` of a checked `[_, k]` matrix of `f` as blocks into `out` (cleared first).
-fn assemble_rows(f: MlxFormat, k: usize, range: Range<usize>, words: &[u8], scales: &[u8], biases: &[u8], out: &mut Vec<u8>) {
+fn assemble_rows(
+    f: MlxFormat,
+    k: usize,
+    range: Range<usize>,
+    words: &[u8],
+    scales: &[u8],
+    biases: &[u8],
+    out: &mut Vec<u8>,
+) {
     let (groups, code_row, s) = (k / f.group(), k * f.bits() as usize / 8, f.scale().bytes());
     let block = f.header_bytes() + f.code_bytes();
     out.clear();
@@ -181,7 +193,14 @@ impl MlxParts {
         let f = self.format;
         let (code_row, scale_row) = (self.k * f.bits() as usize / 8, self.k / f.group() * f.scale().bytes());
         let part = |b: &Buffer, row: usize| b.slice(range.start * row..range.end * row);
-        MlxParts::new(f, range.len(), self.k, part(&self.words, code_row), part(&self.scales, scale_row), part(&self.biases, scale_row))
+        MlxParts::new(
+            f,
+            range.len(),
+            self.k,
+            part(&self.words, code_row),
+            part(&self.scales, scale_row),
+            part(&self.biases, scale_row),
+        )
     }
 
     /// Hand the mapped parts' pages back (they fault in again if read).

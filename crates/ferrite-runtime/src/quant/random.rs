@@ -36,7 +36,8 @@ fn gguf_scales(dtype: DType, amp: f32) -> Option<Vec<(usize, f32)>> {
 /// and f32 values, random blocks of the GGUF types the fast kernels read (Q4_0, Q4_1, Q5_0,
 /// Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) and of every MLX format.
 pub fn random_rows(dtype: DType, rows: usize, k: usize, seed: u64, amp: f32) -> Result<Vec<u8>> {
-    let bytes = dtype.row_bytes(k)?.checked_mul(rows).ok_or_else(|| RuntimeError::Shape(format!("{rows} rows of {k}")))?;
+    let bytes =
+        dtype.row_bytes(k)?.checked_mul(rows).ok_or_else(|| RuntimeError::Shape(format!("{rows} rows of {k}")))?;
     let block = dtype.block_bytes();
     // Chunks of whole blocks (or values), each from its own stream of the seed.
     let chunk = block << 16;

@@ -47,8 +47,11 @@ pub(crate) fn dot_scalar(f: MlxFormat, w: &[u8], a: ActRow<'_>) -> f32 {
         let (scale, bias) = scale_bias(f, block);
         for (j, qa) in qa.chunks_exact(32).enumerate() {
             let b = g * sub + j;
-            let isum: i32 =
-                qa.iter().enumerate().map(|(i, &q)| i32::from(code(f.bits(), &block[h..], 32 * j + i)) * i32::from(q)).sum();
+            let isum: i32 = qa
+                .iter()
+                .enumerate()
+                .map(|(i, &q)| i32::from(code(f.bits(), &block[h..], 32 * j + i)) * i32::from(q))
+                .sum();
             sum += scale * a.scales[2 * b] * isum as f32;
             sum += bias * a.scales[2 * b + 1];
         }
@@ -112,7 +115,8 @@ mod x86 {
                 let b = g * sub + j;
                 let (lo, hi) = C::load(blk.as_ptr().add(h + j * C::BYTES));
                 let qa = a.qs.as_ptr().add(32 * b);
-                let dot = S::dot_i16(S::dot_i16(_mm256_setzero_si256(), lo, load_i16x16(qa)), hi, load_i16x16(qa.add(16)));
+                let dot =
+                    S::dot_i16(S::dot_i16(_mm256_setzero_si256(), lo, load_i16x16(qa)), hi, load_i16x16(qa.add(16)));
                 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale * a.scales[2 * b]), acc);
                 bias_sum += bias * a.scales[2 * b + 1];
             }

@@ -283,7 +283,11 @@ pub fn dequantize(gpu: &Gpu, w: &QuantMatrix, out: &mut CudaSlice<bf16>) -> Cuda
         let wp = gpu.ptr(&p.blocks);
         let rows = p.rows as i32;
         let (fns, fmt) = kernels(gpu, p.dtype)?;
-        gpu.launch(&fns.dequant_rows, cfg((p.rows as u32, 1, 1), THREADS, 0), &[&wp, &none, &op, &k, &rows, &scale, &fmt])?;
+        gpu.launch(
+            &fns.dequant_rows,
+            cfg((p.rows as u32, 1, 1), THREADS, 0),
+            &[&wp, &none, &op, &k, &rows, &scale, &fmt],
+        )?;
         row += p.rows;
     }
     Ok(())
