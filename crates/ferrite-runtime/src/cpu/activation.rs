@@ -1,5 +1,5 @@
-//! Gated activations, in place on the gate: SwiGLU (`silu(gate) * up`) and GeGLU with the
-//! tanh GELU; and Gemma's logit softcap.
+//! Activations, in place: SwiGLU (`silu(gate) * up`), GeGLU with the tanh GELU or the exact
+//! (erf) GELU, the same activations ungated (a plain MLP); and Gemma's logit softcap.
 //!
 //! SwiGLU runs eight lanes at a time with the attention kernels' `exp` (relative error
 //! < 2e-7) where the kernel mode has AVX2: with libm's scalar `expf` it took ~1 ms of each
@@ -63,6 +63,23 @@ pub fn gelu_tanh(x: &mut [f32]) {
     map(x, gelu_tanh_of);
 }
 
+/// The exact GELU, `x Φ(x) = x (1 + erf(x / √2)) / 2` (HF's `gelu`, BERT's), with the erf
+/// evaluated in f64 (libm) and rounded once.
+fn gelu_of(g: f32) -> f32 {
+    let x = f64::from(g);
+    (0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2))) as f32
+}
+
+/// `gate = gelu(gate) * up` (exact GELU).
+pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
+    apply(gate, up, gelu_of);
+}
+
+/// `x = gelu(x)`, the exact GELU (a plain, ungated MLP).
+pub fn gelu(x: &mut [f32]) {
+    map(x, gelu_of);
+}
+
 /// `x = silu(x)` (a plain, ungated MLP).
 pub fn silu(x: &mut [f32]) {
     map(x, |g| g / (1.0 + (-g).exp()));
@@ -108,6 +125,24 @@ mod tests {
             let want = g / (1.0 + (-g).exp()) * u;
             assert!((f64::from(*r) - want).abs() <= 1e-6 * want.abs() + 1e-30, "silu({g}) * {u} = {r}, want {want}");
         }
+    }
+
+    /// The exact GELU at points where its value is known, and apart from the tanh form.
+    #[test]
+    fn gelu_is_the_erf_form() {
+        let mut x = vec![0.0, 1.0, -1.0, 3.0, -6.0, 40.0];
+        gelu(&mut x);
+        // x Φ(x) with Φ(1) = 0.841344746..., Φ(3) = 0.998650101..., Φ(-6) = 9.8659e-10.
+        let want = [0.0, 0.841_344_75, -0.158_655_25, 2.995_950_3, -5.919_6e-9, 40.0];
+        for (g, w) in x.iter().zip(want) {
+            assert!((g - w).abs() <= 1e-7 * w.abs().max(1e-6), "gelu gave {g}, want {w}");
+        }
+        let mut t = vec![1.0f32];
+        gelu_tanh(&mut t);
+        assert!((t[0] - x[1]).abs() > 1e-5, "the tanh form differs from the exact one at 1");
+        let (mut gate, up) = (vec![1.0f32, 3.0], vec![2.0f32, -1.0]);
+        gelu_mul(&mut gate, &up);
+        assert!((gate[0] - 2.0 * x[1]).abs() < 1e-7 && (gate[1] + x[3]).abs() < 1e-6);
     }
 
     #[test]
