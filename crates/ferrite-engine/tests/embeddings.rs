@@ -207,9 +207,9 @@ fn embeddinggemma_matches_sentence_transformers() {
     }
 }
 
-/// The real all-MiniLM-L6-v2: ferrite's tokenizer gives sentence-transformers' ids on varied
-/// text (accents, punctuation, CJK, other scripts, unknown and long words, special tokens
-/// written in the text, truncation at max_seq_length 256), and the embeddings match per text.
+/// The real all-MiniLM-L6-v2: ferrite's tokenizer gives sentence-transformers' ids (the
+/// tokenizer's own test, `ferrite-models/tests/tokenizer.rs`, has more texts), and the
+/// embeddings match per text, one past max_seq_length (256).
 #[test]
 fn minilm_matches_sentence_transformers() {
     let dir = ferrite_models::paths::models_dir().join("all-minilm-l6-v2");
@@ -223,10 +223,6 @@ fn minilm_matches_sentence_transformers() {
     let spec = loaded.model.embedding().expect("an embedder").clone();
     assert_eq!((spec.dimensions, spec.max_tokens), (384, Some(256)));
     let tok = loaded.tokenizer.as_ref().expect("tokenizer");
-    for case in reference["tokenizer_cases"].as_array().expect("cases") {
-        let text = case["text"].as_str().expect("text");
-        assert_eq!(tok.encode_truncated(text, 256).expect("encode"), ids(&case["ids"]), "token ids of {text:?}");
-    }
     let texts = reference["texts"].as_array().expect("texts");
     let mut inputs = Vec::new();
     for (text, want) in texts.iter().zip(reference["token_ids"].as_array().expect("ids")) {

@@ -580,4 +580,20 @@ mod tests {
         }
         assert_eq!(unsupported(&fixture_plan("gemma4-moe")), None);
     }
+
+    /// A BERT plan is refused for each thing the CUDA executor lacks: bidirectional attention,
+    /// the encoder input and post-LN norms, the exact GELU.
+    #[test]
+    fn an_encoder_has_no_cuda_path() {
+        let mut plan = fixture_plan("bert-embed");
+        assert!(unsupported(&plan).is_some_and(|why| why.contains("bidirectional")));
+        plan.layers.iter_mut().for_each(|l| l.attn.params.causal = true);
+        assert!(unsupported(&plan).is_some_and(|why| why.contains("encoder's input")));
+        let mut llama = fixture_plan("llama");
+        llama.layers[1].ffn.act = Activation::Gelu;
+        assert!(unsupported(&llama).is_some_and(|why| why.contains("layer 1: the exact (erf) GELU")));
+        llama.layers[1].ffn.act = Activation::Silu;
+        llama.layers[0].names.ffn_residual_norm = Some("x".into());
+        assert!(unsupported(&llama).is_some_and(|why| why.contains("layer 0: post-LN")));
+    }
 }

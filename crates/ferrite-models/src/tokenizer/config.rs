@@ -97,3 +97,28 @@ pub(super) fn template_tokens(post_processor: &Value) -> TemplateTokens {
         _ => TemplateTokens::default(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn template_tokens_of_each_post_processor() {
+        let bert = json!({"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                       {"SpecialToken": {"id": "[SEP]", "type_id": 0}}]});
+        let want = TemplateTokens { leading: Some("[CLS]".into()), trailing: Some("[SEP]".into()) };
+        assert_eq!(template_tokens(&bert), want);
+        let llama = json!({"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]});
+        assert_eq!(template_tokens(&llama), TemplateTokens { leading: Some("<s>".into()), trailing: None });
+        let old = json!({"type": "BertProcessing", "sep": ["[SEP]", 102], "cls": ["[CLS]", 101]});
+        assert_eq!(template_tokens(&old), want);
+        let roberta = json!({"type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0]});
+        assert_eq!(template_tokens(&roberta).trailing.as_deref(), Some("</s>"));
+        let seq = json!({"type": "Sequence", "processors": [{"type": "ByteLevel"}, bert]});
+        assert_eq!(template_tokens(&seq), want);
+        assert_eq!(template_tokens(&json!({"type": "ByteLevel"})), TemplateTokens::default());
+    }
+}
