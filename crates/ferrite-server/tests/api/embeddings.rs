@@ -78,7 +78,10 @@ async fn dimensions_truncate_and_renormalise_and_base64_carries_the_floats() {
         .decode(b64["data"][0]["embedding"].as_str().expect("a base64 string"))
         .expect("base64");
     let decoded: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    assert_eq!(decoded, full);
+    // Another test's requests on this shared server may share the step, and f32 matmuls round
+    // differently at another batch size: equal within the batched-vs-alone bound.
+    assert_eq!(decoded.len(), full.len());
+    assert!(max_gap(&decoded, &full) < 1e-5, "base64 differs from float by {}", max_gap(&decoded, &full));
     let url = server.at("/v1/embeddings");
     let got = post(&url, &json!({"input": input, "dimensions": 20})).await;
     assert_error(got, 400, Some("dimensions"), "[64, 32, 16]");
