@@ -6,10 +6,11 @@
 //! experts (`moe`), or both), each with the norms the layer's names list (input norm, output
 //! norm, both, or neither), its output scaled (granite) and added to the residual stream,
 //! normed there when the layer is post-LN (BERT), then Gemma 4's per-layer input and layer
-//! scalar; the final norm (if any), the LM head, the logit scale and softcap. A sublayer output is added to the residual in the same pass as the
-//! norm that reads the sum (`Norm::forward_add`) whenever one follows, so every family gets
-//! that fusion. A decoder with an embedding head (`embedding`) also embeds: the final norm of
-//! every token, then the head's pooling. LoRA adapters attach at run time (`attach_lora`); a
+//! scalar; the final norm (if any), the LM head, the logit scale and softcap. A sublayer output
+//! is added to the residual in the same pass as the norm that reads the sum
+//! (`Norm::forward_add`) whenever one follows, so every family gets that fusion. A decoder
+//! with an embedding head (`embedding`) also embeds: the final norm (if any) of every token,
+//! then the head's pooling. LoRA adapters attach at run time (`attach_lora`); a
 //! step's rows may each run through one, and every adapted projection adds its update to the
 //! base projection's output (`lora::cpu`).
 
