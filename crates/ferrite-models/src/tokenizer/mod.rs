@@ -197,7 +197,7 @@ impl Tokenizer {
     /// text's tokens are cut so that they and the special tokens added around them fit.
     pub fn encode_truncated(&self, text: &str, max_tokens: usize) -> Result<Vec<u32>, TokenizerError> {
         let mut ids = guarded("encode", || self.inner.encode_fast(text, false))?.get_ids().to_vec();
-        let added = usize::from(self.add_bos && self.bos.is_some()) + usize::from(self.add_eos && self.eos.is_some());
+        let added = usize::from(self.add_bos) + usize::from(self.add_eos);
         ids.truncate(max_tokens.saturating_sub(added));
         Ok(self.with_special_tokens(ids))
     }
