@@ -37,7 +37,7 @@ use super::runner::{step_inputs, Decode, GpuModel, LayerBuffers, Layers, StepIo}
 use crate::config::{Activation, ModelConfig};
 use crate::error::{LoadError, Result};
 use crate::moe::route_row;
-use crate::plan::{DecoderPlan, MoeStyle};
+use crate::plan::{DecoderPlan, InputKind, MoeStyle};
 
 /// Any family on the device.
 pub type GpuDecoder = GpuModel<DecoderLayers>;
@@ -60,6 +60,9 @@ pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
     if !plan.causal() {
         return Some("bidirectional attention has no CUDA kernel yet".into());
     }
+    if plan.input != InputKind::Tokens || plan.final_norm.as_deref() != Some("model.norm") {
+        return Some("an encoder's input embeddings and post-LN layers have no CUDA path yet".into());
+    }
     for (i, l) in plan.layers.iter().enumerate() {
         let hd = l.attn.params.head_dim;
         if !HEAD_DIMS.contains(&hd) {
@@ -69,6 +72,12 @@ pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
             return Some(format!(
                 "layer {i}: experts in place of the dense MLP (qwen3_moe, mixtral) have no CUDA path yet"
             ));
+        }
+        if l.ffn.act == Activation::Gelu {
+            return Some(format!("layer {i}: the exact (erf) GELU has no CUDA kernel yet"));
+        }
+        if l.names.attn_residual_norm.is_some() || l.names.ffn_residual_norm.is_some() {
+            return Some(format!("layer {i}: post-LN norms of the residual stream have no CUDA path yet"));
         }
         if plan.layer_scalar && l.names.post_ffn_norm.is_none() && plan.per_layer_input.is_none() {
             // The scalar is applied by the norm that adds the FFN (or per-layer input) output.
@@ -125,6 +134,7 @@ impl GpuDecoder {
         let act = match cfg.hidden_act {
             Activation::Silu => GatedActivation::Silu,
             Activation::GeluTanh => GatedActivation::GeluTanh,
+            Activation::Gelu => return Err(LoadError::Other("the exact (erf) GELU has no CUDA kernel yet".into())),
         };
         let params = plan.layers.iter().map(|l| l.attn.params).collect();
         let bytes = w.bytes;
@@ -569,5 +579,21 @@ mod tests {
             assert!(why.contains("no CUDA path"), "{name}: {why}");
         }
         assert_eq!(unsupported(&fixture_plan("gemma4-moe")), None);
+    }
+
+    /// A BERT plan is refused for each thing the CUDA executor lacks: bidirectional attention,
+    /// the encoder input and post-LN norms, the exact GELU.
+    #[test]
+    fn an_encoder_has_no_cuda_path() {
+        let mut plan = fixture_plan("bert-embed");
+        assert!(unsupported(&plan).is_some_and(|why| why.contains("bidirectional")));
+        plan.layers.iter_mut().for_each(|l| l.attn.params.causal = true);
+        assert!(unsupported(&plan).is_some_and(|why| why.contains("encoder's input")));
+        let mut llama = fixture_plan("llama");
+        llama.layers[1].ffn.act = Activation::Gelu;
+        assert!(unsupported(&llama).is_some_and(|why| why.contains("layer 1: the exact (erf) GELU")));
+        llama.layers[1].ffn.act = Activation::Silu;
+        llama.layers[0].names.ffn_residual_norm = Some("x".into());
+        assert!(unsupported(&llama).is_some_and(|why| why.contains("layer 0: post-LN")));
     }
 }
