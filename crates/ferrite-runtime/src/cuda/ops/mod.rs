@@ -16,7 +16,9 @@ pub use elementwise::{
 };
 pub use gemma::{per_layer_inputs, qkv_norm, PerLayerShape, QkvHeads};
 pub use matrix::Matrix;
-pub use moe::{moe_combine, moe_linear, moe_route, ExpertMatrix, ExpertProduct, MoeRoute, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
+pub use moe::{
+    moe_combine, moe_linear, moe_route, ExpertMatrix, ExpertProduct, MoeRoute, MOE_MAX_EXPERTS, MOE_MAX_TOP_K,
+};
 pub use norm::{norm, norm_add, residual_add, rms_norm, rms_norm_add, NormWeights};
 pub use quant::{dequantize, quant_embedding, quant_linear, quant_linear_gated, QuantMatrix};
 pub use sampling::{

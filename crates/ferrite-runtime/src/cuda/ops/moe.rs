@@ -241,7 +241,11 @@ pub fn moe_route(
     let (e, k) = (r.experts, r.top_k);
     r.check_tokens(tokens)?;
     check(logits.len() >= tokens * e && scale.is_none_or(|s| s.len() >= e), || {
-        format!("moe_route of {tokens} tokens over {e} experts: logits {}, scale {:?}", logits.len(), scale.map(|s| s.len()))
+        format!(
+            "moe_route of {tokens} tokens over {e} experts: logits {}, scale {:?}",
+            logits.len(),
+            scale.map(|s| s.len())
+        )
     })?;
     if tokens == 0 {
         return Ok(());
