@@ -58,8 +58,8 @@ run | bench | all)
     done
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
     failed=()
-    tests=(cuda_ops cuda_layer_ops cuda_memory cuda_quant cuda_attention cuda_sampling cuda_model cuda_goldens cuda_tiers
-           cuda_ceiling)
+    tests=(cuda_ops cuda_layer_ops cuda_memory cuda_quant cuda_moe cuda_attention cuda_sampling cuda_model cuda_goldens
+           cuda_tiers cuda_ceiling)
     [ "$1" = bench ] && tests=()
     # cuda_model's comparison with Hugging Face transformers needs their reference, made here
     # (a 1B-class random llama and transformers' log-probabilities; ~30 s, 2.5 GB of disk).

@@ -5,15 +5,8 @@
 use serde_json::{json, Value};
 
 /// The shapes `--synthetic` knows, by name.
-pub const SYNTHETIC_MODELS: [&str; 7] = [
-    "llama-3.1-8b",
-    "llama-3.2-1b",
-    "qwen2.5-1.5b",
-    "smollm2-135m",
-    "gemma-4-e4b",
-    "qwen3-30b-a3b",
-    "gemma-4-26b-a4b",
-];
+pub const SYNTHETIC_MODELS: [&str; 7] =
+    ["llama-3.1-8b", "llama-3.2-1b", "qwen2.5-1.5b", "smollm2-135m", "gemma-4-e4b", "qwen3-30b-a3b", "gemma-4-26b-a4b"];
 
 /// Llama 3's RoPE parameters with `factor`.
 fn llama3_rope(factor: f64) -> Value {
@@ -178,8 +171,7 @@ mod tests {
             assert!((t as f64 / total - 1.0).abs() < 0.01, "{name}: {t} parameters");
             assert!((a as f64 / active - 1.0).abs() < 0.03, "{name}: {a} active");
             assert_eq!(plan.layers.iter().filter(|l| l.ffn.moe.is_some()).count(), layers, "{name}");
-            let widths: Vec<usize> =
-                plan.layers.iter().filter(|l| l.ffn.dense()).map(|l| l.ffn.intermediate).collect();
+            let widths: Vec<usize> = plan.layers.iter().filter(|l| l.ffn.dense()).map(|l| l.ffn.intermediate).collect();
             assert!(widths.iter().all(|&w| w == dense) && widths.len() == if dense > 0 { layers } else { 0 }, "{name}");
         }
     }
