@@ -73,9 +73,14 @@ fn token_times(engine: &Engine, prompt: Vec<u32>, params: RequestParams, cut: Op
     Ok(times)
 }
 
-fn ms(v: &mut [f64]) -> f64 {
+fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
-    pct(v, 0.5) * 1e3
+    pct(v, 0.5)
+}
+
+/// The median of `v` (seconds), in milliseconds.
+fn ms(v: &mut [f64]) -> f64 {
+    median(v) * 1e3
 }
 
 /// Wait until the SSD writer of `engine` has written everything queued.
@@ -195,14 +200,19 @@ pub fn tiers(a: TiersArgs) -> Result<()> {
     let restarted = token_times(&cold, prompt.clone(), sampled, None)?;
     let at = replayed.min(resumed.len() - 1);
     // Decode speed: no tier (the writer idle) against a checkpoint every token (the writer
-    // busy with a record and its fsync per token, and a block every block_size tokens).
+    // busy with a record and its fsync per token, and a block every block_size tokens),
+    // alternated `reps` times so that drift on a shared machine falls on both; medians.
     let decode = |args: &EngineArgs| -> Result<f64> {
         let engine = args.start(&loaded, &path)?;
         let t = token_times(&engine, rng_prompt(a.suffix_len, vocab), greedy(4 * k), None)?;
         Ok((t.len() - 1) as f64 / (t[t.len() - 1] - t[0]))
     };
-    let idle = decode(&base)?;
-    let busy = decode(&tiered(1))?;
+    let (mut idle, mut busy) = (Vec::new(), Vec::new());
+    for _ in 0..a.reps {
+        idle.push(decode(&base)?);
+        busy.push(decode(&tiered(1))?);
+    }
+    let (idle, busy) = (median(&mut idle), median(&mut busy));
     let (pool_ms, ssd_ms, cold_ms) = (ms(&mut pool_t), ms(&mut ssd_t), ms(&mut cold_t));
     let mb_s = if write_us > 0 { written as f64 / write_us as f64 } else { 0.0 };
     if a.json {
