@@ -331,14 +331,6 @@ fn build(
     let norm_of = |src: &mut dyn Source, name: &Option<String>| -> Result<Option<DeviceNorm>> {
         name.as_ref().map(|name| model_norm(src, name)).transpose()
     };
-    // The biases of `pieces` (`{name}.bias`, its rows of each), in bf16 as the GEMMs add them.
-    let bias_of = |src: &mut dyn Source, pieces: &[Piece]| -> Result<CudaSlice<bf16>> {
-        let mut b = Vec::new();
-        for (name, total, rows) in pieces {
-            b.extend_from_slice(&src.vector(&format!("{name}.bias"), *total, 0.0)?[rows.clone()]);
-        }
-        Ok(gpu.upload(&b.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>())?)
-    };
     let embed = Arc::new(src.matrix(&[Part::whole("model.embed_tokens", cfg.vocab_size)], d)?);
     let mut bf16_bytes = 0usize;
     let mut layers = Vec::with_capacity(n);
@@ -369,7 +361,7 @@ fn build(
         let parts: Vec<Part> =
             pieces.iter().map(|(name, total, rows)| Part { name, total: *total, rows: rows.clone() }).collect();
         let qkv = src.matrix(&parts, d)?;
-        let qkv_bias = if a.bias { Some(bias_of(src, pieces)?) } else { None };
+        let qkv_bias = if a.bias { Some(biases(src, gpu, pieces)?) } else { None };
         let (q_norm, k_norm) = match a.qk_norm {
             Some(off) => {
                 // Over a head, or over the heads of a whole projection.
@@ -383,12 +375,12 @@ fn build(
             None => (None, None),
         };
         let mlp = if l.ffn.dense() {
-            Some(mlp_weights(src, &names.mlp, l.ffn.intermediate, l.ffn.bias, d, &bias_of)?)
+            Some(mlp_weights(src, gpu, &names.mlp, l.ffn.intermediate, l.ffn.bias, d)?)
         } else {
             None
         };
         let o = src.matrix(&[Part::whole(&names.o, d)], q_rows)?;
-        let o_bias = if a.o_bias { Some(bias_of(src, &[(names.o.as_str(), d, 0..d)])?) } else { None };
+        let o_bias = if a.o_bias { Some(biases(src, gpu, &[(names.o.as_str(), d, 0..d)])?) } else { None };
         let input = match plan.per_layer_input {
             Some((_, width)) => {
                 bf16_bytes += 2 * width * d;
@@ -461,15 +453,24 @@ fn build(
     Ok(DecoderWeights { embed, layers, final_norm, lm_head, per_layer, bytes })
 }
 
+/// The biases of `pieces` (`{name}.bias`, its rows of each), in bf16 as the GEMMs add them.
+fn biases(src: &mut dyn Source, gpu: &Gpu, pieces: &[Piece]) -> Result<CudaSlice<bf16>> {
+    let mut b = Vec::new();
+    for (name, total, rows) in pieces {
+        b.extend_from_slice(&src.vector(&format!("{name}.bias"), *total, 0.0)?[rows.clone()]);
+    }
+    Ok(gpu.upload(&b.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>())?)
+}
+
 /// A dense MLP `inter` wide over `d`: the gate-up (or up) rows fused, the down projection, and
 /// their biases when `bias`.
 fn mlp_weights(
     src: &mut dyn Source,
+    gpu: &Gpu,
     names: &MlpNames,
     inter: usize,
     bias: bool,
     d: usize,
-    bias_of: &dyn Fn(&mut dyn Source, &[Piece]) -> Result<CudaSlice<bf16>>,
 ) -> Result<MlpWeights> {
     // The gate-up (or up) rows by name, as the bias reads them too.
     let (up_pieces, down): (Vec<Piece>, &String) = match names {
@@ -480,7 +481,7 @@ fn mlp_weights(
     let up_parts: Vec<Part> = up_pieces.iter().map(|(name, rows, _)| Part::whole(name, *rows)).collect();
     let gate_up = src.matrix(&up_parts, d)?;
     let (gate_up_bias, down_bias) = if bias {
-        (Some(bias_of(src, &up_pieces)?), Some(bias_of(src, &[(down.as_str(), d, 0..d)])?))
+        (Some(biases(src, gpu, &up_pieces)?), Some(biases(src, gpu, &[(down.as_str(), d, 0..d)])?))
     } else {
         (None, None)
     };
