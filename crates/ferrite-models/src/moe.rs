@@ -59,8 +59,8 @@ impl MoeShape {
 
 /// One token's route from its router logits (`scores`, one per expert, softmaxed in place):
 /// its `top_k` (expert, weight) pairs, best first, the weights divided by their sum when
-/// `renormalize`, and times `per_expert_scale` when given. The CPU and CUDA models route with
-/// it.
+/// `renormalize`, and times `per_expert_scale` when given. The CPU model routes with it; the
+/// CUDA kernel `moe_route` makes the same choice on the device.
 pub fn route_row(
     scores: &mut [f32],
     top_k: usize,
