@@ -3,12 +3,14 @@
 pub mod attention;
 pub mod elementwise;
 pub mod gemma;
+pub mod kv_pool;
 pub mod matrix;
 pub mod norm;
 pub mod quant;
 pub mod sampling;
 
-pub use attention::{attention, decode_attention_rope, write_kv, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv};
+pub use attention::{attention, decode_attention_rope, AttentionMeta, DecodePlan, DecodeScratch};
+pub use kv_pool::{convert_blocks, write_kv, DeviceKv, DevicePool};
 pub use elementwise::{
     activation, copy, embedding, gated_activation, linear, linear_gated, random_uniform, rope, rope_per_token,
     scale_softcap, GatedActivation, RopeShape, TableElement,
