@@ -237,16 +237,18 @@ pub enum KvPool {
 impl KvPool {
     /// `n` zeros, in the process's own mapping (`HugeVec`): the pool is sized for the worst
     /// case and mostly never written, and a fresh mapping stays unbacked until first use.
-    /// A quantized `n` is a whole number of groups (`KvDtype::check`). fp8 has no host pool:
-    /// an error.
-    pub fn zeroed(dtype: KvDtype, n: usize) -> Result<KvPool> {
-        Ok(match dtype {
+    /// A quantized `n` is a whole number of groups (`KvDtype::check`).
+    ///
+    /// # Panics
+    /// For fp8, which has no host pool (`KvCache::with_scheme` refuses it before).
+    pub fn zeroed(dtype: KvDtype, n: usize) -> KvPool {
+        match dtype {
             KvDtype::F32 => KvPool::F32(HugeVec::zeroed(n)),
             KvDtype::F16 => KvPool::F16(HugeVec::zeroed(n)),
             KvDtype::Int8 { group } => KvPool::Quant(QuantPool::zeroed(KvBits::Int8, group, n)),
             KvDtype::Int4 { group } => KvPool::Quant(QuantPool::zeroed(KvBits::Int4, group, n)),
-            KvDtype::Fp8 => return Err(RuntimeError::Unsupported(FP8_ON_HOST.into())),
-        })
+            KvDtype::Fp8 => panic!("{FP8_ON_HOST}"),
+        }
     }
 
     /// The pool's raw bytes, as a block's are serialised: the values of a float pool (one
@@ -462,15 +464,18 @@ impl KvCache {
     ) -> Result<KvCache> {
         check_blocks(layout, group_blocks, block_size)?;
         let dtypes = layout.layer_dtypes(scheme)?;
+        if dtypes.contains(&KvDtype::Fp8) {
+            return Err(RuntimeError::Unsupported(FP8_ON_HOST.into()));
+        }
         let layers = layout
             .layers
             .iter()
             .zip(dtypes)
             .map(|(&spec, dtype)| {
                 let n = group_blocks[spec.group] * block_size * spec.n_kv_heads * spec.head_dim;
-                Ok(LayerKv::new(spec, KvPool::zeroed(dtype, n)?, KvPool::zeroed(dtype, n)?))
+                LayerKv::new(spec, KvPool::zeroed(dtype, n), KvPool::zeroed(dtype, n))
             })
-            .collect::<Result<_>>()?;
+            .collect();
         Ok(KvCache { id: next_id(), storage: Storage::Host(layers), group_blocks: group_blocks.to_vec(), block_size })
     }
 

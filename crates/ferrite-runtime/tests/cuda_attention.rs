@@ -187,8 +187,8 @@ fn cuda_rope_with_kv_store_matches_cpu() {
         let n = pool * BLOCK * nkv * hd;
         let mut layer = LayerKv::new(
             KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 },
-            KvPool::zeroed(KvDtype::F32, n).unwrap(),
-            KvPool::zeroed(KvDtype::F32, n).unwrap(),
+            KvPool::zeroed(KvDtype::F32, n),
+            KvPool::zeroed(KvDtype::F32, n),
         );
         cpu::write_kv(&k, &v, &batch, &mut layer, BLOCK).unwrap();
         // A padding token after the rows: the metadata gives it no slot.

@@ -107,7 +107,7 @@ pub fn filled(gpu: &Gpu, rng: &mut StdRng, dtype: KvDtype, spec: KvLayerSpec, bl
         }
         _ => {
             let pool = |x: &[f32]| {
-                let mut p = KvPool::zeroed(dtype, n).expect("host pool");
+                let mut p = KvPool::zeroed(dtype, n);
                 let KvPool::Quant(q) = &mut p else { panic!("{dtype} is not quantized") };
                 assert!(q.write(0, x));
                 p

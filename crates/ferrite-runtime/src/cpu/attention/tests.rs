@@ -85,7 +85,7 @@ fn quantized_attention_matches_dequantize_then_attend() {
 /// scaled, so groups differ in scale and bias).
 fn random_pool(rng: &mut StdRng, n: usize, dtype: KvDtype) -> KvPool {
     let values: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
-    let mut pool = KvPool::zeroed(dtype, n).unwrap();
+    let mut pool = KvPool::zeroed(dtype, n);
     match &mut pool {
         KvPool::F32(p) => p.copy_from_slice(&values),
         KvPool::F16(p) => p.iter_mut().zip(&values).for_each(|(d, &x)| *d = f16::from_f32(x)),
@@ -158,7 +158,7 @@ fn write_kv_rounds_to_the_pool_type() {
     for dtype in [KvDtype::F32, KvDtype::F16] {
         let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
         let n = 2 * bs * nkv * hd;
-        let mut layer = LayerKv::new(spec, KvPool::zeroed(dtype, n).unwrap(), KvPool::zeroed(dtype, n).unwrap());
+        let mut layer = LayerKv::new(spec, KvPool::zeroed(dtype, n), KvPool::zeroed(dtype, n));
         write_kv(&k, &v, &batch, &mut layer, bs).unwrap();
         let (mut kr, mut vr) = (layer.k.to_f32(), layer.v.to_f32());
         for t in 0..tokens {
@@ -233,7 +233,7 @@ fn write_kv_quantizes_each_row_in_place() {
     for dtype in [KvDtype::Int8 { group: 16 }, KvDtype::Int4 { group: 32 }] {
         let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
         let n = 2 * bs * nkv * hd;
-        let mut layer = LayerKv::new(spec, KvPool::zeroed(dtype, n).unwrap(), KvPool::zeroed(dtype, n).unwrap());
+        let mut layer = LayerKv::new(spec, KvPool::zeroed(dtype, n), KvPool::zeroed(dtype, n));
         write_kv(&k, &v, &batch, &mut layer, bs).unwrap();
         let (mut kr, mut vr) = (layer.k.to_f32(), layer.v.to_f32());
         for t in 0..tokens {
@@ -241,7 +241,7 @@ fn write_kv_quantizes_each_row_in_place() {
                 let off = layer.offset(bs, 1, h, t);
                 let src = (t * nkv + h) * hd;
                 for (values, got) in [(&k, &mut kr), (&v, &mut vr)] {
-                    let mut alone = KvPool::zeroed(dtype, hd).unwrap();
+                    let mut alone = KvPool::zeroed(dtype, hd);
                     let KvPool::Quant(q) = &mut alone else { unreachable!() };
                     assert!(q.write(0, &values[src..src + hd]));
                     assert_eq!(got[off..off + hd], alone.to_f32()[..], "{dtype:?} token {t} head {h}");
