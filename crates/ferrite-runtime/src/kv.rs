@@ -5,8 +5,9 @@
 //! the attention loop reads one head's keys contiguously. Which blocks a sequence owns is the
 //! engine's business (block tables); this type only stores values.
 //!
-//! The pools live in host memory (the CPU op set) or on a CUDA device as bf16 (the CUDA op
-//! set); a model reads the storage its ops need and gets an error for the other.
+//! The pools live in host memory (the CPU op set) or on a CUDA device (the CUDA op set: bf16,
+//! or int8 / int4 / fp8 codes read in place, `cuda::ops::kv_pool`); a model reads the storage
+//! its ops need and gets an error for the other.
 //!
 //! Host pools hold f16 by default (`KvDtype`), or group-affine int8 / int4 codes read in place
 //! by the attention kernels (`kv_quant`; a `KvScheme` picks the type of each layer). f16 over

@@ -644,7 +644,7 @@ impl<L: Layers> CausalLm for GpuModel<L> {
     fn kv_description(&self, scheme: &KvScheme) -> String {
         match scheme.dtype {
             KvDtype::F16 => "bf16".into(),
-            _ => scheme.to_string().replace("f16", "bf16"),
+            _ => scheme.to_string(),
         }
     }
 

@@ -131,13 +131,13 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
             constexpr int CPR = HD / 8;
             const bool active = threadIdx.x < 2 * CPR;
             const int sel = active && threadIdx.x >= CPR ? 1 : 0;
-            const int c = active ? threadIdx.x - sel * CPR : 0;
+            const int ch = active ? threadIdx.x - sel * CPR : 0;
             float x[8];
 #pragma unroll
-            for (int e = 0; e < 8; e++) x[e] = bf2f(sel ? vrow[c * 8 + e] : key(c * 8 + e));
+            for (int e = 0; e < 8; e++) x[e] = bf2f(sel ? vrow[ch * 8 + e] : key(ch * 8 + e));
             const float scale = F == KV_F8 ? fp8_scales[sel * n_kv_heads + g] : 0.f;
-            kv_store8<F>(sel ? v_cache : k_cache, sel ? v_params : k_params, at + c * 8, shift, x, active, scale,
-                         c == 0, bh);
+            kv_store8<F>(sel ? v_cache : k_cache, sel ? v_params : k_params, at + ch * 8, shift, x, active, scale,
+                         ch == 0, bh);
         }
         __syncthreads();
     }
