@@ -125,7 +125,9 @@ fn cuda_smollm2_quantized_kv_tracks_bf16() {
     }
     for (dtype, (agree, sum_kl, n)) in dtypes.iter().zip(stats) {
         let (agree, mean_kl) = (agree as f64 / n as f64, sum_kl / n as f64);
-        println!("TABLE|SmolLM2 {dtype} KV vs bf16 KV, decode|top-1 agree {agree:.4}|mean KL {mean_kl:.2e}|{n} positions|");
+        println!(
+            "TABLE|SmolLM2 {dtype} KV vs bf16 KV, decode|top-1 agree {agree:.4}|mean KL {mean_kl:.2e}|{n} positions|"
+        );
         match dtype {
             KvDtype::Int8 { .. } => assert!(agree >= 0.9 && mean_kl <= 1e-2, "int8: agree {agree}, KL {mean_kl}"),
             KvDtype::Fp8 => assert!(agree >= 0.85 && mean_kl <= 5e-2, "fp8: agree {agree}, KL {mean_kl}"),
@@ -137,7 +139,11 @@ fn cuda_smollm2_quantized_kv_tracks_bf16() {
         let cfg = EngineConfig { kv_scheme: scheme(dtype), ..cfg.clone() };
         let (alone, batched) = (run(&gpu, &cfg, &prompts, 32, false), run(&gpu, &cfg, &prompts, 32, true));
         let what = format!("SmolLM2 {dtype} KV batched vs alone");
-        let same = prompts.iter().enumerate().filter(|&(i, p)| equal_or_tie(cpu.as_ref(), p, &alone[i], &batched[i], &what)).count();
+        let same = prompts
+            .iter()
+            .enumerate()
+            .filter(|&(i, p)| equal_or_tie(cpu.as_ref(), p, &alone[i], &batched[i], &what))
+            .count();
         println!("TABLE|{what}|{same}/{} identical|||", prompts.len());
     }
 }
@@ -168,7 +174,8 @@ fn cuda_quantized_kv_engine_matches_cpu() {
     for (name, dtype, skip) in cases {
         let dir = fixture_dir(name);
         let cpu = ferrite_models::load_on(&dir, DeviceChoice::Cpu).unwrap_or_else(|e| panic!("cpu {name}: {e}")).model;
-        let gpu = ferrite_models::load_on(&dir, DeviceChoice::Cuda(0)).unwrap_or_else(|e| panic!("cuda {name}: {e}")).model;
+        let gpu =
+            ferrite_models::load_on(&dir, DeviceChoice::Cuda(0)).unwrap_or_else(|e| panic!("cuda {name}: {e}")).model;
         let vocab = cpu.config().vocab_size as u32;
         let cfg = EngineConfig {
             max_num_batched_tokens: 40,
@@ -187,7 +194,13 @@ fn cuda_quantized_kv_engine_matches_cpu() {
         let what = format!("{name} {dtype} KV (full precision: {skip:?})");
         let mut same = (0, 0);
         for (i, p) in prompts.iter().enumerate() {
-            same.0 += usize::from(equal_or_tie(cpu.as_ref(), p, &alone[i], &batched[i], &format!("{what} GPU batched vs alone")));
+            same.0 += usize::from(equal_or_tie(
+                cpu.as_ref(),
+                p,
+                &alone[i],
+                &batched[i],
+                &format!("{what} GPU batched vs alone"),
+            ));
             same.1 += usize::from(equal_or_tie(cpu.as_ref(), p, &on_cpu[i], &alone[i], &format!("{what} GPU vs CPU")));
         }
         println!("TABLE|{what} GPU batched == alone|{}/{} identical|||", same.0, prompts.len());

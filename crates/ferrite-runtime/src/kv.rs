@@ -389,9 +389,9 @@ impl DevicePools {
         let mut out = Vec::new();
         for (l, _) in self.layers.iter().zip(&self.groups).filter(|(_, &g)| g == group) {
             for pool in [&l.k, &l.v] {
-                out.extend(l.block_parts(block).into_iter().zip(pool.parts()).filter_map(
-                    |((offset, len), part)| part.filter(|_| len > 0).map(|p| (p.device_ptr(stream).0 + offset, len)),
-                ));
+                out.extend(l.block_parts(block).into_iter().zip(pool.parts()).filter_map(|((offset, len), part)| {
+                    part.filter(|_| len > 0).map(|p| (p.device_ptr(stream).0 + offset, len))
+                }));
             }
         }
         out

@@ -194,7 +194,8 @@ fn run_case(
     let q_d = gpu.upload(&qh).unwrap();
     ops::attention(gpu, &q_d, nh * hd, &meta, &pools.dkv, &p, Some(plan), &mut scratch, &mut out, nh * hd).unwrap();
     let got = to_f32(&gpu.download(&out).unwrap());
-    let kernel = if decode { format!("decode splits={} partition={}", plan.splits, plan.partition) } else { "prefill".into() };
+    let kernel =
+        if decode { format!("decode splits={} partition={}", plan.splits, plan.partition) } else { "prefill".into() };
     let what = format!("{case} {kernel} window={:?} softcap={:?}", p.window, p.softcap);
 
     let reference = reference_layer(gpu, &pools, spec, BLOCK, !decode);
@@ -222,7 +223,9 @@ fn formats_for(hd: usize, plain: bool) -> Vec<KvDtype> {
         return all;
     }
     let g = if hd >= 64 { 64 } else { 16 };
-    all.into_iter().filter(|d| matches!(d, KvDtype::Int8 { group } | KvDtype::Int4 { group } if *group == g) || *d == KvDtype::Fp8).collect()
+    all.into_iter()
+        .filter(|d| matches!(d, KvDtype::Int8 { group } | KvDtype::Int4 { group } if *group == g) || *d == KvDtype::Fp8)
+        .collect()
 }
 
 #[test]
@@ -339,8 +342,20 @@ fn cuda_quantized_kv_stores_agree() {
             let (mut one, qkv_o) = (fresh(gpu), gpu.upload(&s.qkv).unwrap());
             let mut got = poisoned_bf16(gpu, rows * nh * hd);
             let rope = (&f_d, scaling);
-            ops::decode_attention_rope(gpu, &qkv_o, width, &s.meta, &mut one.dkv, &p, rope, plan, &mut scratch, &mut got, nh * hd)
-                .unwrap();
+            ops::decode_attention_rope(
+                gpu,
+                &qkv_o,
+                width,
+                &s.meta,
+                &mut one.dkv,
+                &p,
+                rope,
+                plan,
+                &mut scratch,
+                &mut got,
+                nh * hd,
+            )
+            .unwrap();
             let got_bytes = [download(gpu, &one.dkv.k), download(gpu, &one.dkv.v)];
             let same = got_bytes == want_bytes;
             println!("TABLE|decode+rope|{case} == rope, write_kv|bytes|{}", if same { "ok" } else { "FAIL" });
@@ -382,7 +397,10 @@ fn cuda_convert_blocks_equals_write() {
             let case = format!("{dtype} {nkv}x{hd}");
             if dtype == KvDtype::Fp8 {
                 // Both calibrated from the same values: the same scales.
-                let (a, b) = (gpu.download(direct.fp8_scales().unwrap()).unwrap(), gpu.download(converted.fp8_scales().unwrap()).unwrap());
+                let (a, b) = (
+                    gpu.download(direct.fp8_scales().unwrap()).unwrap(),
+                    gpu.download(converted.fp8_scales().unwrap()).unwrap(),
+                );
                 compare("convert_blocks", &format!("{case} fp8 scales"), &a, &b, 0.0, 0.0);
             }
             let same = [download(gpu, &converted.k), download(gpu, &converted.v)]
@@ -411,7 +429,8 @@ fn cuda_fp8_calibrates_once_and_saturates() {
     };
     // Head h's values within ±(h + 1).
     let amp = |i: usize| ((i % width) / hd + 1) as f32;
-    let first: Vec<half::bf16> = (0..tokens * width).map(|i| half::bf16::from_f32(rng.random_range(-1.0..1.0) * amp(i))).collect();
+    let first: Vec<half::bf16> =
+        (0..tokens * width).map(|i| half::bf16::from_f32(rng.random_range(-1.0..1.0) * amp(i))).collect();
     let d = gpu.upload(&first).unwrap();
     let meta = AttentionMeta::upload(gpu, &step(tokens, 0), 0, BLOCK).unwrap();
     ops::write_kv(gpu, &d, &d, width, &meta, &mut kv).unwrap();
@@ -419,7 +438,10 @@ fn cuda_fp8_calibrates_once_and_saturates() {
     let want: Vec<f32> = (0..2 * nkv)
         .map(|i| {
             let h = i % nkv;
-            let m = first.chunks(width).map(|t| t[h * hd..(h + 1) * hd].iter().map(|x| x.to_f32().abs()).fold(0f32, f32::max)).fold(0f32, f32::max);
+            let m = first
+                .chunks(width)
+                .map(|t| t[h * hd..(h + 1) * hd].iter().map(|x| x.to_f32().abs()).fold(0f32, f32::max))
+                .fold(0f32, f32::max);
             m * (8.0 / 448.0)
         })
         .collect();
@@ -471,7 +493,7 @@ fn cuda_quantized_blocks_copy_like_host_blocks() {
         let mut dev = KvCache::on_device_with_scheme(gpu, &layout, &blocks, BLOCK, &scheme).unwrap();
         let mut host = KvCache::with_scheme(&layout, &blocks, BLOCK, &scheme).unwrap();
         let mut batch = ForwardBatch::default();
-        batch.push_row(&vec![0; 2 * BLOCK], 2 * BLOCK, vec![vec![4, 1], vec![2, 5]], RowLogits::None);
+        batch.push_row(&[0; 2 * BLOCK], 2 * BLOCK, vec![vec![4, 1], vec![2, 5]], RowLogits::None);
         for (i, spec) in layout.layers.iter().enumerate() {
             let width = spec.n_kv_heads * spec.head_dim;
             let (kh, kf) = rand_bf16(&mut rng, 2 * BLOCK * width, 1.0);
@@ -489,7 +511,10 @@ fn cuda_quantized_blocks_copy_like_host_blocks() {
             let at = dev.group_offset(group);
             let n = dev.group_block_bytes(group);
             let same = dev_blocks.bytes(0).unwrap()[at..at + n] == host_blocks.bytes(0).unwrap()[at..at + n];
-            println!("TABLE|block copy|{dtype} group {group} block {block}: device == host bytes||{}", if same { "ok" } else { "FAIL" });
+            println!(
+                "TABLE|block copy|{dtype} group {group} block {block}: device == host bytes||{}",
+                if same { "ok" } else { "FAIL" }
+            );
             if !same {
                 fail(format!("block copy {dtype}: device block {block} of group {group} differs from the host's"));
             }

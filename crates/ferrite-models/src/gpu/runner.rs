@@ -582,7 +582,9 @@ impl<L: Layers> GpuModel<L> {
     fn check_kv_scheme(&self, scheme: &KvScheme) -> RtResult<()> {
         let cc = self.gpu.info().compute_capability;
         match scheme.dtype {
-            KvDtype::F32 => Err(RuntimeError::Unsupported("an f32 KV cache on the GPU (use bf16, int8, int4 or fp8)".into())),
+            KvDtype::F32 => {
+                Err(RuntimeError::Unsupported("an f32 KV cache on the GPU (use bf16, int8, int4 or fp8)".into()))
+            }
             KvDtype::Fp8 if cc < (8, 9) => Err(RuntimeError::Unsupported(format!(
                 "an fp8 KV cache needs compute capability 8.9 or newer (Ada, Hopper); this GPU is {}.{} (use int8: the \
                  same bytes a value)",

@@ -171,7 +171,9 @@ impl Functions {
                 let module = format!("paged_attention{fmt}");
                 Ok([per_head_dim(&module, "paged_decode_g4")?, per_head_dim(&module, "paged_decode_g8")?])
             })?,
-            prefill_attention: per_format(&|fmt| per_head_dim(&format!("prefill_attention{fmt}"), "prefill_attention"))?,
+            prefill_attention: per_format(&|fmt| {
+                per_head_dim(&format!("prefill_attention{fmt}"), "prefill_attention")
+            })?,
             argmax_rows: get("sampling", "argmax_rows")?,
             carry_picks: get("sampling", "carry_picks")?,
             sample_rows: get("sampling", "sample_rows")?,

@@ -98,7 +98,8 @@ pub fn filled(gpu: &Gpu, rng: &mut StdRng, dtype: KvDtype, spec: KvLayerSpec, bl
             dkv.set_fp8_scales(gpu, &scales).expect("scales");
             for (sel, (pool, x)) in [(&mut dkv.k, &kf), (&mut dkv.v, &vf)].into_iter().enumerate() {
                 let head_scale = |i: usize| scales[sel * nkv + (i / (bs * hd)) % nkv];
-                let codes: Vec<u8> = x.iter().enumerate().map(|(i, &v)| e4m3_encode(v * (1.0 / head_scale(i)))).collect();
+                let codes: Vec<u8> =
+                    x.iter().enumerate().map(|(i, &v)| e4m3_encode(v * (1.0 / head_scale(i)))).collect();
                 let block_scales: Vec<u8> =
                     (0..blocks * nkv).flat_map(|bh| scales[sel * nkv + bh % nkv].to_le_bytes()).collect();
                 upload(gpu, pool, [&codes, &block_scales]);
@@ -134,7 +135,13 @@ pub fn download(gpu: &Gpu, pool: &DevicePool) -> [Vec<u8>; 2] {
 
 /// The values of a device pool of `dtype` (`head_dim`, `n_kv_heads`, `bs` slots a block) as
 /// the decode kernel reads them, or rounded to bf16 as the prefill kernel reads them.
-pub fn values(gpu: &Gpu, pool: &DevicePool, dtype: KvDtype, shape: (usize, usize, usize), bf16_tiles: bool) -> Vec<f32> {
+pub fn values(
+    gpu: &Gpu,
+    pool: &DevicePool,
+    dtype: KvDtype,
+    shape: (usize, usize, usize),
+    bf16_tiles: bool,
+) -> Vec<f32> {
     let (nkv, hd, bs) = shape;
     let [codes, params] = download(gpu, pool);
     let f32s: Vec<f32> = match dtype {

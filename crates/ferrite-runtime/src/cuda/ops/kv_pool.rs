@@ -197,7 +197,11 @@ impl DeviceKv {
         let scp = gpu.ptr_mut(scales);
         let [st, t, nkv, hd] = [kv_stride, meta.tokens, self.n_kv_heads, self.head_dim].map(|x| x as i32);
         let grid = (2 * self.n_kv_heads) as u32;
-        gpu.launch(&gpu.fns.fp8_calibrate, cfg((grid, 1, 1), 256, 0), &[&kp, &vp, &st, &sp, &t, &nkv, &hd, &k_factor, &scp])?;
+        gpu.launch(
+            &gpu.fns.fp8_calibrate,
+            cfg((grid, 1, 1), 256, 0),
+            &[&kp, &vp, &st, &sp, &t, &nkv, &hd, &k_factor, &scp],
+        )?;
         self.calibrated = true;
         Ok(())
     }
@@ -221,7 +225,10 @@ impl KvShape {
             KvDtype::Int8 { group } | KvDtype::Int4 { group }
                 if !KV_GROUP_SIZES.contains(&group) || !self.head_dim.is_multiple_of(group) =>
             {
-                bad(format!("KV group size {group} for head dim {} (one of {KV_GROUP_SIZES:?} dividing it)", self.head_dim))
+                bad(format!(
+                    "KV group size {group} for head dim {} (one of {KV_GROUP_SIZES:?} dividing it)",
+                    self.head_dim
+                ))
             }
             _ => Ok(()),
         }
@@ -290,7 +297,11 @@ pub(crate) fn store_rows(
     if kv.format() == 0 {
         let (kc, vc) = (gpu.ptr(&kv.k.data), gpu.ptr(&kv.v.data));
         let grid = gpu.grid_for(meta.tokens * kv.n_kv_heads * kv.head_dim, 256);
-        return gpu.launch(&gpu.fns.write_kv, cfg((grid, 1, 1), 256, 0), &[&kp, &vp, &st, &sp, &kc, &vc, &t, &nkv, &hd, &bs]);
+        return gpu.launch(
+            &gpu.fns.write_kv,
+            cfg((grid, 1, 1), 256, 0),
+            &[&kp, &vp, &st, &sp, &kc, &vc, &t, &nkv, &hd, &bs],
+        );
     }
     kv.calibrate(gpu, (kp, vp), kv_stride, meta, k_factor)?;
     let a = kv.args(gpu);
@@ -334,7 +345,11 @@ pub fn convert_blocks(gpu: &Gpu, src: &DeviceKv, dst: &mut DeviceKv, pairs: &[(u
     if let Some(scales) = dst.fp8_scales.as_mut().filter(|_| !dst.calibrated) {
         let scp = gpu.ptr_mut(scales);
         let grid = (2 * dst.n_kv_heads) as u32;
-        gpu.launch(&gpu.fns.fp8_calibrate_blocks, cfg((grid, 1, 1), 256, 0), &[&ks, &vs, &pp, &np, &nkv, &bs, &hd, &scp])?;
+        gpu.launch(
+            &gpu.fns.fp8_calibrate_blocks,
+            cfg((grid, 1, 1), 256, 0),
+            &[&ks, &vs, &pp, &np, &nkv, &bs, &hd, &scp],
+        )?;
         dst.calibrated = true;
     }
     let a = dst.args(gpu);
