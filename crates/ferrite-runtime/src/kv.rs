@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use cudarc::driver::DevicePtr;
 
-use crate::cuda::kv_copy::CopyStream;
+use crate::cuda::kv_copy::{CopyStream, KvRegion};
 use crate::cuda::ops::DeviceKv;
 use crate::cuda::Gpu;
 use crate::error::{Result, RuntimeError};
@@ -381,17 +381,19 @@ impl DevicePools {
         self.layers.iter().zip(&self.groups).filter(|(_, &g)| g == group).map(|(l, _)| 2 * l.block_bytes()).sum()
     }
 
-    /// The device address and length of each part of `block` of `group`, in the order of a
-    /// whole block's bytes (each layer's K block, then its V block; a quantized pool's
-    /// codes, then its parameters, as a host pool's). `block` must exist.
-    pub(crate) fn block_regions(&self, group: usize, block: usize) -> Vec<(u64, usize)> {
-        let stream = self.copies.compute();
-        let mut out = Vec::new();
-        for (l, _) in self.layers.iter().zip(&self.groups).filter(|(_, &g)| g == group) {
+    /// The pieces of a block of each of `n_groups` groups, in the order of a whole block's
+    /// bytes (each layer's K block, then its V block; a quantized pool's codes, then its
+    /// parameters, as a host pool's), for the block copies (`kv_copy.rs`).
+    fn block_pieces(gpu: &Gpu, layers: &[DeviceKv], groups: &[usize], n_groups: usize) -> Vec<Vec<KvRegion>> {
+        let mut out = vec![Vec::new(); n_groups];
+        for (l, &g) in layers.iter().zip(groups) {
             for pool in [&l.k, &l.v] {
-                out.extend(l.block_parts(block).into_iter().zip(pool.parts()).filter_map(|((offset, len), part)| {
-                    part.filter(|_| len > 0).map(|p| (p.device_ptr(stream).0 + offset, len))
-                }));
+                for (len, part) in l.block_part_bytes().into_iter().zip(pool.parts()) {
+                    if let Some(part) = part.filter(|_| len > 0) {
+                        let (base, n) = (part.device_ptr(gpu.stream()).0, len as u64);
+                        out[g].push(KvRegion { base, stride: n, len: n, offset: 0 });
+                    }
+                }
             }
         }
         out
@@ -503,8 +505,9 @@ impl KvCache {
                 DeviceKv::with_dtype(gpu, group_blocks[spec.group], block_size, spec.n_kv_heads, spec.head_dim, dtype)
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let groups = layout.layers.iter().map(|l| l.group).collect();
-        let copies = Arc::new(CopyStream::new(gpu.stream())?);
+        let groups: Vec<usize> = layout.layers.iter().map(|l| l.group).collect();
+        let pieces = DevicePools::block_pieces(gpu, &layers, &groups, layout.groups.len());
+        let copies = Arc::new(CopyStream::new(gpu, pieces)?);
         let pools = DevicePools { layers, groups, copies };
         Ok(KvCache { id: next_id(), storage: Storage::Device(pools), group_blocks: group_blocks.to_vec(), block_size })
     }

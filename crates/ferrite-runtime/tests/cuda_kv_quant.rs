@@ -39,7 +39,7 @@ use ferrite_runtime::cpu::{self, AttentionParams};
 use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv, RopeShape};
 use ferrite_runtime::cuda::Gpu;
 use ferrite_runtime::kv::{KvDtype, KvLayerSpec};
-use ferrite_runtime::{ForwardBatch, KvCache, KvGroupKind, KvLayout, KvScheme};
+use ferrite_runtime::{BlockMove, ForwardBatch, KvCache, KvGroupKind, KvLayout, KvScheme};
 use kv_quant_common::{download, e4m3_encode, e4m3_encode_by_search, filled, formats, reference_layer, Pools};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -506,8 +506,9 @@ fn cuda_quantized_blocks_copy_like_host_blocks() {
         let (mut dev_blocks, mut host_blocks) = (dev.host_blocks(2).unwrap(), host.host_blocks(2).unwrap());
         assert_eq!(dev.block_bytes(), host.block_bytes(), "{dtype}: a block's bytes");
         for (group, block) in [(0, 4), (0, 1)] {
-            dev.save_block(group, block, &mut dev_blocks, 0).unwrap();
-            host.save_block(group, block, &mut host_blocks, 0).unwrap();
+            let to_slot = |slot| [BlockMove { group, block, slot }];
+            dev.save_blocks(&to_slot(0), &mut dev_blocks).unwrap();
+            host.save_blocks(&to_slot(0), &mut host_blocks).unwrap();
             let at = dev.group_offset(group);
             let n = dev.group_block_bytes(group);
             let same = dev_blocks.bytes(0).unwrap()[at..at + n] == host_blocks.bytes(0).unwrap()[at..at + n];
@@ -519,9 +520,9 @@ fn cuda_quantized_blocks_copy_like_host_blocks() {
                 fail(format!("block copy {dtype}: device block {block} of group {group} differs from the host's"));
             }
             // Back into another block of the device cache: the same bytes there.
-            dev.load_block(group, 0, &dev_blocks, 0).unwrap();
+            dev.load_blocks(&[BlockMove { group, block: 0, slot: 0 }], &dev_blocks).unwrap();
             dev.fence().unwrap();
-            dev.save_block(group, 0, &mut dev_blocks, 1).unwrap();
+            dev.save_blocks(&[BlockMove { group, block: 0, slot: 1 }], &mut dev_blocks).unwrap();
             let back = dev_blocks.bytes(1).unwrap()[at..at + n] == host_blocks.bytes(0).unwrap()[at..at + n];
             if !back {
                 fail(format!("block copy {dtype}: block {block} of group {group} did not survive a round trip"));

@@ -41,6 +41,8 @@ pub(crate) struct Functions {
     pub fp8_calibrate: CudaFunction,
     pub fp8_calibrate_blocks: CudaFunction,
     pub copy_words: CudaFunction,
+    /// Whole KV blocks between the pools and device staging (`kv_copy.rs`).
+    pub kv_blocks_move: CudaFunction,
     /// `paged_decode_g{4,8}_hd*` of each KV format: decode attention taking 4 or 8 query
     /// heads a CTA.
     pub paged_decode: [[[CudaFunction; 6]; 2]; 4],
@@ -167,6 +169,7 @@ impl Functions {
             fp8_calibrate: get("kv_write", "fp8_calibrate")?,
             fp8_calibrate_blocks: get("kv_write", "fp8_calibrate_blocks")?,
             copy_words: get("copy", "copy_words")?,
+            kv_blocks_move: get("copy", "kv_blocks_move")?,
             paged_decode: per_format(&|fmt| {
                 let module = format!("paged_attention{fmt}");
                 Ok([per_head_dim(&module, "paged_decode_g4")?, per_head_dim(&module, "paged_decode_g8")?])

@@ -133,9 +133,9 @@ impl DeviceKv {
         self.shape().block_parts().iter().sum()
     }
 
-    /// (offset, length) in bytes of `block`'s part of each region of a pool.
-    pub(crate) fn block_parts(&self, block: usize) -> [(u64, usize); 2] {
-        self.shape().block_parts().map(|n| ((block * n) as u64, n))
+    /// Bytes of one block in each region of a pool: (values or codes, parameters).
+    pub(crate) fn block_part_bytes(&self) -> [usize; 2] {
+        self.shape().block_parts()
     }
 
     /// Whether both pools hold `num_blocks` blocks of this shape.
