@@ -61,8 +61,8 @@ run | bench | all | moe)
     done
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
     failed=()
-    tests=(cuda_ops cuda_layer_ops cuda_memory cuda_quant cuda_moe cuda_attention cuda_sampling cuda_model cuda_goldens
-           cuda_tiers cuda_ceiling)
+    tests=(cuda_ops cuda_layer_ops cuda_memory cuda_quant cuda_moe cuda_attention cuda_kv_quant cuda_sampling
+           cuda_model cuda_goldens cuda_kv_quant_model cuda_tiers cuda_ceiling)
     [ "$1" = bench ] && tests=()
     [ "$1" = moe ] && tests=(cuda_moe cuda_goldens)
     # cuda_model's comparison with Hugging Face transformers needs their reference, made here
@@ -166,6 +166,11 @@ PY
             bench decode-1b-sampled bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3 \
                 --temperature 0.8 --top-p 0.9
             bench prefill-8b bench decode "${s8[@]}" --prompt-tokens 2048 --gen-tokens 2 --reps 3
+            # B=1 decode at a 32k context per KV cache dtype (bf16 first: the baseline).
+            for kv in bf16 int8 int4 fp8; do
+                bench "decode-8b-32k-$kv" bench decode "${s8[@]}" --prompt-tokens 32768 --prefill-chunk 8192 \
+                    --gen-tokens 128 --reps 2 --kv-cache-dtype "$kv"
+            done
             bench throughput-8b bench throughput "${s8[@]}" --num-requests 768 --input-len 128 --output-len 128 \
                 --concurrency 256 --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 512
             bench throughput-8b-no-overlap bench throughput "${s8[@]}" --num-requests 768 --input-len 128 \

@@ -140,16 +140,17 @@ pub struct EngineArgs {
 /// What the KV cache holds.
 #[derive(Args, Clone)]
 pub struct KvArgs {
-    /// KV cache value type: auto (f16 on the CPU, bf16 on a GPU), f16, bf16, int8 or int4
-    /// (group-affine, CPU); fp8 is refused on the CPU (int8 takes the same bytes).
+    /// KV cache value type: auto (f16 on the CPU, bf16 on a GPU), f16 (CPU), bf16 (GPU),
+    /// int8 or int4 (group-affine, CPU and GPU), fp8 (e4m3 with a scale per layer and KV head,
+    /// GPU of compute capability 8.9+; refused on the CPU, where int8 takes the same bytes).
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: KvDtypeChoice,
     /// Values per scale and bias of an int8/int4 KV cache: 16, 32, 64 or 128, dividing the
     /// head dim.
     #[arg(long, default_value_t = DEFAULT_KV_GROUP_SIZE)]
     pub kv_group_size: usize,
-    /// Layers whose KV stays f16 under int8/int4: sliding, first:N, last:N or a list of
-    /// KV-owning layer indices (0,1,29).
+    /// Layers whose KV stays full precision (f16 on the CPU, bf16 on a GPU) under
+    /// int8/int4/fp8: sliding, first:N, last:N or a list of KV-owning layer indices (0,1,29).
     #[arg(long)]
     pub kv_cache_skip_layers: Option<KvSkip>,
 }

@@ -13,6 +13,7 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
+use ferrite_runtime::cuda::ops::DevicePool;
 use ferrite_runtime::cuda::{CudaSlice, Gpu};
 use ferrite_runtime::quant::dequantize_row;
 use ferrite_runtime::DType;
@@ -51,6 +52,17 @@ pub fn rand_bf16(rng: &mut StdRng, n: usize, amp: f32) -> (Vec<bf16>, Vec<f32>) 
 
 pub fn to_f32(v: &[bf16]) -> Vec<f32> {
     v.iter().map(|x| x.to_f32()).collect()
+}
+
+/// Fill a bf16 device KV pool with `values` (from its start).
+pub fn fill_pool(gpu: &Gpu, values: &[bf16], pool: &mut DevicePool) {
+    gpu.upload_into(bytemuck::cast_slice::<bf16, u8>(values), &mut pool.data).expect("upload");
+}
+
+/// A bf16 device KV pool's values as f32.
+pub fn pool_f32(gpu: &Gpu, pool: &DevicePool) -> Vec<f32> {
+    let bytes = gpu.download(&pool.data).expect("download");
+    bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
 }
 
 /// A device buffer of `n` bf16 NaNs (an output poisoned before the kernel writes it).
