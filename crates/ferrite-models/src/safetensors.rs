@@ -1,7 +1,9 @@
 //! Safetensors checkpoints: one `model.safetensors` or shards listed in
 //! `model.safetensors.index.json`, memory-mapped; every header entry is checked against the
 //! file size before use. Tensors are f32, f16 or bf16, or uint32 words (the packed codes of an
-//! MLX-quantized matrix, which `mlx` reads together with its scales and biases).
+//! MLX-quantized matrix, which `mlx` reads together with its scales and biases). Integer
+//! tensors of other types (a BERT checkpoint's `position_ids` buffer) are indexed but refused
+//! when fetched: no model reads one.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -40,7 +42,8 @@ impl Stored {
 
 struct Entry {
     file: usize,
-    dtype: Stored,
+    /// Err: the file's name of a dtype ferrite does not read (an integer type).
+    dtype: std::result::Result<Stored, String>,
     shape: Vec<usize>,
     start: usize,
     end: usize,
@@ -123,10 +126,11 @@ impl SafetensorsDir {
             }
             let bad = |m: &str| LoadError::tensor(path, name, m.to_string());
             let dtype = match info.get("dtype").and_then(Value::as_str) {
-                Some("F32") => Stored::Float(DType::F32),
-                Some("F16") => Stored::Float(DType::F16),
-                Some("BF16") => Stored::Float(DType::BF16),
-                Some("U32") => Stored::U32,
+                Some("F32") => Ok(Stored::Float(DType::F32)),
+                Some("F16") => Ok(Stored::Float(DType::F16)),
+                Some("BF16") => Ok(Stored::Float(DType::BF16)),
+                Some("U32") => Ok(Stored::U32),
+                Some(other @ ("I64" | "I32" | "I16" | "I8" | "U8" | "BOOL")) => Err(other.to_string()),
                 Some(other) => return Err(bad(&format!("dtype {other} is not supported (F32, F16, BF16, U32)"))),
                 None => return Err(bad("no dtype")),
             };
@@ -146,12 +150,15 @@ impl SafetensorsDir {
             if end > data_len {
                 return Err(bad(&format!("data ends at {end} but the file holds {data_len} data bytes (truncated?)")));
             }
-            let need = shape
-                .iter()
-                .try_fold(dtype.bytes(), |n, &d| n.checked_mul(d))
-                .ok_or_else(|| bad(&format!("{dtype} tensor of shape {shape:?} overflows")))?;
-            if end - start != need {
-                return Err(bad(&format!("{} bytes for {dtype} {shape:?}, expected {need}", end - start)));
+            // An integer tensor is never read: its range lying in the file is enough.
+            if let Ok(dtype) = dtype {
+                let need = shape
+                    .iter()
+                    .try_fold(dtype.bytes(), |n, &d| n.checked_mul(d))
+                    .ok_or_else(|| bad(&format!("{dtype} tensor of shape {shape:?} overflows")))?;
+                if end - start != need {
+                    return Err(bad(&format!("{} bytes for {dtype} {shape:?}, expected {need}", end - start)));
+                }
             }
             self.entries.insert(
                 name.clone(),
@@ -175,26 +182,38 @@ impl SafetensorsDir {
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
         let e = self.entries.get(name).ok_or_else(|| LoadError::tensor(self.path_of(name), name, "missing"))?;
         let (path, map) = &self.files[e.file];
-        let Stored::Float(dtype) = e.dtype else {
-            return Err(LoadError::tensor(
-                path,
-                name,
-                "packed uint32 words (an MLX-quantized weight) without MLX `quantization` in config.json",
-            ));
+        let dtype = match e.dtype.clone() {
+            Ok(Stored::Float(dtype)) => dtype,
+            Ok(Stored::U32) => {
+                return Err(LoadError::tensor(
+                    path,
+                    name,
+                    "packed uint32 words (an MLX-quantized weight) without MLX `quantization` in config.json",
+                ))
+            }
+            Err(int) => {
+                return Err(LoadError::tensor(path, name, format!("dtype {int} is not supported (F32, F16, BF16)")))
+            }
         };
         Tensor::new(dtype, e.shape.clone(), Buffer::Mapped { map: map.clone(), range: e.start..e.end })
             .map_err(|err| LoadError::tensor(path, name, err.to_string()))
     }
 
-    /// The stored type, shape and raw little-endian bytes (a view of the mapped file) of `name`.
+    /// The stored type, shape and raw little-endian bytes (a view of the mapped file) of `name`
+    /// (not an integer tensor of a type no model reads).
     pub fn raw(&self, name: &str) -> Result<(Stored, &[usize], Buffer)> {
         let e = self.entries.get(name).ok_or_else(|| LoadError::tensor(self.path_of(name), name, "missing"))?;
-        Ok((e.dtype, &e.shape, Buffer::Mapped { map: self.files[e.file].1.clone(), range: e.start..e.end }))
+        let (path, map) = &self.files[e.file];
+        let stored = e
+            .dtype
+            .clone()
+            .map_err(|int| LoadError::tensor(path, name, format!("dtype {int} is not supported (F32, F16, BF16, U32)")))?;
+        Ok((stored, &e.shape, Buffer::Mapped { map: map.clone(), range: e.start..e.end }))
     }
 
-    /// Every tensor's name, stored type and shape (no data is read).
+    /// Every float or packed-word tensor's name, stored type and shape (no data is read).
     pub fn tensors(&self) -> impl Iterator<Item = (&str, Stored, &[usize])> {
-        self.entries.iter().map(|(name, e)| (name.as_str(), e.dtype, e.shape.as_slice()))
+        self.entries.iter().filter_map(|(name, e)| Some((name.as_str(), *e.dtype.as_ref().ok()?, e.shape.as_slice())))
     }
 
     pub fn total_bytes(&self) -> usize {

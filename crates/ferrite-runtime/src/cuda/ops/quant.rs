@@ -56,7 +56,7 @@ impl QuantMatrix {
 
     /// Bytes of a row of `cols` values in `dtype`, checking that the kernels read the type and
     /// the row is whole 32-value units.
-    fn row_bytes(dtype: DType, cols: usize) -> CudaResult<usize> {
+    pub(crate) fn row_bytes(dtype: DType, cols: usize) -> CudaResult<usize> {
         if !Self::supports(dtype) {
             return Err(CudaError::Unsupported(format!(
                 "{dtype} weights (quantized kernels read {GGUF_QUANT_TYPES:?} and the MLX formats)"
@@ -119,7 +119,7 @@ impl QuantMatrix {
 }
 
 /// The kernels that read `dtype` and the `fmt` argument they take for it.
-fn kernels(gpu: &Gpu, dtype: DType) -> CudaResult<(&QuantFunctions, i32)> {
+pub(crate) fn kernels(gpu: &Gpu, dtype: DType) -> CudaResult<(&QuantFunctions, i32)> {
     quant_module(dtype)
         .and_then(|(i, fmt)| Some((gpu.fns.quant.get(i)?, fmt)))
         .ok_or_else(|| CudaError::Unsupported(format!("{dtype} weights")))
