@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use ferrite_models::model::{run_forward, CausalLm, Pending, StepLimits, StepOutput, Want};
 use ferrite_models::tokenizer::{IncrementalDecoder, Tokenizer};
-use ferrite_runtime::batch::RowLogits;
+use ferrite_runtime::batch::{RowLogits, RowOptions};
 use ferrite_runtime::sampling::{RowSampler, SampledToken};
 use ferrite_runtime::{ForwardBatch, KvCache, RuntimeError};
 use tokio::sync::mpsc::UnboundedSender;
@@ -111,19 +111,52 @@ impl EngineCore {
             block_size: cfg.block_size,
         })?;
         let block_bytes = model.kv_block_bytes(cfg.block_size, &cfg.kv_scheme)?;
+        let quantized = cfg.kv_scheme.dtype.quantized().is_some();
+        if cfg.quantized_kv_start > 0 && !quantized {
+            return Err(EngineError::Config(
+                "--quantized-kv-start needs a quantized KV cache (--kv-cache-dtype int8 or int4)".into(),
+            ));
+        }
         let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_model_len)?;
-        let kv = model.new_kv_cache(&group_blocks, cfg.block_size, &cfg.kv_scheme)?;
+        let full_bytes = layout.block_bytes(cfg.block_size);
+        let (group_blocks, full_blocks) =
+            crate::kv_precision::split_blocks(cfg, &group_blocks, &block_bytes, &full_bytes)?;
+        let mut kv = model.new_kv_cache(&group_blocks, cfg.block_size, &cfg.kv_scheme)?;
+        if !full_blocks.is_empty() {
+            kv.add_full_precision(&full_blocks)?;
+        }
         // A bidirectional model's KV depends on the tokens after it: no prefix is shareable.
         let prefix_cache = cfg.prefix_cache && model.generates();
-        // The namespace holds the KV scheme through the pools' own description (`tiers`).
+        // The namespace holds the KV scheme through the pools' own description (`tiers`); a
+        // row's quantized start is in its chains' root (`kv::SeqKv`).
         let namespace = tiers::namespace(cfg.namespace, &kv, &layout, cfg.block_size);
-        let mut kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, prefix_cache.then_some(namespace));
+        let mut kvm = KvManager::with_full_precision(
+            &layout,
+            &group_blocks,
+            &full_blocks,
+            cfg.block_size,
+            prefix_cache.then_some(namespace),
+        );
+        let description = model.kv_description(&cfg.kv_scheme);
+        let kv_choices = crate::kv_precision::KvChoices {
+            quantized: quantized.then(|| cfg.kv_scheme.dtype.to_string().split('/').next().unwrap_or("").to_string()),
+            scheme: description.clone(),
+            default_start: cfg.quantized_kv_start,
+            full_precision_tokens: kvm.full_precision_capacity_tokens(),
+        };
         let limits = Limits {
             max_model_len,
             vocab_size: mcfg.vocab_size,
             kv_capacity_tokens: kvm.capacity_tokens(),
             kv_bytes_per_token: block_bytes.iter().sum::<usize>() / cfg.block_size,
-            kv_scheme: model.kv_description(&cfg.kv_scheme),
+            kv_scheme: match cfg.quantized_kv_start {
+                0 => description,
+                n => format!(
+                    "{description} (f16 for the first {n} positions: {} f16 tokens)",
+                    kv_choices.full_precision_tokens
+                ),
+            },
+            kv: kv_choices,
             has_tokenizer: tokenizer.is_some(),
             max_n: 64,
             max_step_tokens: cfg.max_num_batched_tokens,
@@ -218,6 +251,7 @@ impl EngineCore {
         sink: UnboundedSender<Output>,
     ) -> Result<(), EngineError> {
         let max_tokens = self.limits.validate(&req)?;
+        let start = self.limits.kv.resolve(&req.params)?;
         let adapter = self.adapter_slot(req.params.adapter.as_deref())?;
         let n = req.params.n;
         let seed = choice_seed(req.params.sampling.seed, 0);
@@ -235,7 +269,7 @@ impl EngineCore {
             prompt_len: req.prompt.len(),
             tokens: req.prompt,
             num_computed: 0,
-            kv: self.kvm.new_seq_in(adapter.map_or(0, |a| a.root)),
+            kv: self.kvm.new_seq_from(adapter.map_or(0, |a| a.root), start),
             adapter: adapter.map(|a| a.id),
             looked_up: false,
             cached_tokens: 0,
@@ -293,6 +327,9 @@ impl EngineCore {
         self.plan_proposals();
         self.install_restores();
         let rows = self.sched.schedule(&mut self.kvm);
+        if let Err(e) = self.convert_turned() {
+            return Err(self.fail_rows(&rows, e));
+        }
         let rows = self.run_embeddings(rows);
         if rows.is_empty() {
             self.after_step_bookkeeping();
@@ -317,7 +354,8 @@ impl EngineCore {
                 query.extend(&p.ids);
             }
             let context = s.num_computed + query.len();
-            batch.push_adapter_row(&query, context, s.kv.tables().to_vec(), logits, s.adapter);
+            let options = RowOptions { adapter: s.adapter, full_precision: s.kv.full_precision() };
+            batch.push_row_with(&query, context, s.kv.tables().to_vec(), logits, options);
             plan.push(PlanRow { index: Some(r.index), tokens: end - s.num_computed, logits: n_logits, proposal });
         }
         self.metrics.add_batch(batch.num_tokens());
@@ -521,6 +559,24 @@ impl EngineCore {
             });
         }
         out
+    }
+
+    /// Convert the blocks of the rows that turned quantized this schedule into their new
+    /// blocks, then release the full-precision ones (`kv/transition.rs`). Their hash chains
+    /// start over, so what they publish to the SSD tier does too.
+    fn convert_turned(&mut self) -> Result<(), EngineError> {
+        for s in &mut self.sched.running {
+            let moves = s.kv.pending_moves();
+            if moves.iter().all(Vec::is_empty) {
+                continue;
+            }
+            let converted = moves.iter().enumerate().try_for_each(|(g, m)| self.kv.convert_blocks(g, m));
+            self.kvm.end_transition(&mut s.kv);
+            s.tier.published = 0;
+            converted?;
+            self.metrics.add_transition(moves.iter().map(Vec::len).sum::<usize>() as u64);
+        }
+        Ok(())
     }
 
     /// Whether `running[idx]` takes the argmax of the raw logits this step.

@@ -328,6 +328,9 @@ pub struct LayerKv {
     pub v: KvPool,
     /// Values of each pool, from the start, already backed by memory (`populate_to`).
     populated: usize,
+    /// The full-precision (f16) twin pools of a quantized cache with a delayed start
+    /// (`kv_twin`): the blocks of rows before their transition, by their own block ids.
+    pub full: Option<Box<LayerKv>>,
 }
 
 /// Bytes of a page (the unit `madvise` takes).
@@ -385,6 +388,8 @@ pub struct KvCache {
     pub(crate) storage: Storage,
     group_blocks: Vec<usize>,
     pub(crate) block_size: usize,
+    /// Blocks per group of the full-precision twin pools (`kv_twin`); empty without them.
+    pub(crate) full_blocks: Vec<usize>,
 }
 
 /// The raw bytes of `block` of `group` in host pools, in the order of a whole block's bytes
@@ -455,7 +460,13 @@ impl KvCache {
                 LayerKv::new(spec, KvPool::zeroed(dtype, n), KvPool::zeroed(dtype, n))
             })
             .collect();
-        Ok(KvCache { id: next_id(), storage: Storage::Host(layers), group_blocks: group_blocks.to_vec(), block_size })
+        Ok(KvCache {
+            id: next_id(),
+            storage: Storage::Host(layers),
+            group_blocks: group_blocks.to_vec(),
+            block_size,
+            full_blocks: Vec::new(),
+        })
     }
 
     /// Device (bf16) storage on `gpu`, same shapes as `new`.
@@ -469,7 +480,13 @@ impl KvCache {
         let groups = layout.layers.iter().map(|l| l.group).collect();
         let copies = Arc::new(CopyStream::new(gpu.stream())?);
         let pools = DevicePools { layers, groups, copies };
-        Ok(KvCache { id: next_id(), storage: Storage::Device(pools), group_blocks: group_blocks.to_vec(), block_size })
+        Ok(KvCache {
+            id: next_id(),
+            storage: Storage::Device(pools),
+            group_blocks: group_blocks.to_vec(),
+            block_size,
+            full_blocks: Vec::new(),
+        })
     }
 
     pub fn group_blocks(&self) -> &[usize] {
@@ -542,7 +559,7 @@ impl KvCache {
 
 impl LayerKv {
     pub fn new(spec: KvLayerSpec, k: KvPool, v: KvPool) -> LayerKv {
-        LayerKv { spec, k, v, populated: 0 }
+        LayerKv { spec, k, v, populated: 0, full: None }
     }
 
     /// Back both pools up to value `end` before a write reaches it, `POPULATE_BYTES` of each
@@ -560,12 +577,12 @@ impl LayerKv {
     }
 
     /// Values of one block of one pool.
-    fn block_values(&self, block_size: usize) -> usize {
+    pub(crate) fn block_values(&self, block_size: usize) -> usize {
         self.spec.n_kv_heads * block_size * self.spec.head_dim
     }
 
     /// The values of `block` in `k`/`v` (a block is contiguous: `[kv_head][slot][head_dim]`).
-    fn block_range(&self, block_size: usize, block: usize) -> std::ops::Range<usize> {
+    pub(crate) fn block_range(&self, block_size: usize, block: usize) -> std::ops::Range<usize> {
         let start = self.offset(block_size, block, 0, 0);
         start..start + self.block_values(block_size)
     }
