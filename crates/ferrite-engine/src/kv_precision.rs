@@ -25,6 +25,10 @@ use crate::error::EngineError;
 use crate::kv::NEVER;
 use crate::request::{KvPrecision, RequestParams};
 
+/// The request fields a refusal names.
+const DTYPE: &str = "kv_cache_dtype";
+const START: &str = "quantized_kv_start";
+
 /// What a request may choose of the KV cache's precision (`Limits::kv`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KvChoices {
@@ -60,8 +64,8 @@ impl KvChoices {
         }
     }
 
-    fn refuse(&self, what: String) -> EngineError {
-        EngineError::KvPrecision(format!("{what}: {}", self.offer()))
+    fn refuse(&self, param: &'static str, what: String) -> EngineError {
+        EngineError::KvPrecision { param, message: format!("{what}: {}", self.offer()) }
     }
 
     /// The position `p`'s KV turns quantized at: 0 for a full-precision cache or a row
@@ -74,28 +78,28 @@ impl KvChoices {
         }
         let start = match (dtype, &self.quantized) {
             (KvPrecision::Full, _) if p.quantized_kv_start.is_some() => {
-                return Err(
-                    self.refuse("quantized_kv_start is for a quantized kv_cache_dtype, not full precision".into())
-                )
+                return Err(self
+                    .refuse(START, "quantized_kv_start is for a quantized kv_cache_dtype, not full precision".into()))
             }
             (KvPrecision::Full, None) => return Ok(0),
             (KvPrecision::Full, Some(_)) => NEVER,
             (KvPrecision::Auto, None) if p.quantized_kv_start.is_some() => {
-                return Err(self.refuse("quantized_kv_start needs a quantized KV cache".into()))
+                return Err(self.refuse(START, "quantized_kv_start needs a quantized KV cache".into()))
             }
             (KvPrecision::Auto, None) => return Ok(0),
             (KvPrecision::Auto, Some(_)) => p.quantized_kv_start.unwrap_or(self.default_start),
             (asked, q) => match (asked.quantized_name(), q) {
                 (Some(a), Some(q)) if a == q => p.quantized_kv_start.unwrap_or(self.default_start),
-                (a, _) => return Err(self.refuse(format!("kv_cache_dtype '{}' is not served", a.unwrap_or("?")))),
+                (a, _) => {
+                    return Err(self.refuse(DTYPE, format!("kv_cache_dtype '{}' is not served", a.unwrap_or("?"))))
+                }
             },
         };
         if start > 0 && self.full_precision_tokens == 0 {
-            let what = match start {
-                NEVER => "full-precision KV needs full-precision pools".to_string(),
-                n => format!("quantized_kv_start {n} needs full-precision pools"),
-            };
-            return Err(self.refuse(what));
+            return Err(match start {
+                NEVER => self.refuse(DTYPE, "full-precision KV needs full-precision pools".into()),
+                n => self.refuse(START, format!("quantized_kv_start {n} needs full-precision pools")),
+            });
         }
         Ok(start)
     }
