@@ -16,10 +16,12 @@ use std::sync::Arc;
 use common::*;
 use ferrite_engine::kv::disk::DiskConfig;
 use ferrite_engine::{EngineConfig, EngineCore, FillMode, KvPrecision, RequestParams, Speculation};
-use ferrite_models::model::CausalLm;
+use ferrite_models::model::{CausalLm, Pending, Want};
 use ferrite_models::LoadOptions;
+use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cuda::DeviceChoice;
-use ferrite_runtime::{KvDtype, KvScheme};
+use ferrite_runtime::kv::KvPool;
+use ferrite_runtime::{ForwardBatch, KvCache, KvDtype, KvScheme};
 use rand::{Rng, SeedableRng};
 
 const INT8: KvDtype = KvDtype::Int8 { group: 16 };
@@ -54,6 +56,43 @@ fn transitions(core: &EngineCore) -> u64 {
     core.metrics().kv_transitions.load(Relaxed)
 }
 
+/// Greedy tokens continuing `p` (shorter than `start`) for `gen` steps by hand, as a row that
+/// turns at `start` computes them: the prompt in one step and each token after it alone, over
+/// an f16 cache up to `start`, whose values are then written into an int8 cache (as a write of
+/// them stores them) that the rest runs over.
+fn by_hand(m: &Arc<dyn CausalLm>, p: &[u32], start: usize, gen: usize) -> Vec<u32> {
+    let layout = m.kv_layout();
+    let blocks = (p.len() + gen).div_ceil(4);
+    let table = vec![(0..blocks as u32).collect::<Vec<_>>(); layout.groups.len()];
+    let cache = |dtype| {
+        KvCache::with_scheme(&layout, &vec![blocks; layout.groups.len()], 4, &KvScheme { dtype, ..Default::default() })
+    };
+    let (mut f16, mut int8) = (cache(KvDtype::F16).expect("f16 cache"), cache(INT8).expect("int8 cache"));
+    let mut tokens = p.to_vec();
+    let mut computed = 0;
+    while tokens.len() < p.len() + gen {
+        if computed == start {
+            for l in 0..layout.layers.len() {
+                let from = f16.layer_mut(l).expect("layer");
+                let (k, v) = (from.k.to_f32(), from.v.to_f32());
+                let to = int8.layer_mut(l).expect("layer");
+                for (pool, values) in [(&mut to.k, k), (&mut to.v, v)] {
+                    let KvPool::Quant(q) = pool else { panic!("an int8 pool") };
+                    assert!(q.write(0, &values));
+                }
+            }
+        }
+        let kv = if computed < start { &mut f16 } else { &mut int8 };
+        let mut batch = ForwardBatch::default();
+        batch.push_row(&tokens[computed..], tokens.len(), table.clone(), RowLogits::Last);
+        let logits = m.step(&batch, kv, Want::Logits).and_then(Pending::logits).expect("step");
+        computed = tokens.len();
+        let best = logits.iter().enumerate().fold((0, f32::MIN), |b, (i, &x)| if x > b.1 { (i, x) } else { b });
+        tokens.push(best.0 as u32);
+    }
+    tokens.split_off(p.len())
+}
+
 #[test]
 fn a_row_turning_during_decode_equals_a_fresh_prefill_turning_at_its_start() {
     let m = load_fixture("llama").0;
@@ -68,6 +107,7 @@ fn a_row_turning_during_decode_equals_a_fresh_prefill_turning_at_its_start() {
             let mut rx = add(&mut c, 1, p.clone(), greedy(gen));
             run_to_end(&mut c);
             let decoded = collect(&mut rx, 1).remove(0);
+            assert_eq!(decoded, by_hand(&m, &p, start, gen), "start {start}, prompt {len}: the reference");
             assert_eq!(transitions(&c), 1, "start {start}, prompt {len}: one transition");
             no_leak(&c);
             // The same tokens as a prompt ending at the start, and one running past it: the
@@ -97,6 +137,13 @@ fn speculation_and_fill_around_the_start_equal_plain_decoding() {
     // Prompts that repeat themselves, so prompt lookup and echo propose spans across starts.
     prompts.push([10, 11, 12, 13, 14, 15].repeat(4));
     prompts.push([7, 8, 9].repeat(3));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let vocab = m.config().vocab_size;
+    for len in [3, 8, 12, 20, 27, 29, 31, 33] {
+        let head = prompt(&mut rng, len - len / 2, vocab);
+        // Half random, half an echo of the first half.
+        prompts.push([head.clone(), head[..len / 2].to_vec()].concat());
+    }
     let weak =
         ferrite_models::load_with(&fixture_dir("llama"), DeviceChoice::Cpu, &LoadOptions { max_layers: Some(1) })
             .expect("load")
@@ -129,7 +176,10 @@ fn speculation_and_fill_around_the_start_equal_plain_decoding() {
             let (proposed, accepted) =
                 (metrics.verify_proposed_tokens.load(Relaxed), metrics.verify_accepted_tokens.load(Relaxed));
             if name != "fill echo" {
-                assert!(proposed > 0 && accepted < proposed, "{name}: {accepted} of {proposed}: no rollback was tested");
+                assert!(
+                    proposed > 0 && accepted < proposed,
+                    "{name}: {accepted} of {proposed}: no rollback was tested"
+                );
             }
             assert!(transitions(&core) > 0, "{name}: no row turned");
         }
