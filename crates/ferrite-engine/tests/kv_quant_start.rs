@@ -301,6 +301,34 @@ fn sliding_windows_and_kv_shared_layers_turn_too() {
 }
 
 #[test]
+fn a_prefix_is_served_only_at_the_precision_and_start_that_made_it() {
+    let m = load_fixture("llama").0;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    let p = prompt(&mut rng, 33, m.config().vocab_size);
+    let mut c = core(&m, cfg(6));
+    let mut id = 0;
+    let mut cached = |dtype, start| {
+        id += 1;
+        let mut rx = add(&mut c, id, p.clone(), kv(greedy(8), dtype, start));
+        run_to_end(&mut c);
+        let cached = rx.try_recv().expect("an output").cached_tokens;
+        no_leak(&c);
+        cached
+    };
+    let (full, int8) = (Some(KvPrecision::Full), Some(KvPrecision::Int8));
+    // Turned at 6: the quantized chain of start 6, and one f16 block (positions 0..4).
+    assert_eq!(cached(None, None), 0);
+    assert_eq!(cached(None, None), 32);
+    // Another start: only the f16 blocks before 6; then its own chain.
+    assert_eq!(cached(None, Some(10)), 4);
+    assert_eq!(cached(None, Some(10)), 32);
+    // Full precision: the f16 blocks before 10; int8 from the start: its own chain.
+    assert_eq!(cached(full, None), 8);
+    assert_eq!(cached(int8, Some(0)), 0);
+    assert_eq!(cached(int8, Some(0)), 32);
+}
+
+#[test]
 fn the_ssd_tier_serves_a_prefix_only_to_the_start_that_made_it() {
     let m = load_fixture("llama").0;
     let dir = std::env::temp_dir().join(format!("ferrite-qkvstart-{}", std::process::id()));
