@@ -18,6 +18,7 @@ mod overlap;
 mod propose;
 mod restore;
 mod tiers;
+mod turn;
 
 pub use adapters::AdapterNames;
 
@@ -35,6 +36,7 @@ use crate::config::{EngineConfig, Limits};
 use crate::error::EngineError;
 use crate::fill::{FillState, ToolScaffold};
 use crate::kv::KvManager;
+use crate::kv_precision::KvChoices;
 use crate::metrics::Metrics;
 use crate::request::{FinishReason, Output, Request, RequestId, Usage};
 use crate::scheduler::Scheduler;
@@ -111,20 +113,9 @@ impl EngineCore {
             block_size: cfg.block_size,
         })?;
         let block_bytes = model.kv_block_bytes(cfg.block_size, &cfg.kv_scheme)?;
-        let quantized = cfg.kv_scheme.dtype.quantized().is_some();
-        if cfg.quantized_kv_start > 0 && !quantized {
-            return Err(EngineError::Config(
-                "--quantized-kv-start needs a quantized KV cache (--kv-cache-dtype int8 or int4)".into(),
-            ));
-        }
         let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_model_len)?;
-        let full_bytes = layout.block_bytes(cfg.block_size);
-        let (group_blocks, full_blocks) =
-            crate::kv_precision::split_blocks(cfg, &group_blocks, &block_bytes, &full_bytes)?;
-        let mut kv = model.new_kv_cache(&group_blocks, cfg.block_size, &cfg.kv_scheme)?;
-        if !full_blocks.is_empty() {
-            kv.add_full_precision(&full_blocks)?;
-        }
+        let (kv, group_blocks, full_blocks) =
+            crate::kv_precision::new_cache(&*model, cfg, &layout, &group_blocks, &block_bytes)?;
         // A bidirectional model's KV depends on the tokens after it: no prefix is shareable.
         let prefix_cache = cfg.prefix_cache && model.generates();
         // The namespace holds the KV scheme through the pools' own description (`tiers`); a
@@ -137,25 +128,13 @@ impl EngineCore {
             cfg.block_size,
             prefix_cache.then_some(namespace),
         );
-        let description = model.kv_description(&cfg.kv_scheme);
-        let kv_choices = crate::kv_precision::KvChoices {
-            quantized: quantized.then(|| cfg.kv_scheme.dtype.to_string().split('/').next().unwrap_or("").to_string()),
-            scheme: description.clone(),
-            default_start: cfg.quantized_kv_start,
-            full_precision_tokens: kvm.full_precision_capacity_tokens(),
-        };
+        let kv_choices = KvChoices::new(cfg, model.kv_description(&cfg.kv_scheme), &kvm);
         let limits = Limits {
             max_model_len,
             vocab_size: mcfg.vocab_size,
             kv_capacity_tokens: kvm.capacity_tokens(),
             kv_bytes_per_token: block_bytes.iter().sum::<usize>() / cfg.block_size,
-            kv_scheme: match cfg.quantized_kv_start {
-                0 => description,
-                n => format!(
-                    "{description} (f16 for the first {n} positions: {} f16 tokens)",
-                    kv_choices.full_precision_tokens
-                ),
-            },
+            kv_scheme: kv_choices.describe(),
             kv: kv_choices,
             has_tokenizer: tokenizer.is_some(),
             max_n: 64,
@@ -559,24 +538,6 @@ impl EngineCore {
             });
         }
         out
-    }
-
-    /// Convert the blocks of the rows that turned quantized this schedule into their new
-    /// blocks, then release the full-precision ones (`kv/transition.rs`). Their hash chains
-    /// start over, so what they publish to the SSD tier does too.
-    fn convert_turned(&mut self) -> Result<(), EngineError> {
-        for s in &mut self.sched.running {
-            let moves = s.kv.pending_moves();
-            if moves.iter().all(Vec::is_empty) {
-                continue;
-            }
-            let converted = moves.iter().enumerate().try_for_each(|(g, m)| self.kv.convert_blocks(g, m));
-            self.kvm.end_transition(&mut s.kv);
-            s.tier.published = 0;
-            converted?;
-            self.metrics.add_transition(moves.iter().map(Vec::len).sum::<usize>() as u64);
-        }
-        Ok(())
     }
 
     /// Whether `running[idx]` takes the argmax of the raw logits this step.

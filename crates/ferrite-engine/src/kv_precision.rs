@@ -20,9 +20,12 @@
 //! The twins hold `max_num_seqs × N` positions (every running row before the engine's start),
 //! at most half of the cache's bytes; the quantized pools take the rest.
 
+use ferrite_models::model::CausalLm;
+use ferrite_runtime::{KvCache, KvLayout};
+
 use crate::config::EngineConfig;
 use crate::error::EngineError;
-use crate::kv::NEVER;
+use crate::kv::{KvManager, NEVER};
 use crate::request::{KvPrecision, RequestParams};
 
 /// The request fields a refusal names.
@@ -43,6 +46,26 @@ pub struct KvChoices {
 }
 
 impl KvChoices {
+    /// The choices of a cache of `cfg`'s scheme, which `description` names, whose blocks
+    /// `kvm` manages.
+    pub(crate) fn new(cfg: &EngineConfig, description: String, kvm: &KvManager) -> KvChoices {
+        let quantized = cfg.kv_scheme.dtype.quantized().map(|(bits, _)| format!("int{}", bits.bits()));
+        KvChoices {
+            quantized,
+            scheme: description,
+            default_start: if kvm.has_full_precision() { cfg.quantized_kv_start } else { 0 },
+            full_precision_tokens: kvm.full_precision_capacity_tokens(),
+        }
+    }
+
+    /// What the pools hold, for reports: the scheme, and the f16 part of a delayed start.
+    pub fn describe(&self) -> String {
+        match (self.default_start, self.full_precision_tokens) {
+            (_, 0) => self.scheme.clone(),
+            (n, f) => format!("{} (f16 for a sequence's first {n} positions; f16 pools of {f} tokens)", self.scheme),
+        }
+    }
+
     /// What a request may ask of this cache, for messages.
     fn offer(&self) -> String {
         match (&self.quantized, self.full_precision_tokens) {
@@ -116,6 +139,30 @@ impl KvChoices {
         }
         Ok(())
     }
+}
+
+/// The KV cache of `model` under `cfg`: `group_blocks[g]` blocks of `block_bytes[g]` bytes,
+/// split between the quantized pools and the full-precision twins of a delayed start
+/// (`split_blocks`). Returns it and the blocks of each part.
+pub(crate) fn new_cache(
+    model: &dyn CausalLm,
+    cfg: &EngineConfig,
+    layout: &KvLayout,
+    group_blocks: &[usize],
+    block_bytes: &[usize],
+) -> Result<(KvCache, Vec<usize>, Vec<usize>), EngineError> {
+    if cfg.quantized_kv_start > 0 && cfg.kv_scheme.dtype.quantized().is_none() {
+        return Err(EngineError::Config(
+            "--quantized-kv-start needs a quantized KV cache (--kv-cache-dtype int8 or int4)".into(),
+        ));
+    }
+    let full_bytes = layout.block_bytes(cfg.block_size);
+    let (own, full) = split_blocks(cfg, group_blocks, block_bytes, &full_bytes)?;
+    let mut kv = model.new_kv_cache(&own, cfg.block_size, &cfg.kv_scheme)?;
+    if !full.is_empty() {
+        kv.add_full_precision(&full)?;
+    }
+    Ok((kv, own, full))
 }
 
 /// Split the cache into `group_blocks[g]` quantized blocks (each `block_bytes[g]` bytes, the

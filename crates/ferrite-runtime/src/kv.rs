@@ -331,6 +331,9 @@ pub struct LayerKv {
     /// The full-precision (f16) twin pools of a quantized cache with a delayed start
     /// (`kv_twin`): the blocks of rows before their transition, by their own block ids.
     pub full: Option<Box<LayerKv>>,
+    /// `[n_kv_heads][head_dim]` subtracted from every key a quantized K pool stores
+    /// (`KvCache::set_key_offsets`).
+    pub key_offset: Option<Vec<f32>>,
 }
 
 /// Bytes of a page (the unit `madvise` takes).
@@ -513,7 +516,10 @@ impl KvCache {
     /// prefix cache's namespace, so bytes are never restored into pools of another kind).
     pub fn scheme(&self) -> String {
         match &self.storage {
-            Storage::Host(l) => format!("host-{:?}", l.iter().map(|l| l.k.dtype()).collect::<Vec<_>>()),
+            Storage::Host(l) => {
+                let offsets = if l.iter().any(|l| l.key_offset.is_some()) { "-key-offsets" } else { "" };
+                format!("host-{:?}{offsets}", l.iter().map(|l| l.k.dtype()).collect::<Vec<_>>())
+            }
             Storage::Device(_) => "device-bf16".into(),
         }
     }
@@ -559,7 +565,7 @@ impl KvCache {
 
 impl LayerKv {
     pub fn new(spec: KvLayerSpec, k: KvPool, v: KvPool) -> LayerKv {
-        LayerKv { spec, k, v, populated: 0, full: None }
+        LayerKv { spec, k, v, populated: 0, full: None, key_offset: None }
     }
 
     /// Back both pools up to value `end` before a write reaches it, `POPULATE_BYTES` of each

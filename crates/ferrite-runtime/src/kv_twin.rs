@@ -8,7 +8,8 @@
 //! step's writes and attention read each row's own pools, so rows before and after their
 //! transition share a batch. When the row passes N its blocks are converted once
 //! (`convert_blocks`): each value is stored as a write of its f16 value would store it (the
-//! same codes as quantize-on-write of the f16-rounded value), so a row that turned during
+//! same codes as quantize-on-write of the f16-rounded value, a key less the layer's key
+//! offset), so a row that turned during
 //! decode holds exactly what a fresh prefill that turned at N holds. The engine then releases
 //! the twin blocks.
 //!
@@ -86,11 +87,15 @@ impl KvCache {
             let result = moves.iter().try_for_each(|&(from, to)| -> Result<()> {
                 let (src, dst) = (twin.block_range(bs, from as usize), l.block_range(bs, to as usize));
                 l.populate_to(dst.end);
-                for (from, to) in [(&twin.k, &mut l.k), (&twin.v, &mut l.v)] {
-                    widen(from, src.clone(), &mut values)?;
-                    store(to, dst.start, &values)?;
+                widen(&twin.k, src.clone(), &mut values)?;
+                if let (Some(mu), KvPool::Quant(_)) = (&l.key_offset, &l.k) {
+                    // `[kv_head][slot][head_dim]`: value j is channel j % hd of head j / (bs · hd).
+                    let hd = l.spec.head_dim;
+                    values.iter_mut().enumerate().for_each(|(j, x)| *x -= mu[j / (bs * hd) * hd + j % hd]);
                 }
-                Ok(())
+                store(&mut l.k, dst.start, &values)?;
+                widen(&twin.v, src, &mut values)?;
+                store(&mut l.v, dst.start, &values)
             });
             l.full = Some(twin);
             result?;

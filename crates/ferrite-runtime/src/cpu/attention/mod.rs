@@ -198,8 +198,18 @@ fn write_pools(k: &[f32], v: &[f32], layer: &mut LayerKv, at: &[(usize, usize)])
         (KvPool::F32(kp), KvPool::F32(vp)) => write_rows(k, v, kp, vp, at, hd),
         (KvPool::F16(kp), KvPool::F16(vp)) => write_rows(k, v, kp, vp, at, hd),
         (KvPool::Quant(kp), KvPool::Quant(vp)) => {
+            let (nkv, mut shifted) = (layer.spec.n_kv_heads, vec![0f32; hd]);
             for &(off, src) in at {
-                if !(kp.write(off, &k[src..src + hd]) && vp.write(off, &v[src..src + hd])) {
+                let key = match &layer.key_offset {
+                    Some(mu) => {
+                        let h = (src / hd) % nkv;
+                        let row = k[src..src + hd].iter().zip(&mu[h * hd..(h + 1) * hd]);
+                        shifted.iter_mut().zip(row).for_each(|(d, (x, m))| *d = x - m);
+                        &shifted[..]
+                    }
+                    None => &k[src..src + hd],
+                };
+                if !(kp.write(off, key) && vp.write(off, &v[src..src + hd])) {
                     return Err(RuntimeError::Shape(format!("write_kv: slot at {off} is outside the KV cache")));
                 }
             }
