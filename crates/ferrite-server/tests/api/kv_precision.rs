@@ -1,6 +1,6 @@
 //! The KV precision extensions over HTTP (`kv_cache_dtype`, `quantized_kv_start`): a request
 //! that sets its own start on an int8 server gets what a server started with that start
-//! gives; the chat, messages and responses surfaces take both fields; an unknown type, a type
+//! gives, and prefix-cache hits only from requests of its start and precision; the chat, messages and responses surfaces take both fields; an unknown type, a type
 //! or a start the pools cannot serve, and a start past the full-precision pools are each a
 //! 400 naming the field and what the server serves.
 
@@ -13,12 +13,12 @@ use serde_json::{json, Value};
 use crate::common::*;
 
 /// A server of `loaded` (named `name`) with int8 KV in groups of `group` turning at `start`.
-fn int8_server(loaded: &LoadedModel, name: &str, group: usize, start: usize) -> TestServer {
+fn int8_server(loaded: &LoadedModel, name: &str, group: usize, turn_at: usize) -> TestServer {
     let cfg = EngineConfig {
         max_model_len: Some(256),
         max_num_seqs: 8,
         kv_scheme: KvScheme { dtype: KvDtype::Int8 { group }, ..KvScheme::default() },
-        quantized_kv_start: start,
+        quantized_kv_start: turn_at,
         ..EngineConfig::default()
     };
     let engine =
@@ -57,6 +57,30 @@ async fn a_request_with_its_own_start_gets_what_a_server_with_that_start_gives()
     let (status, f16) = post(&tiny().at("/v1/completions"), &body).await;
     assert_eq!(status, 200, "{f16}");
     assert_eq!(ids(&full["choices"][0]["token_ids"]), ids(&f16["choices"][0]["token_ids"]));
+}
+
+#[tokio::test]
+async fn a_prefix_is_served_only_to_the_start_that_made_it() {
+    let loaded = fixture("llama");
+    let server = int8_server(&loaded, "llama", 16, 9);
+    let prompt: Vec<u32> = (1..=40).collect();
+    let cached = |fields: Value| {
+        let body = with(json!({"model": "llama", "prompt": prompt, "max_tokens": 2, "temperature": 0}), fields);
+        let url = server.at("/v1/completions");
+        async move {
+            let (status, resp) = post(&url, &body).await;
+            assert_eq!(status, 200, "{resp}");
+            resp["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached tokens")
+        }
+    };
+    // Turned at 22: its f16 block (positions 0..16) and its int8 chain of start 22.
+    assert_eq!(cached(json!({"quantized_kv_start": 22})).await, 0);
+    assert_eq!(cached(json!({"quantized_kv_start": 22})).await, 32);
+    // The server's start (9) takes neither: no f16 block lies before 9, no chain turned there.
+    assert_eq!(cached(json!({})).await, 0);
+    assert_eq!(cached(json!({})).await, 32);
+    // Full precision takes the f16 block.
+    assert_eq!(cached(json!({"kv_cache_dtype": "f16"})).await, 16);
 }
 
 /// A 400 naming `param` (Anthropic's error body names none) whose message holds `needle`.
