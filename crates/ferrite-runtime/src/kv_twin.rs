@@ -139,9 +139,9 @@ mod tests {
     use crate::kv::{KvDtype, KvGroupKind, KvLayerSpec, KvLayout, KvPool, KvScheme, KvSkip};
     use crate::KvCache;
 
-    /// A converted block holds what writing its f16 values into the quantized pool holds, in
-    /// every layer (an f16 layer kept by `--kv-cache-skip-layers` gets a copy), and nothing
-    /// else moves.
+    /// A converted block holds what writing its f16 values into the quantized pool holds (keys
+    /// less the layer's key offset), in every layer (an f16 layer kept by
+    /// `--kv-cache-skip-layers` gets a copy), and nothing else moves.
     #[test]
     fn a_converted_block_holds_what_a_write_of_its_f16_values_holds() {
         let layout = KvLayout {
@@ -163,15 +163,24 @@ mod tests {
                 p.iter_mut().zip(&values).for_each(|(d, &x)| *d = f16::from_f32(x));
             }
         }
+        // Layer 0's keys are stored less an offset per head and channel; layer 1 is f16 and
+        // keeps none.
+        let mu: Vec<f32> = (0..2 * 32).map(|i| (i % 7) as f32 * 3.5 - 9.0).collect();
+        kv.set_key_offsets(&[Some(mu.clone()), Some(mu.clone())]).unwrap();
+        assert!(kv.layer_mut(1).unwrap().key_offset.is_none());
         kv.convert_blocks(0, &[(1, 2)]).unwrap();
         let rounded: Vec<f32> = values[n..].iter().map(|&x| f16::from_f32(x).to_f32()).collect();
-        let mut want = KvPool::zeroed(KvDtype::Int8 { group: 16 }, 3 * n);
-        let KvPool::Quant(q) = &mut want else { unreachable!() };
-        assert!(q.write(2 * n, &rounded));
-        let want = want.to_f32();
+        // Block layout `[head][slot][head_dim]`: value j is channel j % 32 of head j / (4 · 32).
+        let shifted: Vec<f32> = rounded.iter().enumerate().map(|(j, x)| x - mu[j / 128 * 32 + j % 32]).collect();
+        let written = |values: &[f32]| {
+            let mut pool = KvPool::zeroed(KvDtype::Int8 { group: 16 }, 3 * n);
+            let KvPool::Quant(q) = &mut pool else { unreachable!() };
+            assert!(q.write(2 * n, values));
+            pool.to_f32()
+        };
         let l0 = kv.layer_mut(0).unwrap();
-        assert_eq!(l0.k.to_f32(), want);
-        assert_eq!(l0.v.to_f32(), want);
+        assert_eq!(l0.k.to_f32(), written(&shifted));
+        assert_eq!(l0.v.to_f32(), written(&rounded));
         let l1 = kv.layer_mut(1).unwrap().k.to_f32();
         assert_eq!(l1[2 * n..], rounded[..]);
         assert!(l1[..2 * n].iter().all(|&x| x == 0.0), "other blocks are untouched");

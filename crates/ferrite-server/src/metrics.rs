@@ -153,6 +153,16 @@ impl ServerMetrics {
                 "Steps queued on the device while the step before them still ran.",
                 load(&engine.overlapped_steps),
             ),
+            (
+                "ferrite_kv_transitions_total",
+                "Sequences whose KV turned quantized at their delayed start.",
+                load(&engine.kv_transitions),
+            ),
+            (
+                "ferrite_kv_converted_blocks_total",
+                "Full-precision KV blocks converted into quantized ones at those transitions.",
+                load(&engine.kv_converted_blocks),
+            ),
         ];
         for (name, help, v) in counters {
             sample(&mut out, name, help, "counter", v);

@@ -81,6 +81,9 @@ async fn a_prefix_is_served_only_to_the_start_that_made_it() {
     assert_eq!(cached(json!({})).await, 32);
     // Full precision takes the f16 block.
     assert_eq!(cached(json!({"kv_cache_dtype": "f16"})).await, 16);
+    let (_, text) = get(&server.at("/metrics")).await;
+    let turned = text.lines().find_map(|l| l.strip_prefix("ferrite_kv_transitions_total "));
+    assert_eq!(turned, Some("2"), "the first request of each start turned; the second took its chain");
 }
 
 /// A 400 naming `param` (Anthropic's error body names none) whose message holds `needle`.
