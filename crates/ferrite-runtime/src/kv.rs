@@ -12,10 +12,10 @@
 //! by the attention kernels (`kv_quant`; a `KvScheme` picks the type of each layer). f16 over
 //! f32: decode attention streams the whole cache every step and waits on memory, so half the
 //! bytes of f32 is most of the time saved (SmolLM2, 8 rows of ~200 positions: attention 5.6 →
-//! 4.1 ms a step). f16 keeps 11 bits of mantissa
-//! (bf16 only 8) and K/V values lie far inside its range; every value is rounded once, when it
-//! is written, the same way whatever the batch. f32 pools are the exact choice (parity tests
-//! against transformers' f32 logits).
+//! 4.1 ms a step). f16 keeps 11 bits of mantissa (bf16 only 8) and K/V values lie far inside
+//! its range; every value is rounded once, when it is written, the same way whatever the
+//! batch. f32 pools are the exact choice (parity tests against transformers' f32 logits). A
+//! quantized cache may also keep f16 twin pools for rows before a delayed start (`kv_twin`).
 
 use half::f16;
 

@@ -138,7 +138,7 @@ impl ServerMetrics {
             "gauge",
             hit,
         );
-        let counters: [(&str, &str, u64); 6] = [
+        let counters: [(&str, &str, u64); 8] = [
             ("ferrite_prompt_tokens_total", "Prompt tokens submitted.", load(&self.prompt_tokens)),
             ("ferrite_generation_tokens_total", "Tokens generated.", load(&engine.generated_tokens)),
             ("ferrite_preemptions_total", "Sequences preempted for KV space.", load(&engine.preemptions)),
