@@ -5,8 +5,8 @@
 //! after it) give plain decoding's tokens; 16 requests of different starts and precisions,
 //! batched, over a warm prefix cache, preempted in a tight pool, and forked (n > 1, with the
 //! start inside the shared prompt), each give what they give alone; Gemma's sliding windows
-//! and KV-shared layers turn too; the SSD tier serves a prefix only to the start that made
-//! it; no block leaks.
+//! and KV-shared layers turn too; host RAM and the SSD tier serve a prefix only to the start
+//! that made it; no block leaks.
 
 mod common;
 
@@ -360,6 +360,47 @@ fn the_ssd_tier_serves_a_prefix_only_to_the_start_that_made_it() {
     let (tokens, hit) = run(full.clone());
     assert_eq!((tokens, hit), (alone(&m, cfg(6), p.clone(), full).remove(0), 0));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn host_ram_restores_an_evicted_prefix_only_to_the_start_that_made_it() {
+    let m = load_fixture("llama").0;
+    let vocab = m.config().vocab_size;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let first = prompt(&mut rng, 100, vocab);
+    let second = [&first[..96], &prompt(&mut rng, 10, vocab)[..]].concat();
+    let block_bytes: usize = m.kv_block_bytes(4, &cfg(6).kv_scheme).expect("bytes").iter().sum();
+    // 18 f16 blocks and 31 int8 ones; host RAM for 64 int8 blocks.
+    let tiered = EngineConfig {
+        max_model_len: Some(128),
+        kv_cache_memory: Some(60 * block_bytes),
+        host_cache_memory: Some(64 * block_bytes),
+        ..cfg(6)
+    };
+    let mut c = core(&m, tiered);
+    let metrics = c.metrics();
+    let mut run = |id: u64, p: &[u32], params: RequestParams| {
+        let mut rx = add(&mut c, id, p.to_vec(), params);
+        run_to_end(&mut c);
+        no_leak(&c);
+        let (mut tokens, mut usage): (Vec<u32>, _) = (Vec::new(), None);
+        while let Ok(o) = rx.try_recv() {
+            tokens.extend(&o.token_ids);
+            usage = o.finished.map(|f| f.usage).or(usage);
+        }
+        (tokens, usage.expect("finished"))
+    };
+    run(1, &first, greedy(12));
+    // Another long prompt takes the pool: the first one's int8 blocks go to host RAM.
+    run(2, &prompt(&mut rng, 100, vocab), greedy(12));
+    assert!(metrics.host_blocks.load(Relaxed) >= 16, "{} blocks saved", metrics.host_blocks.load(Relaxed));
+    let (tokens, usage) = run(3, &second, greedy(12));
+    assert_eq!(tokens, alone(&m, cfg(6), second.clone(), greedy(12)).remove(0));
+    assert!(usage.tiers.host_tokens >= 64, "{:?}", usage.tiers);
+    let other = kv(greedy(12), None, Some(10));
+    let (tokens, usage) = run(4, &second, other.clone());
+    assert_eq!(tokens, alone(&m, cfg(6), second.clone(), other).remove(0));
+    assert_eq!(usage.tiers.host_tokens, 0, "another start restores nothing");
 }
 
 #[test]
