@@ -63,7 +63,7 @@ pub struct SeqKv {
 pub const NEVER: usize = usize::MAX;
 
 /// Tag of the full-precision twin pools' chains.
-const FULL_PRECISION: u64 = 0x6675_6c6c_5f6b_76;
+const FULL_PRECISION: u64 = 0x0066_756c_6c5f_6b76;
 
 /// The prefix-cache chain root of blocks of a sequence rooted at `root`: in the twin pools
 /// (`full_precision`), one chain for every start (a position before any start is computed
