@@ -31,7 +31,7 @@ pub struct ModelArgs {
     pub device: DeviceChoice,
     /// Instead of a model file, a model of a real shape with random weights generated on the
     /// GPU (for benchmarks): llama-3.1-8b, llama-3.2-1b, qwen2.5-1.5b, smollm2-135m,
-    /// gemma-4-e4b. It takes its family's tokenizer and chat template from the test assets
+    /// gemma-4-e4b, qwen3-30b-a3b, gemma-4-26b-a4b. It takes its family's tokenizer and chat template from the test assets
     /// when they are here (scripts/fetch_test_assets.sh), or from --tokenizer.
     #[arg(long, conflicts_with = "model")]
     pub synthetic: Option<String>,

@@ -1,8 +1,9 @@
 //! Start-up kernel compilation: our `.cu` sources through NVRTC for the device's architecture,
 //! cached on disk.
 //!
-//! Each source (with the shared `common.cuh` prepended) is one module; `quant.cuh` is one
-//! module per GGUF block type it is instantiated for. For an architecture
+//! Each source (with the shared `common.cuh` prepended) is one module; `quant.cuh` (with the
+//! experts' `moe_gemm.cuh`) is one module per GGUF block type it is instantiated for, and one
+//! more (`moe_bf16`) for the experts' products over bf16 weights. For an architecture
 //! NVRTC knows (sm_90a on Hopper) it yields a cubin; for a newer device it yields PTX for the
 //! newest architecture NVRTC has, which the driver compiles. Images are cached under
 //! `$FERRITE_HOME/kernels/` keyed by the SHA-256 of (module name, full source, options, NVRTC
@@ -31,11 +32,25 @@ macro_rules! sources {
     ($($name:literal),* $(,)?; quant: $($q:literal),* $(,)?) => {
         &[
             $(Source { name: $name, code: include_str!(concat!("kernels/", $name, ".cu")) },)*
-            // One module per GGUF block type: the shared source instantiated for it.
+            // One module per GGUF block type: the shared sources instantiated for it (its
+            // matrix kernels and the routed experts' products).
             $(Source {
                 name: concat!("quant_", $q),
-                code: concat!(include_str!("kernels/quant.cuh"), "\nQUANT_KERNELS(", $q, ")\n"),
+                code: concat!(
+                    include_str!("kernels/quant.cuh"),
+                    include_str!("kernels/moe_gemm.cuh"),
+                    "\nQUANT_KERNELS(", $q, ")\nMOE_KERNELS(", $q, ")\n"
+                ),
             },)*
+            // The routed experts' products over bf16 weights.
+            Source {
+                name: "moe_bf16",
+                code: concat!(
+                    include_str!("kernels/quant.cuh"),
+                    include_str!("kernels/moe_gemm.cuh"),
+                    "\nMOE_KERNELS(bf16w)\n"
+                ),
+            },
         ]
     };
 }
@@ -52,7 +67,8 @@ pub(crate) const SOURCES: &[Source] = sources![
     "sampling",
     "init",
     "gemv",
-    "gemma";
+    "gemma",
+    "moe";
     quant: "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k",
 ];
 

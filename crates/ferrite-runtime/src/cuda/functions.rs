@@ -51,7 +51,12 @@ pub(crate) struct Functions {
     /// The q/k norm and Gemma 4's kernels (`gemma.cu`).
     pub qkv_norm: CudaFunction,
     pub per_layer_inputs: CudaFunction,
+    /// The routing of mixtures of experts (`moe.cu`).
+    pub moe_route: CudaFunction,
+    pub moe_align: CudaFunction,
     pub moe_combine: CudaFunction,
+    /// The experts' products over bf16 weights (`moe_gemm.cuh`, module `moe_bf16`).
+    pub moe_bf16: MoeFunctions,
     /// The kernels of each GGUF block type with a CUDA path, in `QUANT_TYPES` order.
     pub quant: Vec<QuantFunctions>,
 }
@@ -73,7 +78,21 @@ pub(crate) struct QuantFunctions {
     pub gemv: [CudaFunction; 8],
     pub dequant_rows: CudaFunction,
     pub random_blocks: CudaFunction,
+    /// The experts' products over this type's blocks.
+    pub moe: MoeFunctions,
 }
+
+/// The routed experts' products over one weight type (`kernels/moe_gemm.cuh`).
+pub(crate) struct MoeFunctions {
+    /// `moe_gemv_m{1,2,4,8}`: decode over the chosen experts, for steps of up to 1, 2, 4, 8
+    /// tokens.
+    pub gemv: [CudaFunction; 4],
+    /// The grouped tensor-core GEMM.
+    pub gemm: CudaFunction,
+}
+
+/// Most tokens each `MoeFunctions::gemv` kernel takes, in order.
+pub(crate) const MOE_GEMV_TOKENS: [usize; 4] = [1, 2, 4, 8];
 
 impl Functions {
     /// Load `images` (one per `SOURCES` entry, same order) into `ctx`; attention kernels may
@@ -115,6 +134,11 @@ impl Functions {
             fns.try_into().map_err(|_| CudaError::Nvrtc(format!("{prefix}: expected 8 kernels")))
         };
         let per_rows = |prefix: &str| per_rows_in("gemv", prefix);
+        let moe = |module: &str| -> CudaResult<MoeFunctions> {
+            let gemv = MOE_GEMV_TOKENS.map(|m| get(module, &format!("moe_gemv_m{m}")));
+            let [a, b, c, d] = gemv;
+            Ok(MoeFunctions { gemv: [a?, b?, c?, d?], gemm: get(module, "moe_gemm")? })
+        };
         let quant = QUANT_TYPES
             .iter()
             .map(|(_, suffix)| {
@@ -123,6 +147,7 @@ impl Functions {
                     gemv: per_rows_in(&module, "qgemv")?,
                     dequant_rows: get(&module, "dequant_rows")?,
                     random_blocks: get(&module, "random_blocks")?,
+                    moe: moe(&module)?,
                 })
             })
             .collect::<CudaResult<Vec<_>>>()?;
@@ -160,7 +185,10 @@ impl Functions {
             gemv_gelu: per_rows("gemv_gelu")?,
             qkv_norm: get("gemma", "qkv_norm")?,
             per_layer_inputs: get("gemma", "per_layer_inputs")?,
-            moe_combine: get("gemma", "moe_combine")?,
+            moe_route: get("moe", "moe_route")?,
+            moe_align: get("moe", "moe_align")?,
+            moe_combine: get("moe", "moe_combine")?,
+            moe_bf16: moe("moe_bf16")?,
             quant,
         })
     }
