@@ -154,11 +154,22 @@ pub struct KvArgs {
     /// int8/int4/fp8: sliding, first:N, last:N or a list of KV-owning layer indices (0,1,29).
     #[arg(long)]
     pub kv_cache_skip_layers: Option<KvSkip>,
+    /// Under int8/int4, each sequence keeps f16 KV for its first N positions and turns
+    /// quantized past them (what it wrote is converted once). N > 0 adds f16 pools for
+    /// `max-num-seqs × N` positions (at most half the KV memory), which also lets a request
+    /// set its own `quantized_kv_start` or ask `kv_cache_dtype: f16`.
+    #[arg(long, default_value_t = 0)]
+    pub quantized_kv_start: usize,
 }
 
 impl Default for KvArgs {
     fn default() -> Self {
-        KvArgs { kv_cache_dtype: KvDtypeChoice::Auto, kv_group_size: DEFAULT_KV_GROUP_SIZE, kv_cache_skip_layers: None }
+        KvArgs {
+            kv_cache_dtype: KvDtypeChoice::Auto,
+            kv_group_size: DEFAULT_KV_GROUP_SIZE,
+            kv_cache_skip_layers: None,
+            quantized_kv_start: 0,
+        }
     }
 }
 
@@ -299,7 +310,8 @@ impl EngineArgs {
         }
         let (speculation, tool_scaffold) = self.spec.resolve(loaded)?;
         let kv_scheme = self.kv.scheme(loaded.device)?;
-        let cfg = EngineConfig { speculation, tool_scaffold, kv_scheme, ..self.config(path) };
+        let quantized_kv_start = self.kv.quantized_kv_start;
+        let cfg = EngineConfig { speculation, tool_scaffold, kv_scheme, quantized_kv_start, ..self.config(path) };
         Ok(Engine::start(loaded.model.clone(), loaded.tokenizer.clone(), loaded.eos_token_ids(), &cfg)?)
     }
 }

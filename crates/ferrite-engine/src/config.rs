@@ -9,6 +9,7 @@ use ferrite_runtime::{KvLayout, KvScheme};
 
 use crate::error::EngineError;
 use crate::fill::{FillMode, ToolScaffold};
+use crate::kv_precision::KvChoices;
 use crate::request::Request;
 use crate::sampling::MAX_TOP_LOGPROBS;
 
@@ -43,6 +44,9 @@ pub struct EngineConfig {
     /// What the host KV pools hold (`--kv-cache-dtype`, `--kv-group-size`,
     /// `--kv-cache-skip-layers`).
     pub kv_scheme: KvScheme,
+    /// Rows of a quantized cache keep full-precision KV for their first N positions
+    /// (`--quantized-kv-start`; 0: quantized from the first; `kv_precision`).
+    pub quantized_kv_start: usize,
     /// Speculative decoding (`--spec ngram`, `--draft-model`).
     pub speculation: Speculation,
     /// Most tokens drafted per row per step (`--num-draft-tokens`).
@@ -94,6 +98,7 @@ impl Default for EngineConfig {
             disk_cache: None,
             generation_checkpoint: None,
             kv_scheme: KvScheme::default(),
+            quantized_kv_start: 0,
             speculation: Speculation::Off,
             num_draft_tokens: 4,
             fill: FillMode::Off,
@@ -160,6 +165,9 @@ pub struct Limits {
     pub embedding: Option<EmbeddingSpec>,
     /// Whether the model generates (false: it only embeds).
     pub generates: bool,
+    /// What a request may choose of the KV cache's precision.
+    #[serde(default)]
+    pub kv: KvChoices,
 }
 
 impl Limits {
@@ -176,6 +184,7 @@ impl Limits {
         if !self.generates {
             return Err(EngineError::CannotGenerate);
         }
+        let start = self.kv.resolve(p)?;
         if prompt >= self.max_model_len {
             return Err(EngineError::PromptTooLong { prompt, context: self.max_model_len });
         }
@@ -191,9 +200,7 @@ impl Limits {
             Some(m) => m,
             None => self.max_model_len - prompt,
         };
-        if prompt + max_tokens > self.kv_capacity_tokens {
-            return Err(EngineError::KvTooSmall { need: prompt + max_tokens, capacity: self.kv_capacity_tokens });
-        }
+        self.kv.check_fits(prompt + max_tokens, start, self.kv_capacity_tokens)?;
         if p.n == 0 || p.n > self.max_n {
             return Err(EngineError::BadN { n: p.n, max: self.max_n });
         }

@@ -18,6 +18,7 @@ mod overlap;
 mod propose;
 mod restore;
 mod tiers;
+mod turn;
 
 pub use adapters::AdapterNames;
 
@@ -25,7 +26,7 @@ use std::sync::Arc;
 
 use ferrite_models::model::{run_forward, CausalLm, Pending, StepLimits, StepOutput, Want};
 use ferrite_models::tokenizer::{IncrementalDecoder, Tokenizer};
-use ferrite_runtime::batch::RowLogits;
+use ferrite_runtime::batch::{RowLogits, RowOptions};
 use ferrite_runtime::sampling::{RowSampler, SampledToken};
 use ferrite_runtime::{ForwardBatch, KvCache, RuntimeError};
 use tokio::sync::mpsc::UnboundedSender;
@@ -35,6 +36,7 @@ use crate::config::{EngineConfig, Limits};
 use crate::error::EngineError;
 use crate::fill::{FillState, ToolScaffold};
 use crate::kv::KvManager;
+use crate::kv_precision::KvChoices;
 use crate::metrics::Metrics;
 use crate::request::{FinishReason, Output, Request, RequestId, Usage};
 use crate::scheduler::Scheduler;
@@ -112,18 +114,28 @@ impl EngineCore {
         })?;
         let block_bytes = model.kv_block_bytes(cfg.block_size, &cfg.kv_scheme)?;
         let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_model_len)?;
-        let kv = model.new_kv_cache(&group_blocks, cfg.block_size, &cfg.kv_scheme)?;
+        let (kv, group_blocks, full_blocks) =
+            crate::kv_precision::new_cache(&*model, cfg, &layout, &group_blocks, &block_bytes)?;
         // A bidirectional model's KV depends on the tokens after it: no prefix is shareable.
         let prefix_cache = cfg.prefix_cache && model.generates();
-        // The namespace holds the KV scheme through the pools' own description (`tiers`).
+        // The namespace holds the KV scheme through the pools' own description (`tiers`); a
+        // row's quantized start is in its chains' root (`kv::SeqKv`).
         let namespace = tiers::namespace(cfg.namespace, &kv, &layout, cfg.block_size);
-        let mut kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, prefix_cache.then_some(namespace));
+        let mut kvm = KvManager::with_full_precision(
+            &layout,
+            &group_blocks,
+            &full_blocks,
+            cfg.block_size,
+            prefix_cache.then_some(namespace),
+        );
+        let kv_choices = KvChoices::new(cfg, model.kv_description(&cfg.kv_scheme), &kvm);
         let limits = Limits {
             max_model_len,
             vocab_size: mcfg.vocab_size,
             kv_capacity_tokens: kvm.capacity_tokens(),
             kv_bytes_per_token: block_bytes.iter().sum::<usize>() / cfg.block_size,
-            kv_scheme: model.kv_description(&cfg.kv_scheme),
+            kv_scheme: kv_choices.describe(),
+            kv: kv_choices,
             has_tokenizer: tokenizer.is_some(),
             max_n: 64,
             max_step_tokens: cfg.max_num_batched_tokens,
@@ -218,6 +230,7 @@ impl EngineCore {
         sink: UnboundedSender<Output>,
     ) -> Result<(), EngineError> {
         let max_tokens = self.limits.validate(&req)?;
+        let start = self.limits.kv.resolve(&req.params)?;
         let adapter = self.adapter_slot(req.params.adapter.as_deref())?;
         let n = req.params.n;
         let seed = choice_seed(req.params.sampling.seed, 0);
@@ -235,7 +248,7 @@ impl EngineCore {
             prompt_len: req.prompt.len(),
             tokens: req.prompt,
             num_computed: 0,
-            kv: self.kvm.new_seq_in(adapter.map_or(0, |a| a.root)),
+            kv: self.kvm.new_seq_from(adapter.map_or(0, |a| a.root), start),
             adapter: adapter.map(|a| a.id),
             looked_up: false,
             cached_tokens: 0,
@@ -293,6 +306,9 @@ impl EngineCore {
         self.plan_proposals();
         self.install_restores();
         let rows = self.sched.schedule(&mut self.kvm);
+        if let Err(e) = self.convert_turned() {
+            return Err(self.fail_rows(&rows, e));
+        }
         let rows = self.run_embeddings(rows);
         if rows.is_empty() {
             self.after_step_bookkeeping();
@@ -317,7 +333,8 @@ impl EngineCore {
                 query.extend(&p.ids);
             }
             let context = s.num_computed + query.len();
-            batch.push_adapter_row(&query, context, s.kv.tables().to_vec(), logits, s.adapter);
+            let options = RowOptions { adapter: s.adapter, full_precision: s.kv.full_precision() };
+            batch.push_row_with(&query, context, s.kv.tables().to_vec(), logits, options);
             plan.push(PlanRow { index: Some(r.index), tokens: end - s.num_computed, logits: n_logits, proposal });
         }
         self.metrics.add_batch(batch.num_tokens());

@@ -43,6 +43,10 @@ pub enum EngineError {
     EmbedInputTooLong { input: usize, max: usize },
     #[error("an embedding request makes one embedding (n = 1, no max_tokens)")]
     EmbedParams,
+    /// A `kv_cache_dtype` or `quantized_kv_start` (`param`) the cache cannot serve; the
+    /// message names what it can.
+    #[error("{message}")]
+    KvPrecision { param: &'static str, message: String },
     #[error("engine configuration: {0}")]
     Config(String),
     #[error(transparent)]

@@ -29,6 +29,10 @@ pub struct Metrics {
     pub asserted_tokens: AtomicU64,
     /// Steps queued on the device while the one before them still ran (`core/overlap.rs`).
     pub overlapped_steps: AtomicU64,
+    /// Rows whose KV turned quantized at their delayed start, and the full-precision blocks
+    /// converted when they did (`kv/transition.rs`).
+    pub kv_transitions: AtomicU64,
+    pub kv_converted_blocks: AtomicU64,
     /// Host-RAM tier (`kv/host.rs`): prompt tokens looked up there (past the pool's hit) and
     /// the tokens restored from it; bytes copied in (saves of evicted blocks) and out
     /// (restores); blocks and bytes held, the budget; blocks it evicted, and saves that failed.
@@ -108,6 +112,10 @@ impl Metrics {
     }
     pub(crate) fn add_overlapped(&self) {
         self.overlapped_steps.fetch_add(1, Relaxed);
+    }
+    pub(crate) fn add_transition(&self, blocks: u64) {
+        self.kv_transitions.fetch_add(1, Relaxed);
+        self.kv_converted_blocks.fetch_add(blocks, Relaxed);
     }
     pub(crate) fn add_batch(&self, tokens: usize) {
         self.batched_tokens.fetch_add(tokens as u64, Relaxed);

@@ -37,6 +37,55 @@ pub struct RequestParams {
     /// carries the model's embedding of the whole prompt (no sampling, no KV kept after).
     #[serde(default)]
     pub embed: bool,
+    /// The KV precision the request asks for (`kv_cache_dtype`); None: the engine's
+    /// (`Limits::kv_start` says what a request may choose).
+    #[serde(default)]
+    pub kv_cache_dtype: Option<KvPrecision>,
+    /// The position its KV turns quantized at (`quantized_kv_start`); None: the engine's.
+    #[serde(default)]
+    pub quantized_kv_start: Option<usize>,
+}
+
+/// The KV precision a request asks for (`kv_cache_dtype`): the engine's default, full
+/// precision (the cache's f16 on the CPU, bf16 on a GPU), or a quantized type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvPrecision {
+    Auto,
+    Full,
+    Int8,
+    Int4,
+    Fp8,
+}
+
+/// The names `kv_cache_dtype` takes.
+pub const KV_PRECISION_NAMES: &str = "auto, f16, bf16, int8, int4, fp8";
+
+impl std::str::FromStr for KvPrecision {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<KvPrecision, String> {
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => KvPrecision::Auto,
+            "f16" | "fp16" | "bf16" => KvPrecision::Full,
+            "int8" => KvPrecision::Int8,
+            "int4" => KvPrecision::Int4,
+            "fp8" | "fp8_e4m3" => KvPrecision::Fp8,
+            other => return Err(format!("unknown kv_cache_dtype '{other}' ({KV_PRECISION_NAMES})")),
+        })
+    }
+}
+
+impl KvPrecision {
+    /// The quantized type's name, as a cache's scheme names it (`int8`, `int4`, `fp8`).
+    pub fn quantized_name(self) -> Option<&'static str> {
+        match self {
+            KvPrecision::Int8 => Some("int8"),
+            KvPrecision::Int4 => Some("int4"),
+            KvPrecision::Fp8 => Some("fp8"),
+            KvPrecision::Auto | KvPrecision::Full => None,
+        }
+    }
 }
 
 impl Default for RequestParams {
@@ -54,6 +103,8 @@ impl Default for RequestParams {
             constraint: None,
             adapter: None,
             embed: false,
+            kv_cache_dtype: None,
+            quantized_kv_start: None,
         }
     }
 }

@@ -5,7 +5,9 @@
 //! A decoding row may ask for room for proposed tokens after its pending one (verify and
 //! speculation); that room is given only when the budget and free blocks allow — proposals
 //! never preempt anyone. An embedding request runs its whole input in one step or waits, and
-//! never starts from the prefix cache (it needs every token's states).
+//! never starts from the prefix cache (it needs every token's states). A row before its
+//! quantized KV start gets no span past that start (a chunk or a verify span ends there); the
+//! step after, its allocation turns it quantized (`kv/transition.rs`).
 
 use std::collections::VecDeque;
 
@@ -45,7 +47,7 @@ impl Scheduler {
     /// Free a sequence's blocks and queue it for recomputation ahead of new arrivals.
     fn preempt(&mut self, mut seq: Sequence, kvm: &mut KvManager) {
         // The old allocation's blocks go back as it is replaced.
-        seq.kv = kvm.new_seq_in(seq.kv.root());
+        seq.kv = kvm.fresh(&seq.kv);
         seq.num_computed = 0;
         seq.looked_up = false;
         self.preemptions += 1;
@@ -58,9 +60,10 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let seq = &mut self.running[i];
-            let mut n = seq.wanted().min(budget);
+            // A row before its quantized start computes up to it, then turns (`allocate`).
+            let mut n = seq.wanted().min(budget).min(seq.kv.room_before_start(seq.num_computed));
             if n > seq.remaining() && !kvm.allocate(&mut seq.kv, seq.num_computed + n) {
-                n = seq.remaining().min(budget);
+                n = seq.remaining().min(budget).min(seq.kv.room_before_start(seq.num_computed));
             }
             let total = self.running[i].num_computed + n;
             let mut fits = true;
@@ -92,7 +95,7 @@ impl Scheduler {
                 }
                 seq.looked_up = true;
             }
-            let n = seq.remaining().min(budget);
+            let n = seq.remaining().min(budget).min(seq.kv.room_before_start(seq.num_computed));
             if seq.params.embed && n < seq.remaining() {
                 break;
             }
@@ -118,7 +121,7 @@ impl Scheduler {
             return false;
         };
         let seq = &mut self.waiting[idx];
-        seq.kv = kvm.new_seq_in(seq.kv.root());
+        seq.kv = kvm.fresh(&seq.kv);
         seq.num_computed = 0;
         seq.looked_up = false;
         true

@@ -15,7 +15,7 @@ use ferrite_engine::{EngineConfig, EngineCore, EngineError, FillMode, Request, R
 use ferrite_models::lora::{LoraAdapter, MAX_LORA_RANK};
 use ferrite_models::model::{CausalLm, Pending, Want};
 use ferrite_models::{paths, registry};
-use ferrite_runtime::batch::RowLogits;
+use ferrite_runtime::batch::{RowLogits, RowOptions};
 use ferrite_runtime::{ForwardBatch, KvCache, KvDtype, KvScheme};
 use serde_json::Value;
 
@@ -56,7 +56,13 @@ fn last_logits(model: &dyn CausalLm, prompt: &[u32], id: u32) -> Vec<f32> {
     let mut kv = KvCache::with_scheme(&layout, &vec![blocks; layout.groups.len()], block, &scheme).expect("kv");
     let mut batch = ForwardBatch::default();
     let tables = vec![(0..blocks as u32).collect::<Vec<_>>(); layout.groups.len()];
-    batch.push_adapter_row(prompt, prompt.len(), tables, RowLogits::Last, Some(id));
+    batch.push_row_with(
+        prompt,
+        prompt.len(),
+        tables,
+        RowLogits::Last,
+        RowOptions { adapter: Some(id), ..Default::default() },
+    );
     model.step(&batch, &mut kv, Want::Logits).and_then(Pending::logits).expect("forward")
 }
 

@@ -291,6 +291,16 @@ impl CausalLm for Decoder {
         self.layout.clone()
     }
 
+    fn kv_key_offsets(&self) -> Vec<Option<Vec<f32>>> {
+        let mut out = vec![None; self.layout.layers.len()];
+        for l in &self.layers {
+            if let Some(i) = l.attn.writes_kv().filter(|&i| i < out.len()) {
+                out[i] = l.attn.key_offset(self.cfg.max_context());
+            }
+        }
+        out
+    }
+
     fn attach_lora(&self, id: u32, adapter: &LoraAdapter) -> Result<()> {
         let lora = CpuLora::new(adapter, self.layers.len(), |i, target| {
             let l = &self.layers[i];

@@ -226,6 +226,12 @@ pub trait CausalLm: Send + Sync {
         Ok(layout.block_bytes_with(block_size, &layout.layer_dtypes(scheme)?))
     }
 
+    /// Per KV layer, what every key shares, for a quantized K pool to store keys less it
+    /// (`KvCache::set_key_offsets`); empty: none.
+    fn kv_key_offsets(&self) -> Vec<Option<Vec<f32>>> {
+        Vec::new()
+    }
+
     /// What `new_kv_cache`'s pools hold under `scheme`, for reports.
     fn kv_description(&self, scheme: &KvScheme) -> String {
         scheme.to_string()
@@ -239,7 +245,9 @@ pub trait CausalLm: Send + Sync {
         block_size: usize,
         scheme: &KvScheme,
     ) -> ferrite_runtime::Result<KvCache> {
-        KvCache::with_scheme(&self.kv_layout(), group_blocks, block_size, scheme)
+        let mut kv = KvCache::with_scheme(&self.kv_layout(), group_blocks, block_size, scheme)?;
+        kv.set_key_offsets(&self.kv_key_offsets())?;
+        Ok(kv)
     }
 }
 

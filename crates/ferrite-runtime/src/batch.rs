@@ -5,7 +5,9 @@
 //! length after the step and its block table into the paged KV cache. A device model may
 //! also take some input ids from the previous step's picks without the host seeing them
 //! (`carried`). A row may run through a LoRA adapter (`RowSpan::adapter`, the id the engine
-//! attached it under); rows of one step may use different adapters or none.
+//! attached it under); rows of one step may use different adapters or none. A row of a
+//! quantized cache may still keep full-precision KV (`RowSpan::full_precision`: its block ids
+//! are in the cache's full-precision twin pools, before its delayed start).
 
 /// One row's part of a `ForwardBatch`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +23,17 @@ pub struct RowSpan {
     pub block_tables: Vec<Vec<u32>>,
     /// The LoRA adapter the row runs through (its id with the model), or the base model.
     pub adapter: Option<u32>,
+    /// Its block ids are in the full-precision twin pools of a quantized cache (a row before
+    /// its quantized start), not in the cache's own pools.
+    pub full_precision: bool,
+}
+
+/// How a row runs besides its tokens: the LoRA adapter (None: the base model) and which pools
+/// its block ids index (`RowSpan::full_precision`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RowOptions {
+    pub adapter: Option<u32>,
+    pub full_precision: bool,
 }
 
 /// A block-table entry whose block was released (it fell out of a sliding window).
@@ -53,17 +66,17 @@ impl ForwardBatch {
     /// `context_len - tokens.len()` tokens in the KV cache; `block_tables` has one table per
     /// KV group.
     pub fn push_row(&mut self, tokens: &[u32], context_len: usize, block_tables: Vec<Vec<u32>>, logits: RowLogits) {
-        self.push_adapter_row(tokens, context_len, block_tables, logits, None)
+        self.push_row_with(tokens, context_len, block_tables, logits, RowOptions::default())
     }
 
-    /// `push_row` for a row that runs through the LoRA adapter `adapter` (None: the base).
-    pub fn push_adapter_row(
+    /// `push_row` for a row that runs as `options` say (an adapter, full-precision KV).
+    pub fn push_row_with(
         &mut self,
         tokens: &[u32],
         context_len: usize,
         block_tables: Vec<Vec<u32>>,
         logits: RowLogits,
-        adapter: Option<u32>,
+        options: RowOptions,
     ) {
         let query_start = self.tokens.len();
         let first = context_len - tokens.len();
@@ -78,7 +91,15 @@ impl ForwardBatch {
             }
             RowLogits::All => self.logits_indices.extend(query_start..query_start + tokens.len()),
         }
-        self.rows.push(RowSpan { query_start, query_len: tokens.len(), context_len, block_tables, adapter });
+        let RowOptions { adapter, full_precision } = options;
+        self.rows.push(RowSpan {
+            query_start,
+            query_len: tokens.len(),
+            context_len,
+            block_tables,
+            adapter,
+            full_precision,
+        });
     }
 
     pub fn num_tokens(&self) -> usize {
@@ -88,6 +109,11 @@ impl ForwardBatch {
     /// Whether any row runs through a LoRA adapter.
     pub fn has_adapters(&self) -> bool {
         self.rows.iter().any(|r| r.adapter.is_some())
+    }
+
+    /// Whether any row keeps full-precision KV in a quantized cache's twin pools.
+    pub fn has_full_precision_rows(&self) -> bool {
+        self.rows.iter().any(|r| r.full_precision)
     }
 }
 

@@ -13,10 +13,10 @@
 //! by the attention kernels (`kv_quant`; a `KvScheme` picks the type of each layer). f16 over
 //! f32: decode attention streams the whole cache every step and waits on memory, so half the
 //! bytes of f32 is most of the time saved (SmolLM2, 8 rows of ~200 positions: attention 5.6 →
-//! 4.1 ms a step). f16 keeps 11 bits of mantissa
-//! (bf16 only 8) and K/V values lie far inside its range; every value is rounded once, when it
-//! is written, the same way whatever the batch. f32 pools are the exact choice (parity tests
-//! against transformers' f32 logits).
+//! 4.1 ms a step). f16 keeps 11 bits of mantissa (bf16 only 8) and K/V values lie far inside
+//! its range; every value is rounded once, when it is written, the same way whatever the
+//! batch. f32 pools are the exact choice (parity tests against transformers' f32 logits). A
+//! quantized cache may also keep f16 twin pools for rows before a delayed start (`kv_twin`).
 
 use half::f16;
 
@@ -352,6 +352,12 @@ pub struct LayerKv {
     pub v: KvPool,
     /// Values of each pool, from the start, already backed by memory (`populate_to`).
     populated: usize,
+    /// The full-precision (f16) twin pools of a quantized cache with a delayed start
+    /// (`kv_twin`): the blocks of rows before their transition, by their own block ids.
+    pub full: Option<Box<LayerKv>>,
+    /// `[n_kv_heads][head_dim]` subtracted from every key a quantized K pool stores
+    /// (`KvCache::set_key_offsets`).
+    pub key_offset: Option<Vec<f32>>,
 }
 
 /// Why a host cache has no fp8 pools.
@@ -406,6 +412,8 @@ pub struct KvCache {
     pub(crate) storage: Storage,
     group_blocks: Vec<usize>,
     pub(crate) block_size: usize,
+    /// Blocks per group of the full-precision twin pools (`kv_twin`); empty without them.
+    pub(crate) full_blocks: Vec<usize>,
 }
 
 /// The raw bytes of `block` of `group` in host pools, in the order of a whole block's bytes
@@ -479,7 +487,13 @@ impl KvCache {
                 LayerKv::new(spec, KvPool::zeroed(dtype, n), KvPool::zeroed(dtype, n))
             })
             .collect();
-        Ok(KvCache { id: next_id(), storage: Storage::Host(layers), group_blocks: group_blocks.to_vec(), block_size })
+        Ok(KvCache {
+            id: next_id(),
+            storage: Storage::Host(layers),
+            group_blocks: group_blocks.to_vec(),
+            block_size,
+            full_blocks: Vec::new(),
+        })
     }
 
     /// Device (bf16) storage on `gpu`, same shapes as `new`.
@@ -509,7 +523,13 @@ impl KvCache {
         let pieces = DevicePools::block_pieces(gpu, &layers, &groups, layout.groups.len());
         let copies = Arc::new(CopyStream::new(gpu, pieces)?);
         let pools = DevicePools { layers, groups, copies };
-        Ok(KvCache { id: next_id(), storage: Storage::Device(pools), group_blocks: group_blocks.to_vec(), block_size })
+        Ok(KvCache {
+            id: next_id(),
+            storage: Storage::Device(pools),
+            group_blocks: group_blocks.to_vec(),
+            block_size,
+            full_blocks: Vec::new(),
+        })
     }
 
     pub fn group_blocks(&self) -> &[usize] {
@@ -536,7 +556,10 @@ impl KvCache {
     /// prefix cache's namespace, so bytes are never restored into pools of another kind).
     pub fn scheme(&self) -> String {
         match &self.storage {
-            Storage::Host(l) => format!("host-{:?}", l.iter().map(|l| l.k.dtype()).collect::<Vec<_>>()),
+            Storage::Host(l) => {
+                let offsets = if l.iter().any(|l| l.key_offset.is_some()) { "-key-offsets" } else { "" };
+                format!("host-{:?}{offsets}", l.iter().map(|l| l.k.dtype()).collect::<Vec<_>>())
+            }
             // All bf16: the name it has always had (SSD files written before stay valid).
             Storage::Device(d) if d.layers.iter().all(|l| l.dtype == KvDtype::F16) => "device-bf16".into(),
             Storage::Device(d) => format!("device-{:?}", d.layers.iter().map(|l| l.dtype).collect::<Vec<_>>()),
@@ -584,7 +607,7 @@ impl KvCache {
 
 impl LayerKv {
     pub fn new(spec: KvLayerSpec, k: KvPool, v: KvPool) -> LayerKv {
-        LayerKv { spec, k, v, populated: 0 }
+        LayerKv { spec, k, v, populated: 0, full: None, key_offset: None }
     }
 
     /// Back both pools up to value `end` before a write reaches it, `POPULATE_BYTES` of each
@@ -602,12 +625,12 @@ impl LayerKv {
     }
 
     /// Values of one block of one pool.
-    fn block_values(&self, block_size: usize) -> usize {
+    pub(crate) fn block_values(&self, block_size: usize) -> usize {
         self.spec.n_kv_heads * block_size * self.spec.head_dim
     }
 
     /// The values of `block` in `k`/`v` (a block is contiguous: `[kv_head][slot][head_dim]`).
-    fn block_range(&self, block_size: usize, block: usize) -> std::ops::Range<usize> {
+    pub(crate) fn block_range(&self, block_size: usize, block: usize) -> std::ops::Range<usize> {
         let start = self.offset(block_size, block, 0, 0);
         start..start + self.block_values(block_size)
     }

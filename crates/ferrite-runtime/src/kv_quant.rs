@@ -9,13 +9,24 @@
 //! token's quantized values depend only on that token's keys or values: a position is
 //! written once, the same way in any batch, chunk or prefix-cache hit.
 //!
+//! A quantized K pool may store each key less a fixed offset per KV head and channel
+//! (`KvCache::set_key_offsets`): a query's scores over every key it sees then shift by the
+//! same amount, `q · offset`, which the softmax cancels, so attention reads the stored keys as
+//! they are. The offset takes out what every key of a layer shares — Qwen2's k bias puts
+//! values of ±150 in a few channels that barely rotate, which would set the range of every
+//! group they fall in (a step of ~1 for keys whose other channels are ~±10) — and leaves the
+//! codes to what differs. A model sets it only where scores are plain dot products (no
+//! softcap).
+//!
 //! Value offset `o` has its code at byte `o * bits / 8` and its group's parameters at
 //! `2 * (o / group)` of the f16 region; a block of `block_size` slots takes
 //! `block_size * n_kv_heads * head_dim * (bits / 8 + 4 / group)` bytes of both regions.
 
 use half::f16;
 
+use crate::error::{Result, RuntimeError};
 use crate::hugemem::HugeVec;
+use crate::kv::{KvCache, KvPool, Storage};
 
 /// The group sizes a quantized pool takes (each must divide the head dim).
 pub const KV_GROUP_SIZES: [usize; 4] = [16, 32, 64, 128];
@@ -215,6 +226,26 @@ impl QuantPool {
         let bias = _mm512_permutexvar_ps(_mm512_set1_epi32(1), sb);
         // Not fused: the same roundings as `widen`.
         _mm512_add_ps(_mm512_mul_ps(codes, scale), bias)
+    }
+}
+
+impl KvCache {
+    /// Set the key offset of each KV layer `i` to `offsets[i]` (`[n_kv_heads][head_dim]`;
+    /// None, or a missing entry: none); it is kept only by layers whose K pool is quantized
+    /// (a device cache keeps none). Set before anything is written.
+    pub fn set_key_offsets(&mut self, offsets: &[Option<Vec<f32>>]) -> Result<()> {
+        let Storage::Host(layers) = &mut self.storage else { return Ok(()) };
+        for (l, offset) in layers.iter_mut().zip(offsets) {
+            let want = l.spec.n_kv_heads * l.spec.head_dim;
+            match offset {
+                Some(o) if o.len() != want => {
+                    return Err(RuntimeError::Shape(format!("a key offset of {} values for {want}", o.len())))
+                }
+                Some(o) if matches!(l.k, KvPool::Quant(_)) => l.key_offset = Some(o.clone()),
+                _ => l.key_offset = None,
+            }
+        }
+        Ok(())
     }
 }
 

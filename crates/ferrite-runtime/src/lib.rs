@@ -14,12 +14,13 @@ pub mod hugemem;
 pub mod kv;
 pub mod kv_host;
 pub mod kv_quant;
+pub mod kv_twin;
 pub mod quant;
 pub mod sampling;
 pub mod tensor;
 pub mod threads;
 
-pub use batch::{ForwardBatch, RowSpan};
+pub use batch::{ForwardBatch, RowOptions, RowSpan};
 pub use dtype::{DType, MlxFormat, MlxScale};
 pub use error::{Result, RuntimeError};
 pub use kv::{KvCache, KvDtype, KvGroupKind, KvLayout, KvScheme, KvSkip};

@@ -183,6 +183,7 @@ impl From<EngineError> for ApiError {
             EngineError::TooManyLogprobs(_) => bad("top_logprobs"),
             EngineError::StopWithoutTokenizer => bad("stop"),
             EngineError::MinTokens { .. } => bad("min_tokens"),
+            EngineError::KvPrecision { param, .. } => bad(param),
             EngineError::Sampling(s) => bad(sampling_param(s)),
             EngineError::Guide(GuideError::Matcher(_)) => ApiError::internal(message),
             EngineError::Guide(_) => ApiError::bad_request(message).with_code("invalid_constraint"),

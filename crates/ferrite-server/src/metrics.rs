@@ -138,7 +138,7 @@ impl ServerMetrics {
             "gauge",
             hit,
         );
-        let counters: [(&str, &str, u64); 6] = [
+        let counters: [(&str, &str, u64); 8] = [
             ("ferrite_prompt_tokens_total", "Prompt tokens submitted.", load(&self.prompt_tokens)),
             ("ferrite_generation_tokens_total", "Tokens generated.", load(&engine.generated_tokens)),
             ("ferrite_preemptions_total", "Sequences preempted for KV space.", load(&engine.preemptions)),
@@ -152,6 +152,16 @@ impl ServerMetrics {
                 "ferrite_overlapped_steps_total",
                 "Steps queued on the device while the step before them still ran.",
                 load(&engine.overlapped_steps),
+            ),
+            (
+                "ferrite_kv_transitions_total",
+                "Sequences whose KV turned quantized at their delayed start.",
+                load(&engine.kv_transitions),
+            ),
+            (
+                "ferrite_kv_converted_blocks_total",
+                "Full-precision KV blocks converted into quantized ones at those transitions.",
+                load(&engine.kv_converted_blocks),
             ),
         ];
         for (name, help, v) in counters {

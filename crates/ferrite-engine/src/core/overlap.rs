@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 
 use ferrite_models::model::{run_forward, Pending, Want};
-use ferrite_runtime::batch::RowLogits;
+use ferrite_runtime::batch::{RowLogits, RowOptions};
 use ferrite_runtime::sampling::RowSampler;
 use ferrite_runtime::ForwardBatch;
 
@@ -122,6 +122,11 @@ impl EngineCore {
         if !greedy && !self.model.samples_on_device() {
             return Ok(None);
         }
+        // A row before its quantized start may turn at the next position: its blocks are
+        // converted before a step is built, which a chained step skips.
+        if running.iter().any(|s| s.kv.full_precision()) {
+            return Ok(None);
+        }
         for s in &mut self.sched.running {
             if !self.kvm.allocate(&mut s.kv, s.tokens.len() + 1) {
                 return Ok(None);
@@ -130,7 +135,8 @@ impl EngineCore {
         let mut batch = ForwardBatch::default();
         for (i, s) in self.sched.running.iter().enumerate() {
             // The id is a placeholder: the device carries the queued step's pick of row i in.
-            batch.push_adapter_row(&[0], s.tokens.len() + 1, s.kv.tables().to_vec(), RowLogits::Last, s.adapter);
+            let options = RowOptions { adapter: s.adapter, full_precision: false };
+            batch.push_row_with(&[0], s.tokens.len() + 1, s.kv.tables().to_vec(), RowLogits::Last, options);
             batch.carried.push((i, i));
         }
         let samplers: Vec<RowSampler> = match greedy {

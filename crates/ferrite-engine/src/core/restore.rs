@@ -82,6 +82,10 @@ pub(super) fn publish(
     seq: &mut Sequence,
     upto: usize,
 ) {
+    // Tiers hold blocks of the quantized pools only (`kv/transition.rs`).
+    if seq.kv.full_precision() {
+        return;
+    }
     let bs = kvm.block_size();
     let upto = upto.min(seq.kv.hashes().len());
     let block_bytes = kv.block_bytes() as u64;
@@ -130,7 +134,7 @@ impl EngineCore {
             return;
         }
         let bs = self.kvm.block_size();
-        let hashes = self.kvm.prefix_hashes(seq.kv.root(), &seq.tokens);
+        let hashes = self.kvm.prefix_hashes(seq.kv.main_root(), &seq.tokens);
         let mut next = self.kvm.cached_run(&hashes, &seq.tokens);
         if let Some(host) = &self.host {
             self.metrics.host_lookup_tokens.fetch_add(((hashes.len() - next) * bs) as u64, Relaxed);
@@ -195,7 +199,7 @@ impl EngineCore {
     /// Copy the blocks a tier holds of `waiting[w]`'s prefix into the pool.
     fn install(&mut self, w: usize) {
         let bs = self.kvm.block_size();
-        let (root, tokens) = (self.sched.waiting[w].kv.root(), self.sched.waiting[w].tokens.clone());
+        let (root, tokens) = (self.sched.waiting[w].kv.main_root(), self.sched.waiting[w].tokens.clone());
         let hashes = self.kvm.prefix_hashes(root, &tokens);
         let pooled = self.kvm.cached_run(&hashes, &tokens);
         // What the pool holds of the prefix becomes the most recently used, so the blocks

@@ -17,6 +17,12 @@
 //! pools evict is recorded as a `Spill` — its hash, tokens and the block of each group that
 //! caches it — while its bytes are still intact; the engine hands the spills to the tier
 //! (`take_spills`) before the next write to the pool.
+//!
+//! A quantized cache with a delayed start (`--quantized-kv-start`) has a second set of pools,
+//! the full-precision twins, with their own block ids, free lists and prefix-cache entries
+//! (`transition.rs`): a row before its start allocates there, and the allocation that takes
+//! it past its start moves it into the quantized pools. Tiers below the pool hold blocks of
+//! the quantized pools only.
 
 use std::sync::{Arc, Mutex};
 
@@ -26,18 +32,22 @@ use ferrite_runtime::KvLayout;
 use super::block_pool::BlockPool;
 use super::policy::{policy_for, GroupPolicy};
 use super::prefix_cache::{chain_hash, PrefixCache};
-use super::seq_kv::{lock, SeqKv, SharedPools};
+use super::seq_kv::{lock, SeqKv, SharedPools, NEVER};
 
 pub struct KvManager {
     /// The rules of each group's kind, in group order.
-    policies: Vec<Box<dyn GroupPolicy>>,
-    /// Each group's blocks, shared with the `SeqKv`s made from them.
-    pools: SharedPools,
-    block_size: usize,
-    cache: Option<PrefixCache>,
+    pub(super) policies: Vec<Box<dyn GroupPolicy>>,
+    /// Each group's blocks, shared with the `SeqKv`s made from them; then, with a delayed
+    /// quantized start, each group's full-precision twin blocks (pool `groups + g`).
+    pub(super) pools: SharedPools,
+    pub(super) block_size: usize,
+    /// Entries per pool (`pools`' indices).
+    pub(super) cache: Option<PrefixCache>,
     namespace: u64,
     /// Evicted cached blocks not handed to a tier yet; None when no tier takes them.
-    spills: Option<Vec<Spill>>,
+    pub(super) spills: Option<Vec<Spill>>,
+    /// Whether the full-precision twin pools exist.
+    twins: bool,
 }
 
 /// A cached block the pools evicted, its bytes intact until the next write to the pools:
@@ -49,9 +59,10 @@ pub struct Spill {
     pub holders: Vec<u32>,
 }
 
-/// Take the least recently freed block of `pool` (group `g`), evicting the cached prefix it
-/// held; a spill records it when every group cached it.
-fn take_free(
+/// Take the least recently freed block of `pool` (pool index `g`), evicting the cached prefix
+/// it held; a spill records it when every group cached it (`groups` of them: the quantized
+/// pools; a twin pool's index is past them, and its blocks are not spilled).
+pub(super) fn take_free(
     pool: &mut BlockPool,
     g: usize,
     cache: &mut Option<PrefixCache>,
@@ -61,7 +72,7 @@ fn take_free(
     let (block, evicted) = pool.allocate()?;
     let (Some(h), Some(cache)) = (evicted, cache.as_mut()) else { return Some(block) };
     let tokens = cache.remove(g, h, block);
-    if let (Some(spills), Some(tokens)) = (spills.as_mut(), tokens) {
+    if let (Some(spills), Some(tokens), true) = (spills.as_mut(), tokens, g < groups) {
         let holders: Option<Vec<u32>> =
             (0..groups).map(|o| if o == g { Some(block) } else { cache.get(o, h, &tokens) }).collect();
         if let Some(holders) = holders {
@@ -79,9 +90,21 @@ impl KvManager {
         block_size: usize,
         prefix_namespace: Option<u64>,
     ) -> KvManager {
-        let (policies, pools) =
-            layout.groups.iter().zip(group_blocks).map(|(&kind, &n)| (policy_for(kind), BlockPool::new(n))).unzip();
-        let cache = prefix_namespace.map(|ns| PrefixCache::new(ns, layout.groups.len()));
+        KvManager::with_full_precision(layout, group_blocks, &[], block_size, prefix_namespace)
+    }
+
+    /// `new`, with `full_blocks[g]` full-precision twin blocks in group `g` for rows before
+    /// their quantized start (none when empty).
+    pub fn with_full_precision(
+        layout: &KvLayout,
+        group_blocks: &[usize],
+        full_blocks: &[usize],
+        block_size: usize,
+        prefix_namespace: Option<u64>,
+    ) -> KvManager {
+        let policies: Vec<_> = layout.groups.iter().map(|&kind| policy_for(kind)).collect();
+        let pools: Vec<BlockPool> = group_blocks.iter().chain(full_blocks).map(|&n| BlockPool::new(n)).collect();
+        let cache = prefix_namespace.map(|ns| PrefixCache::new(ns, pools.len()));
         KvManager {
             policies,
             pools: Arc::new(Mutex::new(pools)),
@@ -89,7 +112,13 @@ impl KvManager {
             cache,
             namespace: prefix_namespace.unwrap_or(0),
             spills: None,
+            twins: !full_blocks.is_empty(),
         }
+    }
+
+    /// Whether rows may keep full-precision KV before a quantized start (twin pools exist).
+    pub fn has_full_precision(&self) -> bool {
+        self.twins
     }
 
     /// Record the cached blocks the pools evict from now on (`take_spills`).
@@ -117,6 +146,25 @@ impl KvManager {
         SeqKv::new(&self.pools, self.policies.len(), root)
     }
 
+    /// An allocation with no blocks yet, rooted at `root`, whose KV turns quantized at
+    /// position `start` (0: from the start; `NEVER`: it keeps full precision): before it, its
+    /// blocks are in the full-precision twin pools. Without twin pools every row's KV is the
+    /// cache's own from the start (requests are checked against that first).
+    pub fn new_seq_from(&self, root: u64, start: usize) -> SeqKv {
+        let mut kv = self.new_seq_in(root);
+        if self.twins && start > 0 {
+            kv.base = self.policies.len();
+            kv.start = start;
+        }
+        kv
+    }
+
+    /// A fresh allocation for what `kv` holds now (same root and start): a preempted or
+    /// recomputed sequence starts over in it.
+    pub fn fresh(&self, kv: &SeqKv) -> SeqKv {
+        self.new_seq_from(kv.root, kv.start)
+    }
+
     pub fn prefix_cache(&self) -> Option<&PrefixCache> {
         self.cache.as_ref()
     }
@@ -128,11 +176,23 @@ impl KvManager {
 
     /// Positions the smallest group can hold: the longest sequence that can ever run.
     pub fn capacity_tokens(&self) -> usize {
+        self.capacity_of(0)
+    }
+
+    /// Positions the smallest group's full-precision twin pool can hold (0 without them).
+    pub fn full_precision_capacity_tokens(&self) -> usize {
+        if self.twins {
+            self.capacity_of(self.policies.len())
+        } else {
+            0
+        }
+    }
+
+    /// Positions the smallest group of the pools from `base` on can hold.
+    fn capacity_of(&self, base: usize) -> usize {
         let pools = lock(&self.pools);
         let bs = self.block_size;
-        self.policies
-            .iter()
-            .zip(pools.iter())
+        (self.policies.iter().zip(pools.iter().skip(base)))
             .map(|(p, pool)| p.capacity_tokens(pool.num_blocks(), bs))
             .min()
             .unwrap_or(0)
@@ -140,30 +200,37 @@ impl KvManager {
 
     /// Reuse the longest cached prefix of `tokens` (at most `tokens.len() - 1` positions, so
     /// the last one is computed and gives logits). `kv` must hold no blocks. Returns the
-    /// number of cached positions.
+    /// number of cached positions. A row before its quantized start takes full-precision
+    /// blocks up to its start, or continues a chain that turned quantized at the same start
+    /// past it (then it is quantized from the hit on).
     pub fn acquire_prefix(&mut self, kv: &mut SeqKv, tokens: &[u32]) -> usize {
         debug_assert!(kv.is_from(&self.pools) && kv.is_empty(), "a prefix goes into a fresh allocation of this pool");
         let bs = self.block_size;
-        let hashes = self.prefix_hashes(kv.root, tokens);
+        let turned = (kv.base != 0 && kv.start != NEVER)
+            .then(|| {
+                let hashes = self.prefix_hashes(kv.main_root(), tokens);
+                let hit = self.hit_len(0, &hashes, tokens);
+                (hit * bs >= kv.start && hit > 0).then_some((0, hashes, hit))
+            })
+            .flatten();
+        let (base, hashes, hit) = turned.unwrap_or_else(|| {
+            let mut hashes = self.prefix_hashes(kv.chain_root(), tokens);
+            if kv.base != 0 {
+                // Full-precision blocks hold positions before the start only.
+                hashes.truncate(kv.start / bs);
+            }
+            let hit = self.hit_len(kv.base, &hashes, tokens);
+            (kv.base, hashes, hit)
+        });
         let Some(cache) = self.cache.as_mut() else { return 0 };
-        let block = |cache: &PrefixCache, g: usize, i: usize| cache.get(g, hashes[i], &tokens[i * bs..(i + 1) * bs]);
-        let mut hit = hashes.len();
-        for (g, policy) in self.policies.iter().enumerate() {
-            hit = policy.hit_bound(hit, &|i| block(cache, g, i).is_some());
-        }
-        let served = |hit: usize| {
-            (self.policies.iter().enumerate()).all(|(g, p)| p.serves_hit(hit, bs, &|i| block(cache, g, i).is_some()))
-        };
-        while hit > 0 && !served(hit) {
-            hit -= 1;
-        }
         cache.queried_tokens += tokens.len() as u64;
         cache.hit_tokens += (hit * bs) as u64;
+        kv.base = base;
         let mut pools = lock(&self.pools);
-        for (g, (policy, pool)) in self.policies.iter().zip(pools.iter_mut()).enumerate() {
+        for (g, (policy, pool)) in self.policies.iter().zip(pools.iter_mut().skip(base)).enumerate() {
             let first = policy.first_needed(hit * bs, bs);
             for i in 0..hit {
-                let id = if i < first { None } else { block(cache, g, i) };
+                let id = if i < first { None } else { cache.get(base + g, hashes[i], &tokens[i * bs..(i + 1) * bs]) };
                 if let Some(id) = id {
                     pool.retain(id);
                 }
@@ -172,6 +239,25 @@ impl KvManager {
         }
         kv.hashes = hashes[..hit].to_vec();
         hit * bs
+    }
+
+    /// The longest prefix hit of `hashes` (of `tokens`) the pools from `base` on can serve:
+    /// every group's policy bounds it and must serve it.
+    fn hit_len(&self, base: usize, hashes: &[u64], tokens: &[u32]) -> usize {
+        let Some(cache) = self.cache.as_ref() else { return 0 };
+        let bs = self.block_size;
+        let block = |g: usize, i: usize| cache.get(base + g, hashes[i], &tokens[i * bs..(i + 1) * bs]);
+        let mut hit = hashes.len();
+        for (g, policy) in self.policies.iter().enumerate() {
+            hit = policy.hit_bound(hit, &|i| block(g, i).is_some());
+        }
+        let served = |hit: usize| {
+            (self.policies.iter().enumerate()).all(|(g, p)| p.serves_hit(hit, bs, &|i| block(g, i).is_some()))
+        };
+        while hit > 0 && !served(hit) {
+            hit -= 1;
+        }
+        hit
     }
 
     /// The chained hashes of the full blocks of `tokens` in a chain rooted at `root` (0, or an
@@ -203,7 +289,7 @@ impl KvManager {
         let Some(cache) = self.cache.as_ref() else { return };
         let bs = self.block_size;
         let mut pools = lock(&self.pools);
-        for (g, pool) in pools.iter_mut().enumerate() {
+        for (g, pool) in pools.iter_mut().enumerate().take(self.policies.len()) {
             for (i, &h) in hashes.iter().enumerate() {
                 if let Some(b) = cache.get(g, h, &tokens[i * bs..(i + 1) * bs]) {
                     pool.retain(b);
@@ -215,7 +301,7 @@ impl KvManager {
 
     /// Blocks every group can take for restores: the fewest free blocks of any group.
     pub fn restorable_blocks(&self) -> usize {
-        lock(&self.pools).iter().map(BlockPool::num_free).min().unwrap_or(0)
+        lock(&self.pools).iter().take(self.policies.len()).map(BlockPool::num_free).min().unwrap_or(0)
     }
 
     /// Take a free block for a restore of block `hash` (of `tokens`) in each group that does
@@ -252,9 +338,9 @@ impl KvManager {
 
     /// The block of each group holding full block `i` of `kv` (of `tokens`): its own table
     /// entry, or the cached block a sliding window released; `None` when some group's copy
-    /// is gone.
+    /// is gone, or the blocks are full-precision ones (tiers hold quantized pools' blocks).
     pub fn block_holders(&self, kv: &SeqKv, i: usize, tokens: &[u32]) -> Option<Vec<u32>> {
-        let cache = self.cache.as_ref()?;
+        let cache = self.cache.as_ref().filter(|_| !kv.full_precision())?;
         let (bs, hash) = (self.block_size, *kv.hashes.get(i)?);
         (kv.tables.iter().enumerate())
             .map(|(g, t)| match t.get(i) {
@@ -264,20 +350,29 @@ impl KvManager {
             .collect()
     }
 
-    /// Grow every table to cover `total` positions; all or nothing.
+    /// Grow every table to cover `total` positions; all or nothing. A row before its
+    /// quantized start that `total` takes past it turns quantized (`turn`): its tables move
+    /// into the quantized pools, and the conversions of its blocks wait in it
+    /// (`SeqKv::pending_moves`) until `end_transition`.
     pub fn allocate(&mut self, kv: &mut SeqKv, total: usize) -> bool {
         debug_assert!(kv.is_from(&self.pools), "an allocation grows from its own pools");
+        if kv.base != 0 && total > kv.start {
+            return self.turn(kv, total);
+        }
         let bs = self.block_size;
         let need: Vec<usize> =
             self.policies.iter().zip(&kv.tables).map(|(p, t)| p.table_len(total, bs).saturating_sub(t.len())).collect();
         let mut pools = lock(&self.pools);
-        if pools.iter().zip(&need).any(|(p, &n)| p.num_free() < n) {
+        if pools.iter().skip(kv.base).zip(&need).any(|(p, &n)| p.num_free() < n) {
             return false;
         }
         let groups = self.policies.len();
-        for (g, (pool, &n)) in pools.iter_mut().zip(&need).enumerate() {
+        for (g, &n) in need.iter().enumerate() {
+            let at = kv.base + g;
             for _ in 0..n {
-                let Some(block) = take_free(pool, g, &mut self.cache, &mut self.spills, groups) else { return false };
+                let Some(block) = take_free(&mut pools[at], at, &mut self.cache, &mut self.spills, groups) else {
+                    return false;
+                };
                 kv.tables[g].push(block);
             }
         }
@@ -293,20 +388,26 @@ impl KvManager {
         let bs = self.block_size;
         let mut pools = lock(&self.pools);
         if let Some(cache) = self.cache.as_mut() {
+            let root = kv.chain_root();
             while kv.hashes.len() < computed / bs {
                 let i = kv.hashes.len();
                 let block_tokens = &tokens[i * bs..(i + 1) * bs];
-                let h = chain_hash(kv.hashes.last().copied().unwrap_or(kv.root), self.namespace, block_tokens);
-                for (g, (pool, table)) in pools.iter_mut().zip(&kv.tables).enumerate() {
+                let h = chain_hash(kv.hashes.last().copied().unwrap_or(root), self.namespace, block_tokens);
+                for (g, (pool, table)) in pools.iter_mut().skip(kv.base).zip(&kv.tables).enumerate() {
                     let block = table[i];
-                    if block != NO_BLOCK && pool.hash(block).is_none() && cache.insert(g, h, block, block_tokens) {
+                    if block != NO_BLOCK
+                        && pool.hash(block).is_none()
+                        && cache.insert(kv.base + g, h, block, block_tokens)
+                    {
                         pool.set_hash(block, Some(h));
                     }
                 }
                 kv.hashes.push(h);
             }
         }
-        for ((policy, pool), table) in self.policies.iter().zip(pools.iter_mut()).zip(kv.tables.iter_mut()) {
+        for ((policy, pool), table) in
+            self.policies.iter().zip(pools.iter_mut().skip(kv.base)).zip(kv.tables.iter_mut())
+        {
             for slot in table.iter_mut().take(policy.first_needed(computed, bs)) {
                 if *slot != NO_BLOCK {
                     pool.release(*slot);
@@ -321,8 +422,14 @@ impl KvManager {
     pub fn truncate(&mut self, kv: &mut SeqKv, len: usize) {
         debug_assert!(kv.is_from(&self.pools), "an allocation is rolled back by its own manager");
         let bs = self.block_size;
+        debug_assert!(
+            kv.base != 0 || kv.start == 0 || len >= kv.start,
+            "a quantized row is rolled back past its start"
+        );
         let mut pools = lock(&self.pools);
-        for ((policy, pool), table) in self.policies.iter().zip(pools.iter_mut()).zip(kv.tables.iter_mut()) {
+        for ((policy, pool), table) in
+            self.policies.iter().zip(pools.iter_mut().skip(kv.base)).zip(kv.tables.iter_mut())
+        {
             let keep = policy.table_len(len, bs).min(table.len());
             for b in table.drain(keep..).filter(|&b| b != NO_BLOCK) {
                 pool.release(b);
@@ -333,15 +440,19 @@ impl KvManager {
 
     /// A new allocation sharing the first `blocks` blocks of `kv` (for forking n > 1
     /// children): each shared block is retained once more. Empty unless every group's policy
-    /// shares (a sliding table may have released blocks).
+    /// shares (a sliding table may have released blocks), and for a row that turned quantized
+    /// at a start past the shared blocks (the child computes the positions before its start
+    /// at full precision again).
     pub fn share_prefix(&mut self, kv: &SeqKv, blocks: usize) -> SeqKv {
         debug_assert!(kv.is_from(&self.pools), "an allocation is shared within its own pools");
-        let mut out = self.new_seq_in(kv.root);
-        if !self.policies.iter().all(|p| p.shares_prefix()) {
+        let mut out = self.fresh(kv);
+        let turned_after = kv.base == 0 && blocks * self.block_size < kv.start;
+        if !self.policies.iter().all(|p| p.shares_prefix()) || turned_after {
             return out;
         }
+        out.base = kv.base;
         let mut pools = lock(&self.pools);
-        for (g, (pool, table)) in pools.iter_mut().zip(&kv.tables).enumerate() {
+        for (g, (pool, table)) in pools.iter_mut().skip(kv.base).zip(&kv.tables).enumerate() {
             for &b in table.iter().take(blocks) {
                 pool.retain(b);
                 out.tables[g].push(b);
@@ -365,10 +476,15 @@ impl KvManager {
             if !kv.is_from(&self.pools) {
                 return Err("an allocation of other pools was counted".into());
             }
-            for (g, (held, table)) in held.iter_mut().zip(&kv.tables).enumerate() {
+            for (g, (held, table)) in held.iter_mut().skip(kv.base).zip(&kv.tables).enumerate() {
                 for &b in table.iter().filter(|&&b| b != NO_BLOCK) {
                     *held.get_mut(b as usize).ok_or(format!("group {g} has no block {b}"))? += 1;
                 }
+            }
+            let groups = self.policies.len();
+            for &(g, b, _) in &kv.pending {
+                let held = held.get_mut(groups + g).and_then(|h| h.get_mut(b as usize));
+                *held.ok_or(format!("group {g} has no full-precision block {b}"))? += 1;
             }
         }
         for (g, (pool, held)) in pools.iter().zip(&held).enumerate() {

@@ -1,6 +1,7 @@
 //! The engine's side of the paged KV cache: block pools, the owned per-sequence allocations
 //! (a block table per KV group), the rules of each group kind, the prefix cache, and the tiers
-//! below the pool (`tier`; the host-RAM tier in `host`, the SSD tier in `disk`).
+//! below the pool (`tier`; the host-RAM tier in `host`, the SSD tier in `disk`), and the turn
+//! of a row from full-precision to quantized KV at its delayed start (`transition`).
 
 pub mod block_pool;
 pub mod disk;
@@ -10,10 +11,11 @@ pub mod policy;
 pub mod prefix_cache;
 pub mod seq_kv;
 pub mod tier;
+mod transition;
 
 pub use block_pool::BlockPool;
 pub use manager::{KvManager, Spill};
 pub use policy::{policy_for, FullAttention, GroupPolicy, SlidingWindow};
 pub use prefix_cache::PrefixCache;
-pub use seq_kv::SeqKv;
+pub use seq_kv::{SeqKv, NEVER};
 pub use tier::{BlockData, KvTier, Restored, TierKind};

@@ -8,6 +8,11 @@
 //! manager retained (reference counts), and the rows of a model step carry plain block ids,
 //! copied from the read-only view `tables()`.
 //!
+//! Under a quantized cache with a delayed start, an allocation also knows its precision: its
+//! tables index the cache's own pools or, before its quantized start, the full-precision twin
+//! pools (`full_precision()`); at the transition the manager gives it new tables and it holds
+//! the twin blocks (`pending`) until their values were converted.
+//!
 //! ```
 //! fn owns(kv: ferrite_engine::kv::SeqKv) -> bool { kv.is_empty() }
 //! ```
@@ -21,6 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use ferrite_runtime::batch::NO_BLOCK;
 
 use super::block_pool::BlockPool;
+use super::prefix_cache::chain_hash;
 
 /// The block pools of one `KvManager`, one per KV group, shared with the allocations made
 /// from them so that dropping an allocation returns its blocks.
@@ -35,22 +41,98 @@ pub(super) fn lock(pools: &SharedPools) -> MutexGuard<'_, Vec<BlockPool>> {
 
 /// One sequence's blocks: a table per KV group (`NO_BLOCK` where a sliding window released
 /// one), and the chained hashes of its full blocks, whose chain starts at `root` (0 for the
-/// base model, the adapter's digest for a sequence run through a LoRA adapter: its KV differs).
+/// base model, the adapter's digest for a sequence run through a LoRA adapter: its KV differs)
+/// mixed with its precision (`chain_root`).
 pub struct SeqKv {
     pub(super) pools: SharedPools,
     pub(super) tables: Vec<Vec<u32>>,
     pub(super) hashes: Vec<u64>,
     pub(super) root: u64,
+    /// The first of the pools its tables index: 0 (the cache's own) or the number of groups
+    /// (the full-precision twins).
+    pub(super) base: usize,
+    /// The position its KV turns quantized at: 0 from the start, `NEVER` for a full-precision
+    /// row of a quantized cache.
+    pub(super) start: usize,
+    /// Twin blocks its tables were converted from, held until their values are copied:
+    /// (group, twin block, block).
+    pub(super) pending: Vec<(usize, u32, u32)>,
+}
+
+/// A quantized start no row reaches: the row keeps full-precision KV.
+pub const NEVER: usize = usize::MAX;
+
+/// Tag of the full-precision twin pools' chains.
+const FULL_PRECISION: u64 = 0x0066_756c_6c5f_6b76;
+
+/// The prefix-cache chain root of blocks of a sequence rooted at `root`: in the twin pools
+/// (`full_precision`), one chain for every start (a position before any start is computed
+/// the same way); in the cache's own pools, a chain per start (0 keeps `root` itself: a cache
+/// without a delayed start keeps its chains).
+pub(super) fn chain_root(root: u64, full_precision: bool, start: usize) -> u64 {
+    match (full_precision, start) {
+        (true, _) => chain_hash(root, FULL_PRECISION, &[]),
+        (false, 0) => root,
+        (false, n) => chain_hash(root, n as u64, &[]),
+    }
 }
 
 impl SeqKv {
     pub(super) fn new(pools: &SharedPools, groups: usize, root: u64) -> SeqKv {
-        SeqKv { pools: pools.clone(), tables: vec![Vec::new(); groups], hashes: Vec::new(), root }
+        SeqKv {
+            pools: pools.clone(),
+            tables: vec![Vec::new(); groups],
+            hashes: Vec::new(),
+            root,
+            base: 0,
+            start: 0,
+            pending: Vec::new(),
+        }
     }
 
-    /// Where its prefix-cache hash chain starts (what computes its KV besides the model).
+    /// What computes its KV besides the model (0, or its adapter's digest).
     pub fn root(&self) -> u64 {
         self.root
+    }
+
+    /// Where the hash chain of its blocks in the cache's own pools starts: what tiers below
+    /// the pool (which hold those blocks only) key its prefix by.
+    pub fn main_root(&self) -> u64 {
+        chain_root(self.root, false, self.start)
+    }
+
+    /// Where the hash chain of its blocks where they are now starts.
+    pub(super) fn chain_root(&self) -> u64 {
+        chain_root(self.root, self.base != 0, self.start)
+    }
+
+    /// Whether its tables index the full-precision twin pools (it has not turned quantized).
+    pub fn full_precision(&self) -> bool {
+        self.base != 0
+    }
+
+    /// The position its KV turns quantized at (0: from the start, `NEVER`: it does not).
+    pub fn quantized_start(&self) -> usize {
+        self.start
+    }
+
+    /// Query positions it may compute from `computed` on before it has to turn quantized (a
+    /// step's span never straddles its start); unbounded once it may turn.
+    pub fn room_before_start(&self, computed: usize) -> usize {
+        if self.base != 0 && computed < self.start {
+            self.start - computed
+        } else {
+            usize::MAX
+        }
+    }
+
+    /// The conversions its last transition left to copy, per group: (twin block, block).
+    pub fn pending_moves(&self) -> Vec<Vec<(u32, u32)>> {
+        let mut out = vec![Vec::new(); self.tables.len()];
+        for &(g, from, to) in &self.pending {
+            out[g].push((from, to));
+        }
+        out
     }
 
     /// The block tables, one per group, read-only: what a row of a model step is given.
@@ -78,16 +160,25 @@ impl Drop for SeqKv {
     /// evicted).
     fn drop(&mut self) {
         let mut pools = lock(&self.pools);
-        for (pool, table) in pools.iter_mut().zip(&self.tables) {
+        for (pool, table) in pools.iter_mut().skip(self.base).zip(&self.tables) {
             for &b in table.iter().filter(|&&b| b != NO_BLOCK) {
                 pool.release(b);
             }
+        }
+        let groups = self.tables.len();
+        for &(g, b, _) in &self.pending {
+            pools[groups + g].release(b);
         }
     }
 }
 
 impl fmt::Debug for SeqKv {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SeqKv").field("tables", &self.tables).field("hashes", &self.hashes).finish()
+        f.debug_struct("SeqKv")
+            .field("tables", &self.tables)
+            .field("hashes", &self.hashes)
+            .field("full_precision", &self.full_precision())
+            .field("start", &self.start)
+            .finish()
     }
 }

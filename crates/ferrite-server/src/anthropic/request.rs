@@ -39,6 +39,8 @@ pub struct MessagesRequest {
     output_config: Option<Value>,
     output_format: Option<Value>,
     fill: Option<String>,
+    kv_cache_dtype: Option<String>,
+    quantized_kv_start: Option<usize>,
 }
 
 fn bad(param: String, message: impl Into<String>) -> ApiError {
@@ -168,6 +170,8 @@ impl MessagesRequest {
             max_tokens: self.max_tokens,
             stream: self.stream,
             fill: self.fill.clone(),
+            kv_cache_dtype: self.kv_cache_dtype.clone(),
+            quantized_kv_start: self.quantized_kv_start,
             ..CommonParams::default()
         }
     }

@@ -96,7 +96,7 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> io::Result<Option<T
 
 /// Every counter and gauge of an engine's metrics, in a fixed order (the `Metrics` message's
 /// values, and what `/metrics` adds up over a pool's engines).
-pub fn metric_fields(m: &EngineMetrics) -> [&AtomicU64; 33] {
+pub fn metric_fields(m: &EngineMetrics) -> [&AtomicU64; 35] {
     [
         &m.requests_added,
         &m.requests_finished,
@@ -115,6 +115,8 @@ pub fn metric_fields(m: &EngineMetrics) -> [&AtomicU64; 33] {
         &m.verify_accepted_tokens,
         &m.asserted_tokens,
         &m.overlapped_steps,
+        &m.kv_transitions,
+        &m.kv_converted_blocks,
         &m.ssd_lookup_tokens,
         &m.ssd_hit_tokens,
         &m.ssd_read_bytes,

@@ -3,11 +3,13 @@
 //! the model's `generation_config` defaults (its temperature only when it samples,
 //! `GenerationDefaults::sampling_temperature`, as the CLI reads it), then OpenAI's. vLLM's extras (`top_k`, `min_p`,
 //! `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`) are accepted too, and
-//! structured output: `response_format` or vLLM's `guided_*` fields (`structured`).
+//! structured output: `response_format` or vLLM's `guided_*` fields (`structured`). ferrite's
+//! own extensions: `fill`, and the KV precision `kv_cache_dtype` / `quantized_kv_start`
+//! (`ferrite_engine::kv_precision` says what a request may ask).
 
 use std::collections::HashMap;
 
-use ferrite_engine::{Constraint, FillMode, RequestParams, SamplingParams};
+use ferrite_engine::{Constraint, FillMode, KvPrecision, RequestParams, SamplingParams};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -51,6 +53,12 @@ pub struct CommonParams {
     pub response_format: Option<Value>,
     /// Fill mode (ferrite extension): "off", "strict" or "echo"; absent = the server's default.
     pub fill: Option<String>,
+    /// KV precision (ferrite extension): "auto", "f16" / "bf16" (full precision) or the KV
+    /// cache's quantized type ("int8", "int4"); absent = the server's.
+    pub kv_cache_dtype: Option<String>,
+    /// The position the request's KV turns quantized at (ferrite extension); absent = the
+    /// server's `--quantized-kv-start`.
+    pub quantized_kv_start: Option<usize>,
     /// vLLM's guided decoding (`structured::GuidedFields`). Fields of their own rather than a
     /// flattened struct: `flatten` would buffer every unknown field of the body.
     pub guided_json: Option<Value>,
@@ -120,6 +128,10 @@ impl CommonParams {
             None => None,
             Some(f) => Some(f.parse::<FillMode>().map_err(|e| ApiError::invalid_param("fill", e))?),
         };
+        let kv_cache_dtype = match self.kv_cache_dtype.as_deref() {
+            None => None,
+            Some(d) => Some(d.parse::<KvPrecision>().map_err(|e| ApiError::invalid_param("kv_cache_dtype", e))?),
+        };
         let stop = match &self.stop {
             None => Vec::new(),
             Some(StopField::One(s)) => vec![s.clone()],
@@ -139,6 +151,8 @@ impl CommonParams {
             // Set from the lease on the model the request named (`App::generate`).
             adapter: None,
             embed: false,
+            kv_cache_dtype,
+            quantized_kv_start: self.quantized_kv_start,
         })
     }
 }

@@ -40,6 +40,8 @@ pub struct ResponsesRequest {
     pub reasoning: Option<Value>,
     metadata: Option<Value>,
     pub fill: Option<String>,
+    pub kv_cache_dtype: Option<String>,
+    pub quantized_kv_start: Option<usize>,
 }
 
 fn bad(param: impl Into<String>, message: impl Into<String>) -> ApiError {
@@ -208,6 +210,8 @@ impl ResponsesRequest {
             max_tokens: self.max_output_tokens,
             stream: self.stream,
             fill: self.fill.clone(),
+            kv_cache_dtype: self.kv_cache_dtype.clone(),
+            quantized_kv_start: self.quantized_kv_start,
             ..CommonParams::default()
         }
     }

@@ -9,6 +9,7 @@ mod embeddings;
 mod errors;
 mod fill;
 mod hardening;
+mod kv_precision;
 mod lifecycle;
 mod listener;
 mod lora;

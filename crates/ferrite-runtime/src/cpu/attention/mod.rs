@@ -1,6 +1,7 @@
 //! GQA attention over the paged KV cache: causal, or bidirectional (encoders).
 //!
-//! `write_kv` stores a step's new keys and values into the blocks its rows own; then
+//! `write_kv` stores a step's new keys and values into the blocks its rows own (in the
+//! layer's pools, or its full-precision twins for a row before its quantized start); then
 //! `paged_attention` lets every query token attend to its row's positions `[lo, hi]`, where
 //! `lo` is 0 for full attention and `pos + 1 - window` for sliding-window layers, and `hi` is
 //! the token's own position — or, for a non-causal (bidirectional) layer, the row's last
@@ -161,31 +162,54 @@ fn mixed_pools() -> RuntimeError {
 }
 
 /// Write `k`, `v` (`[tokens, n_kv_heads * head_dim]`) into the cache at each token's position,
-/// rounded to the pools' value type.
+/// rounded to the pools' value type: each row into its own pools (the layer's, or its
+/// full-precision twins for a row before its quantized start).
 pub fn write_kv(k: &[f32], v: &[f32], batch: &ForwardBatch, layer: &mut LayerKv, block_size: usize) -> Result<()> {
     let (nkv, hd) = (layer.spec.n_kv_heads, layer.spec.head_dim);
     let width = nkv * hd;
     if k.len() != batch.num_tokens() * width || v.len() != k.len() {
         return Err(RuntimeError::Shape(format!("write_kv: {} values for {} tokens", k.len(), batch.num_tokens())));
     }
-    // Slot offsets first (they borrow the layer), then the writes into its pools.
-    let mut at = Vec::with_capacity(batch.num_tokens() * nkv);
+    // Slot offsets first (they borrow the layer), then the writes into its pools; rows of the
+    // twin pools (`full`) apart.
+    let (mut at, mut at_full) = (Vec::with_capacity(batch.num_tokens() * nkv), Vec::new());
     for row in &batch.rows {
         let table = table(row, layer)?;
+        let dst = if row.full_precision { &mut at_full } else { &mut at };
         for t in row.query_start..row.query_start + row.query_len {
             let (block, slot) = slot_of(table, block_size, batch.positions[t] as usize)?;
-            at.extend((0..nkv).map(|h| (layer.offset(block_size, block, h, slot), t * width + h * hd)));
+            dst.extend((0..nkv).map(|h| (layer.offset(block_size, block, h, slot), t * width + h * hd)));
         }
     }
+    if !at_full.is_empty() {
+        write_pools(k, v, layer.full.as_deref_mut().ok_or_else(no_twin)?, &at_full)?;
+    }
+    write_pools(k, v, layer, &at)
+}
+
+/// Write the rows of `k`, `v` at `at` (`(pool offset, source offset)` pairs) into `layer`'s
+/// pools.
+fn write_pools(k: &[f32], v: &[f32], layer: &mut LayerKv, at: &[(usize, usize)]) -> Result<()> {
+    let hd = layer.spec.head_dim;
     if let Some(end) = at.iter().map(|&(off, _)| off + hd).max() {
         layer.populate_to(end);
     }
     match (&mut layer.k, &mut layer.v) {
-        (KvPool::F32(kp), KvPool::F32(vp)) => write_rows(k, v, kp, vp, &at, hd),
-        (KvPool::F16(kp), KvPool::F16(vp)) => write_rows(k, v, kp, vp, &at, hd),
+        (KvPool::F32(kp), KvPool::F32(vp)) => write_rows(k, v, kp, vp, at, hd),
+        (KvPool::F16(kp), KvPool::F16(vp)) => write_rows(k, v, kp, vp, at, hd),
         (KvPool::Quant(kp), KvPool::Quant(vp)) => {
-            for &(off, src) in &at {
-                if !(kp.write(off, &k[src..src + hd]) && vp.write(off, &v[src..src + hd])) {
+            let (nkv, mut shifted) = (layer.spec.n_kv_heads, vec![0f32; hd]);
+            for &(off, src) in at {
+                let key = match &layer.key_offset {
+                    Some(mu) => {
+                        let h = (src / hd) % nkv;
+                        let row = k[src..src + hd].iter().zip(&mu[h * hd..(h + 1) * hd]);
+                        shifted.iter_mut().zip(row).for_each(|(d, (x, m))| *d = x - m);
+                        &shifted[..]
+                    }
+                    None => &k[src..src + hd],
+                };
+                if !(kp.write(off, key) && vp.write(off, &v[src..src + hd])) {
                     return Err(RuntimeError::Shape(format!("write_kv: slot at {off} is outside the KV cache")));
                 }
             }
@@ -193,6 +217,10 @@ pub fn write_kv(k: &[f32], v: &[f32], batch: &ForwardBatch, layer: &mut LayerKv,
         }
         _ => Err(mixed_pools()),
     }
+}
+
+fn no_twin() -> RuntimeError {
+    RuntimeError::Shape("a row keeps full-precision KV but the cache has no full-precision pools".into())
 }
 
 /// `kp[off..off + hd] = k[src..src + hd]` (and the same for `v`) for each `(off, src)` of `at`.
@@ -234,7 +262,8 @@ pub fn paged_attention(
     attend_at(q, batch, layer, block_size, p, kernel_mode().level().unwrap_or(Level::Scalar), out)
 }
 
-/// `paged_attention` (shapes checked) with the vector code of `level`.
+/// `paged_attention` (shapes checked) with the vector code of `level`: the rows of each
+/// pool (the layer's own, its full-precision twins) over that pool.
 fn attend_at(
     q: &[f32],
     batch: &ForwardBatch,
@@ -244,15 +273,37 @@ fn attend_at(
     level: Level,
     out: &mut [f32],
 ) -> Result<()> {
+    let (full, own): (Vec<&RowSpan>, Vec<&RowSpan>) = batch.rows.iter().partition(|r| r.full_precision);
+    if !full.is_empty() {
+        attend_layer(q, batch, &full, layer.full.as_deref().ok_or_else(no_twin)?, block_size, p, level, out)?;
+    }
+    attend_layer(q, batch, &own, layer, block_size, p, level, out)
+}
+
+/// `rows` of `batch` over the pools of `layer`, whatever their value type.
+#[allow(clippy::too_many_arguments)]
+fn attend_layer(
+    q: &[f32],
+    batch: &ForwardBatch,
+    rows: &[&RowSpan],
+    layer: &LayerKv,
+    block_size: usize,
+    p: &AttentionParams,
+    level: Level,
+    out: &mut [f32],
+) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
     match (&layer.k, &layer.v) {
         (KvPool::F32(k), KvPool::F32(v)) => {
-            attend_pools::<&[f32]>(q, batch, layer, Pools { k, v }, block_size, p, level, out)
+            attend_pools::<&[f32]>(q, batch, rows, layer, Pools { k, v }, block_size, p, level, out)
         }
         (KvPool::F16(k), KvPool::F16(v)) => {
-            attend_pools::<&[f16]>(q, batch, layer, Pools { k, v }, block_size, p, level, out)
+            attend_pools::<&[f16]>(q, batch, rows, layer, Pools { k, v }, block_size, p, level, out)
         }
         (KvPool::Quant(k), KvPool::Quant(v)) => {
-            attend_pools(q, batch, layer, Pools { k, v }, block_size, p, level, out)
+            attend_pools(q, batch, rows, layer, Pools { k, v }, block_size, p, level, out)
         }
         _ => Err(mixed_pools()),
     }
@@ -262,6 +313,7 @@ fn attend_at(
 fn attend_pools<S: KvSource>(
     q: &[f32],
     batch: &ForwardBatch,
+    rows: &[&RowSpan],
     layer: &LayerKv,
     pools: Pools<S>,
     block_size: usize,
@@ -270,7 +322,7 @@ fn attend_pools<S: KvSource>(
     out: &mut [f32],
 ) -> Result<()> {
     let (tiled, small): (Vec<&RowSpan>, Vec<&RowSpan>) =
-        batch.rows.iter().partition(|r| r.query_len >= TILE_MIN_QUERIES);
+        rows.iter().copied().partition(|r| r.query_len >= TILE_MIN_QUERIES);
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx512Vnni {
         // SAFETY: this level guarantees AVX-512 F, AVX2 and FMA.

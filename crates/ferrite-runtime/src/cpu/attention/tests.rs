@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::batch::RowLogits;
+use crate::batch::{RowLogits, RowOptions};
 use crate::kv::{KvDtype, KvLayerSpec, KvPool};
 
 fn reference(q: &[f32], batch: &ForwardBatch, layer: &LayerKv, bs: usize, p: &AttentionParams) -> Vec<f64> {
@@ -251,4 +251,120 @@ fn write_kv_quantizes_each_row_in_place() {
         }
         assert!(kr.iter().chain(&vr).all(|&x| x == 0.0), "{dtype:?}: a slot outside the tokens' was written");
     }
+}
+
+/// Rows of a quantized layer's own pools and rows of its full-precision twins share a batch:
+/// `write_kv` puts each row's keys and values into its own pools, and each row attends over
+/// them exactly as it does alone.
+#[test]
+fn rows_before_and_after_their_quantized_start_share_a_batch() {
+    let mut rng = StdRng::seed_from_u64(rand::rng().random());
+    let (nh, nkv, hd, bs, blocks) = (4, 2, 64, 4, 24);
+    let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
+    let n = blocks * bs * nkv * hd;
+    let layer = || {
+        let mut l = LayerKv::new(
+            spec,
+            KvPool::zeroed(KvDtype::Int8 { group: 32 }, n),
+            KvPool::zeroed(KvDtype::Int8 { group: 32 }, n),
+        );
+        l.full = Some(Box::new(LayerKv::new(spec, KvPool::zeroed(KvDtype::F16, n), KvPool::zeroed(KvDtype::F16, n))));
+        l
+    };
+    let p = AttentionParams {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        scale: 0.125,
+        window: None,
+        softcap: None,
+        causal: true,
+    };
+    // (tokens, full precision): decode and prefill rows of both kinds; each row its own blocks.
+    let rows = [(1, true), (20, false), (3, true), (1, false), (17, true), (5, false)];
+    let mut next = 0u32;
+    let rows: Vec<(Vec<u32>, usize, bool)> = (rows.iter())
+        .map(|&(len, full)| {
+            let table: Vec<u32> = (next..next + (len as u32).div_ceil(bs as u32)).collect();
+            next += table.len() as u32;
+            (table, len, full)
+        })
+        .collect();
+    let push = |batch: &mut ForwardBatch, (table, len, full): &(Vec<u32>, usize, bool)| {
+        let options = RowOptions { adapter: None, full_precision: *full };
+        batch.push_row_with(&vec![0; *len], *len, vec![table.clone()], RowLogits::None, options);
+    };
+    let mut batch = ForwardBatch::default();
+    rows.iter().for_each(|r| push(&mut batch, r));
+    let width = nkv * hd;
+    let k: Vec<f32> = (0..batch.num_tokens() * width).map(|_| rng.random_range(-2.0..2.0)).collect();
+    let v: Vec<f32> = (0..batch.num_tokens() * width).map(|_| rng.random_range(-2.0..2.0)).collect();
+    let q: Vec<f32> = (0..batch.num_tokens() * nh * hd).map(|_| rng.random_range(-2.0..2.0)).collect();
+    let mut together = layer();
+    write_kv(&k, &v, &batch, &mut together, bs).unwrap();
+    let mut out = vec![0f32; q.len()];
+    paged_attention(&q, &batch, &together, bs, &p, &mut out).unwrap();
+    let mut apart = layer();
+    for (i, row) in rows.iter().enumerate() {
+        let span = batch.rows[i].query_start..batch.rows[i].query_start + batch.rows[i].query_len;
+        let mut alone = ForwardBatch::default();
+        push(&mut alone, row);
+        let (ka, va) = (&k[span.start * width..span.end * width], &v[span.start * width..span.end * width]);
+        write_kv(ka, va, &alone, &mut apart, bs).unwrap();
+        let mut got = vec![0f32; span.len() * nh * hd];
+        paged_attention(&q[span.start * nh * hd..span.end * nh * hd], &alone, &apart, bs, &p, &mut got).unwrap();
+        assert!(got[..] == out[span.start * nh * hd..span.end * nh * hd], "row {i} (full precision {}) alone", row.2);
+    }
+    let twin = |l: &LayerKv| l.full.as_ref().map(|t| (t.k.to_f32(), t.v.to_f32()));
+    assert!(together.k.to_f32() == apart.k.to_f32() && together.v.to_f32() == apart.v.to_f32());
+    assert!(twin(&together) == twin(&apart));
+    // Each row's values went to its own pools only.
+    let (own, full) = (together.k.to_f32(), twin(&together).unwrap().0);
+    for ((table, _, is_full), r) in rows.iter().zip(&batch.rows) {
+        let at = together.offset(bs, table[0] as usize, 0, 0);
+        let x = f16::from_f32(k[r.query_start * width]).to_f32();
+        let (here, there) = if *is_full { (&full, &own) } else { (&own, &full) };
+        assert!((here[at] - x).abs() < 0.05 && there[at] == 0.0, "row {table:?} in its own pools");
+    }
+}
+
+/// Keys that share a large constant per channel (a k bias that RoPE barely turns): stored less
+/// a key offset, the offset cancels in the softmax and the codes keep what differs, so
+/// attention over int8 keys comes far closer to attention over the exact keys.
+#[test]
+fn a_key_offset_cancels_and_keeps_the_codes_for_what_differs() {
+    let mut rng = StdRng::seed_from_u64(rand::rng().random());
+    let (nh, nkv, hd, bs, ctx): (usize, usize, usize, usize, usize) = (2, 1, 64, 16, 96);
+    let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
+    let n = ctx.div_ceil(bs) * bs * nkv * hd;
+    let mu: Vec<f32> = (0..hd).map(|c| if c % 16 == 3 { 150.0 - c as f32 } else { 0.0 }).collect();
+    let k: Vec<f32> = (0..ctx * hd).map(|i| mu[i % hd] + rng.random_range(-3.0..3.0)).collect();
+    let v: Vec<f32> = (0..ctx * hd).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let q: Vec<f32> = (0..ctx * nh * hd).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let mut batch = ForwardBatch::default();
+    batch.push_row(&[0; 96], ctx, vec![(0..(ctx / bs) as u32).collect()], RowLogits::None);
+    let p = AttentionParams {
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        scale: 0.125,
+        window: None,
+        softcap: None,
+        causal: true,
+    };
+    let run = |dtype: KvDtype, offset: Option<Vec<f32>>| {
+        let mut l = LayerKv::new(spec, KvPool::zeroed(dtype, n), KvPool::zeroed(dtype, n));
+        l.key_offset = offset;
+        write_kv(&k, &v, &batch, &mut l, bs).unwrap();
+        let mut out = vec![0f32; q.len()];
+        paged_attention(&q, &batch, &l, bs, &p, &mut out).unwrap();
+        out
+    };
+    let exact = run(KvDtype::F32, None);
+    let err = |got: &[f32]| got.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let int8 = KvDtype::Int8 { group: 64 };
+    let (plain, shifted) = (err(&run(int8, None)), err(&run(int8, Some(mu.clone()))));
+    assert!(shifted < plain / 8.0 && shifted < 1e-2, "max error {shifted} with the offset, {plain} without");
+    // An f32 pool keeps no offset: the keys are stored as they are.
+    assert_eq!(err(&run(KvDtype::F32, Some(mu))), 0.0);
 }
