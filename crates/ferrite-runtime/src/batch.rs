@@ -21,6 +21,10 @@ pub struct RowSpan {
     pub block_tables: Vec<Vec<u32>>,
     /// The LoRA adapter the row runs through (its id with the model), or the base model.
     pub adapter: Option<u32>,
+    /// A verify row of a model with recurrent state: slot `i` receives the state after the
+    /// row's first `i + 1` query tokens, so a rejected tail can be rolled back (`kv_state`).
+    /// Empty otherwise.
+    pub span_states: Vec<u32>,
 }
 
 /// A block-table entry whose block was released (it fell out of a sliding window).
@@ -78,7 +82,14 @@ impl ForwardBatch {
             }
             RowLogits::All => self.logits_indices.extend(query_start..query_start + tokens.len()),
         }
-        self.rows.push(RowSpan { query_start, query_len: tokens.len(), context_len, block_tables, adapter });
+        self.rows.push(RowSpan {
+            query_start,
+            query_len: tokens.len(),
+            context_len,
+            block_tables,
+            adapter,
+            span_states: Vec::new(),
+        });
     }
 
     pub fn num_tokens(&self) -> usize {

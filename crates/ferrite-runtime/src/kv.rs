@@ -29,6 +29,7 @@ use crate::cuda::Gpu;
 use crate::error::{Result, RuntimeError};
 use crate::hugemem::HugeVec;
 use crate::kv_quant::{KvBits, QuantPool, KV_GROUP_SIZES};
+use crate::kv_state::{StatePool, StateSpec};
 
 /// Shape of one KV-owning layer and the KV group whose blocks it uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,21 +46,35 @@ pub enum KvGroupKind {
     Full,
     /// Only the last `window` positions are read; older blocks are released.
     Sliding { window: usize },
+    /// A fixed-size recurrent state per sequence (linear attention): its "blocks" are state
+    /// slots of the layers in `KvLayout::states` (`kv_state`).
+    Recurrent,
 }
 
-/// The KV layout of a model: its groups and its KV-owning layers. Layers that read another
-/// layer's KV (shared / donor layers) own nothing and are not listed; the model maps them to
-/// their donor's index.
+/// The KV layout of a model: its groups, its KV-owning layers and its recurrent-state layers.
+/// Layers that read another layer's KV (shared / donor layers) own nothing and are not listed;
+/// the model maps them to their donor's index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvLayout {
     pub groups: Vec<KvGroupKind>,
     pub layers: Vec<KvLayerSpec>,
+    /// Layers keeping a recurrent state (gated DeltaNet), in a `Recurrent` group's slots.
+    pub states: Vec<StateSpec>,
 }
 
 impl KvLayout {
     /// One full-attention group for `n` identical layers.
     pub fn uniform(n: usize, n_kv_heads: usize, head_dim: usize, kind: KvGroupKind) -> KvLayout {
-        KvLayout { groups: vec![kind], layers: vec![KvLayerSpec { n_kv_heads, head_dim, group: 0 }; n] }
+        KvLayout {
+            groups: vec![kind],
+            layers: vec![KvLayerSpec { n_kv_heads, head_dim, group: 0 }; n],
+            states: Vec::new(),
+        }
+    }
+
+    /// The recurrent group, if the model keeps recurrent state.
+    pub fn recurrent_group(&self) -> Option<usize> {
+        self.groups.iter().position(|g| *g == KvGroupKind::Recurrent)
     }
 
     /// Host bytes (default `KvDtype`) one block of `block_size` positions takes, per group.
@@ -73,6 +88,10 @@ impl KvLayout {
         let mut out = vec![0; self.groups.len()];
         for (l, d) in self.layers.iter().zip(dtypes) {
             out[l.group] += 2 * l.n_kv_heads * block_size * d.row_bytes(l.head_dim);
+        }
+        // A state slot is one "block" of a recurrent group, whatever the block size.
+        for s in &self.states {
+            out[s.group] += s.slot_bytes();
         }
         out
     }
@@ -383,6 +402,8 @@ pub struct KvCache {
     /// Unique per cache in this process (a captured graph remembers which cache it writes).
     id: u64,
     pub(crate) storage: Storage,
+    /// The recurrent states of `KvLayout::states` (host memory only).
+    states: Vec<StatePool>,
     group_blocks: Vec<usize>,
     pub(crate) block_size: usize,
 }
@@ -455,12 +476,22 @@ impl KvCache {
                 LayerKv::new(spec, KvPool::zeroed(dtype, n), KvPool::zeroed(dtype, n))
             })
             .collect();
-        Ok(KvCache { id: next_id(), storage: Storage::Host(layers), group_blocks: group_blocks.to_vec(), block_size })
+        let states = layout.states.iter().map(|&spec| StatePool::zeroed(spec, group_blocks[spec.group])).collect();
+        Ok(KvCache {
+            id: next_id(),
+            storage: Storage::Host(layers),
+            states,
+            group_blocks: group_blocks.to_vec(),
+            block_size,
+        })
     }
 
     /// Device (bf16) storage on `gpu`, same shapes as `new`.
     pub fn on_device(gpu: &Gpu, layout: &KvLayout, group_blocks: &[usize], block_size: usize) -> Result<KvCache> {
         check_blocks(layout, group_blocks, block_size)?;
+        if !layout.states.is_empty() {
+            return Err(RuntimeError::Unsupported("recurrent state has no CUDA storage yet".into()));
+        }
         let layers = layout
             .layers
             .iter()
@@ -469,7 +500,13 @@ impl KvCache {
         let groups = layout.layers.iter().map(|l| l.group).collect();
         let copies = Arc::new(CopyStream::new(gpu.stream())?);
         let pools = DevicePools { layers, groups, copies };
-        Ok(KvCache { id: next_id(), storage: Storage::Device(pools), group_blocks: group_blocks.to_vec(), block_size })
+        Ok(KvCache {
+            id: next_id(),
+            storage: Storage::Device(pools),
+            states: Vec::new(),
+            group_blocks: group_blocks.to_vec(),
+            block_size,
+        })
     }
 
     pub fn group_blocks(&self) -> &[usize] {
@@ -526,6 +563,12 @@ impl KvCache {
             }
             Storage::Device(_) => Err(RuntimeError::Shape("a CPU model was given a KV cache on a CUDA device".into())),
         }
+    }
+
+    /// The recurrent state of state layer `i` (`KvLayout::states`).
+    pub fn state_mut(&mut self, i: usize) -> Result<&mut StatePool> {
+        let n = self.states.len();
+        self.states.get_mut(i).ok_or_else(|| RuntimeError::Shape(format!("state layer {i} of {n}")))
     }
 
     /// Device layer `i`; an error for host storage or a layer that does not exist.
