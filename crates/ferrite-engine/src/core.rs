@@ -118,6 +118,14 @@ impl EngineCore {
         // The namespace holds the KV scheme through the pools' own description (`tiers`).
         let namespace = tiers::namespace(cfg.namespace, &kv, &layout, cfg.block_size);
         let mut kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, prefix_cache.then_some(namespace));
+        kvm.set_snapshot_stride(cfg.snapshot_stride(&layout, &block_bytes));
+        if layout.recurrent_group().is_some() && (cfg.disk_cache.is_some() || cfg.host_cache_memory.is_some()) {
+            return Err(EngineError::Config(
+                "the host-RAM and SSD prefix-cache tiers do not store recurrent state yet (qwen3_5, qwen3_next): \
+                 run this model without --host-cache-memory and --prefix-cache-dir"
+                    .into(),
+            ));
+        }
         let limits = Limits {
             max_model_len,
             vocab_size: mcfg.vocab_size,
@@ -305,7 +313,12 @@ impl EngineCore {
         let mut plan: Vec<PlanRow> = Vec::with_capacity(rows.len());
         for r in &rows {
             let s = &mut self.sched.running[r.index];
-            let proposal = s.spec.proposal.take();
+            let mut proposal = s.spec.proposal.take();
+            // A model with recurrent state keeps the state after each proposed position, so a
+            // rejected tail rolls back; without free slots for them the row decodes plainly.
+            if proposal.as_ref().is_some_and(|p| !self.kvm.reserve_span(&mut s.kv, s.num_computed, p.len())) {
+                proposal = None;
+            }
             let end = s.num_computed + r.tokens.min(s.remaining());
             let (logits, n_logits) = match &proposal {
                 Some(p) => (RowLogits::All, 1 + p.len()),
@@ -318,6 +331,9 @@ impl EngineCore {
             }
             let context = s.num_computed + query.len();
             batch.push_adapter_row(&query, context, s.kv.tables().to_vec(), logits, s.adapter);
+            if let Some(row) = batch.rows.last_mut() {
+                row.span_states = s.kv.span_states().to_vec();
+            }
             plan.push(PlanRow { index: Some(r.index), tokens: end - s.num_computed, logits: n_logits, proposal });
         }
         self.metrics.add_batch(batch.num_tokens());
@@ -504,7 +520,9 @@ impl EngineCore {
                 tokens: p.tokens[..p.prompt_len].to_vec(),
                 prompt_len: p.prompt_len,
                 num_computed: kv.tables().first().map_or(0, |t| t.len()) * bs,
-                looked_up: true,
+                // Without shared blocks (a sliding window or recurrent state) a child starts
+                // from a prefix-cache hit on the parent's prompt.
+                looked_up: !kv.is_empty(),
                 kv,
                 adapter: p.adapter,
                 cached_tokens: p.cached_tokens,

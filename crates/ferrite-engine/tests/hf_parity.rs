@@ -124,6 +124,7 @@ gguf_parity! {
     smollm3_gguf => "smollm3",
     qwen3_moe_gguf => "qwen3-moe",
     mixtral_gguf => "mixtral",
+    qwen3_5_gguf => "qwen3.5",
 }
 
 macro_rules! parity {
@@ -157,4 +158,5 @@ parity! {
     gemma4_moe => "gemma4-moe",
     qwen3_moe => "qwen3-moe",
     mixtral => "mixtral",
+    qwen3_5 => "qwen3.5",
 }

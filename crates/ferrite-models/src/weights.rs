@@ -52,6 +52,13 @@ pub fn gguf_name(hf: &str, layout: &WeightLayout) -> Option<String> {
     }
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
+    // Linear attention's bare parameters: llama.cpp stores `A_log` as `−exp(A_log)` in
+    // `ssm_a` (the plan knows) and the dt bias as the bias of `ssm_dt`.
+    match rest {
+        "linear_attn.A_log" => return Some(format!("blk.{layer}.ssm_a")),
+        "linear_attn.dt_bias" => return Some(format!("blk.{layer}.ssm_dt.bias")),
+        _ => {}
+    }
     let (module, suffix) = rest.rsplit_once('.')?;
     let g = match module {
         "input_layernorm" => "attn_norm",
@@ -77,6 +84,20 @@ pub fn gguf_name(hf: &str, layout: &WeightLayout) -> Option<String> {
         "mlp.experts.gate_proj" | "block_sparse_moe.experts.w1" => "ffn_gate_exps",
         "mlp.experts.up_proj" | "block_sparse_moe.experts.w3" => "ffn_up_exps",
         "mlp.experts.down_proj" | "block_sparse_moe.experts.w2" => "ffn_down_exps",
+        // The shared expert and its sigmoid gate (Qwen3-Next).
+        "mlp.shared_expert.gate_proj" => "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj" => "ffn_up_shexp",
+        "mlp.shared_expert.down_proj" => "ffn_down_shexp",
+        "mlp.shared_expert_gate" => "ffn_gate_inp_shexp",
+        // Gated DeltaNet (Qwen3-Next's packed `in_proj_qkvz` becomes `attn_qkv` + `attn_gate`).
+        "linear_attn.in_proj_qkv" => "attn_qkv",
+        "linear_attn.in_proj_z" => "attn_gate",
+        "linear_attn.in_proj_b" => "ssm_beta",
+        "linear_attn.in_proj_a" => "ssm_alpha",
+        "linear_attn.in_proj_ba" => "ssm_ba",
+        "linear_attn.conv1d" => "ssm_conv1d",
+        "linear_attn.norm" => "ssm_norm",
+        "linear_attn.out_proj" => "ssm_out",
         _ => return None,
     };
     Some(format!("blk.{layer}.{g}.{suffix}"))

@@ -13,6 +13,10 @@
 //! serve — all `h` blocks in a full-attention group, only those the window still reads at
 //! position `h · block_size` in a sliding one (the ones before were released and may be gone).
 //!
+//! A recurrent group's blocks are state slots (`policy::RecurrentState`): its table keeps the
+//! live state and strided snapshots, and a verify row gets a span of per-token state slots
+//! (`reserve_span`) from which `truncate` restores the state at the accepted length.
+//!
 //! With a tier below the pool that takes evicted blocks (host RAM), every cached block the
 //! pools evict is recorded as a `Spill` — its hash, tokens and the block of each group that
 //! caches it — while its bytes are still intact; the engine hands the spills to the tier
@@ -24,9 +28,9 @@ use ferrite_runtime::batch::NO_BLOCK;
 use ferrite_runtime::KvLayout;
 
 use super::block_pool::BlockPool;
-use super::policy::{policy_for, GroupPolicy};
+use super::policy::{policy_for, GroupPolicy, RecurrentState};
 use super::prefix_cache::{chain_hash, PrefixCache};
-use super::seq_kv::{lock, SeqKv, SharedPools};
+use super::seq_kv::{lock, SeqKv, SharedPools, Span};
 
 pub struct KvManager {
     /// The rules of each group's kind, in group order.
@@ -90,6 +94,41 @@ impl KvManager {
             namespace: prefix_namespace.unwrap_or(0),
             spills: None,
         }
+    }
+
+    /// Keep a recurrent group's state snapshots every `blocks` blocks (default 1).
+    pub fn set_snapshot_stride(&mut self, blocks: usize) {
+        for p in self.policies.iter_mut().filter(|p| p.spans()) {
+            *p = Box::new(RecurrentState { stride: blocks.max(1) });
+        }
+    }
+
+    /// Whether a group keeps recurrent state (verify rows need `reserve_span`).
+    pub fn has_recurrent_state(&self) -> bool {
+        self.policies.iter().any(|p| p.spans())
+    }
+
+    /// Take the state slots of a verify row of `kv` whose first query position is `from` and
+    /// that proposes `k` tokens: the state after each of positions `from .. from + k` gets a
+    /// slot (`SeqKv::span_states`), so `truncate` can restore any accepted length. True (and
+    /// nothing taken) without a recurrent group; false when the slots are not free.
+    pub fn reserve_span(&mut self, kv: &mut SeqKv, from: usize, k: usize) -> bool {
+        debug_assert!(kv.is_from(&self.pools) && kv.span.is_none(), "one span at a time, from its own pools");
+        let Some(g) = self.policies.iter().position(|p| p.spans()) else { return true };
+        let groups = self.policies.len();
+        let mut pools = lock(&self.pools);
+        if pools[g].num_free() < k {
+            return false;
+        }
+        let mut slots = Vec::with_capacity(k);
+        for _ in 0..k {
+            match take_free(&mut pools[g], g, &mut self.cache, &mut self.spills, groups) {
+                Some(b) => slots.push(b),
+                None => break,
+            }
+        }
+        kv.span = Some(Span { group: g, from, slots });
+        true
     }
 
     /// Record the cached blocks the pools evict from now on (`take_spills`).
@@ -264,21 +303,32 @@ impl KvManager {
             .collect()
     }
 
-    /// Grow every table to cover `total` positions; all or nothing.
+    /// Grow every table to cover `total` positions; all or nothing. New entries get a block
+    /// where their group's policy gives them one (every entry, but for a recurrent group only
+    /// snapshot entries and the last, which must hold a block).
     pub fn allocate(&mut self, kv: &mut SeqKv, total: usize) -> bool {
         debug_assert!(kv.is_from(&self.pools), "an allocation grows from its own pools");
         let bs = self.block_size;
-        let need: Vec<usize> =
-            self.policies.iter().zip(&kv.tables).map(|(p, t)| p.table_len(total, bs).saturating_sub(t.len())).collect();
+        let plan: Vec<(usize, Vec<usize>)> = (self.policies.iter().zip(&kv.tables))
+            .map(|(p, t)| {
+                let len = p.table_len(total, bs).max(t.len());
+                let mut fill: Vec<usize> = (t.len()..len).filter(|&e| p.holds_block(e, len)).collect();
+                if p.last_holds_block() && len > 0 && t.get(len - 1) == Some(&NO_BLOCK) {
+                    fill.push(len - 1);
+                }
+                (len, fill)
+            })
+            .collect();
         let mut pools = lock(&self.pools);
-        if pools.iter().zip(&need).any(|(p, &n)| p.num_free() < n) {
+        if pools.iter().zip(&plan).any(|(p, (_, fill))| p.num_free() < fill.len()) {
             return false;
         }
         let groups = self.policies.len();
-        for (g, (pool, &n)) in pools.iter_mut().zip(&need).enumerate() {
-            for _ in 0..n {
+        for (g, (pool, (len, fill))) in pools.iter_mut().zip(plan).enumerate() {
+            kv.tables[g].resize(len, NO_BLOCK);
+            for e in fill {
                 let Some(block) = take_free(pool, g, &mut self.cache, &mut self.spills, groups) else { return false };
-                kv.tables[g].push(block);
+                kv.tables[g][e] = block;
             }
         }
         true
@@ -292,6 +342,10 @@ impl KvManager {
         debug_assert!(kv.is_from(&self.pools), "an allocation is stepped by its own manager");
         let bs = self.block_size;
         let mut pools = lock(&self.pools);
+        // A span no verdict rolled back from (its row never reached one) holds nothing needed.
+        if let Some(span) = kv.span.take() {
+            span.slots.iter().for_each(|&b| pools[span.group].release(b));
+        }
         if let Some(cache) = self.cache.as_mut() {
             while kv.hashes.len() < computed / bs {
                 let i = kv.hashes.len();
@@ -316,12 +370,29 @@ impl KvManager {
         }
     }
 
-    /// Roll `kv` back to its first `len` positions: blocks past them are released (a rejected
-    /// verify tail). Prefix-cache entries only ever cover committed positions, so none is lost.
-    pub fn truncate(&mut self, kv: &mut SeqKv, len: usize) {
+    /// Roll `kv` back to its first `len` positions, `computed` of them computed: blocks past
+    /// them are released (a rejected verify tail), and a recurrent group's live entry gets the
+    /// state after `computed` positions from the span of the verify row (`reserve_span`).
+    /// Prefix-cache entries only ever cover committed positions, so none is lost.
+    pub fn truncate(&mut self, kv: &mut SeqKv, computed: usize, len: usize) {
         debug_assert!(kv.is_from(&self.pools), "an allocation is rolled back by its own manager");
         let bs = self.block_size;
         let mut pools = lock(&self.pools);
+        if let Some(Span { group, from, mut slots }) = kv.span.take() {
+            // When the whole span stood, the row's last entry already holds the state.
+            if let Some(i) = computed.checked_sub(from + 1).filter(|&i| i < slots.len()) {
+                let (slot, e) = (slots.remove(i), (computed - 1) / bs);
+                let table = &mut kv.tables[group];
+                if table.len() <= e {
+                    table.resize(e + 1, NO_BLOCK);
+                }
+                let old = std::mem::replace(&mut table[e], slot);
+                if old != NO_BLOCK {
+                    pools[group].release(old);
+                }
+            }
+            slots.iter().for_each(|&b| pools[group].release(b));
+        }
         for ((policy, pool), table) in self.policies.iter().zip(pools.iter_mut()).zip(kv.tables.iter_mut()) {
             let keep = policy.table_len(len, bs).min(table.len());
             for b in table.drain(keep..).filter(|&b| b != NO_BLOCK) {
@@ -366,7 +437,8 @@ impl KvManager {
                 return Err("an allocation of other pools was counted".into());
             }
             for (g, (held, table)) in held.iter_mut().zip(&kv.tables).enumerate() {
-                for &b in table.iter().filter(|&&b| b != NO_BLOCK) {
+                let span = kv.span.as_ref().filter(|s| s.group == g).map_or(&[][..], |s| &s.slots);
+                for &b in table.iter().chain(span).filter(|&&b| b != NO_BLOCK) {
                     *held.get_mut(b as usize).ok_or(format!("group {g} has no block {b}"))? += 1;
                 }
             }
@@ -464,7 +536,7 @@ mod tests {
         m.check_holders([&kv]).unwrap();
         // No fork shares a sliding table.
         assert!(m.share_prefix(&kv, 4).is_empty());
-        m.truncate(&mut kv, 17);
+        m.truncate(&mut kv, 17, 17);
         assert_eq!(m.free_blocks(), (32 - 5 - 1, 32));
         m.check_holders([&kv]).unwrap();
         drop(kv);

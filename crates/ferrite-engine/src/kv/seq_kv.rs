@@ -41,11 +41,28 @@ pub struct SeqKv {
     pub(super) tables: Vec<Vec<u32>>,
     pub(super) hashes: Vec<u64>,
     pub(super) root: u64,
+    /// The per-token state slots of the verify row being run, if any.
+    pub(super) span: Option<Span>,
+}
+
+/// A verify row's state slots in a recurrent group: slot `i` receives the state after position
+/// `from + 1 + i`, so a rollback to any accepted length finds its state (`KvManager::truncate`).
+#[derive(Debug)]
+pub(super) struct Span {
+    pub group: usize,
+    pub from: usize,
+    pub slots: Vec<u32>,
 }
 
 impl SeqKv {
     pub(super) fn new(pools: &SharedPools, groups: usize, root: u64) -> SeqKv {
-        SeqKv { pools: pools.clone(), tables: vec![Vec::new(); groups], hashes: Vec::new(), root }
+        SeqKv { pools: pools.clone(), tables: vec![Vec::new(); groups], hashes: Vec::new(), root, span: None }
+    }
+
+    /// The state slots a verify row writes after each of its query tokens but the last
+    /// (`RowSpan::span_states`); empty without a span.
+    pub fn span_states(&self) -> &[u32] {
+        self.span.as_ref().map_or(&[], |s| &s.slots)
     }
 
     /// Where its prefix-cache hash chain starts (what computes its KV besides the model).
@@ -64,7 +81,7 @@ impl SeqKv {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.tables.iter().all(Vec::is_empty)
+        self.tables.iter().all(Vec::is_empty) && self.span.is_none()
     }
 
     /// Whether this allocation's blocks come from `pools`.
@@ -81,6 +98,11 @@ impl Drop for SeqKv {
         for (pool, table) in pools.iter_mut().zip(&self.tables) {
             for &b in table.iter().filter(|&&b| b != NO_BLOCK) {
                 pool.release(b);
+            }
+        }
+        if let Some(span) = &self.span {
+            for &b in &span.slots {
+                pools[span.group].release(b);
             }
         }
     }

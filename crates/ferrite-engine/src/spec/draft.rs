@@ -56,6 +56,13 @@ impl Drafter {
     pub fn new(model: Arc<dyn CausalLm>, cfg: &EngineConfig, max_model_len: usize) -> Result<Drafter, EngineError> {
         let max_len = max_model_len.min(model.config().max_context());
         let layout = model.kv_layout();
+        if layout.recurrent_group().is_some() {
+            return Err(EngineError::Config(
+                "a draft model with recurrent state (qwen3_5, qwen3_next) is not supported: its drafted tokens \
+                 could not be rolled back"
+                    .into(),
+            ));
+        }
         // The draft's own KV stays at the default precision, whatever the target's scheme.
         let scheme = KvScheme::default();
         let block_bytes = model.kv_block_bytes(cfg.block_size, &scheme)?;
@@ -130,7 +137,7 @@ impl Drafter {
     pub fn rollback(&mut self, state: &mut DraftKv, valid: usize) {
         state.computed = state.computed.min(valid);
         if let Some(kv) = state.kv.as_mut() {
-            self.kvm.truncate(kv, state.computed);
+            self.kvm.truncate(kv, state.computed, state.computed);
         }
     }
 

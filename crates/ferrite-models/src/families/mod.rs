@@ -11,6 +11,7 @@ mod llama;
 mod mixtral;
 mod olmo2;
 mod phi3;
+mod qwen3_5;
 mod qwen3_moe;
 mod smollm3;
 mod sparse_moe;
@@ -125,6 +126,12 @@ pub static FAMILIES: &[Family] = &[
         gguf: Some("qwen3moe"),
         quirks: Quirks { qk_norm: true, window: WindowRule::QwenFlag, ..LLAMA },
         plan: qwen3_moe::plan,
+    },
+    Family {
+        name: "qwen3_5_text",
+        gguf: Some("qwen35"),
+        quirks: Quirks { qk_norm: true, window: WindowRule::QwenFlag, gguf_sandwich: true, ..LLAMA },
+        plan: qwen3_5::plan,
     },
     Family {
         name: "mixtral",

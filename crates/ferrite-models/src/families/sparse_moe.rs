@@ -47,6 +47,7 @@ impl Sparse {
                     up,
                     down,
                 },
+                shared: None,
             });
         }
         plan
