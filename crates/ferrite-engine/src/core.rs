@@ -118,7 +118,8 @@ impl EngineCore {
         // The namespace holds the KV scheme through the pools' own description (`tiers`).
         let namespace = tiers::namespace(cfg.namespace, &kv, &layout, cfg.block_size);
         let mut kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, prefix_cache.then_some(namespace));
-        kvm.set_snapshot_stride(cfg.snapshot_stride(&layout, &block_bytes));
+        // Without a prefix cache a recurrent state needs no snapshots, only its live entry.
+        kvm.set_snapshot_stride(if prefix_cache { cfg.snapshot_stride(&layout, &block_bytes) } else { usize::MAX });
         if layout.recurrent_group().is_some() && (cfg.disk_cache.is_some() || cfg.host_cache_memory.is_some()) {
             return Err(EngineError::Config(
                 "the host-RAM and SSD prefix-cache tiers do not store recurrent state yet (qwen3_5, qwen3_next): \
@@ -330,6 +331,12 @@ impl EngineCore {
                 query.extend(&p.ids);
             }
             let context = s.num_computed + query.len();
+            // A row shorter than its allocation (a proposal cut short) keeps its live state at
+            // its own end (a no-op without recurrent state).
+            if !self.kvm.fit_row(&mut s.kv, context) {
+                let e = EngineError::Model(RuntimeError::Shape("no recurrent state slot for a row".into()));
+                return Err(self.fail_rows(&rows, e));
+            }
             batch.push_adapter_row(&query, context, s.kv.tables().to_vec(), logits, s.adapter);
             if let Some(row) = batch.rows.last_mut() {
                 row.span_states = s.kv.span_states().to_vec();

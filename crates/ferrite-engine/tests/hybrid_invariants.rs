@@ -13,10 +13,14 @@ use std::sync::Arc;
 use common::*;
 use ferrite_engine::{EngineConfig, EngineCore, FillMode, Request, RequestParams, Speculation};
 use ferrite_models::model::CausalLm;
+use ferrite_models::LoadOptions;
+use ferrite_runtime::cuda::DeviceChoice;
 use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc::unbounded_channel;
 
-const HYBRIDS: &[&str] = &["qwen3.5"];
+/// Each fixture, and a token whose repetition makes it repeat that token forever (so prompt
+/// lookups propose tokens it accepts; found by probing its greedy outputs).
+const HYBRIDS: &[(&str, u32)] = &[("qwen3.5", 7)];
 
 fn fixture(name: &str) -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
     let (m, reference) = load_fixture(name);
@@ -42,7 +46,7 @@ fn assert_no_leak(core: &EngineCore, what: &str) {
 
 #[test]
 fn chunked_prefill_equals_whole_prefill() {
-    for &name in HYBRIDS {
+    for &(name, _) in HYBRIDS {
         let (m, prompts) = fixture(name);
         let prompt = prompts[2].clone();
         let whole = alone(&m, EngineConfig { max_num_batched_tokens: 4096, ..cfg() }, prompt.clone(), greedy(20));
@@ -70,7 +74,7 @@ fn chunked_prefill_equals_whole_prefill() {
 /// longest cached boundary, every 4 positions (32 cached) or every 12 (24), equal to cold.
 #[test]
 fn prefix_hit_equals_cold_run() {
-    for &name in HYBRIDS {
+    for &(name, _) in HYBRIDS {
         let (m, prompts) = fixture(name);
         let base = prompts[2].clone();
         let mut other = base[..33].to_vec();
@@ -99,13 +103,14 @@ fn prefix_hit_equals_cold_run() {
 
 #[test]
 fn batched_equals_alone() {
-    for &name in HYBRIDS {
+    for &(name, _) in HYBRIDS {
         let (m, _) = fixture(name);
         let vocab = m.config().vocab_size;
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         let reqs: Vec<(Vec<u32>, RequestParams)> = (0..12)
             .map(|i| {
-                let prompt = random_prompt(&mut rng, rng.random_range(1..60), vocab);
+                let len = rng.random_range(1..60);
+                let prompt = random_prompt(&mut rng, len, vocab);
                 let n = rng.random_range(1..24);
                 (prompt, if i % 2 == 0 { greedy(n) } else { seeded(n, i, 0.8) })
             })
@@ -122,27 +127,46 @@ fn batched_equals_alone() {
     }
 }
 
-/// Prompts that repeat themselves (so lookups propose), the fixture's own and a choice of n = 2.
-fn spec_requests(prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, RequestParams)> {
+/// The fixture's prompts, prompts that repeat themselves (so lookups propose), a run of the
+/// token the model then repeats (lookups right: whole spans accepted) and that run broken by
+/// another token (lookups partly right), and a choice of n = 2.
+fn spec_requests(prompts: &[Vec<u32>], attractor: u32) -> Vec<(Vec<u32>, RequestParams)> {
     let mut reqs: Vec<_> = prompts.iter().map(|p| (p.clone(), greedy(24))).collect();
     reqs.push(([10, 11, 12, 13, 14, 15].repeat(4), greedy(24)));
     reqs.push(((0..30).map(|i| 40 + (i * 7) % 23).collect(), greedy(24)));
+    let run = vec![attractor; 30];
+    reqs.push((run.clone(), greedy(24)));
+    let (a, b) = (attractor, attractor + 2);
+    reqs.push(([run, vec![b, a, a, a, b, a, a]].concat(), greedy(24)));
     reqs.push((prompts[2].clone(), RequestParams { n: 2, ..greedy(12) }));
     reqs
 }
 
 #[test]
 fn speculation_and_fill_equal_plain_decoding_at_temperature_0() {
-    for &name in HYBRIDS {
+    for &(name, attractor) in HYBRIDS {
         let (m, prompts) = fixture(name);
-        let reqs = spec_requests(&prompts);
+        let reqs = spec_requests(&prompts, attractor);
         let plain: Vec<_> = reqs.iter().map(|(p, pr)| alone(&m, cfg(), p.clone(), pr.clone())).collect();
         let echo: Vec<_> = reqs
             .iter()
             .map(|(p, pr)| (p.clone(), RequestParams { fill: Some(FillMode::Echo), ..pr.clone() }))
             .collect();
-        let spec = |k| EngineConfig { speculation: Speculation::Ngram, num_draft_tokens: k, ..cfg() };
-        for (method, c, reqs) in [("ngram k=3", spec(3), &reqs), ("ngram k=1", spec(1), &reqs), ("echo", cfg(), &echo)] {
+        let spec = |speculation, k| EngineConfig { speculation, num_draft_tokens: k, ..cfg() };
+        // The model cut to its first three layers (linear, linear, full): a draft with its own
+        // recurrent state that often disagrees.
+        let weak = ferrite_models::load_with(&fixture_dir(name), DeviceChoice::Cpu, &LoadOptions { max_layers: Some(3) })
+            .expect("weak draft")
+            .model;
+        let methods = [
+            ("ngram k=3", spec(Speculation::Ngram, 3), &reqs),
+            ("ngram k=1", spec(Speculation::Ngram, 1), &reqs),
+            ("echo", cfg(), &echo),
+            ("self draft", spec(Speculation::Draft(m.clone()), 4), &reqs),
+            ("weak draft", spec(Speculation::Draft(weak.clone()), 3), &reqs),
+            ("weak draft + echo", spec(Speculation::Draft(weak), 2), &echo),
+        ];
+        for (method, c, reqs) in methods {
             for (i, (p, pr)) in reqs.iter().enumerate() {
                 assert_eq!(alone(&m, c.clone(), p.clone(), pr.clone()), plain[i], "{name} {method}: request {i} alone");
             }
@@ -158,11 +182,20 @@ fn speculation_and_fill_equal_plain_decoding_at_temperature_0() {
             }
             assert_no_leak(&core, name);
             assert!(core.metrics().prefix_hit_rate() > 0.0, "{name} {method}: no prefix hit");
-            if method.starts_with("ngram") {
-                let (proposed, accepted) =
-                    (core.metrics().verify_proposed_tokens.load(Relaxed), core.metrics().verify_accepted_tokens.load(Relaxed));
-                assert!(proposed > 0, "{name} {method}: nothing proposed");
-                assert!(accepted < proposed, "{name} {method}: no rejection, so no rollback was tested");
+            let metrics = core.metrics();
+            let (proposed, accepted) =
+                (metrics.verify_proposed_tokens.load(Relaxed), metrics.verify_accepted_tokens.load(Relaxed));
+            if method != "echo" {
+                assert!(accepted > 0, "{name} {method}: {accepted} of {proposed} proposed tokens accepted");
+            }
+            // Lookups here are right or absent (the random model copies only its attractor run);
+            // the weak draft is often wrong, so its rejected tails are rolled back.
+            match method {
+                "self draft" => assert_eq!(accepted, proposed, "{name}: its own draft is always right at temperature 0"),
+                m if m.starts_with("weak") => {
+                    assert!(accepted < proposed, "{name} {method}: no rejection, so no rollback was tested")
+                }
+                _ => {}
             }
         }
     }
@@ -170,7 +203,7 @@ fn speculation_and_fill_equal_plain_decoding_at_temperature_0() {
 
 #[test]
 fn preemption_equals_uninterrupted() {
-    for &name in HYBRIDS {
+    for &(name, _) in HYBRIDS {
         let (m, _) = fixture(name);
         let vocab = m.config().vocab_size;
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
@@ -200,7 +233,7 @@ fn preemption_equals_uninterrupted() {
 
 #[test]
 fn n_choices_are_reproducible() {
-    for &name in HYBRIDS {
+    for &(name, _) in HYBRIDS {
         let (m, prompts) = fixture(name);
         let params = RequestParams { n: 3, ..seeded(12, 1234, 1.0) };
         let a = alone(&m, cfg(), prompts[2].clone(), params.clone());
@@ -212,7 +245,7 @@ fn n_choices_are_reproducible() {
 
 #[test]
 fn random_arrivals_and_aborts_leak_nothing() {
-    for &name in HYBRIDS {
+    for &(name, _) in HYBRIDS {
         let (m, _) = fixture(name);
         let vocab = m.config().vocab_size;
         let c = EngineConfig {
@@ -231,7 +264,8 @@ fn random_arrivals_and_aborts_leak_nothing() {
                 if added >= 300 {
                     break;
                 }
-                let prompt = random_prompt(&mut rng, rng.random_range(1..40), vocab);
+                let len = rng.random_range(1..40);
+                let prompt = random_prompt(&mut rng, len, vocab);
                 let params = RequestParams { n: rng.random_range(1..3), ..seeded(rng.random_range(1..20), added, 0.0) };
                 let (tx, rx) = unbounded_channel();
                 core.add_request(added, Request { prompt, params }, tx).expect("valid");

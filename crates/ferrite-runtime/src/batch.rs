@@ -21,9 +21,9 @@ pub struct RowSpan {
     pub block_tables: Vec<Vec<u32>>,
     /// The LoRA adapter the row runs through (its id with the model), or the base model.
     pub adapter: Option<u32>,
-    /// A verify row of a model with recurrent state: slot `i` receives the state after the
-    /// row's first `i + 1` query tokens, so a rejected tail can be rolled back (`kv_state`).
-    /// Empty otherwise.
+    /// A verify (or drafting) row of a model with recurrent state: slot `i` receives the state
+    /// after the row's first `i + 1` query tokens, so a rejected tail can be rolled back
+    /// (`kv_state`). Empty otherwise.
     pub span_states: Vec<u32>,
 }
 

@@ -15,8 +15,9 @@
 //! A row whose first query position is `p` therefore reads entry `(p - 1) / block_size` (the
 //! zero state at `p = 0`), and writes the state after each of its positions that ends a block
 //! whose entry holds a slot, and after its last position (that entry must hold one). A verify
-//! row also names `span_states`: slot `i` gets the state after its first `i + 1` query tokens,
-//! so a rollback to any accepted length finds its state (`state_rows`).
+//! row (or a draft model's drafting row) also names `span_states`: slot `i` gets the state
+//! after its first `i + 1` query tokens, so a rollback to any accepted length finds its state
+//! (`state_rows`).
 
 use crate::batch::{ForwardBatch, NO_BLOCK};
 use crate::error::{Result, RuntimeError};
@@ -149,7 +150,7 @@ pub fn state_rows(batch: &ForwardBatch, group: usize, block_size: usize) -> Resu
         let mut writes = Vec::new();
         for n in 1..=row.query_len {
             let len = first + n;
-            if let Some(&slot) = row.span_states.get(n - 1).filter(|_| n < row.query_len) {
+            if let Some(&slot) = row.span_states.get(n - 1) {
                 writes.push((n, slot));
             }
             let e = (len - 1) / block_size;
@@ -181,7 +182,11 @@ mod tests {
         // A verify row at 9..12 with span slots: state after 1 and 2 tokens into the span.
         b.push_row(&[1; 3], 12, vec![vec![NO_BLOCK, NO_BLOCK, 12]], RowLogits::All);
         b.rows[2].span_states = vec![20, 21];
+        // A drafting row of one token whose state also goes to a span slot.
+        b.push_row(&[1], 13, vec![vec![NO_BLOCK, NO_BLOCK, 12, 13]], RowLogits::Last);
+        b.rows[3].span_states = vec![22];
         let rows = state_rows(&b, 0, 4).expect("rows");
+        assert_eq!(rows[3], StateRow { tokens: 11..12, read: Some(12), writes: vec![(1, 22), (1, 13)] });
         assert_eq!(rows[0], StateRow { tokens: 0..6, read: None, writes: vec![(4, 10), (6, 11)] });
         assert_eq!(rows[1], StateRow { tokens: 6..8, read: Some(11), writes: vec![(2, 11)] });
         assert_eq!(rows[2], StateRow { tokens: 8..11, read: Some(12), writes: vec![(1, 20), (2, 21), (3, 12)] });

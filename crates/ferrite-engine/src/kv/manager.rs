@@ -131,6 +131,52 @@ impl KvManager {
         true
     }
 
+    /// Fit `kv`'s recurrent tables to a row of a step that ends at `context` positions (its
+    /// query may be shorter than what was allocated, a proposal cut short): the entry of its
+    /// last position holds a slot — the last entry's, moved there — and no entry past it does.
+    /// Other groups keep their tables. False where no slot could be found (never after
+    /// `allocate` covered `context`).
+    pub fn fit_row(&mut self, kv: &mut SeqKv, context: usize) -> bool {
+        if context == 0 {
+            return true;
+        }
+        let (bs, groups) = (self.block_size, self.policies.len());
+        let end = (context - 1) / bs;
+        let mut pools = lock(&self.pools);
+        for (g, (policy, table)) in self.policies.iter().zip(kv.tables.iter_mut()).enumerate() {
+            if !policy.last_holds_block() {
+                continue;
+            }
+            let mut spare = None;
+            while table.len() > end + 1 {
+                match (table.pop(), spare) {
+                    (Some(b), None) if b != NO_BLOCK => spare = Some(b),
+                    (Some(b), Some(_)) if b != NO_BLOCK => pools[g].release(b),
+                    _ => {}
+                }
+            }
+            table.resize(end + 1, NO_BLOCK);
+            if table[end] == NO_BLOCK {
+                match spare.take().or_else(|| take_free(&mut pools[g], g, &mut self.cache, &mut self.spills, groups)) {
+                    Some(b) => table[end] = b,
+                    None => return false,
+                }
+            }
+            if let Some(b) = spare {
+                pools[g].release(b);
+            }
+        }
+        true
+    }
+
+    /// Release `kv`'s span without restoring from it (its row's last state stood).
+    pub fn drop_span(&mut self, kv: &mut SeqKv) {
+        if let Some(span) = kv.span.take() {
+            let mut pools = lock(&self.pools);
+            span.slots.iter().for_each(|&b| pools[span.group].release(b));
+        }
+    }
+
     /// Record the cached blocks the pools evict from now on (`take_spills`).
     pub fn keep_spills(&mut self) {
         self.spills.get_or_insert_with(Vec::new);
@@ -341,11 +387,9 @@ impl KvManager {
     pub fn after_step(&mut self, kv: &mut SeqKv, tokens: &[u32], computed: usize) {
         debug_assert!(kv.is_from(&self.pools), "an allocation is stepped by its own manager");
         let bs = self.block_size;
-        let mut pools = lock(&self.pools);
         // A span no verdict rolled back from (its row never reached one) holds nothing needed.
-        if let Some(span) = kv.span.take() {
-            span.slots.iter().for_each(|&b| pools[span.group].release(b));
-        }
+        self.drop_span(kv);
+        let mut pools = lock(&self.pools);
         if let Some(cache) = self.cache.as_mut() {
             while kv.hashes.len() < computed / bs {
                 let i = kv.hashes.len();
@@ -462,7 +506,7 @@ mod tests {
     fn manager(groups: Vec<KvGroupKind>, blocks: usize) -> KvManager {
         let layers = (0..groups.len()).map(|group| KvLayerSpec { n_kv_heads: 1, head_dim: 4, group }).collect();
         let n = groups.len();
-        KvManager::new(&KvLayout { groups, layers }, &vec![blocks; n], 4, Some(7))
+        KvManager::new(&KvLayout { groups, layers, states: Vec::new() }, &vec![blocks; n], 4, Some(7))
     }
 
     #[test]
@@ -520,6 +564,45 @@ mod tests {
         m.finish_restore(h, &tokens[..4], &targets, &[true, false]);
         let c = m.prefix_cache().expect("cache");
         assert!(c.get(0, h, &tokens[..4]).is_some() && c.get(1, h, &tokens[..4]).is_none());
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_verify_span_rolls_the_recurrent_state_back_to_the_accepted_length() {
+        let mut m = manager(vec![KvGroupKind::Full, KvGroupKind::Recurrent], 32);
+        let tokens: Vec<u32> = (1..=20).collect();
+        let mut kv = m.new_seq();
+        // Ten positions computed: the state after them is in entry 2 (positions 8..10).
+        assert!(m.allocate(&mut kv, 10));
+        m.after_step(&mut kv, &tokens, 10);
+        let live = kv.tables()[1][2];
+        assert_eq!(kv.tables()[1][..2], [NO_BLOCK, NO_BLOCK], "entries before the live one are released");
+        // A verify row [pending, d1, d2, d3] at positions 10..14: three span slots.
+        for (used, want) in [(0usize, 0usize), (1, 1), (2, 2), (3, 3)] {
+            let mut kv2 = m.new_seq();
+            assert!(m.allocate(&mut kv2, 10));
+            m.after_step(&mut kv2, &tokens, 10);
+            assert!(m.allocate(&mut kv2, 14));
+            assert!(m.reserve_span(&mut kv2, 10, 3));
+            let span = kv2.span_states().to_vec();
+            let end = kv2.tables()[1][3];
+            m.check_holders([&kv, &kv2]).unwrap();
+            // The pending token and `used` drafts stood.
+            let computed = 11 + used;
+            m.truncate(&mut kv2, computed, computed + 1);
+            let holder = kv2.tables()[1][(computed - 1) / 4];
+            let expect = if want < 3 { span[want] } else { end };
+            assert_eq!(holder, expect, "{used} accepted: the state after {computed} positions");
+            assert!(kv2.span_states().is_empty());
+            m.after_step(&mut kv2, &tokens, computed);
+            m.check_holders([&kv, &kv2]).unwrap();
+        }
+        assert_eq!(kv.tables()[1][2], live);
+        // Without free slots no span is taken.
+        let mut kv3 = m.new_seq();
+        assert!(!m.reserve_span(&mut kv3, 0, 1000));
+        drop((kv, kv3));
+        assert_eq!(m.free_blocks(), (64, 64));
         m.check_invariants().unwrap();
     }
 

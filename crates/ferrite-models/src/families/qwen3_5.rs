@@ -83,15 +83,19 @@ pub(super) fn read(cfg: &mut ModelConfig, src: &ConfigSource, qkvz: Packing, ba:
     }
 }
 
-/// Which layers are linear: `layer_types`, else every `full_attention_interval`-th (4) full.
+/// Which of the first `n` layers are linear: `layer_types`, else every
+/// `full_attention_interval`-th (4) full (`n` may be below `num_hidden_layers` when a load keeps
+/// only the first layers).
 fn layer_kinds(json: &Value, n: usize) -> std::result::Result<Vec<bool>, String> {
     match json.get("layer_types").filter(|v| !v.is_null()) {
         Some(list) => {
             let list = list.as_array().ok_or("layer_types is not a list")?;
-            if list.len() != n {
-                return Err(format!("layer_types has {} entries for {n} layers", list.len()));
+            let total = hf_count(json, &["num_hidden_layers"], Some(n))?;
+            if list.len() != total || n > total {
+                return Err(format!("layer_types has {} entries for {total} layers", list.len()));
             }
             list.iter()
+                .take(n)
                 .map(|t| match t.as_str() {
                     Some("linear_attention") => Ok(true),
                     Some("full_attention") => Ok(false),
