@@ -20,7 +20,8 @@ N(0, 0.15), routers N(0, 0.25), the shared expert's gate N(0, 0.3).
 
 A seed is accepted when every greedy step of every prompt has a top-1/top-2 logit margin >= 0.02, each
 continuation has >= 4 distinct tokens, the model run in float64 picks the same 32 greedy tokens for every
-prompt (so the f32 reference is not a float-noise outcome), and (MoE) the k-th and (k+1)-th router
+prompt and gives prompt logits within 5e-5 (relative to max(|logit|, 1)) of the float32 ones (so neither the
+tokens nor the 1e-4 logit tolerance of the Rust tests are decided by float32 noise), and (MoE) the k-th and (k+1)-th router
 probabilities differ by >= 1e-5 in every reference forward.
 
 Fixtures (vocab 307, hidden 64, 4 attention heads, 2 KV heads, head_dim 16, partial rotary 0.25 (4 dims),
@@ -60,6 +61,7 @@ from hybrid_gguf import write_hybrid_gguf  # noqa: E402
 from transformers import Qwen3_5TextConfig, Qwen3NextConfig  # noqa: E402
 
 GENERATOR = "scripts/goldens/make_hybrid_models.py"
+MAX_F64_ERROR = 5e-5
 
 SHAPE = dict(
     vocab_size=VOCAB,
@@ -161,14 +163,24 @@ def router_gap(model, prompts):
 
 
 def f64_agrees(model, prompts) -> bool:
-    """The model in float64 picks the same greedy tokens as in float32 on every prompt."""
+    """The model in float64 picks the same greedy tokens as in float32 on every prompt, and its prompt
+    logits are within MAX_F64_ERROR (relative to max(|logit|, 1)) of the float32 ones: a fixture where
+    float32 rounding alone moves a logit near the Rust tests' 1e-4 tolerance is refused."""
     want = [greedy_cached(model, p, N_NEW)[0] for p in prompts]
+    want_logits = [full_logits(model, p).double() for p in prompts]
+    # torch's grouped expert matmul has no float64 kernel: the experts run as plain loops.
+    experts = model.config._experts_implementation
+    model.config._experts_implementation = "eager"
     model.double()
     try:
         got = [greedy_cached(model, p, N_NEW)[0] for p in prompts]
+        got_logits = [full_logits(model, p) for p in prompts]
     finally:
         model.float()
-    return got == want
+        model.config._experts_implementation = experts
+    error = max(float(((a - b).abs() / b.abs().clamp(min=1.0)).max()) for a, b in zip(want_logits, got_logits))
+    print(f"   f64: same tokens {got == want}, largest logit error {error:.2e}", file=sys.stderr, flush=True)
+    return got == want and error <= MAX_F64_ERROR
 
 
 def main():

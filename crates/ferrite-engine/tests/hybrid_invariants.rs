@@ -20,7 +20,7 @@ use tokio::sync::mpsc::unbounded_channel;
 
 /// Each fixture, and a token whose repetition makes it repeat that token forever (so prompt
 /// lookups propose tokens it accepts; found by probing its greedy outputs).
-const HYBRIDS: &[(&str, u32)] = &[("qwen3.5", 7)];
+const HYBRIDS: &[(&str, u32)] = &[("qwen3.5", 7), ("qwen3-next", 160)];
 
 fn fixture(name: &str) -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
     let (m, reference) = load_fixture(name);

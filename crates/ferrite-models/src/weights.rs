@@ -6,7 +6,8 @@
 //! biases) reordered so that the executors' rotate-half RoPE rotates the same pairs: the
 //! attention scores are unchanged, as q and k share the order. Every fetch checks the shape
 //! the architecture expects. A bare backbone saved without the `model.` prefix (an embedding
-//! model exported from `AutoModel`) is read under the same names.
+//! model exported from `AutoModel`), or the text model of a multimodal checkpoint (under
+//! `model.language_model.`, Qwen3.5), is read under the same names.
 
 use std::path::Path;
 
@@ -120,6 +121,10 @@ impl Weights {
             // A bare backbone (`Qwen3Model`, `Gemma3TextModel`) is saved without `model.`.
             WeightSource::Safetensors(s) => match hf.strip_prefix("model.") {
                 Some(bare) if !s.contains(hf) && s.contains(bare) => Some(bare.to_string()),
+                // A multimodal checkpoint's text model (Qwen3.5): `model.language_model.`.
+                Some(rest) if !s.contains(hf) && s.contains(&format!("model.language_model.{rest}")) => {
+                    Some(format!("model.language_model.{rest}"))
+                }
                 _ => Some(hf.to_string()),
             },
             WeightSource::Gguf(_) => gguf_name(hf, &self.layout),

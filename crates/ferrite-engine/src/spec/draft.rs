@@ -105,8 +105,11 @@ impl Drafter {
                 };
                 let context = job.state.computed + query.len();
                 // Each round's live state goes to the entry of its last position.
-                let kv = job.state.kv.as_mut().filter(|kv| self.kvm.fit_row(kv, context));
-                let tables = kv.map(|kv| kv.tables().to_vec()).ok_or_else(|| {
+                let fitted = match job.state.kv.as_mut() {
+                    Some(kv) => self.kvm.fit_row(kv, context).then(|| kv.tables().to_vec()),
+                    None => None,
+                };
+                let tables = fitted.ok_or_else(|| {
                     EngineError::Model(RuntimeError::Shape("no draft state slot for a row".into()))
                 })?;
                 batch.push_row(&query, context, tables, RowLogits::Last);

@@ -13,6 +13,7 @@ mod olmo2;
 mod phi3;
 mod qwen3_5;
 mod qwen3_moe;
+mod qwen3_next;
 mod smollm3;
 mod sparse_moe;
 mod starcoder2;
@@ -132,6 +133,12 @@ pub static FAMILIES: &[Family] = &[
         gguf: Some("qwen35"),
         quirks: Quirks { qk_norm: true, window: WindowRule::QwenFlag, gguf_sandwich: true, ..LLAMA },
         plan: qwen3_5::plan,
+    },
+    Family {
+        name: "qwen3_next",
+        gguf: Some("qwen3next"),
+        quirks: Quirks { qk_norm: true, window: WindowRule::QwenFlag, gguf_sandwich: true, ..LLAMA },
+        plan: qwen3_next::plan,
     },
     Family {
         name: "mixtral",
