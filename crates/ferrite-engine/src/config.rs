@@ -139,9 +139,7 @@ impl EngineConfig {
         let stride = self.snapshot_stride(layout, block_bytes);
         // Bytes a block of the attention groups takes, with its share of a snapshot.
         let amortized = |bytes: &[usize]| -> usize {
-            (bytes.iter().enumerate())
-                .map(|(g, &b)| if Some(g) == recurrent { b / stride } else { b })
-                .sum()
+            (bytes.iter().enumerate()).map(|(g, &b)| if Some(g) == recurrent { b / stride } else { b }).sum()
         };
         let per_block = amortized(block_bytes);
         let u = self.gpu_memory_utilization;

@@ -155,9 +155,10 @@ fn speculation_and_fill_equal_plain_decoding_at_temperature_0() {
         let spec = |speculation, k| EngineConfig { speculation, num_draft_tokens: k, ..cfg() };
         // The model cut to its first three layers (linear, linear, full): a draft with its own
         // recurrent state that often disagrees.
-        let weak = ferrite_models::load_with(&fixture_dir(name), DeviceChoice::Cpu, &LoadOptions { max_layers: Some(3) })
-            .expect("weak draft")
-            .model;
+        let weak =
+            ferrite_models::load_with(&fixture_dir(name), DeviceChoice::Cpu, &LoadOptions { max_layers: Some(3) })
+                .expect("weak draft")
+                .model;
         let methods = [
             ("ngram k=3", spec(Speculation::Ngram, 3), &reqs),
             ("ngram k=1", spec(Speculation::Ngram, 1), &reqs),
@@ -191,7 +192,9 @@ fn speculation_and_fill_equal_plain_decoding_at_temperature_0() {
             // Lookups here are right or absent (the random model copies only its attractor run);
             // the weak draft is often wrong, so its rejected tails are rolled back.
             match method {
-                "self draft" => assert_eq!(accepted, proposed, "{name}: its own draft is always right at temperature 0"),
+                "self draft" => {
+                    assert_eq!(accepted, proposed, "{name}: its own draft is always right at temperature 0")
+                }
                 m if m.starts_with("weak") => {
                     assert!(accepted < proposed, "{name} {method}: no rejection, so no rollback was tested")
                 }

@@ -18,8 +18,8 @@ use std::sync::{Arc, RwLock};
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError, Tensor};
 
 use crate::blocks::{self, Attention, AttentionConfig, Linear, LmHead, Mlp, Norm};
-use crate::deltanet::GatedDeltaNet;
 use crate::config::ModelConfig;
+use crate::deltanet::GatedDeltaNet;
 use crate::embedding::{EmbeddingHead, EmbeddingSpec};
 use crate::error::Result;
 use crate::lora::cpu::{CpuLora, LoraStep};

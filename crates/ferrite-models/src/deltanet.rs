@@ -71,7 +71,10 @@ impl DeltaNetConfig {
             return Err(format!("{}: a linear-attention size is 0 ({s:?}, conv {})", self.prefix, self.conv_kernel));
         }
         if !s.v_heads.is_multiple_of(s.k_heads) {
-            return Err(format!("{}: {} value heads are not a multiple of {} key heads", self.prefix, s.v_heads, s.k_heads));
+            return Err(format!(
+                "{}: {} value heads are not a multiple of {} key heads",
+                self.prefix, s.v_heads, s.k_heads
+            ));
         }
         Ok(())
     }
@@ -165,7 +168,8 @@ impl GatedDeltaNet {
         let pool = kv.state_mut(self.c.state)?;
         let rows = state_rows(batch, pool.spec.group, block_size)?;
         gated_delta::causal_conv_silu(&mut qkv, &self.conv, self.c.conv_kernel, pool, &rows)?;
-        let (mut q, mut k, mut v) = (Vec::with_capacity(t * kd), Vec::with_capacity(t * kd), Vec::with_capacity(t * vd));
+        let (mut q, mut k, mut v) =
+            (Vec::with_capacity(t * kd), Vec::with_capacity(t * kd), Vec::with_capacity(t * vd));
         for tok in qkv.chunks_exact(channels) {
             q.extend_from_slice(&tok[..kd]);
             k.extend_from_slice(&tok[kd..2 * kd]);

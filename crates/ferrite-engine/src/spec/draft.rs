@@ -109,9 +109,8 @@ impl Drafter {
                     Some(kv) => self.kvm.fit_row(kv, context).then(|| kv.tables().to_vec()),
                     None => None,
                 };
-                let tables = fitted.ok_or_else(|| {
-                    EngineError::Model(RuntimeError::Shape("no draft state slot for a row".into()))
-                })?;
+                let tables = fitted
+                    .ok_or_else(|| EngineError::Model(RuntimeError::Shape("no draft state slot for a row".into())))?;
                 batch.push_row(&query, context, tables, RowLogits::Last);
                 // Round r feeds drafted token r back; its state also goes to span slot r − 1.
                 let span = job.state.kv.as_ref().and_then(|kv| kv.span_states().get(round.wrapping_sub(1)).copied());

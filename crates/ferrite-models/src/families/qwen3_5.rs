@@ -218,7 +218,10 @@ mod tests {
             super::plan(&mut cfg, &src).err().map(|e| e.to_string()).unwrap_or_default()
         };
         assert!(err(json!({"layer_types": ["linear_attention"]})).contains("4 layers"));
-        assert!(err(json!({"layer_types": ["linear_attention", "linear_attention", "linear_attention", "linear_attention"]})).contains("full-attention"));
+        assert!(err(
+            json!({"layer_types": ["linear_attention", "linear_attention", "linear_attention", "linear_attention"]})
+        )
+        .contains("full-attention"));
         assert!(err(json!({"linear_num_value_heads": 3})).contains("multiple"));
         assert!(err(json!({"layer_types": ["mamba", "full_attention", "full_attention", "full_attention"]}))
             .contains("not supported"));
