@@ -86,6 +86,15 @@ fn detokenizer(tokenizer: Option<&Tokenizer>, prompt: &[u32]) -> IncrementalDeco
     }
 }
 
+/// KV bytes a token of context takes: every group's block over its positions, a recurrent
+/// group's state snapshot shared by the positions between snapshots.
+fn kv_bytes_per_token(cfg: &EngineConfig, layout: &ferrite_runtime::KvLayout, block_bytes: &[usize]) -> usize {
+    let (stride, recurrent) = (cfg.snapshot_stride(layout, block_bytes), layout.recurrent_group());
+    let bytes: usize =
+        (block_bytes.iter().enumerate()).map(|(g, &b)| if Some(g) == recurrent { b / stride } else { b }).sum();
+    bytes / cfg.block_size
+}
+
 /// The seed of choice `i` of a request seeded with `seed`.
 fn choice_seed(seed: u64, choice: usize) -> u64 {
     seed ^ (choice as u64).wrapping_mul(0xA24B_AED4_963E_E407)
@@ -131,7 +140,7 @@ impl EngineCore {
             max_model_len,
             vocab_size: mcfg.vocab_size,
             kv_capacity_tokens: kvm.capacity_tokens(),
-            kv_bytes_per_token: block_bytes.iter().sum::<usize>() / cfg.block_size,
+            kv_bytes_per_token: kv_bytes_per_token(cfg, &layout, &block_bytes),
             kv_scheme: model.kv_description(&cfg.kv_scheme),
             has_tokenizer: tokenizer.is_some(),
             max_n: 64,

@@ -348,7 +348,7 @@ pub fn fit(m: &Inspected, device: Device, memory: DeviceMemory, opts: &FitOption
         weights,
         workspace,
         groups,
-        shared_layers: m.plan.layers.len() - layout.layers.len(),
+        shared_layers: m.plan.layers.len() - layout.layers.len() - layout.states.len(),
         block_size: bs,
         kv_budget,
         kv_fixed: opts.kv_cache_memory.is_some(),
