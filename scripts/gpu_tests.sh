@@ -96,7 +96,7 @@ import json, sys
 label, path = sys.argv[1], sys.argv[2]
 r = json.loads(open(path).read().strip().splitlines()[-1])
 keys = ["prompt_tok_s", "decode_tok_s", "output_tok_s", "total_tok_s", "tpot_ms_p50", "ttft_ms_p50", "load_ms", "ready_ms",
-        "weight_bytes", "kv_bytes_per_token", "ttft_ms_pool", "ttft_ms_host", "ttft_ms_ssd", "ttft_ms_cold",
+        "weight_bytes", "kv_bytes_per_token", "ttft_ms_pool", "ttft_ms_host", "ttft_ms_ssd", "ttft_ms_ssd_disk", "ttft_ms_cold",
         "ssd_write_mb_per_s", "decode_busy_over_idle"]
 print("TABLE|bench " + label + "|" + "|".join(f"{k} {r[k]:.1f}" for k in keys if r.get(k) is not None))
 PY

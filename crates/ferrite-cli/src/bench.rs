@@ -117,6 +117,10 @@ pub struct ThroughputArgs {
     /// LoRA adapters (NAME=PATH, PEFT directories) the requests run through, in turn.
     #[arg(long, value_name = "NAME=PATH", num_args = 1..)]
     pub lora_modules: Vec<String>,
+    /// Replace the model's compute by instant greedy picks (`no_compute.rs`): what is left
+    /// is the engine's own time per step (greedy requests only).
+    #[arg(long)]
+    pub no_compute: bool,
 }
 
 pub fn bench(cmd: BenchCommand) -> Result<()> {
@@ -362,7 +366,10 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
     if a.num_requests == 0 || a.concurrency == 0 || a.input_len == 0 || a.output_len == 0 {
         bail!("--num-requests, --concurrency, --input-len and --output-len must be at least 1");
     }
-    let (loaded, path, threads) = a.model.load()?;
+    let (mut loaded, path, threads) = a.model.load()?;
+    if a.no_compute {
+        loaded.model = crate::no_compute::NoCompute::wrap(loaded.model.clone());
+    }
     let work = Arc::new(workload(&a, &loaded)?);
     let mut engine_args = a.engine.clone();
     engine_args.max_num_seqs = engine_args.max_num_seqs.max(a.concurrency);
@@ -408,7 +415,7 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
     let out = json!({
         "model": path.display().to_string(), "threads": threads, "device": device,
         "num_requests": a.num_requests, "input_len": a.input_len, "output_len": a.output_len,
-        "concurrency": a.concurrency, "duration_s": wall, "lora_adapters": adapters.len(),
+        "concurrency": a.concurrency, "duration_s": wall, "lora_adapters": adapters.len(), "no_compute": a.no_compute,
         "output_tok_s": out_tokens as f64 / wall, "total_tok_s": (in_tokens + out_tokens) as f64 / wall,
         "request_s": a.num_requests as f64 / wall,
         "ttft_ms_p50": pct(&ttft, 0.5), "ttft_ms_p90": pct(&ttft, 0.9), "ttft_ms_p99": pct(&ttft, 0.99),

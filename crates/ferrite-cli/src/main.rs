@@ -14,6 +14,7 @@ mod chat;
 mod fit;
 mod model_arg;
 mod models;
+mod no_compute;
 mod pool;
 mod run;
 mod sampling;

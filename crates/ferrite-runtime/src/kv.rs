@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use cudarc::driver::DevicePtr;
 
-use crate::cuda::kv_copy::CopyStream;
+use crate::cuda::kv_copy::{CopyStream, KvRegion};
 use crate::cuda::ops::DeviceKv;
 use crate::cuda::Gpu;
 use crate::error::{Result, RuntimeError};
@@ -383,15 +383,14 @@ impl DevicePools {
             .sum()
     }
 
-    /// The device address and length of each part of `block` of `group`, in the order of a
-    /// whole block's bytes (each layer's K block, then its V block). `block` must exist.
-    pub(crate) fn block_regions(&self, group: usize, block: usize) -> Vec<(u64, usize)> {
-        let stream = self.copies.compute();
-        let mut out = Vec::new();
-        for (l, _) in self.layers.iter().zip(&self.groups).filter(|(_, &g)| g == group) {
-            let n = Self::layer_block_bytes(l);
+    /// The pieces of a block of each of `n_groups` groups, in the order of a whole block's
+    /// bytes (each layer's K block, then its V block), for the block copies (`kv_copy.rs`).
+    fn block_pieces(gpu: &Gpu, layers: &[DeviceKv], groups: &[usize], n_groups: usize) -> Vec<Vec<KvRegion>> {
+        let mut out = vec![Vec::new(); n_groups];
+        for (l, &g) in layers.iter().zip(groups) {
+            let n = Self::layer_block_bytes(l) as u64;
             for pool in [&l.k, &l.v] {
-                out.push((pool.device_ptr(stream).0 + (block * n) as u64, n));
+                out[g].push(KvRegion { base: pool.device_ptr(gpu.stream()).0, stride: n, len: n, offset: 0 });
             }
         }
         out
@@ -497,8 +496,9 @@ impl KvCache {
             .iter()
             .map(|spec| DeviceKv::new(gpu, group_blocks[spec.group], block_size, spec.n_kv_heads, spec.head_dim))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let groups = layout.layers.iter().map(|l| l.group).collect();
-        let copies = Arc::new(CopyStream::new(gpu.stream())?);
+        let groups: Vec<usize> = layout.layers.iter().map(|l| l.group).collect();
+        let pieces = DevicePools::block_pieces(gpu, &layers, &groups, layout.groups.len());
+        let copies = Arc::new(CopyStream::new(gpu, pieces)?);
         let pools = DevicePools { layers, groups, copies };
         Ok(KvCache {
             id: next_id(),

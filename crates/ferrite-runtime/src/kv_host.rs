@@ -13,7 +13,7 @@
 //! is read or overwritten by the host only after the copies queued into or out of it finished
 //! (`bytes` and `write` wait for them).
 
-use crate::cuda::kv_copy::{CopyStream, PinnedChunk};
+use crate::cuda::kv_copy::{CopyStream, HostBlock, PinnedChunk};
 use crate::cuda::CudaResult;
 use crate::error::{Result, RuntimeError};
 use crate::kv::{host_block_parts, host_block_parts_mut, KvCache, Storage};
@@ -49,6 +49,14 @@ impl Chunk {
 struct DeviceSide {
     copies: Arc<CopyStream>,
     done: cudarc::driver::CudaEvent,
+}
+
+/// One block of a KV group and the `HostBlocks` slot its bytes move to or from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockMove {
+    pub group: usize,
+    pub block: usize,
+    pub slot: usize,
 }
 
 pub struct HostBlocks {
@@ -97,6 +105,16 @@ impl HostBlocks {
         Ok(&chunk.bytes()[at..at + self.slot_bytes])
     }
 
+    /// The address of slot `slot`'s bytes in page-locked memory (a device cache's, whose
+    /// chunks are all taken at creation), for copies the device makes.
+    fn slot_ptr(&self, slot: usize) -> Result<*mut u8> {
+        let (c, at) = self.locate(slot)?;
+        match &self.chunks[c] {
+            Some(Chunk::Pinned(p)) => Ok(p.as_ptr().wrapping_add(at)),
+            _ => Err(RuntimeError::Shape(format!("host KV slot {slot} is not page-locked memory"))),
+        }
+    }
+
     /// Slot `slot`'s bytes to overwrite, taking its chunk's memory on first use.
     fn slot_mut(&mut self, slot: usize) -> Result<&mut [u8]> {
         let (c, at) = self.locate(slot)?;
@@ -120,15 +138,32 @@ impl HostBlocks {
 
     /// Overwrite the start of `slot` with `bytes` (after queued copies out of it finished).
     pub fn write(&mut self, slot: usize, bytes: &[u8]) -> Result<()> {
-        if bytes.len() > self.slot_bytes {
-            return Err(RuntimeError::Shape(format!(
-                "{} bytes for a host KV slot of {}",
-                bytes.len(),
-                self.slot_bytes
-            )));
+        self.write_many(&[(slot, bytes)])
+    }
+
+    /// Overwrite the start of each `(slot, bytes)`'s slot (distinct slots), after queued
+    /// copies out of them finished; the copies run in parallel on the worker pool (a restore
+    /// writes gigabytes here).
+    pub fn write_many(&mut self, items: &[(usize, &[u8])]) -> Result<()> {
+        let mut slots: Vec<usize> = items.iter().map(|&(s, _)| s).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        if slots.len() != items.len() || items.iter().any(|(_, b)| b.len() > self.slot_bytes) {
+            return Err(RuntimeError::Shape("host KV writes to one slot twice or past a slot".into()));
         }
         self.settle()?;
-        self.slot_mut(slot)?[..bytes.len()].copy_from_slice(bytes);
+        // Each slot's address, its chunk taken first; the slots are distinct, so the copies
+        // below write disjoint memory.
+        let mut dsts = Vec::with_capacity(items.len());
+        for &(slot, _) in items {
+            dsts.push(self.slot_mut(slot)?.as_mut_ptr() as usize);
+        }
+        use rayon::prelude::*;
+        items.par_iter().zip(dsts).for_each(|(&(_, bytes), dst)| {
+            // SAFETY: `dst` addresses a slot of `slot_bytes` bytes owned by `self` (borrowed
+            // mutably for this call), at least `bytes.len()` long, and no other item writes it.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, bytes.len()) };
+        });
         Ok(())
     }
 
@@ -157,7 +192,15 @@ impl KvCache {
         };
         let per_chunk = (CHUNK_BYTES / slot_bytes.max(1)).max(1);
         let chunks = (0..slots.div_ceil(per_chunk)).map(|_| None).collect();
-        Ok(HostBlocks { slot_bytes, slots, per_chunk, chunks, device })
+        let mut host = HostBlocks { slot_bytes, slots, per_chunk, chunks, device };
+        if host.device.is_some() {
+            // Page-locking memory is slow (a 256 MiB chunk takes tens of milliseconds): take it
+            // all now rather than inside the step or the restore that first needs it.
+            for c in 0..host.chunks.len() {
+                host.slot_mut(c * per_chunk)?;
+            }
+        }
+        Ok(host)
     }
 
     /// Bytes of one whole block (every group).
@@ -178,32 +221,40 @@ impl KvCache {
         Ok(())
     }
 
-    /// Copy `block` of `group` into `slot` of `host` (at the group's offset). A device
-    /// cache queues the copy (see the module docs).
-    pub fn save_block(&self, group: usize, block: usize, host: &mut HostBlocks, slot: usize) -> Result<()> {
+    /// Check `moves` against this cache and `host`: blocks that exist, slots in range.
+    fn check_moves(&self, moves: &[BlockMove], host: &HostBlocks) -> Result<()> {
         self.check_host(host)?;
-        self.check_block(group, block)?;
-        let at = self.group_offset(group);
-        let n = self.group_block_bytes(group);
-        let dst = &mut host.slot_mut(slot)?[at..at + n];
+        for m in moves {
+            self.check_block(m.group, m.block)?;
+            host.locate(m.slot)?;
+        }
+        Ok(())
+    }
+
+    /// Copy each move's pool block into its slot of `host` (at the group's offset). A device
+    /// cache queues the copies (see the module docs). Nothing is copied if any move is invalid.
+    pub fn save_blocks(&self, moves: &[BlockMove], host: &mut HostBlocks) -> Result<()> {
+        self.check_moves(moves, host)?;
         match &self.storage {
             Storage::Host(layers) => {
-                let mut off = 0;
-                for part in host_block_parts(layers, group, block, self.block_size) {
-                    dst[off..off + part.len()].copy_from_slice(part);
-                    off += part.len();
+                for m in moves {
+                    let at = self.group_offset(m.group);
+                    let dst = &mut host.slot_mut(m.slot)?[at..];
+                    let mut off = 0;
+                    for part in host_block_parts(layers, m.group, m.block, self.block_size) {
+                        dst[off..off + part.len()].copy_from_slice(part);
+                        off += part.len();
+                    }
                 }
             }
             Storage::Device(d) => {
-                let mut off = 0;
-                for (src, len) in d.block_regions(group, block) {
-                    // SAFETY: `src` addresses `len` bytes of a pool of this cache (in bounds,
-                    // `check_block`), alive while `host` lives: the cache and `host` share the
-                    // copy stream, whose drop waits for its copies; `dst` is page-locked
-                    // memory of `host`, which waits for the event recorded below before the
-                    // host touches or frees it.
-                    unsafe { d.copies.save(src, &mut dst[off..off + len]) }?;
-                    off += len;
+                for (group, blocks) in self.host_blocks_of(moves, host)? {
+                    // SAFETY: each `host` address is the group's part of a slot of `host`
+                    // (page-locked: `check_host` matched a device cache), which waits for the
+                    // event recorded below before the host touches or frees it; the blocks
+                    // exist (`check_moves`), and the cache and `host` share the copy stream,
+                    // whose drop waits for its copies.
+                    unsafe { d.copies.save_blocks(group, &blocks) }?;
                 }
                 host.record()?;
             }
@@ -211,37 +262,53 @@ impl KvCache {
         Ok(())
     }
 
-    /// Overwrite `block` of `group` with its bytes in `slot` of `host`. A device cache queues
-    /// the copy; the next step waits for it (`fence`).
-    pub fn load_block(&mut self, group: usize, block: usize, host: &HostBlocks, slot: usize) -> Result<()> {
-        self.check_host(host)?;
-        self.check_block(group, block)?;
-        let at = self.group_offset(group);
-        let n = self.group_block_bytes(group);
-        let src = &host.slot(slot)?[at..at + n];
+    /// Overwrite each move's pool block with its bytes in its slot of `host`. A device cache
+    /// queues the copies; the next step waits for them (`fence`). Nothing is copied if any
+    /// move is invalid.
+    pub fn load_blocks(&mut self, moves: &[BlockMove], host: &HostBlocks) -> Result<()> {
+        self.check_moves(moves, host)?;
         let bs = self.block_size;
+        let offsets: Vec<usize> = moves.iter().map(|m| self.group_offset(m.group)).collect();
         match &mut self.storage {
             Storage::Host(layers) => {
-                let mut off = 0;
-                for dst in host_block_parts_mut(layers, group, block, bs) {
-                    let len = dst.len();
-                    dst.copy_from_slice(&src[off..off + len]);
-                    off += len;
+                for (m, at) in moves.iter().zip(offsets) {
+                    let src = &host.slot(m.slot)?[at..];
+                    let mut off = 0;
+                    for dst in host_block_parts_mut(layers, m.group, m.block, bs) {
+                        let len = dst.len();
+                        dst.copy_from_slice(&src[off..off + len]);
+                        off += len;
+                    }
                 }
             }
-            Storage::Device(d) => {
-                let mut off = 0;
-                for (dst, len) in d.block_regions(group, block) {
-                    // SAFETY: as in `save_block`, the other way: `dst` is in bounds of a pool
-                    // of this cache, and `host` does not write or free `src` before the event
-                    // recorded below has fired.
-                    unsafe { d.copies.load(&src[off..off + len], dst) }?;
-                    off += len;
+            Storage::Device(_) => {
+                let groups = self.host_blocks_of(moves, host)?;
+                let Storage::Device(d) = &self.storage else { unreachable!("matched above") };
+                for (group, blocks) in groups {
+                    // SAFETY: as in `save_blocks`, the other way: `host` does not write or
+                    // free these slots before the event recorded below has fired.
+                    unsafe { d.copies.load_blocks(group, &blocks) }?;
                 }
                 host.record()?;
             }
         }
         Ok(())
+    }
+
+    /// `moves` by group, in order: the host address of each block's group part and its pool
+    /// block (a device cache's page-locked `host`, every chunk taken at its creation).
+    fn host_blocks_of(&self, moves: &[BlockMove], host: &HostBlocks) -> Result<Vec<(usize, Vec<HostBlock>)>> {
+        let mut out: Vec<(usize, Vec<HostBlock>)> = Vec::new();
+        for m in moves {
+            let at = self.group_offset(m.group);
+            let ptr = host.slot_ptr(m.slot)?.wrapping_add(at);
+            let block = HostBlock { host: ptr, block: m.block as u32 };
+            match out.iter_mut().find(|(g, _)| *g == m.group) {
+                Some((_, blocks)) => blocks.push(block),
+                None => out.push((m.group, vec![block])),
+            }
+        }
+        Ok(out)
     }
 
     /// Make the next step wait for the block copies queued so far (a device cache; a host
@@ -256,6 +323,7 @@ impl KvCache {
 
 #[cfg(test)]
 mod tests {
+    use super::BlockMove;
     use crate::kv::{KvDtype, KvGroupKind, KvLayerSpec, KvLayout, KvScheme};
     use crate::KvCache;
 
@@ -284,22 +352,23 @@ mod tests {
             let mut host = kv.host_blocks(3).unwrap();
             let bytes: Vec<u8> = (0..kv.block_bytes()).map(|i| (i % 60) as u8 + 1).collect();
             host.write(2, &bytes).unwrap();
-            kv.load_block(0, 1, &host, 2).unwrap();
-            kv.save_block(0, 1, &mut host, 0).unwrap();
+            let mv = |group, block, slot| BlockMove { group, block, slot };
+            kv.load_blocks(&[mv(0, 1, 2)], &host).unwrap();
+            kv.save_blocks(&[mv(0, 1, 0)], &mut host).unwrap();
             assert_eq!(&host.bytes(0).unwrap()[..g0], &bytes[..g0]);
             // Its neighbours and the other group are untouched.
             for (g, b) in [(0, 0), (0, 2), (1, 1)] {
-                kv.save_block(g, b, &mut host, 1).unwrap();
+                kv.save_blocks(&[mv(g, b, 1)], &mut host).unwrap();
                 let at = kv.group_offset(g);
                 let part = &host.bytes(1).unwrap()[at..at + kv.group_block_bytes(g)];
                 assert!(part.iter().all(|&x| x == 0), "block {b} of group {g}");
             }
-            assert!(kv.save_block(0, 3, &mut host, 0).is_err());
-            assert!(kv.save_block(0, 0, &mut host, 3).is_err());
+            assert!(kv.save_blocks(&[mv(0, 3, 0)], &mut host).is_err());
+            assert!(kv.save_blocks(&[mv(0, 0, 3)], &mut host).is_err());
             assert!(host.write(0, &vec![0; kv.block_bytes() + 1]).is_err());
             // Blocks of another cache's shape are refused.
             let other = cache(if dtype == KvDtype::F32 { KvDtype::F16 } else { KvDtype::F32 });
-            assert!(other.save_block(0, 0, &mut host, 0).is_err());
+            assert!(other.save_blocks(&[mv(0, 0, 0)], &mut host).is_err());
         }
         let schemes: std::collections::HashSet<String> = dtypes.iter().map(|&d| cache(d).scheme()).collect();
         assert_eq!(schemes.len(), dtypes.len(), "{schemes:?}");

@@ -24,5 +24,5 @@ pub use batch::{ForwardBatch, RowSpan};
 pub use dtype::DType;
 pub use error::{Result, RuntimeError};
 pub use kv::{KvCache, KvDtype, KvGroupKind, KvLayout, KvScheme, KvSkip};
-pub use kv_host::HostBlocks;
+pub use kv_host::{BlockMove, HostBlocks};
 pub use tensor::{Buffer, Tensor};

@@ -32,6 +32,20 @@ fn keep_freed_memory() {
     }
 }
 
+/// Put the calling thread in Linux's idle scheduling class (`SCHED_IDLE`): it runs only on a
+/// core that has nothing else to run, so background work (the SSD tier's writer) never takes
+/// cycles from a model step, whose workers poll between parallel loops and would yield to
+/// it. Where the class is unavailable the thread keeps its priority.
+pub fn run_at_idle_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: `sched_setscheduler` with pid 0 changes only the calling thread's policy; the
+    // parameter is a valid, initialised struct for the call's duration.
+    unsafe {
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
+    }
+}
+
 pub fn current() -> usize {
     rayon::current_num_threads()
 }

@@ -7,7 +7,7 @@
 //! - **Install** (`install_restores`, just before the scheduler looks the request up): the
 //!   pool's part of the hit is touched, host RAM is looked up again from where the pool's part
 //!   ends now, the SSD's read-ahead is taken, and the longest contiguous run is copied into
-//!   free pool blocks (`KvCache::load_block`, queued on the copy stream for a device pool)
+//!   free pool blocks (`KvCache::load_blocks`, queued on the copy stream for a device pool)
 //!   registered in the prefix cache: the ordinary prefix hit serves them.
 //! - **Spills**: cached blocks the pool evicts are saved to host RAM before anything writes
 //!   the pool again (`before_forward`, and within a restore before each block's copy in);
@@ -17,7 +17,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use ferrite_runtime::{HostBlocks, KvCache};
+use ferrite_runtime::{BlockMove, HostBlocks, KvCache};
 
 use super::EngineCore;
 use crate::error::EngineError;
@@ -29,9 +29,7 @@ use crate::sequence::Sequence;
 /// Hand the blocks the pool evicted since the last call to the host tier.
 fn spill(kvm: &mut KvManager, host: &mut Option<HostTier>, kv: &KvCache) {
     let Some(host) = host.as_mut() else { return };
-    for s in kvm.take_spills() {
-        host.save(kv, s.hash, &s.tokens, &s.holders);
-    }
+    host.save(kv, kvm.take_spills());
 }
 
 /// A run of consecutive blocks being published: what the SSD tier gets in one store.
@@ -41,26 +39,30 @@ struct Run {
     tokens: Vec<u32>,
     payload: Vec<u8>,
     reserved: u64,
-    /// Blocks copied into the staging slots `0..staged` and not read back yet.
+    /// The copies of pool blocks into the staging slots `0..staged`, not queued yet.
+    moves: Vec<BlockMove>,
     staged: usize,
     /// A copy failed: the run is dropped.
     failed: bool,
 }
 
 impl Run {
-    /// Read the staged blocks back into the payload (waiting for their copies).
-    fn unstage(&mut self, staging: &HostBlocks) {
+    /// Copy the staged blocks out and read them back into the payload (waiting for the copies).
+    fn unstage(&mut self, kv: &KvCache, staging: &mut HostBlocks) {
+        if kv.save_blocks(&std::mem::take(&mut self.moves), staging).is_err() {
+            self.failed = true;
+        }
         for k in 0..std::mem::take(&mut self.staged) {
             match staging.bytes(k) {
-                Ok(b) => self.payload.extend_from_slice(b),
-                Err(_) => self.failed = true,
+                Ok(b) if !self.failed => self.payload.extend_from_slice(b),
+                _ => self.failed = true,
             }
         }
     }
 
     /// Store what the run holds (a failed run stores nothing and frees its reservation).
-    fn flush(&mut self, disk: &DiskTier, staging: &HostBlocks) {
-        self.unstage(staging);
+    fn flush(&mut self, disk: &DiskTier, kv: &KvCache, staging: &mut HostBlocks) {
+        self.unstage(kv, staging);
         let run = std::mem::take(self);
         if run.failed {
             disk.store(Vec::new(), Vec::new(), Vec::new(), run.reserved);
@@ -88,25 +90,23 @@ pub(super) fn publish(
         let h = seq.kv.hashes()[i];
         let holders = if disk.holds(h) { None } else { kvm.block_holders(&seq.kv, i, &seq.tokens) };
         let Some(holders) = holders else {
-            run.flush(disk, staging);
+            run.flush(disk, kv, staging);
             continue;
         };
         if run.staged == staging.slots() {
-            run.unstage(staging);
+            run.unstage(kv, staging);
         }
         if run.failed || !disk.reserve(block_bytes) {
             break;
         }
         run.reserved += block_bytes;
-        let k = run.staged;
-        if holders.iter().enumerate().any(|(g, &b)| kv.save_block(g, b as usize, staging, k).is_err()) {
-            break;
-        }
+        let slot = run.staged;
+        run.moves.extend(holders.iter().enumerate().map(|(group, &b)| BlockMove { group, block: b as usize, slot }));
         run.staged += 1;
         run.hashes.push(h);
         run.tokens.extend_from_slice(&seq.tokens[i * bs..(i + 1) * bs]);
     }
-    run.flush(disk, staging);
+    run.flush(disk, kv, staging);
     seq.tier.published = upto;
 }
 
@@ -210,30 +210,56 @@ impl EngineCore {
         'windows: for part in plan.chunks(window) {
             // The SSD's bytes go to the staging slots first (waiting, once, for the copies
             // of the window before).
-            for (k, p) in part.iter().enumerate() {
-                if let (BlockData::Bytes(b), Some(staging)) = (&p.data, self.staging.as_mut()) {
-                    if staging.write(k, b).is_err() {
-                        break 'windows;
-                    }
+            let bytes: Vec<(usize, &[u8])> = (part.iter().enumerate())
+                .filter_map(|(k, p)| match &p.data {
+                    BlockData::Bytes(b) => Some((k, &b[..])),
+                    BlockData::Held => None,
+                })
+                .collect();
+            if let Some(staging) = self.staging.as_mut() {
+                if staging.write_many(&bytes).is_err() {
+                    break 'windows;
                 }
             }
+            // Pool blocks for the window's blocks, and where each one's bytes are: a staging
+            // slot or a host-tier slot (looked up again: it may have left the tier).
+            let (mut from_staging, mut from_host) = (Vec::new(), Vec::new());
+            let mut taken = Vec::new();
+            let mut complete = true;
             for (k, p) in part.iter().enumerate() {
                 let (i, t) = (p.index, &tokens[p.index * bs..(p.index + 1) * bs]);
                 let targets = self.kvm.restore_targets(hashes[i], t);
-                spill(&mut self.kvm, &mut self.host, &self.kv);
-                let source = match &p.data {
-                    BlockData::Bytes(_) => self.staging.as_ref().map(|s| (s, k)),
-                    BlockData::Held => {
-                        let host = self.host.as_mut();
-                        host.and_then(|h| h.slot_of(hashes[i], t).map(|s| (&*h, s))).map(|(h, s)| (h.mem(), s))
-                    }
+                let (moves, slot) = match &p.data {
+                    BlockData::Bytes(_) => (&mut from_staging, self.staging.as_ref().map(|_| k)),
+                    BlockData::Held => (&mut from_host, self.host.as_mut().and_then(|h| h.slot_of(hashes[i], t))),
                 };
-                let kv = &mut self.kv;
-                let filled: Vec<bool> = (targets.iter())
-                    .map(|&(g, b)| source.is_some_and(|(mem, s)| kv.load_block(g, b as usize, mem, s).is_ok()))
-                    .collect();
-                self.kvm.finish_restore(hashes[i], t, &targets, &filled);
-                if !filled.iter().all(|&f| f) {
+                let Some(slot) = slot else {
+                    self.kvm.finish_restore(hashes[i], t, &targets, &vec![false; targets.len()]);
+                    complete = false;
+                    break;
+                };
+                moves.extend(targets.iter().map(|&(group, b)| BlockMove { group, block: b as usize, slot }));
+                taken.push((p, targets));
+            }
+            // What the pool evicted for them is saved before they are overwritten (the
+            // copies run in order on one stream).
+            spill(&mut self.kvm, &mut self.host, &self.kv);
+            let staged_ok = match self.staging.as_ref() {
+                Some(staging) if !from_staging.is_empty() => self.kv.load_blocks(&from_staging, staging).is_ok(),
+                _ => from_staging.is_empty(),
+            };
+            let held_ok = match self.host.as_ref() {
+                Some(host) if !from_host.is_empty() => self.kv.load_blocks(&from_host, host.mem()).is_ok(),
+                _ => from_host.is_empty(),
+            };
+            for (p, targets) in taken {
+                let (i, t) = (p.index, &tokens[p.index * bs..(p.index + 1) * bs]);
+                let ok = match p.data {
+                    BlockData::Bytes(_) => staged_ok,
+                    BlockData::Held => held_ok,
+                };
+                self.kvm.finish_restore(hashes[i], t, &targets, &vec![ok; targets.len()]);
+                if !ok {
                     break 'windows;
                 }
                 if targets.is_empty() {
@@ -253,6 +279,9 @@ impl EngineCore {
                         self.metrics.ssd_hit_tokens.fetch_add(bs as u64, Relaxed);
                     }
                 }
+            }
+            if !complete {
+                break;
             }
         }
         self.sched.waiting[w].tier.restored = restored;

@@ -17,8 +17,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc;
 use std::sync::Arc;
 
-use ferrite_runtime::{HostBlocks, KvCache};
+use ferrite_runtime::{BlockMove, HostBlocks, KvCache};
 
+use super::manager::Spill;
 use super::tier::{BlockData, KvTier, Restored, TierKind};
 use crate::metrics::Metrics;
 
@@ -78,25 +79,33 @@ impl HostTier {
         Some(e.slot)
     }
 
-    /// Keep block `hash` (of `tokens`), which the pool holds in block `holders[g]` of each
-    /// group `g`: its bytes are copied (queued, for a device pool) into a slot.
-    pub fn save(&mut self, kv: &KvCache, hash: u64, tokens: &[u32], holders: &[u32]) {
-        if self.entries.contains_key(&hash) {
-            self.touch(hash);
+    /// Keep the blocks the pool evicted (`spills`: each block's hash, tokens and the pool block
+    /// `holders[g]` of each group `g`): their bytes are copied (queued, for a device pool) into
+    /// slots, in one batch. A block the tier holds already only counts as used.
+    pub fn save(&mut self, kv: &KvCache, spills: Vec<Spill>) {
+        let mut saved = Vec::new();
+        let mut moves = Vec::new();
+        for s in spills {
+            if self.entries.contains_key(&s.hash) || saved.iter().any(|(h, _, _)| *h == s.hash) {
+                self.touch(s.hash);
+                continue;
+            }
+            let Some(slot) = self.take_slot() else { break };
+            moves.extend(s.holders.iter().enumerate().map(|(group, &b)| BlockMove { group, block: b as usize, slot }));
+            saved.push((s.hash, s.tokens, slot));
+        }
+        if kv.save_blocks(&moves, &mut self.mem).is_err() {
+            self.free.extend(saved.iter().map(|&(_, _, slot)| slot));
+            self.metrics.host_failed_saves.fetch_add(saved.len() as u64, Relaxed);
             return;
         }
-        let Some(slot) = self.take_slot() else { return };
-        let saved = holders.iter().enumerate().all(|(g, &b)| kv.save_block(g, b as usize, &mut self.mem, slot).is_ok());
-        if !saved {
-            self.free.push(slot);
-            self.metrics.host_failed_saves.fetch_add(1, Relaxed);
-            return;
-        }
-        self.clock += 1;
-        self.entries.insert(hash, Entry { slot, tokens: tokens.to_vec(), stamp: self.clock });
-        self.lru.insert(self.clock, hash);
         let m = &self.metrics;
-        m.host_written_bytes.fetch_add(self.mem.slot_bytes() as u64, Relaxed);
+        for (hash, tokens, slot) in saved {
+            self.clock += 1;
+            self.entries.insert(hash, Entry { slot, tokens, stamp: self.clock });
+            self.lru.insert(self.clock, hash);
+            m.host_written_bytes.fetch_add(self.mem.slot_bytes() as u64, Relaxed);
+        }
         m.host_blocks.store(self.entries.len() as u64, Relaxed);
         m.host_bytes.store((self.entries.len() * self.mem.slot_bytes()) as u64, Relaxed);
     }
@@ -141,11 +150,11 @@ mod tests {
         let kv = KvCache::new(&layout, &[4], 2).expect("cache");
         let metrics = Arc::new(Metrics::default());
         let mut tier = HostTier::new(kv.host_blocks(2).expect("host"), metrics.clone());
-        tier.save(&kv, 1, &[1, 2], &[0]);
-        tier.save(&kv, 2, &[3, 4], &[1]);
+        let spill = |hash, tokens: [u32; 2], block| Spill { hash, tokens: tokens.to_vec(), holders: vec![block] };
+        tier.save(&kv, vec![spill(1, [1, 2], 0), spill(2, [3, 4], 1)]);
         assert_eq!(tier.slot_of(1, &[1, 2]), Some(0), "1 is now the most recent");
         assert_eq!(tier.slot_of(1, &[9, 9]), None, "another block's tokens under the hash");
-        tier.save(&kv, 3, &[5, 6], &[2]);
+        tier.save(&kv, vec![spill(3, [5, 6], 2)]);
         assert!(!tier.holds(2) && tier.holds(1) && tier.holds(3));
         assert_eq!(metrics.host_evicted_blocks.load(Relaxed), 1);
         assert_eq!(tier.run_len(&[1, 3, 2]), 2);

@@ -19,6 +19,11 @@
 //! byte-level (GPT-2-style) vocabs all this holds for any id sequence; a SentencePiece byte
 //! run that is invalid UTF-8 may stream out differently than the batch decode (which
 //! replaces the whole run), never as a panic.
+//!
+//! A byte-level vocab's decode is the concatenation of its ids' bytes read as UTF-8
+//! (`Tokenizer::piece_bytes`), so there no window is decoded at all: a push appends its id's
+//! bytes and emits the complete characters (two window decodes a token were most of the
+//! engine's own time per step at 256 rows).
 
 use super::token_bytes::fallback_byte;
 use super::{Tokenizer, TokenizerError};
@@ -27,6 +32,10 @@ const REPLACEMENT: char = '\u{FFFD}';
 
 /// How many text-bearing prompt ids seed the window (`with_prompt`), as in vLLM.
 const PROMPT_CONTEXT: usize = 5;
+
+/// How many of the prompt's last pieces a byte-level stream looks back over for bytes after
+/// its last character (`with_prompt`).
+const PROMPT_BYTE_PIECES: usize = 16;
 
 /// Past this many pending ids, text ending in U+FFFD is emitted anyway (no character needs
 /// more tokens; a run of invalid bytes must not make every push slower), and pending ids
@@ -45,12 +54,20 @@ pub struct IncrementalDecoder {
     /// that the stream has not emitted (its U+FFFD is not part of the output).
     prompt_context: bool,
     skip_special_tokens: bool,
+    /// A byte-level vocab's stream, which uses no window.
+    bytes: ByteStream,
 }
 
 impl IncrementalDecoder {
     /// A decoder for a stream that starts at the beginning of the text.
     pub fn new(skip_special_tokens: bool) -> Self {
-        IncrementalDecoder { ids: Vec::new(), read: 0, prompt_context: false, skip_special_tokens }
+        IncrementalDecoder {
+            ids: Vec::new(),
+            read: 0,
+            prompt_context: false,
+            skip_special_tokens,
+            bytes: ByteStream::default(),
+        }
     }
 
     /// A decoder for ids generated after `prompt_ids`. The prompt's last ids — the last
@@ -58,6 +75,20 @@ impl IncrementalDecoder {
     /// them), from the first byte of the character they start in — give the first generated
     /// token its context, and are never emitted.
     pub fn with_prompt(tok: &Tokenizer, prompt_ids: &[u32], skip_special_tokens: bool) -> Self {
+        if tok.piece_bytes(0).is_some() {
+            // Byte-level: the context is only the bytes after the prompt's last character.
+            let texts = prompt_ids.iter().rev().filter(|&&id| !(skip_special_tokens && tok.is_special(id)));
+            let mut tail: Vec<&[u8]> = texts
+                .filter_map(|&id| tok.piece_bytes(id))
+                .filter(|b| !b.is_empty())
+                .take(PROMPT_BYTE_PIECES)
+                .collect();
+            tail.reverse();
+            let tail = tail.concat();
+            let mut dec = IncrementalDecoder::new(skip_special_tokens);
+            dec.bytes = ByteStream::after_prompt(&tail[tail.len() - textless_tail(&tail)..]);
+            return dec;
+        }
         let mut start = prompt_ids.len();
         let mut texts = 0;
         while start > 0 && texts < PROMPT_CONTEXT {
@@ -70,12 +101,16 @@ impl IncrementalDecoder {
         // The byte pieces of a character the prompt ends inside are not context: they stream
         // out with the rest of the character.
         let read = tail.len() - open_byte_pieces(tok, &tail);
-        IncrementalDecoder { read, ids: tail, prompt_context: true, skip_special_tokens }
+        IncrementalDecoder { read, ids: tail, prompt_context: true, skip_special_tokens, bytes: ByteStream::default() }
     }
 
     /// Feed one generated id; returns the text it completes (often empty while a character
     /// is incomplete, or when the id decodes to nothing).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
+        if let Some(bytes) = tok.piece_bytes(id) {
+            let skipped = self.skip_special_tokens && tok.is_special(id);
+            return Ok(self.bytes.push(if skipped { &[] } else { bytes }));
+        }
         self.ids.push(id);
         let (done, full) = self.texts(tok)?;
         let many = self.ids.len() - self.read > MAX_PENDING;
@@ -99,6 +134,9 @@ impl IncrementalDecoder {
     /// The text still held back (an incomplete character at the end of the stream comes out
     /// as U+FFFD). The decoder stays usable: later pushes continue the same text.
     pub fn finish(&mut self, tok: &Tokenizer) -> Result<String, TokenizerError> {
+        if tok.piece_bytes(0).is_some() {
+            return Ok(self.bytes.finish());
+        }
         if self.read == self.ids.len() {
             return Ok(String::new());
         }
@@ -143,6 +181,116 @@ impl IncrementalDecoder {
         self.ids.drain(..char_start(tok, &self.ids, self.read));
         self.read = self.ids.len();
         self.prompt_context = false;
+    }
+}
+
+/// A byte-level vocab's stream: a push appends its id's bytes and emits the complete
+/// characters.
+#[derive(Debug, Clone, Default)]
+struct ByteStream {
+    /// Bytes of a character not complete yet.
+    pending: Vec<u8>,
+    /// After a prompt that ends in bytes of no complete character: how many of them are still
+    /// pending, and the text the prompt's decode wrote for them (U+FFFDs). If they turn out
+    /// invalid, that text is the prompt's (not emitted again); if they complete a character,
+    /// it streams whole. What is emitted is held until they are resolved.
+    prompt: Option<(usize, String)>,
+    held: String,
+}
+
+impl ByteStream {
+    fn after_prompt(tail: &[u8]) -> ByteStream {
+        let prompt = (!tail.is_empty()).then(|| (tail.len(), String::from_utf8_lossy(tail).into_owned()));
+        ByteStream { pending: tail.to_vec(), prompt, held: String::new() }
+    }
+
+    fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let before = self.pending.len();
+        let text = self.complete_characters();
+        self.resolve(text, before - self.pending.len())
+    }
+
+    /// The text still held back (an incomplete character comes out as U+FFFD).
+    fn finish(&mut self) -> String {
+        let text = String::from_utf8_lossy(&std::mem::take(&mut self.pending)).into_owned();
+        self.resolve(text, usize::MAX)
+    }
+
+    /// `text`, emitted after `taken` more pending bytes were decoded: held while prompt bytes
+    /// are pending, then without the prompt's own text for them where it still stands.
+    fn resolve(&mut self, text: String, taken: usize) -> String {
+        let Some((left, _)) = self.prompt.as_mut() else { return text };
+        self.held.push_str(&text);
+        *left = left.saturating_sub(taken);
+        if *left > 0 {
+            return String::new();
+        }
+        let (_, prompt_text) = self.prompt.take().unwrap_or_default();
+        let held = std::mem::take(&mut self.held);
+        match held.strip_prefix(&prompt_text) {
+            Some(rest) => rest.to_string(),
+            None => held,
+        }
+    }
+
+    /// The complete characters of the pending bytes, taken out as text (an invalid sequence
+    /// as U+FFFD, as a decode writes it); an incomplete last character stays pending.
+    fn complete_characters(&mut self) -> String {
+        let mut out = String::new();
+        let mut rest = &self.pending[..];
+        loop {
+            match std::str::from_utf8(rest) {
+                Ok(text) => {
+                    out.push_str(text);
+                    rest = &[];
+                    break;
+                }
+                Err(e) => {
+                    let (valid, tail) = rest.split_at(e.valid_up_to());
+                    out.push_str(&String::from_utf8_lossy(valid));
+                    match e.error_len() {
+                        Some(n) => {
+                            out.push(REPLACEMENT);
+                            rest = &tail[n..];
+                        }
+                        None => {
+                            rest = tail;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let keep = rest.len();
+        self.pending.drain(..self.pending.len() - keep);
+        out
+    }
+}
+
+/// How many bytes at the end of `bytes` come after its last complete character: an
+/// incomplete one, and invalid bytes (0 when `bytes` ends with a character).
+fn textless_tail(bytes: &[u8]) -> usize {
+    let (mut rest, mut after_text) = (bytes, 0);
+    loop {
+        match std::str::from_utf8(rest) {
+            Ok(text) => {
+                if !text.is_empty() {
+                    after_text = bytes.len();
+                }
+                return bytes.len() - after_text;
+            }
+            Err(e) => {
+                let at = bytes.len() - rest.len();
+                if e.valid_up_to() > 0 {
+                    after_text = at + e.valid_up_to();
+                }
+                match e.error_len() {
+                    Some(n) => rest = &rest[e.valid_up_to() + n..],
+                    None => return bytes.len() - after_text,
+                }
+            }
+        }
     }
 }
 

@@ -93,6 +93,8 @@ pub struct Tokenizer {
     add_eos: bool,
     special: HashSet<u32>,
     vocab_size: usize,
+    /// Each id's bytes when decoding concatenates them (`token_bytes::concatenating_pieces`).
+    pieces: Option<Vec<Box<[u8]>>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -168,8 +170,10 @@ impl Tokenizer {
                 eos_ids.push(id);
             }
         }
+        let pieces = token_bytes::concatenating_pieces(&inner, vocab_size);
         Ok(Tokenizer {
             inner,
+            pieces,
             add_bos: s.add_bos && s.bos.is_some(),
             add_eos: s.add_eos && s.eos.is_some(),
             bos: s.bos,
@@ -210,6 +214,13 @@ impl Tokenizer {
     /// The id of a vocab piece, as stored (byte-level or `▁`-escaped), or of an added token.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
+    }
+
+    /// The bytes `id` decodes to, when this tokenizer's decode of any ids is the
+    /// concatenation of theirs (byte-level vocabs); `None` for other tokenizers. Ids outside
+    /// the vocab have none.
+    pub fn piece_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.pieces.as_ref().map(|p| p.get(id as usize).map_or(&[][..], |b| &b[..]))
     }
 
     /// The vocab piece of `id`, as stored (byte-level or `▁`-escaped).

@@ -54,21 +54,35 @@ fn single_char(s: &str) -> Option<char> {
     chars.next().is_none().then_some(c)
 }
 
-/// GPT-2's byte-level table inverted: the byte each printable char stands for.
-fn byte_level_table() -> std::collections::HashMap<char, u8> {
-    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-    let mut next = 256u32;
-    (0..=255u8)
-        .map(|b| {
-            if printable(b) {
-                (char::from(b), b)
+/// GPT-2's byte-level table inverted: the byte each printable char stands for (the chars
+/// are below U+0144, so a flat array indexed by char serves).
+struct ByteLevelChars([Option<u8>; 0x144]);
+
+impl ByteLevelChars {
+    fn new() -> ByteLevelChars {
+        let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let mut table = [None; 0x144];
+        let mut next = 256;
+        for b in 0..=255u8 {
+            let c = if printable(b) {
+                usize::from(b)
             } else {
-                let c = char::from_u32(next).expect("below the surrogate range");
                 next += 1;
-                (c, b)
-            }
-        })
-        .collect()
+                next - 1
+            };
+            table[c] = Some(b);
+        }
+        ByteLevelChars(table)
+    }
+
+    fn byte(&self, c: char) -> Option<u8> {
+        self.0.get(c as usize).copied().flatten()
+    }
+
+    /// The bytes of a piece whose every char is in the table.
+    fn bytes(&self, piece: &str) -> Option<Vec<u8>> {
+        piece.chars().map(|c| self.byte(c)).collect()
+    }
 }
 
 /// `<0xNN>` → the byte NN.
@@ -77,19 +91,39 @@ pub(super) fn fallback_byte(piece: &str) -> Option<u8> {
     (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
 }
 
+/// The bytes each id below `vocab_size` decodes to, when the tokenizer's decoder is GPT-2's
+/// byte-level one alone: its decode of any ids is then the concatenation of their bytes
+/// (special ones left out when asked), read as UTF-8 with invalid sequences replaced — so a
+/// stream of ids decodes incrementally by appending bytes (`IncrementalDecoder`). A piece is
+/// decoded as that decoder does: each char through GPT-2's table, or, if any char is not in
+/// it (an added token's text), the piece's own UTF-8 bytes. `None` for other decoders.
+pub(super) fn concatenating_pieces(inner: &tokenizers::Tokenizer, vocab_size: usize) -> Option<Vec<Box<[u8]>>> {
+    let decoder = inner.get_decoder().and_then(|d| serde_json::to_value(d).ok())?;
+    if decoder["type"].as_str() != Some("ByteLevel") {
+        return None;
+    }
+    let table = ByteLevelChars::new();
+    let piece = |id: u32| -> Box<[u8]> {
+        let Some(token) = inner.id_to_token(id) else { return Box::default() };
+        match table.bytes(&token) {
+            Some(bytes) => bytes.into(),
+            None => token.into_bytes().into(),
+        }
+    };
+    Some((0..vocab_size as u32).map(piece).collect())
+}
+
 impl Tokenizer {
     /// The bytes of every id below `vocab_size()` (empty for ids no piece has).
     pub fn token_bytes(&self) -> Vec<Vec<u8>> {
         let decoder = self.inner.get_decoder().and_then(|d| serde_json::to_value(d).ok()).unwrap_or(Value::Null);
         let encoding = PieceEncoding::detect(&decoder);
-        let table = byte_level_table();
+        let table = ByteLevelChars::new();
         let mut out = vec![Vec::new(); self.vocab_size];
         for (piece, id) in self.inner.get_vocab(false) {
             let Some(slot) = out.get_mut(id as usize) else { continue };
             *slot = match encoding {
-                PieceEncoding::ByteLevel => {
-                    piece.chars().map(|c| table.get(&c).copied()).collect::<Option<Vec<u8>>>().unwrap_or_default()
-                }
+                PieceEncoding::ByteLevel => table.bytes(&piece).unwrap_or_default(),
                 PieceEncoding::SentencePiece { space } => match fallback_byte(&piece) {
                     Some(b) => vec![b],
                     None => piece.replace(space, " ").into_bytes(),
@@ -126,10 +160,12 @@ mod tests {
         assert_eq!(PieceEncoding::detect(&Value::Null), PieceEncoding::Decoded);
         assert_eq!(fallback_byte("<0x0A>"), Some(b'\n'));
         assert_eq!(fallback_byte("<0x0>"), None);
-        let t = byte_level_table();
-        assert_eq!(t.len(), 256);
-        assert_eq!(t[&'Ġ'], b' ');
-        assert_eq!(t[&'Ċ'], b'\n');
-        assert_eq!(t[&'a'], b'a');
+        let t = ByteLevelChars::new();
+        assert_eq!(t.0.iter().flatten().count(), 256);
+        assert_eq!(t.byte('Ġ'), Some(b' '));
+        assert_eq!(t.byte('Ċ'), Some(b'\n'));
+        assert_eq!(t.byte('a'), Some(b'a'));
+        assert_eq!(t.byte('é'), Some(0xE9));
+        assert_eq!(t.byte('\u{144}'), None);
     }
 }

@@ -31,6 +31,8 @@ pub(crate) struct Functions {
     pub logit_epilogue: CudaFunction,
     pub write_kv: CudaFunction,
     pub copy_words: CudaFunction,
+    /// Whole KV blocks between the pools and device staging (`kv_copy.rs`).
+    pub kv_blocks_move: CudaFunction,
     /// `paged_decode_g{4,8}_hd*`: decode attention taking 4 or 8 query heads a CTA.
     pub paged_decode: [[CudaFunction; 6]; 2],
     pub prefill_attention: [CudaFunction; 6],
@@ -140,6 +142,7 @@ impl Functions {
             logit_epilogue: get("activation", "logit_epilogue")?,
             write_kv: get("kv_write", "write_kv")?,
             copy_words: get("copy", "copy_words")?,
+            kv_blocks_move: get("copy", "kv_blocks_move")?,
             paged_decode: [
                 per_head_dim("paged_attention", "paged_decode_g4")?,
                 per_head_dim("paged_attention", "paged_decode_g8")?,

@@ -56,6 +56,9 @@ fn write_atomically(shared: &Shared, name: &str, parts: &[Vec<u8>]) -> std::io::
 }
 
 pub(super) fn write_loop(shared: &Shared, jobs: mpsc::Receiver<WriteJob>) {
+    // Writes are background work: a store the writer has no time for waits in the bounded
+    // queue (and is dropped past it); a decode step never waits for the writer.
+    ferrite_runtime::threads::run_at_idle_priority();
     let m = &shared.metrics;
     for job in jobs {
         match job {
@@ -147,39 +150,83 @@ fn read_block(f: &File, h: &RunHeader, slot: usize, hash: u64, tokens: &[u32]) -
     Ok(buf)
 }
 
+/// Threads that read and check one run's blocks at most.
+const READ_THREADS: usize = 8;
+
+/// Read the blocks of `job` from the first: the files are opened and their headers checked in
+/// order, then the blocks are read and checked by up to `READ_THREADS` threads (a long prefix is
+/// gigabytes; one thread reads and checksums a few GB/s), and the run ends at the first block
+/// that is missing or bad.
 fn read_run(shared: &Shared, job: &ReadJob) -> Restored {
     let bs = shared.block_size;
     let mut out = Restored { first: job.first, blocks: Vec::new() };
-    let mut open: Option<(String, File, RunHeader)> = None;
-    let mut used = Vec::new();
-    for (j, &hash) in job.hashes.iter().enumerate() {
+    // Where each block is: an index into `files` and its slot there.
+    let mut files: Vec<(String, File, RunHeader)> = Vec::new();
+    let mut wanted: Vec<(usize, usize)> = Vec::new();
+    for &hash in &job.hashes {
         let Some((name, slot)) = lock(&shared.index).locate(hash).map(|(n, s)| (n.to_string(), s as usize)) else {
             break;
         };
-        if open.as_ref().is_none_or(|(n, _, _)| *n != name) {
+        if files.last().is_none_or(|(n, _, _)| *n != name) {
             match open_run(shared, &name) {
-                Ok((f, h)) => open = Some((name.clone(), f, h)),
+                Ok((f, h)) => files.push((name, f, h)),
                 Err(e) => {
                     shared.failed(&name, &e);
                     break;
                 }
             }
         }
-        let Some((_, f, h)) = open.as_ref() else { break };
-        match read_block(f, h, slot, hash, &job.tokens[j * bs..(j + 1) * bs]) {
+        wanted.push((files.len() - 1, slot));
+    }
+    let threads = READ_THREADS.min(std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+    let per_thread = wanted.len().div_ceil(threads).max(1);
+    let read = |first: usize, part: &[(usize, usize)]| -> Vec<Result<Vec<u8>, FileError>> {
+        let mut got = Vec::with_capacity(part.len());
+        for (k, &(file, slot)) in part.iter().enumerate() {
+            let j = first + k;
+            let (_, f, h) = &files[file];
+            let r = read_block(f, h, slot, job.hashes[j], &job.tokens[j * bs..(j + 1) * bs]);
+            let failed = r.is_err();
+            got.push(r);
+            if failed {
+                break;
+            }
+        }
+        got
+    };
+    let read = &read;
+    let results: Vec<Result<Vec<u8>, FileError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (wanted.chunks(per_thread).enumerate())
+            .map(|(t, part)| scope.spawn(move || read(t * per_thread, part)))
+            .collect();
+        let mut all = Vec::with_capacity(wanted.len());
+        for h in handles {
+            let part = h.join().unwrap_or_else(|_| vec![Err(FileError::Corrupt("a reader thread panicked"))]);
+            let complete = part.iter().all(Result::is_ok);
+            all.extend(part);
+            if !complete {
+                break;
+            }
+        }
+        all
+    });
+    let mut used: Vec<usize> = Vec::new();
+    for (r, &(file, _)) in results.into_iter().zip(&wanted) {
+        match r {
             Ok(bytes) => {
                 shared.metrics.ssd_read_bytes.fetch_add(bytes.len() as u64, Relaxed);
                 out.blocks.push(BlockData::Bytes(bytes));
-                if used.last() != Some(&name) {
-                    used.push(name);
+                if used.last() != Some(&file) {
+                    used.push(file);
                 }
             }
             Err(e) => {
-                shared.failed(&name, &e);
+                shared.failed(&files[file].0, &e);
                 break;
             }
         }
     }
+    let used: Vec<String> = used.into_iter().map(|f| files[f].0.clone()).collect();
     // A hit refreshes the files' last use, on disk too (the LRU order outlives a restart).
     for name in used {
         lock(&shared.index).touch(&name);
