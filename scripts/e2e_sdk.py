@@ -15,8 +15,9 @@ tool call and its round trip (OpenAI chat, Anthropic messages; forced calls' inp
 against their tools' schemas); `chat.completions.stream(...).get_final_completion()` on a
 forced call; `parallel_tool_calls: false`; Anthropic `output_config.format`;
 `embeddings.create` on a second pool model (the tiny bidirectional `gemma3-embed` fixture: token-id
-inputs, the SDK's default base64 encoding, `dimensions`; and text on the real EmbeddingGemma-300M
-when scripts/fetch_embedding_models.sh has fetched it), with a 400 for a model that cannot embed;
+inputs, the SDK's default base64 encoding, `dimensions`), on text with the tiny BERT `bert-embed`
+(its WordPiece tokenizer), and on text with the real EmbeddingGemma-300M and all-MiniLM-L6-v2
+when scripts/fetch_embedding_models.sh has fetched them, with a 400 for a model that cannot embed;
 a clean SIGTERM shutdown.
 """
 import argparse
@@ -359,6 +360,8 @@ def openai_checks(c: Checks, oa, model: str) -> None:
 
 EMBED_FIXTURE = ROOT / "tests" / "fixtures" / "models" / "gemma3-embed"
 EMBEDDINGGEMMA = ferrite_home() / "models" / "embeddinggemma-300m"
+BERT_FIXTURE = ROOT / "tests" / "fixtures" / "models" / "bert-embed"
+MINILM = ferrite_home() / "models" / "all-minilm-l6-v2"
 
 
 def embedding_checks(c: Checks, oa, model: str) -> None:
@@ -378,8 +381,9 @@ def embedding_checks(c: Checks, oa, model: str) -> None:
             expect(cosine(d.embedding, want) >= 0.999, f"cosine {cosine(d.embedding, want)}")
         tokens = sum(len(i) for i in ref["inputs"][:3])
         expect(r.usage.prompt_tokens == tokens == r.usage.total_tokens, f"usage {r.usage}")
-        floats = oa.embeddings.create(model="embed", input=ref["inputs"][0], encoding_format="float")
-        gap = max(abs(a - b) for a, b in zip(floats.data[0].embedding, r.data[0].embedding))
+        # The same inputs: one input alone is another batch, whose f32 matmuls may round apart.
+        floats = oa.embeddings.create(model="embed", input=ref["inputs"][:3], encoding_format="float")
+        gap = max(abs(a - b) for f, d in zip(floats.data, r.data) for a, b in zip(f.embedding, d.embedding))
         expect(gap == 0, f"float and base64 encodings differ by {gap}")
 
     def dimensions():
@@ -401,13 +405,32 @@ def embedding_checks(c: Checks, oa, model: str) -> None:
         a, b = (d.embedding for d in r.data)
         expect(len(a) == 768 and cosine(a, b) > 0.8, f"{len(a)} dimensions, cosine {cosine(a, b)}")
 
+    def bert_text():
+        bert = json.loads((BERT_FIXTURE / "reference.json").read_text())
+        r = oa.embeddings.create(model="bert", input=bert["texts"])
+        for i, (d, want) in enumerate(zip(r.data, bert["embeddings"])):
+            expect(len(d.embedding) == 32 and cosine(d.embedding, want) >= 0.999, f"text {i}: {cosine(d.embedding, want)}")
+        tokens = sum(len(i) for i in bert["text_ids"])
+        expect(r.usage.prompt_tokens == tokens, f"usage {r.usage} (texts cut at max_seq_length: {tokens} tokens)")
+
+    def minilm_text():
+        r = oa.embeddings.create(model="minilm", input=["The capital of France is Paris.",
+                                                         "Paris is the capital of France."])
+        a, b = (d.embedding for d in r.data)
+        expect(len(a) == 384 and cosine(a, b) > 0.8, f"{len(a)} dimensions, cosine {cosine(a, b)}")
+
     c.run("openai embeddings.create", embeddings)
+    c.run("openai embeddings.create on BERT text", bert_text)
     c.run("openai embeddings.create dimensions", dimensions)
     c.run("openai embeddings.create on a model that cannot embed -> 400", cannot_embed)
     if (EMBEDDINGGEMMA / ".done").is_file():
         c.run("openai embeddings.create on EmbeddingGemma text", embeddinggemma_text)
     else:
         print("SKIP openai embeddings.create on EmbeddingGemma text: run scripts/fetch_embedding_models.sh")
+    if (MINILM / ".done").is_file():
+        c.run("openai embeddings.create on all-MiniLM-L6-v2 text", minilm_text)
+    else:
+        print("SKIP openai embeddings.create on all-MiniLM-L6-v2 text: run scripts/fetch_embedding_models.sh minilm")
 
 
 def anthropic_checks(c: Checks, an, model: str) -> None:
@@ -529,9 +552,11 @@ def main() -> int:
     from anthropic import Anthropic
     from openai import OpenAI
 
-    pool = ["--model", f"embed={EMBED_FIXTURE}"]
+    pool = ["--model", f"embed={EMBED_FIXTURE}", "--model", f"bert={BERT_FIXTURE}"]
     if (EMBEDDINGGEMMA / ".done").is_file():
         pool += ["--model", f"embeddinggemma={EMBEDDINGGEMMA}"]
+    if (MINILM / ".done").is_file():
+        pool += ["--model", f"minilm={MINILM}"]
     server = Server(args.bin, args.model, ["--api-key", args.api_key, *pool])
     print(f"ferrite serve {args.model} at {server.url}", flush=True)
     c = Checks(args.only)

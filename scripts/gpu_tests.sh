@@ -15,6 +15,9 @@
 #                                     # B=1 greedy and sampled, 2,048-token prefill, throughput,
 #                                     # start-up, the prefix cache's tiers), table last
 #   bash scripts/gpu_tests.sh all     # there: run, then bench
+#   bash scripts/gpu_tests.sh moe     # there: the mixture-of-experts tests (cuda_moe,
+#                                     # cuda_goldens) and benches (qwen3-30b-a3b and
+#                                     # gemma-4-26b-a4b, bf16 and Q4_K) alone
 #
 # The binaries load the driver, NVRTC and cuBLASLt at run time; the first one to open the
 # device compiles the kernels into a fresh $FERRITE_HOME/kernels, the later ones read them.
@@ -47,7 +50,7 @@ build)
     done
     ls -l .gpu
     ;;
-run | bench | all)
+run | bench | all | moe)
     out=${OUT:-/tmp/ferrite-gpu}
     mkdir -p "$out"
     export FERRITE_TEST_CUDA=1
@@ -58,9 +61,10 @@ run | bench | all)
     done
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
     failed=()
-    tests=(cuda_ops cuda_layer_ops cuda_memory cuda_quant cuda_attention cuda_sampling cuda_model cuda_goldens cuda_tiers
-           cuda_ceiling)
+    tests=(cuda_ops cuda_layer_ops cuda_memory cuda_quant cuda_moe cuda_attention cuda_kv_quant cuda_sampling
+           cuda_model cuda_goldens cuda_kv_quant_model cuda_tiers cuda_ceiling)
     [ "$1" = bench ] && tests=()
+    [ "$1" = moe ] && tests=(cuda_moe cuda_goldens)
     # cuda_model's comparison with Hugging Face transformers needs their reference, made here
     # (a 1B-class random llama and transformers' log-probabilities; ~30 s, 2.5 GB of disk).
     if [ ${#tests[@]} -gt 0 ] && python3 -c 'import torch, transformers' 2>/dev/null; then
@@ -124,37 +128,65 @@ PY
             kill "$pid" 2>/dev/null
             wait "$pid" 2>/dev/null
         }
-        s8=(--synthetic llama-3.1-8b --dtype bf16)
-        s1=(--synthetic llama-3.2-1b --dtype bf16)
-        # The first start compiles the kernels into $FERRITE_HOME; every later one reads them.
-        bench decode-8b bench decode "${s8[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
-        bench decode-1b bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
-        # The same with each step waited for before the next is scheduled (no overlap).
-        bench decode-1b-no-overlap bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3 --no-overlap
-        bench decode-8b-no-overlap bench decode "${s8[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3 --no-overlap
-        # And with every kernel launched fully serialized (no programmatic dependent launch).
-        FERRITE_PDL=0 bench decode-1b-no-pdl bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
-        FERRITE_PDL=0 bench decode-8b-no-pdl bench decode "${s8[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
-        bench decode-8b-q4_0 bench decode --synthetic llama-3.1-8b --dtype q4_0 --prompt-tokens 512 --gen-tokens 128 \
-            --reps 3
-        # Seeded sampling drawn on the device (only ids come back), against the greedy line.
-        bench decode-1b-sampled bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3 \
-            --temperature 0.8 --top-p 0.9
-        bench prefill-8b bench decode "${s8[@]}" --prompt-tokens 2048 --gen-tokens 2 --reps 3
-        bench throughput-8b bench throughput "${s8[@]}" --num-requests 768 --input-len 128 --output-len 128 \
-            --concurrency 256 --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 512
-        bench throughput-8b-no-overlap bench throughput "${s8[@]}" --num-requests 768 --input-len 128 \
-            --output-len 128 --concurrency 256 --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 512 \
-            --no-overlap
-        bench decode-qwen bench decode --synthetic qwen2.5-1.5b --prompt-tokens 512 --gen-tokens 64 --reps 2
-        bench decode-smollm bench decode --synthetic smollm2-135m --prompt-tokens 512 --gen-tokens 64 --reps 2
-        bench decode-gemma4-e4b bench decode --synthetic gemma-4-e4b --dtype bf16 --prompt-tokens 512 --gen-tokens 128 \
-            --reps 3
-        # The prefix cache's tiers (pool, host RAM, SSD under $TMPDIR, cold), resume, writer.
-        BENCH_TIMEOUT=600 bench tiers-8b-8k bench tiers "${s8[@]}" --prefix-len 8192 --reps 2
-        BENCH_TIMEOUT=600 bench tiers-8b-32k bench tiers "${s8[@]}" --prefix-len 32768 --reps 1
-        serve_bench serve-8b-c64 llama-3.1-8b --concurrency 64 --num-requests 256 --input-len 128 --output-len 128
-        serve_bench serve-1b-c256 llama-3.2-1b --concurrency 256 --num-requests 1024 --input-len 128 --output-len 128
+        # Mixtures of experts: B=1 decode, a 2,048-token prefill and max-load throughput (128/128
+        # and 1,000/1,000) of Qwen3-30B-A3B in bf16 and Q4_K; Gemma 4 26B-A4B decode.
+        moe_benches() {
+            local d sq
+            for d in bf16 q4_k; do
+                sq=(--synthetic qwen3-30b-a3b --dtype "$d")
+                bench "decode-qwen3-30b-a3b-$d" bench decode "${sq[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
+                bench "prefill-qwen3-30b-a3b-$d" bench decode "${sq[@]}" --prompt-tokens 2048 --gen-tokens 2 --reps 3
+                BENCH_TIMEOUT=600 bench "throughput-qwen3-30b-a3b-$d-128" bench throughput "${sq[@]}" \
+                    --num-requests 768 --input-len 128 --output-len 128 --concurrency 256 --max-num-seqs 256 \
+                    --max-num-batched-tokens 8192 --max-model-len 512
+                BENCH_TIMEOUT=600 bench "throughput-qwen3-30b-a3b-$d-1000" bench throughput "${sq[@]}" \
+                    --num-requests 256 --input-len 1000 --output-len 1000 --concurrency 256 --max-num-seqs 256 \
+                    --max-num-batched-tokens 8192 --max-model-len 2048
+                bench "decode-gemma-4-26b-a4b-$d" bench decode --synthetic gemma-4-26b-a4b --dtype "$d" \
+                    --prompt-tokens 512 --gen-tokens 128 --reps 3
+            done
+        }
+        if [ "$1" = moe ]; then
+            moe_benches
+        else
+            s8=(--synthetic llama-3.1-8b --dtype bf16)
+            s1=(--synthetic llama-3.2-1b --dtype bf16)
+            # The first start compiles the kernels into $FERRITE_HOME; every later one reads them.
+            bench decode-8b bench decode "${s8[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
+            bench decode-1b bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
+            # The same with each step waited for before the next is scheduled (no overlap).
+            bench decode-1b-no-overlap bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3 --no-overlap
+            bench decode-8b-no-overlap bench decode "${s8[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3 --no-overlap
+            # And with every kernel launched fully serialized (no programmatic dependent launch).
+            FERRITE_PDL=0 bench decode-1b-no-pdl bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
+            FERRITE_PDL=0 bench decode-8b-no-pdl bench decode "${s8[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
+            bench decode-8b-q4_0 bench decode --synthetic llama-3.1-8b --dtype q4_0 --prompt-tokens 512 --gen-tokens 128 \
+                --reps 3
+            # Seeded sampling drawn on the device (only ids come back), against the greedy line.
+            bench decode-1b-sampled bench decode "${s1[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3 \
+                --temperature 0.8 --top-p 0.9
+            bench prefill-8b bench decode "${s8[@]}" --prompt-tokens 2048 --gen-tokens 2 --reps 3
+            # B=1 decode at a 32k context per KV cache dtype (bf16 first: the baseline).
+            for kv in bf16 int8 int4 fp8; do
+                bench "decode-8b-32k-$kv" bench decode "${s8[@]}" --prompt-tokens 32768 --prefill-chunk 8192 \
+                    --gen-tokens 128 --reps 2 --kv-cache-dtype "$kv"
+            done
+            bench throughput-8b bench throughput "${s8[@]}" --num-requests 768 --input-len 128 --output-len 128 \
+                --concurrency 256 --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 512
+            bench throughput-8b-no-overlap bench throughput "${s8[@]}" --num-requests 768 --input-len 128 \
+                --output-len 128 --concurrency 256 --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 512 \
+                --no-overlap
+            bench decode-qwen bench decode --synthetic qwen2.5-1.5b --prompt-tokens 512 --gen-tokens 64 --reps 2
+            bench decode-smollm bench decode --synthetic smollm2-135m --prompt-tokens 512 --gen-tokens 64 --reps 2
+            bench decode-gemma4-e4b bench decode --synthetic gemma-4-e4b --dtype bf16 --prompt-tokens 512 --gen-tokens 128 \
+                --reps 3
+            # The prefix cache's tiers (pool, host RAM, SSD under $TMPDIR, cold), resume, writer.
+            BENCH_TIMEOUT=600 bench tiers-8b-8k bench tiers "${s8[@]}" --prefix-len 8192 --reps 2
+            BENCH_TIMEOUT=600 bench tiers-8b-32k bench tiers "${s8[@]}" --prefix-len 32768 --reps 1
+            serve_bench serve-8b-c64 llama-3.1-8b --concurrency 64 --num-requests 256 --input-len 128 --output-len 128
+            serve_bench serve-1b-c256 llama-3.2-1b --concurrency 256 --num-requests 1024 --input-len 128 --output-len 128
+            moe_benches
+        fi
     fi
     echo
     echo "=== summary (tolerance checks: max abs error, relative L2 error; measurements: medians)"
@@ -169,7 +201,7 @@ PY
     echo "all CUDA tests passed"
     ;;
 *)
-    echo "usage: $0 build|run|bench|all" >&2
+    echo "usage: $0 build|run|bench|all|moe" >&2
     exit 2
     ;;
 esac

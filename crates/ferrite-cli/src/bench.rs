@@ -62,12 +62,18 @@ pub struct PrefixArgs {
 pub struct DecodeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Prompt length, i.e. the context decode starts from (8192, 32768, 131072 for long
+    /// contexts).
     #[arg(long, default_value_t = 512)]
     pub prompt_tokens: usize,
     #[arg(long, default_value_t = 128)]
     pub gen_tokens: usize,
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// Prefill the prompt in chunks of at most this many tokens (default: the whole prompt in
+    /// one step); bounds the step workspace of a long context.
+    #[arg(long)]
+    pub prefill_chunk: Option<usize>,
     /// A text file sent as one user message through the chat template instead of random
     /// prompt ids; generation then stops at the end of the answer (or --gen-tokens).
     #[arg(long)]
@@ -243,7 +249,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let prompt_tokens = prompt.len();
     let engine_args = EngineArgs {
         max_num_seqs: 1,
-        max_num_batched_tokens: prompt_tokens,
+        max_num_batched_tokens: a.prefill_chunk.unwrap_or(prompt_tokens).clamp(1, prompt_tokens),
         max_model_len: Some(prompt_tokens + a.gen_tokens + 1),
         no_prefix_cache: true,
         spec: a.spec.clone(),

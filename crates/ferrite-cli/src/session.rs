@@ -31,7 +31,7 @@ pub struct ModelArgs {
     pub device: DeviceChoice,
     /// Instead of a model file, a model of a real shape with random weights generated on the
     /// GPU (for benchmarks): llama-3.1-8b, llama-3.2-1b, qwen2.5-1.5b, smollm2-135m,
-    /// gemma-4-e4b. It takes its family's tokenizer and chat template from the test assets
+    /// gemma-4-e4b, qwen3-30b-a3b, gemma-4-26b-a4b. It takes its family's tokenizer and chat template from the test assets
     /// when they are here (scripts/fetch_test_assets.sh), or from --tokenizer.
     #[arg(long, conflicts_with = "model")]
     pub synthetic: Option<String>,
@@ -145,16 +145,17 @@ pub struct EngineArgs {
 /// What the KV cache holds.
 #[derive(Args, Clone)]
 pub struct KvArgs {
-    /// KV cache value type: auto (f16 on the CPU, bf16 on a GPU), f16, bf16, int8 or int4
-    /// (group-affine, CPU); fp8 is refused on the CPU (int8 takes the same bytes).
+    /// KV cache value type: auto (f16 on the CPU, bf16 on a GPU), f16 (CPU), bf16 (GPU),
+    /// int8 or int4 (group-affine, CPU and GPU), fp8 (e4m3 with a scale per layer and KV head,
+    /// GPU of compute capability 8.9+; refused on the CPU, where int8 takes the same bytes).
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: KvDtypeChoice,
     /// Values per scale and bias of an int8/int4 KV cache: 16, 32, 64 or 128, dividing the
     /// head dim.
     #[arg(long, default_value_t = DEFAULT_KV_GROUP_SIZE)]
     pub kv_group_size: usize,
-    /// Layers whose KV stays f16 under int8/int4: sliding, first:N, last:N or a list of
-    /// KV-owning layer indices (0,1,29).
+    /// Layers whose KV stays full precision (f16 on the CPU, bf16 on a GPU) under
+    /// int8/int4/fp8: sliding, first:N, last:N or a list of KV-owning layer indices (0,1,29).
     #[arg(long)]
     pub kv_cache_skip_layers: Option<KvSkip>,
 }

@@ -7,23 +7,27 @@
 //! GELU MLP with a sliding window of 8, llama's dynamic NTK RoPE (frequencies by each row's
 //! length, as long RoPE's), gemma, gemma2, gemma3_text and the three gemma4_text
 //! fixtures: KV-shared layers with per-layer inputs, `attention_k_eq_v` with a double-wide
-//! MLP, the MoE block), the six roster families also from their GGUF (llama.cpp's tensor
-//! names and layouts), gated by `FERRITE_TEST_CUDA=1` (skipped elsewhere). The Gemma
-//! fixtures' sliding window is 8 tokens, so every prompt here but the shortest is longer than
-//! the window. (`cuda_model` covers the llama fixtures.)
+//! MLP, the MoE block; the mixtures of experts qwen3_moe and mixtral), the six roster
+//! families and the two MoE families also from their GGUF (llama.cpp's tensor names and
+//! layouts; stacked experts in f32 and Q8_0), gated by `FERRITE_TEST_CUDA=1` (skipped
+//! elsewhere). The Gemma fixtures' sliding window is 8 tokens, so every prompt here but the
+//! shortest is longer than the window. (`cuda_model` covers the llama fixtures.)
 //!
 //! - prompt logits from one prefill (the fixtures' prompts and a 150-token one): relative L2
 //!   error within bf16 tolerance (3 %), top-5 log-probabilities within 0.75, each side's top
 //!   token in the other's top 5 (vLLM's `check_logprobs_close`), the argmax equal wherever
-//!   the CPU's top-2 margin is clear;
+//!   the CPU's top-2 margin is clear (for the MoE fixtures only where every token's routing is
+//!   clear of a tie, `ROUTE_SENSITIVE`; the rest is measured); the MoE fixtures' GPU logits
+//!   also against transformers' own;
 //! - greedy continuations (32 tokens, decode by CUDA-graph replay) equal to the CPU's, a
 //!   divergence allowed only at a near tie of the CPU logits (as in `cuda_model`);
 //! - decode by graph replay == eager decode, bit for bit (gemma3: two KV groups; phi3: rows
-//!   on short and long RoPE factors in one step, one crossing over while the graph replays);
+//!   on short and long RoPE factors in one step, one crossing over while the graph replays;
+//!   the MoE fixtures, routed on the device inside the graph);
 //! - step handles: decode steps queued back to back, their ids carried on the device and
 //!   their handles resolved newest first, equal resolving each step at once, bit for bit;
-//! - engine invariants on the GPU (gemma4 with KV-shared layers and per-layer inputs):
-//!   batched == alone and prefix hit == cold.
+//! - engine invariants on the GPU (gemma4 with KV-shared layers and per-layer inputs, and the
+//!   MoE fixtures): batched == alone, and prefix hit == cold.
 //!
 //! Every comparison prints a `TABLE|…` row for `scripts/gpu_tests.sh`.
 
@@ -32,7 +36,9 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::model::{cache, compare_logits, cuda_enabled, equal_or_tie, prefill_logits, LogitsAgreement, BLOCK};
+use common::model::{
+    cache, compare_logits, cuda_enabled, divergence, equal_or_tie, prefill_logits, LogitsAgreement, BLOCK,
+};
 use common::{add, collect, greedy, ids, run_to_end};
 use ferrite_engine::{EngineConfig, EngineCore};
 use ferrite_models::gpu::GpuDecoder;
@@ -42,7 +48,7 @@ use ferrite_runtime::cuda::DeviceChoice;
 use ferrite_runtime::ForwardBatch;
 use serde_json::Value;
 
-const FIXTURES: [&str; 14] = [
+const FIXTURES: [&str; 16] = [
     "qwen3-hd32",
     "glm4",
     "smollm3",
@@ -57,9 +63,32 @@ const FIXTURES: [&str; 14] = [
     "gemma4-shared-ple",
     "gemma4-kv-eq-v",
     "gemma4-moe",
+    "qwen3-moe",
+    "mixtral",
 ];
-/// The fixtures whose directory also holds the `model.gguf` llama.cpp's converter writes.
-const GGUF_FIXTURES: [&str; 6] = ["phi3", "olmo2", "glm4", "granite", "starcoder2", "smollm3"];
+/// The fixtures whose directory also holds GGUF files llama.cpp's converter writes, and the
+/// file: f32 tensors (the experts stacked per projection, `ffn_*_exps`) or Q8_0 blocks.
+const GGUF_FIXTURES: [(&str, &str); 9] = [
+    ("phi3", "model.gguf"),
+    ("olmo2", "model.gguf"),
+    ("glm4", "model.gguf"),
+    ("granite", "model.gguf"),
+    ("starcoder2", "model.gguf"),
+    ("smollm3", "model.gguf"),
+    ("qwen3-moe", "model.gguf"),
+    ("mixtral", "model.gguf"),
+    ("mixtral", "model-q8_0.gguf"),
+];
+/// The mixtures of experts.
+const MOE_FIXTURES: [&str; 3] = ["gemma4-moe", "qwen3-moe", "mixtral"];
+/// (MoE fixture, prompt length) where some token's k-th and (k+1)-th router probabilities lie
+/// within 1e-3 of each other (`scripts/goldens/moe_route_margins.py`: 2.9e-4 and 1.9e-4), as
+/// at 150 tokens for every MoE fixture (7.5e-5 .. 4e-6): there bf16 activations may route a
+/// token to another expert than the CPU's f32 ones — a legitimate outcome that moves the
+/// logits past the bf16 tolerance — so these prompts are measured and printed, and only each
+/// side's top token within the other's top 5 is asserted. (Gemma 4's 40-token prompt, 2.1e-4,
+/// has been checked since its experts first ran on the GPU and stays checked.)
+const ROUTE_SENSITIVE: [(&str, usize); 2] = [("qwen3-moe", 40), ("mixtral", 17)];
 /// The largest top-5 log-probability difference allowed. Wider than `cuda_model`'s 0.5: with
 /// q/k norms and attention scale 1 (Gemma 4) the 16-wide heads' scores reach ±16, so the bf16
 /// rounding of the normed q and k moves low-ranked log-probabilities further (0.52 measured at
@@ -76,11 +105,11 @@ fn fixture_dir(name: &str) -> PathBuf {
     common::fixture_dir(name)
 }
 
-/// The CPU and CUDA models of fixture `name` (from its `model.gguf` when `gguf`), and its
+/// The CPU and CUDA models of fixture `name` (from its GGUF file `gguf` when given), and its
 /// reference.json.
-fn load_pair(name: &str, gguf: bool) -> (Arc<dyn CausalLm>, Arc<dyn CausalLm>, Value) {
+fn load_pair(name: &str, gguf: Option<&str>) -> (Arc<dyn CausalLm>, Arc<dyn CausalLm>, Value) {
     let dir = fixture_dir(name);
-    let path = if gguf { dir.join("model.gguf") } else { dir.clone() };
+    let path = gguf.map_or(dir.clone(), |file| dir.join(file));
     let cpu = ferrite_models::load_on(&path, DeviceChoice::Cpu).unwrap_or_else(|e| panic!("cpu {name}: {e}")).model;
     let gpu =
         ferrite_models::load_on(&path, DeviceChoice::Cuda(0)).unwrap_or_else(|e| panic!("cuda {name}: {e}")).model;
@@ -112,39 +141,80 @@ fn cuda_goldens_goldens_match_cpu() {
     if !cuda_enabled("cuda_goldens_goldens_match_cpu") {
         return;
     }
-    let cases = FIXTURES.iter().map(|&n| (n, false)).chain(GGUF_FIXTURES.iter().map(|&n| (n, true)));
+    let cases = FIXTURES.iter().map(|&n| (n, None)).chain(GGUF_FIXTURES.iter().map(|&(n, f)| (n, Some(f))));
     for (fixture, gguf) in cases {
         let (cpu, gpu, reference) = load_pair(fixture, gguf);
-        let name = if gguf { format!("{fixture} (GGUF)") } else { fixture.to_string() };
+        let name = gguf.map_or(fixture.to_string(), |file| format!("{fixture} ({file})"));
         let name = name.as_str();
         let vocab = cpu.config().vocab_size;
         let mut prompts: Vec<Vec<u32>> = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();
-        // A 150-token prompt too, except for the MoE fixture: there the GPU's bf16 router
-        // scores and the CPU's f32 ones pick different experts for some tokens at 150 tokens
-        // (measured: rel L2 3.4e-2, top-5 log-probability error 1.9, every clear argmax equal;
-        // the route flip is the suspected cause, not yet shown), so it is checked on the
-        // reference prompts (5, 17 and 40 tokens; the window is 8).
-        if fixture != "gemma4-moe" {
-            prompts.push((0..150u32).map(|i| 2 + (i * 37 + 11) % (vocab as u32 - 2)).collect());
-        }
+        prompts.push((0..150u32).map(|i| 2 + (i * 37 + 11) % (vocab as u32 - 2)).collect());
         let mut same_greedy = 0;
         for prompt in &prompts {
             let len = prompt.len();
+            let sensitive = route_sensitive(fixture, len);
             let (want, got) = (prefill_logits(cpu.as_ref(), prompt), prefill_logits(gpu.as_ref(), prompt));
             let LogitsAgreement { rel_l2: rel, top5_err: lp_err, clear, clear_equal, .. } =
                 compare_logits(&want, &got, vocab, &format!("{name} len {len}"));
+            let note = if sensitive { " (router near tie: measured)" } else { "" };
             println!(
-                "TABLE|goldens prefill logits {name} len {len}|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}"
+                "TABLE|goldens prefill logits {name} len {len}{note}|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}"
             );
+            let (on_cpu, on_gpu) = (greedy_tokens(cpu.as_ref(), prompt, 32), greedy_tokens(gpu.as_ref(), prompt, 32));
+            let what = format!("greedy {name} len {len}");
+            if sensitive {
+                let parted = divergence(&on_cpu, &on_gpu).map_or("none".into(), |j| format!("token {j}"));
+                println!("TABLE|{what}{note}: parted at {parted}||||");
+                continue;
+            }
             assert!(rel < 3e-2, "{name} len {len}: relative L2 error {rel}");
             assert!(lp_err < LOGPROB_TOL, "{name} len {len}: top-5 logprob error {lp_err}");
             assert_eq!(clear, clear_equal, "{name} len {len}: argmax differs at a clear position");
-
-            let (on_cpu, on_gpu) = (greedy_tokens(cpu.as_ref(), prompt, 32), greedy_tokens(gpu.as_ref(), prompt, 32));
-            let what = format!("greedy {name} len {len}");
             same_greedy += usize::from(equal_or_tie(cpu.as_ref(), prompt, &on_cpu, &on_gpu, &what));
         }
         println!("TABLE|goldens greedy 32 tokens {name}|{same_greedy}/{} identical to CPU|||", prompts.len());
+    }
+}
+
+/// Whether prompt length `len` of `fixture` is routed near a tie (`ROUTE_SENSITIVE`; every
+/// MoE fixture's 150-token prompt).
+fn route_sensitive(fixture: &str, len: usize) -> bool {
+    MOE_FIXTURES.contains(&fixture) && (len == 150 || ROUTE_SENSITIVE.contains(&(fixture, len)))
+}
+
+/// The MoE fixtures on the GPU against transformers' own f32 logits (reference.json) on the
+/// prompts they route clearly: the same bf16 tolerance as against the CPU.
+#[test]
+fn cuda_goldens_moe_match_transformers() {
+    if !cuda_enabled("cuda_goldens_moe_match_transformers") {
+        return;
+    }
+    for fixture in MOE_FIXTURES {
+        let gpu = ferrite_models::load_on(&fixture_dir(fixture), DeviceChoice::Cuda(0)).expect("cuda").model;
+        let text = std::fs::read_to_string(fixture_dir(fixture).join("reference.json")).expect("reference.json");
+        let reference: Value = serde_json::from_str(&text).expect("json");
+        let vocab = gpu.config().vocab_size;
+        for (p, prompt) in reference["prompts"].as_array().expect("prompts").iter().map(ids).enumerate() {
+            let len = prompt.len();
+            if route_sensitive(fixture, len) {
+                continue;
+            }
+            let want: Vec<f32> = reference["logits"][p]
+                .as_array()
+                .expect("logits")
+                .iter()
+                .flat_map(|row| row.as_array().expect("row").iter().map(|v| v.as_f64().expect("logit") as f32))
+                .collect();
+            let got = prefill_logits(gpu.as_ref(), &prompt);
+            let LogitsAgreement { rel_l2: rel, top5_err: lp_err, clear, clear_equal, .. } =
+                compare_logits(&want, &got, vocab, &format!("{fixture} len {len} vs transformers"));
+            println!(
+                "TABLE|MoE GPU vs transformers {fixture} len {len}|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}"
+            );
+            assert!(rel < 3e-2, "{fixture} len {len}: relative L2 error {rel} against transformers");
+            assert!(lp_err < LOGPROB_TOL, "{fixture} len {len}: top-5 logprob error {lp_err} against transformers");
+            assert_eq!(clear, clear_equal, "{fixture} len {len}: argmax differs from transformers at a clear position");
+        }
     }
 }
 
@@ -155,8 +225,17 @@ fn cuda_goldens_graph_replay_equals_eager() {
     }
     // (fixture, the first row's prompt length): phi3's first row crosses its original context
     // (32) at the 6th of the 12 decode steps, the others start past it.
-    let cases =
-        [("gemma3", 20), ("gemma4-shared-ple", 20), ("phi3", 26), ("olmo2", 20), ("granite", 20), ("starcoder2", 20)];
+    let cases = [
+        ("gemma3", 20),
+        ("gemma4-shared-ple", 20),
+        ("phi3", 26),
+        ("olmo2", 20),
+        ("granite", 20),
+        ("starcoder2", 20),
+        ("gemma4-moe", 20),
+        ("qwen3-moe", 20),
+        ("mixtral", 20),
+    ];
     for (name, first) in cases {
         let model = gpu_decoder(name);
         let vocab = model.config().vocab_size as u32;
@@ -250,7 +329,7 @@ fn cuda_goldens_chained_handles_equal_stepwise() {
     if !cuda_enabled("cuda_goldens_chained_handles_equal_stepwise") {
         return;
     }
-    let (_, gpu, reference) = load_pair("gemma3", false);
+    let (_, gpu, reference) = load_pair("gemma3", None);
     let prompts: Vec<Vec<u32>> = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();
     let stepwise = batch_greedy(gpu.as_ref(), &prompts, 16, false);
     let chained = batch_greedy(gpu.as_ref(), &prompts, 16, true);
@@ -260,6 +339,38 @@ fn cuda_goldens_chained_handles_equal_stepwise() {
     assert_eq!(chained, stepwise, "chained handles differ from stepwise steps");
     assert_eq!(again, stepwise, "stepwise steps after a dropped handle differ");
     assert!(stepwise.iter().all(|t| t.len() == 16), "{stepwise:?}");
+}
+
+/// Fixture `name` through the engine on the GPU: six prompts batched (prefill chunks shared
+/// with other rows, decode steps of several rows, the experts' grouped GEMM for a MoE) give
+/// each prompt's greedy tokens alone, a divergence allowed only at a near tie of the CPU
+/// logits; against the CPU engine too (asserted for dense models; for mixtures of experts
+/// printed, since bf16 activations may route a near-tie token to another expert, see
+/// `ROUTE_SENSITIVE`).
+fn engine_batched_equals_alone(name: &str, cfg: &EngineConfig) {
+    let (cpu, gpu, _) = load_pair(name, None);
+    let vocab = cpu.config().vocab_size as u32;
+    let prompts: Vec<Vec<u32>> =
+        (0..6u32).map(|r| (0..(9 + 23 * r)).map(|i| 2 + (i * 31 + 7 * r) % (vocab - 2)).collect()).collect();
+    let alone: Vec<Vec<u32>> =
+        prompts.iter().map(|p| run_engine(&gpu, cfg, std::slice::from_ref(p), 24).0.remove(0)).collect();
+    let (batched, _) = run_engine(&gpu, cfg, &prompts, 24);
+    let (on_cpu, _) = run_engine(&cpu, cfg, &prompts, 24);
+    let mut same = (0, 0);
+    for (i, p) in prompts.iter().enumerate() {
+        let what = format!("{name} GPU batched vs alone");
+        same.0 += usize::from(equal_or_tie(cpu.as_ref(), p, &alone[i], &batched[i], &what));
+        let what = format!("{name} GPU vs CPU engine");
+        if MOE_FIXTURES.contains(&name) {
+            let parted = divergence(&on_cpu[i], &alone[i]).map_or("none".into(), |j| format!("token {j}"));
+            println!("TABLE|{what} prompt {i} (measured): parted at {parted}||||");
+            same.1 += usize::from(on_cpu[i] == alone[i]);
+        } else {
+            same.1 += usize::from(equal_or_tie(cpu.as_ref(), p, &on_cpu[i], &alone[i], &what));
+        }
+    }
+    println!("TABLE|{name} engine GPU batched == alone|{}/{} identical|||", same.0, prompts.len());
+    println!("TABLE|{name} engine GPU vs CPU greedy|{}/{} identical|||", same.1, prompts.len());
 }
 
 /// Each request's greedy tokens through one engine core, and its prefix-cache hit tokens.
@@ -277,9 +388,6 @@ fn cuda_goldens_engine_batched_and_prefix() {
     if !cuda_enabled("cuda_goldens_engine_batched_and_prefix") {
         return;
     }
-    let name = "gemma4-shared-ple";
-    let (cpu, gpu, _) = load_pair(name, false);
-    let vocab = cpu.config().vocab_size as u32;
     let cfg = EngineConfig {
         max_num_batched_tokens: 40,
         max_num_seqs: 8,
@@ -288,19 +396,11 @@ fn cuda_goldens_engine_batched_and_prefix() {
         prefix_cache: false,
         ..EngineConfig::default()
     };
-    let prompts: Vec<Vec<u32>> =
-        (0..6u32).map(|r| (0..(9 + 23 * r)).map(|i| 2 + (i * 31 + 7 * r) % (vocab - 2)).collect()).collect();
-    let alone: Vec<Vec<u32>> =
-        prompts.iter().map(|p| run_engine(&gpu, &cfg, std::slice::from_ref(p), 24).0.remove(0)).collect();
-    let (batched, _) = run_engine(&gpu, &cfg, &prompts, 24);
-    let (on_cpu, _) = run_engine(&cpu, &cfg, &prompts, 24);
-    let mut same = (0, 0);
-    for (i, p) in prompts.iter().enumerate() {
-        same.0 += usize::from(equal_or_tie(cpu.as_ref(), p, &alone[i], &batched[i], "gemma4 GPU batched vs alone"));
-        same.1 += usize::from(equal_or_tie(cpu.as_ref(), p, &on_cpu[i], &alone[i], "gemma4 GPU vs CPU engine"));
+    for name in ["gemma4-shared-ple", "gemma4-moe", "qwen3-moe", "mixtral"] {
+        engine_batched_equals_alone(name, &cfg);
     }
-    println!("TABLE|gemma4 engine GPU batched == alone|{}/{} identical|||", same.0, prompts.len());
-    println!("TABLE|gemma4 engine GPU vs CPU greedy|{}/{} identical|||", same.1, prompts.len());
+    let (cpu, gpu, _) = load_pair("gemma4-shared-ple", None);
+    let vocab = cpu.config().vocab_size as u32;
 
     // Prefix hit == cold: a second request sharing 64 tokens (8 windows) with a finished one.
     let shared: Vec<u32> = (0..64u32).map(|i| 2 + (i * 17 + 5) % (vocab - 2)).collect();

@@ -5,8 +5,12 @@
 //! - `qwen3-embed`: a Qwen3 backbone saved without its LM head, last-token pooling, normalised;
 //! - `gemma3-embed`: an EmbeddingGemma-shaped bidirectional Gemma 3 (sliding and global
 //!   layers), mean pooling, two Dense modules, normalised;
-//! - the real EmbeddingGemma-300M when `scripts/fetch_embedding_models.sh` has fetched it
-//!   (skipped with a note otherwise), its inputs tokenized by ferrite.
+//! - `bert-embed`: a BERT encoder in all-MiniLM-L6-v2's layout with its WordPiece tokenizer
+//!   trimmed (`scripts/goldens/make_bert_embed.py`), mean pooling, normalised, max_seq_length
+//!   24: sentence-transformers' ids for its texts (truncated at max_seq_length) and embeddings
+//!   within 1e-4 per value (keys and values go through the f16 KV cache);
+//! - the real EmbeddingGemma-300M and all-MiniLM-L6-v2 when `scripts/fetch_embedding_models.sh`
+//!   has fetched them (skipped with a note otherwise), their inputs tokenized by ferrite.
 //!
 //! Each input alone equals the same input in one batch with the others; an embedding request
 //! in the same steps as a generation leaves the generation's tokens as they are alone; a
@@ -57,7 +61,9 @@ fn embed_all(core: &mut EngineCore, inputs: &[Vec<u32>]) -> Vec<Vec<f32>> {
     rxs.iter_mut().map(embedding_of).collect()
 }
 
-fn check_fixture(name: &str) {
+/// Every input of the fixture `name` alone against its reference (cosine ≥ 0.999, and each
+/// value within `tolerance` when given) and against the same input batched with the others.
+fn check_fixture(name: &str, tolerance: Option<f32>) {
     let (model, reference) = load_fixture(name);
     let inputs: Vec<Vec<u32>> = reference["inputs"].as_array().expect("inputs").iter().map(ids).collect();
     let want = vectors(&reference["embeddings"]);
@@ -66,6 +72,10 @@ fn check_fixture(name: &str) {
         let one = embed_all(&mut core(&model, EngineConfig::default()), std::slice::from_ref(input)).remove(0);
         let cos = cosine(&one, &want[i]);
         assert!(cos >= 0.999, "{name} input {i} ({} tokens): cosine {cos} to the reference", input.len());
+        if let Some(tol) = tolerance {
+            let off = one.iter().zip(&want[i]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(off < tol, "{name} input {i}: a value is {off} from the reference");
+        }
         let gap = one.iter().zip(&batched[i]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(gap < 1e-5, "{name} input {i}: batched differs from alone by {gap}");
         let norm = one.iter().map(|x| x * x).sum::<f32>().sqrt();
@@ -75,12 +85,34 @@ fn check_fixture(name: &str) {
 
 #[test]
 fn decoder_last_token_embeddings_match_transformers() {
-    check_fixture("qwen3-embed");
+    check_fixture("qwen3-embed", None);
 }
 
 #[test]
 fn bidirectional_gemma3_embeddings_match_transformers() {
-    check_fixture("gemma3-embed");
+    check_fixture("gemma3-embed", None);
+}
+
+/// The BERT encoder: ferrite's WordPiece tokenizer gives sentence-transformers' ids (truncated
+/// at max_seq_length), and the embeddings match (within 1e-4 per value: the f16 KV cache
+/// rounds keys and values).
+#[test]
+fn bert_embeddings_match_sentence_transformers() {
+    check_fixture("bert-embed", Some(1e-4));
+    let loaded = ferrite_models::load(&fixture_dir("bert-embed")).expect("load bert-embed");
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture_dir("bert-embed").join("reference.json")).expect("ref"))
+            .expect("json");
+    let spec = loaded.model.embedding().expect("an embedder").clone();
+    assert_eq!((spec.dimensions, spec.normalized, spec.max_tokens), (32, true, Some(24)));
+    assert_eq!(spec.pooling, ferrite_models::embedding::Pooling::Mean);
+    assert!(!loaded.model.generates());
+    let tok = loaded.tokenizer.as_ref().expect("tokenizer");
+    let texts = reference["texts"].as_array().expect("texts");
+    for (text, want) in texts.iter().zip(reference["text_ids"].as_array().expect("ids")) {
+        let got = tok.encode_truncated(text.as_str().expect("text"), 24).expect("encode");
+        assert_eq!(got, ids(want), "token ids of {text}");
+    }
 }
 
 /// With a step budget smaller than the batch, embedding inputs wait for a step that holds
@@ -172,5 +204,38 @@ fn embeddinggemma_matches_sentence_transformers() {
     for (i, (g, w)) in got.iter().zip(&vectors(&reference["embeddings"])).enumerate() {
         let cos = cosine(g, w);
         assert!(cos >= 0.999, "text {i} ({} tokens): cosine {cos}", inputs[i].len());
+    }
+}
+
+/// The real all-MiniLM-L6-v2: ferrite's tokenizer gives sentence-transformers' ids (the
+/// tokenizer's own test, `ferrite-models/tests/tokenizer.rs`, has more texts), and the
+/// embeddings match per text, one past max_seq_length (256).
+#[test]
+fn minilm_matches_sentence_transformers() {
+    let dir = ferrite_models::paths::models_dir().join("all-minilm-l6-v2");
+    if !dir.join(".done").is_file() {
+        eprintln!("SKIP minilm_matches_sentence_transformers: run scripts/fetch_embedding_models.sh minilm");
+        return;
+    }
+    let loaded = ferrite_models::load(&dir).expect("load all-MiniLM-L6-v2");
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/minilm_reference.json");
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(fixture).expect("fixture")).expect("json");
+    let spec = loaded.model.embedding().expect("an embedder").clone();
+    assert_eq!((spec.dimensions, spec.max_tokens), (384, Some(256)));
+    let tok = loaded.tokenizer.as_ref().expect("tokenizer");
+    let texts = reference["texts"].as_array().expect("texts");
+    let mut inputs = Vec::new();
+    for (text, want) in texts.iter().zip(reference["token_ids"].as_array().expect("ids")) {
+        let got = tok.encode_truncated(text.as_str().expect("text"), 256).expect("encode");
+        assert_eq!(got, ids(want), "token ids of {text}");
+        inputs.push(got);
+    }
+    let model: Arc<dyn CausalLm> = loaded.model.clone();
+    let got = embed_all(&mut core(&model, EngineConfig::default()), &inputs);
+    for (i, (g, w)) in got.iter().zip(&vectors(&reference["embeddings"])).enumerate() {
+        let cos = cosine(g, w);
+        assert!(cos >= 0.999, "text {i} ({} tokens): cosine {cos}", inputs[i].len());
+        let off = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(off < 1e-4, "text {i}: a value is {off} from sentence-transformers'");
     }
 }

@@ -29,6 +29,7 @@ impl Activation {
         match self {
             Activation::Silu => cpu::silu_mul(gate, up),
             Activation::GeluTanh => cpu::gelu_tanh_mul(gate, up),
+            Activation::Gelu => cpu::activation::gelu_mul(gate, up),
         }
     }
 
@@ -37,6 +38,7 @@ impl Activation {
         match self {
             Activation::Silu => cpu::activation::silu(x),
             Activation::GeluTanh => cpu::activation::gelu_tanh(x),
+            Activation::Gelu => cpu::activation::gelu(x),
         }
     }
 }
@@ -484,9 +486,10 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
 }
 
-/// The final norm, the output projection and an optional logit softcap.
+/// The final norm (none for a post-LN encoder), the output projection and an optional logit
+/// softcap.
 pub struct LmHead {
-    norm: Norm,
+    norm: Option<Norm>,
     w: Tensor,
     /// Multiplies the logits (granite's `1 / logits_scaling`).
     scale: Option<f32>,
@@ -499,7 +502,7 @@ impl LmHead {
         w: &Weights,
         cfg: &ModelConfig,
         embed: &Tensor,
-        norm: Norm,
+        norm: Option<Norm>,
         scale: Option<f32>,
         softcap: Option<f32>,
     ) -> Result<LmHead> {
@@ -513,9 +516,10 @@ impl LmHead {
     }
 
     /// The final norm of every row of `x` (`[t, hidden]`): the model's output states.
-    pub fn norm_rows(&self, x: &[f32]) -> Vec<f32> {
+    pub fn norm_rows(&self, x: Vec<f32>) -> Vec<f32> {
+        let Some(norm) = &self.norm else { return x };
         let mut normed = vec![0f32; x.len()];
-        self.norm.forward(x, &mut normed);
+        norm.forward(&x, &mut normed);
         normed
     }
 
@@ -531,8 +535,7 @@ impl LmHead {
         for &idx in &batch.logits_indices {
             picked.extend_from_slice(&x[idx * d..(idx + 1) * d]);
         }
-        let mut normed = vec![0f32; n * d];
-        self.norm.forward(&picked, &mut normed);
+        let normed = self.norm_rows(picked);
         let mut logits = vec![0f32; n * self.w.rows()];
         cpu::linear(&normed, n, &self.w, None, &mut logits)?;
         if let Some(s) = self.scale {

@@ -16,6 +16,8 @@ pub enum Activation {
     Silu,
     /// `gelu_pytorch_tanh`: the tanh approximation of GELU.
     GeluTanh,
+    /// `gelu`: the exact GELU, `x Φ(x)` through erf (BERT).
+    Gelu,
 }
 
 impl Activation {
@@ -23,6 +25,8 @@ impl Activation {
         match name {
             "silu" | "swish" => Some(Activation::Silu),
             "gelu_pytorch_tanh" => Some(Activation::GeluTanh),
+            // transformers' `ACT2FN["gelu"]`: the erf form, whatever the family.
+            "gelu" => Some(Activation::Gelu),
             _ => None,
         }
     }
@@ -137,7 +141,7 @@ impl ModelConfig {
         // transformers).
         let act_name = cfg.get(quirks.act_key).and_then(Value::as_str).unwrap_or(quirks.default_act);
         let hidden_act = Activation::from_hf(act_name)
-            .ok_or_else(|| err(format!("activation '{act_name}' is not supported (silu, gelu_pytorch_tanh)")))?;
+            .ok_or_else(|| err(format!("activation '{act_name}' is not supported (silu, gelu_pytorch_tanh, gelu)")))?;
         if cfg.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
             return Err(err("mlp_bias = true is not supported".into()));
         }

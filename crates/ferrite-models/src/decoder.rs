@@ -1,14 +1,16 @@
 //! `Decoder`: the CPU executor of a `DecoderPlan`, for every family.
 //!
-//! A step: the token embedding (scaled when the plan says so; Gemma 4 also computes its
-//! per-layer inputs), then per layer the attention and the feed-forward part (a dense MLP,
-//! routed experts (`moe`), or both), each with the norms the layer's names list (input norm,
-//! output norm, both, or neither), its output scaled (granite) and added to the residual
-//! stream, then Gemma 4's per-layer input and layer scalar; the final norm, the LM head, the
-//! logit scale and softcap. A sublayer output is added to the residual in the same pass as the
-//! norm that reads the sum (`Norm::forward_add`) whenever one follows, so every family gets
-//! that fusion. A decoder with an embedding head (`embedding`) also embeds: the final norm of
-//! every token, then the head's pooling. LoRA adapters attach at run time (`attach_lora`); a
+//! A step: the first residual stream (`input`: the token embedding, scaled when the plan says
+//! so, or an encoder's summed and normed embeddings; Gemma 4 also computes its per-layer
+//! inputs), then per layer the attention and the feed-forward part (a dense MLP, routed
+//! experts (`moe`), or both), each with the norms the layer's names list (input norm, output
+//! norm, both, or neither), its output scaled (granite) and added to the residual stream,
+//! normed there when the layer is post-LN (BERT), then Gemma 4's per-layer input and layer
+//! scalar; the final norm (if any), the LM head, the logit scale and softcap. A sublayer output
+//! is added to the residual in the same pass as the norm that reads the sum
+//! (`Norm::forward_add`) whenever one follows, so every family gets that fusion. A decoder
+//! with an embedding head (`embedding`) also embeds: the final norm (if any) of every token,
+//! then the head's pooling. LoRA adapters attach at run time (`attach_lora`); a
 //! step's rows may each run through one, and every adapted projection adds its update to the
 //! base projection's output (`lora::cpu`).
 
@@ -22,6 +24,7 @@ use crate::config::ModelConfig;
 use crate::deltanet::GatedDeltaNet;
 use crate::embedding::{EmbeddingHead, EmbeddingSpec};
 use crate::error::Result;
+use crate::input::Input;
 use crate::lora::cpu::{CpuLora, LoraStep};
 use crate::lora::LoraAdapter;
 use crate::model::{CausalLm, Pending, StepOutput, Want};
@@ -102,19 +105,20 @@ struct Layer {
     input_norm: Option<Norm>,
     attn: Mixer,
     post_attn_norm: Option<Norm>,
+    attn_residual_norm: Option<Norm>,
     pre_ffn_norm: Option<Norm>,
     /// None for a layer whose experts replace it.
     mlp: Option<Mlp>,
     moe: Option<Moe>,
     post_ffn_norm: Option<Norm>,
+    ffn_residual_norm: Option<Norm>,
     input: Option<LayerInput>,
     scalar: f32,
 }
 
 pub struct Decoder {
     cfg: ModelConfig,
-    embed: Tensor,
-    embed_scale: Option<f32>,
+    input: Input,
     residual_scale: Option<f32>,
     per_layer_input: Option<PerLayerInput>,
     layers: Vec<Layer>,
@@ -144,6 +148,12 @@ impl Stream {
         }
     }
 
+    /// `x = norm(x + o)` (a post-LN layer), with `scratch` as wide as `x`.
+    fn norm_stream(&mut self, norm: &Norm, scratch: &mut Vec<f32>) {
+        self.norm_into(norm, scratch);
+        std::mem::swap(&mut self.x, scratch);
+    }
+
     /// Add a pending `o` to `x`.
     fn settle(&mut self) {
         if std::mem::take(&mut self.pending) {
@@ -168,6 +178,7 @@ impl Decoder {
     pub fn load(cfg: ModelConfig, plan: DecoderPlan, w: &Weights, progress: &dyn Fn(usize)) -> Result<Decoder> {
         let (d, eps, n, offset) = (cfg.hidden_size, plan.eps, plan.layers.len(), plan.norm_offset());
         let causal = plan.causal();
+        let first = Input::load(w, &cfg, &plan)?;
         let norm = |name: &Option<String>| -> Result<Option<Norm>> {
             name.as_ref().map(|name| Norm::load_kind(w, name, d, plan.norm, eps)).transpose()
         };
@@ -190,10 +201,12 @@ impl Decoder {
                 input_norm: norm(&names.input_norm)?,
                 attn: Mixer::load(w, names, d, l.attn)?,
                 post_attn_norm: norm(&names.post_attn_norm)?,
+                attn_residual_norm: norm(&names.attn_residual_norm)?,
                 pre_ffn_norm: norm(&names.pre_ffn_norm)?,
                 mlp: mlp.transpose()?,
                 moe: moe.transpose()?,
                 post_ffn_norm: norm(&names.post_ffn_norm)?,
+                ffn_residual_norm: norm(&names.ffn_residual_norm)?,
                 input,
                 scalar: if plan.layer_scalar { w.get_f32(&p("layer_scalar"), &[1])?[0] } else { 1.0 },
             });
@@ -210,13 +223,11 @@ impl Decoder {
             }),
             None => None,
         };
-        let embed = w.get("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
-        let final_norm = Norm::load_kind(w, "model.norm", d, plan.norm, eps)?;
-        let head = LmHead::load(w, &cfg, &embed, final_norm, plan.logit_scale, plan.final_softcap)?;
+        let final_norm = plan.final_norm.as_ref().map(|n| Norm::load_kind(w, n, d, plan.norm, eps)).transpose()?;
+        let head = LmHead::load(w, &cfg, first.table(), final_norm, plan.logit_scale, plan.final_softcap)?;
         Ok(Decoder {
             cfg,
-            embed,
-            embed_scale: plan.embed_scale,
+            input: first,
             residual_scale: plan.residual_scale,
             per_layer_input,
             layers,
@@ -258,7 +269,7 @@ impl Decoder {
             Vec::new()
         };
         let lora = LoraStep::new(batch, |id| attached.iter().find(|(i, _)| *i == id).map(|(_, l)| &**l))?;
-        let x = blocks::embed(&self.embed, &batch.tokens, self.embed_scale)?;
+        let x = self.input.forward(batch)?;
         let inputs = self.per_layer_input.as_ref().map(|p| p.inputs(&x, &batch.tokens)).transpose()?;
         let mut h = vec![0f32; x.len()];
         let mut s = Stream { o: vec![0f32; x.len()], x, pending: false };
@@ -274,6 +285,9 @@ impl Decoder {
                 }
             }
             s.sublayer_done(l.post_attn_norm.as_ref(), self.residual_scale);
+            if let Some(norm) = &l.attn_residual_norm {
+                s.norm_stream(norm, &mut h);
+            }
             let input: &[f32] = match &l.pre_ffn_norm {
                 Some(norm) => {
                     s.norm_into(norm, &mut h);
@@ -292,6 +306,9 @@ impl Decoder {
                 moe.forward(input, &s.x, t, &mut s.o)?;
             }
             s.sublayer_done(l.post_ffn_norm.as_ref(), self.residual_scale);
+            if let Some(norm) = &l.ffn_residual_norm {
+                s.norm_stream(norm, &mut h);
+            }
             if let (Some(li), Some(inputs)) = (&l.input, &inputs) {
                 self.add_layer_input(&mut s, li, inputs, i, t)?;
             }
@@ -350,7 +367,7 @@ impl CausalLm for Decoder {
     fn embed(&self, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<Vec<Vec<f32>>> {
         let head =
             self.embedding.as_ref().ok_or_else(|| RuntimeError::Unsupported("this model does not embed".into()))?;
-        let states = self.head.norm_rows(&self.forward(batch, kv)?);
+        let states = self.head.norm_rows(self.forward(batch, kv)?);
         head.embed(&states, self.cfg.hidden_size, batch)
     }
 }

@@ -4,10 +4,13 @@
 //!
 //! A sentence-transformers directory says it in `modules.json`: a `Transformer` (the model
 //! itself), a `Pooling` module (`1_Pooling/config.json`), optional `Dense` modules (each a
-//! `config.json` and a `model.safetensors` holding `linear.weight`), and optional `Normalize`.
-//! Without those files, a decoder saved as a bare backbone (`architectures: ["Qwen3Model"]`,
-//! no LM head: the Qwen3-Embedding style) pools its last token and normalises. A model whose
-//! files say neither does not embed.
+//! `config.json` and a `model.safetensors` holding `linear.weight`), and optional `Normalize`;
+//! `sentence_bert_config.json`'s `max_seq_length` is the longest input it feeds the model
+//! (longer texts are truncated to it, as sentence-transformers does). Without those files, a
+//! decoder saved as a bare backbone (`architectures: ["Qwen3Model"]`, no LM head: the
+//! Qwen3-Embedding style) pools its last token and normalises, and a bidirectional one
+//! (`BertModel`) takes the mean, as sentence-transformers does with a plain transformers
+//! model. A model whose files say neither does not embed.
 //!
 //! Truncating an embedding to fewer `dimensions` (Matryoshka) is allowed where the model was
 //! trained for it: config.json's `matryoshka_dimensions` (those sizes) or `is_matryoshka`
@@ -46,6 +49,9 @@ pub struct EmbeddingSpec {
     /// Sizes an embedding may be truncated to (Matryoshka): None, not at all; an empty list,
     /// any size up to `dimensions`.
     pub matryoshka: Option<Vec<usize>>,
+    /// The longest input, in tokens with the special ones, that sentence-transformers feeds
+    /// the model (`max_seq_length`): text inputs are truncated to it.
+    pub max_tokens: Option<usize>,
 }
 
 impl EmbeddingSpec {
@@ -83,16 +89,18 @@ fn read_json(path: &Path) -> Result<Value> {
 
 impl EmbeddingHead {
     /// The head of the HF directory `dir` (whose config.json is `config`, with `hidden`-wide
-    /// states), or None when its files say it does not embed.
-    pub fn from_model_dir(dir: &Path, config: &Value, hidden: usize) -> Result<Option<EmbeddingHead>> {
+    /// states, attending `causal`ly or both ways), or None when its files say it does not embed.
+    pub fn from_model_dir(dir: &Path, config: &Value, hidden: usize, causal: bool) -> Result<Option<EmbeddingHead>> {
         let matryoshka = matryoshka(config);
+        let max_tokens = max_seq_length(dir)?;
         let modules = dir.join("modules.json");
         if !modules.is_file() {
             let arch = config.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str).unwrap_or("");
             if !arch.ends_with("Model") {
                 return Ok(None);
             }
-            let spec = EmbeddingSpec { dimensions: hidden, pooling: Pooling::Last, normalized: true, matryoshka };
+            let (pooling, normalized) = if causal { (Pooling::Last, true) } else { (Pooling::Mean, false) };
+            let spec = EmbeddingSpec { dimensions: hidden, pooling, normalized, matryoshka, max_tokens };
             return Ok(Some(EmbeddingHead { spec, dense: Vec::new() }));
         }
         let list = read_json(&modules)?;
@@ -115,7 +123,7 @@ impl EmbeddingHead {
             }
         }
         let pooling = pooling.ok_or_else(|| bad("no Pooling module".into()))?;
-        let spec = EmbeddingSpec { dimensions: width, pooling, normalized, matryoshka };
+        let spec = EmbeddingSpec { dimensions: width, pooling, normalized, matryoshka, max_tokens };
         Ok(Some(EmbeddingHead { spec, dense }))
     }
 
@@ -181,6 +189,21 @@ fn matryoshka(config: &Value) -> Option<Vec<usize>> {
     (gemma && bidirectional).then(|| vec![768, 512, 256, 128])
 }
 
+/// `max_seq_length` of `dir/sentence_bert_config.json`, if the file gives one.
+fn max_seq_length(dir: &Path) -> Result<Option<usize>> {
+    let path = dir.join("sentence_bert_config.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    match read_json(&path)?.get("max_seq_length") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => Ok(Some(n as usize)),
+            _ => Err(LoadError::format(&path, format!("max_seq_length is {v} (expected a positive integer)"))),
+        },
+    }
+}
+
 /// `1_Pooling/config.json`: exactly one of the mean, CLS and last-token modes.
 fn read_pooling(path: &Path, hidden: usize) -> Result<Pooling> {
     let v = read_json(path)?;
@@ -241,7 +264,13 @@ mod tests {
 
     #[test]
     fn truncation_follows_the_matryoshka_sizes() {
-        let spec = |m| EmbeddingSpec { dimensions: 768, pooling: Pooling::Mean, normalized: true, matryoshka: m };
+        let spec = |m| EmbeddingSpec {
+            dimensions: 768,
+            pooling: Pooling::Mean,
+            normalized: true,
+            matryoshka: m,
+            max_tokens: None,
+        };
         assert!(spec(None).check_truncation(768).is_ok());
         assert!(spec(None).check_truncation(256).unwrap_err().contains("cannot be truncated"));
         let gemma = spec(Some(vec![768, 512, 256, 128]));

@@ -64,24 +64,25 @@ impl FromStr for KvDtypeChoice {
 impl KvDtypeChoice {
     /// The type the KV pools of `device` hold, quantized ones in groups of `group` values; an
     /// error for a type the device cannot hold. The CPU holds f16, int8 and int4 (fp8 is
-    /// refused there: int8 takes the same bytes and keeps more precision); a GPU holds bf16.
+    /// refused there: int8 takes the same bytes and keeps more precision); a GPU holds bf16,
+    /// int8, int4 and fp8 (e4m3, compute capability 8.9 and up: the model refuses it below).
     pub fn resolve(self, device: Device, group: usize) -> std::result::Result<KvCacheDtype, String> {
         let is = |name, dtype| Ok(KvCacheDtype { name, dtype });
         match (self, device) {
             (KvDtypeChoice::Auto | KvDtypeChoice::F16, Device::Cpu) => is("f16", KvDtype::F16),
-            (KvDtypeChoice::Int8, Device::Cpu) => is("int8", KvDtype::Int8 { group }),
-            (KvDtypeChoice::Int4, Device::Cpu) => is("int4", KvDtype::Int4 { group }),
+            (KvDtypeChoice::Int8, _) => is("int8", KvDtype::Int8 { group }),
+            (KvDtypeChoice::Int4, _) => is("int4", KvDtype::Int4 { group }),
             (KvDtypeChoice::Auto | KvDtypeChoice::Bf16, Device::Cuda(_)) => is("bf16", KvDtype::F16),
+            (KvDtypeChoice::Fp8, Device::Cuda(_)) => is("fp8", KvDtype::Fp8),
             (KvDtypeChoice::Bf16, Device::Cpu) => {
                 Err("the CPU KV cache holds f16, not bf16 (use auto, f16, int8 or int4 on the CPU)".into())
             }
             (KvDtypeChoice::Fp8, Device::Cpu) => Err("an fp8 KV cache needs a GPU; on the CPU use int8 (the same \
                                                       bytes a value, group-affine)"
                 .into()),
-            (d, Device::Cuda(_)) => Err(format!(
-                "a {} KV cache is not built for the GPU yet: its kernels read bf16 KV (use auto or bf16 there)",
-                format!("{d:?}").to_lowercase()
-            )),
+            (KvDtypeChoice::F16, Device::Cuda(_)) => {
+                Err("the GPU KV cache holds bf16, not f16 (use auto, bf16, int8, int4 or fp8 there)".into())
+            }
         }
     }
 }
@@ -289,8 +290,9 @@ pub fn fit(m: &Inspected, device: Device, memory: DeviceMemory, opts: &FitOption
     let workspace = workspace_bytes(m, device, opts.max_num_batched_tokens, opts.max_num_seqs);
     let layout = &m.plan.layout;
     let scheme = KvScheme { dtype: kv_dtype.dtype, ..KvScheme::default() };
-    let per_token =
-        layout.block_bytes_with(1, &layout.layer_dtypes(&scheme).map_err(|e| LoadError::Other(e.to_string()))?);
+    // Per token of a 16-slot block (an fp8 block's per-head scales spread over its slots).
+    let dtypes = layout.layer_dtypes(&scheme).map_err(|e| LoadError::Other(e.to_string()))?;
+    let per_token: Vec<usize> = layout.block_bytes_with(16, &dtypes).iter().map(|b| b.div_ceil(16)).collect();
     let groups: Vec<KvGroupFit> = layout
         .groups
         .iter()

@@ -16,6 +16,7 @@ pub mod fit;
 pub mod gguf;
 pub mod gpu;
 pub mod hf_cache;
+mod input;
 pub mod inspect;
 pub mod load;
 pub mod lora;

@@ -311,7 +311,7 @@ fn load_hf_dir(dir: &Path, target: &Target, opts: &LoadOptions) -> Result<Loaded
     opts.apply(dir, &mut cfg)?;
     let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path: &cfg_path, json: &json })?;
     let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), layout(&cfg, &plan, false));
-    let embedding = EmbeddingHead::from_model_dir(dir, &json, cfg.hidden_size)?;
+    let embedding = EmbeddingHead::from_model_dir(dir, &json, cfg.hidden_size, plan.causal())?;
     if embedding.is_none() && !plan.causal() {
         return Err(LoadError::format(dir, "a bidirectional model needs a pooling config (modules.json) to embed"));
     }

@@ -14,9 +14,12 @@
 //! by a learned per-expert scale; the experts read their own norm of the residual, and the
 //! normed outputs of the dense MLP and of the experts are summed.
 //!
-//! Expert weights load from any of the layouts `ExpertNames` lists: stacked `gate_up_proj` /
-//! `down_proj` tensors (transformers 5, Gemma 4), GGUF's stacked `ffn_{gate,up,down}_exps`, or
-//! one tensor per expert and projection (Hugging Face checkpoints of Qwen3-MoE and Mixtral).
+//! Expert weights load from any of the layouts `ExpertNames` lists (`ExpertLayout`): stacked
+//! `gate_up_proj` / `down_proj` tensors (transformers 5, Gemma 4), GGUF's stacked
+//! `ffn_{gate,up,down}_exps`, or one tensor per expert and projection (Hugging Face
+//! checkpoints of Qwen3-MoE and Mixtral).
+
+use std::collections::HashMap;
 
 use ferrite_runtime::{cpu, Result as RtResult, RuntimeError, Tensor};
 
@@ -26,6 +29,10 @@ use crate::error::{LoadError, Result};
 use crate::lora::cpu::LayerLora;
 use crate::plan::{ExpertNames, MoePlan, MoeStyle};
 use crate::weights::Weights;
+
+mod layout;
+
+pub use layout::{ExpertLayout, ExpertRows, Projection};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoeShape {
@@ -52,8 +59,8 @@ impl MoeShape {
 
 /// One token's route from its router logits (`scores`, one per expert, softmaxed in place):
 /// its `top_k` (expert, weight) pairs, best first, the weights divided by their sum when
-/// `renormalize`, and times `per_expert_scale` when given. The CPU and CUDA models route with
-/// it.
+/// `renormalize`, and times `per_expert_scale` when given. The CPU model routes with it; the
+/// CUDA kernel `moe_route` makes the same choice on the device.
 pub fn route_row(
     scores: &mut [f32],
     top_k: usize,
@@ -77,67 +84,36 @@ pub struct Experts {
 }
 
 impl Experts {
-    /// The experts `names` gives, in whichever layout the file stores them.
+    /// The experts `names` gives, in whichever layout the file stores them (`ExpertLayout`),
+    /// each projection a row slice of its stored tensor.
     pub fn load(w: &Weights, names: &ExpertNames, shape: MoeShape, hidden: usize, act: Activation) -> Result<Experts> {
-        let (e, inter) = (shape.num_experts, shape.intermediate);
-        let base = &names.experts;
-        let bad = |name: &str, err: RuntimeError| LoadError::Other(format!("{name}: {err}"));
-        // Rows `r` of a stacked tensor, as a matmul weight.
-        let rows = |t: &Tensor, name: &str, r: std::ops::Range<usize>| -> Result<Linear> {
-            let part = t.slice_rows(r).map_err(|err| bad(name, err))?;
+        let layout = ExpertLayout::find(w, names, shape, hidden)?;
+        // Each stored tensor once (a stacked one holds every expert).
+        let mut tensors: HashMap<String, Tensor> = HashMap::new();
+        let mut linear = |e: usize, p: Projection| -> Result<Linear> {
+            let at = layout.rows(e, p);
+            let t = match tensors.get(&at.name) {
+                Some(t) => t.clone(),
+                None => {
+                    let t = w.get(&at.name, &at.shape)?;
+                    tensors.insert(at.name.clone(), t.clone());
+                    t
+                }
+            };
+            let part = if at.rows == (0..t.rows()) {
+                t
+            } else {
+                t.slice_rows(at.rows).map_err(|err| LoadError::Other(format!("{}: {err}", at.name)))?
+            };
             cpu::prepare_linear(&part);
             Ok(Linear::from_tensor(part))
         };
-        let fused = format!("{base}.gate_up_proj");
-        let stacked = |p: &str| format!("{base}.{p}.weight");
-        let experts = if w.contains(&fused) {
-            let down_name = format!("{base}.down_proj");
-            let gate_up = w.get(&fused, &[e, 2 * inter, hidden])?;
-            let down = w.get(&down_name, &[e, hidden, inter])?;
-            (0..e)
-                .map(|x| {
-                    let at = 2 * inter * x;
-                    Ok(Mlp::gated(
-                        rows(&gate_up, &fused, at..at + inter)?,
-                        rows(&gate_up, &fused, at + inter..at + 2 * inter)?,
-                        rows(&down, &down_name, hidden * x..hidden * (x + 1))?,
-                        act,
-                    ))
-                })
-                .collect::<Result<Vec<_>>>()?
-        } else if w.contains(&stacked(names.gate)) {
-            let [gate, up, down] = [names.gate, names.up, names.down].map(stacked);
-            let (g, u) = (w.get(&gate, &[e, inter, hidden])?, w.get(&up, &[e, inter, hidden])?);
-            let dn = w.get(&down, &[e, hidden, inter])?;
-            (0..e)
-                .map(|x| {
-                    Ok(Mlp::gated(
-                        rows(&g, &gate, inter * x..inter * (x + 1))?,
-                        rows(&u, &up, inter * x..inter * (x + 1))?,
-                        rows(&dn, &down, hidden * x..hidden * (x + 1))?,
-                        act,
-                    ))
-                })
-                .collect::<Result<Vec<_>>>()?
-        } else if w.contains(&format!("{base}.0.{}.weight", names.gate)) {
-            (0..e)
-                .map(|x| {
-                    let p = |name: &str| format!("{base}.{x}.{name}");
-                    Ok(Mlp::gated(
-                        Linear::load(w, &p(names.gate), inter, hidden, false)?,
-                        Linear::load(w, &p(names.up), inter, hidden, false)?,
-                        Linear::load(w, &p(names.down), hidden, inter, false)?,
-                        act,
-                    ))
-                })
-                .collect::<Result<Vec<_>>>()?
-        } else {
-            return Err(LoadError::Other(format!(
-                "the experts {base} are missing: none of {fused}, {} or {base}.E.{}.weight is in the weights",
-                stacked(names.gate),
-                names.gate
-            )));
-        };
+        let experts = (0..shape.num_experts)
+            .map(|e| {
+                let (gate, up) = (linear(e, Projection::Gate)?, linear(e, Projection::Up)?);
+                Ok(Mlp::gated(gate, up, linear(e, Projection::Down)?, act))
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Experts { experts, hidden })
     }
 

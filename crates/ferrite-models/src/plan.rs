@@ -1,16 +1,21 @@
-//! The decoder plan: one data description of a decoder-only model, read by both executors
-//! (`decoder` on the CPU, `gpu::decoder` on a CUDA device).
+//! The decoder plan: one data description of a transformer stack, read by both executors
+//! (`decoder` on the CPU, `gpu::decoder` on a CUDA device). Decoders are most of it; an
+//! encoder (BERT) is the same plan with bidirectional attention, an encoder input and
+//! post-LN layers.
 //!
-//! Model-wide it says how the embedding is scaled, which norm the model uses (RMSNorm with a
-//! `w` or `1 + w` weight, or LayerNorm with a bias), the residual and logit multipliers, the
-//! final softcap and the per-layer inputs; per layer, the attention (`AttentionConfig`: heads,
-//! head dim, score scale, RoPE schedule or none, q/k norms, window, softcap, own KV or a
-//! donor's), the feed-forward (gated or plain, its width; or routed experts, `MoePlan`, in
-//! place of the dense MLP or beside it) and the
-//! tensor names (`LayerNames`), whose norms also say where the norms sit: an input norm and a
-//! pre-FFN norm (pre-norm), those plus a norm on each sublayer output (sandwich), or only the
-//! output norms (post-norm). A family file turns a config into a plan; nothing else differs
-//! between families.
+//! Model-wide it says how the tokens become the first residual stream (`InputKind`: the
+//! token embedding, scaled or not, or an encoder's word + position + token-type embeddings
+//! and their norm), which norm the model uses (RMSNorm with a `w` or `1 + w` weight, or
+//! LayerNorm with a bias), the residual and logit multipliers, the final norm (none for a
+//! post-LN encoder), the final softcap and the per-layer inputs; per layer, the attention
+//! (`AttentionConfig`: heads, head dim, score scale, RoPE schedule or none, causal or not, q/k
+//! norms, window, softcap, own KV or a donor's), the feed-forward (gated or plain, its width;
+//! or routed experts, `MoePlan`, in place of the dense MLP or beside it) and the tensor names
+//! (`LayerNames`), whose norms also say where the norms sit: an input norm and a pre-FFN norm
+//! (pre-norm), those plus a norm on each sublayer output (sandwich), only the output norms
+//! (olmo2's post-norm), or a norm of the residual stream after each sublayer joined it
+//! (BERT's post-LN). A family file turns a config into a plan; nothing else differs between
+//! families.
 
 use ferrite_runtime::KvLayout;
 
@@ -58,6 +63,11 @@ pub struct LayerNames {
     pub pre_ffn_norm: Option<String>,
     /// Norm of the feed-forward output before its residual add.
     pub post_ffn_norm: Option<String>,
+    /// Norm of the residual stream once the attention output joined it (BERT's post-LN,
+    /// `x = norm(x + attn(x))`).
+    pub attn_residual_norm: Option<String>,
+    /// Norm of the residual stream once the feed-forward output joined it.
+    pub ffn_residual_norm: Option<String>,
     pub qkv: QkvNames,
     pub o: String,
     pub q_norm: String,
@@ -76,6 +86,8 @@ impl LayerNames {
             post_attn_norm: None,
             pre_ffn_norm: Some(p("post_attention_layernorm")),
             post_ffn_norm: None,
+            attn_residual_norm: None,
+            ffn_residual_norm: None,
             qkv: QkvNames::Separate { q: p("self_attn.q_proj"), k: p("self_attn.k_proj"), v: p("self_attn.v_proj") },
             o: p("self_attn.o_proj"),
             q_norm: p("self_attn.q_norm"),
@@ -167,6 +179,32 @@ impl FfnPlan {
     }
 }
 
+/// How a step's tokens become the first residual stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputKind {
+    /// The token embedding `model.embed_tokens` (times `DecoderPlan::embed_scale`).
+    Tokens,
+    /// An encoder's (BERT): word, absolute position and token-type embeddings summed, then
+    /// normed.
+    Encoder(EncoderInput),
+}
+
+/// The tensor names of an encoder's input embeddings (without `.weight`/`.bias`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncoderInput {
+    /// `[vocab, hidden]`.
+    pub words: String,
+    /// `[positions, hidden]`: row `p` joins the token at position `p`.
+    pub positions: String,
+    /// The number of learned positions (`max_position_embeddings`).
+    pub max_positions: usize,
+    /// `[types, hidden]`: every token is of type 0 (one segment per input).
+    pub token_types: String,
+    pub types: usize,
+    /// The norm of the sum (a LayerNorm for BERT).
+    pub norm: String,
+}
+
 /// One decoder layer.
 pub struct LayerPlan {
     pub attn: AttentionConfig,
@@ -177,8 +215,12 @@ pub struct LayerPlan {
 pub struct DecoderPlan {
     pub layers: Vec<LayerPlan>,
     pub layout: KvLayout,
+    pub input: InputKind,
     pub norm: NormKind,
     pub eps: f32,
+    /// The norm after the last layer (`model.norm`); none where each layer ends normed (a
+    /// post-LN encoder).
+    pub final_norm: Option<String>,
     /// Multiplies the token embedding (Gemma's `sqrt(hidden)`, granite's
     /// `embedding_multiplier`).
     pub embed_scale: Option<f32>,

@@ -1,6 +1,7 @@
 //! Safetensors checkpoints: one `model.safetensors` or shards listed in
 //! `model.safetensors.index.json`, memory-mapped; every header entry is checked against the
-//! file size before use.
+//! file size before use. Integer tensors (a BERT checkpoint's `position_ids` buffer) are
+//! indexed but refused when fetched: no model reads one.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,7 +14,8 @@ use crate::error::{LoadError, Result};
 
 struct Entry {
     file: usize,
-    dtype: DType,
+    /// Err: the file's name of a dtype ferrite does not read.
+    dtype: std::result::Result<DType, String>,
     shape: Vec<usize>,
     start: usize,
     end: usize,
@@ -96,9 +98,10 @@ impl SafetensorsDir {
             }
             let bad = |m: &str| LoadError::tensor(path, name, m.to_string());
             let dtype = match info.get("dtype").and_then(Value::as_str) {
-                Some("F32") => DType::F32,
-                Some("F16") => DType::F16,
-                Some("BF16") => DType::BF16,
+                Some("F32") => Ok(DType::F32),
+                Some("F16") => Ok(DType::F16),
+                Some("BF16") => Ok(DType::BF16),
+                Some(other @ ("I64" | "I32" | "I16" | "I8" | "U8" | "BOOL")) => Err(other.to_string()),
                 Some(other) => return Err(bad(&format!("dtype {other} is not supported (F32, F16, BF16)"))),
                 None => return Err(bad("no dtype")),
             };
@@ -118,9 +121,12 @@ impl SafetensorsDir {
             if end > data_len {
                 return Err(bad(&format!("data ends at {end} but the file holds {data_len} data bytes (truncated?)")));
             }
-            let need = Tensor::byte_len(dtype, &shape).map_err(|e| bad(&e.to_string()))?;
-            if end - start != need {
-                return Err(bad(&format!("{} bytes for {dtype} {shape:?}, expected {need}", end - start)));
+            // An integer tensor is never read: its range lying in the file is enough.
+            if let Ok(dtype) = dtype {
+                let need = Tensor::byte_len(dtype, &shape).map_err(|e| bad(&e.to_string()))?;
+                if end - start != need {
+                    return Err(bad(&format!("{} bytes for {dtype} {shape:?}, expected {need}", end - start)));
+                }
             }
             self.entries.insert(
                 name.clone(),
@@ -144,13 +150,17 @@ impl SafetensorsDir {
     pub fn tensor(&self, name: &str) -> Result<Tensor> {
         let e = self.entries.get(name).ok_or_else(|| LoadError::tensor(self.path_of(name), name, "missing"))?;
         let (path, map) = &self.files[e.file];
-        Tensor::new(e.dtype, e.shape.clone(), Buffer::Mapped { map: map.clone(), range: e.start..e.end })
+        let dtype = e
+            .dtype
+            .clone()
+            .map_err(|int| LoadError::tensor(path, name, format!("dtype {int} is not supported (F32, F16, BF16)")))?;
+        Tensor::new(dtype, e.shape.clone(), Buffer::Mapped { map: map.clone(), range: e.start..e.end })
             .map_err(|err| LoadError::tensor(path, name, err.to_string()))
     }
 
-    /// Every tensor's name, dtype and shape (no data is read).
+    /// Every float tensor's name, dtype and shape (no data is read).
     pub fn tensors(&self) -> impl Iterator<Item = (&str, DType, &[usize])> {
-        self.entries.iter().map(|(name, e)| (name.as_str(), e.dtype, e.shape.as_slice()))
+        self.entries.iter().filter_map(|(name, e)| Some((name.as_str(), *e.dtype.as_ref().ok()?, e.shape.as_slice())))
     }
 
     pub fn total_bytes(&self) -> usize {

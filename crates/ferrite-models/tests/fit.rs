@@ -117,8 +117,13 @@ fn kv_dtypes() {
     assert_eq!((d.name, d.dtype), ("int8", KvDtype::Int8 { group: 32 }));
     let err = "fp8".parse::<KvDtypeChoice>().unwrap().resolve(Device::Cpu, 64).unwrap_err();
     assert!(err.contains("fp8 KV cache needs a GPU; on the CPU use int8"), "{err}");
-    let err = KvDtypeChoice::Int4.resolve(gpu, 64).unwrap_err();
-    assert!(err.contains("int4 KV cache is not built for the GPU yet"), "{err}");
+    // The GPU holds int8, int4 and fp8 too (fp8's compute capability is the model's check).
+    let d = KvDtypeChoice::Int4.resolve(gpu, 64).unwrap();
+    assert_eq!((d.name, d.dtype.row_bytes(64)), ("int4", 32 + 4));
+    let d = KvDtypeChoice::Fp8.resolve(gpu, 64).unwrap();
+    assert_eq!((d.name, d.dtype, d.dtype.row_bytes(64)), ("fp8", KvDtype::Fp8, 64));
+    let err = KvDtypeChoice::F16.resolve(gpu, 64).unwrap_err();
+    assert!(err.contains("the GPU KV cache holds bf16, not f16"), "{err}");
     let err = "f64".parse::<KvDtypeChoice>().unwrap_err();
     assert!(err.contains("unknown KV cache dtype 'f64' (auto, f16, bf16, fp8, int8, int4)"), "{err}");
 }

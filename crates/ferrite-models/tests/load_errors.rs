@@ -180,6 +180,35 @@ fn gguf_bad_magic_and_truncation() {
     assert!(msg.contains("bad.gguf") && msg.contains("truncated"), "{msg}");
 }
 
+/// A BERT checkpoint's integer `position_ids` buffer (all-MiniLM-L6-v2 carries one) is indexed
+/// and never read; BERT settings ferrite does not run are refused by name.
+#[test]
+fn bert_buffers_load_and_unsupported_settings_are_refused() {
+    let tmp = copy_fixture_named("bert-embed");
+    edit_header(tmp.path(), |h| {
+        let buffer = serde_json::json!({"dtype": "I64", "shape": [1, 64], "data_offsets": [0, 512]});
+        h.insert("embeddings.position_ids".into(), buffer);
+    });
+    ferrite_models::load(tmp.path()).expect("an integer buffer is not read");
+    let cases = [
+        ("is_decoder", serde_json::json!(true), "is_decoder = true is not supported"),
+        ("add_cross_attention", serde_json::json!(true), "add_cross_attention = true"),
+        ("position_embedding_type", serde_json::json!("relative_key"), "'relative_key' is not supported"),
+        ("hidden_act", serde_json::json!("relu"), "activation 'relu' is not supported"),
+        ("type_vocab_size", serde_json::json!(0), "type_vocab_size is 0"),
+    ];
+    for (key, value, want) in cases {
+        let tmp = copy_fixture_named("bert-embed");
+        set_config(tmp.path(), key, value);
+        let msg = load_err(tmp.path());
+        assert!(msg.contains("config.json") && msg.contains(want), "{key}: {msg}");
+    }
+    let tmp = copy_fixture_named("bert-embed");
+    set_config(tmp.path(), "type_vocab_size", serde_json::json!(3));
+    let msg = load_err(tmp.path());
+    assert!(msg.contains("embeddings.token_type_embeddings.weight") && msg.contains("expected [3, 32]"), "{msg}");
+}
+
 #[test]
 fn gemma4_unknown_or_unsupported_settings() {
     let cases = [

@@ -1,5 +1,6 @@
 //! Tokenizer tests: llama.cpp's vocab goldens, real Hugging Face `tokenizer.json` files, the
-//! SmolLM2 GGUF against transformers, and streaming detokenization.
+//! SmolLM2 GGUF against transformers, BERT's WordPiece against sentence-transformers, and
+//! streaming detokenization.
 //!
 //! The third-party assets come from `scripts/fetch_test_assets.sh`; a missing asset fails
 //! the test (it never passes silently).
@@ -392,5 +393,47 @@ fn odd_inputs_do_not_panic() {
         }
         assert!(tok.id_to_token(u32::MAX).is_none());
         assert!(!tok.is_special(u32::MAX));
+    }
+}
+
+/// BERT's WordPiece (`tokenizer.json`: BertNormalizer, BertPreTokenizer, `[CLS] $A [SEP]`)
+/// gives the ids sentence-transformers feeds its model, truncated at max_seq_length: the tiny
+/// fixture's trimmed vocabulary (unknown pieces, words split differently), and the real
+/// all-MiniLM-L6-v2 on accents, punctuation, CJK and other scripts, control and zero-width
+/// characters, special tokens written in the text, words past 100 characters and a text past
+/// 256 tokens, when `scripts/fetch_embedding_models.sh minilm` has fetched it.
+#[test]
+fn wordpiece_matches_sentence_transformers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    let read = |p: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p).expect("reference")).expect("json")
+    };
+    let dir = root.join("models/bert-embed");
+    let tok = Tokenizer::from_file(&dir.join("tokenizer.json")).expect("tokenizer");
+    let reference = read(&dir.join("reference.json"));
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    };
+    for (text, want) in
+        reference["texts"].as_array().expect("texts").iter().zip(reference["text_ids"].as_array().expect("ids"))
+    {
+        let text = text.as_str().expect("text");
+        assert_eq!(tok.encode_truncated(text, 24).expect("encode"), ids(want), "{text:?}");
+    }
+    assert_eq!((tok.bos_token(), tok.eos_token()), (Some("[CLS]"), Some("[SEP]")));
+    let hello = tok.encode("the capital", true).expect("encode");
+    assert_eq!(tok.decode(&hello, true).expect("decode"), "the capital");
+    let minilm = ferrite_models::paths::models_dir().join("all-minilm-l6-v2");
+    if !minilm.join(".done").is_file() {
+        eprintln!("SKIP the all-MiniLM-L6-v2 cases: run scripts/fetch_embedding_models.sh minilm");
+        return;
+    }
+    let tok = Tokenizer::from_file(&minilm.join("tokenizer.json")).expect("MiniLM tokenizer");
+    let reference = read(&root.join("minilm_reference.json"));
+    let max = reference["max_seq_length"].as_u64().expect("max_seq_length") as usize;
+    let cases = reference["tokenizer_cases"].as_array().expect("cases");
+    for case in cases {
+        let text = case["text"].as_str().expect("text");
+        assert_eq!(tok.encode_truncated(text, max).expect("encode"), ids(&case["ids"]), "{text:?}");
     }
 }

@@ -5,8 +5,9 @@
 //! the attention loop reads one head's keys contiguously. Which blocks a sequence owns is the
 //! engine's business (block tables); this type only stores values.
 //!
-//! The pools live in host memory (the CPU op set) or on a CUDA device as bf16 (the CUDA op
-//! set); a model reads the storage its ops need and gets an error for the other.
+//! The pools live in host memory (the CPU op set) or on a CUDA device (the CUDA op set: bf16,
+//! or int8 / int4 / fp8 codes read in place, `cuda::ops::kv_pool`); a model reads the storage
+//! its ops need and gets an error for the other.
 //!
 //! Host pools hold f16 by default (`KvDtype`), or group-affine int8 / int4 codes read in place
 //! by the attention kernels (`kv_quant`; a `KvScheme` picks the type of each layer). f16 over
@@ -87,7 +88,7 @@ impl KvLayout {
     pub fn block_bytes_with(&self, block_size: usize, dtypes: &[KvDtype]) -> Vec<usize> {
         let mut out = vec![0; self.groups.len()];
         for (l, d) in self.layers.iter().zip(dtypes) {
-            out[l.group] += 2 * l.n_kv_heads * block_size * d.row_bytes(l.head_dim);
+            out[l.group] += 2 * l.n_kv_heads * d.head_block_bytes(block_size, l.head_dim);
         }
         // A state slot is one "block" of a recurrent group, whatever the block size.
         for s in &self.states {
@@ -112,12 +113,16 @@ impl KvLayout {
     }
 }
 
-/// Value type of host KV pools.
+/// Value type of KV pools. On a CUDA device `F16` stands for the device's 16-bit pools,
+/// which hold bf16 (the same bytes a value).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KvDtype {
     F32,
     #[default]
     F16,
+    /// fp8 e4m3 codes with one f32 scale per layer and KV head (CUDA pools only; each
+    /// block carries the scale of each of its heads, `cuda::ops::kv_pool`).
+    Fp8,
     /// Group-affine codes (`kv_quant`), `group` values a scale and bias.
     Int8 {
         group: usize,
@@ -133,15 +138,22 @@ impl KvDtype {
         match self {
             KvDtype::F32 => 4 * head_dim,
             KvDtype::F16 => 2 * head_dim,
+            KvDtype::Fp8 => head_dim,
             KvDtype::Int8 { group } => head_dim + 4 * head_dim / group,
             KvDtype::Int4 { group } => head_dim / 2 + 4 * head_dim / group,
         }
     }
 
-    /// The quantized code width and group size, for the quantized types.
+    /// Bytes one block of `block_size` slots of one KV head takes: its rows, and an fp8
+    /// block's scale.
+    pub fn head_block_bytes(self, block_size: usize, head_dim: usize) -> usize {
+        block_size * self.row_bytes(head_dim) + if self == KvDtype::Fp8 { 4 } else { 0 }
+    }
+
+    /// The group-affine code width and group size, for int8 and int4.
     pub fn quantized(self) -> Option<(KvBits, usize)> {
         match self {
-            KvDtype::F32 | KvDtype::F16 => None,
+            KvDtype::F32 | KvDtype::F16 | KvDtype::Fp8 => None,
             KvDtype::Int8 { group } => Some((KvBits::Int8, group)),
             KvDtype::Int4 { group } => Some((KvBits::Int4, group)),
         }
@@ -167,6 +179,7 @@ impl std::fmt::Display for KvDtype {
         match self {
             KvDtype::F32 => f.write_str("f32"),
             KvDtype::F16 => f.write_str("f16"),
+            KvDtype::Fp8 => f.write_str("fp8"),
             KvDtype::Int8 { group } => write!(f, "int8/g{group}"),
             KvDtype::Int4 { group } => write!(f, "int4/g{group}"),
         }
@@ -245,13 +258,24 @@ impl KvPool {
     /// `n` zeros, in the process's own mapping (`HugeVec`): the pool is sized for the worst
     /// case and mostly never written, and a fresh mapping stays unbacked until first use.
     /// A quantized `n` is a whole number of groups (`KvDtype::check`).
+    ///
+    /// # Panics
+    /// For fp8, which has no host pool (`KvCache::with_scheme` refuses it before).
     pub fn zeroed(dtype: KvDtype, n: usize) -> KvPool {
         match dtype {
             KvDtype::F32 => KvPool::F32(HugeVec::zeroed(n)),
             KvDtype::F16 => KvPool::F16(HugeVec::zeroed(n)),
             KvDtype::Int8 { group } => KvPool::Quant(QuantPool::zeroed(KvBits::Int8, group, n)),
             KvDtype::Int4 { group } => KvPool::Quant(QuantPool::zeroed(KvBits::Int4, group, n)),
+            KvDtype::Fp8 => panic!("{FP8_ON_HOST}"),
         }
+    }
+
+    /// The pool's raw bytes, as a block's are serialised: the values of a float pool (one
+    /// part), or a quantized pool's codes then its groups' (scale, bias) (for tests and tools
+    /// that copy a host pool into a device one).
+    pub fn raw_parts(&self) -> [&[u8]; 2] {
+        self.bytes(0..self.len())
     }
 
     fn len(&self) -> usize {
@@ -349,6 +373,9 @@ pub struct LayerKv {
     populated: usize,
 }
 
+/// Why a host cache has no fp8 pools.
+const FP8_ON_HOST: &str = "an fp8 KV cache needs a GPU; on the CPU use int8 (the same bytes a value, group-affine)";
+
 /// Bytes of a page (the unit `madvise` takes).
 const PAGE: usize = 4096;
 /// Bytes of each pool backed at a time once writes pass the backed part.
@@ -369,28 +396,23 @@ pub(crate) struct DevicePools {
 }
 
 impl DevicePools {
-    /// Bytes one block of a layer's K (or V) pool takes.
-    fn layer_block_bytes(l: &DeviceKv) -> usize {
-        l.n_kv_heads * l.block_size * l.head_dim * std::mem::size_of::<half::bf16>()
-    }
-
     fn group_block_bytes(&self, group: usize) -> usize {
-        self.layers
-            .iter()
-            .zip(&self.groups)
-            .filter(|(_, &g)| g == group)
-            .map(|(l, _)| 2 * Self::layer_block_bytes(l))
-            .sum()
+        self.layers.iter().zip(&self.groups).filter(|(_, &g)| g == group).map(|(l, _)| 2 * l.block_bytes()).sum()
     }
 
     /// The pieces of a block of each of `n_groups` groups, in the order of a whole block's
-    /// bytes (each layer's K block, then its V block), for the block copies (`kv_copy.rs`).
+    /// bytes (each layer's K block, then its V block; a quantized pool's codes, then its
+    /// parameters, as a host pool's), for the block copies (`kv_copy.rs`).
     fn block_pieces(gpu: &Gpu, layers: &[DeviceKv], groups: &[usize], n_groups: usize) -> Vec<Vec<KvRegion>> {
         let mut out = vec![Vec::new(); n_groups];
         for (l, &g) in layers.iter().zip(groups) {
-            let n = Self::layer_block_bytes(l) as u64;
             for pool in [&l.k, &l.v] {
-                out[g].push(KvRegion { base: pool.device_ptr(gpu.stream()).0, stride: n, len: n, offset: 0 });
+                for (len, part) in l.block_part_bytes().into_iter().zip(pool.parts()) {
+                    if let Some(part) = part.filter(|_| len > 0) {
+                        let (base, n) = (part.device_ptr(gpu.stream()).0, len as u64);
+                        out[g].push(KvRegion { base, stride: n, len: n, offset: 0 });
+                    }
+                }
             }
         }
         out
@@ -466,6 +488,9 @@ impl KvCache {
     ) -> Result<KvCache> {
         check_blocks(layout, group_blocks, block_size)?;
         let dtypes = layout.layer_dtypes(scheme)?;
+        if dtypes.contains(&KvDtype::Fp8) {
+            return Err(RuntimeError::Unsupported(FP8_ON_HOST.into()));
+        }
         let layers = layout
             .layers
             .iter()
@@ -487,6 +512,18 @@ impl KvCache {
 
     /// Device (bf16) storage on `gpu`, same shapes as `new`.
     pub fn on_device(gpu: &Gpu, layout: &KvLayout, group_blocks: &[usize], block_size: usize) -> Result<KvCache> {
+        KvCache::on_device_with_scheme(gpu, layout, group_blocks, block_size, &KvScheme::default())
+    }
+
+    /// Device storage with each layer's pools of the type `scheme` gives it (`F16`: bf16;
+    /// int8, int4 or fp8: read in place by the attention kernels), as `on_device`.
+    pub fn on_device_with_scheme(
+        gpu: &Gpu,
+        layout: &KvLayout,
+        group_blocks: &[usize],
+        block_size: usize,
+        scheme: &KvScheme,
+    ) -> Result<KvCache> {
         check_blocks(layout, group_blocks, block_size)?;
         if !layout.states.is_empty() {
             return Err(RuntimeError::Unsupported("recurrent state has no CUDA storage yet".into()));
@@ -494,7 +531,10 @@ impl KvCache {
         let layers = layout
             .layers
             .iter()
-            .map(|spec| DeviceKv::new(gpu, group_blocks[spec.group], block_size, spec.n_kv_heads, spec.head_dim))
+            .zip(layout.layer_dtypes(scheme)?)
+            .map(|(spec, dtype)| {
+                DeviceKv::with_dtype(gpu, group_blocks[spec.group], block_size, spec.n_kv_heads, spec.head_dim, dtype)
+            })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let groups: Vec<usize> = layout.layers.iter().map(|l| l.group).collect();
         let pieces = DevicePools::block_pieces(gpu, &layers, &groups, layout.groups.len());
@@ -534,7 +574,9 @@ impl KvCache {
     pub fn scheme(&self) -> String {
         match &self.storage {
             Storage::Host(l) => format!("host-{:?}", l.iter().map(|l| l.k.dtype()).collect::<Vec<_>>()),
-            Storage::Device(_) => "device-bf16".into(),
+            // All bf16: the name it has always had (SSD files written before stay valid).
+            Storage::Device(d) if d.layers.iter().all(|l| l.dtype == KvDtype::F16) => "device-bf16".into(),
+            Storage::Device(d) => format!("device-{:?}", d.layers.iter().map(|l| l.dtype).collect::<Vec<_>>()),
         }
     }
 

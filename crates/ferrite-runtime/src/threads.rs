@@ -32,17 +32,17 @@ fn keep_freed_memory() {
     }
 }
 
-/// Put the calling thread in Linux's idle scheduling class (`SCHED_IDLE`): it runs only on a
-/// core that has nothing else to run, so background work (the SSD tier's writer) never takes
-/// cycles from a model step, whose workers poll between parallel loops and would yield to
-/// it. Where the class is unavailable the thread keeps its priority.
-pub fn run_at_idle_priority() {
+/// Give the calling thread the lowest priority (nice 19): it takes a small share of a core
+/// that other threads want, so background work (the SSD tier's writer) hardly slows a model
+/// step, whose workers poll between parallel loops and would yield to it — yet it still
+/// progresses on a machine kept busy by other work (the idle class, `SCHED_IDLE`, would
+/// starve it there). Where Linux's per-thread priority is unavailable the thread keeps its
+/// priority.
+pub fn run_at_lowest_priority() {
     #[cfg(target_os = "linux")]
-    // SAFETY: `sched_setscheduler` with pid 0 changes only the calling thread's policy; the
-    // parameter is a valid, initialised struct for the call's duration.
+    // SAFETY: `setpriority` on the calling thread's own id changes only its nice value.
     unsafe {
-        let param = libc::sched_param { sched_priority: 0 };
-        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
+        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
     }
 }
 

@@ -20,7 +20,7 @@
 
 mod cuda_common;
 
-use cuda_common::{compare, gpu, poisoned_bf16, rand_bf16, rng, to_f32};
+use cuda_common::{compare, fill_pool, gpu, poisoned_bf16, pool_f32, rand_bf16, rng, to_f32};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cpu::{self, AttentionParams};
 use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv, RopeShape};
@@ -95,8 +95,8 @@ fn run_case(
     let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
     let mut layer = LayerKv::new(spec, KvPool::F32(kf[..].into()), KvPool::F32(vf[..].into()));
     let mut dkv = DeviceKv::new(gpu, pool, BLOCK, nkv, hd).unwrap();
-    gpu.upload_into(&kh, &mut dkv.k).unwrap();
-    gpu.upload_into(&vh, &mut dkv.v).unwrap();
+    fill_pool(gpu, &kh, &mut dkv.k);
+    fill_pool(gpu, &vh, &mut dkv.v);
 
     // New keys and values, interleaved per token as [k | v] (a strided view, like fused QKV).
     let width = nkv * hd;
@@ -108,8 +108,8 @@ fn run_case(
     let new_d = gpu.upload(&new_h).unwrap();
     ops::write_kv(gpu, &new_d.slice(..), &new_d.slice(width..), 2 * width, &meta, &mut dkv).unwrap();
     let case = format!("{label} {nh}/{nkv}x{hd} rows={} tokens={tokens}", shapes.len());
-    compare("write_kv", &format!("{case} K"), &to_f32(&gpu.download(&dkv.k).unwrap()), &layer.k.to_f32(), 0.0, 0.0);
-    compare("write_kv", &format!("{case} V"), &to_f32(&gpu.download(&dkv.v).unwrap()), &layer.v.to_f32(), 0.0, 0.0);
+    compare("write_kv", &format!("{case} K"), &pool_f32(gpu, &dkv.k), &layer.k.to_f32(), 0.0, 0.0);
+    compare("write_kv", &format!("{case} V"), &pool_f32(gpu, &dkv.v), &layer.v.to_f32(), 0.0, 0.0);
 
     let (qh, qf) = rand_bf16(rng, tokens * nh * hd, q_amp);
     let mut want = vec![0f32; qf.len()];
@@ -208,9 +208,9 @@ fn cuda_rope_with_kv_store_matches_cpu() {
         ops::rope(gpu, &mut qkv_d, &pos_d, &f_d, scaling, shape, Some((&meta, &mut fused))).unwrap();
         let case = format!("{nh}/{nkv}x{hd} rot={rotary} tokens={tokens}+1 pad");
         // As cuda_ops' RoPE test: half a bf16 ulp of |x| < 1 plus the result's rounding.
-        let got_k = to_f32(&gpu.download(&fused.k).unwrap());
+        let got_k = pool_f32(gpu, &fused.k);
         compare("rope+kv", &format!("{case} K"), &got_k, &layer.k.to_f32(), 4e-3 * scaling, 1.0 / 256.0);
-        let got_v = to_f32(&gpu.download(&fused.v).unwrap());
+        let got_v = pool_f32(gpu, &fused.v);
         compare("rope+kv", &format!("{case} V"), &got_v, &layer.v.to_f32(), 0.0, 0.0);
         let got = to_f32(&gpu.download(&qkv_d).unwrap());
         let got_q: Vec<f32> = got.chunks(width).take(tokens).flat_map(|t| t[..nh * hd].to_vec()).collect();
@@ -221,7 +221,7 @@ fn cuda_rope_with_kv_store_matches_cpu() {
         ops::rope(gpu, &mut qkv2, &pos_d, &f_d, scaling, shape, None).unwrap();
         ops::write_kv(gpu, &qkv2.slice(nh * hd..), &qkv2.slice((nh + nkv) * hd..), width, &meta, &mut apart).unwrap();
         compare("rope+kv", &format!("{case} == two ops: qkv"), &got, &to_f32(&gpu.download(&qkv2).unwrap()), 0.0, 0.0);
-        let apart_k = to_f32(&gpu.download(&apart.k).unwrap());
+        let apart_k = pool_f32(gpu, &apart.k);
         compare("rope+kv", &format!("{case} == two ops: K"), &got_k, &apart_k, 0.0, 0.0);
     }
 }
@@ -284,8 +284,8 @@ fn cuda_decode_attention_with_rope_equals_rope_then_attention() {
             let (vh, _) = rand_bf16(&mut rng, n, 1.0);
             let fresh = || {
                 let mut c = DeviceKv::new(gpu, pool, BLOCK, nkv, hd).unwrap();
-                gpu.upload_into(&kh, &mut c.k).unwrap();
-                gpu.upload_into(&vh, &mut c.v).unwrap();
+                fill_pool(gpu, &kh, &mut c.k);
+                fill_pool(gpu, &vh, &mut c.v);
                 c
             };
             let inv_freq: Vec<f32> =
@@ -325,9 +325,9 @@ fn cuda_decode_attention_with_rope_equals_rope_then_attention() {
             let case = format!("{nh}/{nkv}x{hd} rot={rotary} window={:?} softcap={:?}", p.window, p.softcap);
             let (got, want) = (to_f32(&gpu.download(&got).unwrap()), to_f32(&gpu.download(&want).unwrap()));
             compare("decode+rope", &format!("{case} == rope then attention: out"), &got, &want, 0.0, 0.0);
-            let (k1, k2) = (to_f32(&gpu.download(&one.k).unwrap()), to_f32(&gpu.download(&two.k).unwrap()));
+            let (k1, k2) = (pool_f32(gpu, &one.k), pool_f32(gpu, &two.k));
             compare("decode+rope", &format!("{case} == rope then attention: K"), &k1, &k2, 0.0, 0.0);
-            let (v1, v2) = (to_f32(&gpu.download(&one.v).unwrap()), to_f32(&gpu.download(&two.v).unwrap()));
+            let (v1, v2) = (pool_f32(gpu, &one.v), pool_f32(gpu, &two.v));
             compare("decode+rope", &format!("{case} == rope then attention: V"), &v1, &v2, 0.0, 0.0);
         }
     }

@@ -10,7 +10,7 @@ mod cuda_common;
 
 use std::time::Instant;
 
-use cuda_common::{gpu, measure};
+use cuda_common::{fill_pool, gpu, measure};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cpu::AttentionParams;
 use ferrite_runtime::cuda::ops::{
@@ -126,8 +126,9 @@ fn cuda_ceilings_and_baselines() {
         };
         let blocks = rows * ctx / bs;
         let mut kv = DeviceKv::new(gpu, blocks, bs, nkv, hd).unwrap();
-        gpu.upload_into(&quick_bf16(&mut rng, kv.k.len()), &mut kv.k).unwrap();
-        gpu.upload_into(&quick_bf16(&mut rng, kv.v.len()), &mut kv.v).unwrap();
+        let n = blocks * bs * nkv * hd;
+        fill_pool(gpu, &quick_bf16(&mut rng, n), &mut kv.k);
+        fill_pool(gpu, &quick_bf16(&mut rng, n), &mut kv.v);
         let mut batch = ForwardBatch::default();
         for r in 0..rows {
             let table: Vec<u32> = (0..ctx / bs).map(|b| (r * ctx / bs + b) as u32).collect();

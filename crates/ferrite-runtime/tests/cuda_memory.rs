@@ -50,10 +50,11 @@ fn whole_blocks_move_exactly_between_host_memory_and_a_device_cache() {
     let mut before = Vec::new();
     for i in 0..layout.layers.len() {
         let l = kv.device_layer_mut(i).unwrap();
-        let (k, _) = cuda_common::rand_bf16(&mut rng, l.k.len(), 1.0);
-        let (v, _) = cuda_common::rand_bf16(&mut rng, l.v.len(), 1.0);
-        gpu.upload_into(&k, &mut l.k).unwrap();
-        gpu.upload_into(&v, &mut l.v).unwrap();
+        let n = l.k.data.len() / 2;
+        let (k, _) = cuda_common::rand_bf16(&mut rng, n, 1.0);
+        let (v, _) = cuda_common::rand_bf16(&mut rng, n, 1.0);
+        cuda_common::fill_pool(gpu, &k, &mut l.k);
+        cuda_common::fill_pool(gpu, &v, &mut l.v);
         before.push((k, v));
     }
     let slots = 700;
@@ -96,11 +97,12 @@ fn whole_blocks_move_exactly_between_host_memory_and_a_device_cache() {
     for (i, spec) in layout.layers.iter().enumerate() {
         let per_block = spec.n_kv_heads * 4 * spec.head_dim;
         let l = kv.device_layer_mut(i).unwrap();
-        let (k, v) = (gpu.download(&l.k).unwrap(), gpu.download(&l.v).unwrap());
+        let (k, v) = (cuda_common::pool_f32(gpu, &l.k), cuda_common::pool_f32(gpu, &l.v));
+        let was = |x: &[half::bf16]| cuda_common::to_f32(x);
         for &b in &pool_blocks[300..] {
             let r = b * per_block..(b + 1) * per_block;
-            assert_eq!(k[r.clone()], before[i].0[r.clone()], "layer {i} K block {b}");
-            assert_eq!(v[r.clone()], before[i].1[r], "layer {i} V block {b}");
+            assert_eq!(k[r.clone()], was(&before[i].0[r.clone()]), "layer {i} K block {b}");
+            assert_eq!(v[r.clone()], was(&before[i].1[r]), "layer {i} V block {b}");
         }
     }
     println!("TABLE|KV block moves (device staging)|{} blocks each way, bytes exact|||", moves.len());

@@ -11,49 +11,17 @@
 
 mod cuda_common;
 
-use cuda_common::{compare, gpu, poisoned_bf16, poisoned_f32, rand_bf16, rng, to_f32};
+use cuda_common::{compare, dequantized, gpu, poisoned_bf16, poisoned_f32, rand_bf16, random_blocks, rng, to_f32};
 use ferrite_runtime::cpu;
 use ferrite_runtime::cuda::ops::{self, GatedActivation, QuantMatrix};
 use ferrite_runtime::cuda::{DevicePtr, Gpu};
-use ferrite_runtime::quant::dequantize_row;
 use ferrite_runtime::{DType, Tensor};
-use half::{bf16, f16};
-use rand::rngs::StdRng;
+use half::bf16;
 use rand::Rng;
 
 const RTOL: f32 = 1.0 / 256.0;
 
 const TYPES: [DType; 7] = [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
-
-/// Byte offsets of a block's f16 scales: random bytes there could be inf or NaN.
-fn scale_offsets(dtype: DType) -> &'static [usize] {
-    match dtype {
-        DType::Q4_1 | DType::Q4K | DType::Q5K => &[0, 2],
-        DType::Q6K => &[208],
-        _ => &[0],
-    }
-}
-
-/// `rows` rows of `k` values of random `dtype` blocks: random bytes, finite random scales.
-fn random_blocks(rng: &mut StdRng, dtype: DType, rows: usize, k: usize) -> Vec<u8> {
-    let mut bytes: Vec<u8> = (0..rows * dtype.row_bytes(k).unwrap()).map(|_| rng.random()).collect();
-    for block in bytes.chunks_exact_mut(dtype.block_bytes()) {
-        for &o in scale_offsets(dtype) {
-            let d = f16::from_f32(rng.random_range(-0.03f32..0.03));
-            block[o..o + 2].copy_from_slice(&d.to_le_bytes());
-        }
-    }
-    bytes
-}
-
-fn dequantized(dtype: DType, bytes: &[u8], k: usize) -> Vec<f32> {
-    let rb = dtype.row_bytes(k).unwrap();
-    let mut out = vec![0f32; bytes.len() / rb * k];
-    for (row, dst) in bytes.chunks_exact(rb).zip(out.chunks_exact_mut(k)) {
-        dequantize_row(dtype, row, dst).unwrap();
-    }
-    out
-}
 
 /// Row lengths for `dtype`: one block, an odd number of blocks, a Llama-sized row.
 fn row_lengths(dtype: DType) -> [usize; 3] {

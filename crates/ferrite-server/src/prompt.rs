@@ -55,6 +55,13 @@ impl ModelInfo {
         self.tokenizer()?.encode(text, add_special_tokens).map_err(|e| ApiError::internal(e.to_string()))
     }
 
+    /// Tokenize `text` with the special tokens, cut to `max_tokens` as transformers truncates
+    /// (an embedding input longer than its model's `max_seq_length`, as sentence-transformers
+    /// does). No byte bound: the text is cut, never refused, so only the body limit bounds it.
+    pub fn encode_truncated(&self, text: &str, max_tokens: usize) -> Result<Vec<u32>, ApiError> {
+        self.tokenizer()?.encode_truncated(text, max_tokens).map_err(|e| ApiError::internal(e.to_string()))
+    }
+
     /// The most bytes of text `context` tokens can spell: every token's piece is at most as
     /// long as its vocabulary entry (byte-level, SentencePiece and byte-fallback entries are
     /// never shorter than what they decode to), doubled for normalizers that drop characters.

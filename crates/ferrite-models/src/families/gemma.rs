@@ -18,7 +18,7 @@ use crate::blocks::{self, AttentionConfig, LayerKv};
 use crate::config::{get_f64, get_usize, rope_from_params, ConfigSource, LayerType, ModelConfig};
 use crate::error::Result;
 use crate::gguf::GgufFile;
-use crate::plan::{DecoderPlan, FfnPlan, LayerNames, LayerPlan, NormKind};
+use crate::plan::{DecoderPlan, FfnPlan, InputKind, LayerNames, LayerPlan, NormKind};
 use crate::rope_scaling::{RopeKind, RopeScaling};
 
 /// Which Gemma.
@@ -231,8 +231,10 @@ fn plan(cfg: &ModelConfig, src: &ConfigSource, gen: Gen) -> Result<DecoderPlan> 
     Ok(DecoderPlan {
         layers,
         layout,
+        input: InputKind::Tokens,
         norm: NormKind::Rms { offset },
         eps,
+        final_norm: Some("model.norm".into()),
         embed_scale: Some((cfg.hidden_size as f64).sqrt() as f32),
         residual_scale: None,
         logit_scale: None,

@@ -24,7 +24,7 @@ use crate::blocks::{self, AttentionConfig, LayerKv};
 use crate::config::{get_usize, rope_from_params, ConfigSource, LayerType, ModelConfig};
 use crate::error::Result;
 use crate::moe::MoeShape;
-use crate::plan::{DecoderPlan, ExpertNames, FfnPlan, LayerNames, LayerPlan, MoePlan, MoeStyle, NormKind};
+use crate::plan::{DecoderPlan, ExpertNames, FfnPlan, InputKind, LayerNames, LayerPlan, MoePlan, MoeStyle, NormKind};
 use crate::rope_scaling::RopeScaling;
 
 /// Every `Gemma4TextConfig` key (and the generic `PreTrainedConfig` ones) ferrite understands;
@@ -311,8 +311,10 @@ pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
     Ok(DecoderPlan {
         layers,
         layout,
+        input: InputKind::Tokens,
         norm: NormKind::Rms { offset: 0.0 },
         eps: cfg.rms_norm_eps,
+        final_norm: Some("model.norm".into()),
         embed_scale: Some((cfg.hidden_size as f64).sqrt() as f32),
         residual_scale: None,
         logit_scale: None,

@@ -9,7 +9,7 @@ use ferrite_runtime::{KvGroupKind, KvLayout};
 use crate::blocks::AttentionConfig;
 use crate::config::{ConfigSource, ModelConfig};
 use crate::error::Result;
-use crate::plan::{DecoderPlan, FfnPlan, LayerNames, LayerPlan, NormKind};
+use crate::plan::{DecoderPlan, FfnPlan, InputKind, LayerNames, LayerPlan, NormKind};
 
 pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
     match src {
@@ -55,8 +55,10 @@ pub(super) fn base(cfg: &ModelConfig) -> DecoderPlan {
     DecoderPlan {
         layers,
         layout: KvLayout::uniform(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kind),
+        input: InputKind::Tokens,
         norm: NormKind::Rms { offset: 0.0 },
         eps: cfg.rms_norm_eps,
+        final_norm: Some("model.norm".into()),
         embed_scale: None,
         residual_scale: None,
         logit_scale: None,

@@ -3,6 +3,7 @@
 //! config reader needs, and the plan builder of its family file. A new family is one file
 //! under `families/` and one row here.
 
+mod bert;
 mod gemma;
 mod gemma4;
 mod glm4;
@@ -197,6 +198,13 @@ pub static FAMILIES: &[Family] = &[
         gguf: None,
         quirks: Quirks { qk_norm: true, window: WindowRule::Default(512), gguf_sandwich: false, ..GEMMA },
         plan: gemma4::plan,
+    },
+    Family {
+        name: "bert",
+        // The encoder of MiniLM / bge-small class embedders (`BertModel`); it only embeds.
+        gguf: None,
+        quirks: Quirks { default_act: "gelu", tie_default: true, ..LLAMA },
+        plan: bert::plan,
     },
 ];
 

@@ -11,17 +11,14 @@
 //! paged attention (the layer's window, scale and softcap) → output GEMM (+bias) → the output
 //! norm added to the residual, or the add left to the next norm → the pre-FFN norm (or the
 //! add alone) → fused gate-up GEMM with the gated activation, or the up GEMM and a plain
-//! activation (+biases) → down GEMM (+bias; plus Gemma 4's routed experts) → the FFN output
-//! norm, then Gemma 4's per-layer input and layer scalar. In a decode step of a layer with a
-//! fixed RoPE table, the attention kernel itself rotates q and the new key and stores K and V
-//! (one launch instead of two). Matrices are bf16 or GGUF blocks (`Matrix`); activations are
-//! bf16, every kernel computes in f32, GEMMs accumulate in f32. What a plan does not ask for
-//! (biases, scales, LayerNorm, per-row RoPE tables) launches nothing.
-//!
-//! Gemma 4's experts are routed on the host: a MoE layer copies its router logits back, picks
-//! each token's experts as the CPU model does, and runs each expert over the tokens routed to
-//! it. Such a step is not capturable, so MoE models decode eagerly. Experts in place of the
-//! dense MLP (qwen3_moe, mixtral) run on the CPU only for now (`unsupported`).
+//! activation (+biases) → down GEMM (+bias), or routed experts in its place (qwen3_moe,
+//! mixtral) or beside it (Gemma 4; `moe`: routed on the device, so MoE decode steps replay
+//! graphs too) → the FFN output norm, then Gemma 4's per-layer input and layer scalar. In a
+//! decode step of a layer with a fixed RoPE table, the attention kernel itself rotates q and
+//! the new key and stores K and V (one launch instead of two). Matrices are bf16 or GGUF blocks
+//! (`Matrix`, `ExpertMatrix`); activations are bf16, every kernel computes in f32, GEMMs
+//! accumulate in f32. What a plan does not ask for (biases, scales, LayerNorm, per-row RoPE
+//! tables) launches nothing.
 
 use std::sync::Arc;
 
@@ -31,13 +28,13 @@ use ferrite_runtime::cuda::{CudaSlice, DevicePtr, DevicePtrMut, Gpu};
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult};
 use half::bf16;
 
-use super::decoder_weights::{DecoderWeights, DeviceNorm, LayerWeights, MoeWeights};
+use super::decoder_weights::{DecoderWeights, DeviceNorm, LayerWeights, MlpWeights};
+use super::moe::{self, MoeBuffers, MoeStep};
 use super::rope::{Ropes, StepRope};
 use super::runner::{step_inputs, Decode, GpuModel, LayerBuffers, Layers, StepIo};
 use crate::config::{Activation, ModelConfig};
 use crate::error::{LoadError, Result};
-use crate::moe::route_row;
-use crate::plan::{DecoderPlan, MoeStyle};
+use crate::plan::{DecoderPlan, InputKind};
 
 /// Any family on the device.
 pub type GpuDecoder = GpuModel<DecoderLayers>;
@@ -60,6 +57,9 @@ pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
     if !plan.causal() {
         return Some("bidirectional attention has no CUDA kernel yet".into());
     }
+    if plan.input != InputKind::Tokens || plan.final_norm.as_deref() != Some("model.norm") {
+        return Some("an encoder's input embeddings and post-LN layers have no CUDA path yet".into());
+    }
     for (i, l) in plan.layers.iter().enumerate() {
         if l.attn.linear.is_some() {
             return Some(format!(
@@ -76,17 +76,18 @@ pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
         if !HEAD_DIMS.contains(&hd) {
             return Some(format!("layer {i}: head_dim {hd} has no CUDA attention kernel ({HEAD_DIMS:?})"));
         }
-        if l.ffn.moe.as_ref().is_some_and(|m| m.style == MoeStyle::Sparse) {
-            return Some(format!(
-                "layer {i}: experts in place of the dense MLP (qwen3_moe, mixtral) have no CUDA path yet"
-            ));
+        if l.ffn.act == Activation::Gelu {
+            return Some(format!("layer {i}: the exact (erf) GELU has no CUDA kernel yet"));
+        }
+        if l.names.attn_residual_norm.is_some() || l.names.ffn_residual_norm.is_some() {
+            return Some(format!("layer {i}: post-LN norms of the residual stream have no CUDA path yet"));
         }
         if plan.layer_scalar && l.names.post_ffn_norm.is_none() && plan.per_layer_input.is_none() {
             // The scalar is applied by the norm that adds the FFN (or per-layer input) output.
             return Some(format!("layer {i}: a layer scalar without a post-FFN norm has no CUDA path"));
         }
     }
-    None
+    moe::unsupported(plan)
 }
 
 /// The activation buffers of a step.
@@ -108,24 +109,6 @@ struct PerLayerBuffers {
     act: CudaSlice<bf16>,
 }
 
-struct MoeBuffers {
-    /// The dense MLP's normed output plus the experts' normed output.
-    mixed: CudaSlice<bf16>,
-    /// Normed residual rows (router input, then expert input).
-    normed: CudaSlice<bf16>,
-    logits: CudaSlice<f32>,
-    /// Per routed (token, expert) pair: its input row, scratch, output row.
-    input: CudaSlice<bf16>,
-    gate_up: CudaSlice<bf16>,
-    act: CudaSlice<bf16>,
-    output: CudaSlice<bf16>,
-    /// Each pair's token, and each token's pairs and weights.
-    rows: CudaSlice<u32>,
-    pairs: CudaSlice<i32>,
-    weights: CudaSlice<f32>,
-    sum: CudaSlice<bf16>,
-}
-
 impl GpuDecoder {
     /// A model of `cfg` laid out by `plan`, with weights `w` already on `gpu`.
     pub fn new(cfg: ModelConfig, plan: DecoderPlan, w: DecoderWeights, gpu: Arc<Gpu>) -> Result<GpuDecoder> {
@@ -136,6 +119,7 @@ impl GpuDecoder {
         let act = match cfg.hidden_act {
             Activation::Silu => GatedActivation::Silu,
             Activation::GeluTanh => GatedActivation::GeluTanh,
+            Activation::Gelu => return Err(LoadError::Other("the exact (erf) GELU has no CUDA kernel yet".into())),
         };
         let params = plan.layers.iter().map(|l| l.attn.params).collect();
         let bytes = w.bytes;
@@ -149,68 +133,6 @@ fn qkv_width(p: &AttentionParams, shared: bool) -> usize {
 }
 
 impl DecoderLayers {
-    /// Queue a MoE block: `o` (the dense MLP's output) becomes `post_mlp_norm(o) +
-    /// post_norm(experts(pre_norm(x)))`, with the experts routed on the host.
-    #[allow(clippy::too_many_arguments)]
-    fn queue_moe(
-        &self,
-        gpu: &Gpu,
-        x: &CudaSlice<bf16>,
-        o: &mut CudaSlice<bf16>,
-        m: &mut MoeBuffers,
-        w: &MoeWeights,
-        i: usize,
-        tokens: usize,
-    ) -> RtResult<()> {
-        let Some(shape) = self.plan.layers[i].ffn.moe.as_ref().map(|m| m.shape) else { return Ok(()) };
-        let (d, eps) = (self.cfg.hidden_size, self.plan.eps);
-        let (e, k, mi) = (shape.num_experts, shape.top_k, shape.intermediate);
-        ops::rms_norm(gpu, &*o, None, &w.post_mlp_norm, (tokens, d), eps, 0.0, &mut m.mixed)?;
-        ops::rms_norm(gpu, x, None, &w.router_norm, (tokens, d), eps, 0.0, &mut m.normed)?;
-        ops::linear::<f32>(gpu, &m.normed, &w.router, None, &mut m.logits, (tokens, e, d))?;
-        let mut scores = gpu.download(&m.logits.slice(..tokens * e))?;
-        let routes: Vec<Vec<(usize, f32)>> =
-            scores.chunks_exact_mut(e).map(|row| route_row(row, k, true, Some(&w.per_expert_scale))).collect();
-        // Pairs expert-major (each expert's tokens contiguous); each token's pairs in
-        // ascending expert order, as the CPU sums them.
-        let mut rows = Vec::with_capacity(tokens * k);
-        let mut counts = vec![0usize; e];
-        let mut pair_of = vec![Vec::with_capacity(k); tokens];
-        for (expert, count) in counts.iter_mut().enumerate() {
-            for (t, route) in routes.iter().enumerate() {
-                if let Some(&(_, weight)) = route.iter().find(|(x, _)| *x == expert) {
-                    pair_of[t].push((rows.len() as i32, weight));
-                    rows.push(t as u32);
-                    *count += 1;
-                }
-            }
-        }
-        let (pairs, weights): (Vec<i32>, Vec<f32>) = pair_of.into_iter().flatten().unzip();
-        gpu.upload_into(&rows, &mut m.rows)?;
-        gpu.upload_into(&pairs, &mut m.pairs)?;
-        gpu.upload_into(&weights, &mut m.weights)?;
-        ops::rms_norm(gpu, x, None, &w.pre_norm, (tokens, d), eps, 0.0, &mut m.normed)?;
-        ops::embedding(gpu, &m.normed, (tokens, d), &m.rows, rows.len(), 1.0, &mut m.input)?;
-        let mut first = 0;
-        for (expert, &n) in counts.iter().enumerate() {
-            if n == 0 {
-                continue;
-            }
-            let input = m.input.slice(first * d..(first + n) * d);
-            let gate_up = w.gate_up.slice(expert * 2 * mi * d..(expert + 1) * 2 * mi * d);
-            let mut act = m.act.slice_mut(..n * mi);
-            ops::linear_gated(gpu, self.act, &input, &gate_up, &mut m.gate_up, &mut act, (n, mi, d))?;
-            let down = w.down.slice(expert * d * mi..(expert + 1) * d * mi);
-            let mut out = m.output.slice_mut(first * d..(first + n) * d);
-            ops::linear(gpu, &m.act.slice(..n * mi), &down, None, &mut out, (n, d, mi))?;
-            first += n;
-        }
-        ops::moe_combine(gpu, &m.output, &m.pairs, &m.weights, (tokens, k, d), &mut m.sum)?;
-        ops::rms_norm_add(gpu, &m.sum, &w.post_norm, &mut m.mixed, (tokens, d), eps, 1.0)?;
-        ops::copy(gpu, &m.mixed.slice(..tokens * d), &mut o.slice_mut(..tokens * d))?;
-        Ok(())
-    }
-
     /// The multiplier of each sublayer output as it joins the residual (granite).
     fn residual_scale(&self) -> f32 {
         self.plan.residual_scale.unwrap_or(1.0)
@@ -353,19 +275,22 @@ impl DecoderLayers {
         Ok(())
     }
 
-    /// Queue layer `l`'s dense MLP (`inter` wide) over `h` (or, with no pre-FFN norm, the
-    /// residual stream): its output lands in `b.layer.o`.
+    /// Queue layer `l`'s dense MLP `mlp` (`inter` wide) over `h` (or, with no pre-FFN norm,
+    /// the residual stream): its output lands in `b.layer.o`.
+    #[allow(clippy::too_many_arguments)]
     fn queue_mlp(
         &self,
         gpu: &Gpu,
         io: &mut StepIo,
         b: &mut Buffers,
         l: &LayerWeights,
+        mlp: &MlpWeights,
         inter: usize,
         tokens: usize,
     ) -> RtResult<()> {
         let d = self.cfg.hidden_size;
         let input = if l.pre_ffn_norm.is_some() { &io.h } else { &io.x };
+        let l = mlp;
         let (act, dequant) = (&mut b.layer.act, io.dequant.as_mut());
         match l.gate_up_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>) {
             Some(bias) if l.gated => {
@@ -412,9 +337,15 @@ impl DecoderLayers {
             Some(n) => self.norm_into(gpu, io, b, n, tokens)?,
             None => self.settle(gpu, io, b, tokens)?,
         }
-        self.queue_mlp(gpu, io, b, l, inter, tokens)?;
-        if let (Some(w), Some(m)) = (&l.moe, b.moe.as_mut()) {
-            self.queue_moe(gpu, &io.x, &mut b.layer.o, m, w, i, tokens)?;
+        if let Some(mlp) = &l.mlp {
+            self.queue_mlp(gpu, io, b, l, mlp, inter, tokens)?;
+        }
+        if let (Some(w), Some(m), Some(plan)) = (&l.moe, b.moe.as_mut(), &self.plan.layers[i].ffn.moe) {
+            // Sparse experts read the pre-FFN normed rows; Gemma 4's router and experts the
+            // residual stream.
+            let input = if l.pre_ffn_norm.is_some() { &io.h } else { &io.x };
+            let step = MoeStep { tokens, hidden: d, eps, act: self.act };
+            moe::queue_moe(gpu, plan, w, m, input, &io.x, &mut b.layer.o, step)?;
         }
         let after_ffn = if l.input.is_some() { 1.0 } else { l.scalar };
         self.residual(gpu, io, b, l.post_ffn_norm.as_ref(), tokens, after_ffn)?;
@@ -453,7 +384,8 @@ impl Layers for DecoderLayers {
         let max = |f: &dyn Fn(usize) -> usize| (0..n).map(f).max().unwrap_or(0);
         let qkv = max(&|i| qkv_width(&self.params[i], self.plan.layers[i].attn.shared));
         let attn = max(&|i| self.params[i].n_heads * self.params[i].head_dim);
-        let inter = max(&|i| self.plan.layers[i].ffn.intermediate);
+        // The dense MLPs' width (layers whose experts replace it have none).
+        let inter = max(&|i| if self.plan.layers[i].ffn.dense() { self.plan.layers[i].ffn.intermediate } else { 0 });
         let per_layer = match self.plan.per_layer_input {
             Some((_, width)) => Some(PerLayerBuffers {
                 proj: bf(tokens * n * width)?,
@@ -463,27 +395,9 @@ impl Layers for DecoderLayers {
             }),
             None => None,
         };
-        let moe = match self.plan.layers.iter().find_map(|l| l.ffn.moe.as_ref().map(|m| m.shape)) {
-            Some(s) => {
-                let pairs = tokens * s.top_k;
-                Some(MoeBuffers {
-                    mixed: bf(tokens * d)?,
-                    normed: bf(tokens * d)?,
-                    logits: gpu.alloc(tokens * s.num_experts)?,
-                    input: bf(pairs * d)?,
-                    gate_up: bf(pairs * 2 * s.intermediate)?,
-                    act: bf(pairs * s.intermediate)?,
-                    output: bf(pairs * d)?,
-                    rows: gpu.alloc(pairs)?,
-                    pairs: gpu.alloc(pairs)?,
-                    weights: gpu.alloc(pairs)?,
-                    sum: bf(tokens * d)?,
-                })
-            }
-            None => None,
-        };
+        let moe = MoeBuffers::new(gpu, &self.plan, d, tokens)?;
         let ropes = self.ropes.step_buffers(gpu, tokens)?;
-        let layer = LayerBuffers::new(gpu, tokens, qkv, attn, d, inter)?;
+        let layer = LayerBuffers::new(gpu, tokens, qkv, attn, d, inter.max(1))?;
         Ok(Buffers { layer, pending: false, per_layer, moe, ropes })
     }
 
@@ -544,10 +458,6 @@ impl Layers for DecoderLayers {
     fn upload_step(&self, gpu: &Gpu, b: &mut Buffers, batch: &ForwardBatch, rows: usize) -> RtResult<()> {
         self.ropes.upload(gpu, &mut b.ropes, batch, rows)
     }
-
-    fn graph_safe(&self) -> bool {
-        self.plan.layers.iter().all(|l| l.ffn.moe.is_none())
-    }
 }
 
 #[cfg(test)]
@@ -574,11 +484,25 @@ mod tests {
         // What has no kernel is refused, saying why: qwen3's head_dim 24.
         let why = unsupported(&fixture_plan("qwen3")).expect("head_dim 24 has no kernel");
         assert!(why.contains("head_dim 24"), "{why}");
-        // Experts in place of the dense MLP have no CUDA path yet; Gemma 4's have one.
-        for name in ["qwen3-moe", "mixtral"] {
-            let why = unsupported(&fixture_plan(name)).unwrap_or_else(|| panic!("{name} has no CUDA experts"));
-            assert!(why.contains("no CUDA path"), "{name}: {why}");
+        // Experts in place of the dense MLP and beside it (Gemma 4).
+        for name in ["qwen3-moe", "mixtral", "gemma4-moe"] {
+            assert_eq!(unsupported(&fixture_plan(name)), None, "{name}");
         }
-        assert_eq!(unsupported(&fixture_plan("gemma4-moe")), None);
+    }
+
+    /// A BERT plan is refused for each thing the CUDA executor lacks: bidirectional attention,
+    /// the encoder input and post-LN norms, the exact GELU.
+    #[test]
+    fn an_encoder_has_no_cuda_path() {
+        let mut plan = fixture_plan("bert-embed");
+        assert!(unsupported(&plan).is_some_and(|why| why.contains("bidirectional")));
+        plan.layers.iter_mut().for_each(|l| l.attn.params.causal = true);
+        assert!(unsupported(&plan).is_some_and(|why| why.contains("encoder's input")));
+        let mut llama = fixture_plan("llama");
+        llama.layers[1].ffn.act = Activation::Gelu;
+        assert!(unsupported(&llama).is_some_and(|why| why.contains("layer 1: the exact (erf) GELU")));
+        llama.layers[1].ffn.act = Activation::Silu;
+        llama.layers[0].names.ffn_residual_norm = Some("x".into());
+        assert!(unsupported(&llama).is_some_and(|why| why.contains("layer 0: post-LN")));
     }
 }

@@ -2,24 +2,28 @@
 //! GGUF file whose pieces of a matrix are all in block types the kernels read — the file's
 //! blocks as they are. Per layer: a fused QKV matrix (q only for a KV-shared layer; the keys
 //! twice for `attention_k_eq_v`) with its bias, q/k norms (per head or over the whole
-//! projection), the output projection and its bias, a fused gate-up (or a plain up) matrix and
-//! the down projection with their biases, the norms the layer's names list (f32, the `1 + w`
-//! offset folded in; LayerNorm with its bias), Gemma 4's per-layer-input projections, layer
-//! scalar and MoE experts (bf16); the embedding, LM head, final norm and per-layer embedding
-//! table. Read from the host weights (any stored dtype) or random from a seed for synthetic
-//! models: one builder over either source.
+//! projection), the output projection and its bias, the dense MLP (a fused gate-up or a plain
+//! up matrix and the down projection with their biases; none where experts replace it), the
+//! norms the layer's names list (f32, the `1 + w` offset folded in; LayerNorm with its bias),
+//! Gemma 4's per-layer-input projections and layer scalar, and the routed experts
+//! (`moe::MoeWeights`: a bf16 router and one stacked `ExpertMatrix` per projection, in the
+//! file's block type where the kernels read it); the embedding, LM head, final norm and
+//! per-layer embedding table. Read from the host weights (any stored dtype) or random from a
+//! seed for synthetic models: one builder over either source.
 
 use std::cell::Cell;
 use std::sync::Arc;
 
-use ferrite_runtime::cuda::ops::{self, Matrix, NormWeights, QuantMatrix};
+use ferrite_runtime::cuda::ops::{self, ExpertMatrix, Matrix, NormWeights, QuantMatrix};
 use ferrite_runtime::cuda::{CudaSlice, DevicePtr, Gpu};
 use ferrite_runtime::DType;
 use half::bf16;
 
+use super::moe::{stack_experts, Gemma4Moe, MoeWeights};
 use crate::config::ModelConfig;
 use crate::error::{LoadError, Result};
-use crate::plan::{DecoderPlan, MlpNames, NormKind, QkvNames};
+use crate::moe::MoeShape;
+use crate::plan::{DecoderPlan, ExpertNames, MlpNames, MoePlan, MoeStyle, NormKind, QkvNames};
 use crate::weights::Weights;
 
 /// Gemma 4's per-layer-input weights of one layer.
@@ -29,23 +33,6 @@ pub struct LayerInputWeights {
     /// `[hidden, width]`.
     pub projection: CudaSlice<bf16>,
     pub norm: CudaSlice<f32>,
-}
-
-/// A layer's MoE block.
-pub struct MoeWeights {
-    /// The router's norm weight: its learned scale times `hidden^-1/2`.
-    pub router_norm: CudaSlice<f32>,
-    /// `[experts, hidden]`.
-    pub router: CudaSlice<bf16>,
-    /// Per expert, on the host (routing happens there).
-    pub per_expert_scale: Vec<f32>,
-    /// `[experts, 2 * inter, hidden]`: each expert's gate rows, then its up rows.
-    pub gate_up: CudaSlice<bf16>,
-    /// `[experts, hidden, inter]`.
-    pub down: CudaSlice<bf16>,
-    pub post_mlp_norm: CudaSlice<f32>,
-    pub pre_norm: CudaSlice<f32>,
-    pub post_norm: CudaSlice<f32>,
 }
 
 /// A norm's weights: RMSNorm's scale, or LayerNorm's scale and bias.
@@ -65,6 +52,25 @@ impl DeviceNorm {
     }
 }
 
+/// A layer's dense MLP.
+pub struct MlpWeights {
+    /// `[2 * inter, hidden]`: gate rows, then up; a plain MLP's up matrix `[inter, hidden]`.
+    pub gate_up: Matrix,
+    /// `gate_up` is a gated MLP's.
+    pub gated: bool,
+    pub gate_up_bias: Option<CudaSlice<bf16>>,
+    pub down: Matrix,
+    pub down_bias: Option<CudaSlice<bf16>>,
+}
+
+impl MlpWeights {
+    fn bytes(&self) -> usize {
+        let biases =
+            [&self.gate_up_bias, &self.down_bias].iter().filter_map(|b| b.as_ref()).map(|b| 2 * b.len()).sum::<usize>();
+        self.gate_up.bytes() + self.down.bytes() + biases
+    }
+}
+
 pub struct LayerWeights {
     pub input_norm: Option<DeviceNorm>,
     /// q rows, then k, then v.
@@ -77,13 +83,8 @@ pub struct LayerWeights {
     pub o_bias: Option<CudaSlice<bf16>>,
     pub post_attn_norm: Option<DeviceNorm>,
     pub pre_ffn_norm: Option<DeviceNorm>,
-    /// `[2 * inter, hidden]`: gate rows, then up; a plain MLP's up matrix `[inter, hidden]`.
-    pub gate_up: Matrix,
-    /// `gate_up` is a gated MLP's.
-    pub gated: bool,
-    pub gate_up_bias: Option<CudaSlice<bf16>>,
-    pub down: Matrix,
-    pub down_bias: Option<CudaSlice<bf16>>,
+    /// The dense MLP (none where experts replace it).
+    pub mlp: Option<MlpWeights>,
     pub post_ffn_norm: Option<DeviceNorm>,
     pub input: Option<LayerInputWeights>,
     pub moe: Option<MoeWeights>,
@@ -132,6 +133,10 @@ trait Source {
     /// An f32 vector of `len` values plus `offset` (norm weights, scales).
     fn vector(&mut self, name: &str, len: usize, offset: f32) -> Result<Vec<f32>>;
     fn contains(&self, name: &str) -> bool;
+    /// A layer's experts (`names`, of `shape`, `hidden` wide): the gate-up matrix (`[experts,
+    /// 2 × inter, hidden]`, each expert's gate rows then its up rows) and the down matrix
+    /// (`[experts, hidden, inter]`), each one allocation.
+    fn experts(&mut self, names: &ExpertNames, shape: MoeShape, hidden: usize) -> Result<[ExpertMatrix; 2]>;
 }
 
 struct FileSource<'a> {
@@ -182,6 +187,10 @@ impl Source for FileSource<'_> {
     fn contains(&self, name: &str) -> bool {
         self.w.contains(name)
     }
+
+    fn experts(&mut self, names: &ExpertNames, shape: MoeShape, hidden: usize) -> Result<[ExpertMatrix; 2]> {
+        stack_experts(self.w, self.gpu, names, shape, hidden)
+    }
 }
 
 /// Matrices uniform with the variance of a 1/fan-in init, made on the device in bf16 or a
@@ -201,6 +210,18 @@ impl RandomSource<'_> {
         self.stream.get()
     }
 
+    /// The block type of a matrix of `cols` columns: the source's, except that a k-quant
+    /// whose 256-value blocks do not tile a row falls back as llama.cpp's quantizer does
+    /// (Q4_K to Q5_0; Q5_K and Q6_K to Q8_0, the nearest type the kernels read for its Q5_1
+    /// and Q8_0).
+    fn dtype_for(&self, cols: usize) -> DType {
+        match self.dtype {
+            d if cols.is_multiple_of(d.block_elems()) => d,
+            DType::Q4K => DType::Q5_0,
+            _ => DType::Q8_0,
+        }
+    }
+
     fn random_bf16(&self, len: usize, fan_in: usize) -> Result<CudaSlice<bf16>> {
         let mut buf = self.gpu.alloc::<bf16>(len)?;
         ops::random_uniform(self.gpu, &mut buf, self.seed(), (3.0 / fan_in as f32).sqrt())?;
@@ -218,7 +239,7 @@ impl Source for RandomSource<'_> {
             return Ok(Matrix::Bf16(self.random_bf16(rows * cols, fan_in)?));
         }
         let amp = (3.0 / fan_in as f32).sqrt();
-        Ok(Matrix::Quant(QuantMatrix::random(self.gpu, self.dtype, rows, cols, self.seed(), amp)?))
+        Ok(Matrix::Quant(QuantMatrix::random(self.gpu, self.dtype_for(cols), rows, cols, self.seed(), amp)?))
     }
 
     fn bf16(&mut self, _name: &str, shape: &[usize]) -> Result<CudaSlice<bf16>> {
@@ -231,6 +252,15 @@ impl Source for RandomSource<'_> {
 
     fn contains(&self, _name: &str) -> bool {
         false
+    }
+
+    fn experts(&mut self, _names: &ExpertNames, shape: MoeShape, hidden: usize) -> Result<[ExpertMatrix; 2]> {
+        let (e, inter) = (shape.num_experts, shape.intermediate);
+        let random = |rows: usize, cols: usize| -> Result<ExpertMatrix> {
+            let amp = (3.0 / cols as f32).sqrt();
+            Ok(ExpertMatrix::random(self.gpu, self.dtype_for(cols), (e, rows, cols), self.seed(), amp)?)
+        };
+        Ok([random(2 * inter, hidden)?, random(hidden, inter)?])
     }
 }
 
@@ -266,8 +296,11 @@ impl DecoderWeights {
     /// many-row products run the skinny GEMM 8 rows at a time rather than hold a vocab-sized
     /// scratch.
     pub fn scratch_len(&self) -> usize {
-        let layer = |l: &LayerWeights| [&l.qkv, &l.o, &l.gate_up, &l.down].map(|m| m.scratch_len()).into_iter().max();
-        self.layers.iter().filter_map(layer).max().unwrap_or(0)
+        let layer = |l: &LayerWeights| {
+            let mlp = l.mlp.as_ref().map_or(0, |m| m.gate_up.scratch_len().max(m.down.scratch_len()));
+            l.qkv.scratch_len().max(l.o.scratch_len()).max(mlp)
+        };
+        self.layers.iter().map(layer).max().unwrap_or(0)
     }
 }
 
@@ -297,14 +330,6 @@ fn build(
     };
     let norm_of = |src: &mut dyn Source, name: &Option<String>| -> Result<Option<DeviceNorm>> {
         name.as_ref().map(|name| model_norm(src, name)).transpose()
-    };
-    // The biases of `pieces` (`{name}.bias`, its rows of each), in bf16 as the GEMMs add them.
-    let bias_of = |src: &mut dyn Source, pieces: &[Piece]| -> Result<CudaSlice<bf16>> {
-        let mut b = Vec::new();
-        for (name, total, rows) in pieces {
-            b.extend_from_slice(&src.vector(&format!("{name}.bias"), *total, 0.0)?[rows.clone()]);
-        }
-        Ok(gpu.upload(&b.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>())?)
     };
     let embed = Arc::new(src.matrix(&[Part::whole("model.embed_tokens", cfg.vocab_size)], d)?);
     let mut bf16_bytes = 0usize;
@@ -336,7 +361,7 @@ fn build(
         let parts: Vec<Part> =
             pieces.iter().map(|(name, total, rows)| Part { name, total: *total, rows: rows.clone() }).collect();
         let qkv = src.matrix(&parts, d)?;
-        let qkv_bias = if a.bias { Some(bias_of(src, pieces)?) } else { None };
+        let qkv_bias = if a.bias { Some(biases(src, gpu, pieces)?) } else { None };
         let (q_norm, k_norm) = match a.qk_norm {
             Some(off) => {
                 // Over a head, or over the heads of a whole projection.
@@ -349,23 +374,13 @@ fn build(
             }
             None => (None, None),
         };
-        let inter = l.ffn.intermediate;
-        // The gate-up (or up) rows by name, as the bias reads them too.
-        let (up_pieces, down): (Vec<Piece>, &String) = match &names.mlp {
-            MlpNames::Gated { gate, up, down } => (vec![(gate, inter, 0..inter), (up, inter, 0..inter)], down),
-            MlpNames::FusedGated { gate_up, down } => (vec![(gate_up, 2 * inter, 0..2 * inter)], down),
-            MlpNames::Plain { up, down } => (vec![(up, inter, 0..inter)], down),
-        };
-        let up_parts: Vec<Part> = up_pieces.iter().map(|(name, rows, _)| Part::whole(name, *rows)).collect();
-        let gate_up = src.matrix(&up_parts, d)?;
-        let (gate_up_bias, down_bias) = if l.ffn.bias {
-            (Some(bias_of(src, &up_pieces)?), Some(bias_of(src, &[(down.as_str(), d, 0..d)])?))
+        let mlp = if l.ffn.dense() {
+            Some(mlp_weights(src, gpu, &names.mlp, l.ffn.intermediate, l.ffn.bias, d)?)
         } else {
-            (None, None)
+            None
         };
-        let down = src.matrix(&[Part::whole(down, d)], inter)?;
         let o = src.matrix(&[Part::whole(&names.o, d)], q_rows)?;
-        let o_bias = if a.o_bias { Some(bias_of(src, &[(names.o.as_str(), d, 0..d)])?) } else { None };
+        let o_bias = if a.o_bias { Some(biases(src, gpu, &[(names.o.as_str(), d, 0..d)])?) } else { None };
         let input = match plan.per_layer_input {
             Some((_, width)) => {
                 bf16_bytes += 2 * width * d;
@@ -377,25 +392,7 @@ fn build(
             }
             None => None,
         };
-        let moe = match l.ffn.moe.as_ref().map(|m| m.shape) {
-            Some(shape) => {
-                let (e, mi) = (shape.num_experts, shape.intermediate);
-                let root = (d as f64).powf(-0.5) as f32;
-                let scale = src.vector(&p("router.scale"), d, 0.0)?;
-                bf16_bytes += e * d + 3 * e * mi * d;
-                Some(MoeWeights {
-                    router_norm: gpu.upload(&scale.iter().map(|s| s * root).collect::<Vec<_>>())?,
-                    router: src.bf16(&p("router.proj.weight"), &[e, d])?,
-                    per_expert_scale: src.vector(&p("router.per_expert_scale"), e, 0.0)?,
-                    gate_up: src.bf16(&p("experts.gate_up_proj"), &[e, 2 * mi, d])?,
-                    down: src.bf16(&p("experts.down_proj"), &[e, d, mi])?,
-                    post_mlp_norm: norm(src, &p("post_feedforward_layernorm_1.weight"), d)?,
-                    pre_norm: norm(src, &p("pre_feedforward_layernorm_2.weight"), d)?,
-                    post_norm: norm(src, &p("post_feedforward_layernorm_2.weight"), d)?,
-                })
-            }
-            None => None,
-        };
+        let moe = l.ffn.moe.as_ref().map(|m| moe_weights(src, gpu, m, i, d)).transpose()?;
         let scalar = if plan.layer_scalar { src.vector(&p("layer_scalar"), 1, 0.0)?[0] } else { 1.0 };
         layers.push(LayerWeights {
             input_norm: norm_of(src, &names.input_norm)?,
@@ -407,11 +404,7 @@ fn build(
             o_bias,
             post_attn_norm: norm_of(src, &names.post_attn_norm)?,
             pre_ffn_norm: norm_of(src, &names.pre_ffn_norm)?,
-            gate_up,
-            gated: !matches!(names.mlp, MlpNames::Plain { .. }),
-            gate_up_bias,
-            down,
-            down_bias,
+            mlp,
             post_ffn_norm: norm_of(src, &names.post_ffn_norm)?,
             input,
             moe,
@@ -436,14 +429,20 @@ fn build(
         Arc::new(src.matrix(&[Part::whole("lm_head", cfg.vocab_size)], d)?)
     };
     let final_norm = model_norm(src, "model.norm")?;
-    let matrices: usize = layers.iter().map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes()).sum();
+    let matrices: usize = layers
+        .iter()
+        .map(|l| {
+            let ffn = l.mlp.as_ref().map_or(0, MlpWeights::bytes) + l.moe.as_ref().map_or(0, MoeWeights::bytes);
+            l.qkv.bytes() + l.o.bytes() + ffn
+        })
+        .sum();
     let head = if Arc::ptr_eq(&embed, &lm_head) { 0 } else { lm_head.bytes() };
     let small: usize = layers
         .iter()
         .map(|l| {
             let norms = [&l.input_norm, &l.post_attn_norm, &l.pre_ffn_norm, &l.post_ffn_norm];
             let qk = [&l.q_norm, &l.k_norm].iter().filter_map(|n| n.as_ref()).map(|n| 4 * n.len()).sum::<usize>();
-            let biases = [&l.qkv_bias, &l.o_bias, &l.gate_up_bias, &l.down_bias];
+            let biases = [&l.qkv_bias, &l.o_bias];
             norms.iter().filter_map(|n| n.as_ref()).map(DeviceNorm::bytes).sum::<usize>()
                 + qk
                 + biases.iter().filter_map(|b| b.as_ref()).map(|b| 2 * b.len()).sum::<usize>()
@@ -452,4 +451,67 @@ fn build(
         + final_norm.bytes();
     let bytes = matrices + embed.bytes() + head + 2 * bf16_bytes + small;
     Ok(DecoderWeights { embed, layers, final_norm, lm_head, per_layer, bytes })
+}
+
+/// The biases of `pieces` (`{name}.bias`, its rows of each), in bf16 as the GEMMs add them.
+fn biases(src: &mut dyn Source, gpu: &Gpu, pieces: &[Piece]) -> Result<CudaSlice<bf16>> {
+    let mut b = Vec::new();
+    for (name, total, rows) in pieces {
+        b.extend_from_slice(&src.vector(&format!("{name}.bias"), *total, 0.0)?[rows.clone()]);
+    }
+    Ok(gpu.upload(&b.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>())?)
+}
+
+/// A dense MLP `inter` wide over `d`: the gate-up (or up) rows fused, the down projection, and
+/// their biases when `bias`.
+fn mlp_weights(
+    src: &mut dyn Source,
+    gpu: &Gpu,
+    names: &MlpNames,
+    inter: usize,
+    bias: bool,
+    d: usize,
+) -> Result<MlpWeights> {
+    // The gate-up (or up) rows by name, as the bias reads them too.
+    let (up_pieces, down): (Vec<Piece>, &String) = match names {
+        MlpNames::Gated { gate, up, down } => (vec![(gate, inter, 0..inter), (up, inter, 0..inter)], down),
+        MlpNames::FusedGated { gate_up, down } => (vec![(gate_up, 2 * inter, 0..2 * inter)], down),
+        MlpNames::Plain { up, down } => (vec![(up, inter, 0..inter)], down),
+    };
+    let up_parts: Vec<Part> = up_pieces.iter().map(|(name, rows, _)| Part::whole(name, *rows)).collect();
+    let gate_up = src.matrix(&up_parts, d)?;
+    let (gate_up_bias, down_bias) = if bias {
+        (Some(biases(src, gpu, &up_pieces)?), Some(biases(src, gpu, &[(down.as_str(), d, 0..d)])?))
+    } else {
+        (None, None)
+    };
+    let down = src.matrix(&[Part::whole(down, d)], inter)?;
+    Ok(MlpWeights { gate_up, gated: !matches!(names, MlpNames::Plain { .. }), gate_up_bias, down, down_bias })
+}
+
+/// Layer `layer`'s experts as `plan` names them: the router (bf16), the stacked expert
+/// matrices, and Gemma 4's router scale (times `d^-1/2`), per-expert scales and norms.
+fn moe_weights(src: &mut dyn Source, gpu: &Gpu, plan: &MoePlan, layer: usize, d: usize) -> Result<MoeWeights> {
+    let e = plan.shape.num_experts;
+    let router = Matrix::Bf16(src.bf16(&format!("{}.weight", plan.names.router), &[e, d])?);
+    let [gate_up, down] = src.experts(&plan.names, plan.shape, d)?;
+    let gemma4 = match plan.style {
+        MoeStyle::Sparse => None,
+        MoeStyle::Gemma4 => {
+            let p = |s: &str| format!("model.layers.{layer}.{s}");
+            let root = (d as f64).powf(-0.5) as f32;
+            let scale: Vec<f32> = src.vector(&p("router.scale"), d, 0.0)?.iter().map(|s| s * root).collect();
+            let mut upload = |name: &str, len: usize| -> Result<CudaSlice<f32>> {
+                Ok(gpu.upload(&src.vector(&p(name), len, 0.0)?)?)
+            };
+            Some(Gemma4Moe {
+                router_norm: gpu.upload(&scale)?,
+                per_expert_scale: upload("router.per_expert_scale", e)?,
+                post_mlp_norm: upload("post_feedforward_layernorm_1.weight", d)?,
+                pre_norm: upload("pre_feedforward_layernorm_2.weight", d)?,
+                post_norm: upload("post_feedforward_layernorm_2.weight", d)?,
+            })
+        }
+    };
+    Ok(MoeWeights { router, gate_up, down, gemma4 })
 }

@@ -5,6 +5,7 @@
 
 mod decoder;
 mod decoder_weights;
+mod moe;
 mod rope;
 mod runner;
 mod synthetic;

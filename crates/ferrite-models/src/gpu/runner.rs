@@ -576,6 +576,25 @@ fn no_workspace() -> RuntimeError {
     RuntimeError::Shape("the CUDA model has no workspace".into())
 }
 
+impl<L: Layers> GpuModel<L> {
+    /// Whether this device's KV pools can hold `scheme`: bf16 (`F16`), int8, int4, and fp8
+    /// from compute capability 8.9 (Ada, Hopper) on, whose instructions write e4m3.
+    fn check_kv_scheme(&self, scheme: &KvScheme) -> RtResult<()> {
+        let cc = self.gpu.info().compute_capability;
+        match scheme.dtype {
+            KvDtype::F32 => {
+                Err(RuntimeError::Unsupported("an f32 KV cache on the GPU (use bf16, int8, int4 or fp8)".into()))
+            }
+            KvDtype::Fp8 if cc < (8, 9) => Err(RuntimeError::Unsupported(format!(
+                "an fp8 KV cache needs compute capability 8.9 or newer (Ada, Hopper); this GPU is {}.{} (use int8: the \
+                 same bytes a value)",
+                cc.0, cc.1
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl<L: Layers> CausalLm for GpuModel<L> {
     fn config(&self) -> &ModelConfig {
         self.layers.config()
@@ -617,23 +636,22 @@ impl<L: Layers> CausalLm for GpuModel<L> {
     }
 
     fn kv_block_bytes(&self, block_size: usize, scheme: &KvScheme) -> RtResult<Vec<usize>> {
-        if scheme.dtype != KvDtype::default() {
-            return Err(RuntimeError::Shape(format!(
-                "a {} KV cache runs on the CPU only so far: the CUDA kernels read bf16 KV (use --kv-cache-dtype auto \
-                 or bf16 on the GPU)",
-                scheme.dtype
-            )));
-        }
+        self.check_kv_scheme(scheme)?;
         // bf16 takes the default host type's (f16's) two bytes a value.
         const { assert!(std::mem::size_of::<bf16>() == std::mem::size_of::<half::f16>()) };
-        Ok(self.layers.layout().block_bytes(block_size))
+        let layout = self.layers.layout();
+        Ok(layout.block_bytes_with(block_size, &layout.layer_dtypes(scheme)?))
     }
 
-    fn kv_description(&self, _scheme: &KvScheme) -> String {
-        "bf16".into()
+    fn kv_description(&self, scheme: &KvScheme) -> String {
+        match scheme.dtype {
+            KvDtype::F16 => "bf16".into(),
+            _ => scheme.to_string(),
+        }
     }
 
-    fn new_kv_cache(&self, group_blocks: &[usize], block_size: usize, _scheme: &KvScheme) -> RtResult<KvCache> {
-        KvCache::on_device(&self.gpu, self.layers.layout(), group_blocks, block_size)
+    fn new_kv_cache(&self, group_blocks: &[usize], block_size: usize, scheme: &KvScheme) -> RtResult<KvCache> {
+        self.check_kv_scheme(scheme)?;
+        KvCache::on_device_with_scheme(&self.gpu, self.layers.layout(), group_blocks, block_size, scheme)
     }
 }

@@ -5,7 +5,8 @@
 use serde_json::{json, Value};
 
 /// The shapes `--synthetic` knows, by name.
-pub const SYNTHETIC_MODELS: [&str; 5] = ["llama-3.1-8b", "llama-3.2-1b", "qwen2.5-1.5b", "smollm2-135m", "gemma-4-e4b"];
+pub const SYNTHETIC_MODELS: [&str; 7] =
+    ["llama-3.1-8b", "llama-3.2-1b", "qwen2.5-1.5b", "smollm2-135m", "gemma-4-e4b", "qwen3-30b-a3b", "gemma-4-26b-a4b"];
 
 /// Llama 3's RoPE parameters with `factor`.
 fn llama3_rope(factor: f64) -> Value {
@@ -21,6 +22,15 @@ fn llama3_rope(factor: f64) -> Value {
 /// θ 1e4 on sliding layers, per-layer inputs of 256 over a 262,144 vocabulary, tied
 /// embeddings) with the E4B checkpoint's sizes: hidden 2560, MLP 10240, 42 layers, 8 query
 /// and 2 KV heads, the last 18 layers KV-shared, final logit softcap 30.
+///
+/// `qwen3-30b-a3b` is Qwen3-30B-A3B's published config.json: 48 layers, hidden 2048, 32 query
+/// and 4 KV heads of 128, 128 experts of width 768 with 8 per token (renormalized) on every
+/// layer, vocabulary 151,936, RoPE θ 1e6, untied head (30.5 B parameters, 3.3 B active).
+/// `gemma-4-26b-a4b` is Gemma 4 26B-A4B's text config: 30 layers, hidden 2816, 16 query heads,
+/// 8 KV heads of 256 on the sliding layers (window 1024) and 2 of 512 on every 6th (global,
+/// keys used as values), a GeGLU MLP of 2112 beside 128 experts of width 704, 8 per token,
+/// the rest `Gemma4TextConfig`'s defaults as for E4B, no per-layer inputs or shared KV
+/// (25.2 B parameters, 3.8 B active).
 pub fn synthetic_config(name: &str) -> Option<Value> {
     #[allow(clippy::too_many_arguments)]
     let llama = |vocab: usize,
@@ -56,6 +66,23 @@ pub fn synthetic_config(name: &str) -> Option<Value> {
             "global_head_dim": 512, "sliding_window": 512, "num_kv_shared_layers": 18,
             "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262_144,
             "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": true, "final_logit_softcapping": 30.0, "bos_token_id": 2, "eos_token_id": 1,
+        })),
+        "qwen3-30b-a3b" => Some(json!({
+            "model_type": "qwen3_moe", "vocab_size": 151_936, "hidden_size": 2048, "intermediate_size": 6144,
+            "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+            "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [], "hidden_act": "silu",
+            "rms_norm_eps": 1e-6, "rope_parameters": plain(1_000_000.0), "max_position_embeddings": 40_960,
+            "tie_word_embeddings": false, "bos_token_id": 151_643, "eos_token_id": 151_645,
+        })),
+        "gemma-4-26b-a4b" => Some(json!({
+            "model_type": "gemma4_text", "vocab_size": 262_144, "hidden_size": 2816, "intermediate_size": 2112,
+            "num_hidden_layers": 30, "num_attention_heads": 16, "num_key_value_heads": 8,
+            "num_global_key_value_heads": 2, "head_dim": 256, "global_head_dim": 512, "attention_k_eq_v": true,
+            "sliding_window": 1024, "enable_moe_block": true, "num_experts": 128, "top_k_experts": 8,
+            "moe_intermediate_size": 704, "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
+            "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 262_144, "rms_norm_eps": 1e-6,
             "tie_word_embeddings": true, "final_logit_softcapping": 30.0, "bos_token_id": 2, "eos_token_id": 1,
         })),
         _ => None,
@@ -111,5 +138,41 @@ mod tests {
             .sum();
         let params = per_layer + 2 * v * d;
         assert!((8_000_000_000..8_100_000_000).contains(&params), "{params}");
+    }
+
+    /// (total, active) parameters of a plan: attention, dense MLPs, routers and experts (all,
+    /// or `top_k` of them), the embedding and an untied head.
+    fn parameters(cfg: &ModelConfig, plan: &DecoderPlan) -> (usize, usize) {
+        let d = cfg.hidden_size;
+        let (mut total, mut active) = (0, 0);
+        for l in &plan.layers {
+            let p = &l.attn.params;
+            let kv = if l.attn.k_eq_v { 1 } else { 2 };
+            let attn = (p.n_heads + kv * p.n_kv_heads) * p.head_dim * d + d * p.n_heads * p.head_dim;
+            let dense = if l.ffn.dense() { 3 * l.ffn.intermediate * d } else { 0 };
+            let (all, used) = l.ffn.moe.as_ref().map_or((0, 0), |m| {
+                let expert = 3 * m.shape.intermediate * d;
+                (m.shape.num_experts * (expert + d), m.shape.top_k * expert + m.shape.num_experts * d)
+            });
+            total += attn + dense + all;
+            active += attn + dense + used;
+        }
+        let embeddings = if cfg.tie_word_embeddings { 1 } else { 2 } * cfg.vocab_size * d;
+        (total + embeddings, active + embeddings)
+    }
+
+    #[test]
+    fn moe_shapes_have_their_published_sizes() {
+        // Qwen3-30B-A3B: 30.5 B parameters, 3.3 B active; Gemma 4 26B-A4B: 25.2 B, 3.8 B.
+        let cases = [("qwen3-30b-a3b", 30.5e9, 3.3e9, 48, 0), ("gemma-4-26b-a4b", 25.2e9, 3.8e9, 30, 2112)];
+        for (name, total, active, layers, dense) in cases {
+            let (cfg, plan) = plan_of(&synthetic_config(name).expect(name));
+            let (t, a) = parameters(&cfg, &plan);
+            assert!((t as f64 / total - 1.0).abs() < 0.01, "{name}: {t} parameters");
+            assert!((a as f64 / active - 1.0).abs() < 0.03, "{name}: {a} active");
+            assert_eq!(plan.layers.iter().filter(|l| l.ffn.moe.is_some()).count(), layers, "{name}");
+            let widths: Vec<usize> = plan.layers.iter().filter(|l| l.ffn.dense()).map(|l| l.ffn.intermediate).collect();
+            assert!(widths.iter().all(|&w| w == dense) && widths.len() == if dense > 0 { layers } else { 0 }, "{name}");
+        }
     }
 }

@@ -63,15 +63,62 @@ pub(super) fn generation_eos_ids(dir: &Path) -> Result<Vec<u32>> {
     Ok(ids.into_iter().filter_map(|id| u32::try_from(id).ok()).collect())
 }
 
-/// The special token a `TemplateProcessing` post-processor puts first for a single
-/// sequence (`[BOS] $A`), looking inside a `Sequence` of post-processors too.
-pub(super) fn template_leading_token(post_processor: &Value) -> Option<String> {
-    match post_processor.get("type").and_then(Value::as_str)? {
-        "TemplateProcessing" => {
-            let first = post_processor.get("single")?.as_array()?.first()?;
-            first.get("SpecialToken")?.get("id")?.as_str().map(str::to_string)
+/// The special tokens a post-processor puts before and after a single sequence: a
+/// `TemplateProcessing`'s (`[BOS] $A`, `[CLS] $A [SEP]`), BERT's and RoBERTa's (`cls $A sep`),
+/// looking inside a `Sequence` of post-processors too.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(super) struct TemplateTokens {
+    pub leading: Option<String>,
+    pub trailing: Option<String>,
+}
+
+pub(super) fn template_tokens(post_processor: &Value) -> TemplateTokens {
+    let special =
+        |item: Option<&Value>| -> Option<String> { item?.get("SpecialToken")?.get("id")?.as_str().map(str::to_string) };
+    let pair_token =
+        |key: &str| -> Option<String> { post_processor.get(key)?.as_array()?.first()?.as_str().map(str::to_string) };
+    match post_processor.get("type").and_then(Value::as_str) {
+        Some("TemplateProcessing") => {
+            let single = post_processor.get("single").and_then(Value::as_array);
+            let single = single.map(Vec::as_slice).unwrap_or_default();
+            TemplateTokens { leading: special(single.first()), trailing: special(single.last()) }
         }
-        "Sequence" => post_processor.get("processors")?.as_array()?.iter().find_map(template_leading_token),
-        _ => None,
+        Some("BertProcessing" | "RobertaProcessing") => {
+            TemplateTokens { leading: pair_token("cls"), trailing: pair_token("sep") }
+        }
+        Some("Sequence") => {
+            let list = post_processor.get("processors").and_then(Value::as_array);
+            let found: Vec<TemplateTokens> = list.into_iter().flatten().map(template_tokens).collect();
+            TemplateTokens {
+                leading: found.iter().find_map(|t| t.leading.clone()),
+                trailing: found.iter().find_map(|t| t.trailing.clone()),
+            }
+        }
+        _ => TemplateTokens::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn template_tokens_of_each_post_processor() {
+        let bert = json!({"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                       {"SpecialToken": {"id": "[SEP]", "type_id": 0}}]});
+        let want = TemplateTokens { leading: Some("[CLS]".into()), trailing: Some("[SEP]".into()) };
+        assert_eq!(template_tokens(&bert), want);
+        let llama = json!({"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]});
+        assert_eq!(template_tokens(&llama), TemplateTokens { leading: Some("<s>".into()), trailing: None });
+        let old = json!({"type": "BertProcessing", "sep": ["[SEP]", 102], "cls": ["[CLS]", 101]});
+        assert_eq!(template_tokens(&old), want);
+        let roberta = json!({"type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0]});
+        assert_eq!(template_tokens(&roberta).trailing.as_deref(), Some("</s>"));
+        let seq = json!({"type": "Sequence", "processors": [{"type": "ByteLevel"}, bert]});
+        assert_eq!(template_tokens(&seq), want);
+        assert_eq!(template_tokens(&json!({"type": "ByteLevel"})), TemplateTokens::default());
     }
 }

@@ -26,7 +26,7 @@ pub use token_bytes::SPECIAL_TOKEN_MARKER;
 
 use crate::error::LoadError;
 use crate::gguf::GgufFile;
-use config::{generation_eos_ids, template_leading_token, TokenizerConfig};
+use config::{generation_eos_ids, template_tokens, TokenizerConfig};
 
 /// A tokenizer failed on an input (load-time failures are [`LoadError`]s naming the file).
 #[derive(Debug, thiserror::Error)]
@@ -127,15 +127,21 @@ impl Tokenizer {
             .map_err(|e| LoadError::format(path, format!("not a valid tokenizer.json: {e}")))?;
         let dir = path.parent().unwrap_or_else(|| Path::new("."));
         let cfg = TokenizerConfig::read(dir)?;
-        let template_bos = inner
+        // What the post-processor puts around a sequence stands in for what the config leaves
+        // unsaid (BERT's `[CLS] $A [SEP]` names neither BOS nor EOS), as transformers' fast
+        // tokenizers add them.
+        let template = inner
             .get_post_processor()
             .and_then(|pp| serde_json::to_value(pp).ok())
-            .and_then(|v| template_leading_token(&v));
-        let bos_text = cfg.bos_token.clone().unwrap_or_else(|| template_bos.clone());
-        let add_bos = cfg.add_bos_token.unwrap_or(template_bos.is_some() && template_bos == bos_text);
+            .map(|v| template_tokens(&v))
+            .unwrap_or_default();
+        let bos_text = cfg.bos_token.clone().unwrap_or_else(|| template.leading.clone());
+        let add_bos = cfg.add_bos_token.unwrap_or(template.leading.is_some() && template.leading == bos_text);
+        let eos_text = cfg.eos_token.clone().unwrap_or_else(|| template.trailing.clone());
+        let add_eos = cfg.add_eos_token.unwrap_or(template.trailing.is_some() && template.trailing == eos_text);
         let lookup = |t: Option<String>| t.and_then(|t| inner.token_to_id(&t).map(|id| (id, t)));
         let bos = lookup(bos_text);
-        let eos = lookup(cfg.eos_token.clone().flatten());
+        let eos = lookup(eos_text);
         let added = inner.get_added_tokens_decoder();
         let mut special_ids: Vec<u32> = added.iter().filter(|(_, t)| t.special).map(|(id, _)| *id).collect();
         special_ids.sort_unstable();
@@ -146,8 +152,7 @@ impl Tokenizer {
             .collect();
         end_ids.extend(generation_eos_ids(dir)?);
         let vocab_size = added.keys().map(|&id| id as usize + 1).max().unwrap_or(0).max(inner.get_vocab_size(true));
-        let special =
-            SpecialTokens { bos, eos, add_bos, add_eos: cfg.add_eos_token.unwrap_or(false), special_ids, end_ids };
+        let special = SpecialTokens { bos, eos, add_bos, add_eos, special_ids, end_ids };
         Tokenizer::assemble(inner, special, vocab_size).map_err(|e| LoadError::format(path, e))
     }
 
@@ -188,21 +193,33 @@ impl Tokenizer {
     /// single ids. With `add_special_tokens`, BOS is put first when the model adds it (and the
     /// text does not already start with it), and EOS last when the model adds that.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
-        let enc = guarded("encode", || self.inner.encode_fast(text, false))?;
-        let mut ids = enc.get_ids().to_vec();
-        if add_special_tokens {
-            if let (true, Some((bos, _))) = (self.add_bos, &self.bos) {
-                if ids.first() != Some(bos) {
-                    ids.insert(0, *bos);
-                }
-            }
-            if let (true, Some((eos, _))) = (self.add_eos, &self.eos) {
-                if ids.last() != Some(eos) {
-                    ids.push(*eos);
-                }
+        let ids = guarded("encode", || self.inner.encode_fast(text, false))?.get_ids().to_vec();
+        Ok(if add_special_tokens { self.with_special_tokens(ids) } else { ids })
+    }
+
+    /// `encode(text, true)` cut to at most `max_tokens` ids as transformers truncates: the
+    /// text's tokens are cut so that they and the special tokens added around them fit.
+    pub fn encode_truncated(&self, text: &str, max_tokens: usize) -> Result<Vec<u32>, TokenizerError> {
+        let mut ids = guarded("encode", || self.inner.encode_fast(text, false))?.get_ids().to_vec();
+        let added = usize::from(self.add_bos) + usize::from(self.add_eos);
+        ids.truncate(max_tokens.saturating_sub(added));
+        Ok(self.with_special_tokens(ids))
+    }
+
+    /// BOS first when the model adds it (and `ids` do not already start with it), EOS last
+    /// when it adds that.
+    fn with_special_tokens(&self, mut ids: Vec<u32>) -> Vec<u32> {
+        if let (true, Some((bos, _))) = (self.add_bos, &self.bos) {
+            if ids.first() != Some(bos) {
+                ids.insert(0, *bos);
             }
         }
-        Ok(ids)
+        if let (true, Some((eos, _))) = (self.add_eos, &self.eos) {
+            if ids.last() != Some(eos) {
+                ids.push(*eos);
+            }
+        }
+        ids
     }
 
     /// The text of `ids`. Ids outside the vocab are skipped; invalid UTF-8 (a byte sequence

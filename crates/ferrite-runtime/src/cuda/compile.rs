@@ -1,8 +1,10 @@
 //! Start-up kernel compilation: our `.cu` sources through NVRTC for the device's architecture,
 //! cached on disk.
 //!
-//! Each source (with the shared `common.cuh` prepended) is one module; `quant.cuh` is one
-//! module per GGUF block type it is instantiated for. For an architecture
+//! Each source (with the shared `common.cuh` prepended) is one module; `quant.cuh` (with the
+//! experts' `moe_gemm.cuh`) is one module per GGUF block type it is instantiated for, and one
+//! more (`moe_bf16`) for the experts' products over bf16 weights; each attention kernel is one
+//! module per KV cache format (`kv_format.cuh`, with `KV_FMT` defined). For an architecture
 //! NVRTC knows (sm_90a on Hopper) it yields a cubin; for a newer device it yields PTX for the
 //! newest architecture NVRTC has, which the driver compiles. Images are cached under
 //! `$FERRITE_HOME/kernels/` keyed by the SHA-256 of (module name, full source, options, NVRTC
@@ -28,13 +30,39 @@ pub(crate) struct Source {
 }
 
 macro_rules! sources {
-    ($($name:literal),* $(,)?; quant: $($q:literal),* $(,)?) => {
+    ($($name:literal),* $(,)?; quant: $($q:literal),* $(,)?; kv: $(($kv:literal, $file:literal, $fmt:literal)),* $(,)?) => {
         &[
             $(Source { name: $name, code: include_str!(concat!("kernels/", $name, ".cu")) },)*
-            // One module per GGUF block type: the shared source instantiated for it.
+            // One module per GGUF block type: the shared sources instantiated for it (its
+            // matrix kernels and the routed experts' products).
             $(Source {
                 name: concat!("quant_", $q),
-                code: concat!(include_str!("kernels/quant.cuh"), "\nQUANT_KERNELS(", $q, ")\n"),
+                code: concat!(
+                    include_str!("kernels/quant.cuh"),
+                    include_str!("kernels/moe_gemm.cuh"),
+                    "\nQUANT_KERNELS(", $q, ")\nMOE_KERNELS(", $q, ")\n"
+                ),
+            },)*
+            // The routed experts' products over bf16 weights.
+            Source {
+                name: "moe_bf16",
+                code: concat!(
+                    include_str!("kernels/quant.cuh"),
+                    include_str!("kernels/moe_gemm.cuh"),
+                    "\nMOE_KERNELS(bf16w)\n"
+                ),
+            },
+            // The KV write kernels (every format).
+            Source {
+                name: "kv_write",
+                code: concat!(include_str!("kernels/kv_format.cuh"), include_str!("kernels/kv_write.cu")),
+            },
+            // One module per attention kernel and KV cache format (`KV_FMT`, kv_format.cuh), the
+            // same kernel names in each.
+            $(Source {
+                name: $kv,
+                code: concat!("#define KV_FMT ", $fmt, "\n", include_str!("kernels/kv_format.cuh"),
+                    include_str!(concat!("kernels/", $file, ".cu"))),
             },)*
         ]
     };
@@ -45,15 +73,22 @@ pub(crate) const SOURCES: &[Source] = sources![
     "norm",
     "rope",
     "activation",
-    "kv_write",
     "copy",
-    "paged_attention",
-    "prefill_attention",
     "sampling",
     "init",
     "gemv",
-    "gemma";
-    quant: "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k",
+    "gemma",
+    "moe";
+    quant: "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k";
+    // Formats in `KV_FORMATS` order: bf16, int8, int4, fp8.
+    kv: ("paged_attention", "paged_attention", "0"),
+        ("paged_attention_int8", "paged_attention", "1"),
+        ("paged_attention_int4", "paged_attention", "2"),
+        ("paged_attention_fp8", "paged_attention", "3"),
+        ("prefill_attention", "prefill_attention", "0"),
+        ("prefill_attention_int8", "prefill_attention", "1"),
+        ("prefill_attention_int4", "prefill_attention", "2"),
+        ("prefill_attention_fp8", "prefill_attention", "3"),
 ];
 
 /// What NVRTC is asked to produce.

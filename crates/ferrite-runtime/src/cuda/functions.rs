@@ -14,6 +14,10 @@ use crate::dtype::DType;
 /// Head dims the attention kernels are instantiated for, in the order of their arrays below.
 pub(crate) const HEAD_DIMS: [usize; 6] = [16, 32, 64, 128, 256, 512];
 
+/// KV cache formats the attention kernels read, by module suffix: bf16, int8, int4, fp8
+/// (`kv_format.cuh`; `DeviceKv::format` is the index).
+pub(crate) const KV_FORMATS: [&str; 4] = ["", "_int8", "_int4", "_fp8"];
+
 pub(crate) struct Functions {
     pub embedding_bf16: CudaFunction,
     pub embedding_f32: CudaFunction,
@@ -30,12 +34,19 @@ pub(crate) struct Functions {
     pub gelu_tanh_inplace: CudaFunction,
     pub logit_epilogue: CudaFunction,
     pub write_kv: CudaFunction,
+    /// `write_kv_{int8,int4,fp8}`: the KV write into a quantized pool (format index − 1).
+    pub write_kv_quant: [CudaFunction; 3],
+    /// `convert_blocks_{int8,int4,fp8}`: bf16 blocks quantized into a quantized pool.
+    pub convert_blocks: [CudaFunction; 3],
+    pub fp8_calibrate: CudaFunction,
+    pub fp8_calibrate_blocks: CudaFunction,
     pub copy_words: CudaFunction,
     /// Whole KV blocks between the pools and device staging (`kv_copy.rs`).
     pub kv_blocks_move: CudaFunction,
-    /// `paged_decode_g{4,8}_hd*`: decode attention taking 4 or 8 query heads a CTA.
-    pub paged_decode: [[CudaFunction; 6]; 2],
-    pub prefill_attention: [CudaFunction; 6],
+    /// `paged_decode_g{4,8}_hd*` of each KV format: decode attention taking 4 or 8 query
+    /// heads a CTA.
+    pub paged_decode: [[[CudaFunction; 6]; 2]; 4],
+    pub prefill_attention: [[CudaFunction; 6]; 4],
     pub argmax_rows: CudaFunction,
     pub carry_picks: CudaFunction,
     pub sample_rows: CudaFunction,
@@ -51,7 +62,12 @@ pub(crate) struct Functions {
     /// The q/k norm and Gemma 4's kernels (`gemma.cu`).
     pub qkv_norm: CudaFunction,
     pub per_layer_inputs: CudaFunction,
+    /// The routing of mixtures of experts (`moe.cu`).
+    pub moe_route: CudaFunction,
+    pub moe_align: CudaFunction,
     pub moe_combine: CudaFunction,
+    /// The experts' products over bf16 weights (`moe_gemm.cuh`, module `moe_bf16`).
+    pub moe_bf16: MoeFunctions,
     /// The kernels of each GGUF block type with a CUDA path, in `QUANT_TYPES` order.
     pub quant: Vec<QuantFunctions>,
 }
@@ -73,7 +89,21 @@ pub(crate) struct QuantFunctions {
     pub gemv: [CudaFunction; 8],
     pub dequant_rows: CudaFunction,
     pub random_blocks: CudaFunction,
+    /// The experts' products over this type's blocks.
+    pub moe: MoeFunctions,
 }
+
+/// The routed experts' products over one weight type (`kernels/moe_gemm.cuh`).
+pub(crate) struct MoeFunctions {
+    /// `moe_gemv_m{1,2,4,8}`: decode over the chosen experts, for steps of up to 1, 2, 4, 8
+    /// tokens.
+    pub gemv: [CudaFunction; 4],
+    /// The grouped tensor-core GEMM.
+    pub gemm: CudaFunction,
+}
+
+/// Most tokens each `MoeFunctions::gemv` kernel takes, in order.
+pub(crate) const MOE_GEMV_TOKENS: [usize; 4] = [1, 2, 4, 8];
 
 impl Functions {
     /// Load `images` (one per `SOURCES` entry, same order) into `ctx`; attention kernels may
@@ -115,6 +145,15 @@ impl Functions {
             fns.try_into().map_err(|_| CudaError::Nvrtc(format!("{prefix}: expected 8 kernels")))
         };
         let per_rows = |prefix: &str| per_rows_in("gemv", prefix);
+        let moe = |module: &str| -> CudaResult<MoeFunctions> {
+            let gemv = MOE_GEMV_TOKENS.map(|m| get(module, &format!("moe_gemv_m{m}")));
+            let [a, b, c, d] = gemv;
+            Ok(MoeFunctions { gemv: [a?, b?, c?, d?], gemm: get(module, "moe_gemm")? })
+        };
+        fn per_format<T>(f: &dyn Fn(&str) -> CudaResult<T>) -> CudaResult<[T; 4]> {
+            let [a, b, c, d] = KV_FORMATS;
+            Ok([f(a)?, f(b)?, f(c)?, f(d)?])
+        }
         let quant = QUANT_TYPES
             .iter()
             .map(|(_, suffix)| {
@@ -123,6 +162,7 @@ impl Functions {
                     gemv: per_rows_in(&module, "qgemv")?,
                     dequant_rows: get(&module, "dequant_rows")?,
                     random_blocks: get(&module, "random_blocks")?,
+                    moe: moe(&module)?,
                 })
             })
             .collect::<CudaResult<Vec<_>>>()?;
@@ -141,13 +181,27 @@ impl Functions {
             gelu_tanh_inplace: get("activation", "gelu_tanh_inplace")?,
             logit_epilogue: get("activation", "logit_epilogue")?,
             write_kv: get("kv_write", "write_kv")?,
+            write_kv_quant: [
+                get("kv_write", "write_kv_int8")?,
+                get("kv_write", "write_kv_int4")?,
+                get("kv_write", "write_kv_fp8")?,
+            ],
+            convert_blocks: [
+                get("kv_write", "convert_blocks_int8")?,
+                get("kv_write", "convert_blocks_int4")?,
+                get("kv_write", "convert_blocks_fp8")?,
+            ],
+            fp8_calibrate: get("kv_write", "fp8_calibrate")?,
+            fp8_calibrate_blocks: get("kv_write", "fp8_calibrate_blocks")?,
             copy_words: get("copy", "copy_words")?,
             kv_blocks_move: get("copy", "kv_blocks_move")?,
-            paged_decode: [
-                per_head_dim("paged_attention", "paged_decode_g4")?,
-                per_head_dim("paged_attention", "paged_decode_g8")?,
-            ],
-            prefill_attention: per_head_dim("prefill_attention", "prefill_attention")?,
+            paged_decode: per_format(&|fmt| {
+                let module = format!("paged_attention{fmt}");
+                Ok([per_head_dim(&module, "paged_decode_g4")?, per_head_dim(&module, "paged_decode_g8")?])
+            })?,
+            prefill_attention: per_format(&|fmt| {
+                per_head_dim(&format!("prefill_attention{fmt}"), "prefill_attention")
+            })?,
             argmax_rows: get("sampling", "argmax_rows")?,
             carry_picks: get("sampling", "carry_picks")?,
             sample_rows: get("sampling", "sample_rows")?,
@@ -160,7 +214,10 @@ impl Functions {
             gemv_gelu: per_rows("gemv_gelu")?,
             qkv_norm: get("gemma", "qkv_norm")?,
             per_layer_inputs: get("gemma", "per_layer_inputs")?,
-            moe_combine: get("gemma", "moe_combine")?,
+            moe_route: get("moe", "moe_route")?,
+            moe_align: get("moe", "moe_align")?,
+            moe_combine: get("moe", "moe_combine")?,
+            moe_bf16: moe("moe_bf16")?,
             quant,
         })
     }

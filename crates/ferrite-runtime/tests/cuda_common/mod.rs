@@ -1,6 +1,7 @@
 //! Shared by the CUDA tests (`tests/cuda_*.rs`): the `FERRITE_TEST_CUDA=1` gate, one `Gpu`
-//! per test process, fresh random bf16 inputs, NaN-poisoned outputs, and the comparison that
-//! asserts a tolerance and prints a `TABLE|…` row for `scripts/gpu_tests.sh`'s summary.
+//! per test process, fresh random bf16 inputs and GGUF blocks, NaN-poisoned outputs, and the
+//! comparison that asserts a tolerance and prints a `TABLE|…` row for `scripts/gpu_tests.sh`'s
+//! summary.
 //!
 //! Tolerances are `|gpu - cpu| <= atol + rtol * |cpu|` per element, with each test saying why
 //! its numbers fit bf16; NaN never passes, so an output element the kernel failed to write
@@ -12,8 +13,11 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
+use ferrite_runtime::cuda::ops::DevicePool;
 use ferrite_runtime::cuda::{CudaSlice, Gpu};
-use half::bf16;
+use ferrite_runtime::quant::dequantize_row;
+use ferrite_runtime::DType;
+use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -48,6 +52,17 @@ pub fn rand_bf16(rng: &mut StdRng, n: usize, amp: f32) -> (Vec<bf16>, Vec<f32>) 
 
 pub fn to_f32(v: &[bf16]) -> Vec<f32> {
     v.iter().map(|x| x.to_f32()).collect()
+}
+
+/// Fill a bf16 device KV pool with `values` (from its start).
+pub fn fill_pool(gpu: &Gpu, values: &[bf16], pool: &mut DevicePool) {
+    gpu.upload_into(bytemuck::cast_slice::<bf16, u8>(values), &mut pool.data).expect("upload");
+}
+
+/// A bf16 device KV pool's values as f32.
+pub fn pool_f32(gpu: &Gpu, pool: &DevicePool) -> Vec<f32> {
+    let bytes = gpu.download(&pool.data).expect("download");
+    bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
 }
 
 /// A device buffer of `n` bf16 NaNs (an output poisoned before the kernel writes it).
@@ -115,4 +130,34 @@ pub fn compare(test: &str, case: &str, got: &[f32], want: &[f32], atol: f32, rto
 /// Print a measurement row for the summary table.
 pub fn measure(test: &str, case: &str, value: String) {
     println!("TABLE|{test}|{case}|{value}");
+}
+
+/// Byte offsets of a block's f16 scales: random bytes there could be inf or NaN.
+fn scale_offsets(dtype: DType) -> &'static [usize] {
+    match dtype {
+        DType::Q4_1 | DType::Q4K | DType::Q5K => &[0, 2],
+        DType::Q6K => &[208],
+        _ => &[0],
+    }
+}
+
+/// `rows` rows of `k` values of random `dtype` blocks: random bytes, finite random scales.
+pub fn random_blocks(rng: &mut StdRng, dtype: DType, rows: usize, k: usize) -> Vec<u8> {
+    let mut bytes: Vec<u8> = (0..rows * dtype.row_bytes(k).unwrap()).map(|_| rng.random()).collect();
+    for block in bytes.chunks_exact_mut(dtype.block_bytes()) {
+        for &o in scale_offsets(dtype) {
+            let d = f16::from_f32(rng.random_range(-0.03f32..0.03));
+            block[o..o + 2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    bytes
+}
+
+pub fn dequantized(dtype: DType, bytes: &[u8], k: usize) -> Vec<f32> {
+    let rb = dtype.row_bytes(k).unwrap();
+    let mut out = vec![0f32; bytes.len() / rb * k];
+    for (row, dst) in bytes.chunks_exact(rb).zip(out.chunks_exact_mut(k)) {
+        dequantize_row(dtype, row, dst).unwrap();
+    }
+    out
 }

@@ -1,6 +1,9 @@
 //! `POST /v1/embeddings`: OpenAI's embeddings — `input` a string, a list of strings, a list of
 //! token ids or a list of token-id lists; each input is one prefill-only engine request
-//! (`RequestParams::embed`), batched with the others by the engine. `encoding_format` is
+//! (`RequestParams::embed`), batched with the others by the engine. A text is tokenized with
+//! the model's special tokens and, where the model gives a `max_seq_length`
+//! (`EmbeddingSpec::max_tokens`), truncated to it as sentence-transformers does; token ids are
+//! taken as they are. `encoding_format` is
 //! `float` (default) or `base64` (little-endian f32 bytes); `dimensions` truncates where the
 //! model was trained for it (Matryoshka, `EmbeddingSpec::check_truncation`) and renormalises a
 //! normalised model's vectors. A model that does not embed, an empty input and an input past
@@ -37,14 +40,18 @@ fn bad_input(why: &str) -> ApiError {
     ApiError::invalid_param("input", format!("'input' {why}"))
 }
 
-/// The token ids of each input (texts tokenized with the model's special tokens).
-fn inputs(model: &ModelInfo, input: &Value) -> Result<Vec<Vec<u32>>, ApiError> {
+/// The token ids of each input (texts tokenized with the model's special tokens, cut to
+/// `max_tokens` when given).
+fn inputs(model: &ModelInfo, input: &Value, max_tokens: Option<usize>) -> Result<Vec<Vec<u32>>, ApiError> {
     let shape = "must be a string, a list of strings, a list of token ids or a list of token-id lists";
     let text = |s: &str| -> Result<Vec<u32>, ApiError> {
         if s.is_empty() {
             return Err(bad_input("must not contain an empty string"));
         }
-        model.encode(s, true)
+        match max_tokens {
+            Some(n) => model.encode_truncated(s, n),
+            None => model.encode(s, true),
+        }
     };
     let ids = |v: &Value| -> Result<Vec<u32>, ApiError> {
         match token_ids(v) {
@@ -95,8 +102,8 @@ pub async fn embeddings(State(app): State<Arc<App>>, body: JsonBody) -> Result<J
     };
     let dimensions = req.dimensions.unwrap_or(spec.dimensions);
     spec.check_truncation(dimensions).map_err(|why| ApiError::invalid_param("dimensions", why))?;
-    let (s, input) = (served.clone(), req.input);
-    let inputs = app.off_runtime(move |_| inputs(&s.model, &input)).await?;
+    let (s, input, max_tokens) = (served.clone(), req.input, spec.max_tokens);
+    let inputs = app.off_runtime(move |_| inputs(&s.model, &input, max_tokens)).await?;
     let permits = app.admission.admit(inputs.len(), 1)?;
     let params = RequestParams { embed: true, ..Default::default() };
     let mut generations = Vec::with_capacity(inputs.len());

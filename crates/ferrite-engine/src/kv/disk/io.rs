@@ -19,13 +19,9 @@ use crate::kv::tier::{BlockData, Restored};
 
 pub(super) enum WriteJob {
     /// Write `parts`, concatenated, as file `name`.
-    File {
-        name: String,
-        parts: Vec<Vec<u8>>,
-        kind: Kind,
-        reserved: u64,
-    },
-    Delete(String),
+    File { name: String, parts: Vec<Vec<u8>>, kind: Kind, reserved: u64 },
+    /// Delete the record of generation `key` (`DiskTier::forget_generation`, its `ticket`).
+    ForgetGeneration { name: String, key: u64, ticket: u64 },
 }
 
 pub(super) struct ReadJob {
@@ -58,7 +54,7 @@ fn write_atomically(shared: &Shared, name: &str, parts: &[Vec<u8>]) -> std::io::
 pub(super) fn write_loop(shared: &Shared, jobs: mpsc::Receiver<WriteJob>) {
     // Writes are background work: a store the writer has no time for waits in the bounded
     // queue (and is dropped past it); a decode step never waits for the writer.
-    ferrite_runtime::threads::run_at_idle_priority();
+    ferrite_runtime::threads::run_at_lowest_priority();
     let m = &shared.metrics;
     for job in jobs {
         match job {
@@ -101,9 +97,13 @@ pub(super) fn write_loop(shared: &Shared, jobs: mpsc::Receiver<WriteJob>) {
                 let left = shared.queued_bytes.fetch_sub(reserved, Relaxed) - reserved;
                 m.ssd_write_queue_bytes.store(left, Relaxed);
             }
-            WriteJob::Delete(name) => {
+            WriteJob::ForgetGeneration { name, key, ticket } => {
                 lock(&shared.index).remove(&name);
                 let _ = fs::remove_file(shared.dir.join(&name));
+                let mut forgotten = lock(&shared.forgotten);
+                if forgotten.get(&key) == Some(&ticket) {
+                    forgotten.remove(&key);
+                }
             }
         }
         m.ssd_write_queue_jobs.fetch_sub(1, Relaxed);

@@ -68,6 +68,11 @@ struct Shared {
     index: Mutex<Index>,
     /// Block hashes queued for writing.
     pending: Mutex<std::collections::HashSet<u64>>,
+    /// Generations whose records are being deleted (key → the ticket of the last deletion
+    /// queued): a lookup never finds them, though the writer has not deleted the file yet.
+    forgotten: Mutex<std::collections::HashMap<u64, u64>>,
+    /// The last ticket handed out to a deletion.
+    tickets: AtomicU64,
     queued_bytes: AtomicU64,
     metrics: Arc<Metrics>,
 }
@@ -129,6 +134,8 @@ impl DiskTier {
             group_bytes,
             index: Mutex::new(index),
             pending: Mutex::new(Default::default()),
+            forgotten: Mutex::new(Default::default()),
+            tickets: AtomicU64::new(0),
             queued_bytes: AtomicU64::new(0),
             metrics,
         });
@@ -166,6 +173,8 @@ impl DiskTier {
             GenRecord { namespace: self.shared.namespace, key, prompt: prompt.to_vec(), generated: generated.to_vec() };
         let bytes = rec.encode();
         let n = bytes.len() as u64;
+        // A newer record supersedes a deletion still queued.
+        lock(&self.shared.forgotten).remove(&key);
         if self.reserve(n) {
             self.send(WriteJob::File {
                 name: Self::gen_name(key),
@@ -178,12 +187,17 @@ impl DiskTier {
 
     /// Delete the record of generation `key`, if one was (or is being) written.
     pub fn forget_generation(&self, key: u64) {
-        self.send(WriteJob::Delete(Self::gen_name(key)));
+        let ticket = self.shared.tickets.fetch_add(1, Relaxed) + 1;
+        lock(&self.shared.forgotten).insert(key, ticket);
+        self.send(WriteJob::ForgetGeneration { name: Self::gen_name(key), key, ticket });
     }
 
     /// The tokens generated so far by the cut generation `key` of `prompt`, if its record is
     /// here and intact (a small synchronous read).
     pub fn load_generation(&self, key: u64, prompt: &[u32]) -> Option<Vec<u32>> {
+        if lock(&self.shared.forgotten).contains_key(&key) {
+            return None;
+        }
         let name = lock(&self.shared.index).generation(key)?.to_string();
         let rec = fs::read(self.shared.dir.join(&name)).map_err(FileError::from).and_then(|b| GenRecord::decode(&b));
         match rec {

@@ -151,3 +151,37 @@ __device__ __forceinline__ void skinny_gemm_end(float (&acc)[M][4], float (*part
         if (row < n) store(i, row, v);
     }
 }
+
+// Tensor-core fragments (prefill_attention.cu, the experts' GEMM in moe_gemm.cuh):
+// D += A·B for one m16n8k16 tile, bf16 in, f32 accumulate.
+__device__ __forceinline__ void mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                         unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// Four 8x8 b16 matrices: lane l names row l % 8 of matrix l / 8; each lane gets, of matrix
+// i, the elements (row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1) in r[i].
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const bf16_t* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row)));
+}
+
+// Four 8x8 b16 matrices, transposed: lane l names row l % 8 of matrix l / 8; each lane gets,
+// of matrix i, the elements (rows 2 (l % 4) and 2 (l % 4) + 1, column l / 4) in r[i].
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const bf16_t* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row)));
+}

@@ -1,8 +1,7 @@
 // The kernels of q/k norms and of Gemma 4's extra blocks, f32 math on bf16 activations:
 // - qkv_norm: RMSNorm of the q, k (and v) heads of a fused QKV row, in place (per head, or
 //   over a whole projection when called with one head as wide);
-// - per_layer_inputs: Gemma 4's per-layer inputs, layer-major;
-// - moe_combine: each token's weighted sum of its experts' outputs.
+// - per_layer_inputs: Gemma 4's per-layer inputs, layer-major.
 
 // Per-head RMSNorm over a fused QKV row (`stride` values a token): heads [0, n_q) are
 // normalized with wq, [n_q, n_q + n_k) with wk, the next n_v without a learned scale (a null
@@ -52,20 +51,5 @@ extern "C" __global__ void per_layer_inputs(const bf16_t* __restrict__ proj, con
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         const float emb = e != nullptr ? bf2f(e[i]) * emb_scale : 0.f;
         o[i] = f2bf((bf2f(p[i]) * proj_scale * inv * w[i] + emb) * half);
-    }
-}
-
-// out[t] = sum_j weight[t, j] * y[pair[t, j]] over a token's top_k routed experts (its
-// pairs in ascending expert order, the order the CPU sums them), f32 accumulation. Grid:
-// one block per token.
-extern "C" __global__ void moe_combine(bf16_t* __restrict__ out, const bf16_t* __restrict__ y,
-                                       const int* __restrict__ pair, const float* __restrict__ weight, int top_k,
-                                       int d) {
-    pdl_entry();
-    const int t = blockIdx.x;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float acc = 0.f;
-        for (int j = 0; j < top_k; j++) acc += weight[t * top_k + j] * bf2f(y[(size_t)pair[t * top_k + j] * d + i]);
-        out[(size_t)t * d + i] = f2bf(acc);
     }
 }

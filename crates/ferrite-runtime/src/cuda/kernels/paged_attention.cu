@@ -21,19 +21,26 @@
 // new key (at `k_offset` in the query row, its value head n_kv_heads heads on) and store key
 // and value into the cache before reading it — every head chunk's last CTA stores the same
 // bits — so a decode step needs no RoPE launch.
-// Cache layout: [block][kv_head][slot][head_dim] bf16; block tables are int32
+// Cache layout: [block][kv_head][slot][head_dim] in the format KV_FMT (kv_format.cuh, one
+// module per format: bf16, or int8 / int4 / fp8 codes dequantized as they are loaded, with
+// their parameters in k_params / v_params; a quantized cache stores the new key and value
+// through the quantizer, an fp8 one with the layer's `fp8_scales`); block tables are int32
 // [rows][bt_stride]; a negative entry (a released block) reads as zeros.
 
 #define DEC_WARPS 4
 #define DEC_THREADS (DEC_WARPS * 32)
-// Keys each lane group loads per round: fewer when more heads share the registers.
+// Keys each lane group loads per round: fewer when more heads share the registers. (The same
+// for every format: a quantized cache's loads are half or a quarter of bf16's bytes, but
+// twice the keys a round spills registers under these launch bounds.)
 #define DEC_UNROLL(GC) ((GC) <= 4 ? 4 : 2)
 
-template <int HD, int GC>
+template <int HD, int GC, int F>
 __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_stride, float* __restrict__ part_out,
                                              float* __restrict__ part_ml, int* __restrict__ counters,
-                                             const bf16_t* __restrict__ q, int q_stride, bf16_t* k_cache,
-                                             bf16_t* v_cache, const int* __restrict__ block_tables, int bt_stride,
+                                             const bf16_t* __restrict__ q, int q_stride, void* k_cache,
+                                             void* v_cache, void* k_params, void* v_params, int shift,
+                                             const float* __restrict__ fp8_scales,
+                                             const int* __restrict__ block_tables, int bt_stride,
                                              const int* __restrict__ context_lens, int n_heads, int n_kv_heads,
                                              int block_size, float scale, float softcap, int window, int partition,
                                              int max_splits, const float* __restrict__ inv_freq, int half,
@@ -96,21 +103,41 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     if (inv_freq != nullptr && split == n_split - 1) {
         // The new key (rotated) and value into the cache, before this CTA reads them.
         const int block = blocks[(ctx - 1) / block_size - first_block];
-        if (block >= 0) {
-            const u64 at = (((u64)block * n_kv_heads + g) * block_size + (ctx - 1) % block_size) * HD;
-            const bf16_t* krow = q + (u64)row * q_stride + k_offset + g * HD;
-            const bf16_t* vrow = krow + n_kv_heads * HD;
-            for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-                bf16_t kv = krow[d];
-                if (d < 2 * half) {
-                    const int j = d < half ? d : d - half;
-                    bf16_t ra, rb;
-                    rope_pair(bf2f(krow[j]), bf2f(krow[j + half]), pos, inv_freq[j], rope_scaling, &ra, &rb);
-                    kv = d < half ? ra : rb;
-                }
-                k_cache[at + d] = kv;
-                v_cache[at + d] = vrow[d];
+        const u64 bh = (u64)block * n_kv_heads + g;
+        const u64 at = (bh * block_size + (ctx - 1) % block_size) * HD;
+        const bf16_t* krow = q + (u64)row * q_stride + k_offset + g * HD;
+        const bf16_t* vrow = krow + n_kv_heads * HD;
+        // Key dim d, rotated.
+        auto key = [&](int d) {
+            bf16_t kv = krow[d];
+            if (d < 2 * half) {
+                const int j = d < half ? d : d - half;
+                bf16_t ra, rb;
+                rope_pair(bf2f(krow[j]), bf2f(krow[j + half]), pos, inv_freq[j], rope_scaling, &ra, &rb);
+                kv = d < half ? ra : rb;
             }
+            return kv;
+        };
+        if constexpr (F == KV_BF16) {
+            if (block >= 0) {
+                for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+                    ((bf16_t*)k_cache)[at + d] = key(d);
+                    ((bf16_t*)v_cache)[at + d] = vrow[d];
+                }
+            }
+        } else if (block >= 0) {
+            // Thread i quantizes chunk i of 8 values: the key's HD / 8 chunks, then the value's
+            // (2 · HD / 8 <= DEC_THREADS); the lanes of a group are consecutive.
+            constexpr int CPR = HD / 8;
+            const bool active = threadIdx.x < 2 * CPR;
+            const int sel = active && threadIdx.x >= CPR ? 1 : 0;
+            const int ch = active ? threadIdx.x - sel * CPR : 0;
+            float x[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) x[e] = bf2f(sel ? vrow[ch * 8 + e] : key(ch * 8 + e));
+            const float scale = F == KV_F8 ? fp8_scales[sel * n_kv_heads + g] : 0.f;
+            kv_store8<F>(sel ? v_cache : k_cache, sel ? v_params : k_params, at + ch * 8, shift, x, active, scale,
+                         ch == 0, bh);
         }
         __syncthreads();
     }
@@ -127,20 +154,24 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     // The loop bound is uniform per warp, so every lane reaches the shuffles; key jb of a
     // round is always visible, so each round's maximum is finite.
     for (int jb = warp * KPW * U; jb < n; jb += DEC_WARPS * KPW * U) {
-        uint4 kr[U][KW], vr[U][KW];
+        typename KvRaw<F>::T kr[U][KW], vr[U][KW];
+        unsigned kp[U][KW], vp[U][KW];  // dequantization parameters (none for bf16)
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int j = jb + u * KPW + kslot;
-            long long at = -1;
+            long long at = -1, bh = 0;
             if (j < n) {
                 const int pos = k0 + j;
                 const int block = blocks[pos / block_size - first_block];
-                if (block >= 0) at = (((long long)block * n_kv_heads + g) * block_size + pos % block_size) * HD + part * E;
+                bh = (long long)block * n_kv_heads + g;
+                if (block >= 0) at = (bh * block_size + pos % block_size) * HD + part * E;
             }
 #pragma unroll
             for (int w = 0; w < KW; w++) {
-                kr[u][w] = at >= 0 ? *(const uint4*)(k_cache + at + 8 * w) : make_uint4(0, 0, 0, 0);
-                vr[u][w] = at >= 0 ? *(const uint4*)(v_cache + at + 8 * w) : make_uint4(0, 0, 0, 0);
+                kr[u][w] = at >= 0 ? kv_load8<F>(k_cache, at + 8 * w) : kv_zero8<F>();
+                vr[u][w] = at >= 0 ? kv_load8<F>(v_cache, at + 8 * w) : kv_zero8<F>();
+                kp[u][w] = at >= 0 ? kv_param<F>(k_params, at + 8 * w, shift, bh) : 0u;
+                vp[u][w] = at >= 0 ? kv_param<F>(v_params, at + 8 * w, shift, bh) : 0u;
             }
         }
         float s[U][GC];
@@ -148,7 +179,7 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
         for (int u = 0; u < U; u++) {
             float kf[E];
 #pragma unroll
-            for (int w = 0; w < KW; w++) unpack8(kr[u][w], kf + 8 * w);
+            for (int w = 0; w < KW; w++) kv_unpack8<F>(kr[u][w], kp[u][w], kf + 8 * w);
             const bool valid = jb + u * KPW + kslot < n;
 #pragma unroll
             for (int a = 0; a < GC; a++) {
@@ -180,7 +211,7 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
             for (int u = 0; u < U; u++) {
                 float vf[E];
 #pragma unroll
-                for (int w = 0; w < KW; w++) unpack8(vr[u][w], vf + 8 * w);
+                for (int w = 0; w < KW; w++) kv_unpack8<F>(vr[u][w], vp[u][w], vf + 8 * w);
                 const float p = __expf(s[u][a] - mn);
                 l[a] += p;
 #pragma unroll
@@ -284,13 +315,15 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     extern "C" __global__ void __launch_bounds__(DEC_THREADS, (HD) > 256 ? 2 : (GC) <= 4 ? 4 : 3)                 \
         paged_decode_g##GC##_hd##HD(                                                                               \
         bf16_t* out, int out_stride, float* part_out, float* part_ml, int* counters, const bf16_t* q,              \
-        int q_stride, bf16_t* k_cache, bf16_t* v_cache, const int* block_tables, int bt_stride,                    \
-        const int* context_lens, int n_heads, int n_kv_heads, int block_size, float scale, float softcap,          \
-        int window, int partition, int max_splits, const float* inv_freq, int half, float rope_scaling,            \
-        int k_offset) { pdl_entry();                                                                                             \
-        paged_decode<HD, GC>(out, out_stride, part_out, part_ml, counters, q, q_stride, k_cache, v_cache,          \
-                             block_tables, bt_stride, context_lens, n_heads, n_kv_heads, block_size, scale,        \
-                             softcap, window, partition, max_splits, inv_freq, half, rope_scaling, k_offset);       \
+        int q_stride, void* k_cache, void* v_cache, void* k_params, void* v_params, int shift,                     \
+        const float* fp8_scales, const int* block_tables, int bt_stride, const int* context_lens, int n_heads,      \
+        int n_kv_heads, int block_size, float scale, float softcap, int window, int partition, int max_splits,     \
+        const float* inv_freq, int half, float rope_scaling, int k_offset) {                                       \
+        pdl_entry();                                                                                                \
+        paged_decode<HD, GC, KV_FMT>(out, out_stride, part_out, part_ml, counters, q, q_stride, k_cache, v_cache,          \
+                             k_params, v_params, shift, fp8_scales, block_tables, bt_stride, context_lens,         \
+                             n_heads, n_kv_heads, block_size, scale, softcap, window, partition, max_splits,       \
+                             inv_freq, half, rope_scaling, k_offset);                                              \
     }
 
 DECODE(16, 4)

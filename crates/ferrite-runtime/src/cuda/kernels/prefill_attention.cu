@@ -10,48 +10,21 @@
 // registers between them (the S accumulators become P's A fragments without leaving them);
 // every other fragment comes out of shared memory by ldmatrix (V's transposed). Shared rows
 // are padded by 8 bf16, which makes those loads conflict-free.
+// The cache is in the format KV_FMT (kv_format.cuh, one module per format): a quantized
+// cache's codes are dequantized as they are gathered, 8 values a load, into the same bf16
+// tiles.
 
 #define PF_WARPS 4
 #define PF_THREADS (PF_WARPS * 32)
 #define BM (PF_WARPS * 16)
 #define BN 64
 
-__device__ __forceinline__ void mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-                                         unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// The shared-memory address of a generic pointer into shared memory.
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-// Four 8x8 b16 matrices: lane l names row l % 8 of matrix l / 8; each lane gets, of matrix
-// i, the elements (row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1) in r[i].
-__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const bf16_t* row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(row)));
-}
-
-// Four 8x8 b16 matrices, transposed: lane l names row l % 8 of matrix l / 8; each lane gets,
-// of matrix i, the elements (rows 2 (l % 4) and 2 (l % 4) + 1, column l / 4) in r[i].
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const bf16_t* row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(row)));
-}
-
-template <int HD>
+template <int HD, int F>
 __device__ __forceinline__ void prefill(bf16_t* __restrict__ out, int out_stride, const bf16_t* __restrict__ q,
-                                        int q_stride, const bf16_t* __restrict__ k_cache,
-                                        const bf16_t* __restrict__ v_cache, const int* __restrict__ block_tables,
+                                        int q_stride, const void* __restrict__ k_cache,
+                                        const void* __restrict__ v_cache, const void* __restrict__ k_params,
+                                        const void* __restrict__ v_params, int shift,
+                                        const int* __restrict__ block_tables,
                                         int bt_stride, const int* __restrict__ query_start,
                                         const int* __restrict__ context_lens, const int* __restrict__ tiles,
                                         int n_heads, int n_kv_heads, int block_size, float scale, float softcap,
@@ -99,9 +72,23 @@ __device__ __forceinline__ void prefill(bf16_t* __restrict__ out, int out_stride
             if (pos < kv_end) {
                 int block = table[pos / block_size];
                 if (block >= 0) {
-                    u64 at = (((u64)block * n_kv_heads + g) * block_size + pos % block_size) * HD + c * 8;
-                    kv = *(const uint4*)(k_cache + at);
-                    vv = *(const uint4*)(v_cache + at);
+                    const u64 bh = (u64)block * n_kv_heads + g;
+                    const u64 at = (bh * block_size + pos % block_size) * HD + c * 8;
+                    if constexpr (F == KV_BF16) {
+                        kv = kv_load8<F>(k_cache, at);
+                        vv = kv_load8<F>(v_cache, at);
+                    } else {
+                        const typename KvRaw<F>::T kr = kv_load8<F>(k_cache, at), vr = kv_load8<F>(v_cache, at);
+                        const unsigned kp = kv_param<F>(k_params, at, shift, bh);
+                        const unsigned vp = kv_param<F>(v_params, at, shift, bh);
+                        float f[8];
+                        kv_unpack8<F>(kr, kp, f);
+                        kv = make_uint4(pack_bf2(f[0], f[1]), pack_bf2(f[2], f[3]), pack_bf2(f[4], f[5]),
+                                        pack_bf2(f[6], f[7]));
+                        kv_unpack8<F>(vr, vp, f);
+                        vv = make_uint4(pack_bf2(f[0], f[1]), pack_bf2(f[2], f[3]), pack_bf2(f[4], f[5]),
+                                        pack_bf2(f[6], f[7]));
+                    }
                 }
             }
             *(uint4*)(Ks + j * LD + c * 8) = kv;
@@ -217,11 +204,14 @@ __device__ __forceinline__ void prefill(bf16_t* __restrict__ out, int out_stride
 
 #define PREFILL(HD)                                                                                                 \
     extern "C" __global__ void __launch_bounds__(PF_THREADS) prefill_attention_hd##HD(                             \
-        bf16_t* out, int out_stride, const bf16_t* q, int q_stride, const bf16_t* k_cache, const bf16_t* v_cache,  \
-        const int* block_tables, int bt_stride, const int* query_start, const int* context_lens, const int* tiles, \
-        int n_heads, int n_kv_heads, int block_size, float scale, float softcap, int window) { pdl_entry();                      \
-        prefill<HD>(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, bt_stride, query_start,           \
-                    context_lens, tiles, n_heads, n_kv_heads, block_size, scale, softcap, window);                  \
+        bf16_t* out, int out_stride, const bf16_t* q, int q_stride, const void* k_cache, const void* v_cache,      \
+        const void* k_params, const void* v_params, int shift, const int* block_tables, int bt_stride,             \
+        const int* query_start, const int* context_lens, const int* tiles, int n_heads, int n_kv_heads,            \
+        int block_size, float scale, float softcap, int window) {                                                  \
+        pdl_entry();                                                                                                \
+        prefill<HD, KV_FMT>(out, out_stride, q, q_stride, k_cache, v_cache, k_params, v_params, shift, block_tables,        \
+                    bt_stride, query_start, context_lens, tiles, n_heads, n_kv_heads, block_size, scale, softcap,   \
+                    window);                                                                                        \
     }
 
 PREFILL(16)

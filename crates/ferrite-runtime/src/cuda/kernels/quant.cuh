@@ -1,15 +1,17 @@
 // GGUF block-quantized weights on the device, read in their file layout: one module per block
-// type (compile.rs appends `QUANT_KERNELS(<type>)` to this source), each with
+// type (compile.rs appends `QUANT_KERNELS(<type>)` and the experts' `MOE_KERNELS(<type>)` of
+// moe_gemm.cuh to this source), each with
 //   qgemv_m{1..8}  the skinny GEMM of decode over quantized rows, dequantizing in registers;
 //   dequant_rows   rows (all, or gathered by id) to bf16: the GEMM path's scratch, embeddings;
 //   random_blocks  random blocks with sane scales (synthetic models).
 //
-// A row of k values is k / 32 "units" of 32 consecutive values. A type's `load` reads the
-// bytes of unit u into registers (at the alignment its block guarantees) and `decode8` turns
-// the 8 values 8c .. 8c + 7 of the unit into small integers q (exact in f32) with the affine
-// map of their half-unit: value = a * q + b, where a * q is exact and the one rounding of the
-// sum is the same one ggml's (and our CPU's) `dequantize_row_*` makes, so `dequant_rows` is
-// bit for bit the CPU dequantization (then rounded to bf16).
+// A row of k values is k / UNIT "units" of UNIT (32) consecutive values. A type's `load` reads
+// the bytes of unit u into registers (at the alignment its block guarantees) and `decode8`
+// turns the 8 values 8c .. 8c + 7 of the unit into small integers q (exact in f32) with the
+// affine map of their half-unit: value = a * q + b, where a * q is exact and the one rounding
+// of the sum is the same one ggml's (and our CPU's) `dequantize_row_*` makes, so `dequant_rows`
+// is bit for bit the CPU dequantization (then rounded to bf16). (moe_gemm.cuh reads bf16 rows
+// through the same interface: `bf16w`, units of 8 values.)
 //
 // Layouts (ggml's; quant/legacy.rs and quant/kquants.rs describe them):
 //   q4_0  18 B / 32: d f16 | qs[16]            value j: (nibble - 8) * d, j < 16 low nibbles
@@ -58,7 +60,7 @@ __device__ __forceinline__ unsigned byte_of(unsigned w0, unsigned w1, int j) {
 // --- the 32-value blocks ---
 
 struct q4_0 {
-    enum { BYTES = 18, ELEMS = 32, MIN = 0 };
+    enum { BYTES = 18, ELEMS = 32, MIN = 0, UNIT = 32 };
     struct Raw { unsigned qs[4]; float d; };
     static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
         const u8* b = row + (u64)u * BYTES;
@@ -79,7 +81,7 @@ struct q4_0 {
 };
 
 struct q4_1 {
-    enum { BYTES = 20, ELEMS = 32, MIN = 1 };
+    enum { BYTES = 20, ELEMS = 32, MIN = 1, UNIT = 32 };
     struct Raw { unsigned qs[4]; float d, m; };
     static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
         const u8* b = row + (u64)u * BYTES;
@@ -103,7 +105,7 @@ struct q4_1 {
 };
 
 struct q5_0 {
-    enum { BYTES = 22, ELEMS = 32, MIN = 0 };
+    enum { BYTES = 22, ELEMS = 32, MIN = 0, UNIT = 32 };
     struct Raw { unsigned qs[4]; unsigned qh; float d; };
     static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
         const u8* b = row + (u64)u * BYTES;
@@ -128,7 +130,7 @@ struct q5_0 {
 };
 
 struct q8_0 {
-    enum { BYTES = 34, ELEMS = 32, MIN = 0 };
+    enum { BYTES = 34, ELEMS = 32, MIN = 0, UNIT = 32 };
     struct Raw { unsigned qs[8]; float d; };
     static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
         const u8* b = row + (u64)u * BYTES;
@@ -165,7 +167,7 @@ __device__ __forceinline__ void scale_min_k4(const unsigned* s, int j, unsigned&
 // Q4_K and Q5_K: one sub-block of 32 values is a unit; Q4_K has no fifth bit.
 template <bool FIVE>
 struct qk45 {
-    enum { BYTES = FIVE ? 176 : 144, ELEMS = 256, MIN = 1 };
+    enum { BYTES = FIVE ? 176 : 144, ELEMS = 256, MIN = 1, UNIT = 32 };
     struct Raw { unsigned qs[8]; unsigned qh[FIVE ? 8 : 1]; float a, b; int s; };
     static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
         const u8* b = row + (u64)(u >> 3) * BYTES;
@@ -208,7 +210,7 @@ typedef qk45<false> q4_k;
 typedef qk45<true> q5_k;
 
 struct q6_k {
-    enum { BYTES = 210, ELEMS = 256, MIN = 0 };
+    enum { BYTES = 210, ELEMS = 256, MIN = 0, UNIT = 32 };
     struct Raw { unsigned ql[8]; unsigned qh[8]; float a0, a1; int p; };
     static __device__ __forceinline__ void load(const u8* row, int u, Raw& r) {
         const u8* b = row + (u64)(u >> 3) * BYTES;
@@ -253,27 +255,30 @@ struct q6_k {
 #define QG_SILU 2
 #define QG_GELU 3
 
-// y[i, row] (at y + i * ldy + row) = x[i, :] · W[row, :] for i < M, W's rows quantized as T.
-// A block computes QG_ROWS rows (gated: the gate and up rows of 2 outputs, up rows n below
-// the gate rows); its threads split the units of k, each loading its unit of all QG_ROWS rows
-// first (the loads in flight together), then, 8 values at a time, reading x once for all rows.
-// Needs k % 32 == 0 (whole blocks) and 16-byte aligned x rows. Grid: ceil(n / QG_ROWS) blocks
-// (gated: ceil(n / 2)) of QG_THREADS threads.
+// Bytes of a row of k values of weight type T.
+template <typename T>
+__device__ __forceinline__ u64 row_bytes_of(int k) {
+    return (u64)(k / T::ELEMS) * T::BYTES;
+}
+
+// This thread's part of the skinny GEMM over one block's QG_ROWS weight rows of W (rows of
+// weight type T): acc[i][r] = the thread's share of xr[i] · W[row r] for the M activation
+// rows xr. Plain: rows row0 .. row0 + 3
+// (clamped to n - 1); gated: the gate rows row0, row0 + 1 and their up rows n below. The
+// threads split the units of k (T::UNIT values each), each loading its unit of all QG_ROWS
+// rows first (the loads in flight together), then, 8 values at a time, reading x once for all
+// rows. Needs k % T::UNIT == 0 and 16-byte aligned x rows.
 template <typename T, int M>
-__device__ __forceinline__ void qgemv(const bf16_t* __restrict__ x, const u8* __restrict__ w, const void* bias,
-                                      void* y, int n, int k, int ldy, int mode) {
-    __shared__ float part[QG_THREADS / 32][M][QG_ROWS];
-    const bool gated = mode >= QG_SILU;
-    const int row0 = blockIdx.x * (gated ? 2 : QG_ROWS);
-    const u64 row_bytes = (u64)(k / T::ELEMS) * T::BYTES;
-    const int units = k >> 5;
+__device__ __forceinline__ void qgemv_sums(const bf16_t* const (&xr)[M], const u8* __restrict__ w, int n, int k,
+                                           bool gated, int row0, float (&acc)[M][QG_ROWS]) {
+    const u64 row_bytes = row_bytes_of<T>(k);
+    const int units = k / T::UNIT;
     const u8* wr[QG_ROWS];
 #pragma unroll
     for (int r = 0; r < QG_ROWS; r++) {
         const int row = gated ? (r < 2 ? 0 : n) + min(row0 + (r & 1), n - 1) : min(row0 + r, n - 1);
         wr[r] = w + (u64)row * row_bytes;
     }
-    float acc[M][QG_ROWS];
 #pragma unroll
     for (int i = 0; i < M; i++)
 #pragma unroll
@@ -283,12 +288,12 @@ __device__ __forceinline__ void qgemv(const bf16_t* __restrict__ x, const u8* __
 #pragma unroll
         for (int r = 0; r < QG_ROWS; r++) T::load(wr[r], u, raw[r]);
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < T::UNIT / 8; c++) {
             float xv[M][8], xs[M];
 #pragma unroll
             for (int i = 0; i < M; i++) {
-                unpack8(((const uint4*)(x + (u64)i * k + 32 * u))[c], xv[i]);
                 xs[i] = 0.f;
+                unpack8(((const uint4*)(xr[i] + T::UNIT * u))[c], xv[i]);
                 if (T::MIN)
 #pragma unroll
                     for (int j = 0; j < 8; j++) xs[i] += xv[i][j];
@@ -308,6 +313,23 @@ __device__ __forceinline__ void qgemv(const bf16_t* __restrict__ x, const u8* __
             }
         }
     }
+}
+
+// y[i, row] (at y + i * ldy + row) = x[i, :] · W[row, :] for i < M, W's rows quantized as T
+// (`qgemv_sums`), the block's sums met by `skinny_gemm_end`. A block computes QG_ROWS rows
+// (gated: the gate and up rows of 2 outputs). Needs k % 32 == 0 (whole blocks) and 16-byte
+// aligned x rows. Grid: ceil(n / QG_ROWS) blocks (gated: ceil(n / 2)) of QG_THREADS threads.
+template <typename T, int M>
+__device__ __forceinline__ void qgemv(const bf16_t* __restrict__ x, const u8* __restrict__ w, const void* bias,
+                                      void* y, int n, int k, int ldy, int mode) {
+    __shared__ float part[QG_THREADS / 32][M][QG_ROWS];
+    const bool gated = mode >= QG_SILU;
+    const int row0 = blockIdx.x * (gated ? 2 : QG_ROWS);
+    const bf16_t* xr[M];
+#pragma unroll
+    for (int i = 0; i < M; i++) xr[i] = x + (u64)i * k;
+    float acc[M][QG_ROWS];
+    qgemv_sums<T, M>(xr, w, n, k, gated, row0, acc);
     skinny_gemm_end<M, QG_THREADS>(acc, part, row0, n, gated, mode == QG_GELU, [&](int i, int row, float v) {
         const u64 at = (u64)i * ldy + row;
         if (gated) {
@@ -329,7 +351,7 @@ __device__ __forceinline__ void dequant_rows_impl(const u8* __restrict__ w, cons
     const int t = blockIdx.x;
     const unsigned src = ids != nullptr ? ids[t] : (unsigned)t;
     uint4* o = (uint4*)(out + (u64)t * k);
-    const u8* row = w + (u64)src * ((u64)(k / T::ELEMS) * T::BYTES);
+    const u8* row = w + (u64)src * row_bytes_of<T>(k);
     for (int u = threadIdx.x; u < (k >> 5); u += QG_THREADS) {
         typename T::Raw raw;
         if (src < (unsigned)vocab) T::load(row, u, raw);

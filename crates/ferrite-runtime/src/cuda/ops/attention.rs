@@ -6,7 +6,8 @@
 //! once and read by every layer of the group. `attention` runs the decode kernel when every
 //! row has one query token and the prefill kernel otherwise; both take the CPU op's
 //! `AttentionParams` (GQA, sliding window, softcap) and read the cache layout
-//! `[block][kv_head][slot][head_dim]` in bf16.
+//! `[block][kv_head][slot][head_dim]` in the pools' format (`kv_pool`: bf16, or int8 / int4
+//! / fp8 codes dequantized as they are loaded, by the kernel instantiated for that format).
 
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 use half::bf16;
@@ -16,6 +17,7 @@ use crate::cpu::AttentionParams;
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
 use crate::cuda::functions::head_dim_index;
+use crate::cuda::ops::kv_pool::{DeviceKv, KvArgs};
 
 /// Query tokens per prefill tile (the kernel's BM), and threads of both kernels.
 const PREFILL_TILE: usize = 64;
@@ -36,34 +38,10 @@ fn heads_per_cta(group: usize) -> usize {
 
 /// Keys a decode CTA reads per round (every lane group one load of K and V in flight per
 /// key it takes): DEC_WARPS × keys per warp load (32 lanes / (head_dim / 8)) ×
-/// DEC_UNROLL(GC).
+/// DEC_UNROLL(GC), the same for every KV format.
 fn keys_per_round(head_dim: usize, gc: usize) -> usize {
     let unroll = if gc <= 4 { 4 } else { 2 };
     DEC_WARPS * (256 / head_dim).max(1) * unroll
-}
-
-/// One layer's paged K and V pools on the device.
-pub struct DeviceKv {
-    pub k: CudaSlice<bf16>,
-    pub v: CudaSlice<bf16>,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    pub block_size: usize,
-    pub num_blocks: usize,
-}
-
-impl DeviceKv {
-    /// Zeroed pools of `num_blocks` blocks of `block_size` positions.
-    pub fn new(
-        gpu: &Gpu,
-        num_blocks: usize,
-        block_size: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-    ) -> CudaResult<DeviceKv> {
-        let n = num_blocks * block_size * n_kv_heads * head_dim;
-        Ok(DeviceKv { k: gpu.alloc(n)?, v: gpu.alloc(n)?, n_kv_heads, head_dim, block_size, num_blocks })
-    }
 }
 
 /// A step's attention metadata for one KV group, on the device.
@@ -295,12 +273,10 @@ impl AttentionMeta {
 }
 
 fn check_cache(kv: &DeviceKv, meta: &AttentionMeta, p: &AttentionParams) -> CudaResult<()> {
-    let n = kv.num_blocks * kv.block_size * kv.n_kv_heads * kv.head_dim;
     if kv.block_size != meta.block_size
         || kv.n_kv_heads != p.n_kv_heads
         || kv.head_dim != p.head_dim
-        || kv.k.len() < n
-        || kv.v.len() < n
+        || !kv.sized()
         || p.n_kv_heads == 0
         || !p.n_heads.is_multiple_of(p.n_kv_heads)
     {
@@ -310,33 +286,6 @@ fn check_cache(kv: &DeviceKv, meta: &AttentionMeta, p: &AttentionParams) -> Cuda
         )));
     }
     Ok(())
-}
-
-/// Store the step's new keys and values (`[tokens, *]` rows of `kv_stride` values, the KV
-/// heads first) into the cache at the slots `meta` assigned.
-pub fn write_kv(
-    gpu: &Gpu,
-    k: &impl DevicePtr<bf16>,
-    v: &impl DevicePtr<bf16>,
-    kv_stride: usize,
-    meta: &AttentionMeta,
-    kv: &mut DeviceKv,
-) -> CudaResult<()> {
-    let width = kv.n_kv_heads * kv.head_dim;
-    let need = (meta.tokens - 1) * kv_stride + width;
-    if kv_stride < width || k.len() < need || v.len() < need {
-        return Err(CudaError::Shape(format!(
-            "write_kv: k {}, v {} for {} tokens of {width} (stride {kv_stride})",
-            k.len(),
-            v.len(),
-            meta.tokens
-        )));
-    }
-    let (kp, vp, sp) = (gpu.ptr(k), gpu.ptr(v), gpu.ptr(&meta.slots().0));
-    let (kc, vc) = (gpu.ptr_mut(&mut kv.k), gpu.ptr_mut(&mut kv.v));
-    let [st, t, nkv, hd, bs] = [kv_stride, meta.tokens, kv.n_kv_heads, kv.head_dim, kv.block_size].map(|x| x as i32);
-    let grid = gpu.grid_for(meta.tokens * width, 256);
-    gpu.launch(&gpu.fns.write_kv, cfg((grid, 1, 1), 256, 0), &[&kp, &vp, &st, &sp, &kc, &vc, &t, &nkv, &hd, &bs])
 }
 
 /// How a decode step splits each row's keys: partitions of `partition` keys, at most
@@ -431,21 +380,40 @@ pub fn attention(
             "attention: q (stride {q_stride}) must be 16-byte aligned, out (stride {out_stride}) 4-byte"
         )));
     }
-    let (kc, vc) = (gpu.ptr(&kv.k), gpu.ptr(&kv.v));
+    let c = kv.args(gpu);
+    let f = kv.format();
     if meta.max_query <= 1 && meta.tokens == meta.rows {
         let plan = plan.unwrap_or_else(|| DecodePlan::new(gpu, meta.rows, p, meta.max_context));
-        return launch_decode(gpu, (qp, q_stride), meta, (kc, vc), p, plan, scratch, (op, out_stride), NO_ROPE);
+        return launch_decode(gpu, (qp, q_stride), meta, (&c, f), p, plan, scratch, (op, out_stride), NO_ROPE);
     }
     let a = KernelArgs::new(gpu, meta, p, q_stride, out_stride);
     let r = meta.regions();
     let (qsp, tp) = (gpu.ptr(&meta.view(r.query_start)), gpu.ptr(&meta.view(r.tiles)));
     let shared = (PREFILL_TILE + 2 * 64) * (p.head_dim + 8) * 2;
     gpu.launch(
-        &gpu.fns.prefill_attention[hd],
+        &gpu.fns.prefill_attention[f][hd],
         cfg((meta.n_tiles as u32, p.n_heads as u32, 1), THREADS, shared),
         &[
-            &op, &a.os, &qp, &a.qs, &kc, &vc, &a.bt, &a.bts, &qsp, &a.cl, &tp, &a.nh, &a.nkv, &a.bs, &p.scale,
-            &a.softcap, &a.window,
+            &op,
+            &a.os,
+            &qp,
+            &a.qs,
+            &c.k,
+            &c.v,
+            &c.k_params,
+            &c.v_params,
+            &c.shift,
+            &a.bt,
+            &a.bts,
+            &qsp,
+            &a.cl,
+            &tp,
+            &a.nh,
+            &a.nkv,
+            &a.bs,
+            &p.scale,
+            &a.softcap,
+            &a.window,
         ],
     )
 }
@@ -496,7 +464,7 @@ fn launch_decode(
     gpu: &Gpu,
     (qp, q_stride): (u64, usize),
     meta: &AttentionMeta,
-    (kc, vc): (u64, u64),
+    (c, f): (&KvArgs, usize),
     p: &AttentionParams,
     plan: DecodePlan,
     scratch: &mut DecodeScratch,
@@ -520,7 +488,7 @@ fn launch_decode(
     let (part, ms) = (plan.partition as i32, splits as i32);
     let grid = ((p.n_kv_heads * group.div_ceil(gc)) as u32, meta.rows as u32, splits as u32);
     gpu.launch(
-        &gpu.fns.paged_decode[usize::from(gc > 4)][hd],
+        &gpu.fns.paged_decode[f][usize::from(gc > 4)][hd],
         cfg(grid, THREADS, plan.shared_bytes(p, meta.block_size)),
         &[
             &op,
@@ -530,8 +498,12 @@ fn launch_decode(
             &cn,
             &qp,
             &a.qs,
-            &kc,
-            &vc,
+            &c.k,
+            &c.v,
+            &c.k_params,
+            &c.v_params,
+            &c.shift,
+            &c.fp8_scales,
             &a.bt,
             &a.bts,
             &a.cl,
@@ -594,7 +566,12 @@ pub fn decode_attention_rope(
         )));
     }
     let (qp, op) = (gpu.ptr(qkv), gpu.ptr_mut(out));
-    let (kc, vc) = (gpu.ptr_mut(&mut kv.k), gpu.ptr_mut(&mut kv.v));
+    // An fp8 cache's first write calibrates on the keys before rotation: a rotated pair is at
+    // most sqrt(2) times its larger element, times the RoPE scaling.
+    let k_at = qp + (width * std::mem::size_of::<bf16>()) as u64;
+    let v_at = k_at + (kv_width * std::mem::size_of::<bf16>()) as u64;
+    kv.calibrate(gpu, (k_at, v_at), qkv_stride, meta, std::f32::consts::SQRT_2 * scaling.max(1.0))?;
+    let c = kv.args(gpu);
     let rope = (gpu.ptr(inv_freq), half as i32, scaling, width as i32);
-    launch_decode(gpu, (qp, qkv_stride), meta, (kc, vc), p, plan, scratch, (op, out_stride), rope)
+    launch_decode(gpu, (qp, qkv_stride), meta, (&c, kv.format()), p, plan, scratch, (op, out_stride), rope)
 }

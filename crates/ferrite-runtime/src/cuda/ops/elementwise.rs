@@ -14,7 +14,8 @@ use half::bf16;
 use crate::cuda::blas::GemmOutput;
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
-use crate::cuda::ops::attention::{AttentionMeta, DeviceKv};
+use crate::cuda::ops::attention::AttentionMeta;
+use crate::cuda::ops::kv_pool::{store_rows, DeviceKv};
 
 fn check(ok: bool, what: impl FnOnce() -> String) -> CudaResult<()> {
     if ok {
@@ -136,16 +137,16 @@ fn launch_rope(
         format!("rope {s:?} with {half} frequencies and {n_kv} KV heads: x {}, positions {}", x.len(), positions.len())
     })?;
     let (mut sp, mut kc, mut vc, mut bs) = (0u64, 0u64, 0u64, 0i32);
+    // A quantized cache is stored after the rotation, by the quantizing KV write.
+    let mut quantized = None;
     if let Some((meta, cache)) = kv {
         let (slots, block_size) = meta.slots();
-        let pool = cache.num_blocks * cache.block_size * cache.n_kv_heads * cache.head_dim;
         check(
             meta.tokens == s.tokens
                 && block_size == cache.block_size
                 && cache.head_dim == s.head_dim
                 && n_kv <= s.n_heads
-                && cache.k.len() >= pool
-                && cache.v.len() >= pool,
+                && cache.sized(),
             || {
                 format!(
                     "rope {s:?} storing into a cache of {n_kv} KV heads x {}, block size {} (meta: {} tokens, block \
@@ -154,19 +155,35 @@ fn launch_rope(
                 )
             },
         )?;
-        (sp, kc, vc, bs) =
-            (gpu.ptr(&slots), gpu.ptr_mut(&mut cache.k), gpu.ptr_mut(&mut cache.v), cache.block_size as i32);
+        if cache.format() == 0 {
+            (sp, kc, vc, bs) =
+                (gpu.ptr(&slots), gpu.ptr(&cache.k.data), gpu.ptr(&cache.v.data), cache.block_size as i32);
+        } else {
+            quantized = Some((meta, cache));
+        }
     }
-    if s.tokens == 0 || (half == 0 && sp == 0) {
+    if s.tokens == 0 {
         return Ok(());
     }
     let (xp, pp) = (gpu.ptr_mut(x), gpu.ptr(positions));
-    let [nh, hd, half_i, st, nkv] = [s.n_heads, s.head_dim, half, s.stride, n_kv].map(|v| v as i32);
-    gpu.launch(
-        &gpu.fns.rope,
-        cfg((s.tokens as u32, s.n_heads as u32, 1), half.next_multiple_of(32).clamp(32, 256) as u32, 0),
-        &[&xp, &pp, &fp, &nh, &hd, &half_i, &scaling, &st, &sp, &nkv, &kc, &vc, &bs, &tp],
-    )
+    if half > 0 || sp != 0 {
+        let [nh, hd, half_i, st, nkv] = [s.n_heads, s.head_dim, half, s.stride, n_kv].map(|v| v as i32);
+        gpu.launch(
+            &gpu.fns.rope,
+            cfg((s.tokens as u32, s.n_heads as u32, 1), half.next_multiple_of(32).clamp(32, 256) as u32, 0),
+            &[&xp, &pp, &fp, &nh, &hd, &half_i, &scaling, &st, &sp, &nkv, &kc, &vc, &bs, &tp],
+        )?;
+    }
+    match quantized {
+        // The rotated key heads are the last `n_kv` of the row's heads; the values follow.
+        Some((meta, cache)) => {
+            let bf = std::mem::size_of::<bf16>();
+            let k_at = xp + ((s.n_heads - n_kv) * s.head_dim * bf) as u64;
+            let v_at = xp + (s.n_heads * s.head_dim * bf) as u64;
+            store_rows(gpu, (k_at, v_at), s.stride, meta, cache, 1.0)
+        }
+        None => Ok(()),
+    }
 }
 
 /// The activation of a gated MLP.

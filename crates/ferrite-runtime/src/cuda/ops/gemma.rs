@@ -1,6 +1,5 @@
 //! The q/k norms and Gemma 4's blocks (kernels in `gemma.cu`): RMSNorm of the q/k/v heads of a
-//! fused QKV buffer (per head, or over a whole projection), Gemma 4's per-layer inputs, and
-//! the weighted combine of routed experts.
+//! fused QKV buffer (per head, or over a whole projection) and Gemma 4's per-layer inputs.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use half::bf16;
@@ -107,27 +106,4 @@ pub fn per_layer_inputs(
         cfg((s.tokens as u32, s.layers as u32, 1), threads(s.width), 0),
         &[&pp, &tp, &ip, &wp, &op, &t, &width, &vocab, &s.proj_scale, &s.emb_scale, &s.eps],
     )
-}
-
-/// `out[t] = Σ_j weight[t, j] · y[pair[t, j]]` for `tokens` tokens of `top_k` routed pairs
-/// each (`y` rows of `d` values, one per pair).
-#[allow(clippy::too_many_arguments)]
-pub fn moe_combine(
-    gpu: &Gpu,
-    y: &impl DevicePtr<bf16>,
-    pair: &impl DevicePtr<i32>,
-    weight: &impl DevicePtr<f32>,
-    (tokens, top_k, d): (usize, usize, usize),
-    out: &mut impl DevicePtrMut<bf16>,
-) -> CudaResult<()> {
-    let pairs = tokens * top_k;
-    check(pair.len() >= pairs && weight.len() >= pairs && y.len() >= pairs * d && out.len() >= tokens * d, || {
-        format!("moe_combine [{tokens} x {top_k}, {d}]: y {}, out {}", y.len(), out.len())
-    })?;
-    if tokens * d == 0 {
-        return Ok(());
-    }
-    let (yp, pp, wp, op) = (gpu.ptr(y), gpu.ptr(pair), gpu.ptr(weight), gpu.ptr_mut(out));
-    let [k, d_i] = [top_k, d].map(|v| v as i32);
-    gpu.launch(&gpu.fns.moe_combine, cfg((tokens as u32, 1, 1), threads(d / 4), 0), &[&op, &yp, &pp, &wp, &k, &d_i])
 }

@@ -3,18 +3,24 @@
 pub mod attention;
 pub mod elementwise;
 pub mod gemma;
+pub mod kv_pool;
 pub mod matrix;
+pub mod moe;
 pub mod norm;
 pub mod quant;
 pub mod sampling;
 
-pub use attention::{attention, decode_attention_rope, write_kv, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv};
+pub use attention::{attention, decode_attention_rope, AttentionMeta, DecodePlan, DecodeScratch};
 pub use elementwise::{
     activation, copy, embedding, gated_activation, linear, linear_gated, random_uniform, rope, rope_per_token,
     scale_softcap, GatedActivation, RopeShape, TableElement,
 };
-pub use gemma::{moe_combine, per_layer_inputs, qkv_norm, PerLayerShape, QkvHeads};
+pub use gemma::{per_layer_inputs, qkv_norm, PerLayerShape, QkvHeads};
+pub use kv_pool::{convert_blocks, write_kv, DeviceKv, DevicePool};
 pub use matrix::Matrix;
+pub use moe::{
+    moe_combine, moe_linear, moe_route, ExpertMatrix, ExpertProduct, MoeRoute, MOE_MAX_EXPERTS, MOE_MAX_TOP_K,
+};
 pub use norm::{norm, norm_add, residual_add, rms_norm, rms_norm_add, NormWeights};
 pub use quant::{dequantize, quant_embedding, quant_linear, quant_linear_gated, QuantMatrix};
 pub use sampling::{

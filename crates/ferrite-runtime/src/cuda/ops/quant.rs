@@ -54,7 +54,7 @@ impl QuantMatrix {
 
     /// Bytes of a row of `cols` values in `dtype`, checking that the kernels read the type and
     /// the row is whole 32-value units.
-    fn row_bytes(dtype: DType, cols: usize) -> CudaResult<usize> {
+    pub(crate) fn row_bytes(dtype: DType, cols: usize) -> CudaResult<usize> {
         if !Self::supports(dtype) {
             return Err(CudaError::Unsupported(format!("{dtype} weights (quantized kernels read {QUANT_TYPES:?})")));
         }
@@ -113,7 +113,7 @@ impl QuantMatrix {
     }
 }
 
-fn kernels(gpu: &Gpu, dtype: DType) -> CudaResult<&QuantFunctions> {
+pub(crate) fn kernels(gpu: &Gpu, dtype: DType) -> CudaResult<&QuantFunctions> {
     QUANT_TYPES
         .iter()
         .position(|(t, _)| *t == dtype)

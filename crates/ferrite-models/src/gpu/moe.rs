@@ -1,0 +1,243 @@
+//! A layer's routed experts on the device: the CUDA executor's side of a `MoePlan`, one path
+//! for every style. The router GEMM writes f32 logits; `moe_route` picks each token's experts
+//! and groups the step's (token, expert) pairs by expert on the device; one launch per
+//! projection runs every expert (`moe_linear`: the gate-up projection with the gated
+//! activation in its epilogue, then the down projection); `moe_combine` sums each token's
+//! experts' outputs times its routing weights. Nothing comes back to the host, so MoE decode
+//! steps replay CUDA graphs like dense ones.
+//!
+//! The styles differ only in data: `Sparse` experts (qwen3_moe, mixtral) read the pre-FFN
+//! normed input through the router and replace the dense MLP; Gemma 4's run beside it, with
+//! the router reading the residual unit-RMSNormed times a learned scale (one norm launch),
+//! per-expert scales on the routing weights (a vector the routing kernel multiplies by), their
+//! own input norm, and the normed dense and expert outputs summed.
+
+use ferrite_runtime::cuda::ops::{
+    self, ExpertMatrix, ExpertProduct, GatedActivation, Matrix, MoeRoute, MOE_MAX_EXPERTS, MOE_MAX_TOP_K,
+};
+use ferrite_runtime::cuda::{CudaSlice, Gpu};
+use ferrite_runtime::{DType, Result as RtResult, Tensor};
+use half::bf16;
+
+use crate::error::{LoadError, Result};
+use crate::moe::{ExpertLayout, ExpertRows, MoeShape, Projection};
+use crate::plan::{DecoderPlan, ExpertNames, MoePlan, MoeStyle};
+use crate::weights::Weights;
+
+/// Gemma 4's extras around its experts.
+pub struct Gemma4Moe {
+    /// The router input's norm weight: its learned scale times `hidden^-1/2`.
+    pub router_norm: CudaSlice<f32>,
+    /// Each expert's scale of its routing weight.
+    pub per_expert_scale: CudaSlice<f32>,
+    /// Norms the dense MLP's output, the experts' input and the experts' output.
+    pub post_mlp_norm: CudaSlice<f32>,
+    pub pre_norm: CudaSlice<f32>,
+    pub post_norm: CudaSlice<f32>,
+}
+
+/// A layer's experts on the device.
+pub struct MoeWeights {
+    /// `[experts, hidden]`.
+    pub router: Matrix,
+    /// `[experts, 2 × inter, hidden]`: each expert's gate rows, then its up rows.
+    pub gate_up: ExpertMatrix,
+    /// `[experts, hidden, inter]`.
+    pub down: ExpertMatrix,
+    pub gemma4: Option<Gemma4Moe>,
+}
+
+impl MoeWeights {
+    /// Device bytes of the weights.
+    pub fn bytes(&self) -> usize {
+        let extras = self.gemma4.as_ref().map_or(0, |g| {
+            4 * [&g.router_norm, &g.per_expert_scale, &g.post_mlp_norm, &g.pre_norm, &g.post_norm]
+                .iter()
+                .map(|v| v.len())
+                .sum::<usize>()
+        });
+        self.router.bytes() + self.gate_up.bytes() + self.down.bytes() + extras
+    }
+}
+
+/// A layer's experts (`names`, of `shape`, `hidden` wide) from the weights, in whichever
+/// layout they are stored (`ExpertLayout`): the gate-up matrix (each expert's gate rows, then
+/// its up rows) and the down matrix, each one allocation.
+pub fn stack_experts(
+    w: &Weights,
+    gpu: &Gpu,
+    names: &ExpertNames,
+    shape: MoeShape,
+    hidden: usize,
+) -> Result<[ExpertMatrix; 2]> {
+    let layout = ExpertLayout::find(w, names, shape, hidden)?;
+    let (e, inter) = (shape.num_experts, shape.intermediate);
+    let gate_up: Vec<ExpertRows> =
+        (0..e).flat_map(|x| [layout.rows(x, Projection::Gate), layout.rows(x, Projection::Up)]).collect();
+    let down: Vec<ExpertRows> = (0..e).map(|x| layout.rows(x, Projection::Down)).collect();
+    Ok([stack(w, gpu, &gate_up, (e, 2 * inter, hidden))?, stack(w, gpu, &down, (e, hidden, inter))?])
+}
+
+/// `pieces`, in order, as one `[experts, rows, cols]` matrix: the stored bytes when every
+/// piece is in one type the experts' kernels read (bf16, a GGUF block type), else the values
+/// in bf16 (f32 or f16 files, or a file that quantized the pieces differently).
+fn stack(w: &Weights, gpu: &Gpu, pieces: &[ExpertRows], shape: (usize, usize, usize)) -> Result<ExpertMatrix> {
+    let mut tensors: std::collections::HashMap<&str, Tensor> = std::collections::HashMap::new();
+    for p in pieces {
+        if !tensors.contains_key(p.name.as_str()) {
+            tensors.insert(&p.name, w.get(&p.name, &p.shape)?);
+        }
+    }
+    let bad = |name: &str, e: String| LoadError::Other(format!("{name}: {e}"));
+    let tensor = |name: &str| tensors.get(name).ok_or_else(|| bad(name, "not loaded".into()));
+    let first = pieces.first().map(|p| tensor(&p.name)).transpose()?.map(Tensor::dtype);
+    let one = first.filter(|&d| pieces.iter().all(|p| tensors.get(p.name.as_str()).is_some_and(|t| t.dtype() == d)));
+    let mut bytes = Vec::new();
+    let dtype = match one.filter(|&d| ExpertMatrix::supports(d)) {
+        Some(dtype) => {
+            for p in pieces {
+                bytes.extend_from_slice(tensor(&p.name)?.row_range_bytes(p.rows.clone()));
+            }
+            dtype
+        }
+        None => {
+            let mut row = vec![0f32; shape.2];
+            for p in pieces {
+                let t = tensor(&p.name)?;
+                for r in p.rows.clone() {
+                    t.dequantize_rows(r..r + 1, &mut row).map_err(|e| bad(&p.name, e.to_string()))?;
+                    bytes.extend(row.iter().flat_map(|&v| bf16::from_f32(v).to_bits().to_le_bytes()));
+                }
+            }
+            DType::BF16
+        }
+    };
+    let name = pieces.first().map_or("experts", |p| p.name.as_str());
+    ExpertMatrix::upload(gpu, dtype, shape, &bytes).map_err(|e| bad(name, e.to_string()))
+}
+
+/// Why the CUDA experts cannot run `plan`'s MoE layers, if they cannot: the routing kernels'
+/// limits, one (experts, experts per token) for all layers (they share the step's routing
+/// buffers), and expert rows of whole 16-byte loads.
+pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
+    let mut shape = None;
+    for (i, l) in plan.layers.iter().enumerate() {
+        let Some(m) = &l.ffn.moe else { continue };
+        let s = m.shape;
+        if s.num_experts > MOE_MAX_EXPERTS || s.top_k > MOE_MAX_TOP_K {
+            return Some(format!(
+                "layer {i}: {} of {} experts a token (the CUDA routing takes up to {MOE_MAX_TOP_K} of up to \
+                 {MOE_MAX_EXPERTS})",
+                s.top_k, s.num_experts
+            ));
+        }
+        if *shape.get_or_insert((s.num_experts, s.top_k)) != (s.num_experts, s.top_k) {
+            return Some(format!("layer {i}: MoE layers of different expert counts have no CUDA path"));
+        }
+        if !s.intermediate.is_multiple_of(8) {
+            return Some(format!("layer {i}: experts {} wide (the CUDA experts need a multiple of 8)", s.intermediate));
+        }
+    }
+    None
+}
+
+/// The activations of a step's MoE layers, for steps of up to `tokens` tokens.
+pub struct MoeBuffers {
+    /// Router logits `[tokens, experts]`.
+    logits: CudaSlice<f32>,
+    experts: ExpertBuffers,
+    /// Each token's weighted sum of its experts' outputs.
+    sum: CudaSlice<bf16>,
+    /// Gemma 4: normed residual rows (router input, then expert input) and the mixed output.
+    gemma4: Option<(CudaSlice<bf16>, CudaSlice<bf16>)>,
+}
+
+/// The routing and the per-pair rows (grouped by expert): the gated activation `[pairs,
+/// inter]` and the expert's output `[pairs, hidden]`.
+struct ExpertBuffers {
+    route: MoeRoute,
+    act: CudaSlice<bf16>,
+    out: CudaSlice<bf16>,
+}
+
+impl MoeBuffers {
+    /// Buffers for `plan`'s MoE layers (none without any), `hidden` wide.
+    pub fn new(gpu: &Gpu, plan: &DecoderPlan, hidden: usize, tokens: usize) -> RtResult<Option<MoeBuffers>> {
+        let moes: Vec<&MoePlan> = plan.layers.iter().filter_map(|l| l.ffn.moe.as_ref()).collect();
+        let Some(first) = moes.first() else { return Ok(None) };
+        let (e, k) = (first.shape.num_experts, first.shape.top_k);
+        let inter = moes.iter().map(|m| m.shape.intermediate).max().unwrap_or(0);
+        let pairs = tokens * k;
+        let bf = |n: usize| gpu.alloc::<bf16>(n);
+        let gemma4 = moes.iter().any(|m| m.style == MoeStyle::Gemma4);
+        Ok(Some(MoeBuffers {
+            logits: gpu.alloc(tokens * e)?,
+            experts: ExpertBuffers {
+                route: MoeRoute::new(gpu, tokens, e, k)?,
+                act: bf(pairs * inter)?,
+                out: bf(pairs * hidden)?,
+            },
+            sum: bf(tokens * hidden)?,
+            gemma4: if gemma4 { Some((bf(tokens * hidden)?, bf(tokens * hidden)?)) } else { None },
+        }))
+    }
+}
+
+/// The shapes of a MoE layer's step.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeStep {
+    pub tokens: usize,
+    pub hidden: usize,
+    pub eps: f32,
+    pub act: GatedActivation,
+}
+
+/// `dest = Σ weight · expert(x)` over each token's routed experts (`b.route` already filled):
+/// the gate-up projection with its activation, the down projection, the weighted sum.
+fn run_experts(
+    gpu: &Gpu,
+    plan: &MoePlan,
+    w: &MoeWeights,
+    b: &mut ExpertBuffers,
+    x: &CudaSlice<bf16>,
+    dest: &mut CudaSlice<bf16>,
+    s: MoeStep,
+) -> RtResult<()> {
+    let t = s.tokens;
+    ops::moe_linear(gpu, ExpertProduct::Gated(s.act), x, true, &w.gate_up, &b.route, t, &mut b.act)?;
+    let act = b.act.slice(..t * plan.shape.top_k * plan.shape.intermediate);
+    ops::moe_linear(gpu, ExpertProduct::Plain, &act, false, &w.down, &b.route, t, &mut b.out)?;
+    Ok(ops::moe_combine(gpu, &b.out, &b.route, (t, s.hidden), dest)?)
+}
+
+/// Queue a MoE layer of `plan` over `s.tokens` tokens. Sparse: `out = experts(input)` (`input`
+/// is the pre-FFN normed rows). Gemma 4: `out` holds the dense MLP's output and becomes
+/// `post_mlp_norm(out) + post_norm(experts(pre_norm(residual)))`, routed by the residual.
+#[allow(clippy::too_many_arguments)]
+pub fn queue_moe(
+    gpu: &Gpu,
+    plan: &MoePlan,
+    w: &MoeWeights,
+    m: &mut MoeBuffers,
+    input: &CudaSlice<bf16>,
+    residual: &CudaSlice<bf16>,
+    out: &mut CudaSlice<bf16>,
+    s: MoeStep,
+) -> RtResult<()> {
+    let (t, d, eps) = (s.tokens, s.hidden, s.eps);
+    let e = plan.shape.num_experts;
+    let (Some(g), Some((normed, mixed))) = (&w.gemma4, m.gemma4.as_mut()) else {
+        w.router.linear::<f32>(gpu, input, None, &mut m.logits, (t, e, d), None)?;
+        ops::moe_route(gpu, &m.logits, t, plan.renormalize, None, &mut m.experts.route)?;
+        return run_experts(gpu, plan, w, &mut m.experts, input, out, s);
+    };
+    ops::rms_norm(gpu, &*out, None, &g.post_mlp_norm, (t, d), eps, 0.0, mixed)?;
+    ops::rms_norm(gpu, residual, None, &g.router_norm, (t, d), eps, 0.0, normed)?;
+    w.router.linear::<f32>(gpu, &*normed, None, &mut m.logits, (t, e, d), None)?;
+    ops::moe_route(gpu, &m.logits, t, plan.renormalize, Some(&g.per_expert_scale), &mut m.experts.route)?;
+    ops::rms_norm(gpu, residual, None, &g.pre_norm, (t, d), eps, 0.0, normed)?;
+    run_experts(gpu, plan, w, &mut m.experts, normed, &mut m.sum, s)?;
+    ops::rms_norm_add(gpu, &m.sum, &g.post_norm, mixed, (t, d), eps, 1.0)?;
+    ops::copy(gpu, &mixed.slice(..t * d), &mut out.slice_mut(..t * d))?;
+    Ok(())
+}

@@ -1,0 +1,187 @@
+// Routing of a mixture of experts on the device, so a MoE step needs no host round trip:
+// - moe_route: each token's softmax over its router logits, its top-k experts, their weights
+//   (renormalized over the chosen ones when asked, times a per-expert scale when given);
+// - moe_align: the step's (token, expert) pairs grouped by expert — offsets, GEMM tiles and
+//   the active experts, the token of each grouped row and the grouped row of each pair;
+// - moe_combine: each token's weighted sum of its experts' outputs.
+// The experts' products between align and combine are moe_gemm.cuh's.
+
+#define MR_WARPS 4
+#define MA_THREADS 256
+#define MA_PER 8
+
+// Token t's route (a warp per token, MR_WARPS tokens a block, dynamic shared memory of
+// MR_WARPS * E floats): p_e = softmax(logits[t])_e, the k largest (equal values: the lower
+// expert first, as the CPU's stable sort), w = p / Σ chosen p when `renormalize`, times
+// scale[e] when scale is given. ids[t * k ..] and weights[t * k ..] hold the chosen experts in
+// ascending expert order (the order their outputs are summed in). A NaN probability counts
+// as 0, so a token always gets k distinct experts. Needs k <= 32 and k <= E.
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int tokens, int E, int k, int renormalize,
+                                     const float* __restrict__ scale, int* __restrict__ ids,
+                                     float* __restrict__ weights) {
+    pdl_entry();
+    extern __shared__ float probs[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = blockIdx.x * MR_WARPS + warp;
+    if (t >= tokens) return;
+    float* p = probs + warp * E;
+    const float* row = logits + (u64)t * E;
+    float mx = -FERRITE_INF;
+    for (int e = lane; e < E; e += 32) {
+        const float v = row[e];
+        p[e] = v;
+        mx = fmaxf(mx, v);
+    }
+    mx = warp_max(mx);
+    float sum = 0.f;
+    for (int e = lane; e < E; e += 32) {
+        float ex = expf(p[e] - mx);
+        if (!(ex >= 0.f)) ex = 0.f;
+        p[e] = ex;
+        sum += ex;
+    }
+    sum = warp_sum(sum);
+    __syncwarp();
+    // Lane j < k ends up holding the j-th choice; a chosen expert's value becomes -1.
+    int mine = 0;
+    float mine_v = 0.f;
+    for (int j = 0; j < k; j++) {
+        float bv = -2.f;
+        int be = E;
+        for (int e = lane; e < E; e += 32) {
+            const float v = p[e];
+            if (v > bv) {
+                bv = v;
+                be = e;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+            const int oe = __shfl_xor_sync(FULL_MASK, be, o);
+            if (ov > bv || (ov == bv && oe < be)) {
+                bv = ov;
+                be = oe;
+            }
+        }
+        if (lane == j) {
+            mine = be;
+            mine_v = bv;
+        }
+        if (lane == (be & 31)) p[be] = -1.f;
+        __syncwarp();
+    }
+    const float prob = mine_v / sum;
+    const float chosen = warp_sum(lane < k ? prob : 0.f);
+    float w = renormalize ? prob / chosen : prob;
+    if (scale != nullptr && lane < k) w *= scale[mine];
+    int rank = 0;
+    for (int j = 0; j < k; j++) rank += __shfl_sync(FULL_MASK, mine, j) < mine;
+    if (lane < k) {
+        ids[(u64)t * k + rank] = mine;
+        weights[(u64)t * k + rank] = w;
+    }
+}
+
+// Sum of `v` over the block (MA_THREADS threads); every thread gets it. `scratch` holds 32.
+__device__ __forceinline__ int block_sum_int(int v, int* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < MA_THREADS / 32 ? scratch[lane] : 0;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+// The `pairs` = tokens * top_k pairs of `ids` (moe_route's) grouped by expert. Block e (grid
+// E, MA_THREADS threads, dynamic shared memory of E ints) counts every expert's pairs, then
+// writes offsets[e] (the pairs of experts before e; offsets[E] = pairs), tiles[e] (their
+// tiles of bm rows; tiles[E] = all tiles), active[s] = e when e is the s-th expert with pairs
+// (the slots past the last active one -1), and, for its own pairs p in order (so by token),
+// rows[r] = p / top_k (the token of grouped row r) and pos[p] = r. No atomics outside
+// shared memory, so the grouping is the same on every run.
+extern "C" __global__ void moe_align(const int* __restrict__ ids, int pairs, int top_k, int E, int bm,
+                                     int* __restrict__ offsets, int* __restrict__ tiles, int* __restrict__ active,
+                                     int* __restrict__ rows, int* __restrict__ pos) {
+    pdl_entry();
+    extern __shared__ int hist[];
+    __shared__ int scratch[32];
+    __shared__ int warp_n[MA_THREADS / 32];
+    const int e = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    for (int i = tid; i < E; i += MA_THREADS) hist[i] = 0;
+    __syncthreads();
+    for (int p = tid; p < pairs; p += MA_THREADS) atomicAdd(&hist[ids[p]], 1);
+    __syncthreads();
+    int before = 0, tiles_before = 0, active_before = 0, active_all = 0;
+    for (int i = tid; i < E; i += MA_THREADS) {
+        const int c = hist[i];
+        if (i < e) {
+            before += c;
+            tiles_before += (c + bm - 1) / bm;
+            active_before += c > 0;
+        }
+        active_all += c > 0;
+    }
+    before = block_sum_int(before, scratch);
+    tiles_before = block_sum_int(tiles_before, scratch);
+    active_before = block_sum_int(active_before, scratch);
+    active_all = block_sum_int(active_all, scratch);
+    const int count = hist[e];
+    if (tid == 0) {
+        offsets[e] = before;
+        tiles[e] = tiles_before;
+        if (e == E - 1) {
+            offsets[E] = before + count;
+            tiles[E] = tiles_before + (count + bm - 1) / bm;
+        }
+        if (count > 0) active[active_before] = e;
+        if (e >= active_all) active[e] = -1;
+    }
+    if (count == 0) return;
+    // Expert e's pairs in pair order: each thread takes MA_PER consecutive pairs of a chunk.
+    int base = before;
+    for (int s = 0; s < pairs; s += MA_THREADS * MA_PER) {
+        const int p0 = s + tid * MA_PER;
+        int c = 0;
+        for (int j = 0; j < MA_PER; j++) c += p0 + j < pairs && ids[p0 + j] == e;
+        int incl = c;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(FULL_MASK, incl, o);
+            if (lane >= o) incl += v;
+        }
+        if (lane == 31) warp_n[warp] = incl;
+        __syncthreads();
+        int at = base + incl - c, total = 0;
+        for (int w = 0; w < MA_THREADS / 32; w++) {
+            const int n = warp_n[w];
+            if (w < warp) at += n;
+            total += n;
+        }
+        for (int j = 0; j < MA_PER; j++) {
+            const int p = p0 + j;
+            if (p < pairs && ids[p] == e) {
+                rows[at] = p / top_k;
+                pos[p] = at;
+                at++;
+            }
+        }
+        base += total;
+        __syncthreads();
+    }
+}
+
+// out[t] = sum_j weight[t, j] * y[pos[t, j]] over a token's top_k routed experts (its pairs
+// in ascending expert order, the order the CPU sums them), f32 accumulation. Grid: one block
+// per token.
+extern "C" __global__ void moe_combine(bf16_t* __restrict__ out, const bf16_t* __restrict__ y,
+                                       const int* __restrict__ pos, const float* __restrict__ weight, int top_k,
+                                       int d) {
+    pdl_entry();
+    const int t = blockIdx.x;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float acc = 0.f;
+        for (int j = 0; j < top_k; j++) acc += weight[t * top_k + j] * bf2f(y[(size_t)pos[t * top_k + j] * d + i]);
+        out[(size_t)t * d + i] = f2bf(acc);
+    }
+}
