@@ -134,6 +134,11 @@ pub struct EngineArgs {
     /// LoRA adapters loaded at once, at most (`--lora-modules` and run-time loads).
     #[arg(long, default_value_t = 8)]
     pub max_loras: usize,
+    /// Hybrid linear-attention models (Qwen3.5, Qwen3-Next): positions between the recurrent
+    /// state snapshots the prefix cache keeps (rounded up to whole blocks). Default: a
+    /// snapshot no bigger than the KV of the positions it covers.
+    #[arg(long)]
+    pub state_snapshot_interval: Option<usize>,
     #[command(flatten)]
     pub spec: SpecArgs,
 }
@@ -276,6 +281,7 @@ impl Default for EngineArgs {
             generation_checkpoint: None,
             gpu_memory_utilization: d.gpu_memory_utilization,
             max_loras: d.max_loras,
+            state_snapshot_interval: None,
             spec: SpecArgs::default(),
         }
     }
@@ -300,6 +306,7 @@ impl EngineArgs {
             fill: self.spec.fill_mode(),
             overlap: !self.spec.no_overlap,
             max_loras: self.max_loras,
+            state_snapshot_interval: self.state_snapshot_interval,
             ..EngineConfig::default()
         }
     }

@@ -60,6 +60,10 @@ pub struct EngineConfig {
     pub overlap: bool,
     /// LoRA adapters loaded at once, at most (`--max-loras`).
     pub max_loras: usize,
+    /// Positions between the recurrent-state snapshots the prefix cache keeps, for hybrid
+    /// linear-attention models (`--state-snapshot-interval`; rounded up to whole blocks). None:
+    /// as many blocks as make a snapshot no bigger than the KV of the positions it covers.
+    pub state_snapshot_interval: Option<usize>,
 }
 
 /// How the engine drafts tokens for verification.
@@ -105,13 +109,30 @@ impl Default for EngineConfig {
             tool_scaffold: None,
             overlap: true,
             max_loras: 8,
+            state_snapshot_interval: None,
         }
     }
 }
 
 impl EngineConfig {
+    /// Blocks between the state snapshots of `layout`'s recurrent group (1 without one), whose
+    /// blocks take `block_bytes` per group (a recurrent group's: one state slot).
+    pub fn snapshot_stride(&self, layout: &KvLayout, block_bytes: &[usize]) -> usize {
+        let Some(g) = layout.recurrent_group() else { return 1 };
+        if let Some(positions) = self.state_snapshot_interval {
+            return positions.div_ceil(self.block_size.max(1)).max(1);
+        }
+        let kv: usize = block_bytes.iter().enumerate().filter(|&(i, _)| i != g).map(|(_, b)| b).sum();
+        block_bytes[g].div_ceil(kv.max(1)).max(1)
+    }
+
     /// Blocks per KV group for `layout`, whose blocks take `block_bytes` per group; `free`
     /// is the free memory of a device that holds the cache (None: host memory).
+    ///
+    /// A recurrent group's slots are sized apart: a snapshot per `snapshot_stride` blocks of
+    /// the other groups (its bytes counted against the budget), plus, outside the budget, the
+    /// live states (about two a sequence), the snapshots one step's chunks write and a verify
+    /// span per sequence.
     pub fn group_blocks(
         &self,
         layout: &KvLayout,
@@ -119,7 +140,13 @@ impl EngineConfig {
         free: Option<usize>,
         max_model_len: usize,
     ) -> Result<Vec<usize>, EngineError> {
-        let per_block: usize = block_bytes.iter().sum();
+        let recurrent = layout.recurrent_group();
+        let stride = self.snapshot_stride(layout, block_bytes);
+        // Bytes a block of the attention groups takes, with its share of a snapshot.
+        let amortized = |bytes: &[usize]| -> usize {
+            (bytes.iter().enumerate()).map(|(g, &b)| if Some(g) == recurrent { b / stride } else { b }).sum()
+        };
+        let per_block = amortized(block_bytes);
         let u = self.gpu_memory_utilization;
         if !(u > 0.0 && u <= 1.0) {
             return Err(EngineError::Config(format!("--gpu-memory-utilization must be in (0, 1], got {u}")));
@@ -131,7 +158,7 @@ impl EngineConfig {
             // precision, so a smaller KV type holds proportionally more positions.
             (None, None) => {
                 let default_blocks = (max_model_len * self.max_num_seqs).div_ceil(self.block_size);
-                default_blocks * layout.block_bytes(self.block_size).iter().sum::<usize>() / per_block.max(1)
+                default_blocks * amortized(&layout.block_bytes(self.block_size)) / per_block.max(1)
             }
         };
         if blocks == 0 {
@@ -140,7 +167,12 @@ impl EngineConfig {
                 self.block_size
             )));
         }
-        Ok(vec![blocks; layout.groups.len()])
+        let mut out = vec![blocks; layout.groups.len()];
+        if let Some(g) = recurrent {
+            let chunk_snapshots = self.max_num_batched_tokens.div_ceil(self.block_size * stride);
+            out[g] = blocks / stride + self.max_num_seqs * (3 + self.num_draft_tokens) + chunk_snapshots;
+        }
+        Ok(out)
     }
 }
 

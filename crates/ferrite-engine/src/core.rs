@@ -88,6 +88,15 @@ fn detokenizer(tokenizer: Option<&Tokenizer>, prompt: &[u32]) -> IncrementalDeco
     }
 }
 
+/// KV bytes a token of context takes: every group's block over its positions, a recurrent
+/// group's state snapshot shared by the positions between snapshots.
+fn kv_bytes_per_token(cfg: &EngineConfig, layout: &ferrite_runtime::KvLayout, block_bytes: &[usize]) -> usize {
+    let (stride, recurrent) = (cfg.snapshot_stride(layout, block_bytes), layout.recurrent_group());
+    let bytes: usize =
+        (block_bytes.iter().enumerate()).map(|(g, &b)| if Some(g) == recurrent { b / stride } else { b }).sum();
+    bytes / cfg.block_size
+}
+
 /// The seed of choice `i` of a request seeded with `seed`.
 fn choice_seed(seed: u64, choice: usize) -> u64 {
     seed ^ (choice as u64).wrapping_mul(0xA24B_AED4_963E_E407)
@@ -114,6 +123,22 @@ impl EngineCore {
         })?;
         let block_bytes = model.kv_block_bytes(cfg.block_size, &cfg.kv_scheme)?;
         let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_model_len)?;
+        if layout.recurrent_group().is_some() {
+            if cfg.disk_cache.is_some() || cfg.host_cache_memory.is_some() {
+                return Err(EngineError::Config(
+                    "the host-RAM and SSD prefix-cache tiers do not store recurrent state yet (qwen3_5, qwen3_next): \
+                     run this model without --host-cache-memory and --prefix-cache-dir"
+                        .into(),
+                ));
+            }
+            if cfg.quantized_kv_start > 0 {
+                return Err(EngineError::Config(
+                    "--quantized-kv-start is not built for models with recurrent state yet (qwen3_5, qwen3_next): \
+                     use --kv-cache-dtype alone"
+                        .into(),
+                ));
+            }
+        }
         let (kv, group_blocks, full_blocks) =
             crate::kv_precision::new_cache(&*model, cfg, &layout, &group_blocks, &block_bytes)?;
         // A bidirectional model's KV depends on the tokens after it: no prefix is shareable.
@@ -129,11 +154,13 @@ impl EngineCore {
             prefix_cache.then_some(namespace),
         );
         let kv_choices = KvChoices::new(cfg, model.kv_description(&cfg.kv_scheme), &kvm);
+        // Without a prefix cache a recurrent state needs no snapshots, only its live entry.
+        kvm.set_snapshot_stride(if prefix_cache { cfg.snapshot_stride(&layout, &block_bytes) } else { usize::MAX });
         let limits = Limits {
             max_model_len,
             vocab_size: mcfg.vocab_size,
             kv_capacity_tokens: kvm.capacity_tokens(),
-            kv_bytes_per_token: block_bytes.iter().sum::<usize>() / cfg.block_size,
+            kv_bytes_per_token: kv_bytes_per_token(cfg, &layout, &block_bytes),
             kv_scheme: kv_choices.describe(),
             kv: kv_choices,
             has_tokenizer: tokenizer.is_some(),
@@ -321,7 +348,12 @@ impl EngineCore {
         let mut plan: Vec<PlanRow> = Vec::with_capacity(rows.len());
         for r in &rows {
             let s = &mut self.sched.running[r.index];
-            let proposal = s.spec.proposal.take();
+            let mut proposal = s.spec.proposal.take();
+            // A model with recurrent state keeps the state after each proposed position, so a
+            // rejected tail rolls back; without free slots for them the row decodes plainly.
+            if proposal.as_ref().is_some_and(|p| !self.kvm.reserve_span(&mut s.kv, s.num_computed, p.len())) {
+                proposal = None;
+            }
             let end = s.num_computed + r.tokens.min(s.remaining());
             let (logits, n_logits) = match &proposal {
                 Some(p) => (RowLogits::All, 1 + p.len()),
@@ -333,8 +365,17 @@ impl EngineCore {
                 query.extend(&p.ids);
             }
             let context = s.num_computed + query.len();
+            // A row shorter than its allocation (a proposal cut short) keeps its live state at
+            // its own end (a no-op without recurrent state).
+            if !self.kvm.fit_row(&mut s.kv, context) {
+                let e = EngineError::Model(RuntimeError::Shape("no recurrent state slot for a row".into()));
+                return Err(self.fail_rows(&rows, e));
+            }
             let options = RowOptions { adapter: s.adapter, full_precision: s.kv.full_precision() };
             batch.push_row_with(&query, context, s.kv.tables().to_vec(), logits, options);
+            if let Some(row) = batch.rows.last_mut() {
+                row.span_states = s.kv.span_states().to_vec();
+            }
             plan.push(PlanRow { index: Some(r.index), tokens: end - s.num_computed, logits: n_logits, proposal });
         }
         self.metrics.add_batch(batch.num_tokens());
@@ -521,7 +562,9 @@ impl EngineCore {
                 tokens: p.tokens[..p.prompt_len].to_vec(),
                 prompt_len: p.prompt_len,
                 num_computed: kv.tables().first().map_or(0, |t| t.len()) * bs,
-                looked_up: true,
+                // Without shared blocks (a sliding window or recurrent state) a child starts
+                // from a prefix-cache hit on the parent's prompt.
+                looked_up: !kv.is_empty(),
                 kv,
                 adapter: p.adapter,
                 cached_tokens: p.cached_tokens,

@@ -109,6 +109,44 @@ fn mixtral_q8_0_gguf_tracks_transformers() {
     }
 }
 
+/// Qwen3.5 as published: a multimodal `qwen3_5` config wrapping the `text_config`, the text
+/// model's weights under `model.language_model.` (and a vision tower ferrite leaves alone).
+/// The fixture rewritten that way gives the same logits and tokens.
+#[test]
+fn qwen3_5_multimodal_checkpoint_layout() {
+    let src = fixture_dir("qwen3.5");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let text: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).expect("config")).expect("json");
+    let wrapper = serde_json::json!({
+        "model_type": "qwen3_5",
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "text_config": text,
+        "vision_config": {"depth": 1},
+    });
+    std::fs::write(tmp.path().join("config.json"), wrapper.to_string()).expect("write config");
+    // safetensors: an 8-byte header length, the JSON header naming each tensor's byte range, the data.
+    let bytes = std::fs::read(src.join("model.safetensors")).expect("weights");
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("header length")) as usize;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..8 + n]).expect("header");
+    let renamed: serde_json::Map<String, serde_json::Value> = header
+        .into_iter()
+        .map(|(k, v)| match k.strip_prefix("model.") {
+            Some(rest) => (format!("model.language_model.{rest}"), v),
+            None => (k, v),
+        })
+        .collect();
+    let mut head = serde_json::Value::Object(renamed).to_string().into_bytes();
+    head.resize(head.len().next_multiple_of(8), b' ');
+    let mut out = (head.len() as u64).to_le_bytes().to_vec();
+    out.extend(head);
+    out.extend(&bytes[8 + n..]);
+    std::fs::write(tmp.path().join("model.safetensors"), out).expect("write weights");
+    let (_, reference) = load_fixture("qwen3.5");
+    let model = ferrite_models::load(tmp.path()).expect("multimodal layout").model;
+    check_model("qwen3.5 (multimodal checkpoint)", model, &reference);
+}
+
 macro_rules! gguf_parity {
     ($($test:ident => $name:literal),* $(,)?) => {
         $(#[test] fn $test() { check_gguf($name); })*
@@ -124,6 +162,8 @@ gguf_parity! {
     smollm3_gguf => "smollm3",
     qwen3_moe_gguf => "qwen3-moe",
     mixtral_gguf => "mixtral",
+    qwen3_5_gguf => "qwen3.5",
+    qwen3_next_gguf => "qwen3-next",
 }
 
 macro_rules! parity {
@@ -157,4 +197,6 @@ parity! {
     gemma4_moe => "gemma4-moe",
     qwen3_moe => "qwen3-moe",
     mixtral => "mixtral",
+    qwen3_5 => "qwen3.5",
+    qwen3_next => "qwen3-next",
 }

@@ -11,9 +11,11 @@ use std::sync::{Arc, Mutex, Weak};
 
 use ferrite_runtime::cpu::{self, AttentionParams, Rope};
 use ferrite_runtime::kv::KvLayerSpec;
+use ferrite_runtime::kv_state::StateSpec;
 use ferrite_runtime::{ForwardBatch, KvCache, KvGroupKind, KvLayout, Result as RtResult, Tensor};
 
 use crate::config::{Activation, ModelConfig};
+use crate::deltanet::DeltaNetConfig;
 use crate::error::Result;
 use crate::lora::cpu::LayerLora;
 use crate::lora::LoraTarget;
@@ -308,6 +310,12 @@ pub struct AttentionConfig {
     /// The KV cache layer it writes (unless shared) and reads.
     pub kv_index: usize,
     pub eps: f32,
+    /// A sigmoid gate on the attention output, per channel: each q head's projection rows are
+    /// `[q, gate]` (Qwen3-Next, Qwen3.5).
+    pub output_gate: bool,
+    /// Linear attention in place of softmax attention: gated DeltaNet over a recurrent state
+    /// slot (`deltanet`); the softmax fields above are then unused.
+    pub linear: Option<DeltaNetConfig>,
 }
 
 /// The projections of a layer that computes its own keys and values.
@@ -328,6 +336,7 @@ pub struct Attention {
     rope: LayerRope,
     params: AttentionParams,
     kv_index: usize,
+    output_gate: bool,
 }
 
 impl Attention {
@@ -338,7 +347,8 @@ impl Attention {
             let dim = if c.qk_norm_whole { heads * hd } else { hd };
             c.qk_norm.map(|offset| Norm::load(w, &format!("{name}.weight"), dim, offset, c.eps)).transpose()
         };
-        let (q_rows, kv_rows) = (nh * hd, nkv * hd);
+        // A gated layer's q rows hold each head's q and then its gate.
+        let (q_rows, kv_rows) = (nh * hd * if c.output_gate { 2 } else { 1 }, nkv * hd);
         let proj = |which: usize| -> Result<Linear> {
             match &names.qkv {
                 QkvNames::Separate { q, k, v } => {
@@ -369,6 +379,7 @@ impl Attention {
             rope: LayerRope::new(c.rope),
             params: c.params,
             kv_index: c.kv_index,
+            output_gate: c.output_gate,
         })
     }
 
@@ -454,6 +465,7 @@ impl Attention {
                 (q, None)
             }
         };
+        let gate = if self.output_gate { Some(split_gate(&mut q, p.n_heads, p.head_dim)) } else { None };
         if let Some(n) = &self.q_norm {
             n.forward_in_place(&mut q);
         }
@@ -474,9 +486,26 @@ impl Attention {
         }
         let mut attn = vec![0f32; t * p.n_heads * p.head_dim];
         cpu::paged_attention(&q, batch, layer, block_size, p, &mut attn)?;
+        if let Some(gate) = gate {
+            attn.iter_mut().zip(&gate).for_each(|(a, g)| *a /= 1.0 + (-g).exp());
+        }
         self.o.forward_into(&attn, t, out)?;
         lora.add(LoraTarget::O, &attn, out)
     }
+}
+
+/// Split each head's `[q, gate]` rows of `q` (`[t, heads * 2 * hd]`) in place: `q` keeps the
+/// queries (`[t, heads * hd]`); returns the gates, the same shape.
+fn split_gate(q: &mut Vec<f32>, heads: usize, hd: usize) -> Vec<f32> {
+    let mut gate = Vec::with_capacity(q.len() / 2);
+    let mut queries = Vec::with_capacity(q.len() / 2);
+    for head in q.chunks_exact(2 * hd) {
+        queries.extend_from_slice(&head[..hd]);
+        gate.extend_from_slice(&head[hd..]);
+    }
+    debug_assert_eq!(queries.len() % (heads * hd), 0);
+    *q = queries;
+    gate
 }
 
 /// The token embedding, times `scale` (Gemma's `sqrt(hidden)`) when given.
@@ -562,15 +591,28 @@ pub enum LayerKv {
     Own { kind: KvGroupKind, n_kv_heads: usize, head_dim: usize },
     /// The KV of an earlier layer (by model layer index), which must own its KV.
     Donor(usize),
+    /// A recurrent state (linear attention) of this shape, in the recurrent group's slots.
+    State(StateShape),
 }
 
-/// The KV layout of a layer stack and, per model layer, the KV cache layer it reads. Groups
-/// are full attention first, then one per sliding window, in order of appearance.
+/// The shape of a linear-attention layer's state (`kv_state::StateSpec` without its group).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateShape {
+    pub conv_channels: usize,
+    pub conv_kernel: usize,
+    pub heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+}
+
+/// The KV layout of a layer stack and, per model layer, the KV cache layer it reads (for a
+/// state layer: its index in `KvLayout::states`). Groups are full attention first, then one
+/// per sliding window in order of appearance, then the recurrent group of all state layers.
 pub fn kv_layout(layers: &[LayerKv]) -> std::result::Result<(KvLayout, Vec<usize>), String> {
     let mut groups: Vec<KvGroupKind> = Vec::new();
     let kinds = layers.iter().filter_map(|l| match l {
         LayerKv::Own { kind, .. } => Some(*kind),
-        LayerKv::Donor(_) => None,
+        LayerKv::Donor(_) | LayerKv::State(_) => None,
     });
     let (full, sliding): (Vec<_>, Vec<_>) = kinds.partition(|k| *k == KvGroupKind::Full);
     for kind in full.into_iter().chain(sliding) {
@@ -578,20 +620,38 @@ pub fn kv_layout(layers: &[LayerKv]) -> std::result::Result<(KvLayout, Vec<usize
             groups.push(kind);
         }
     }
-    let mut specs = Vec::new();
+    if layers.iter().any(|l| matches!(l, LayerKv::State(_))) {
+        groups.push(KvGroupKind::Recurrent);
+    }
+    let (mut specs, mut states) = (Vec::new(), Vec::new());
     let mut index = Vec::with_capacity(layers.len());
     for (i, l) in layers.iter().enumerate() {
         match *l {
+            LayerKv::Own { kind: KvGroupKind::Recurrent, .. } => {
+                return Err(format!("layer {i}: a recurrent group holds states, not keys and values"))
+            }
             LayerKv::Own { kind, n_kv_heads, head_dim } => {
                 let group = groups.iter().position(|g| *g == kind).unwrap_or(0);
                 index.push(specs.len());
                 specs.push(KvLayerSpec { n_kv_heads, head_dim, group });
             }
+            LayerKv::State(s) => {
+                let group = groups.len() - 1;
+                index.push(states.len());
+                states.push(StateSpec {
+                    conv_channels: s.conv_channels,
+                    conv_kernel: s.conv_kernel,
+                    heads: s.heads,
+                    k_dim: s.k_dim,
+                    v_dim: s.v_dim,
+                    group,
+                });
+            }
             LayerKv::Donor(d) if d < i && matches!(layers[d], LayerKv::Own { .. }) => index.push(index[d]),
             LayerKv::Donor(d) => return Err(format!("layer {i} reads the KV of layer {d}, which owns none before it")),
         }
     }
-    Ok((KvLayout { groups, layers: specs }, index))
+    Ok((KvLayout { groups, layers: specs, states }, index))
 }
 
 #[cfg(test)]
@@ -613,5 +673,17 @@ mod tests {
         assert_eq!(layout.layers.iter().map(|l| l.group).collect::<Vec<_>>(), vec![1, 0, 1]);
         assert_eq!(index, vec![0, 1, 2, 2, 1]);
         assert!(kv_layout(&[LayerKv::Donor(0)]).is_err());
+    }
+
+    #[test]
+    fn state_layers_share_one_recurrent_group_after_the_attention_groups() {
+        let state = StateShape { conv_channels: 24, conv_kernel: 4, heads: 2, k_dim: 4, v_dim: 8 };
+        let full = LayerKv::Own { kind: KvGroupKind::Full, n_kv_heads: 1, head_dim: 16 };
+        let (layout, index) = kv_layout(&[LayerKv::State(state), LayerKv::State(state), full]).expect("layout");
+        assert_eq!(layout.groups, vec![KvGroupKind::Full, KvGroupKind::Recurrent]);
+        assert_eq!(index, vec![0, 1, 0]);
+        assert_eq!(layout.states.len(), 2);
+        assert!(layout.states.iter().all(|s| s.group == 1 && s.conv_channels == 24));
+        assert_eq!(layout.recurrent_group(), Some(1));
     }
 }

@@ -509,6 +509,27 @@ pub(crate) fn rope_from_params(
     Ok(rope)
 }
 
+/// The text model's config of a multimodal checkpoint ferrite runs as a text model alone:
+/// Qwen3.5's `qwen3_5` wraps a `text_config` (its weights sit under `model.language_model.`,
+/// which `Weights` reads as `model.`); the wrapper's `tie_word_embeddings` and token ids apply
+/// where the text config has none. Any other config is returned as it is.
+pub fn text_config(json: Value) -> Value {
+    const WRAPPERS: [&str; 2] = ["qwen3_5", "qwen3_5_moe"];
+    let wrapped = json.get("model_type").and_then(Value::as_str).is_some_and(|t| WRAPPERS.contains(&t));
+    match json.get("text_config") {
+        Some(Value::Object(text)) if wrapped => {
+            let mut text = text.clone();
+            for key in ["tie_word_embeddings", "bos_token_id", "eos_token_id"] {
+                if let (false, Some(v)) = (text.contains_key(key), json.get(key)) {
+                    text.insert(key.into(), v.clone());
+                }
+            }
+            Value::Object(text)
+        }
+        _ => json,
+    }
+}
+
 /// The raw description a `ModelConfig` was read from, for the settings only one architecture's
 /// module reads (Gemma's layer types, softcaps, per-layer shapes, ...).
 pub enum ConfigSource<'a> {

@@ -19,8 +19,9 @@ use std::sync::{Arc, RwLock};
 
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError, Tensor};
 
-use crate::blocks::{self, Attention, Linear, LmHead, Mlp, Norm};
+use crate::blocks::{self, Attention, AttentionConfig, Linear, LmHead, Mlp, Norm};
 use crate::config::ModelConfig;
+use crate::deltanet::GatedDeltaNet;
 use crate::embedding::{EmbeddingHead, EmbeddingSpec};
 use crate::error::Result;
 use crate::input::Input;
@@ -61,9 +62,48 @@ struct LayerInput {
     norm: Norm,
 }
 
+/// A layer's token mixer: softmax attention over the KV cache, or gated DeltaNet linear
+/// attention over a recurrent state slot.
+enum Mixer {
+    Attention(Attention),
+    Linear(GatedDeltaNet),
+}
+
+impl Mixer {
+    fn load(w: &Weights, names: &crate::plan::LayerNames, hidden: usize, mut c: AttentionConfig) -> Result<Mixer> {
+        match c.linear.take() {
+            Some(linear) => GatedDeltaNet::load(w, hidden, linear).map(Mixer::Linear),
+            None => Attention::load(w, names, hidden, c).map(Mixer::Attention),
+        }
+    }
+
+    fn forward(
+        &self,
+        h: &[f32],
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        out: &mut [f32],
+        lora: crate::lora::cpu::LayerLora<'_>,
+    ) -> RtResult<()> {
+        match self {
+            Mixer::Attention(a) => a.forward(h, batch, kv, out, lora),
+            Mixer::Linear(l) => l.forward(h, batch, kv, out),
+        }
+    }
+
+    /// (in, out) features of the attention projection `target` (a linear-attention layer has
+    /// none an adapter may target).
+    fn features(&self, target: crate::lora::LoraTarget) -> Option<(usize, usize)> {
+        match self {
+            Mixer::Attention(a) => a.features(target),
+            Mixer::Linear(_) => None,
+        }
+    }
+}
+
 struct Layer {
     input_norm: Option<Norm>,
-    attn: Attention,
+    attn: Mixer,
     post_attn_norm: Option<Norm>,
     attn_residual_norm: Option<Norm>,
     pre_ffn_norm: Option<Norm>,
@@ -159,7 +199,7 @@ impl Decoder {
             let mlp = ffn.dense().then(|| Mlp::load(w, &names.mlp, d, ffn.intermediate, ffn.act, ffn.bias));
             layers.push(Layer {
                 input_norm: norm(&names.input_norm)?,
-                attn: Attention::load(w, names, d, l.attn)?,
+                attn: Mixer::load(w, names, d, l.attn)?,
                 post_attn_norm: norm(&names.post_attn_norm)?,
                 attn_residual_norm: norm(&names.attn_residual_norm)?,
                 pre_ffn_norm: norm(&names.pre_ffn_norm)?,
@@ -294,8 +334,9 @@ impl CausalLm for Decoder {
     fn kv_key_offsets(&self) -> Vec<Option<Vec<f32>>> {
         let mut out = vec![None; self.layout.layers.len()];
         for l in &self.layers {
-            if let Some(i) = l.attn.writes_kv().filter(|&i| i < out.len()) {
-                out[i] = l.attn.key_offset(self.cfg.max_context());
+            let Mixer::Attention(attn) = &l.attn else { continue };
+            if let Some(i) = attn.writes_kv().filter(|&i| i < out.len()) {
+                out[i] = attn.key_offset(self.cfg.max_context());
             }
         }
         out

@@ -174,6 +174,7 @@ impl Default for FitOptions {
 pub struct KvGroupFit {
     pub kind: KvGroupKind,
     pub layers: usize,
+    /// Bytes a token of context takes; for the recurrent group, bytes of one sequence's state.
     pub bytes_per_token: usize,
 }
 
@@ -298,18 +299,26 @@ pub fn fit(m: &Inspected, device: Device, memory: DeviceMemory, opts: &FitOption
         .enumerate()
         .map(|(g, &kind)| KvGroupFit {
             kind,
-            layers: layout.layers.iter().filter(|l| l.group == g).count(),
+            layers: match kind {
+                KvGroupKind::Recurrent => layout.states.len(),
+                _ => layout.layers.iter().filter(|l| l.group == g).count(),
+            },
             bytes_per_token: per_token[g],
         })
         .collect();
+    // A recurrent group's state does not grow with the context: each sequence holds about
+    // two (the one it reads and the one it writes), off the top of the budget.
+    let recurrent = layout.recurrent_group();
+    let state_bytes = recurrent.map_or(0, |g| per_token[g]);
     let left = memory.available.saturating_sub(weights + workspace);
     let kv_budget = match (opts.kv_cache_memory, device) {
         (Some(bytes), _) => bytes,
         (None, Device::Cpu) => left,
         (None, Device::Cuda(_)) => (left as f64 * u as f64) as usize,
     };
-    let per_block: usize = per_token.iter().sum::<usize>() * bs;
-    let kv_blocks = kv_budget / per_block.max(1);
+    let per_block: usize =
+        per_token.iter().enumerate().filter(|&(g, _)| Some(g) != recurrent).map(|(_, b)| b).sum::<usize>() * bs;
+    let kv_blocks = kv_budget.saturating_sub(2 * state_bytes * opts.max_num_seqs) / per_block.max(1);
     let full = groups.iter().any(|g| g.kind == KvGroupKind::Full);
     let kv_tokens = full.then_some(kv_blocks * bs);
     let seq_blocks = max_model_len.div_ceil(bs);
@@ -318,6 +327,7 @@ pub fn fit(m: &Inspected, device: Device, memory: DeviceMemory, opts: &FitOption
         .map(|g| match g.kind {
             KvGroupKind::Full => seq_blocks,
             KvGroupKind::Sliding { window } => seq_blocks.min(window.div_ceil(bs) + 1),
+            KvGroupKind::Recurrent => 0,
         })
         .max()
         .unwrap_or(0);
@@ -340,7 +350,7 @@ pub fn fit(m: &Inspected, device: Device, memory: DeviceMemory, opts: &FitOption
         weights,
         workspace,
         groups,
-        shared_layers: m.plan.layers.len() - layout.layers.len(),
+        shared_layers: m.plan.layers.len() - layout.layers.len() - layout.states.len(),
         block_size: bs,
         kv_budget,
         kv_fixed: opts.kv_cache_memory.is_some(),
@@ -373,7 +383,7 @@ pub fn human_bytes(n: usize) -> String {
 impl Fit {
     /// Bytes one token of context costs in the cache (every group holds the same blocks).
     pub fn kv_bytes_per_token(&self) -> usize {
-        self.groups.iter().map(|g| g.bytes_per_token).sum()
+        self.groups.iter().filter(|g| g.kind != KvGroupKind::Recurrent).map(|g| g.bytes_per_token).sum()
     }
 
     /// The one-line verdict.
@@ -439,6 +449,9 @@ impl fmt::Display for Fit {
                 let kind = match g.kind {
                     KvGroupKind::Full => "full attention".to_string(),
                     KvGroupKind::Sliding { window } => format!("sliding window {window}"),
+                    KvGroupKind::Recurrent => {
+                        return format!("recurrent state, {} layers: {} a sequence", g.layers, h(g.bytes_per_token))
+                    }
                 };
                 format!("{kind}, {} layers: {}", g.layers, h(g.bytes_per_token))
             })

@@ -68,6 +68,7 @@ pub fn inspect(path: &Path) -> Result<Inspected> {
         let text = std::fs::read_to_string(&cfg_path).map_err(|e| LoadError::io(&cfg_path, e))?;
         let json =
             serde_json::from_str(&text).map_err(|e| LoadError::format(&cfg_path, format!("invalid JSON: {e}")))?;
+        let json = crate::config::text_config(json);
         let mut cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
         let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path: &cfg_path, json: &json })?;
         let st = SafetensorsDir::open(path)?;

@@ -8,6 +8,7 @@ pub mod blocks;
 pub mod chat_template;
 pub mod config;
 pub mod decoder;
+pub mod deltanet;
 pub mod embedding;
 pub mod error;
 pub mod families;

@@ -173,7 +173,7 @@ pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64, dtype: DType) -> R
 /// (tests switch its CUDA graphs off and on).
 pub fn gpu_decoder(dir: &Path, ordinal: usize) -> Result<crate::gpu::GpuDecoder> {
     let cfg_path = dir.join("config.json");
-    let json = read_json(&cfg_path)?;
+    let json = read_config(&cfg_path)?;
     let mut cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
     let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path: &cfg_path, json: &json })?;
     let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), layout(&cfg, &plan, false))
@@ -210,6 +210,11 @@ impl Target {
 fn read_json(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path).map_err(|e| LoadError::io(path, e))?;
     serde_json::from_str(&text).map_err(|e| LoadError::format(path, format!("invalid JSON: {e}")))
+}
+
+/// A model directory's `config.json`, the text model's part of a multimodal one.
+fn read_config(path: &Path) -> Result<Value> {
+    read_json(path).map(crate::config::text_config)
 }
 
 /// The model on its device, the device and its note.
@@ -309,7 +314,7 @@ fn load_hf_dir(dir: &Path, target: &Target, opts: &LoadOptions) -> Result<Loaded
     if !cfg_path.is_file() {
         return Err(LoadError::format(dir, "not a model directory: config.json is missing"));
     }
-    let json = read_json(&cfg_path)?;
+    let json = read_config(&cfg_path)?;
     let mut cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
     opts.apply(dir, &mut cfg)?;
     let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path: &cfg_path, json: &json })?;

@@ -174,12 +174,19 @@ struct Gemma4Parts {
     post_norm: Norm,
 }
 
+/// A shared expert and its optional sigmoid gate (`[hidden]`).
+struct Shared {
+    mlp: Mlp,
+    gate: Option<Vec<f32>>,
+}
+
 pub struct Moe {
     router: Linear,
     top_k: usize,
     renormalize: bool,
     experts: Experts,
     gemma4: Option<Gemma4Parts>,
+    shared: Option<Shared>,
 }
 
 impl Moe {
@@ -204,7 +211,23 @@ impl Moe {
                 })
             }
         };
+        let shared = match &plan.shared {
+            Some(s) => Some(Shared {
+                mlp: Mlp::load(w, &s.mlp, hidden, s.intermediate, act, false)?,
+                gate: s
+                    .gate
+                    .as_ref()
+                    .map(|g| {
+                        let name = format!("{g}.weight");
+                        // A GGUF file may store the `[1, hidden]` gate as a vector.
+                        w.get_f32(&name, &[1, hidden]).or_else(|_| w.get_f32(&name, &[hidden]))
+                    })
+                    .transpose()?,
+            }),
+            None => None,
+        };
         Ok(Moe {
+            shared,
             router: Linear::load(w, &plan.names.router, e, hidden, false)?,
             top_k: plan.shape.top_k,
             renormalize: plan.renormalize,
@@ -222,14 +245,31 @@ impl Moe {
         Ok(scores.chunks_exact_mut(e).map(|row| route_row(row, self.top_k, self.renormalize, scale)).collect())
     }
 
-    /// The layer's feed-forward output: `out = experts(h)` for a sparse layer, where `h`
+    /// `out += sigmoid(gate · h) · shared(h)` per token, with a shared expert.
+    fn add_shared(&self, h: &[f32], t: usize, out: &mut [f32]) -> RtResult<()> {
+        let Some(s) = &self.shared else { return Ok(()) };
+        let d = self.experts.hidden;
+        let mut y = vec![0f32; out.len()];
+        s.mlp.forward(h, t, &mut y, LayerLora::NONE)?;
+        for ((o, y), x) in out.chunks_exact_mut(d).zip(y.chunks_exact(d)).zip(h.chunks_exact(d)) {
+            let scale = match &s.gate {
+                Some(g) => 1.0 / (1.0 + (-x.iter().zip(g).map(|(a, b)| a * b).sum::<f32>()).exp()),
+                None => 1.0,
+            };
+            o.iter_mut().zip(y).for_each(|(o, y)| *o += scale * y);
+        }
+        Ok(())
+    }
+
+    /// The layer's feed-forward output: `out = experts(h)` (plus the shared expert's share) for a sparse layer, where `h`
     /// (`[t, hidden]`) is its normed input; for Gemma 4 `out` holds the dense MLP's output and
     /// becomes `post_mlp_norm(out) + post_norm(experts(pre_norm(residual)))`, where `residual`
     /// is the layer's input to the feed-forward part.
     pub fn forward(&self, h: &[f32], residual: &[f32], t: usize, out: &mut [f32]) -> RtResult<()> {
         let Some(g) = &self.gemma4 else {
             let routes = self.route(h, t)?;
-            return self.experts.mix(h, &routes, out);
+            self.experts.mix(h, &routes, out)?;
+            return self.add_shared(h, t, out);
         };
         let mut x = vec![0f32; residual.len()];
         g.router_norm.forward(residual, &mut x);

@@ -147,6 +147,17 @@ pub struct MoePlan {
     pub renormalize: bool,
     pub style: MoeStyle,
     pub names: ExpertNames,
+    /// A gated MLP every token runs through beside the routed experts (Qwen3-Next).
+    pub shared: Option<SharedExpert>,
+}
+
+/// A shared expert: its output joins the routed experts' sum, scaled per token by
+/// `sigmoid(gate · x)` when it has a gate (`[1, hidden]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedExpert {
+    pub intermediate: usize,
+    pub mlp: MlpNames,
+    pub gate: Option<String>,
 }
 
 /// The feed-forward part of a layer.

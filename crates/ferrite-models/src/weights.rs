@@ -6,8 +6,10 @@
 //! biases) reordered so that the executors' rotate-half RoPE rotates the same pairs: the
 //! attention scores are unchanged, as q and k share the order. Every fetch checks the shape
 //! the architecture expects. A bare backbone saved without the `model.` prefix (an embedding
-//! model exported from `AutoModel`) is read under the same names. A matrix of an MLX-quantized
-//! checkpoint (`mlx`) is fetched by its `.weight` name like any other, as MLX blocks.
+//! model exported from `AutoModel`), or the text model of a multimodal checkpoint (under
+//! `model.language_model.`, Qwen3.5), is read under the same names. A matrix of an
+//! MLX-quantized checkpoint (`mlx`) is fetched by its `.weight` name like any other, as MLX
+//! blocks.
 
 use std::path::Path;
 
@@ -59,6 +61,13 @@ pub fn gguf_name(hf: &str, layout: &WeightLayout) -> Option<String> {
     }
     let rest = hf.strip_prefix("model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
+    // Linear attention's bare parameters: llama.cpp stores `A_log` as `−exp(A_log)` in
+    // `ssm_a` (the plan knows) and the dt bias as the bias of `ssm_dt`.
+    match rest {
+        "linear_attn.A_log" => return Some(format!("blk.{layer}.ssm_a")),
+        "linear_attn.dt_bias" => return Some(format!("blk.{layer}.ssm_dt.bias")),
+        _ => {}
+    }
     let (module, suffix) = rest.rsplit_once('.')?;
     let g = match module {
         "input_layernorm" => "attn_norm",
@@ -84,6 +93,20 @@ pub fn gguf_name(hf: &str, layout: &WeightLayout) -> Option<String> {
         "mlp.experts.gate_proj" | "block_sparse_moe.experts.w1" => "ffn_gate_exps",
         "mlp.experts.up_proj" | "block_sparse_moe.experts.w3" => "ffn_up_exps",
         "mlp.experts.down_proj" | "block_sparse_moe.experts.w2" => "ffn_down_exps",
+        // The shared expert and its sigmoid gate (Qwen3-Next).
+        "mlp.shared_expert.gate_proj" => "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj" => "ffn_up_shexp",
+        "mlp.shared_expert.down_proj" => "ffn_down_shexp",
+        "mlp.shared_expert_gate" => "ffn_gate_inp_shexp",
+        // Gated DeltaNet (Qwen3-Next's packed `in_proj_qkvz` becomes `attn_qkv` + `attn_gate`).
+        "linear_attn.in_proj_qkv" => "attn_qkv",
+        "linear_attn.in_proj_z" => "attn_gate",
+        "linear_attn.in_proj_b" => "ssm_beta",
+        "linear_attn.in_proj_a" => "ssm_alpha",
+        "linear_attn.in_proj_ba" => "ssm_ba",
+        "linear_attn.conv1d" => "ssm_conv1d",
+        "linear_attn.norm" => "ssm_norm",
+        "linear_attn.out_proj" => "ssm_out",
         _ => return None,
     };
     Some(format!("blk.{layer}.{g}.{suffix}"))
@@ -119,6 +142,10 @@ impl Weights {
             // A bare backbone (`Qwen3Model`, `Gemma3TextModel`) is saved without `model.`.
             WeightSource::Safetensors(s) => match hf.strip_prefix("model.") {
                 Some(bare) if !s.contains(hf) && s.contains(bare) => Some(bare.to_string()),
+                // A multimodal checkpoint's text model (Qwen3.5): `model.language_model.`.
+                Some(rest) if !s.contains(hf) && s.contains(&format!("model.language_model.{rest}")) => {
+                    Some(format!("model.language_model.{rest}"))
+                }
                 _ => Some(hf.to_string()),
             },
             WeightSource::Gguf(_) => gguf_name(hf, &self.layout),

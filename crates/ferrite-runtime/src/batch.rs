@@ -26,6 +26,10 @@ pub struct RowSpan {
     /// Its block ids are in the full-precision twin pools of a quantized cache (a row before
     /// its quantized start), not in the cache's own pools.
     pub full_precision: bool,
+    /// A verify (or drafting) row of a model with recurrent state: slot `i` receives the state
+    /// after the row's first `i + 1` query tokens, so a rejected tail can be rolled back
+    /// (`kv_state`). Empty otherwise.
+    pub span_states: Vec<u32>,
 }
 
 /// How a row runs besides its tokens: the LoRA adapter (None: the base model) and which pools
@@ -99,6 +103,7 @@ impl ForwardBatch {
             block_tables,
             adapter,
             full_precision,
+            span_states: Vec::new(),
         });
     }
 

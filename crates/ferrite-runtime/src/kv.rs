@@ -30,6 +30,7 @@ use crate::cuda::Gpu;
 use crate::error::{Result, RuntimeError};
 use crate::hugemem::HugeVec;
 use crate::kv_quant::{KvBits, QuantPool, KV_GROUP_SIZES};
+use crate::kv_state::{StatePool, StateSpec};
 
 /// Shape of one KV-owning layer and the KV group whose blocks it uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,21 +47,35 @@ pub enum KvGroupKind {
     Full,
     /// Only the last `window` positions are read; older blocks are released.
     Sliding { window: usize },
+    /// A fixed-size recurrent state per sequence (linear attention): its "blocks" are state
+    /// slots of the layers in `KvLayout::states` (`kv_state`).
+    Recurrent,
 }
 
-/// The KV layout of a model: its groups and its KV-owning layers. Layers that read another
-/// layer's KV (shared / donor layers) own nothing and are not listed; the model maps them to
-/// their donor's index.
+/// The KV layout of a model: its groups, its KV-owning layers and its recurrent-state layers.
+/// Layers that read another layer's KV (shared / donor layers) own nothing and are not listed;
+/// the model maps them to their donor's index.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvLayout {
     pub groups: Vec<KvGroupKind>,
     pub layers: Vec<KvLayerSpec>,
+    /// Layers keeping a recurrent state (gated DeltaNet), in a `Recurrent` group's slots.
+    pub states: Vec<StateSpec>,
 }
 
 impl KvLayout {
     /// One full-attention group for `n` identical layers.
     pub fn uniform(n: usize, n_kv_heads: usize, head_dim: usize, kind: KvGroupKind) -> KvLayout {
-        KvLayout { groups: vec![kind], layers: vec![KvLayerSpec { n_kv_heads, head_dim, group: 0 }; n] }
+        KvLayout {
+            groups: vec![kind],
+            layers: vec![KvLayerSpec { n_kv_heads, head_dim, group: 0 }; n],
+            states: Vec::new(),
+        }
+    }
+
+    /// The recurrent group, if the model keeps recurrent state.
+    pub fn recurrent_group(&self) -> Option<usize> {
+        self.groups.iter().position(|g| *g == KvGroupKind::Recurrent)
     }
 
     /// Host bytes (default `KvDtype`) one block of `block_size` positions takes, per group.
@@ -74,6 +89,10 @@ impl KvLayout {
         let mut out = vec![0; self.groups.len()];
         for (l, d) in self.layers.iter().zip(dtypes) {
             out[l.group] += 2 * l.n_kv_heads * d.head_block_bytes(block_size, l.head_dim);
+        }
+        // A state slot is one "block" of a recurrent group, whatever the block size.
+        for s in &self.states {
+            out[s.group] += s.slot_bytes();
         }
         out
     }
@@ -410,6 +429,8 @@ pub struct KvCache {
     /// Unique per cache in this process (a captured graph remembers which cache it writes).
     id: u64,
     pub(crate) storage: Storage,
+    /// The recurrent states of `KvLayout::states` (host memory only).
+    states: Vec<StatePool>,
     group_blocks: Vec<usize>,
     pub(crate) block_size: usize,
     /// Blocks per group of the full-precision twin pools (`kv_twin`); empty without them.
@@ -487,9 +508,11 @@ impl KvCache {
                 LayerKv::new(spec, KvPool::zeroed(dtype, n), KvPool::zeroed(dtype, n))
             })
             .collect();
+        let states = layout.states.iter().map(|&spec| StatePool::zeroed(spec, group_blocks[spec.group])).collect();
         Ok(KvCache {
             id: next_id(),
             storage: Storage::Host(layers),
+            states,
             group_blocks: group_blocks.to_vec(),
             block_size,
             full_blocks: Vec::new(),
@@ -511,6 +534,9 @@ impl KvCache {
         scheme: &KvScheme,
     ) -> Result<KvCache> {
         check_blocks(layout, group_blocks, block_size)?;
+        if !layout.states.is_empty() {
+            return Err(RuntimeError::Unsupported("recurrent state has no CUDA storage yet".into()));
+        }
         let layers = layout
             .layers
             .iter()
@@ -526,6 +552,7 @@ impl KvCache {
         Ok(KvCache {
             id: next_id(),
             storage: Storage::Device(pools),
+            states: Vec::new(),
             group_blocks: group_blocks.to_vec(),
             block_size,
             full_blocks: Vec::new(),
@@ -591,6 +618,12 @@ impl KvCache {
             }
             Storage::Device(_) => Err(RuntimeError::Shape("a CPU model was given a KV cache on a CUDA device".into())),
         }
+    }
+
+    /// The recurrent state of state layer `i` (`KvLayout::states`).
+    pub fn state_mut(&mut self, i: usize) -> Result<&mut StatePool> {
+        let n = self.states.len();
+        self.states.get_mut(i).ok_or_else(|| RuntimeError::Shape(format!("state layer {i} of {n}")))
     }
 
     /// Device layer `i`; an error for host storage or a layer that does not exist.

@@ -336,6 +336,7 @@ mod tests {
                 KvLayerSpec { n_kv_heads: 1, head_dim: 32, group: 1 },
                 KvLayerSpec { n_kv_heads: 2, head_dim: 16, group: 0 },
             ],
+            states: Vec::new(),
         };
         let cache = |dtype| {
             let scheme = KvScheme { dtype, ..Default::default() };

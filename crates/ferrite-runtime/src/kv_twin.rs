@@ -147,6 +147,7 @@ mod tests {
         let layout = KvLayout {
             groups: vec![KvGroupKind::Full],
             layers: vec![KvLayerSpec { n_kv_heads: 2, head_dim: 32, group: 0 }; 2],
+            states: Vec::new(),
         };
         let scheme = KvScheme { dtype: KvDtype::Int8 { group: 16 }, skip: KvSkip::List(vec![1]) };
         let mut kv = KvCache::with_scheme(&layout, &[3], 4, &scheme).unwrap();

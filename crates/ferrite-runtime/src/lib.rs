@@ -14,6 +14,7 @@ pub mod hugemem;
 pub mod kv;
 pub mod kv_host;
 pub mod kv_quant;
+pub mod kv_state;
 pub mod kv_twin;
 pub mod quant;
 pub mod sampling;

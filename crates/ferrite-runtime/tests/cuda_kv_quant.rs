@@ -484,6 +484,7 @@ fn cuda_quantized_blocks_copy_like_host_blocks() {
             KvLayerSpec { n_kv_heads: 4, head_dim: 32, group: 1 },
             KvLayerSpec { n_kv_heads: 2, head_dim: 64, group: 0 },
         ],
+        states: Vec::new(),
     };
     let blocks = [6, 6];
     for dtype in [KvDtype::Int8 { group: 32 }, KvDtype::Int4 { group: 16 }] {

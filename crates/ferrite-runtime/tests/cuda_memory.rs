@@ -43,6 +43,7 @@ fn whole_blocks_move_exactly_between_host_memory_and_a_device_cache() {
             KvLayerSpec { n_kv_heads: 1, head_dim: 32, group: 1 },
             KvLayerSpec { n_kv_heads: 2, head_dim: 16, group: 0 },
         ],
+        states: Vec::new(),
     };
     let blocks = 600;
     let mut kv = KvCache::on_device(gpu, &layout, &[blocks, blocks], 4).unwrap();

@@ -156,7 +156,7 @@ impl EngineCore {
         // The logits rows 0..=used stood: their query positions' KV is kept.
         s.num_computed += used;
         if proposal.is_some() {
-            self.kvm.truncate(&mut s.kv, s.tokens.len());
+            self.kvm.truncate(&mut s.kv, s.num_computed, s.tokens.len());
         }
         self.kvm.after_step(&mut s.kv, &s.tokens, s.num_computed);
         if let Some(d) = self.drafter.as_mut() {

@@ -13,6 +13,10 @@
 //! serve — all `h` blocks in a full-attention group, only those the window still reads at
 //! position `h · block_size` in a sliding one (the ones before were released and may be gone).
 //!
+//! A recurrent group's blocks are state slots (`policy::RecurrentState`): its table keeps the
+//! live state and strided snapshots, and a verify row gets a span of per-token state slots
+//! (`reserve_span`) from which `truncate` restores the state at the accepted length.
+//!
 //! With a tier below the pool that takes evicted blocks (host RAM), every cached block the
 //! pools evict is recorded as a `Spill` — its hash, tokens and the block of each group that
 //! caches it — while its bytes are still intact; the engine hands the spills to the tier
@@ -30,9 +34,9 @@ use ferrite_runtime::batch::NO_BLOCK;
 use ferrite_runtime::KvLayout;
 
 use super::block_pool::BlockPool;
-use super::policy::{policy_for, GroupPolicy};
+use super::policy::{policy_for, GroupPolicy, RecurrentState};
 use super::prefix_cache::{chain_hash, PrefixCache};
-use super::seq_kv::{lock, SeqKv, SharedPools, NEVER};
+use super::seq_kv::{lock, SeqKv, SharedPools, Span, NEVER};
 
 pub struct KvManager {
     /// The rules of each group's kind, in group order.
@@ -119,6 +123,88 @@ impl KvManager {
     /// Whether rows may keep full-precision KV before a quantized start (twin pools exist).
     pub fn has_full_precision(&self) -> bool {
         self.twins
+    }
+
+    /// Keep a recurrent group's state snapshots every `blocks` blocks (default 1).
+    pub fn set_snapshot_stride(&mut self, blocks: usize) {
+        for p in self.policies.iter_mut().filter(|p| p.spans()) {
+            *p = Box::new(RecurrentState { stride: blocks.max(1) });
+        }
+    }
+
+    /// Whether a group keeps recurrent state (verify rows need `reserve_span`).
+    pub fn has_recurrent_state(&self) -> bool {
+        self.policies.iter().any(|p| p.spans())
+    }
+
+    /// Take the state slots of a verify row of `kv` whose first query position is `from` and
+    /// that proposes `k` tokens: the state after each of positions `from .. from + k` gets a
+    /// slot (`SeqKv::span_states`), so `truncate` can restore any accepted length. True (and
+    /// nothing taken) without a recurrent group; false when the slots are not free.
+    pub fn reserve_span(&mut self, kv: &mut SeqKv, from: usize, k: usize) -> bool {
+        debug_assert!(kv.is_from(&self.pools) && kv.span.is_none(), "one span at a time, from its own pools");
+        let Some(g) = self.policies.iter().position(|p| p.spans()) else { return true };
+        let groups = self.policies.len();
+        let mut pools = lock(&self.pools);
+        if pools[kv.base + g].num_free() < k {
+            return false;
+        }
+        let mut slots = Vec::with_capacity(k);
+        for _ in 0..k {
+            match take_free(&mut pools[kv.base + g], kv.base + g, &mut self.cache, &mut self.spills, groups) {
+                Some(b) => slots.push(b),
+                None => break,
+            }
+        }
+        kv.span = Some(Span { group: g, from, slots });
+        true
+    }
+
+    /// Fit `kv`'s recurrent tables to a row of a step that ends at `context` positions (its
+    /// query may be shorter than what was allocated, a proposal cut short): the entry of its
+    /// last position holds a slot — the last entry's, moved there — and no entry past it does.
+    /// Other groups keep their tables. False where no slot could be found (never after
+    /// `allocate` covered `context`).
+    pub fn fit_row(&mut self, kv: &mut SeqKv, context: usize) -> bool {
+        if context == 0 {
+            return true;
+        }
+        let (bs, groups) = (self.block_size, self.policies.len());
+        let end = (context - 1) / bs;
+        let mut pools = lock(&self.pools);
+        for (g, (policy, table)) in self.policies.iter().zip(kv.tables.iter_mut()).enumerate() {
+            if !policy.last_holds_block() {
+                continue;
+            }
+            let mut spare = None;
+            while table.len() > end + 1 {
+                match (table.pop(), spare) {
+                    (Some(b), None) if b != NO_BLOCK => spare = Some(b),
+                    (Some(b), Some(_)) if b != NO_BLOCK => pools[kv.base + g].release(b),
+                    _ => {}
+                }
+            }
+            table.resize(end + 1, NO_BLOCK);
+            if table[end] == NO_BLOCK {
+                let at = kv.base + g;
+                match spare.take().or_else(|| take_free(&mut pools[at], at, &mut self.cache, &mut self.spills, groups)) {
+                    Some(b) => table[end] = b,
+                    None => return false,
+                }
+            }
+            if let Some(b) = spare {
+                pools[kv.base + g].release(b);
+            }
+        }
+        true
+    }
+
+    /// Release `kv`'s span without restoring from it (its row's last state stood).
+    pub fn drop_span(&mut self, kv: &mut SeqKv) {
+        if let Some(span) = kv.span.take() {
+            let mut pools = lock(&self.pools);
+            span.slots.iter().for_each(|&b| pools[kv.base + span.group].release(b));
+        }
     }
 
     /// Record the cached blocks the pools evict from now on (`take_spills`).
@@ -350,30 +436,41 @@ impl KvManager {
             .collect()
     }
 
-    /// Grow every table to cover `total` positions; all or nothing. A row before its
-    /// quantized start that `total` takes past it turns quantized (`turn`): its tables move
-    /// into the quantized pools, and the conversions of its blocks wait in it
-    /// (`SeqKv::pending_moves`) until `end_transition`.
+    /// Grow every table to cover `total` positions; all or nothing. New entries get a block
+    /// where their group's policy gives them one (every entry, but for a recurrent group only
+    /// snapshot entries and the last, which must hold a block). A row before its quantized
+    /// start that `total` takes past it turns quantized (`turn`): its tables move into the
+    /// quantized pools, and the conversions of its blocks wait in it (`SeqKv::pending_moves`)
+    /// until `end_transition`.
     pub fn allocate(&mut self, kv: &mut SeqKv, total: usize) -> bool {
         debug_assert!(kv.is_from(&self.pools), "an allocation grows from its own pools");
         if kv.base != 0 && total > kv.start {
             return self.turn(kv, total);
         }
         let bs = self.block_size;
-        let need: Vec<usize> =
-            self.policies.iter().zip(&kv.tables).map(|(p, t)| p.table_len(total, bs).saturating_sub(t.len())).collect();
+        let plan: Vec<(usize, Vec<usize>)> = (self.policies.iter().zip(&kv.tables))
+            .map(|(p, t)| {
+                let len = p.table_len(total, bs).max(t.len());
+                let mut fill: Vec<usize> = (t.len()..len).filter(|&e| p.holds_block(e, len)).collect();
+                if p.last_holds_block() && len > 0 && t.get(len - 1) == Some(&NO_BLOCK) {
+                    fill.push(len - 1);
+                }
+                (len, fill)
+            })
+            .collect();
         let mut pools = lock(&self.pools);
-        if pools.iter().skip(kv.base).zip(&need).any(|(p, &n)| p.num_free() < n) {
+        if pools.iter().skip(kv.base).zip(&plan).any(|(p, (_, fill))| p.num_free() < fill.len()) {
             return false;
         }
         let groups = self.policies.len();
-        for (g, &n) in need.iter().enumerate() {
+        for (g, (len, fill)) in plan.into_iter().enumerate() {
             let at = kv.base + g;
-            for _ in 0..n {
+            kv.tables[g].resize(len, NO_BLOCK);
+            for e in fill {
                 let Some(block) = take_free(&mut pools[at], at, &mut self.cache, &mut self.spills, groups) else {
                     return false;
                 };
-                kv.tables[g].push(block);
+                kv.tables[g][e] = block;
             }
         }
         true
@@ -386,6 +483,8 @@ impl KvManager {
     pub fn after_step(&mut self, kv: &mut SeqKv, tokens: &[u32], computed: usize) {
         debug_assert!(kv.is_from(&self.pools), "an allocation is stepped by its own manager");
         let bs = self.block_size;
+        // A span no verdict rolled back from (its row never reached one) holds nothing needed.
+        self.drop_span(kv);
         let mut pools = lock(&self.pools);
         if let Some(cache) = self.cache.as_mut() {
             let root = kv.chain_root();
@@ -417,9 +516,11 @@ impl KvManager {
         }
     }
 
-    /// Roll `kv` back to its first `len` positions: blocks past them are released (a rejected
-    /// verify tail). Prefix-cache entries only ever cover committed positions, so none is lost.
-    pub fn truncate(&mut self, kv: &mut SeqKv, len: usize) {
+    /// Roll `kv` back to its first `len` positions, `computed` of them computed: blocks past
+    /// them are released (a rejected verify tail), and a recurrent group's live entry gets the
+    /// state after `computed` positions from the span of the verify row (`reserve_span`).
+    /// Prefix-cache entries only ever cover committed positions, so none is lost.
+    pub fn truncate(&mut self, kv: &mut SeqKv, computed: usize, len: usize) {
         debug_assert!(kv.is_from(&self.pools), "an allocation is rolled back by its own manager");
         let bs = self.block_size;
         debug_assert!(
@@ -427,6 +528,21 @@ impl KvManager {
             "a quantized row is rolled back past its start"
         );
         let mut pools = lock(&self.pools);
+        if let Some(Span { group, from, mut slots }) = kv.span.take() {
+            // When the whole span stood, the row's last entry already holds the state.
+            if let Some(i) = computed.checked_sub(from + 1).filter(|&i| i < slots.len()) {
+                let (slot, e) = (slots.remove(i), (computed - 1) / bs);
+                let table = &mut kv.tables[group];
+                if table.len() <= e {
+                    table.resize(e + 1, NO_BLOCK);
+                }
+                let old = std::mem::replace(&mut table[e], slot);
+                if old != NO_BLOCK {
+                    pools[kv.base + group].release(old);
+                }
+            }
+            slots.iter().for_each(|&b| pools[kv.base + group].release(b));
+        }
         for ((policy, pool), table) in
             self.policies.iter().zip(pools.iter_mut().skip(kv.base)).zip(kv.tables.iter_mut())
         {
@@ -477,7 +593,8 @@ impl KvManager {
                 return Err("an allocation of other pools was counted".into());
             }
             for (g, (held, table)) in held.iter_mut().skip(kv.base).zip(&kv.tables).enumerate() {
-                for &b in table.iter().filter(|&&b| b != NO_BLOCK) {
+                let span = kv.span.as_ref().filter(|s| s.group == g).map_or(&[][..], |s| &s.slots);
+                for &b in table.iter().chain(span).filter(|&&b| b != NO_BLOCK) {
                     *held.get_mut(b as usize).ok_or(format!("group {g} has no block {b}"))? += 1;
                 }
             }
@@ -506,7 +623,7 @@ mod tests {
     fn manager(groups: Vec<KvGroupKind>, blocks: usize) -> KvManager {
         let layers = (0..groups.len()).map(|group| KvLayerSpec { n_kv_heads: 1, head_dim: 4, group }).collect();
         let n = groups.len();
-        KvManager::new(&KvLayout { groups, layers }, &vec![blocks; n], 4, Some(7))
+        KvManager::new(&KvLayout { groups, layers, states: Vec::new() }, &vec![blocks; n], 4, Some(7))
     }
 
     #[test]
@@ -568,6 +685,45 @@ mod tests {
     }
 
     #[test]
+    fn a_verify_span_rolls_the_recurrent_state_back_to_the_accepted_length() {
+        let mut m = manager(vec![KvGroupKind::Full, KvGroupKind::Recurrent], 32);
+        let tokens: Vec<u32> = (1..=20).collect();
+        let mut kv = m.new_seq();
+        // Ten positions computed: the state after them is in entry 2 (positions 8..10).
+        assert!(m.allocate(&mut kv, 10));
+        m.after_step(&mut kv, &tokens, 10);
+        let live = kv.tables()[1][2];
+        assert_eq!(kv.tables()[1][..2], [NO_BLOCK, NO_BLOCK], "entries before the live one are released");
+        // A verify row [pending, d1, d2, d3] at positions 10..14: three span slots.
+        for (used, want) in [(0usize, 0usize), (1, 1), (2, 2), (3, 3)] {
+            let mut kv2 = m.new_seq();
+            assert!(m.allocate(&mut kv2, 10));
+            m.after_step(&mut kv2, &tokens, 10);
+            assert!(m.allocate(&mut kv2, 14));
+            assert!(m.reserve_span(&mut kv2, 10, 3));
+            let span = kv2.span_states().to_vec();
+            let end = kv2.tables()[1][3];
+            m.check_holders([&kv, &kv2]).unwrap();
+            // The pending token and `used` drafts stood.
+            let computed = 11 + used;
+            m.truncate(&mut kv2, computed, computed + 1);
+            let holder = kv2.tables()[1][(computed - 1) / 4];
+            let expect = if want < 3 { span[want] } else { end };
+            assert_eq!(holder, expect, "{used} accepted: the state after {computed} positions");
+            assert!(kv2.span_states().is_empty());
+            m.after_step(&mut kv2, &tokens, computed);
+            m.check_holders([&kv, &kv2]).unwrap();
+        }
+        assert_eq!(kv.tables()[1][2], live);
+        // Without free slots no span is taken.
+        let mut kv3 = m.new_seq();
+        assert!(!m.reserve_span(&mut kv3, 0, 1000));
+        drop((kv, kv3));
+        assert_eq!(m.free_blocks(), (64, 64));
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
     fn a_sliding_group_releases_what_left_the_window_and_the_rest_on_drop() {
         let mut m = manager(vec![KvGroupKind::Full, KvGroupKind::Sliding { window: 8 }], 16);
         let tokens: Vec<u32> = (1..=24).collect();
@@ -580,7 +736,7 @@ mod tests {
         m.check_holders([&kv]).unwrap();
         // No fork shares a sliding table.
         assert!(m.share_prefix(&kv, 4).is_empty());
-        m.truncate(&mut kv, 17);
+        m.truncate(&mut kv, 17, 17);
         assert_eq!(m.free_blocks(), (32 - 5 - 1, 32));
         m.check_holders([&kv]).unwrap();
         drop(kv);

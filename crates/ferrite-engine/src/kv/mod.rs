@@ -15,7 +15,7 @@ mod transition;
 
 pub use block_pool::BlockPool;
 pub use manager::{KvManager, Spill};
-pub use policy::{policy_for, FullAttention, GroupPolicy, SlidingWindow};
+pub use policy::{policy_for, FullAttention, GroupPolicy, RecurrentState, SlidingWindow};
 pub use prefix_cache::PrefixCache;
 pub use seq_kv::{SeqKv, NEVER};
 pub use tier::{BlockData, KvTier, Restored, TierKind};

@@ -10,14 +10,13 @@
 //! Layers that read a donor layer's KV (Gemma 4's shared layers) are not a group: they own no
 //! blocks and read their donor's group, so they follow their donor's policy.
 //!
-//! Room for a recurrent-state kind (hybrid linear attention, state-space layers): such a group
-//! holds one fixed-size state per sequence rather than a block per `block_size` positions. Its
-//! policy would answer `table_len` with 1 for any non-empty length, `first_needed` with 0 (the
-//! state is updated in place), `capacity_tokens` without bound, `shares_prefix` with false (a
-//! fork copies the state instead of sharing it), and serve a prefix hit only at a length whose
-//! state snapshot the cache holds. Rolling back a rejected verify tail cannot drop entries: it
-//! needs a snapshot from before the tail, so that kind brings a rollback rule of its own to
-//! this trait (and a state pool to the manager) when it lands.
+//! A recurrent group (hybrid linear attention) holds fixed-size states in slots, not keys and
+//! values, but keeps the same positional table (`ferrite_runtime::kv_state`): entry `e` holds
+//! the state after the end of block `e`, or the live state in the block the sequence is in.
+//! Its policy (`RecurrentState`) gives a slot only to every `stride`-th entry (the snapshots
+//! the prefix cache keeps) and the last one, releases every entry before the live one, serves
+//! a hit wherever the snapshot at the hit's end is cached, and asks for per-token state slots
+//! for a verify row (`spans`), from which a rejected tail is rolled back.
 
 use std::fmt::Debug;
 
@@ -46,6 +45,23 @@ pub trait GroupPolicy: Debug + Send {
 
     /// Whether a fork may share this group's table entries (their blocks are retained).
     fn shares_prefix(&self) -> bool;
+
+    /// Whether entry `entry` of a table growing to `len` entries gets a block.
+    fn holds_block(&self, _entry: usize, _len: usize) -> bool {
+        true
+    }
+
+    /// Whether the last entry must hold a block even where `holds_block` gave it none when it
+    /// was allocated (a recurrent group writes its live state there).
+    fn last_holds_block(&self) -> bool {
+        false
+    }
+
+    /// Whether a verify row needs a block for the state after each of its query tokens, so a
+    /// rollback can restore any accepted length (a recurrent group's state is overwritten).
+    fn spans(&self) -> bool {
+        false
+    }
 }
 
 /// The policy of a layout's group `kind`.
@@ -53,6 +69,7 @@ pub fn policy_for(kind: KvGroupKind) -> Box<dyn GroupPolicy> {
     match kind {
         KvGroupKind::Full => Box::new(FullAttention),
         KvGroupKind::Sliding { window } => Box::new(SlidingWindow { window }),
+        KvGroupKind::Recurrent => Box::new(RecurrentState { stride: 1 }),
     }
 }
 
@@ -127,6 +144,57 @@ impl GroupPolicy for SlidingWindow {
     }
 }
 
+/// A recurrent state (linear attention): entry `e` holds the state after block `e` (a snapshot)
+/// or the live state; only every `stride`-th entry keeps a snapshot slot, the last entry holds
+/// the live state, and everything before the live entry is released after each step.
+#[derive(Debug, Clone, Copy)]
+pub struct RecurrentState {
+    /// Blocks between state snapshots.
+    pub stride: usize,
+}
+
+impl GroupPolicy for RecurrentState {
+    fn table_len(&self, positions: usize, block_size: usize) -> usize {
+        positions.div_ceil(block_size)
+    }
+
+    /// The entry holding the state after `computed` positions, which the next query reads.
+    fn first_needed(&self, computed: usize, block_size: usize) -> usize {
+        computed.saturating_sub(1) / block_size
+    }
+
+    /// The state does not grow with the sequence.
+    fn capacity_tokens(&self, _num_blocks: usize, _block_size: usize) -> usize {
+        usize::MAX
+    }
+
+    fn hit_bound(&self, max: usize, _cached: &dyn Fn(usize) -> bool) -> usize {
+        max
+    }
+
+    /// The snapshot after the hit's last block.
+    fn serves_hit(&self, hit: usize, _block_size: usize, cached: &dyn Fn(usize) -> bool) -> bool {
+        hit == 0 || cached(hit - 1)
+    }
+
+    /// A fork recomputes from a prefix hit instead: the parent released its early entries.
+    fn shares_prefix(&self) -> bool {
+        false
+    }
+
+    fn holds_block(&self, entry: usize, len: usize) -> bool {
+        entry + 1 == len || (entry + 1).is_multiple_of(self.stride.max(1))
+    }
+
+    fn last_holds_block(&self) -> bool {
+        true
+    }
+
+    fn spans(&self) -> bool {
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,5 +226,23 @@ mod tests {
         assert!(p.serves_hit(8, 4, &cached));
         assert!(!p.serves_hit(4, 4, &cached));
         assert!(!p.shares_prefix());
+    }
+
+    #[test]
+    fn a_recurrent_state_keeps_the_live_entry_and_strided_snapshots() {
+        let p = RecurrentState { stride: 3 };
+        assert_eq!(p.table_len(9, 4), 3);
+        // After 8 positions the state is in entry 1 (positions 4..8); after 9, entry 2.
+        assert_eq!(p.first_needed(8, 4), 1);
+        assert_eq!(p.first_needed(9, 4), 2);
+        assert_eq!(p.first_needed(0, 4), 0);
+        assert_eq!(p.capacity_tokens(2, 4), usize::MAX);
+        // Snapshots at entries 2, 5, ... and the last entry.
+        let held: Vec<bool> = (0..7).map(|e| p.holds_block(e, 7)).collect();
+        assert_eq!(held, vec![false, false, true, false, false, true, true]);
+        // A hit needs only the snapshot at its end.
+        let cached = |i: usize| i == 5;
+        assert!(p.serves_hit(6, 4, &cached) && !p.serves_hit(5, 4, &cached) && p.serves_hit(0, 4, &cached));
+        assert!(p.spans() && p.last_holds_block() && !p.shares_prefix());
     }
 }

@@ -57,6 +57,17 @@ pub struct SeqKv {
     /// Twin blocks its tables were converted from, held until their values are copied:
     /// (group, twin block, block).
     pub(super) pending: Vec<(usize, u32, u32)>,
+    /// The per-token state slots of the verify row being run, if any.
+    pub(super) span: Option<Span>,
+}
+
+/// A verify row's state slots in a recurrent group: slot `i` receives the state after position
+/// `from + 1 + i`, so a rollback to any accepted length finds its state (`KvManager::truncate`).
+#[derive(Debug)]
+pub(super) struct Span {
+    pub group: usize,
+    pub from: usize,
+    pub slots: Vec<u32>,
 }
 
 /// A quantized start no row reaches: the row keeps full-precision KV.
@@ -87,7 +98,14 @@ impl SeqKv {
             base: 0,
             start: 0,
             pending: Vec::new(),
+            span: None,
         }
+    }
+
+    /// The state slots a verify row writes after each of its query tokens but the last
+    /// (`RowSpan::span_states`); empty without a span.
+    pub fn span_states(&self) -> &[u32] {
+        self.span.as_ref().map_or(&[], |s| &s.slots)
     }
 
     /// What computes its KV besides the model (0, or its adapter's digest).
@@ -146,7 +164,7 @@ impl SeqKv {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.tables.iter().all(Vec::is_empty)
+        self.tables.iter().all(Vec::is_empty) && self.span.is_none()
     }
 
     /// Whether this allocation's blocks come from `pools`.
@@ -168,6 +186,11 @@ impl Drop for SeqKv {
         let groups = self.tables.len();
         for &(g, b, _) in &self.pending {
             pools[groups + g].release(b);
+        }
+        if let Some(span) = &self.span {
+            for &b in &span.slots {
+                pools[self.base + span.group].release(b);
+            }
         }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ferrite_models::model::{run_forward, CausalLm, Want};
 use ferrite_runtime::batch::RowLogits;
-use ferrite_runtime::{ForwardBatch, KvCache, KvScheme};
+use ferrite_runtime::{ForwardBatch, KvCache, KvScheme, RuntimeError};
 use rand::Rng;
 
 use super::proposal::{Origin, Policy, Proposal};
@@ -61,7 +61,9 @@ impl Drafter {
         let block_bytes = model.kv_block_bytes(cfg.block_size, &scheme)?;
         let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_len)?;
         let kv = model.new_kv_cache(&group_blocks, cfg.block_size, &scheme)?;
-        let kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, None);
+        let mut kvm = KvManager::new(&layout, &group_blocks, cfg.block_size, None);
+        // No prefix cache: a recurrent state needs no snapshots, only its live entry.
+        kvm.set_snapshot_stride(usize::MAX);
         Ok(Drafter { model, kv, kvm, max_len, forwards: 0 })
     }
 
@@ -76,25 +78,45 @@ impl Drafter {
         let mut active: Vec<usize> = Vec::new();
         for (i, job) in jobs.iter_mut().enumerate() {
             let kv = job.state.kv.get_or_insert_with(|| self.kvm.new_seq());
-            let room = job.room.min((self.max_len + 1).saturating_sub(job.tokens.len()));
+            // A span no verdict rolled back from: its row's last state stands.
+            self.kvm.drop_span(kv);
+            let mut room = job.room.min((self.max_len + 1).saturating_sub(job.tokens.len()));
+            // A draft with recurrent state keeps the state after each drafted token it feeds
+            // back (rounds 1..room), so `rollback` can return to any accepted length; without
+            // free slots for them it drafts one token.
+            if room > 1 && !self.kvm.reserve_span(kv, job.tokens.len() - 1, room - 1) {
+                room = 1;
+            }
             job.room = room;
             if room > 0 && self.kvm.allocate(kv, job.tokens.len() + room - 1) {
                 active.push(i);
             }
         }
         let vocab = self.vocab_size();
-        let mut round = 0;
+        let mut round = 0usize;
         while !active.is_empty() {
             let mut batch = ForwardBatch::default();
             for &i in &active {
-                let job = &jobs[i];
+                let job = &mut jobs[i];
                 let last = out[i].ids.last().copied();
                 let query: Vec<u32> = match last {
                     None => job.tokens[job.state.computed..].to_vec(),
                     Some(t) => vec![t],
                 };
-                let tables = job.state.kv.as_ref().map_or(Vec::new(), |kv| kv.tables().to_vec());
-                batch.push_row(&query, job.state.computed + query.len(), tables, RowLogits::Last);
+                let context = job.state.computed + query.len();
+                // Each round's live state goes to the entry of its last position.
+                let fitted = match job.state.kv.as_mut() {
+                    Some(kv) => self.kvm.fit_row(kv, context).then(|| kv.tables().to_vec()),
+                    None => None,
+                };
+                let tables = fitted
+                    .ok_or_else(|| EngineError::Model(RuntimeError::Shape("no draft state slot for a row".into())))?;
+                batch.push_row(&query, context, tables, RowLogits::Last);
+                // Round r feeds drafted token r back; its state also goes to span slot r − 1.
+                let span = job.state.kv.as_ref().and_then(|kv| kv.span_states().get(round.wrapping_sub(1)).copied());
+                if let (Some(slot), true, Some(row)) = (span, round > 0, batch.rows.last_mut()) {
+                    row.span_states = vec![slot];
+                }
             }
             // As the target's step (see `run_forward`).
             let (model, kv) = (&self.model, &mut self.kv);
@@ -128,9 +150,15 @@ impl Drafter {
 
     /// Keep the draft KV of the first `valid` tokens of a sequence.
     pub fn rollback(&mut self, state: &mut DraftKv, valid: usize) {
-        state.computed = state.computed.min(valid);
+        let fed = state.computed;
+        state.computed = fed.min(valid);
         if let Some(kv) = state.kv.as_mut() {
-            self.kvm.truncate(kv, state.computed);
+            if state.computed == fed {
+                // Everything fed stood: the live state is right, and the span slots of rounds
+                // that never ran hold nothing.
+                self.kvm.drop_span(kv);
+            }
+            self.kvm.truncate(kv, state.computed, state.computed);
         }
     }
 

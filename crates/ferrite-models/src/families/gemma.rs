@@ -220,6 +220,8 @@ fn plan(cfg: &ModelConfig, src: &ConfigSource, gen: Gen) -> Result<DecoderPlan> 
             shared: false,
             kv_index: i,
             eps,
+            output_gate: false,
+            linear: None,
         };
         let ffn = FfnPlan { act: cfg.hidden_act, intermediate: cfg.intermediate_size, bias: false, moe: None };
         // Gemma 1 is pre-norm; from Gemma 2 on each sublayer's output is normed too.

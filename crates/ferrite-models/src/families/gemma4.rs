@@ -285,6 +285,8 @@ pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
             shared,
             kv_index,
             eps: cfg.rms_norm_eps,
+            output_gate: false,
+            linear: None,
         };
         let intermediate = cfg.intermediate_size * if s.double_wide && shared { 2 } else { 1 };
         let moe = s.moe.map(|shape| MoePlan {
@@ -298,6 +300,7 @@ pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
                 up: "up_proj",
                 down: "down_proj",
             },
+            shared: None,
         });
         let ffn = FfnPlan { act: cfg.hidden_act, intermediate, bias: false, moe };
         layers.push(LayerPlan { attn, ffn, names: LayerNames::sandwich(i) });

@@ -45,6 +45,8 @@ pub(super) fn base(cfg: &ModelConfig) -> DecoderPlan {
                 shared: false,
                 kv_index: i,
                 eps: cfg.rms_norm_eps,
+                output_gate: false,
+                linear: None,
             },
             ffn: FfnPlan { act: cfg.hidden_act, intermediate: cfg.intermediate_size, bias: false, moe: None },
             names: LayerNames::llama(i),

@@ -12,7 +12,9 @@ mod llama;
 mod mixtral;
 mod olmo2;
 mod phi3;
+mod qwen3_5;
 mod qwen3_moe;
+mod qwen3_next;
 mod smollm3;
 mod sparse_moe;
 mod starcoder2;
@@ -126,6 +128,18 @@ pub static FAMILIES: &[Family] = &[
         gguf: Some("qwen3moe"),
         quirks: Quirks { qk_norm: true, window: WindowRule::QwenFlag, ..LLAMA },
         plan: qwen3_moe::plan,
+    },
+    Family {
+        name: "qwen3_5_text",
+        gguf: Some("qwen35"),
+        quirks: Quirks { qk_norm: true, window: WindowRule::QwenFlag, gguf_sandwich: true, ..LLAMA },
+        plan: qwen3_5::plan,
+    },
+    Family {
+        name: "qwen3_next",
+        gguf: Some("qwen3next"),
+        quirks: Quirks { qk_norm: true, window: WindowRule::QwenFlag, gguf_sandwich: true, ..LLAMA },
+        plan: qwen3_next::plan,
     },
     Family {
         name: "mixtral",

@@ -12,11 +12,11 @@ use crate::error::Result;
 use crate::moe::MoeShape;
 use crate::plan::DecoderPlan;
 
-const NAMING: Naming = Naming { block: "mlp", projections: ("gate_proj", "up_proj", "down_proj") };
+pub(super) const NAMING: Naming = Naming { block: "mlp", projections: ("gate_proj", "up_proj", "down_proj") };
 
 pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
     let sparse = match src {
-        ConfigSource::Hf { json, .. } => Some(from_hf(cfg, json).map_err(|m| src.error(m))?),
+        ConfigSource::Hf { json, .. } => Some(from_hf(cfg, json, false).map_err(|m| src.error(m))?),
         ConfigSource::Gguf(g) => Sparse::from_gguf(cfg, g, src)?,
     };
     Ok(match sparse {
@@ -25,7 +25,9 @@ pub fn plan(cfg: &mut ModelConfig, src: &ConfigSource) -> Result<DecoderPlan> {
     })
 }
 
-fn from_hf(cfg: &ModelConfig, json: &Value) -> std::result::Result<Sparse, String> {
+/// The expert settings of a Qwen MoE config; `norm_topk_prob` is `renormalize` when absent
+/// (transformers' default: false for Qwen3-MoE, true for Qwen3-Next).
+pub(super) fn from_hf(cfg: &ModelConfig, json: &Value, renormalize: bool) -> std::result::Result<Sparse, String> {
     // transformers 5 saves `num_experts` as `num_local_experts`.
     let experts = hf_count(json, &["num_experts", "num_local_experts"], Some(128))?;
     let step = hf_count(json, &["decoder_sparse_step"], Some(1))?;
@@ -49,7 +51,7 @@ fn from_hf(cfg: &ModelConfig, json: &Value) -> std::result::Result<Sparse, Strin
         MoeShape { num_experts: 0, top_k: 0, intermediate: 0 }
     };
     let renormalize = match json.get("norm_topk_prob") {
-        None | Some(Value::Null) => false,
+        None | Some(Value::Null) => renormalize,
         Some(v) => v.as_bool().ok_or("norm_topk_prob is not a bool")?,
     };
     Ok(Sparse { shape, renormalize, layers })
@@ -70,7 +72,7 @@ mod tests {
             j[k] = v.clone();
         }
         let cfg = ModelConfig::from_hf_json(std::path::Path::new("config.json"), &j).map_err(|e| e.to_string())?;
-        from_hf(&cfg, &j)
+        from_hf(&cfg, &j, false)
     }
 
     #[test]

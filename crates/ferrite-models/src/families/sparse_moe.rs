@@ -30,6 +30,12 @@ impl Sparse {
     /// The llama plan of `cfg` with these experts.
     pub fn plan(&self, cfg: &ModelConfig, naming: &Naming) -> DecoderPlan {
         let mut plan = super::llama::base(cfg);
+        self.apply(&mut plan, naming);
+        plan
+    }
+
+    /// Put these experts in place of the dense MLP of the sparse layers of `plan`.
+    pub fn apply(&self, plan: &mut DecoderPlan, naming: &Naming) {
         for (i, (l, &sparse)) in plan.layers.iter_mut().zip(&self.layers).enumerate() {
             if !sparse {
                 continue;
@@ -47,9 +53,9 @@ impl Sparse {
                     up,
                     down,
                 },
+                shared: None,
             });
         }
-        plan
     }
 
     /// The settings a GGUF file gives: `{arch}.expert_count`, `{arch}.expert_used_count`, the

@@ -61,6 +61,17 @@ pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
         return Some("an encoder's input embeddings and post-LN layers have no CUDA path yet".into());
     }
     for (i, l) in plan.layers.iter().enumerate() {
+        if l.attn.linear.is_some() {
+            return Some(format!(
+                "layer {i}: gated DeltaNet linear attention (qwen3_5, qwen3_next) has no CUDA kernel yet"
+            ));
+        }
+        if l.attn.output_gate {
+            return Some(format!("layer {i}: a gated attention output (qwen3_5, qwen3_next) has no CUDA path yet"));
+        }
+        if l.ffn.moe.as_ref().is_some_and(|m| m.shared.is_some()) {
+            return Some(format!("layer {i}: a shared expert has no CUDA path yet"));
+        }
         let hd = l.attn.params.head_dim;
         if !HEAD_DIMS.contains(&hd) {
             return Some(format!("layer {i}: head_dim {hd} has no CUDA attention kernel ({HEAD_DIMS:?})"));

@@ -144,6 +144,7 @@ fn a_rows_output_does_not_depend_on_its_batch() {
         renormalize: true,
         experts: experts(8, DType::Q8_0, 12),
         gemma4: None,
+        shared: None,
     };
     let tokens = 9;
     let x = values(&mut rng, tokens * HIDDEN, 1.0);
@@ -158,5 +159,44 @@ fn a_rows_output_does_not_depend_on_its_batch() {
         let mut alone = vec![0f32; HIDDEN];
         moe.forward(row, row, 1, &mut alone).expect("alone");
         assert_eq!(alone, batched[t * HIDDEN..(t + 1) * HIDDEN], "token {t}");
+    }
+}
+
+/// Qwen3-Next's shared expert: every token adds `sigmoid(g · x) · shared(x)` to its routed sum,
+/// whatever its batch.
+#[test]
+fn a_gated_shared_expert_joins_every_token() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    let shared = || {
+        let mut r = rand::rngs::StdRng::seed_from_u64(13);
+        let (g, u) = (matrix(&mut r, INTER, HIDDEN, DType::Q8_0), matrix(&mut r, INTER, HIDDEN, DType::Q8_0));
+        Mlp::gated(g, u, matrix(&mut r, HIDDEN, INTER, DType::Q8_0), Activation::Silu)
+    };
+    let gate = values(&mut rng, HIDDEN, 0.3);
+    let moe = Moe {
+        router: matrix(&mut rng, 8, HIDDEN, DType::Q8_0),
+        top_k: 2,
+        renormalize: true,
+        experts: experts(8, DType::Q8_0, 14),
+        gemma4: None,
+        shared: Some(Shared { mlp: shared(), gate: Some(gate.clone()) }),
+    };
+    let tokens = 5;
+    let x = values(&mut rng, tokens * HIDDEN, 1.0);
+    let mut out = vec![0f32; x.len()];
+    moe.forward(&x, &x, tokens, &mut out).expect("forward");
+    let routed = reference(&moe.experts, &x, &moe.route(&x, tokens).expect("routes"));
+    let mut plain = vec![0f32; x.len()];
+    shared().forward(&x, tokens, &mut plain, LayerLora::NONE).expect("shared");
+    for t in 0..tokens {
+        let row = &x[t * HIDDEN..(t + 1) * HIDDEN];
+        let g = 1.0 / (1.0 + (-row.iter().zip(&gate).map(|(a, b)| a * b).sum::<f32>()).exp());
+        for i in t * HIDDEN..(t + 1) * HIDDEN {
+            let want = routed[i] + g * plain[i];
+            assert!((out[i] - want).abs() <= 1e-5 * want.abs().max(1.0), "token {t}: {} vs {want}", out[i]);
+        }
+        let mut alone = vec![0f32; HIDDEN];
+        moe.forward(row, row, 1, &mut alone).expect("alone");
+        assert_eq!(alone, out[t * HIDDEN..(t + 1) * HIDDEN], "token {t} alone");
     }
 }

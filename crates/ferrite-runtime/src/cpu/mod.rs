@@ -6,6 +6,7 @@
 pub mod activation;
 pub mod attention;
 pub mod embedding;
+pub mod gated_delta;
 pub mod lora;
 pub mod matmul;
 pub mod norm;
