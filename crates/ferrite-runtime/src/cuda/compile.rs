@@ -52,7 +52,8 @@ pub(crate) const SOURCES: &[Source] = sources![
     "sampling",
     "init",
     "gemv",
-    "gemma";
+    "gemma",
+    "lora";
     quant: "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k",
 ];
 

@@ -52,6 +52,9 @@ pub(crate) struct Functions {
     pub qkv_norm: CudaFunction,
     pub per_layer_inputs: CudaFunction,
     pub moe_combine: CudaFunction,
+    /// Multi-LoRA's shrink and expand (`lora.cu`).
+    pub lora_shrink: CudaFunction,
+    pub lora_expand: CudaFunction,
     /// The kernels of each GGUF block type with a CUDA path, in `QUANT_TYPES` order.
     pub quant: Vec<QuantFunctions>,
 }
@@ -161,6 +164,8 @@ impl Functions {
             qkv_norm: get("gemma", "qkv_norm")?,
             per_layer_inputs: get("gemma", "per_layer_inputs")?,
             moe_combine: get("gemma", "moe_combine")?,
+            lora_shrink: get("lora", "lora_shrink")?,
+            lora_expand: get("lora", "lora_expand")?,
             quant,
         })
     }

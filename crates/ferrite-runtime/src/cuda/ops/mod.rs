@@ -3,6 +3,7 @@
 pub mod attention;
 pub mod elementwise;
 pub mod gemma;
+pub mod lora;
 pub mod matrix;
 pub mod norm;
 pub mod quant;
@@ -14,6 +15,7 @@ pub use elementwise::{
     scale_softcap, GatedActivation, RopeShape, TableElement,
 };
 pub use gemma::{moe_combine, per_layer_inputs, qkv_norm, PerLayerShape, QkvHeads};
+pub use lora::{lora_add, LoraMatrices, LoraStep, LoraTable, LORA_MAX_RANK, LORA_TARGETS};
 pub use matrix::Matrix;
 pub use norm::{norm, norm_add, residual_add, rms_norm, rms_norm_add, NormWeights};
 pub use quant::{dequantize, quant_embedding, quant_linear, quant_linear_gated, QuantMatrix};
