@@ -223,6 +223,28 @@ impl LoraAdapter {
         let digest = fnv(fnv(0xcbf2_9ce4_8422_2325, &cfg_bytes), &bytes);
         Ok(LoraAdapter { path: dir.to_path_buf(), rank, scale, modules, digest })
     }
+
+    /// Whether every module fits a base of `layers` layers whose projection `target` of layer
+    /// `i` maps `shape(i, target) = Some((in, out))` features (None: the layer has no such
+    /// projection); a mismatch names the layer, the projection and both shapes.
+    pub fn check_fits(&self, layers: usize, shape: impl Fn(usize, LoraTarget) -> Option<(usize, usize)>) -> Result<()> {
+        let mismatch = |m: String| LoadError::format(&self.path, format!("does not fit the base model: {m}"));
+        for m in &self.modules {
+            let what = format!("layers.{}.{}", m.layer, m.target.module());
+            if m.layer >= layers {
+                return Err(mismatch(format!("{what}: the base has {layers} layers")));
+            }
+            let (inp, out) = shape(m.layer, m.target)
+                .ok_or_else(|| mismatch(format!("{what}: the base layer has no such projection")))?;
+            if (m.in_features, m.out_features) != (inp, out) {
+                return Err(mismatch(format!(
+                    "{what} maps {} → {} features, the base projection {inp} → {out}",
+                    m.in_features, m.out_features
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
