@@ -299,8 +299,9 @@ pub fn lora_add(
         cfg((gx, n_slices as u32, 1), THREADS, 0),
         &[&xp, &in_i, &wide, &meta, &tp, &slot_stride, &entry, &sp],
     )?;
+    // The expand's blocks are light (48 registers): eight a multiprocessor fill it.
     let col_blocks = width.div_ceil(THREADS as usize);
-    let gx = groups.min((2 * sms).div_ceil(col_blocks)).max(1) as u32;
+    let gx = groups.min((8 * sms).div_ceil(col_blocks)).max(1) as u32;
     let [n0, n1, n2] = widths.map(|w| w as i32);
     let stride_i = stride as i32;
     gpu.launch(
