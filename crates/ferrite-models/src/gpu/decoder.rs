@@ -16,7 +16,9 @@
 //! fixed RoPE table, the attention kernel itself rotates q and the new key and stores K and V
 //! (one launch instead of two). Matrices are bf16 or GGUF blocks (`Matrix`); activations are
 //! bf16, every kernel computes in f32, GEMMs accumulate in f32. What a plan does not ask for
-//! (biases, scales, LayerNorm, per-row RoPE tables) launches nothing.
+//! (biases, scales, LayerNorm, per-row RoPE tables) launches nothing. In a step with LoRA
+//! rows, each adapted projection's GEMM is followed by the adapters' shrink and expand
+//! (`lora`), and the gated activation runs after the gate-up GEMM instead of in it.
 //!
 //! Gemma 4's experts are routed on the host: a MoE layer copies its router logits back, picks
 //! each token's experts as the CPU model does, and runs each expert over the tokens routed to

@@ -6,7 +6,8 @@
 //!
 //! All buffers of a step live in the workspace, so the decode loop allocates nothing. Pure
 //! decode steps (one query token per row, logits for every row) replay a CUDA graph captured
-//! per (row bucket, context bucket): the rows are padded to the bucket with empty rows, block
+//! per (row bucket, context bucket, step variant — `Layers::upload_step`: with LoRA launches
+//! or without): the rows are padded to the bucket with empty rows, block
 //! tables are padded to the context bucket, and the split-K plans cover it. Other steps
 //! (prefill chunks, mixed batches) run eagerly.
 //!

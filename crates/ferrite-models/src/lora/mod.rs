@@ -224,6 +224,26 @@ impl LoraAdapter {
         Ok(LoraAdapter { path: dir.to_path_buf(), rank, scale, modules, digest })
     }
 
+    /// A random adapter of `rank` over every projection `shapes` lists (per layer, (in, out)
+    /// features in `LoraTarget` order; `CausalLm::lora_shapes`), for benchmarks: A uniform
+    /// with a unit-variance shrink, B small, scale 1, a digest from `seed`.
+    pub fn random(shapes: &[[Option<(usize, usize)>; 7]], rank: usize, seed: u64) -> LoraAdapter {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut modules = Vec::new();
+        for (layer, targets) in shapes.iter().enumerate() {
+            for (target, shape) in LoraTarget::ALL.into_iter().zip(targets) {
+                let Some((inp, out)) = *shape else { continue };
+                let amp = (3.0 / inp as f32).sqrt();
+                let a = (0..rank * inp).map(|_| rng.random_range(-amp..amp)).collect();
+                let b = (0..out * rank).map(|_| rng.random_range(-0.01..0.01)).collect();
+                modules.push(LoraModule { layer, target, a, b, in_features: inp, out_features: out });
+            }
+        }
+        let path = PathBuf::from(format!("synthetic-lora-{seed}"));
+        LoraAdapter { path, rank, scale: 1.0, modules, digest: fnv(0xcbf2_9ce4_8422_2325, &seed.to_le_bytes()).max(1) }
+    }
+
     /// Whether every module fits a base of `layers` layers whose projection `target` of layer
     /// `i` maps `shape(i, target) = Some((in, out))` features (None: the layer has no such
     /// projection); a mismatch names the layer, the projection and both shapes.
