@@ -72,7 +72,10 @@ pub(crate) fn compare(
         );
         println!("base model:");
         print_pass(&base_stats);
-        println!("{n} synthetic adapters of rank {} on all 7 projections (made and attached in {attach_s:.1} s):", a.lora_rank);
+        println!(
+            "{n} synthetic adapters of rank {} on all 7 projections (made and attached in {attach_s:.1} s):",
+            a.lora_rank
+        );
         print_pass(&lora_stats);
         println!("LoRA / base output throughput: {ratio:.3}");
     }

@@ -127,7 +127,8 @@ fn isolated_engines_serve_lora_adapters_across_loads_and_restarts() {
 
         // Run-time load and unload, and a bad adapter, through the child.
         let (status, body) =
-            post(&server, "/v1/load_lora_adapter", &json!({"lora_name": "late", "lora_path": lora_dir("mlp-late")})).await;
+            post(&server, "/v1/load_lora_adapter", &json!({"lora_name": "late", "lora_path": lora_dir("mlp-late")}))
+                .await;
         assert_eq!(status, 200, "{body}");
         let (status, got) = tokens(&server, "late", &prompt, 16).await;
         assert_eq!((status, got), (200, ids(&lora_ref["adapters"]["mlp-late"]["greedy"][1])));

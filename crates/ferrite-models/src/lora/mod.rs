@@ -228,15 +228,22 @@ impl LoraAdapter {
     /// features in `LoraTarget` order; `CausalLm::lora_shapes`), for benchmarks: A uniform
     /// with a unit-variance shrink, B small, scale 1, a digest from `seed`.
     pub fn random(shapes: &[[Option<(usize, usize)>; 7]], rank: usize, seed: u64) -> LoraAdapter {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        // splitmix64: uniform in [-1, 1) from a counter.
+        let mut state = seed;
+        let mut uniform = move || {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
         let mut modules = Vec::new();
         for (layer, targets) in shapes.iter().enumerate() {
             for (target, shape) in LoraTarget::ALL.into_iter().zip(targets) {
                 let Some((inp, out)) = *shape else { continue };
                 let amp = (3.0 / inp as f32).sqrt();
-                let a = (0..rank * inp).map(|_| rng.random_range(-amp..amp)).collect();
-                let b = (0..out * rank).map(|_| rng.random_range(-0.01..0.01)).collect();
+                let a = (0..rank * inp).map(|_| amp * uniform()).collect();
+                let b = (0..out * rank).map(|_| 0.01 * uniform()).collect();
                 modules.push(LoraModule { layer, target, a, b, in_features: inp, out_features: out });
             }
         }

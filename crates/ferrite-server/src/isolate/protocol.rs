@@ -26,22 +26,49 @@ pub const METRICS_EVERY: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ToWorker {
-    Submit { id: RequestId, request: Box<Request> },
-    Cancel { id: RequestId },
+    Submit {
+        id: RequestId,
+        request: Box<Request>,
+    },
+    Cancel {
+        id: RequestId,
+    },
     /// Load the PEFT adapter in `path` under `name` (`id` names the answer).
-    LoadAdapter { id: u64, name: String, path: PathBuf },
-    UnloadAdapter { id: u64, name: String },
+    LoadAdapter {
+        id: u64,
+        name: String,
+        path: PathBuf,
+    },
+    UnloadAdapter {
+        id: u64,
+        name: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum FromWorker {
-    Ready { limits: Limits },
-    Accepted { id: RequestId },
-    Rejected { id: RequestId, error: WireError },
-    Output { id: RequestId, output: Output },
-    Metrics { values: Vec<u64> },
+    Ready {
+        limits: Limits,
+    },
+    Accepted {
+        id: RequestId,
+    },
+    Rejected {
+        id: RequestId,
+        error: WireError,
+    },
+    Output {
+        id: RequestId,
+        output: Output,
+    },
+    Metrics {
+        values: Vec<u64>,
+    },
     /// The answer to `LoadAdapter` or `UnloadAdapter` `id`: done, or why not.
-    AdapterDone { id: u64, error: Option<WireError> },
+    AdapterDone {
+        id: u64,
+        error: Option<WireError>,
+    },
 }
 
 /// An `ApiError` as it crosses the socket (a request the child's engine refused).
