@@ -2,7 +2,7 @@
 # The CUDA tests: built on a machine with Rust (no GPU needed), run on one with an NVIDIA GPU.
 #
 #   bash scripts/gpu_tests.sh build   # here: build the CUDA test binaries (ferrite-runtime ops,
-#                                     # ferrite-engine's cuda_model and cuda_goldens) and the ferrite binary, and
+#                                     # ferrite-engine's cuda_model, cuda_goldens, cuda_lora, ...) and the ferrite binary, and
 #                                     # copy them into .gpu/ (git-ignored)
 #   bash scripts/gpu_tests.sh run     # there: run .gpu/cuda_* with FERRITE_TEST_CUDA=1 (CUDA op
 #                                     # and quantized-kernel tests against the CPU ops, the
@@ -62,7 +62,7 @@ run | bench | all | moe)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
     failed=()
     tests=(cuda_ops cuda_layer_ops cuda_memory cuda_quant cuda_moe cuda_attention cuda_kv_quant cuda_sampling
-           cuda_model cuda_goldens cuda_kv_quant_model cuda_tiers cuda_ceiling)
+           cuda_lora_ops cuda_model cuda_goldens cuda_kv_quant_model cuda_lora cuda_tiers cuda_ceiling)
     [ "$1" = bench ] && tests=()
     [ "$1" = moe ] && tests=(cuda_moe cuda_goldens)
     # cuda_model's comparison with Hugging Face transformers needs their reference, made here
@@ -101,8 +101,9 @@ label, path = sys.argv[1], sys.argv[2]
 r = json.loads(open(path).read().strip().splitlines()[-1])
 keys = ["prompt_tok_s", "decode_tok_s", "output_tok_s", "total_tok_s", "tpot_ms_p50", "ttft_ms_p50", "load_ms", "ready_ms",
         "weight_bytes", "kv_bytes_per_token", "ttft_ms_pool", "ttft_ms_host", "ttft_ms_ssd", "ttft_ms_ssd_disk", "ttft_ms_cold",
-        "ssd_write_mb_per_s", "decode_busy_over_idle"]
-print("TABLE|bench " + label + "|" + "|".join(f"{k} {r[k]:.1f}" for k in keys if r.get(k) is not None))
+        "ssd_write_mb_per_s", "decode_busy_over_idle", "base_output_tok_s", "lora_ratio"]
+fmt = lambda k: f"{k} {r[k]:.3f}" if k.endswith("ratio") else f"{k} {r[k]:.1f}"
+print("TABLE|bench " + label + "|" + "|".join(fmt(k) for k in keys if r.get(k) is not None))
 PY
                 cat "$out/bench_$label.json"
             else
@@ -188,6 +189,10 @@ PY
             bench throughput-8b-no-overlap bench throughput "${s8[@]}" --num-requests 768 --input-len 128 \
                 --output-len 128 --concurrency 256 --max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 512 \
                 --no-overlap
+            # Multi-LoRA: 64 concurrent rows over 4 synthetic rank-16 adapters (all 7 projections)
+            # against the base alone on the same engine (goal: lora_ratio >= 0.85).
+            bench throughput-8b-lora4 bench throughput "${s8[@]}" --num-requests 256 --input-len 128 --output-len 128 \
+                --concurrency 64 --max-num-seqs 64 --max-num-batched-tokens 8192 --max-model-len 512 --lora 4
             bench decode-qwen bench decode --synthetic qwen2.5-1.5b --prompt-tokens 512 --gen-tokens 64 --reps 2
             bench decode-smollm bench decode --synthetic smollm2-135m --prompt-tokens 512 --gen-tokens 64 --reps 2
             bench decode-gemma4-e4b bench decode --synthetic gemma-4-e4b --dtype bf16 --prompt-tokens 512 --gen-tokens 128 \

@@ -2,7 +2,8 @@
 //! llama-bench does (random prompt ids, a fixed number of generated tokens, EOS ignored) —
 //! with `--json-schema`, also constrained to a JSON schema, side by side with unconstrained;
 //! `throughput` drives many concurrent requests through the engine and reports output and
-//! total tokens per second with TTFT and TPOT percentiles; `tiers` (in `bench_tiers`) the
+//! total tokens per second with TTFT and TPOT percentiles (with `--lora N`, against N
+//! synthetic adapters, in `bench_lora`); `tiers` (in `bench_tiers`) the
 //! prefix cache's tiers and resumed generations; `serve` (in `bench_serve`) drives
 //! an OpenAI-compatible server over HTTP; `switch` and `respawn` (in `bench_pool`) time a
 //! pool's model switch and an isolated engine's restart; `embed` (in `bench_embed`) an
@@ -127,6 +128,13 @@ pub struct ThroughputArgs {
     /// is the engine's own time per step (greedy requests only).
     #[arg(long)]
     pub no_compute: bool,
+    /// Run the workload on the base model, then spread over N synthetic random LoRA adapters
+    /// (rank --lora-rank, all seven projections of every layer), and report the ratio.
+    #[arg(long, value_name = "N")]
+    pub lora: Option<usize>,
+    /// Rank of the synthetic adapters of --lora.
+    #[arg(long, default_value_t = 16)]
+    pub lora_rank: usize,
 }
 
 pub fn bench(cmd: BenchCommand) -> Result<()> {
@@ -348,7 +356,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
 }
 
 /// The (prompt ids, max_tokens) of every request.
-fn workload(a: &ThroughputArgs, loaded: &ferrite_models::LoadedModel) -> Result<Vec<(Vec<u32>, usize)>> {
+pub(crate) fn workload(a: &ThroughputArgs, loaded: &ferrite_models::LoadedModel) -> Result<Vec<(Vec<u32>, usize)>> {
     let vocab = loaded.model.config().vocab_size;
     if let Some(file) = &a.prompts_file {
         let tok = loaded.tokenizer.as_ref().context("--prompts-file needs a model with a tokenizer")?;
@@ -368,30 +376,49 @@ fn workload(a: &ThroughputArgs, loaded: &ferrite_models::LoadedModel) -> Result<
         .collect())
 }
 
-fn throughput(a: ThroughputArgs) -> Result<()> {
-    if a.num_requests == 0 || a.concurrency == 0 || a.input_len == 0 || a.output_len == 0 {
-        bail!("--num-requests, --concurrency, --input-len and --output-len must be at least 1");
+/// What one pass of a throughput workload measured: its wall time and, per request, (prompt
+/// tokens, (ttft s, tpot s, output tokens)).
+pub(crate) struct Pass {
+    pub wall: f64,
+    results: Vec<(usize, (f64, f64, usize))>,
+}
+
+impl Pass {
+    pub fn output_tok_s(&self) -> f64 {
+        self.results.iter().map(|(_, r)| r.2).sum::<usize>() as f64 / self.wall
     }
-    let (mut loaded, path, threads) = a.model.load()?;
-    if a.no_compute {
-        loaded.model = crate::no_compute::NoCompute::wrap(loaded.model.clone());
+
+    /// Throughput and latency percentiles (ms) as JSON fields.
+    pub fn stats(&self) -> serde_json::Map<String, Value> {
+        let out_tokens: usize = self.results.iter().map(|(_, r)| r.2).sum();
+        let in_tokens: usize = self.results.iter().map(|(p, _)| p).sum();
+        let mut ttft: Vec<f64> = self.results.iter().map(|(_, r)| r.0 * 1e3).collect();
+        let mut tpot: Vec<f64> = self.results.iter().filter(|(_, r)| r.2 > 1).map(|(_, r)| r.1 * 1e3).collect();
+        ttft.sort_by(f64::total_cmp);
+        tpot.sort_by(f64::total_cmp);
+        let v = json!({
+            "duration_s": self.wall,
+            "output_tok_s": out_tokens as f64 / self.wall, "total_tok_s": (in_tokens + out_tokens) as f64 / self.wall,
+            "request_s": self.results.len() as f64 / self.wall,
+            "ttft_ms_p50": pct(&ttft, 0.5), "ttft_ms_p90": pct(&ttft, 0.9), "ttft_ms_p99": pct(&ttft, 0.99),
+            "tpot_ms_p50": pct(&tpot, 0.5), "tpot_ms_p90": pct(&tpot, 0.9), "tpot_ms_p99": pct(&tpot, 0.99),
+        });
+        v.as_object().cloned().unwrap_or_default()
     }
-    let work = Arc::new(workload(&a, &loaded)?);
-    let mut engine_args = a.engine.clone();
-    engine_args.max_num_seqs = engine_args.max_num_seqs.max(a.concurrency);
-    let engine = Arc::new(engine_args.start(&loaded, &path)?);
-    let mut adapters = Vec::new();
-    for (name, dir) in crate::serve::lora_modules(&a.lora_modules)? {
-        let lora = ferrite_models::lora::LoraAdapter::load(&dir, ferrite_models::lora::MAX_LORA_RANK)?;
-        engine.load_adapter(&name, Arc::new(lora))?;
-        adapters.push(name);
-    }
-    let adapters = Arc::new(adapters);
-    let device = crate::session::device_report(&loaded, threads);
+}
+
+/// Drive `work` (prompt, max tokens) through `engine` from `concurrency` client threads,
+/// request i through `adapters[i % len]` (the base model when there are none).
+pub(crate) fn drive(
+    engine: &Arc<Engine>,
+    work: &Arc<Vec<(Vec<u32>, usize)>>,
+    concurrency: usize,
+    adapters: &Arc<Vec<String>>,
+) -> Result<Pass> {
     let next = Arc::new(AtomicUsize::new(0));
     let results = Arc::new(Mutex::new(Vec::new()));
     let t0 = Instant::now();
-    let clients: Vec<_> = (0..a.concurrency.min(a.num_requests))
+    let clients: Vec<_> = (0..concurrency.min(work.len()))
         .map(|_| {
             let (engine, work, next, results) = (engine.clone(), work.clone(), next.clone(), results.clone());
             let adapters = adapters.clone();
@@ -410,27 +437,50 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
         c.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))??;
     }
     let wall = t0.elapsed().as_secs_f64();
-    let results = results.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
-    let out_tokens: usize = results.iter().map(|(_, r)| r.2).sum();
-    let in_tokens: usize = results.iter().map(|(p, _)| p).sum();
-    let mut ttft: Vec<f64> = results.iter().map(|(_, r)| r.0 * 1e3).collect();
-    let mut tpot: Vec<f64> = results.iter().filter(|(_, r)| r.2 > 1).map(|(_, r)| r.1 * 1e3).collect();
-    ttft.sort_by(f64::total_cmp);
-    tpot.sort_by(f64::total_cmp);
+    let results = std::mem::take(&mut *results.lock().map_err(|_| anyhow::anyhow!("poisoned"))?);
+    Ok(Pass { wall, results })
+}
+
+fn throughput(a: ThroughputArgs) -> Result<()> {
+    if a.num_requests == 0 || a.concurrency == 0 || a.input_len == 0 || a.output_len == 0 {
+        bail!("--num-requests, --concurrency, --input-len and --output-len must be at least 1");
+    }
+    let (mut loaded, path, threads) = a.model.load()?;
+    if a.no_compute {
+        if a.lora.is_some() {
+            bail!("--no-compute and --lora measure different things: pass one");
+        }
+        loaded.model = crate::no_compute::NoCompute::wrap(loaded.model.clone());
+    }
+    let work = Arc::new(workload(&a, &loaded)?);
+    let mut engine_args = a.engine.clone();
+    engine_args.max_num_seqs = engine_args.max_num_seqs.max(a.concurrency);
+    let engine = Arc::new(engine_args.start(&loaded, &path)?);
+    let device = crate::session::device_report(&loaded, threads);
+    if let Some(n) = a.lora {
+        return crate::bench_lora::compare(&a, n, &loaded, &path, &device, &engine, &work);
+    }
+    let mut adapters = Vec::new();
+    for (name, dir) in crate::serve::lora_modules(&a.lora_modules)? {
+        let lora = ferrite_models::lora::LoraAdapter::load(&dir, ferrite_models::lora::MAX_LORA_RANK)?;
+        engine.load_adapter(&name, Arc::new(lora))?;
+        adapters.push(name);
+    }
+    let pass = drive(&engine, &work, a.concurrency, &Arc::new(adapters.clone()))?;
     let m = engine.metrics();
-    let out = json!({
+    let mut out = json!({
         "model": path.display().to_string(), "threads": threads, "device": device,
         "num_requests": a.num_requests, "input_len": a.input_len, "output_len": a.output_len,
-        "concurrency": a.concurrency, "duration_s": wall, "lora_adapters": adapters.len(), "no_compute": a.no_compute,
-        "output_tok_s": out_tokens as f64 / wall, "total_tok_s": (in_tokens + out_tokens) as f64 / wall,
-        "request_s": a.num_requests as f64 / wall,
-        "ttft_ms_p50": pct(&ttft, 0.5), "ttft_ms_p90": pct(&ttft, 0.9), "ttft_ms_p99": pct(&ttft, 0.99),
-        "tpot_ms_p50": pct(&tpot, 0.5), "tpot_ms_p90": pct(&tpot, 0.9), "tpot_ms_p99": pct(&tpot, 0.99),
+        "concurrency": a.concurrency, "lora_adapters": adapters.len(), "no_compute": a.no_compute,
         "prefix_cache_hit_rate": m.prefix_hit_rate(),
         "preemptions": m.preemptions.load(Ordering::Relaxed),
         "kv_cache": engine.limits().kv_scheme, "kv_bytes_per_token": engine.limits().kv_bytes_per_token,
         "kv_capacity_tokens": engine.limits().kv_capacity_tokens,
     });
+    let stats = pass.stats();
+    if let Some(o) = out.as_object_mut() {
+        o.extend(stats.clone());
+    }
     if a.json {
         println!("{out}");
     } else {
@@ -443,16 +493,23 @@ fn throughput(a: ThroughputArgs) -> Result<()> {
             a.output_len,
             a.concurrency
         );
-        println!(
-            "output {:.1} tok/s, total {:.1} tok/s, {:.2} req/s over {wall:.1} s",
-            out["output_tok_s"].as_f64().unwrap_or(0.0),
-            out["total_tok_s"].as_f64().unwrap_or(0.0),
-            out["request_s"].as_f64().unwrap_or(0.0)
-        );
-        println!("TTFT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&ttft, 0.5), pct(&ttft, 0.9), pct(&ttft, 0.99));
-        println!("TPOT ms p50 {:.1} p90 {:.1} p99 {:.1}", pct(&tpot, 0.5), pct(&tpot, 0.9), pct(&tpot, 0.99));
+        print_pass(&stats);
     }
     Ok(())
+}
+
+/// A pass's throughput and latency lines.
+pub(crate) fn print_pass(stats: &serde_json::Map<String, Value>) {
+    let f = |k: &str| stats.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+    println!(
+        "output {:.1} tok/s, total {:.1} tok/s, {:.2} req/s over {:.1} s",
+        f("output_tok_s"),
+        f("total_tok_s"),
+        f("request_s"),
+        f("duration_s")
+    );
+    println!("TTFT ms p50 {:.1} p90 {:.1} p99 {:.1}", f("ttft_ms_p50"), f("ttft_ms_p90"), f("ttft_ms_p99"));
+    println!("TPOT ms p50 {:.1} p90 {:.1} p99 {:.1}", f("tpot_ms_p50"), f("tpot_ms_p90"), f("tpot_ms_p99"));
 }
 
 fn prefix(a: PrefixArgs) -> Result<()> {

@@ -7,6 +7,7 @@
 
 mod bench;
 mod bench_embed;
+mod bench_lora;
 mod bench_pool;
 mod bench_serve;
 mod bench_tiers;

@@ -7,44 +7,17 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use common::lora::*;
 use common::*;
-use ferrite_engine::{EngineConfig, EngineCore, EngineError, FillMode, Request, RequestParams, Speculation};
+use ferrite_engine::{EngineConfig, EngineCore, EngineError, FillMode, Request, Speculation};
 use ferrite_models::lora::{LoraAdapter, MAX_LORA_RANK};
 use ferrite_models::model::{CausalLm, Pending, Want};
 use ferrite_models::{paths, registry};
 use ferrite_runtime::batch::{RowLogits, RowOptions};
 use ferrite_runtime::{ForwardBatch, KvCache, KvDtype, KvScheme};
 use serde_json::Value;
-
-const ADAPTERS: [&str; 3] = ["qv", "all", "mlp-late"];
-
-fn lora_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/lora").join(name)
-}
-
-fn adapter(name: &str) -> LoraAdapter {
-    LoraAdapter::load(&lora_dir(name), MAX_LORA_RANK).unwrap_or_else(|e| panic!("adapter {name}: {e}"))
-}
-
-fn reference() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(lora_dir("reference.json")).expect("reference.json")).expect("json")
-}
-
-/// A core over `model` with every adapter of `ADAPTERS` loaded under its name.
-fn core_with_adapters(model: &Arc<dyn CausalLm>, cfg: EngineConfig, names: &[&str]) -> EngineCore {
-    let mut c = core(model, cfg);
-    for name in names {
-        c.load_adapter(name, &adapter(name)).unwrap_or_else(|e| panic!("load {name}: {e}"));
-    }
-    c
-}
-
-fn with_adapter(params: RequestParams, name: Option<&str>) -> RequestParams {
-    RequestParams { adapter: name.map(String::from), ..params }
-}
 
 /// The last-position logits of `prompt` through adapter `id` (already attached), over an f32
 /// KV cache.
@@ -101,18 +74,6 @@ fn adapters_match_transformers_and_peft() {
             assert_eq!(collect(&mut rx, 1)[0], ids(&want["greedy"][p]), "{name} prompt {p}: greedy tokens");
         }
     }
-}
-
-/// Eight requests over three adapters and the base, with mixed prompt lengths.
-fn mixed_requests(vocab: u32) -> Vec<(Vec<u32>, Option<&'static str>, usize)> {
-    let choices = [Some("qv"), None, Some("all"), Some("mlp-late"), Some("qv"), Some("all"), None, Some("mlp-late")];
-    (0..8)
-        .map(|i| {
-            let len = 3 + 11 * i % 37;
-            let prompt = (0..len).map(|j| (1 + (j * 31 + i * 17) as u32) % vocab).collect();
-            (prompt, choices[i], 6 + i % 5)
-        })
-        .collect()
 }
 
 /// Run `reqs` together on one core (`names` loaded) and each alone; the tokens must agree,

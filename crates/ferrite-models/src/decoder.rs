@@ -26,7 +26,7 @@ use crate::embedding::{EmbeddingHead, EmbeddingSpec};
 use crate::error::Result;
 use crate::input::Input;
 use crate::lora::cpu::{CpuLora, LoraStep};
-use crate::lora::LoraAdapter;
+use crate::lora::{LoraAdapter, LoraTarget};
 use crate::model::{CausalLm, Pending, StepOutput, Want};
 use crate::moe::Moe;
 use crate::plan::DecoderPlan;
@@ -343,16 +343,19 @@ impl CausalLm for Decoder {
     }
 
     fn attach_lora(&self, id: u32, adapter: &LoraAdapter) -> Result<()> {
-        let lora = CpuLora::new(adapter, self.layers.len(), |i, target| {
-            let l = &self.layers[i];
-            l.attn.features(target).or_else(|| l.mlp.as_ref().and_then(|m| m.features(target)))
-        })?;
+        let shapes = self.lora_shapes();
+        let lora = CpuLora::new(adapter, self.layers.len(), |i, target| shapes[i][target.index()])?;
         self.loras.write().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::new(lora));
         Ok(())
     }
 
     fn detach_lora(&self, id: u32) {
         self.loras.write().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    }
+
+    fn lora_shapes(&self) -> Vec<[Option<(usize, usize)>; 7]> {
+        let features = |l: &Layer, t| l.attn.features(t).or_else(|| l.mlp.as_ref().and_then(|m| m.features(t)));
+        self.layers.iter().map(|l| LoraTarget::ALL.map(|t| features(l, t))).collect()
     }
 
     /// Runs at once: the handle is resolved.

@@ -173,11 +173,19 @@ pub trait CausalLm: Send + Sync {
     /// through it; its shapes are checked against the model's projections. A model that
     /// cannot run adapters says so.
     fn attach_lora(&self, _id: u32, adapter: &LoraAdapter) -> Result<(), LoadError> {
-        Err(LoadError::format(&adapter.path, "LoRA adapters run on the CPU executor only so far (--device cpu)"))
+        Err(LoadError::format(&adapter.path, "this model runs no LoRA adapters"))
     }
 
     /// Forget the adapter attached under `id` (no step may name it any more).
     fn detach_lora(&self, _id: u32) {}
+
+    /// Per layer, the (in, out) features of each projection an adapter may adapt, in
+    /// `LoraTarget` order (None: the layer has no such projection); empty for a model that
+    /// runs no adapters.
+    fn lora_shapes(&self) -> Vec<[Option<(usize, usize)>; 7]> {
+        Vec::new()
+    }
+
     /// What the model's embeddings are, when it makes them (`embed`).
     fn embedding(&self) -> Option<&EmbeddingSpec> {
         None

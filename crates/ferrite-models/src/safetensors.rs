@@ -204,10 +204,9 @@ impl SafetensorsDir {
     pub fn raw(&self, name: &str) -> Result<(Stored, &[usize], Buffer)> {
         let e = self.entries.get(name).ok_or_else(|| LoadError::tensor(self.path_of(name), name, "missing"))?;
         let (path, map) = &self.files[e.file];
-        let stored = e
-            .dtype
-            .clone()
-            .map_err(|int| LoadError::tensor(path, name, format!("dtype {int} is not supported (F32, F16, BF16, U32)")))?;
+        let stored = e.dtype.clone().map_err(|int| {
+            LoadError::tensor(path, name, format!("dtype {int} is not supported (F32, F16, BF16, U32)"))
+        })?;
         Ok((stored, &e.shape, Buffer::Mapped { map: map.clone(), range: e.start..e.end }))
     }
 

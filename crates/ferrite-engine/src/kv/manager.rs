@@ -187,7 +187,8 @@ impl KvManager {
             table.resize(end + 1, NO_BLOCK);
             if table[end] == NO_BLOCK {
                 let at = kv.base + g;
-                match spare.take().or_else(|| take_free(&mut pools[at], at, &mut self.cache, &mut self.spills, groups)) {
+                match spare.take().or_else(|| take_free(&mut pools[at], at, &mut self.cache, &mut self.spills, groups))
+                {
                     Some(b) => table[end] = b,
                     None => return false,
                 }

@@ -90,7 +90,13 @@ mod tests {
         let groups = vec![KvGroupKind::Full, KvGroupKind::Sliding { window: 8 }];
         let layers = (0..2).map(|group| KvLayerSpec { n_kv_heads: 1, head_dim: 4, group }).collect();
         let full = if full > 0 { vec![full; 2] } else { Vec::new() };
-        KvManager::with_full_precision(&KvLayout { groups, layers, states: Vec::new() }, &[blocks; 2], &full, 4, Some(7))
+        KvManager::with_full_precision(
+            &KvLayout { groups, layers, states: Vec::new() },
+            &[blocks; 2],
+            &full,
+            4,
+            Some(7),
+        )
     }
 
     #[test]

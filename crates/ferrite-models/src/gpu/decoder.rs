@@ -18,7 +18,9 @@
 //! the new key and stores K and V (one launch instead of two). Matrices are bf16 or GGUF blocks
 //! (`Matrix`, `ExpertMatrix`); activations are bf16, every kernel computes in f32, GEMMs
 //! accumulate in f32. What a plan does not ask for (biases, scales, LayerNorm, per-row RoPE
-//! tables) launches nothing.
+//! tables) launches nothing. In a step with LoRA rows, each adapted projection's GEMM is
+//! followed by the adapters' shrink and expand (`lora`), and the gated activation runs after
+//! the gate-up GEMM instead of in it.
 
 use std::sync::Arc;
 
@@ -29,11 +31,13 @@ use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult};
 use half::bf16;
 
 use super::decoder_weights::{DecoderWeights, DeviceNorm, LayerWeights, MlpWeights};
+use super::lora::{GpuLoras, LoraBuffers, LoraGroup, LoraShapes, StepLora};
 use super::moe::{self, MoeBuffers, MoeStep};
 use super::rope::{Ropes, StepRope};
 use super::runner::{step_inputs, Decode, GpuModel, LayerBuffers, Layers, StepIo};
 use crate::config::{Activation, ModelConfig};
 use crate::error::{LoadError, Result};
+use crate::lora::{LoraAdapter, LoraTarget};
 use crate::plan::{DecoderPlan, InputKind};
 
 /// Any family on the device.
@@ -50,6 +54,7 @@ pub struct DecoderLayers {
     ropes: Ropes,
     act: GatedActivation,
     w: DecoderWeights,
+    loras: GpuLoras,
 }
 
 /// Why `plan` cannot run on the CUDA executor, if it cannot.
@@ -99,6 +104,8 @@ pub struct Buffers {
     moe: Option<MoeBuffers>,
     /// The step's tables of each per-row RoPE schedule.
     ropes: Vec<StepRope>,
+    /// The step's adapted tokens, grouped by adapter.
+    lora: LoraBuffers,
 }
 
 struct PerLayerBuffers {
@@ -123,7 +130,8 @@ impl GpuDecoder {
         };
         let params = plan.layers.iter().map(|l| l.attn.params).collect();
         let bytes = w.bytes;
-        Ok(GpuModel::from_layers(DecoderLayers { cfg, plan, params, ropes, act, w }, gpu, bytes))
+        let loras = GpuLoras::new(&plan, cfg.hidden_size, |i| w.layers[i].mlp.as_ref().map(|m| m.gated));
+        Ok(GpuModel::from_layers(DecoderLayers { cfg, plan, params, ropes, act, w, loras }, gpu, bytes))
     }
 }
 
@@ -214,13 +222,15 @@ impl DecoderLayers {
         Ok(())
     }
 
-    /// Queue layer `i`'s attention: its output projection lands in `b.layer.o`.
+    /// Queue layer `i`'s attention (with the step's adapters): its output projection lands in
+    /// `b.layer.o`.
     #[allow(clippy::too_many_arguments)]
     fn queue_attention(
         &self,
         gpu: &Gpu,
         io: &mut StepIo,
         b: &mut Buffers,
+        lora: &mut Option<StepLora>,
         kv: &mut KvCache,
         tokens: usize,
         decode: Option<Decode>,
@@ -236,6 +246,10 @@ impl DecoderLayers {
         // A layer without an input norm (post-norm) reads the residual stream itself.
         let input = if l.input_norm.is_some() { &io.h } else { &io.x };
         l.qkv.linear(gpu, input, bias, &mut b.layer.qkv, (tokens, qkv_w, d), io.dequant.as_mut())?;
+        if let Some(lora) = lora {
+            let last = if a.shared { LoraTarget::Q } else { LoraTarget::V };
+            lora.add(gpu, i, LoraTarget::Q..=last, input, &mut b.layer.qkv, qkv_w)?;
+        }
         let own = if a.shared { 0 } else { nkv };
         self.queue_qkv_norms(gpu, &mut b.layer.qkv, l, i, tokens, own)?;
         let group = self.plan.layout.layers[a.kv_index].group;
@@ -272,17 +286,24 @@ impl DecoderLayers {
         }
         let o_bias = l.o_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
         l.o.linear(gpu, &b.layer.attn, o_bias, &mut b.layer.o, (tokens, d, q_w), io.dequant.as_mut())?;
+        if let Some(lora) = lora {
+            lora.add(gpu, i, LoraTarget::O..=LoraTarget::O, &b.layer.attn, &mut b.layer.o, d)?;
+        }
         Ok(())
     }
 
-    /// Queue layer `l`'s dense MLP `mlp` (`inter` wide) over `h` (or, with no pre-FFN norm,
-    /// the residual stream): its output lands in `b.layer.o`.
+    /// Queue layer `i`'s dense MLP `mlp` (`inter` wide, with the step's adapters) over `h`
+    /// (or, with no pre-FFN norm, the residual stream): its output lands in `b.layer.o`. The
+    /// gated activation fuses into the gate-up GEMM unless a bias or an adapter comes between
+    /// them.
     #[allow(clippy::too_many_arguments)]
     fn queue_mlp(
         &self,
         gpu: &Gpu,
         io: &mut StepIo,
         b: &mut Buffers,
+        lora: &mut Option<StepLora>,
+        i: usize,
         l: &LayerWeights,
         mlp: &MlpWeights,
         inter: usize,
@@ -292,24 +313,29 @@ impl DecoderLayers {
         let input = if l.pre_ffn_norm.is_some() { &io.h } else { &io.x };
         let l = mlp;
         let (act, dequant) = (&mut b.layer.act, io.dequant.as_mut());
-        match l.gate_up_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>) {
-            Some(bias) if l.gated => {
-                // The biased gate-up rows, then the activation (no fused epilogue adds a bias).
-                l.gate_up.linear(gpu, input, Some(bias), &mut b.layer.gate_up, (tokens, 2 * inter, d), dequant)?;
-                let (gate, up) = (&b.layer.gate_up, b.layer.gate_up.slice(inter..));
-                ops::gated_activation(gpu, self.act, gate, &up, (tokens, inter, 2 * inter), act)?;
+        let bias = l.gate_up_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
+        let adapted = lora.as_ref().is_some_and(|lora| lora.covers(LoraGroup::GateUp));
+        if l.gated && (bias.is_some() || adapted) {
+            l.gate_up.linear(gpu, input, bias, &mut b.layer.gate_up, (tokens, 2 * inter, d), dequant)?;
+            if let Some(lora) = lora {
+                lora.add(gpu, i, LoraTarget::Gate..=LoraTarget::Up, input, &mut b.layer.gate_up, 2 * inter)?;
             }
-            None if l.gated => {
-                let gate_up = &mut b.layer.gate_up;
-                l.gate_up.linear_gated(gpu, self.act, input, gate_up, act, (tokens, inter, d), dequant)?;
+            let (gate, up) = (&b.layer.gate_up, b.layer.gate_up.slice(inter..));
+            ops::gated_activation(gpu, self.act, gate, &up, (tokens, inter, 2 * inter), act)?;
+        } else if l.gated {
+            l.gate_up.linear_gated(gpu, self.act, input, &mut b.layer.gate_up, act, (tokens, inter, d), dequant)?;
+        } else {
+            l.gate_up.linear(gpu, input, bias, act, (tokens, inter, d), dequant)?;
+            if let Some(lora) = lora {
+                lora.add(gpu, i, LoraTarget::Up..=LoraTarget::Up, input, act, inter)?;
             }
-            bias => {
-                l.gate_up.linear(gpu, input, bias, act, (tokens, inter, d), dequant)?;
-                ops::activation(gpu, self.act, act, tokens * inter)?;
-            }
+            ops::activation(gpu, self.act, act, tokens * inter)?;
         }
         let bias = l.down_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
         l.down.linear(gpu, &b.layer.act, bias, &mut b.layer.o, (tokens, d, inter), io.dequant.as_mut())?;
+        if let Some(lora) = lora {
+            lora.add(gpu, i, LoraTarget::Down..=LoraTarget::Down, &b.layer.act, &mut b.layer.o, d)?;
+        }
         Ok(())
     }
 
@@ -319,6 +345,7 @@ impl DecoderLayers {
         gpu: &Gpu,
         io: &mut StepIo,
         b: &mut Buffers,
+        lora: &mut Option<StepLora>,
         kv: &mut KvCache,
         tokens: usize,
         decode: Option<Decode>,
@@ -331,14 +358,14 @@ impl DecoderLayers {
             Some(n) => self.norm_into(gpu, io, b, n, tokens)?,
             None => self.settle(gpu, io, b, tokens)?,
         }
-        self.queue_attention(gpu, io, b, kv, tokens, decode, i, l)?;
+        self.queue_attention(gpu, io, b, lora, kv, tokens, decode, i, l)?;
         self.residual(gpu, io, b, l.post_attn_norm.as_ref(), tokens, 1.0)?;
         match &l.pre_ffn_norm {
             Some(n) => self.norm_into(gpu, io, b, n, tokens)?,
             None => self.settle(gpu, io, b, tokens)?,
         }
         if let Some(mlp) = &l.mlp {
-            self.queue_mlp(gpu, io, b, l, mlp, inter, tokens)?;
+            self.queue_mlp(gpu, io, b, lora, i, l, mlp, inter, tokens)?;
         }
         if let (Some(w), Some(m), Some(plan)) = (&l.moe, b.moe.as_mut(), &self.plan.layers[i].ffn.moe) {
             // Sparse experts read the pre-FFN normed rows; Gemma 4's router and experts the
@@ -398,7 +425,7 @@ impl Layers for DecoderLayers {
         let moe = MoeBuffers::new(gpu, &self.plan, d, tokens)?;
         let ropes = self.ropes.step_buffers(gpu, tokens)?;
         let layer = LayerBuffers::new(gpu, tokens, qkv, attn, d, inter.max(1))?;
-        Ok(Buffers { layer, pending: false, per_layer, moe, ropes })
+        Ok(Buffers { layer, pending: false, per_layer, moe, ropes, lora: LoraBuffers::new(tokens) })
     }
 
     fn queue_layers(
@@ -429,10 +456,14 @@ impl Layers for DecoderLayers {
             };
             ops::per_layer_inputs(gpu, &pl.proj, &pw.table, &ids, &pw.norm, shape, &mut pl.inputs)?;
         }
-        for (i, l) in self.w.layers.iter().enumerate() {
-            self.queue_layer(gpu, io, b, kv, tokens, decode, i, l)?;
-        }
-        Ok(())
+        // The step's adapters (taken out of `b` while the layers borrow it).
+        let mut lora_buffers = std::mem::take(&mut b.lora);
+        let mut lora = lora_buffers.for_step(&self.loras, tokens);
+        let queued = (self.w.layers.iter().enumerate())
+            .try_for_each(|(i, l)| self.queue_layer(gpu, io, b, &mut lora, kv, tokens, decode, i, l));
+        drop(lora);
+        b.lora = lora_buffers;
+        queued
     }
 
     fn final_norm(&self, gpu: &Gpu, io: &mut StepIo, b: &mut Buffers, tokens: usize) -> RtResult<()> {
@@ -455,8 +486,21 @@ impl Layers for DecoderLayers {
         self.plan.logit_scale
     }
 
-    fn upload_step(&self, gpu: &Gpu, b: &mut Buffers, batch: &ForwardBatch, rows: usize) -> RtResult<()> {
-        self.ropes.upload(gpu, &mut b.ropes, batch, rows)
+    fn upload_step(&self, gpu: &Gpu, b: &mut Buffers, batch: &ForwardBatch, rows: usize) -> RtResult<u64> {
+        self.ropes.upload(gpu, &mut b.ropes, batch, rows)?;
+        b.lora.upload(gpu, &self.loras, batch)
+    }
+
+    fn attach_lora(&self, gpu: &Gpu, id: u32, adapter: &LoraAdapter) -> Result<()> {
+        self.loras.attach(gpu, id, adapter)
+    }
+
+    fn detach_lora(&self, gpu: &Gpu, id: u32) {
+        self.loras.detach(gpu, id)
+    }
+
+    fn lora_shapes(&self) -> LoraShapes {
+        self.loras.shapes().clone()
     }
 }
 

@@ -1,10 +1,12 @@
 //! Models on a CUDA device: the CUDA executor of a decoder plan (`GpuDecoder`) with its
 //! weights in device memory (bf16, or a GGUF file's quantized blocks), the KV cache in device
-//! blocks and our CUDA op set for the step, run by the step machinery (`runner`); synthetic
-//! models of real shapes with random weights made on the device.
+//! blocks and our CUDA op set for the step, run by the step machinery (`runner`); LoRA
+//! adapters co-batched on the device (`lora`); synthetic models of real shapes with random
+//! weights made on the device.
 
 mod decoder;
 mod decoder_weights;
+mod lora;
 mod moe;
 mod rope;
 mod runner;
@@ -12,5 +14,6 @@ mod synthetic;
 
 pub use decoder::{unsupported, GpuDecoder};
 pub use decoder_weights::DecoderWeights;
+pub use lora::MAX_GPU_LORAS;
 pub use runner::GpuModel;
 pub use synthetic::{synthetic_config, SYNTHETIC_MODELS};

@@ -6,7 +6,8 @@
 //!
 //! All buffers of a step live in the workspace, so the decode loop allocates nothing. Pure
 //! decode steps (one query token per row, logits for every row) replay a CUDA graph captured
-//! per (row bucket, context bucket): the rows are padded to the bucket with empty rows, block
+//! per (row bucket, context bucket, step variant — `Layers::upload_step`: with LoRA launches
+//! or without): the rows are padded to the bucket with empty rows, block
 //! tables are padded to the context bucket, and the split-K plans cover it. Other steps
 //! (prefill chunks, mixed batches) run eagerly.
 //!
@@ -29,7 +30,10 @@ use ferrite_runtime::sampling::{LogitEdit, RowSampler, RowSampling};
 use ferrite_runtime::{ForwardBatch, KvCache, KvDtype, KvLayout, KvScheme, Result as RtResult, RuntimeError};
 use half::bf16;
 
+use super::lora::LoraShapes;
 use crate::config::ModelConfig;
+use crate::error::LoadError;
+use crate::lora::LoraAdapter;
 use crate::model::{CausalLm, Pending, QueuedStep, StepLimits, StepOutput, Want};
 
 /// Row counts a decode graph is captured for; larger decode steps run eagerly.
@@ -76,9 +80,20 @@ pub trait Layers: Send + Sync {
     }
     /// Copy what the family's layers read of `batch` beyond `StepIo`'s inputs into `b`, for a
     /// step of `rows` rows (`batch`'s, padded to a graph bucket with one-token rows): before
-    /// every step, outside any graph, so a replay reads the step's own values.
-    fn upload_step(&self, _gpu: &Gpu, _b: &mut Self::Buffers, _batch: &ForwardBatch, _rows: usize) -> RtResult<()> {
-        Ok(())
+    /// every step, outside any graph, so a replay reads the step's own values. Returns the
+    /// step's variant: steps whose layers queue different work (LoRA launches or none) have
+    /// different variants and never share a captured graph.
+    fn upload_step(&self, _gpu: &Gpu, _b: &mut Self::Buffers, _batch: &ForwardBatch, _rows: usize) -> RtResult<u64> {
+        Ok(0)
+    }
+    /// Attach a LoRA adapter under `id` (`CausalLm::attach_lora`).
+    fn attach_lora(&self, _gpu: &Gpu, _id: u32, adapter: &LoraAdapter) -> Result<(), LoadError> {
+        Err(LoadError::format(&adapter.path, "this CUDA model runs no LoRA adapters"))
+    }
+    fn detach_lora(&self, _gpu: &Gpu, _id: u32) {}
+    /// (in, out) features of each projection an adapter may adapt (`CausalLm::lora_shapes`).
+    fn lora_shapes(&self) -> LoraShapes {
+        Vec::new()
     }
     /// Whether a step runs on the device alone (no host round trip), so decode steps can be
     /// captured as graphs.
@@ -207,8 +222,8 @@ impl StepIo {
 /// What a step needs besides the weights; behind a lock because `step` takes `&self`.
 struct State<B> {
     ws: Option<(StepIo, B)>,
-    /// Captured decode graphs by (rows, context bucket).
-    graphs: HashMap<(usize, usize), Graph>,
+    /// Captured decode graphs by (rows, context bucket, step variant).
+    graphs: HashMap<(usize, usize, u64), Graph>,
     /// The KV cache the graphs write (`KvCache::id`): another cache means capturing again.
     graph_kv: u64,
     /// Where the last step left picks on the device that a carried step may read.
@@ -429,7 +444,7 @@ impl<L: Layers> GpuModel<L> {
     }
 
     /// A pure decode step of `batch` padded to `bucket` rows, by graph replay (captured on
-    /// first use of its (bucket, context bucket)).
+    /// first use of its (bucket, context bucket, variant)).
     fn run_graph(
         &self,
         st: &mut State<L::Buffers>,
@@ -450,15 +465,15 @@ impl<L: Layers> GpuModel<L> {
         let State { ws, graphs, picks, .. } = st;
         let ws = ws.as_mut().ok_or_else(no_workspace)?;
         self.upload_inputs(&mut ws.0, batch, block_size, bucket, Some(stride), *picks)?;
-        self.layers.upload_step(&self.gpu, &mut ws.1, batch, bucket)?;
-        if let Some(graph) = graphs.get(&(bucket, context)) {
+        let variant = self.layers.upload_step(&self.gpu, &mut ws.1, batch, bucket)?;
+        if let Some(graph) = graphs.get(&(bucket, context, variant)) {
             return Ok(graph.replay()?);
         }
         // First use: run it eagerly (this step's result; it also builds the cuBLASLt plans
         // outside the capture), then capture the same work for the next steps.
         self.queue_compute(ws, kv, bucket, bucket, Some(decode))?;
         let graph = self.gpu.capture(|| self.queue_compute(ws, kv, bucket, bucket, Some(decode)))?;
-        graphs.insert((bucket, context), graph);
+        graphs.insert((bucket, context, variant), graph);
         Ok(())
     }
 
@@ -606,9 +621,6 @@ impl<L: Layers> CausalLm for GpuModel<L> {
 
     /// Logits come back at once (copied to the host); argmax and sampled picks queued.
     fn step(&self, batch: &ForwardBatch, kv: &mut KvCache, want: Want<'_>) -> RtResult<Pending> {
-        if batch.has_adapters() {
-            return Err(RuntimeError::Shape("the CUDA executor runs no LoRA adapters".into()));
-        }
         let samplers = match want {
             Want::Logits => return self.logits(batch, kv).map(|l| Pending::ready(StepOutput::Logits(l))),
             Want::Argmax => None,
@@ -619,6 +631,18 @@ impl<L: Layers> CausalLm for GpuModel<L> {
 
     fn samples_on_device(&self) -> bool {
         self.device_sampling.load(Ordering::Relaxed)
+    }
+
+    fn attach_lora(&self, id: u32, adapter: &LoraAdapter) -> Result<(), LoadError> {
+        self.layers.attach_lora(&self.gpu, id, adapter)
+    }
+
+    fn detach_lora(&self, id: u32) {
+        self.layers.detach_lora(&self.gpu, id)
+    }
+
+    fn lora_shapes(&self) -> LoraShapes {
+        self.layers.lora_shapes()
     }
 
     fn uses_host_pool(&self) -> bool {

@@ -24,24 +24,14 @@ impl CpuLora {
         layers: usize,
         shape: impl Fn(usize, LoraTarget) -> Option<(usize, usize)>,
     ) -> Result<CpuLora> {
+        adapter.check_fits(layers, &shape)?;
         let mut out: Vec<[Option<LoraPair>; 7]> = (0..layers).map(|_| Default::default()).collect();
-        let mismatch = |m: String| LoadError::format(&adapter.path, format!("does not fit the base model: {m}"));
         for m in &adapter.modules {
-            let what = format!("layers.{}.{}", m.layer, m.target.module());
-            let Some(slot) = out.get_mut(m.layer) else {
-                return Err(mismatch(format!("{what}: the base has {layers} layers")));
-            };
-            let (inp, outw) = shape(m.layer, m.target)
-                .ok_or_else(|| mismatch(format!("{what}: the base layer has no such projection")))?;
-            if (m.in_features, m.out_features) != (inp, outw) {
-                return Err(mismatch(format!(
-                    "{what} maps {} → {} features, the base projection {inp} → {outw}",
-                    m.in_features, m.out_features
-                )));
-            }
-            let pair = LoraPair::new(m.a.clone(), m.b.clone(), adapter.rank, inp, adapter.scale)
-                .map_err(|e| mismatch(format!("{what}: {e}")))?;
-            slot[m.target.index()] = Some(pair);
+            let pair =
+                LoraPair::new(m.a.clone(), m.b.clone(), adapter.rank, m.in_features, adapter.scale).map_err(|e| {
+                    LoadError::format(&adapter.path, format!("layers.{}.{}: {e}", m.layer, m.target.module()))
+                })?;
+            out[m.layer][m.target.index()] = Some(pair);
         }
         Ok(CpuLora { layers: out })
     }

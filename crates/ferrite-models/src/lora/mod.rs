@@ -223,6 +223,55 @@ impl LoraAdapter {
         let digest = fnv(fnv(0xcbf2_9ce4_8422_2325, &cfg_bytes), &bytes);
         Ok(LoraAdapter { path: dir.to_path_buf(), rank, scale, modules, digest })
     }
+
+    /// A random adapter of `rank` over every projection `shapes` lists (per layer, (in, out)
+    /// features in `LoraTarget` order; `CausalLm::lora_shapes`), for benchmarks: A uniform
+    /// with a unit-variance shrink, B small, scale 1, a digest from `seed`.
+    pub fn random(shapes: &[[Option<(usize, usize)>; 7]], rank: usize, seed: u64) -> LoraAdapter {
+        // splitmix64: uniform in [-1, 1) from a counter.
+        let mut state = seed;
+        let mut uniform = move || {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        let mut modules = Vec::new();
+        for (layer, targets) in shapes.iter().enumerate() {
+            for (target, shape) in LoraTarget::ALL.into_iter().zip(targets) {
+                let Some((inp, out)) = *shape else { continue };
+                let amp = (3.0 / inp as f32).sqrt();
+                let a = (0..rank * inp).map(|_| amp * uniform()).collect();
+                let b = (0..out * rank).map(|_| 0.01 * uniform()).collect();
+                modules.push(LoraModule { layer, target, a, b, in_features: inp, out_features: out });
+            }
+        }
+        let path = PathBuf::from(format!("synthetic-lora-{seed}"));
+        LoraAdapter { path, rank, scale: 1.0, modules, digest: fnv(0xcbf2_9ce4_8422_2325, &seed.to_le_bytes()).max(1) }
+    }
+
+    /// Whether every module fits a base of `layers` layers whose projection `target` of layer
+    /// `i` maps `shape(i, target) = Some((in, out))` features (None: the layer has no such
+    /// projection); a mismatch names the layer, the projection and both shapes.
+    pub fn check_fits(&self, layers: usize, shape: impl Fn(usize, LoraTarget) -> Option<(usize, usize)>) -> Result<()> {
+        let mismatch = |m: String| LoadError::format(&self.path, format!("does not fit the base model: {m}"));
+        for m in &self.modules {
+            let what = format!("layers.{}.{}", m.layer, m.target.module());
+            if m.layer >= layers {
+                return Err(mismatch(format!("{what}: the base has {layers} layers")));
+            }
+            let (inp, out) = shape(m.layer, m.target)
+                .ok_or_else(|| mismatch(format!("{what}: the base layer has no such projection")))?;
+            if (m.in_features, m.out_features) != (inp, out) {
+                return Err(mismatch(format!(
+                    "{what} maps {} → {} features, the base projection {inp} → {out}",
+                    m.in_features, m.out_features
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -68,6 +68,9 @@ pub(crate) struct Functions {
     pub moe_combine: CudaFunction,
     /// The experts' products over bf16 weights (`moe_gemm.cuh`, module `moe_bf16`).
     pub moe_bf16: MoeFunctions,
+    /// Multi-LoRA's shrink and expand (`lora.cu`).
+    pub lora_shrink: CudaFunction,
+    pub lora_expand: CudaFunction,
     /// The kernels of each block-type module, in `QUANT_MODULES` order.
     pub quant: Vec<QuantFunctions>,
 }
@@ -233,6 +236,8 @@ impl Functions {
             moe_align: get("moe", "moe_align")?,
             moe_combine: get("moe", "moe_combine")?,
             moe_bf16: moe("moe_bf16")?,
+            lora_shrink: get("lora", "lora_shrink")?,
+            lora_expand: get("lora", "lora_expand")?,
             quant,
         })
     }

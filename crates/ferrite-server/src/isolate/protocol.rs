@@ -2,9 +2,12 @@
 //! little-endian `u32` byte length, then that many bytes of JSON. The child sends `Ready`
 //! (with its limits) once its model is loaded, answers each `Submit` with `Accepted` or
 //! `Rejected`, streams `Output`s, and reports its metrics every `METRICS_EVERY`; a `Cancel`
-//! (or the HTTP process closing the socket) aborts requests.
+//! (or the HTTP process closing the socket) aborts requests. `LoadAdapter` and
+//! `UnloadAdapter` change the child's LoRA adapters (it reads the PEFT directory itself; the
+//! matrices never cross the socket), each answered by `AdapterDone`.
 
 use std::io::{self, Read, Write};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
@@ -23,17 +26,49 @@ pub const METRICS_EVERY: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ToWorker {
-    Submit { id: RequestId, request: Box<Request> },
-    Cancel { id: RequestId },
+    Submit {
+        id: RequestId,
+        request: Box<Request>,
+    },
+    Cancel {
+        id: RequestId,
+    },
+    /// Load the PEFT adapter in `path` under `name` (`id` names the answer).
+    LoadAdapter {
+        id: u64,
+        name: String,
+        path: PathBuf,
+    },
+    UnloadAdapter {
+        id: u64,
+        name: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum FromWorker {
-    Ready { limits: Limits },
-    Accepted { id: RequestId },
-    Rejected { id: RequestId, error: WireError },
-    Output { id: RequestId, output: Output },
-    Metrics { values: Vec<u64> },
+    Ready {
+        limits: Limits,
+    },
+    Accepted {
+        id: RequestId,
+    },
+    Rejected {
+        id: RequestId,
+        error: WireError,
+    },
+    Output {
+        id: RequestId,
+        output: Output,
+    },
+    Metrics {
+        values: Vec<u64>,
+    },
+    /// The answer to `LoadAdapter` or `UnloadAdapter` `id`: done, or why not.
+    AdapterDone {
+        id: u64,
+        error: Option<WireError>,
+    },
 }
 
 /// An `ApiError` as it crosses the socket (a request the child's engine refused).
@@ -46,7 +81,8 @@ pub struct WireError {
 }
 
 /// The machine-readable codes engine refusals carry (`error::ApiError::from(EngineError)`).
-const ENGINE_CODES: [&str; 2] = ["context_length_exceeded", "invalid_constraint"];
+const ENGINE_CODES: [&str; 5] =
+    ["context_length_exceeded", "invalid_constraint", "invalid_adapter", "adapter_in_use", "model_not_found"];
 
 impl From<ApiError> for WireError {
     fn from(e: ApiError) -> WireError {

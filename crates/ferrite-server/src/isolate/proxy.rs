@@ -2,7 +2,9 @@
 //! thread reads the child's frames and routes them (acknowledgements to the submitting call,
 //! outputs to their streams, metrics to the mirror the server reads); when the socket ends
 //! it reaps the child, fails every open request with an error output saying how the child
-//! died, and starts it again (within the restart limit) while new requests wait.
+//! died, and starts it again (within the restart limit) while new requests wait. LoRA
+//! adapters are loaded into the child by path (`LoadAdapter`); the proxy remembers them and
+//! loads them into a restarted child before it takes requests again.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use ferrite_engine::{Finished, Limits, Metrics as EngineMetrics, Output, Request, RequestId};
+use ferrite_models::lora::LoraAdapter;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use super::protocol::{metric_fields, read_frame, write_frame, FromWorker, ToWorker};
@@ -59,9 +62,12 @@ struct Link {
     writer: Option<UnixStream>,
     pid: Option<u32>,
     streams: HashMap<RequestId, Open>,
-    pending: HashMap<RequestId, mpsc::Sender<Result<(), ApiError>>>,
+    /// Submissions and adapter commands waiting for the child's answer, by id.
+    pending: HashMap<u64, mpsc::Sender<Result<(), ApiError>>>,
     /// How long the last restart took (crash seen → child ready).
     last_restart: Option<Duration>,
+    /// The LoRA adapters loaded into the child (name, PEFT directory), for a restarted one.
+    adapters: Vec<(String, PathBuf)>,
 }
 
 /// A request in flight: where its outputs go and which of its choices have not finished.
@@ -116,6 +122,7 @@ impl IsolatedEngine {
                 streams: HashMap::new(),
                 pending: HashMap::new(),
                 last_restart: None,
+                adapters: Vec::new(),
             }),
             changed: Condvar::new(),
             next_id: AtomicU64::new(1),
@@ -197,9 +204,44 @@ impl EngineBackend for IsolatedEngine {
             Err(_) => Err(self.unavailable()),
         }
     }
+
+    fn load_adapter(&self, name: &str, adapter: Arc<LoraAdapter>) -> Result<(), ApiError> {
+        let path = adapter.path.clone();
+        self.command(|id| ToWorker::LoadAdapter { id, name: name.to_string(), path: path.clone() })?;
+        self.shared.link().adapters.push((name.to_string(), path));
+        Ok(())
+    }
+
+    fn unload_adapter(&self, name: &str) -> Result<(), ApiError> {
+        self.command(|id| ToWorker::UnloadAdapter { id, name: name.to_string() })?;
+        self.shared.link().adapters.retain(|(n, _)| n != name);
+        Ok(())
+    }
 }
 
 impl IsolatedEngine {
+    /// Send the command `make` builds around a fresh id and wait for the child's answer.
+    fn command(&self, make: impl FnOnce(u64) -> ToWorker) -> Result<(), ApiError> {
+        if self.wait_running(RESTART_WAIT) != EngineHealth::Running {
+            return Err(self.unavailable());
+        }
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        let sent = {
+            let mut link = self.shared.link();
+            let sent = link.writer.as_mut().is_some_and(|w| write_frame(w, &make(id)).is_ok());
+            if sent {
+                link.pending.insert(id, tx);
+            }
+            sent
+        };
+        match sent.then(|| rx.recv()) {
+            Some(Ok(answer)) => answer,
+            // The child is gone or died before answering; its crash has been handled.
+            _ => Err(self.unavailable()),
+        }
+    }
+
     fn unavailable(&self) -> ApiError {
         let why = match self.health() {
             EngineHealth::Down(why) => format!("the engine of '{}' is down: {why}", self.shared.name),
@@ -257,8 +299,9 @@ fn supervise(shared: &Shared, command: &WorkerCommand, mut child: Child, mut rea
             eprintln!("the engine of '{}' crashed too often; it stays down", shared.name);
             return;
         }
-        let started = start_child(command).and_then(|(c, socket, _)| {
-            let r = socket.try_clone().map_err(|e| format!("cannot share the engine socket: {e}"))?;
+        let started = start_child(command).and_then(|(c, mut socket, _)| {
+            let mut r = socket.try_clone().map_err(|e| format!("cannot share the engine socket: {e}"))?;
+            restore_adapters(shared, &mut socket, &mut r);
             Ok((c, socket, r))
         });
         let mut link = shared.link();
@@ -322,7 +365,43 @@ fn route(shared: &Shared, msg: FromWorker) {
                 field.store(v, Ordering::Relaxed);
             }
         }
+        FromWorker::AdapterDone { id, error } => {
+            if let Some(ack) = link.pending.remove(&id) {
+                let _ = ack.send(error.map_or(Ok(()), |e| Err(e.into())));
+            }
+        }
         FromWorker::Ready { .. } => {}
+    }
+}
+
+/// Load the adapters the crashed child had into its successor (before it takes requests);
+/// one that no longer loads is dropped with a message (its requests then get 404).
+fn restore_adapters(shared: &Shared, writer: &mut UnixStream, reader: &mut UnixStream) {
+    let adapters = shared.link().adapters.clone();
+    for (name, path) in adapters {
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let load = ToWorker::LoadAdapter { id, name: name.clone(), path: path.clone() };
+        let mut answer = None;
+        if write_frame(writer, &load).is_ok() {
+            while let Ok(Some(msg)) = read_frame::<FromWorker>(reader) {
+                match msg {
+                    FromWorker::AdapterDone { id: done, error } if done == id => {
+                        answer = Some(error.map(|e| e.message));
+                        break;
+                    }
+                    other => route(shared, other),
+                }
+            }
+        }
+        match answer {
+            Some(None) => eprintln!("reloaded LoRA adapter '{name}' into the engine of '{}'", shared.name),
+            Some(Some(why)) => {
+                eprintln!("cannot reload LoRA adapter '{name}' into the engine of '{}': {why}", shared.name);
+                shared.link().adapters.retain(|(n, _)| *n != name);
+            }
+            // The child died again: the routing loop sees its socket end.
+            None => return,
+        }
     }
 }
 

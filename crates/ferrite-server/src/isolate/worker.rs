@@ -1,6 +1,8 @@
 //! The child process's side of `--isolate`: serve one loaded `Engine` over the socket to the
 //! HTTP process until that closes it. Each accepted request's outputs are forwarded by a task
-//! of their own; a `Cancel` drops the request's stream, which aborts it in the engine.
+//! of their own; a `Cancel` drops the request's stream, which aborts it in the engine. LoRA
+//! adapters are read and attached (or unloaded) on the blocking pool, so outputs keep flowing
+//! meanwhile.
 
 use std::collections::HashMap;
 use std::io;
@@ -9,6 +11,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
 use ferrite_engine::Engine;
+use ferrite_models::lora::{LoraAdapter, MAX_LORA_RANK};
 use tokio::task::AbortHandle;
 
 use super::protocol::{metric_fields, read_frame, write_frame, FromWorker, ToWorker, METRICS_EVERY};
@@ -27,6 +30,7 @@ impl Sender {
 
 /// Announce `engine` as ready on `socket` and serve it until the HTTP process goes away.
 pub fn serve_engine(engine: Engine, socket: UnixStream) -> io::Result<()> {
+    let engine = Arc::new(engine);
     let out = Sender(Arc::new(Mutex::new(socket.try_clone()?)));
     out.send(&FromWorker::Ready { limits: engine.limits().clone() })?;
     let (commands_tx, mut commands) = tokio::sync::mpsc::unbounded_channel();
@@ -66,6 +70,17 @@ pub fn serve_engine(engine: Engine, socket: UnixStream) -> io::Result<()> {
                             task.abort();
                         }
                     }
+                    Some(ToWorker::LoadAdapter { id, name, path }) => answer(&engine, &out, id, move |engine| {
+                        // The HTTP process checked the rank against `--max-lora-rank` already.
+                        let lora = LoraAdapter::load(&path, MAX_LORA_RANK).map_err(|e| {
+                            ApiError::bad_request(format!("cannot load the LoRA adapter '{name}': {e}"))
+                                .with_code("invalid_adapter")
+                        })?;
+                        Ok(engine.load_adapter(&name, Arc::new(lora))?)
+                    }),
+                    Some(ToWorker::UnloadAdapter { id, name }) => {
+                        answer(&engine, &out, id, move |engine| Ok(engine.unload_adapter(&name)?))
+                    }
                 },
                 _ = report.tick() => {
                     forwarding.retain(|_, task| !task.is_finished());
@@ -75,4 +90,19 @@ pub fn serve_engine(engine: Engine, socket: UnixStream) -> io::Result<()> {
             }
         }
     })
+}
+
+/// Run an adapter command on the blocking pool and answer `id` once it is done.
+fn answer(
+    engine: &Arc<Engine>,
+    out: &Sender,
+    id: u64,
+    work: impl FnOnce(&Engine) -> Result<(), ApiError> + Send + 'static,
+) {
+    let (engine, out) = (engine.clone(), out.clone());
+    tokio::task::spawn_blocking(move || {
+        let error = work(&engine).err().map(|e| e.with_param("lora_name").into());
+        // A closed socket ends the serving loop anyway.
+        let _ = out.send(&FromWorker::AdapterDone { id, error });
+    });
 }

@@ -48,10 +48,7 @@ pub trait EngineBackend: Send + Sync {
     }
     /// Load `adapter` under `name` (blocking).
     fn load_adapter(&self, _name: &str, _adapter: Arc<LoraAdapter>) -> Result<(), ApiError> {
-        Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "LoRA adapters are not served by engines in child processes (--isolate)",
-        ))
+        Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "this engine serves no LoRA adapters"))
     }
     /// Unload the adapter `name` (blocking); refused while a request runs through it.
     fn unload_adapter(&self, name: &str) -> Result<(), ApiError> {

@@ -4,6 +4,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod gemma;
 pub mod kv_pool;
+pub mod lora;
 pub mod matrix;
 pub mod moe;
 pub mod norm;
@@ -17,6 +18,7 @@ pub use elementwise::{
 };
 pub use gemma::{per_layer_inputs, qkv_norm, PerLayerShape, QkvHeads};
 pub use kv_pool::{convert_blocks, write_kv, DeviceKv, DevicePool};
+pub use lora::{lora_add, LoraMatrices, LoraStep, LoraTable, LORA_MAX_RANK, LORA_TARGETS};
 pub use matrix::Matrix;
 pub use moe::{
     moe_combine, moe_linear, moe_route, ExpertMatrix, ExpertProduct, MoeRoute, MOE_MAX_EXPERTS, MOE_MAX_TOP_K,
