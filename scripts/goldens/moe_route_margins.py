@@ -5,7 +5,7 @@ prompt cuda_goldens.rs adds for the dense fixtures), the smallest gap between th
 the CPU executor matches within 1e-4).
 
 The CUDA executor keeps activations in bf16 (a relative rounding of 2^-9 per value), so where
-this gap is below ~1e-3 its routes may pick a different expert than the CPU's for some token: a
+this gap is below ~3e-3 (2.4e-3 has parted on an H100) its routes may pick a different expert than the CPU's for some token: a
 legitimate bf16 outcome that moves the logits further than the bf16 tolerance of
 crates/ferrite-engine/tests/cuda_goldens.rs. That test leaves those prompts (ROUTE_SENSITIVE
 there) out of its tolerance checks; rerun this after regenerating the fixtures.
