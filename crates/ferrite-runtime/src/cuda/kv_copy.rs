@@ -8,9 +8,12 @@
 //! - A load writes device blocks that queued work on the compute stream may still use, so the
 //!   first load after a fence makes the copy stream wait for what the compute stream has
 //!   queued so far.
-//! - A save reads a block whose contents are final: only full blocks registered in the prefix
-//!   cache are saved, and they are registered after the step that computed them landed. It
-//!   waits for nothing.
+//! - A save reads full blocks registered in the prefix cache, which the host registers once
+//!   the step that computed them landed — but a step with no logits rows (a prefill chunk
+//!   before the last) lands as soon as it is queued, its KV writes still ahead on the compute
+//!   stream. So every save makes the copy stream wait for what the compute stream has queued
+//!   so far (an event; the host never waits). An SSD publish right after such a chunk copied
+//!   blocks the chunk had not written yet before this (cuda_tiers).
 //! - `fence` makes the compute stream wait for every copy queued so far (once, before the next
 //!   step): a step never reads a block before its load finished, and never overwrites a block
 //!   before its save finished.
@@ -193,14 +196,15 @@ impl CopyStream {
     }
 
     /// Queue the copies of whole blocks of `group` from the pools into host memory: each
-    /// `blocks[i]` copies pool block `block`'s bytes to `host`. Waits for nothing (the blocks
-    /// saved are final).
+    /// `blocks[i]` copies pool block `block`'s bytes to `host`, after the compute stream's
+    /// queued work (which may still be writing them, see the module docs).
     ///
     /// # Safety
     /// Each `host` must address room for the group's bytes of one block in page-locked memory
     /// that nothing reads, writes or frees until an event recorded after these copies has
     /// fired; each `block` must be a block of this cache's pools of that group.
     pub unsafe fn save_blocks(&self, group: usize, blocks: &[HostBlock]) -> CudaResult<()> {
+        self.copy.join(&self.compute)?;
         self.copy.context().bind_to_thread()?;
         let (batch, bytes) = self.batch(group)?;
         let stage = self.mover.stage.device_ptr(&self.copy).0;
