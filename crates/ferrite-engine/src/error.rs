@@ -53,6 +53,14 @@ pub enum EngineError {
     Disk(#[from] crate::kv::disk::DiskError),
     #[error("the engine has stopped")]
     Stopped,
+    /// The message includes the runtime error's; it is not also its `source`, so a chain
+    /// printed whole (`{:#}`) says it once.
     #[error("model: {0}")]
-    Model(#[from] ferrite_runtime::RuntimeError),
+    Model(ferrite_runtime::RuntimeError),
+}
+
+impl From<ferrite_runtime::RuntimeError> for EngineError {
+    fn from(e: ferrite_runtime::RuntimeError) -> EngineError {
+        EngineError::Model(e)
+    }
 }

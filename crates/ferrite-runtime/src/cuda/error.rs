@@ -12,18 +12,32 @@ pub enum CudaError {
     BadDevice(String),
     #[error("CUDA device {ordinal} does not exist ({count} found)")]
     NoSuchDevice { ordinal: usize, count: usize },
+    /// (The driver's and cuBLASLt's errors are in the message, not also the `source`, so a
+    /// chain printed whole says them once.)
     #[error("CUDA driver: {0}")]
-    Driver(#[from] DriverError),
+    Driver(DriverError),
     #[error("NVRTC could not compile {module} for {arch}:\n{log}")]
     Compile { module: String, arch: String, log: String },
     #[error("NVRTC: {0}")]
     Nvrtc(String),
     #[error("cuBLASLt: {0}")]
-    Blas(#[from] CublasError),
+    Blas(CublasError),
     #[error("shape mismatch: {0}")]
     Shape(String),
     #[error("not supported on CUDA: {0}")]
     Unsupported(String),
+}
+
+impl From<DriverError> for CudaError {
+    fn from(e: DriverError) -> CudaError {
+        CudaError::Driver(e)
+    }
+}
+
+impl From<CublasError> for CudaError {
+    fn from(e: CublasError) -> CudaError {
+        CudaError::Blas(e)
+    }
 }
 
 pub type CudaResult<T> = std::result::Result<T, CudaError>;
