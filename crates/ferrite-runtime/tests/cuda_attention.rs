@@ -20,6 +20,7 @@
 
 mod cuda_common;
 
+use cuda_common::attention::{params, shuffled_batch, variants, Heads};
 use cuda_common::{compare, fill_pool, gpu, poisoned_bf16, pool_f32, rand_bf16, rng, to_f32};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cpu::{self, AttentionParams};
@@ -33,13 +34,6 @@ use rand::Rng;
 const BLOCK: usize = 16;
 const ATOL: f32 = 1.0 / 256.0;
 const RTOL: f32 = 1.0 / 128.0;
-
-#[derive(Debug, Clone, Copy)]
-struct Heads {
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-}
 
 const HEADS: [Heads; 6] = [
     Heads { nh: 9, nkv: 3, hd: 64 },
@@ -79,15 +73,7 @@ fn run_case(
     let (nh, nkv, hd) = (h.nh, h.nkv, h.hd);
     let needed: usize = shapes.iter().map(|&(ctx, _)| ctx.div_ceil(BLOCK)).sum();
     let pool = needed + 7;
-    let mut ids: Vec<u32> = (0..pool as u32).collect();
-    for i in (1..ids.len()).rev() {
-        ids.swap(i, rng.random_range(0..=i));
-    }
-    let mut batch = ForwardBatch::default();
-    for &(ctx, len) in shapes {
-        let table: Vec<u32> = ids.drain(..ctx.div_ceil(BLOCK)).collect();
-        batch.push_row(&vec![0; len], ctx, vec![table], RowLogits::None);
-    }
+    let batch = shuffled_batch(rng, shapes, pool, BLOCK);
     let tokens = batch.num_tokens();
     let n = pool * BLOCK * nkv * hd;
     let (kh, kf) = rand_bf16(rng, n, 1.0);
@@ -132,24 +118,6 @@ fn run_case(
     };
     let what = format!("{case} {kernel} window={:?} softcap={:?}", p.window, p.softcap);
     compare("attention", &what, &to_f32(&gpu.download(&out).unwrap()), &want, ATOL, RTOL);
-}
-
-fn params(h: Heads, window: Option<usize>, softcap: Option<f32>) -> AttentionParams {
-    AttentionParams {
-        n_heads: h.nh,
-        n_kv_heads: h.nkv,
-        head_dim: h.hd,
-        scale: 1.0 / (h.hd as f32).sqrt(),
-        window,
-        softcap,
-        causal: true,
-    }
-}
-
-/// (params, query amplitude): plain, sliding window, and a soft cap with scores large enough
-/// for the cap to bend them.
-fn variants(h: Heads) -> [(AttentionParams, f32); 3] {
-    [(params(h, None, None), 2.0), (params(h, Some(100), None), 2.0), (params(h, None, Some(5.0)), 8.0)]
 }
 
 /// RoPE storing the rotated keys and the values (one launch) against the CPU's RoPE then

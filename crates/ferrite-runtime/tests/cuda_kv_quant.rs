@@ -33,6 +33,7 @@
 mod cuda_common;
 mod kv_quant_common;
 
+use cuda_common::attention::{params, shuffled_batch, variants, Heads};
 use cuda_common::{compare, fail, gpu, poisoned_bf16, rand_bf16, rng, to_f32};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cpu::{self, AttentionParams};
@@ -50,13 +51,6 @@ const RTOL: f32 = 1.0 / 128.0;
 /// Prefill against the CPU's quantized kernels (see the module docs).
 const LOOSE: (f32, f32) = (1.0 / 64.0, 1.0 / 32.0);
 
-#[derive(Debug, Clone, Copy)]
-struct Heads {
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-}
-
 const HEADS: [Heads; 7] = [
     Heads { nh: 9, nkv: 3, hd: 64 },
     Heads { nh: 32, nkv: 8, hd: 128 },
@@ -66,32 +60,6 @@ const HEADS: [Heads; 7] = [
     Heads { nh: 8, nkv: 2, hd: 512 },
     Heads { nh: 12, nkv: 2, hd: 128 },
 ];
-
-fn params(h: Heads, window: Option<usize>, softcap: Option<f32>) -> AttentionParams {
-    AttentionParams {
-        n_heads: h.nh,
-        n_kv_heads: h.nkv,
-        head_dim: h.hd,
-        scale: 1.0 / (h.hd as f32).sqrt(),
-        window,
-        softcap,
-        causal: true,
-    }
-}
-
-/// A batch of rows `(context, query tokens)` over shuffled blocks of a pool of `pool` blocks.
-fn batch_of(rng: &mut StdRng, shapes: &[(usize, usize)], pool: usize) -> ForwardBatch {
-    let mut ids: Vec<u32> = (0..pool as u32).collect();
-    for i in (1..ids.len()).rev() {
-        ids.swap(i, rng.random_range(0..=i));
-    }
-    let mut batch = ForwardBatch::default();
-    for &(ctx, len) in shapes {
-        let table: Vec<u32> = ids.drain(..ctx.div_ceil(BLOCK)).collect();
-        batch.push_row(&vec![0; len], ctx, vec![table], RowLogits::None);
-    }
-    batch
-}
 
 fn pool_blocks(shapes: &[(usize, usize)]) -> usize {
     shapes.iter().map(|&(ctx, _)| ctx.div_ceil(BLOCK)).sum::<usize>() + 5
@@ -172,7 +140,7 @@ fn run_case(
 ) {
     let (nh, nkv, hd) = (h.nh, h.nkv, h.hd);
     let pool = pool_blocks(shapes);
-    let batch = batch_of(rng, shapes, pool);
+    let batch = shuffled_batch(rng, shapes, pool, BLOCK);
     let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };
     let mut pools = filled(gpu, rng, dtype, spec, pool, BLOCK);
     let meta = AttentionMeta::upload(gpu, &batch, 0, BLOCK).unwrap();
@@ -207,12 +175,6 @@ fn run_case(
         let (atol, rtol) = if decode { (ATOL, RTOL) } else { LOOSE };
         compare("cpu-quantized", &what, &got, &want, atol, rtol);
     }
-}
-
-/// (params, query amplitude): plain, sliding window, and a soft cap with scores large enough
-/// for the cap to bend them.
-fn variants(h: Heads) -> [(AttentionParams, f32); 3] {
-    [(params(h, None, None), 2.0), (params(h, Some(100), None), 2.0), (params(h, None, Some(5.0)), 8.0)]
 }
 
 /// The formats one variant runs: every format for the plain case, one int8, one int4 and
@@ -281,7 +243,7 @@ struct RopeStep {
 
 fn rope_step(gpu: &Gpu, rng: &mut StdRng, h: Heads, contexts: &[usize], rotary: usize, pool: usize) -> RopeStep {
     let shapes: Vec<(usize, usize)> = contexts.iter().map(|&c| (c, 1)).collect();
-    let batch = batch_of(rng, &shapes, pool);
+    let batch = shuffled_batch(rng, &shapes, pool, BLOCK);
     let rows = contexts.len() + 1;
     let mut meta = AttentionMeta::with_capacity(gpu, rows, rows, 4096 / BLOCK).unwrap();
     meta.update(gpu, &batch, 0, BLOCK, rows, None).unwrap();

@@ -11,6 +11,8 @@
 
 #![allow(dead_code)] // each test binary uses its own part of these helpers
 
+pub mod attention;
+
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
