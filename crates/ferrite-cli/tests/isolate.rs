@@ -4,50 +4,22 @@
 //! more crashes than the restart limit allows the model is reported down on `/health` (503
 //! for its requests) while the other model still serves.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+mod serve_common;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-
-/// The server process; killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use serve_common::{client, serve, Server};
 
 fn start() -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ferrite"))
-        .args(["serve", "--isolate", "--model", "a=smollm2", "--model", "b=smollm2", "--port", "0"])
-        .args(["--threads", "1", "--max-model-len", "512", "--kv-cache-memory", "67108864"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start ferrite serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("server: {line}");
-            if let Some(addr) = line.strip_prefix("listening on ") {
-                let _ = tx.send(addr.to_string());
-            }
-        }
-    });
-    let url = rx.recv_timeout(Duration::from_secs(300)).expect("the server listens");
-    Server { child, url }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(300)).build().expect("client")
+    let args = ["--isolate", "--model", "a=smollm2", "--model", "b=smollm2", "--threads", "1"].into_iter().chain([
+        "--max-model-len",
+        "512",
+        "--kv-cache-memory",
+        "67108864",
+    ]);
+    serve(&args.map(String::from).collect::<Vec<_>>())
 }
 
 async fn model(server: &Server, name: &str) -> Value {

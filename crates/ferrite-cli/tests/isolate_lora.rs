@@ -5,13 +5,14 @@
 //! after a `kill -9` of the child, the restarted engine serves the same adapters with the same
 //! tokens.
 
-use std::io::{BufRead, BufReader};
+mod serve_common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use serve_common::{client, serve, Server};
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
@@ -29,46 +30,12 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
-/// The server process; killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start() -> Server {
     let model = format!("llama={}", repo("tests/fixtures/models/llama").display());
-    let modules = ["qv", "all"].map(|n| format!("{n}={}", lora_dir(n).display()));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ferrite"))
-        .args(["serve", "--isolate", "--model", &model, "--port", "0", "--threads", "1"])
-        .arg("--lora-modules")
-        .args(&modules)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start ferrite serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("server: {line}");
-            if let Some(addr) = line.strip_prefix("listening on ") {
-                let _ = tx.send(addr.to_string());
-            }
-        }
-    });
-    let url = rx.recv_timeout(Duration::from_secs(300)).expect("the server listens");
-    Server { child, url }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(300)).build().expect("client")
+    let mut args: Vec<String> =
+        ["--isolate", "--model", &model, "--threads", "1", "--lora-modules"].map(String::from).into();
+    args.extend(["qv", "all"].map(|n| format!("{n}={}", lora_dir(n).display())));
+    serve(&args)
 }
 
 async fn post(server: &Server, path: &str, body: &Value) -> (u16, Value) {
