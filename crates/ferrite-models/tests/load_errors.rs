@@ -1,25 +1,15 @@
 //! Every bad model input is a one-line error naming the file (and tensor) and what was
 //! expected — never a panic. Each case corrupts a copy of a tiny fixture model.
 
+mod fixture_edits;
+
 use std::path::{Path, PathBuf};
 
+use fixture_edits::{copy_fixture_named, edit_config, edit_header, fixture_named, load_err};
 use serde_json::Value;
-
-fn fixture_named(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
-}
 
 fn fixture() -> PathBuf {
     fixture_named("llama")
-}
-
-/// A copy of the fixture dir `name` in a temp dir.
-fn copy_fixture_named(name: &str) -> tempfile::TempDir {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    for file in ["config.json", "model.safetensors"] {
-        std::fs::copy(fixture_named(name).join(file), tmp.path().join(file)).expect("copy");
-    }
-    tmp
 }
 
 /// A copy of the llama fixture dir in a temp dir.
@@ -29,38 +19,7 @@ fn copy_fixture() -> tempfile::TempDir {
 
 /// Set `key` to `value` in the config.json of `dir`.
 fn set_config(dir: &Path, key: &str, value: Value) {
-    let path = dir.join("config.json");
-    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
-    cfg[key] = value;
-    std::fs::write(&path, serde_json::to_string(&cfg).expect("json")).expect("write");
-}
-
-fn load_err(path: &Path) -> String {
-    match ferrite_models::load(path) {
-        Ok(_) => panic!("{} loaded but should not", path.display()),
-        Err(e) => {
-            let msg = e.to_string();
-            assert!(!msg.contains('\n'), "error is not one line: {msg}");
-            msg
-        }
-    }
-}
-
-/// Rewrite the safetensors header with `edit` (data bytes kept as they are).
-fn edit_header(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
-    let path = dir.join("model.safetensors");
-    let bytes = std::fs::read(&path).expect("read");
-    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
-    let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).expect("header");
-    edit(header.as_object_mut().expect("object"));
-    let mut h = serde_json::to_vec(&header).expect("json");
-    while !h.len().is_multiple_of(8) {
-        h.push(b' ');
-    }
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&h);
-    out.extend_from_slice(&bytes[8 + n..]);
-    std::fs::write(&path, out).expect("write");
+    edit_config(dir, |cfg| cfg[key] = value);
 }
 
 #[test]

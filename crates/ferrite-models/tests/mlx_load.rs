@@ -2,31 +2,13 @@
 //! `inspect` reports, and every bad input a one-line error naming the file and tensor — never a
 //! panic. Each bad case corrupts a copy of a fixture.
 
-use std::path::{Path, PathBuf};
+mod fixture_edits;
+
+use std::path::Path;
 
 use ferrite_runtime::{DType, MlxFormat, MlxScale};
+use fixture_edits::{copy_fixture_named, edit_config, edit_header, fixture_named, load_err};
 use serde_json::Value;
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
-}
-
-/// A copy of the fixture dir `name` in a temp dir.
-fn copy(name: &str) -> tempfile::TempDir {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    for file in ["config.json", "model.safetensors"] {
-        std::fs::copy(fixture(name).join(file), tmp.path().join(file)).expect("copy");
-    }
-    tmp
-}
-
-/// Edit the config.json of `dir` with `edit`.
-fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
-    let path = dir.join("config.json");
-    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
-    edit(&mut cfg);
-    std::fs::write(&path, serde_json::to_string(&cfg).expect("json")).expect("write");
-}
 
 /// Set the default `key` of both quantization objects to `value`.
 fn set_quant(dir: &Path, key: &str, value: Value) {
@@ -34,34 +16,6 @@ fn set_quant(dir: &Path, key: &str, value: Value) {
         cfg["quantization"][key] = value.clone();
         cfg["quantization_config"][key] = value;
     });
-}
-
-/// Rewrite the safetensors header with `edit` (data bytes kept as they are).
-fn edit_header(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
-    let path = dir.join("model.safetensors");
-    let bytes = std::fs::read(&path).expect("read");
-    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
-    let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).expect("header");
-    edit(header.as_object_mut().expect("object"));
-    let mut h = serde_json::to_vec(&header).expect("json");
-    while !h.len().is_multiple_of(8) {
-        h.push(b' ');
-    }
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&h);
-    out.extend_from_slice(&bytes[8 + n..]);
-    std::fs::write(&path, out).expect("write");
-}
-
-fn load_err(path: &Path) -> String {
-    match ferrite_models::load(path) {
-        Ok(_) => panic!("{} loaded but should not", path.display()),
-        Err(e) => {
-            let msg = e.to_string();
-            assert!(!msg.contains('\n'), "error is not one line: {msg}");
-            msg
-        }
-    }
 }
 
 fn mlx(bits: u32, group: usize, scale: MlxScale) -> DType {
@@ -73,7 +27,7 @@ fn mlx(bits: u32, group: usize, scale: MlxScale) -> DType {
 /// as stored), so sizing counts the bytes the blocks take.
 #[test]
 fn inspect_reports_each_module_in_its_format() {
-    let m = ferrite_models::inspect::inspect(&fixture("mlx-llama-mixed")).expect("inspect");
+    let m = ferrite_models::inspect::inspect(&fixture_named("mlx-llama-mixed")).expect("inspect");
     let find =
         |dtype: DType, shape: &[usize]| m.tensors.iter().filter(|t| t.dtype == dtype && t.shape == shape).count();
     let bf = MlxScale::Bf16;
@@ -84,7 +38,7 @@ fn inspect_reports_each_module_in_its_format() {
     assert_eq!(find(mlx(4, 64, bf), &[128, 256]), 1, "layer 1 down_proj by default");
     assert!(m.tensors.iter().all(|t| t.shape.last() != Some(&2) && t.shape.last() != Some(&4)), "scales left over");
     let stored: usize =
-        std::fs::metadata(fixture("mlx-llama-mixed").join("model.safetensors")).expect("file").len() as usize;
+        std::fs::metadata(fixture_named("mlx-llama-mixed").join("model.safetensors")).expect("file").len() as usize;
     // The blocks hold what the three tensors hold; the file adds its header.
     assert!(m.stored_bytes() < stored && m.stored_bytes() > stored * 9 / 10, "{} of {stored}", m.stored_bytes());
 }
@@ -92,7 +46,7 @@ fn inspect_reports_each_module_in_its_format() {
 #[test]
 fn every_fixture_loads() {
     for name in ["mlx-llama-q4-g32", "mlx-llama-q8-g32", "mlx-llama-q4-g128", "mlx-qwen3-q4-g64", "mlx-llama-mixed"] {
-        ferrite_models::load(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        ferrite_models::load(&fixture_named(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
 
@@ -100,7 +54,7 @@ fn every_fixture_loads() {
 /// and the shape those bits need.
 #[test]
 fn bits_that_do_not_match_the_words() {
-    let tmp = copy("mlx-llama-q4-g64");
+    let tmp = copy_fixture_named("mlx-llama-q4-g64");
     set_quant(tmp.path(), "bits", 8.into());
     let msg = load_err(tmp.path());
     assert!(msg.contains(".weight") && msg.contains("U32") && msg.contains("8-bit groups of 64"), "{msg}");
@@ -108,15 +62,15 @@ fn bits_that_do_not_match_the_words() {
 
 #[test]
 fn unsupported_bits_and_group_sizes() {
-    let tmp = copy("mlx-llama-q4-g64");
+    let tmp = copy_fixture_named("mlx-llama-q4-g64");
     set_quant(tmp.path(), "bits", 3.into());
     let msg = load_err(tmp.path());
     assert!(msg.contains("3-bit") && msg.contains(".weight"), "{msg}");
-    let tmp = copy("mlx-llama-q4-g64");
+    let tmp = copy_fixture_named("mlx-llama-q4-g64");
     set_quant(tmp.path(), "group_size", 16.into());
     let msg = load_err(tmp.path());
     assert!(msg.contains("group size 16"), "{msg}");
-    let tmp = copy("mlx-llama-q4-g64");
+    let tmp = copy_fixture_named("mlx-llama-q4-g64");
     set_quant(tmp.path(), "mode", "mxfp4".into());
     let msg = load_err(tmp.path());
     assert!(msg.contains("config.json") && msg.contains("mxfp4"), "{msg}");
@@ -124,7 +78,7 @@ fn unsupported_bits_and_group_sizes() {
 
 #[test]
 fn missing_biases() {
-    let tmp = copy("mlx-llama-q4-g64");
+    let tmp = copy_fixture_named("mlx-llama-q4-g64");
     edit_header(tmp.path(), |h| {
         let v = h.remove("model.layers.1.mlp.up_proj.biases").expect("biases");
         h.insert("model.layers.1.mlp.up_proj.unused".into(), v);
@@ -136,11 +90,11 @@ fn missing_biases() {
 /// Scales of the right size but the wrong shape, and of the wrong dtype.
 #[test]
 fn scales_of_the_wrong_shape_or_dtype() {
-    let tmp = copy("mlx-llama-q4-g64");
+    let tmp = copy_fixture_named("mlx-llama-q4-g64");
     edit_header(tmp.path(), |h| h["model.layers.0.self_attn.o_proj.scales"]["shape"] = serde_json::json!([64, 4]));
     let msg = load_err(tmp.path());
     assert!(msg.contains("model.layers.0.self_attn.o_proj.scales") && msg.contains("[128, 2]"), "{msg}");
-    let tmp = copy("mlx-llama-q4-g64");
+    let tmp = copy_fixture_named("mlx-llama-q4-g64");
     edit_header(tmp.path(), |h| {
         h["model.layers.0.self_attn.o_proj.biases"]["dtype"] = "F16".into();
     });
@@ -152,7 +106,7 @@ fn scales_of_the_wrong_shape_or_dtype() {
 /// floats that the file quantized.
 #[test]
 fn config_and_file_disagree() {
-    let tmp = copy("mlx-llama-q4-g64");
+    let tmp = copy_fixture_named("mlx-llama-q4-g64");
     edit_config(tmp.path(), |cfg| {
         let obj = cfg.as_object_mut().expect("object");
         obj.remove("quantization");
@@ -160,7 +114,7 @@ fn config_and_file_disagree() {
     });
     let msg = load_err(tmp.path());
     assert!(msg.contains("packed uint32") && msg.contains(".weight"), "{msg}");
-    let tmp = copy("mlx-llama-q4-g64");
+    let tmp = copy_fixture_named("mlx-llama-q4-g64");
     edit_config(tmp.path(), |cfg| {
         cfg["quantization"]["model.layers.0.mlp.gate_proj"] = false.into();
     });
@@ -171,7 +125,7 @@ fn config_and_file_disagree() {
 /// A per-module override that names the wrong format for the stored tensors.
 #[test]
 fn override_that_does_not_match() {
-    let tmp = copy("mlx-llama-mixed");
+    let tmp = copy_fixture_named("mlx-llama-mixed");
     edit_config(tmp.path(), |cfg| {
         cfg["quantization"]["lm_head"] = serde_json::json!({"group_size": 64, "bits": 8});
     });
