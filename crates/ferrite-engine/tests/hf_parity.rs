@@ -2,7 +2,10 @@
 //! prompt logits within 1e-4 relative of transformers' f32 logits (over an f32 KV cache: the
 //! default f16 one rounds K and V by up to 2^-11 relative), and 32 greedy tokens identical,
 //! through the engine (chunked prefill over the default paged KV cache); and a Q8_0 GGUF of
-//! the Mixtral fixture within Q8_0's rounding.
+//! the Mixtral fixture within Q8_0's rounding. The FP8 checkpoints (`make_fp8_models.py`:
+//! compressed-tensors' tensor and channel scales, transformers' 128×128 block scales) load
+//! dequantized to f32 on the CPU, so they are held to the same bar against transformers on
+//! the dequantized weights.
 
 mod common;
 
@@ -199,4 +202,8 @@ parity! {
     mixtral => "mixtral",
     qwen3_5 => "qwen3.5",
     qwen3_next => "qwen3-next",
+    fp8_llama_channel => "fp8-llama-channel",
+    fp8_llama_tensor => "fp8-llama-tensor",
+    fp8_llama_block => "fp8-llama-block",
+    fp8_qwen2_channel => "fp8-qwen2-channel",
 }

@@ -13,6 +13,7 @@ pub mod embedding;
 pub mod error;
 pub mod families;
 pub mod fit;
+pub mod fp8;
 pub mod gguf;
 pub mod gpu;
 pub mod hf_cache;

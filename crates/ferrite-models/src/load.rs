@@ -13,6 +13,7 @@ use crate::config::{ConfigSource, ModelConfig};
 use crate::decoder::Decoder;
 use crate::embedding::EmbeddingHead;
 use crate::error::{LoadError, Result};
+use crate::fp8::Fp8Quantization;
 use crate::gguf::GgufFile;
 use crate::mlx::MlxQuantization;
 use crate::model::CausalLm;
@@ -177,7 +178,8 @@ pub fn gpu_decoder(dir: &Path, ordinal: usize) -> Result<crate::gpu::GpuDecoder>
     let mut cfg = ModelConfig::from_hf_json(&cfg_path, &json)?;
     let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path: &cfg_path, json: &json })?;
     let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), layout(&cfg, &plan, false))
-        .with_mlx(MlxQuantization::from_config(&cfg_path, &json)?);
+        .with_mlx(MlxQuantization::from_config(&cfg_path, &json)?)
+        .with_fp8(Fp8Quantization::from_config(&cfg_path, &json)?);
     let (gpu, _) = open_gpu(ordinal)?;
     let w = crate::gpu::DecoderWeights::upload(&cfg, &plan, &weights, &gpu, &|_| {})?;
     crate::gpu::GpuDecoder::new(cfg, plan, w, gpu)
@@ -319,7 +321,8 @@ fn load_hf_dir(dir: &Path, target: &Target, opts: &LoadOptions) -> Result<Loaded
     opts.apply(dir, &mut cfg)?;
     let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Hf { path: &cfg_path, json: &json })?;
     let weights = Weights::new(WeightSource::Safetensors(SafetensorsDir::open(dir)?), layout(&cfg, &plan, false))
-        .with_mlx(MlxQuantization::from_config(&cfg_path, &json)?);
+        .with_mlx(MlxQuantization::from_config(&cfg_path, &json)?)
+        .with_fp8(Fp8Quantization::from_config(&cfg_path, &json)?);
     let embedding = EmbeddingHead::from_model_dir(dir, &json, cfg.hidden_size, plan.causal())?;
     if embedding.is_none() && !plan.causal() {
         return Err(LoadError::format(dir, "a bidirectional model needs a pooling config (modules.json) to embed"));

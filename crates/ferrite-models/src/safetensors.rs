@@ -129,9 +129,12 @@ impl SafetensorsDir {
                 Some("F32") => Ok(Stored::Float(DType::F32)),
                 Some("F16") => Ok(Stored::Float(DType::F16)),
                 Some("BF16") => Ok(Stored::Float(DType::BF16)),
+                Some("F8_E4M3") => Ok(Stored::Float(DType::F8E4M3)),
                 Some("U32") => Ok(Stored::U32),
                 Some(other @ ("I64" | "I32" | "I16" | "I8" | "U8" | "BOOL")) => Err(other.to_string()),
-                Some(other) => return Err(bad(&format!("dtype {other} is not supported (F32, F16, BF16, U32)"))),
+                Some(other) => {
+                    return Err(bad(&format!("dtype {other} is not supported (F32, F16, BF16, F8_E4M3, U32)")))
+                }
                 None => return Err(bad("no dtype")),
             };
             let shape: Vec<usize> = info
@@ -183,6 +186,13 @@ impl SafetensorsDir {
         let e = self.entries.get(name).ok_or_else(|| LoadError::tensor(self.path_of(name), name, "missing"))?;
         let (path, map) = &self.files[e.file];
         let dtype = match e.dtype.clone() {
+            Ok(Stored::Float(DType::F8E4M3)) => {
+                return Err(LoadError::tensor(
+                    path,
+                    name,
+                    "e4m3 codes (an FP8 weight) without an FP8 `quantization_config` in config.json",
+                ))
+            }
             Ok(Stored::Float(dtype)) => dtype,
             Ok(Stored::U32) => {
                 return Err(LoadError::tensor(

@@ -9,13 +9,15 @@
 //! model exported from `AutoModel`), or the text model of a multimodal checkpoint (under
 //! `model.language_model.`, Qwen3.5), is read under the same names. A matrix of an
 //! MLX-quantized checkpoint (`mlx`) is fetched by its `.weight` name like any other, as MLX
-//! blocks.
+//! blocks; one of an FP8 checkpoint (`fp8`) dequantized to the checkpoint's float type, or,
+//! for an executor that multiplies in FP8, as its codes and scales (`fp8`).
 
 use std::path::Path;
 
 use ferrite_runtime::{DType, Tensor};
 
 use crate::error::{LoadError, Result};
+use crate::fp8::{Fp8Quantization, Fp8Weight};
 use crate::gguf::GgufFile;
 use crate::mlx::MlxQuantization;
 use crate::random_weights::RandomWeights;
@@ -46,6 +48,8 @@ pub struct Weights {
     layout: WeightLayout,
     /// The checkpoint's MLX quantization (safetensors only).
     mlx: Option<MlxQuantization>,
+    /// The checkpoint's FP8 quantization (safetensors only).
+    fp8: Option<Fp8Quantization>,
 }
 
 /// Translate an HF tensor name to its GGUF name.
@@ -114,12 +118,36 @@ pub fn gguf_name(hf: &str, layout: &WeightLayout) -> Option<String> {
 
 impl Weights {
     pub fn new(source: WeightSource, layout: WeightLayout) -> Weights {
-        Weights { source, layout, mlx: None }
+        Weights { source, layout, mlx: None, fp8: None }
     }
 
     /// These weights with the MLX quantization `config.json` declares (`None`: plain floats).
     pub fn with_mlx(self, mlx: Option<MlxQuantization>) -> Weights {
         Weights { mlx, ..self }
+    }
+
+    /// These weights with the FP8 quantization `config.json` declares (`None`: plain floats).
+    pub fn with_fp8(self, fp8: Option<Fp8Quantization>) -> Weights {
+        Weights { fp8, ..self }
+    }
+
+    /// The FP8 module whose `.weight` is the stored tensor `name`, if it is one.
+    fn fp8_module<'a>(&self, name: &'a str) -> Option<(&Fp8Quantization, &SafetensorsDir, &'a str)> {
+        let (WeightSource::Safetensors(s), Some(q)) = (&self.source, &self.fp8) else { return None };
+        let module = name.strip_suffix(".weight")?;
+        Fp8Quantization::quantized(s, module).then_some((q, s, module))
+    }
+
+    /// The matrix `hf` (`[rows, cols]`) as FP8 codes and scales, when the checkpoint stores it
+    /// so (`None` otherwise), its rows in the order `get` would give them.
+    pub fn fp8(&self, hf: &str, rows: usize, cols: usize) -> Result<Option<Fp8Weight>> {
+        let Some(name) = self.file_name(hf) else { return Ok(None) };
+        let Some((q, s, module)) = self.fp8_module(&name) else { return Ok(None) };
+        let w = q.weight(s, module, rows, cols)?;
+        Ok(Some(match self.rope_order(hf) {
+            Some(order) => w.permute_rows(&order),
+            None => w,
+        }))
     }
 
     /// The MLX-quantized module whose `.weight` is the stored tensor `name`, if it is one.
@@ -166,11 +194,12 @@ impl Weights {
     /// The tensor `hf`, checked to have `shape`.
     pub fn get(&self, hf: &str, shape: &[usize]) -> Result<Tensor> {
         let name = self.file_name(hf).ok_or_else(|| LoadError::tensor(self.path(hf), hf, "has no GGUF name"))?;
-        let t = match (&self.source, self.mlx_module(&name)) {
-            (_, Some((q, s, module))) => q.matrix(s, module, shape)?,
-            (WeightSource::Safetensors(s), None) => s.tensor(&name)?,
-            (WeightSource::Gguf(g), _) => g.tensor(&name)?,
-            (WeightSource::Random(r), _) => r.tensor(&name, shape)?,
+        let t = match (&self.source, self.mlx_module(&name), self.fp8_module(&name)) {
+            (_, Some((q, s, module)), _) => q.matrix(s, module, shape)?,
+            (_, _, Some((q, s, module))) if shape.len() == 2 => q.dequantized(s, module, shape[0], shape[1])?,
+            (WeightSource::Safetensors(s), _, _) => s.tensor(&name)?,
+            (WeightSource::Gguf(g), _, _) => g.tensor(&name)?,
+            (WeightSource::Random(r), _, _) => r.tensor(&name, shape)?,
         };
         if t.shape() != shape {
             return Err(LoadError::tensor(self.path(hf), &name, format!("shape {:?}, expected {shape:?}", t.shape())));
@@ -256,6 +285,9 @@ impl Weights {
         let name = self.file_name(hf)?;
         if let Some((q, s, module)) = self.mlx_module(&name) {
             return q.dtype_of(s, module);
+        }
+        if self.fp8_module(&name).is_some() {
+            return Some(DType::F8E4M3);
         }
         match &self.source {
             WeightSource::Safetensors(s) => s.tensor(&name).ok().map(|t| t.dtype()),

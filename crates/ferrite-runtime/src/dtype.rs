@@ -1,5 +1,6 @@
-//! Element types: plain floats, the GGUF (ggml) block-quantized formats and MLX's affine
-//! quantization (`MlxFormat`).
+//! Element types: plain floats, FP8 (e4m3, the codes of FP8 checkpoints, whose scales live
+//! beside them), the GGUF (ggml) block-quantized formats and MLX's affine quantization
+//! (`MlxFormat`).
 //!
 //! A quantized dtype stores `block_elems()` values in `block_bytes()` bytes; a row of `n`
 //! values must hold a whole number of blocks.
@@ -11,6 +12,10 @@ pub enum DType {
     F32,
     F16,
     BF16,
+    /// OCP FP8 e4m3 (`float8_e4m3fn`): 1 sign, 4 exponent, 3 mantissa bits, no infinities.
+    /// Only the codes: an FP8 checkpoint's scales are separate tensors (`ferrite-models`'s
+    /// `fp8`), so a bare e4m3 tensor is not a weight any op reads.
+    F8E4M3,
     Q4_0,
     Q4_1,
     Q5_0,
@@ -173,13 +178,15 @@ impl DType {
         DType::Q8K,
     ];
 
-    /// The dtype named `name` (as `name()` writes it, any case), among `ALL` and the MLX
-    /// formats; `mlx4` and `mlx8` stand for MLX's default group of 64 with bf16 scales.
+    /// The dtype named `name` (as `name()` writes it, any case), among `ALL`, `F8E4M3` (also
+    /// `fp8`) and the MLX formats; `mlx4` and `mlx8` stand for MLX's default group of 64 with
+    /// bf16 scales.
     pub fn parse(name: &str) -> Option<DType> {
         let name = name.trim();
         let short = match name.to_ascii_lowercase().as_str() {
             "mlx4" => Some(4),
             "mlx8" => Some(8),
+            "fp8" | "f8_e4m3" => return Some(DType::F8E4M3),
             _ => None,
         };
         if let Some(bits) = short {
@@ -210,7 +217,7 @@ impl DType {
         })
     }
 
-    /// The ggml type id (`None` for the MLX formats, which GGUF does not have).
+    /// The ggml type id (`None` for e4m3 and the MLX formats, which GGUF does not have).
     pub fn ggml_id(self) -> Option<u32> {
         Some(match self {
             DType::F32 => 0,
@@ -228,14 +235,14 @@ impl DType {
             DType::Q6K => 14,
             DType::Q8K => 15,
             DType::BF16 => 30,
-            DType::Mlx(_) => return None,
+            DType::F8E4M3 | DType::Mlx(_) => return None,
         })
     }
 
     /// Number of values in one block (1 for plain floats).
     pub fn block_elems(self) -> usize {
         match self {
-            DType::F32 | DType::F16 | DType::BF16 => 1,
+            DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 => 1,
             DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q8_1 => 32,
             DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K | DType::Q8K => 256,
             DType::Mlx(f) => f.group(),
@@ -247,6 +254,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::F8E4M3 => 1,
             DType::Q4_0 => 18,
             DType::Q4_1 => 20,
             DType::Q5_0 => 22,
@@ -284,6 +292,7 @@ impl DType {
             DType::F32 => "F32",
             DType::F16 => "F16",
             DType::BF16 => "BF16",
+            DType::F8E4M3 => "F8_E4M3",
             DType::Q4_0 => "Q4_0",
             DType::Q4_1 => "Q4_1",
             DType::Q5_0 => "Q5_0",

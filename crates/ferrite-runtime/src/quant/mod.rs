@@ -10,6 +10,8 @@
 //! bits and is exact. The only rounding is the final `- dmin * m` / `+ m` (or the single f32
 //! multiply of Q8_K), so any evaluation order, FMA or not, gives the same bits.
 //!
+//! FP8 e4m3 codes (unscaled) widen exactly too (`e4m3_to_f32`).
+//!
 //! - `legacy`: the 32-value blocks Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1.
 //! - `kquants`: the 256-value super-blocks Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K.
 //! - `mlx`: MLX's affine groups (4 or 8 bits, groups of 32, 64 or 128), as blocks assembled
@@ -52,6 +54,11 @@ pub fn dequantize_row(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
                 *d = half::bf16::from_le_bytes([s[0], s[1]]).to_f32();
             }
         }
+        DType::F8E4M3 => {
+            for (d, &b) in dst.iter_mut().zip(src) {
+                *d = e4m3_to_f32(b);
+            }
+        }
         DType::Q4_0 => each_block(src, dst, legacy::dequantize_q4_0),
         DType::Q4_1 => each_block(src, dst, legacy::dequantize_q4_1),
         DType::Q5_0 => each_block(src, dst, legacy::dequantize_q5_0),
@@ -79,6 +86,18 @@ fn each_block<const B: usize, const N: usize>(src: &[u8], dst: &mut [f32], decod
     let outs = dst.chunks_exact_mut(N).filter_map(|y| <&mut [f32; N]>::try_from(y).ok());
     for (block, out) in blocks.zip(outs) {
         decode(block, out);
+    }
+}
+
+/// An e4m3 (`float8_e4m3fn`) code as f32, exactly: 1 sign, 4 exponent (bias 7) and 3
+/// mantissa bits, subnormals at exponent 0, and NaN for the two all-ones codes (no infinities).
+pub fn e4m3_to_f32(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (exp, man) = (i32::from((b >> 3) & 0xf), f32::from(b & 7));
+    sign * match (exp, b & 0x7f) {
+        (_, 0x7f) => f32::NAN,
+        (0, _) => man * (2f32).powi(-9),
+        _ => (1.0 + man / 8.0) * (2f32).powi(exp - 7),
     }
 }
 
@@ -117,6 +136,23 @@ mod tests {
             dequantize_row(dtype, &src, &mut dst).unwrap();
             assert!(dst.iter().all(|v| v.is_finite()), "{dtype}: unwritten or non-finite values");
         }
+    }
+
+    /// Every e4m3 code against its definition's landmarks: ±448 the largest, 2^-9 the smallest
+    /// subnormal, 2^-6 the smallest normal, NaN only for the all-ones codes.
+    #[test]
+    fn e4m3_codes_widen_as_defined() {
+        assert_eq!(e4m3_to_f32(0x7e), 448.0);
+        assert_eq!(e4m3_to_f32(0xfe), -448.0);
+        assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9));
+        assert_eq!(e4m3_to_f32(0x08), 2f32.powi(-6));
+        assert_eq!(e4m3_to_f32(0x38), 1.0);
+        assert_eq!(e4m3_to_f32(0x00), 0.0);
+        let nans: Vec<u8> = (0..=255u8).filter(|&b| e4m3_to_f32(b).is_nan()).collect();
+        assert_eq!(nans, vec![0x7f, 0xff]);
+        // Monotone over the positive codes.
+        let pos: Vec<f32> = (0..0x7fu8).map(e4m3_to_f32).collect();
+        assert!(pos.windows(2).all(|w| w[0] < w[1]));
     }
 
     #[test]
