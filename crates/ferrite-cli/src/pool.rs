@@ -219,6 +219,7 @@ fn weight_file_bytes(path: &Path) -> std::io::Result<u64> {
 struct Loader {
     entry: PoolEntry,
     device: DeviceChoice,
+    options: ferrite_models::LoadOptions,
     engine: EngineArgs,
     threads: usize,
     /// `--verify-weights`: check the weight files' sha256 before each load.
@@ -254,7 +255,7 @@ impl ModelLoader for Loader {
                 Ok(Served::new(Box::new(engine), ModelInfo::from_text(&text, name, aliases)))
             }
             None => {
-                let loaded = ferrite_models::load_on(&path, self.device).map_err(|e| e.to_string())?;
+                let loaded = ferrite_models::load_with(&path, self.device, &self.options).map_err(|e| e.to_string())?;
                 let engine = start_engine(&loaded, &path, &self.engine, self.threads).map_err(|e| format!("{e:#}"))?;
                 Ok(Served::new(Box::new(engine), ModelInfo::new(&loaded, name, aliases)))
             }
@@ -282,6 +283,7 @@ pub fn models(args: &ServeArgs, threads: usize, serve_args: &[String]) -> Result
             let loader = Loader {
                 entry,
                 device: args.model.device,
+                options: args.model.load_options(),
                 engine: args.engine.clone(),
                 threads,
                 verify: args.model.verify_weights,

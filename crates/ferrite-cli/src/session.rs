@@ -39,9 +39,10 @@ pub struct ModelArgs {
     /// An HF directory or .gguf file whose tokenizer and chat template a synthetic model uses.
     #[arg(long, requires = "synthetic")]
     pub tokenizer: Option<std::path::PathBuf>,
-    /// Weight dtype of a synthetic model: bf16, a GGUF block type (q4_0, q4_1, q5_0, q8_0,
-    /// q4_k, q5_k, q6_k; q5_1 and f16 on the CPU), or MLX affine 4/8-bit: mlx4 and mlx8
-    /// (groups of 64, bf16 scales) or a full name such as mlx4_g32_bf16 or mlx8_g128_f16.
+    /// Weight dtype of a synthetic model: bf16, fp8 (GPU: e4m3 layer projections with a scale
+    /// per output channel), a GGUF block type (q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k; q5_1
+    /// and f16 on the CPU), or MLX affine 4/8-bit: mlx4 and mlx8 (groups of 64, bf16 scales)
+    /// or a full name such as mlx4_g32_bf16 or mlx8_g128_f16.
     #[arg(long, default_value = "bf16", requires = "synthetic")]
     pub dtype: String,
     /// Seed of a synthetic model's weights.
@@ -51,6 +52,12 @@ pub struct ModelArgs {
     /// each, or a named model's known digest; a mismatch is an error.
     #[arg(long, conflicts_with = "synthetic")]
     pub verify_weights: bool,
+    /// Convert a bf16/f16 checkpoint's weights at load: fp8 quantizes each layer projection to
+    /// e4m3 with a scale per output channel (activations per token at run time), on a CUDA GPU
+    /// of compute capability 8.9+ (the embedding and LM head stay bf16). An FP8 checkpoint
+    /// (compressed-tensors, transformers' fp8) needs no flag.
+    #[arg(long, value_parser = ["fp8"], conflicts_with = "synthetic")]
+    pub quantization: Option<String>,
 }
 
 impl ModelArgs {
@@ -60,7 +67,10 @@ impl ModelArgs {
         let threads = ferrite_runtime::threads::init(self.threads)?;
         if let Some(name) = &self.synthetic {
             let dtype = DType::parse(&self.dtype).ok_or_else(|| {
-                anyhow!("unknown --dtype {} (bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k, mlx4, mlx8)", self.dtype)
+                anyhow!(
+                    "unknown --dtype {} (bf16, fp8, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k, mlx4, mlx8)",
+                    self.dtype
+                )
             })?;
             let mut loaded = ferrite_models::synthetic(name, self.device, self.weight_seed, dtype)?;
             crate::synthetic_text::attach(&mut loaded, name, self.tokenizer.as_deref())?;
@@ -77,8 +87,17 @@ impl ModelArgs {
                 eprintln!("verified {}: sha256 {} (from {})", f.path.display(), f.sha256, f.source);
             }
         }
-        let loaded = ferrite_models::load_on(&path, self.device)?;
+        let loaded = ferrite_models::load_with(&path, self.device, &self.load_options())?;
         Ok((loaded, path, threads))
+    }
+
+    /// How a model file loads under these flags.
+    pub fn load_options(&self) -> ferrite_models::LoadOptions {
+        let quantization = match self.quantization.as_deref() {
+            Some("fp8") => ferrite_models::gpu::UploadQuantization::Fp8,
+            _ => ferrite_models::gpu::UploadQuantization::None,
+        };
+        ferrite_models::LoadOptions { quantization, ..Default::default() }
     }
 
     /// The MODEL argument as given (or `synthetic:NAME`).
@@ -240,7 +259,7 @@ impl SpecArgs {
             (Some(_), "ngram") => bail!("--spec ngram and --draft-model exclude each other"),
             (Some(name), _) => {
                 let path = crate::model_arg::resolve(name)?;
-                let opts = ferrite_models::LoadOptions { max_layers: self.draft_layers };
+                let opts = ferrite_models::LoadOptions { max_layers: self.draft_layers, ..Default::default() };
                 // The draft runs on the CPU (speculation on the GPU path is not built yet).
                 let draft = ferrite_models::load_with(&path, ferrite_runtime::cuda::DeviceChoice::Cpu, &opts)
                     .with_context(|| format!("draft model {name}"))?;

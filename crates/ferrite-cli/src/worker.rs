@@ -44,7 +44,7 @@ pub fn worker(w: WorkerArgs) -> Result<()> {
         .find(|e| e.name == w.name)
         .ok_or_else(|| anyhow!("the serve arguments name no model '{}'", w.name))?;
     let threads = ferrite_runtime::threads::init(args.model.threads)?;
-    let loaded = ferrite_models::load_on(&entry.path, args.model.device)?;
+    let loaded = ferrite_models::load_with(&entry.path, args.model.device, &args.model.load_options())?;
     let engine = crate::pool::start_engine(&loaded, &entry.path, &args.engine, threads)?;
     let socket = UnixStream::connect(&w.socket).with_context(|| format!("cannot connect to {}", w.socket.display()))?;
     ferrite_server::isolate::worker::serve_engine(engine, socket).context("serving the engine")?;

@@ -31,6 +31,14 @@
 //! - engine invariants on the GPU (gemma4 with KV-shared layers and per-layer inputs, and the
 //!   MoE fixtures): batched == alone, and prefix hit == cold.
 //!
+//! - the FP8 checkpoints (`make_fp8_models.py`: compressed-tensors' channel and tensor scales,
+//!   transformers' 128×128 blocks, qwen2 with biases) and the llama fixture quantized at load
+//!   (`--quantization fp8`) against the CPU on the dequantized (or the bf16) weights: prefill
+//!   quantizes activations per token to e4m3 (3 mantissa bits) for cuBLASLt's FP8 GEMM, so the
+//!   bar is FP8's, not bf16's (`FP8_REL_L2`, `FP8_LOGPROB_TOL`; every value measured is
+//!   printed), each side's top token in the other's top 5, and the greedy tokens equal except
+//!   at a near tie.
+//!
 //! Every comparison prints a `TABLE|…` row for `scripts/gpu_tests.sh`.
 
 mod common;
@@ -108,6 +116,14 @@ const LOGPROB_TOL: f32 = 0.75;
 /// further (0.86 measured for mlx-llama-q4-g128 on an H100, rel L2 2.2e-2, every clear argmax
 /// equal).
 const LONG_LOGPROB_TOL: f32 = 1.0;
+
+/// The FP8 fixtures (`make_fp8_models.py`).
+const FP8_FIXTURES: [&str; 4] = ["fp8-llama-channel", "fp8-llama-tensor", "fp8-llama-block", "fp8-qwen2-channel"];
+/// FP8's bar on prompt logits: activations quantized per token to e4m3 (relative error up to
+/// 2^-4 a value) move these 2-layer models' logits by a few percent (rel L2) where bf16 moves
+/// them by under 3 %.
+const FP8_REL_L2: f64 = 0.1;
+const FP8_LOGPROB_TOL: f32 = 1.5;
 
 /// The fixture directory: under the working directory (the GPU machine runs the tests from a
 /// copy of the repository), else under this crate's source tree.
@@ -188,6 +204,44 @@ fn cuda_goldens_goldens_match_cpu() {
             same_greedy += usize::from(equal_or_tie(cpu.as_ref(), prompt, &on_cpu, &on_gpu, &what));
         }
         println!("TABLE|goldens greedy 32 tokens {name}|{same_greedy}/{} identical to CPU|||", prompts.len());
+    }
+}
+
+/// The FP8 checkpoints, and the llama fixture quantized to FP8 at load, against the CPU.
+#[test]
+fn cuda_goldens_fp8_match_cpu() {
+    if !cuda_enabled("cuda_goldens_fp8_match_cpu") {
+        return;
+    }
+    let quantized = ferrite_models::LoadOptions {
+        quantization: ferrite_models::gpu::UploadQuantization::Fp8,
+        ..Default::default()
+    };
+    let cases = FP8_FIXTURES.iter().map(|&n| (n, ferrite_models::LoadOptions::default())).chain([("llama", quantized)]);
+    for (fixture, opts) in cases {
+        let dir = fixture_dir(fixture);
+        let cpu = ferrite_models::load_on(&dir, DeviceChoice::Cpu).expect("cpu").model;
+        let gpu = ferrite_models::load_with(&dir, DeviceChoice::Cuda(0), &opts).expect("cuda").model;
+        let name = if fixture == "llama" { "llama --quantization fp8" } else { fixture };
+        let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
+        let reference: Value = serde_json::from_str(&text).expect("json");
+        let vocab = cpu.config().vocab_size;
+        let prompts: Vec<Vec<u32>> = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();
+        let mut same_greedy = 0;
+        for prompt in &prompts {
+            let len = prompt.len();
+            let (want, got) = (prefill_logits(cpu.as_ref(), prompt), prefill_logits(gpu.as_ref(), prompt));
+            let LogitsAgreement { rel_l2: rel, top5_err: lp_err, clear, clear_equal, .. } =
+                compare_logits(&want, &got, vocab, &format!("{name} len {len}"));
+            println!(
+                "TABLE|fp8 prefill logits {name} len {len}|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}"
+            );
+            assert!(rel < FP8_REL_L2, "{name} len {len}: relative L2 error {rel}");
+            assert!(lp_err < FP8_LOGPROB_TOL, "{name} len {len}: top-5 logprob error {lp_err}");
+            let (on_cpu, on_gpu) = (greedy_tokens(cpu.as_ref(), prompt, 32), greedy_tokens(gpu.as_ref(), prompt, 32));
+            same_greedy += usize::from(equal_or_tie(cpu.as_ref(), prompt, &on_cpu, &on_gpu, &format!("greedy {name}")));
+        }
+        println!("TABLE|fp8 greedy 32 tokens {name}|{same_greedy}/{} identical to CPU|||", prompts.len());
     }
 }
 

@@ -155,10 +155,13 @@ fn speculation_and_fill_equal_plain_decoding_at_temperature_0() {
         let spec = |speculation, k| EngineConfig { speculation, num_draft_tokens: k, ..cfg() };
         // The model cut to its first three layers (linear, linear, full): a draft with its own
         // recurrent state that often disagrees.
-        let weak =
-            ferrite_models::load_with(&fixture_dir(name), DeviceChoice::Cpu, &LoadOptions { max_layers: Some(3) })
-                .expect("weak draft")
-                .model;
+        let weak = ferrite_models::load_with(
+            &fixture_dir(name),
+            DeviceChoice::Cpu,
+            &LoadOptions { max_layers: Some(3), ..Default::default() },
+        )
+        .expect("weak draft")
+        .model;
         let methods = [
             ("ngram k=3", spec(Speculation::Ngram, 3), &reqs),
             ("ngram k=1", spec(Speculation::Ngram, 1), &reqs),

@@ -114,10 +114,13 @@ fn int8_speculation_and_fill_equal_plain_decoding() {
     let plain: Vec<_> = reqs.iter().map(|(p, pr)| alone(&m, cfg(), p.clone(), pr.clone())).collect();
     let echo: Vec<_> =
         reqs.iter().map(|(p, pr)| (p.clone(), RequestParams { fill: Some(FillMode::Echo), ..pr.clone() })).collect();
-    let weak =
-        ferrite_models::load_with(&fixture_dir("llama"), DeviceChoice::Cpu, &LoadOptions { max_layers: Some(1) })
-            .expect("load")
-            .model;
+    let weak = ferrite_models::load_with(
+        &fixture_dir("llama"),
+        DeviceChoice::Cpu,
+        &LoadOptions { max_layers: Some(1), ..Default::default() },
+    )
+    .expect("load")
+    .model;
     let methods = [
         ("ngram", EngineConfig { speculation: Speculation::Ngram, num_draft_tokens: 3, ..cfg() }, &reqs),
         ("fill echo", cfg(), &echo),

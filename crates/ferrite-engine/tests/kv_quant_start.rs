@@ -144,10 +144,13 @@ fn speculation_and_fill_around_the_start_equal_plain_decoding() {
         // Half random, half an echo of the first half.
         prompts.push([head.clone(), head[..len / 2].to_vec()].concat());
     }
-    let weak =
-        ferrite_models::load_with(&fixture_dir("llama"), DeviceChoice::Cpu, &LoadOptions { max_layers: Some(1) })
-            .expect("load")
-            .model;
+    let weak = ferrite_models::load_with(
+        &fixture_dir("llama"),
+        DeviceChoice::Cpu,
+        &LoadOptions { max_layers: Some(1), ..Default::default() },
+    )
+    .expect("load")
+    .model;
     for start in [11, 26, 30] {
         let reqs: Vec<_> = prompts.iter().map(|p| (p.clone(), greedy(24))).collect();
         let plain: Vec<_> = reqs.iter().map(|(p, pr)| alone(&m, cfg(start), p.clone(), pr.clone())).collect();

@@ -35,9 +35,13 @@ fn fixture(name: &str) -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
 
 /// Fixture `name` cut to its first layer: a draft that often disagrees with the full model.
 fn weak_draft(name: &str) -> Arc<dyn CausalLm> {
-    ferrite_models::load_with(&fixture_dir(name), DeviceChoice::Cpu, &LoadOptions { max_layers: Some(1) })
-        .expect("load")
-        .model
+    ferrite_models::load_with(
+        &fixture_dir(name),
+        DeviceChoice::Cpu,
+        &LoadOptions { max_layers: Some(1), ..Default::default() },
+    )
+    .expect("load")
+    .model
 }
 
 fn cfg(speculation: Speculation, k: usize) -> EngineConfig {

@@ -70,7 +70,7 @@ fn smollm2_speculation_and_echo_equal_plain() {
     let prompt = chat_ids(m, &[msg], None);
     let params = RequestParams { max_tokens: Some(40), ..Default::default() };
     let (plain, _, plain_steps) = run(m, base_cfg(), prompt.clone(), params.clone());
-    let weak = load("smollm2", LoadOptions { max_layers: Some(20) }).model;
+    let weak = load("smollm2", LoadOptions { max_layers: Some(20), ..Default::default() }).model;
     let cases = [
         ("ngram", EngineConfig { speculation: Speculation::Ngram, ..base_cfg() }, None),
         ("echo", base_cfg(), Some(FillMode::Echo)),

@@ -159,7 +159,10 @@ impl Fp8Quantization {
                     )));
                 }
                 if bits != Some(8) {
-                    return Err(bad(format!("{}-bit float weights are not supported (8-bit e4m3 is)", bits.unwrap_or(0))));
+                    return Err(bad(format!(
+                        "{}-bit float weights are not supported (8-bit e4m3 is)",
+                        bits.unwrap_or(0)
+                    )));
                 }
                 let strategies: Vec<&str> =
                     weights.iter().filter_map(|w| w.get("strategy").and_then(Value::as_str)).collect();
@@ -183,6 +186,11 @@ impl Fp8Quantization {
             _ => return Ok(None),
         };
         Ok(Some(Fp8Quantization { granularity, float }))
+    }
+
+    /// The float type the CPU dequantizes to.
+    pub fn float(&self) -> DType {
+        self.float
     }
 
     /// The name of `module`'s scale tensor in `st`, when `{module}.weight` is stored as e4m3.

@@ -83,6 +83,9 @@ pub struct LoadOptions {
     /// Keep only the first this many decoder layers: a deliberately weakened model (a draft
     /// that disagrees with its full self, for speculative-decoding tests and benchmarks).
     pub max_layers: Option<usize>,
+    /// Convert bf16 weights at load (`--quantization fp8`: each layer projection to FP8 per
+    /// output channel; CUDA only).
+    pub quantization: crate::gpu::UploadQuantization,
 }
 
 impl LoadOptions {
@@ -181,7 +184,8 @@ pub fn gpu_decoder(dir: &Path, ordinal: usize) -> Result<crate::gpu::GpuDecoder>
         .with_mlx(MlxQuantization::from_config(&cfg_path, &json)?)
         .with_fp8(Fp8Quantization::from_config(&cfg_path, &json)?);
     let (gpu, _) = open_gpu(ordinal)?;
-    let w = crate::gpu::DecoderWeights::upload(&cfg, &plan, &weights, &gpu, &|_| {})?;
+    let quantize = crate::gpu::UploadQuantization::None;
+    let w = crate::gpu::DecoderWeights::upload(&cfg, &plan, &weights, &gpu, quantize, &|_| {})?;
     crate::gpu::GpuDecoder::new(cfg, plan, w, gpu)
 }
 
@@ -245,6 +249,7 @@ fn build(
     weights: &Weights,
     target: &Target,
     embedding: Option<EmbeddingHead>,
+    quantize: crate::gpu::UploadQuantization,
 ) -> Result<Built> {
     if let Device::Cuda(ordinal) = target.device {
         let why = match &embedding {
@@ -255,7 +260,8 @@ fn build(
             None => {
                 let (gpu, note) = open_gpu(ordinal)?;
                 let bar = LoadBar::new(weights.file_bytes(), cfg.num_layers);
-                let w = crate::gpu::DecoderWeights::upload(&cfg, &plan, weights, &gpu, &|n| bar.layer_done(n))?;
+                let w =
+                    crate::gpu::DecoderWeights::upload(&cfg, &plan, weights, &gpu, quantize, &|n| bar.layer_done(n))?;
                 bar.finish();
                 let model = Arc::new(crate::gpu::GpuDecoder::new(cfg, plan, w, gpu)?);
                 return Ok((model, target.device, note));
@@ -263,6 +269,16 @@ fn build(
             Some(why) if target.choice == DeviceChoice::Auto => eprintln!("note: {why}; running on the CPU"),
             Some(why) => return Err(LoadError::Other(format!("cannot run this model on cuda:{ordinal}: {why}"))),
         }
+    }
+    if quantize != crate::gpu::UploadQuantization::None {
+        return Err(LoadError::Other(
+            "--quantization fp8 quantizes for a CUDA GPU (compute capability 8.9+); on the CPU run the checkpoint \
+             as it is, or a GGUF or MLX quantization"
+                .into(),
+        ));
+    }
+    if let Some(float) = weights.fp8_dequantized_to() {
+        eprintln!("note: FP8 weights are dequantized to {float} on the CPU (FP8 products need a CUDA GPU)");
     }
     Ok((build_cpu(cfg, plan, weights, embedding)?, Device::Cpu, "cpu".into()))
 }
@@ -327,7 +343,7 @@ fn load_hf_dir(dir: &Path, target: &Target, opts: &LoadOptions) -> Result<Loaded
     if embedding.is_none() && !plan.causal() {
         return Err(LoadError::format(dir, "a bidirectional model needs a pooling config (modules.json) to embed"));
     }
-    let (model, device, device_note) = build(cfg, plan, &weights, target, embedding)?;
+    let (model, device, device_note) = build(cfg, plan, &weights, target, embedding, opts.quantization)?;
     let ModelText { tokenizer, chat_template, generation } = hf_text(dir)?;
     Ok(LoadedModel {
         model,
@@ -431,7 +447,7 @@ fn load_gguf(path: &Path, target: &Target, opts: &LoadOptions) -> Result<LoadedM
     let plan = (cfg.arch.plan)(&mut cfg, &ConfigSource::Gguf(&g))?;
     let layout = layout(&cfg, &plan, true);
     let weights = Weights::new(WeightSource::Gguf(g), layout);
-    let (model, device, device_note) = build(cfg, plan, &weights, target, None)?;
+    let (model, device, device_note) = build(cfg, plan, &weights, target, None, opts.quantization)?;
     Ok(LoadedModel {
         model,
         tokenizer,

@@ -131,6 +131,11 @@ impl Weights {
         Weights { fp8, ..self }
     }
 
+    /// The float type FP8 matrices are dequantized to for the CPU, when the checkpoint has any.
+    pub fn fp8_dequantized_to(&self) -> Option<DType> {
+        self.fp8.as_ref().map(Fp8Quantization::float)
+    }
+
     /// The FP8 module whose `.weight` is the stored tensor `name`, if it is one.
     fn fp8_module<'a>(&self, name: &'a str) -> Option<(&Fp8Quantization, &SafetensorsDir, &'a str)> {
         let (WeightSource::Safetensors(s), Some(q)) = (&self.source, &self.fp8) else { return None };

@@ -352,7 +352,7 @@ mod tests {
                 DType::Q5K => (QK_K, 2 * 2 + 12 + QK_K / 8 + QK_K / 2),
                 DType::Q6K => (QK_K, QK_K / 2 + QK_K / 4 + QK_K / 16 + 2),
                 DType::Q8K => (QK_K, 4 + QK_K + 2 * QK_K / 16),
-                DType::Mlx(_) => unreachable!("ALL holds no MLX format"),
+                DType::F8E4M3 | DType::Mlx(_) => unreachable!("ALL holds neither e4m3 nor an MLX format"),
             }
         };
         for t in DType::ALL {

@@ -474,8 +474,8 @@ impl Layers for DecoderLayers {
         &self.w.lm_head
     }
 
-    fn scratch_len(&self) -> usize {
-        self.w.scratch_len()
+    fn scratch_len(&self, tokens: usize) -> usize {
+        self.w.scratch_len(tokens)
     }
 
     fn final_softcap(&self) -> Option<f32> {

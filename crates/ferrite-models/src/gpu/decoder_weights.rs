@@ -1,6 +1,8 @@
 //! A decoder plan's weights on a CUDA device. Matrices are `Matrix` values: bf16, or — from a
 //! GGUF file whose pieces of a matrix are all in block types the kernels read — the file's
-//! blocks as they are. Per layer: a fused QKV matrix (q only for a KV-shared layer; the keys
+//! blocks as they are, or — from an FP8 checkpoint whose pieces are all FP8, or any layer
+//! projection under `--quantization fp8` — e4m3 codes with their scales (the embedding, the LM
+//! head, routers and experts stay bf16). Per layer: a fused QKV matrix (q only for a KV-shared layer; the keys
 //! twice for `attention_k_eq_v`) with its bias, q/k norms (per head or over the whole
 //! projection), the output projection and its bias, the dense MLP (a fused gate-up or a plain
 //! up matrix and the down projection with their biases; none where experts replace it), the
@@ -14,7 +16,7 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use ferrite_runtime::cuda::ops::{self, ExpertMatrix, Matrix, NormWeights, QuantMatrix};
+use ferrite_runtime::cuda::ops::{self, ExpertMatrix, Fp8Matrix, Matrix, NormWeights, QuantMatrix};
 use ferrite_runtime::cuda::{CudaSlice, DevicePtr, Gpu};
 use ferrite_runtime::DType;
 use half::bf16;
@@ -22,6 +24,7 @@ use half::bf16;
 use super::moe::{stack_experts, Gemma4Moe, MoeWeights};
 use crate::config::ModelConfig;
 use crate::error::{LoadError, Result};
+use crate::fp8::Fp8Weight;
 use crate::moe::MoeShape;
 use crate::plan::{DecoderPlan, ExpertNames, MlpNames, MoePlan, MoeStyle, NormKind, QkvNames};
 use crate::weights::Weights;
@@ -124,6 +127,40 @@ impl<'a> Part<'a> {
     }
 }
 
+/// Whether a matrix of `parts` is a layer's projection (FP8 applies), not the embedding or
+/// the LM head.
+fn layer_projection(parts: &[Part]) -> bool {
+    parts.iter().all(|p| p.name.starts_with("model.layers."))
+}
+
+/// The FP8 parts of a matrix stacked into one `Fp8Weight` (their scale runs brought to the
+/// finest), or `None` when their runs do not nest.
+fn stack_fp8(parts: Vec<Fp8Weight>) -> Option<Fp8Weight> {
+    let block = parts.iter().map(|p| p.col_block).min()?;
+    let nests = |p: &Fp8Weight| p.col_block == p.cols || p.col_block.is_multiple_of(block);
+    if !parts.iter().all(nests) {
+        return None;
+    }
+    let parts: Vec<Fp8Weight> = parts.into_iter().map(|p| p.with_col_block(block)).collect();
+    let first = parts.first()?;
+    Some(Fp8Weight {
+        rows: parts.iter().map(|p| p.rows).sum(),
+        cols: first.cols,
+        codes: parts.iter().flat_map(|p| p.codes.iter().copied()).collect(),
+        col_block: block,
+        scales: parts.iter().flat_map(|p| p.scales.iter().copied()).collect(),
+    })
+}
+
+/// Weight formats an upload converts to: `--quantization fp8` quantizes each bf16 layer
+/// projection per output channel on the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UploadQuantization {
+    #[default]
+    None,
+    Fp8,
+}
+
 /// Where the values come from: a checkpoint's tensors by HF name, or a seeded generator.
 trait Source {
     /// `parts` of `cols` columns stacked into one matrix (quantized where the source allows).
@@ -142,10 +179,71 @@ trait Source {
 struct FileSource<'a> {
     w: &'a Weights,
     gpu: &'a Gpu,
+    quantize: UploadQuantization,
+}
+
+impl FileSource<'_> {
+    /// The matrix of `parts` as FP8, when the checkpoint stores every part so; an error when
+    /// it does and the device has no FP8.
+    fn fp8_matrix(&self, parts: &[Part], cols: usize) -> Result<Option<Matrix>> {
+        let mut fp8 = Vec::with_capacity(parts.len());
+        for p in parts {
+            match self.w.fp8(&format!("{}.weight", p.name), p.total, cols)? {
+                Some(w) => fp8.push(w.slice_rows(p.rows.clone())),
+                None => return Ok(None),
+            }
+        }
+        if !Fp8Matrix::supported_on(self.gpu) {
+            let (major, minor) = self.gpu.info().compute_capability;
+            return Err(LoadError::Other(format!(
+                "{}: FP8 weights need a GPU of compute capability 8.9 or newer (Ada, Hopper); this one is \
+                 {major}.{minor} (run it on the CPU, which dequantizes them)",
+                parts[0].name
+            )));
+        }
+        let Some(w) = stack_fp8(fp8).filter(|w| w.cols.is_multiple_of(16) && w.col_block.is_multiple_of(16)) else {
+            return Ok(None);
+        };
+        Ok(Some(Matrix::Fp8(Fp8Matrix::upload(self.gpu, (w.rows, w.cols), &w.codes, &w.scales, w.col_block)?)))
+    }
 }
 
 impl Source for FileSource<'_> {
     fn matrix(&mut self, parts: &[Part], cols: usize) -> Result<Matrix> {
+        if let Some(m) = self.fp8_matrix(parts, cols)? {
+            return Ok(m);
+        }
+        let m = self.stored_matrix(parts, cols)?;
+        match (self.quantize, m) {
+            (UploadQuantization::Fp8, Matrix::Bf16(w)) if layer_projection(parts) && cols.is_multiple_of(16) => {
+                let rows = w.len() / cols;
+                Ok(Matrix::Fp8(Fp8Matrix::quantize(self.gpu, &w, rows, cols)?))
+            }
+            (_, m) => Ok(m),
+        }
+    }
+
+    fn bf16(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<bf16>> {
+        let values = self.w.get(name, shape)?.to_f32_vec()?;
+        Ok(self.gpu.upload(&values.into_iter().map(bf16::from_f32).collect::<Vec<_>>())?)
+    }
+
+    fn vector(&mut self, name: &str, len: usize, offset: f32) -> Result<Vec<f32>> {
+        self.w.norm(name, len, offset)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.w.contains(name)
+    }
+
+    fn experts(&mut self, names: &ExpertNames, shape: MoeShape, hidden: usize) -> Result<[ExpertMatrix; 2]> {
+        stack_experts(self.w, self.gpu, names, shape, hidden)
+    }
+}
+
+impl FileSource<'_> {
+    /// The matrix of `parts` as the file stores it: blocks the kernels read, or bf16.
+    fn stored_matrix(&self, parts: &[Part], cols: usize) -> Result<Matrix> {
         // (dtype, rows, raw bytes) of each part, neighbours of one block type merged so that a
         // fused gate-up of one type takes the fused kernel.
         let mut pieces: Vec<(DType, usize, Vec<u8>)> = Vec::with_capacity(parts.len());
@@ -174,23 +272,6 @@ impl Source for FileSource<'_> {
         }
         Ok(Matrix::Bf16(self.gpu.upload(&all)?))
     }
-
-    fn bf16(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<bf16>> {
-        let values = self.w.get(name, shape)?.to_f32_vec()?;
-        Ok(self.gpu.upload(&values.into_iter().map(bf16::from_f32).collect::<Vec<_>>())?)
-    }
-
-    fn vector(&mut self, name: &str, len: usize, offset: f32) -> Result<Vec<f32>> {
-        self.w.norm(name, len, offset)
-    }
-
-    fn contains(&self, name: &str) -> bool {
-        self.w.contains(name)
-    }
-
-    fn experts(&mut self, names: &ExpertNames, shape: MoeShape, hidden: usize) -> Result<[ExpertMatrix; 2]> {
-        stack_experts(self.w, self.gpu, names, shape, hidden)
-    }
 }
 
 /// Matrices uniform with the variance of a 1/fan-in init, made on the device in bf16 or a
@@ -213,9 +294,10 @@ impl RandomSource<'_> {
     /// The block type of a matrix of `cols` columns: the source's, except that a k-quant
     /// whose 256-value blocks do not tile a row falls back as llama.cpp's quantizer does
     /// (Q4_K to Q5_0; Q5_K and Q6_K to Q8_0, the nearest type the kernels read for its Q5_1
-    /// and Q8_0).
+    /// and Q8_0); an FP8 model's experts are bf16.
     fn dtype_for(&self, cols: usize) -> DType {
         match self.dtype {
+            DType::F8E4M3 => DType::BF16,
             d if cols.is_multiple_of(d.block_elems()) => d,
             DType::Q4K => DType::Q5_0,
             _ => DType::Q8_0,
@@ -235,10 +317,14 @@ impl Source for RandomSource<'_> {
         // An embedding table (one part named so) gets unit-ish rows; projections 1/fan-in.
         let fan_in =
             if parts.first().is_some_and(|p| p.name == "model.embed_tokens") { self.embed_fan_in } else { cols };
-        if self.dtype == DType::BF16 {
-            return Ok(Matrix::Bf16(self.random_bf16(rows * cols, fan_in)?));
-        }
         let amp = (3.0 / fan_in as f32).sqrt();
+        match self.dtype {
+            DType::F8E4M3 if layer_projection(parts) => {
+                return Ok(Matrix::Fp8(Fp8Matrix::random(self.gpu, rows, cols, self.seed(), amp)?))
+            }
+            DType::BF16 | DType::F8E4M3 => return Ok(Matrix::Bf16(self.random_bf16(rows * cols, fan_in)?)),
+            _ => {}
+        }
         Ok(Matrix::Quant(QuantMatrix::random(self.gpu, self.dtype_for(cols), rows, cols, self.seed(), amp)?))
     }
 
@@ -265,24 +351,26 @@ impl Source for RandomSource<'_> {
 }
 
 impl DecoderWeights {
-    /// Upload `w` (HF names, any dtype) for `plan`; `progress` is told after each layer.
+    /// Upload `w` (HF names, any dtype) for `plan`, converting as `quantize` says; `progress` is
+    /// told after each layer.
     pub fn upload(
         cfg: &ModelConfig,
         plan: &DecoderPlan,
         w: &Weights,
         gpu: &Gpu,
+        quantize: UploadQuantization,
         progress: &dyn Fn(usize),
     ) -> Result<DecoderWeights> {
-        build(cfg, plan, &mut FileSource { w, gpu }, gpu, progress)
+        build(cfg, plan, &mut FileSource { w, gpu, quantize }, gpu, progress)
     }
 
     /// Random weights for `plan` made on `gpu` from `seed`, matrices in `dtype` (bf16 or a
     /// block type the kernels read).
     pub fn random(cfg: &ModelConfig, plan: &DecoderPlan, gpu: &Gpu, seed: u64, dtype: DType) -> Result<DecoderWeights> {
-        if dtype != DType::BF16 && !QuantMatrix::supports(dtype) {
+        if dtype != DType::BF16 && dtype != DType::F8E4M3 && !QuantMatrix::supports(dtype) {
             return Err(LoadError::Other(format!(
-                "synthetic weights in {dtype}: the CUDA path takes bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k \
-                 or an MLX format (mlx4, mlx8, MLX4_G32_BF16, ...)"
+                "synthetic weights in {dtype}: the CUDA path takes bf16, fp8, q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, \
+                 q6_k or an MLX format (mlx4, mlx8, MLX4_G32_BF16, ...)"
             )));
         }
         let embed_fan_in = if plan.embed_scale.is_some() { cfg.hidden_size } else { 3 };
@@ -292,14 +380,14 @@ impl DecoderWeights {
         Ok(w)
     }
 
-    /// bf16 values of scratch the larger-batch GEMMs over the layers' quantized matrices use
-    /// (the largest such matrix; 0 when all are bf16). The LM head is not counted: its
-    /// many-row products run the skinny GEMM 8 rows at a time rather than hold a vocab-sized
-    /// scratch.
-    pub fn scratch_len(&self) -> usize {
+    /// bf16 values of scratch the GEMMs of steps of up to `tokens` tokens over the layers'
+    /// quantized matrices use (the most any matrix needs; 0 when all are bf16). The LM head is
+    /// not counted: its many-row products run the skinny GEMM 8 rows at a time rather than
+    /// hold a vocab-sized scratch.
+    pub fn scratch_len(&self, tokens: usize) -> usize {
         let layer = |l: &LayerWeights| {
-            let mlp = l.mlp.as_ref().map_or(0, |m| m.gate_up.scratch_len().max(m.down.scratch_len()));
-            l.qkv.scratch_len().max(l.o.scratch_len()).max(mlp)
+            let mlp = l.mlp.as_ref().map_or(0, |m| m.gate_up.scratch_len(tokens).max(m.down.scratch_len(tokens)));
+            l.qkv.scratch_len(tokens).max(l.o.scratch_len(tokens)).max(mlp)
         };
         self.layers.iter().map(layer).max().unwrap_or(0)
     }

@@ -13,7 +13,7 @@ mod runner;
 mod synthetic;
 
 pub use decoder::{unsupported, GpuDecoder};
-pub use decoder_weights::DecoderWeights;
+pub use decoder_weights::{DecoderWeights, UploadQuantization};
 pub use lora::MAX_GPU_LORAS;
 pub use runner::GpuModel;
 pub use synthetic::{synthetic_config, SYNTHETIC_MODELS};

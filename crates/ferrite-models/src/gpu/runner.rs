@@ -65,9 +65,9 @@ pub trait Layers: Send + Sync {
     /// Queue the final norm into `io.h`.
     fn final_norm(&self, gpu: &Gpu, io: &mut StepIo, b: &mut Self::Buffers, tokens: usize) -> RtResult<()>;
     fn lm_head(&self) -> &Matrix;
-    /// bf16 values of scratch where quantized matrices are dequantized for many-row GEMMs
-    /// (`Matrix::scratch_len` of the largest; none when every matrix is bf16).
-    fn scratch_len(&self) -> usize {
+    /// bf16 values of scratch quantized matrices use in steps of up to `tokens` tokens
+    /// (`Matrix::scratch_len`'s most; none when every matrix is bf16).
+    fn scratch_len(&self, _tokens: usize) -> usize {
         0
     }
     /// `cap * tanh(logit / cap)` on the logits (Gemma 2+).
@@ -211,7 +211,7 @@ impl StepIo {
             sampling: SamplingParamsDev::with_capacity(gpu, rows, 0)?,
             sampled: SampledDev::new(gpu, rows)?,
             argmax: ArgmaxScratch::new(gpu, rows)?,
-            dequant: match layers.scratch_len() {
+            dequant: match layers.scratch_len(tokens) {
                 0 => None,
                 n => Some(bf(n)?),
             },

@@ -1,5 +1,7 @@
 //! Dense GEMMs through cuBLASLt: `y[m, n] = x[m, k] · W[n, k]ᵀ (+ bias)`, W in the Hugging
-//! Face layout (row-major `[out, in]`), bf16 inputs, f32 accumulation, bf16 or f32 output.
+//! Face layout (row-major `[out, in]`), bf16 inputs, f32 accumulation, bf16 or f32 output; or
+//! FP8 (e4m3) inputs with a scale per output feature and one per token (cuBLASLt's outer-vector
+//! scaling: `y[t, j] = sx[t] · sw[j] · Σ x[t, ·] W[j, ·]`), bf16 output (Hopper and Ada).
 //!
 //! cuBLASLt is column-major, so the product is computed as `yᵀ = W · xᵀ`: A = W read
 //! transposed (stored k × n, ld k), B = xᵀ (k × m, ld k), D = yᵀ (n × m, ld n); the bias is
@@ -46,6 +48,14 @@ struct PlanKey {
     k: usize,
     out: i32,
     bias: bool,
+    /// e4m3 inputs with outer-vector scales (bf16 otherwise).
+    fp8: bool,
+}
+
+/// The scales of an FP8 product: one per token of x (`m`) and one per row of W (`n`).
+pub struct Fp8Scales {
+    pub x: u64,
+    pub w: u64,
 }
 
 /// The cuBLASLt objects of one GEMM shape; destroyed on drop.
@@ -113,6 +123,7 @@ impl Blas {
         use sys::cublasLtMatmulDescAttributes_t as D;
         let bf = sys::cudaDataType::CUDA_R_16BF;
         let out = if key.out == 0 { bf } else { sys::cudaDataType::CUDA_R_32F };
+        let input = if key.fp8 { sys::cudaDataType::CUDA_R_8F_E4M3 } else { bf };
         let (m, n, k) = (key.m as u64, key.n as u64, key.k as u64);
         let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)?;
         // Own the objects at once, so an error below frees what exists.
@@ -123,8 +134,8 @@ impl Blas {
             d: std::ptr::null_mut(),
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
         };
-        plan.a = lt::create_matrix_layout(bf, k, n, k as i64)?;
-        plan.b = lt::create_matrix_layout(bf, k, m, k as i64)?;
+        plan.a = lt::create_matrix_layout(input, k, n, k as i64)?;
+        plan.b = lt::create_matrix_layout(input, k, m, k as i64)?;
         plan.d = lt::create_matrix_layout(out, n, m, n as i64)?;
         let epilogue = if key.bias {
             sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS
@@ -136,6 +147,12 @@ impl Blas {
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &CUBLAS_OP_T)?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &CUBLAS_OP_N)?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &(epilogue as u32))?;
+            if key.fp8 {
+                // A is W (its outer dimension the output features), B is xᵀ (the tokens).
+                let outer = sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as u32;
+                set_desc(desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
+                set_desc(desc, D::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
+            }
             let pref = lt::create_matmul_pref()?;
             let ws = WORKSPACE_BYTES;
             let found = lt::set_matmul_pref_attribute(
@@ -160,14 +177,49 @@ impl Blas {
         y: &mut impl DevicePtrMut<O>,
         (m, n, k): (usize, usize, usize),
     ) -> CudaResult<()> {
+        if x.len() < m * k || w.len() < n * k {
+            return Err(CudaError::Shape(format!("linear m={m} n={n} k={k}: x {} w {}", x.len(), w.len())));
+        }
+        let s = &*self.stream;
+        self.matmul(x.device_ptr(s).0, w.device_ptr(s).0, None, bias, y, (m, n, k))
+    }
+
+    /// `y[m, n] = (sx[m] · sw[n]ᵀ) ∘ (x[m, k] · w[n, k]ᵀ) (+ bias[n])` over e4m3 codes (x and
+    /// w at the device addresses `x` and `w`, each 16-byte aligned, `m·k` and `n·k` bytes; the
+    /// f32 scales at `scales`), bf16 out (`O` must be bf16). `k` must be a multiple of 16.
+    pub fn linear_fp8<O: GemmOutput>(
+        &self,
+        (x, w): (u64, u64),
+        scales: Fp8Scales,
+        bias: Option<&dyn DevicePtr<O>>,
+        y: &mut impl DevicePtrMut<O>,
+        (m, n, k): (usize, usize, usize),
+    ) -> CudaResult<()> {
+        if O::TYPE != sys::cudaDataType::CUDA_R_16BF {
+            return Err(CudaError::Unsupported("an FP8 product with f32 output".into()));
+        }
+        if !k.is_multiple_of(16) || !x.is_multiple_of(16) || !w.is_multiple_of(16) {
+            return Err(CudaError::Shape(format!("FP8 linear m={m} n={n} k={k}: k % 16 and 16-byte alignment")));
+        }
+        self.matmul(x, w, Some(scales), bias, y, (m, n, k))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matmul<O: GemmOutput>(
+        &self,
+        xp: u64,
+        wp: u64,
+        scales: Option<Fp8Scales>,
+        bias: Option<&dyn DevicePtr<O>>,
+        y: &mut impl DevicePtrMut<O>,
+        (m, n, k): (usize, usize, usize),
+    ) -> CudaResult<()> {
         if m == 0 || n == 0 || k == 0 {
             return Err(CudaError::Shape(format!("linear of shape m={m} n={n} k={k}")));
         }
-        if x.len() < m * k || w.len() < n * k || y.len() < m * n || bias.is_some_and(|b| b.len() < n) {
+        if y.len() < m * n || bias.is_some_and(|b| b.len() < n) {
             return Err(CudaError::Shape(format!(
-                "linear m={m} n={n} k={k}: x {} w {} y {} bias {:?}",
-                x.len(),
-                w.len(),
+                "linear m={m} n={n} k={k}: y {} bias {:?}",
                 y.len(),
                 bias.map(|b| b.len())
             )));
@@ -178,6 +230,7 @@ impl Blas {
             k,
             out: if O::TYPE == sys::cudaDataType::CUDA_R_16BF { 0 } else { 1 },
             bias: bias.is_some(),
+            fp8: scales.is_some(),
         };
         let mut plans = self.plans.lock().map_err(|_| CudaError::Unsupported("cuBLASLt plans poisoned".into()))?;
         let plan = match plans.entry(key) {
@@ -186,14 +239,18 @@ impl Blas {
         };
         let (alpha, beta) = (1f32, 0f32);
         let s = &*self.stream;
-        let (xp, wp, ws) = (x.device_ptr(s).0, w.device_ptr(s).0, self.workspace.device_ptr(s).0);
+        let ws = self.workspace.device_ptr(s).0;
         let yp = y.device_ptr_mut(s).0;
-        // SAFETY: the plan's layouts match the checked buffer lengths; the bias pointer is
-        // set under the lock, right before the call that reads it.
+        // SAFETY: the plan's layouts match the checked buffer lengths; the bias and scale
+        // pointers are set under the lock, right before the call that reads them.
         unsafe {
+            use sys::cublasLtMatmulDescAttributes_t as D;
             if let Some(b) = bias {
-                let bp = b.device_ptr(s).0;
-                set_desc(plan.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp)?;
+                set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b.device_ptr(s).0)?;
+            }
+            if let Some(sc) = scales {
+                set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sc.w)?;
+                set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sc.x)?;
             }
             lt::matmul(
                 self.handle,

@@ -59,6 +59,15 @@ pub(crate) struct Functions {
     /// `gemv_{silu,gelu}_m{1..=8}`: the skinny GEMM over `act(gate) * up` formed on load.
     pub gemv_silu: [CudaFunction; 8],
     pub gemv_gelu: [CudaFunction; 8],
+    /// `fp8_gemv_{bf16,f32,silu,gelu}_m{1..=8}`: the same over FP8 codes (`gemv.cu`).
+    pub fp8_gemv_bf16: [CudaFunction; 8],
+    pub fp8_gemv_f32: [CudaFunction; 8],
+    pub fp8_gemv_silu: [CudaFunction; 8],
+    pub fp8_gemv_gelu: [CudaFunction; 8],
+    /// FP8 matrices' quantization, dequantization and random codes (`fp8.cu`).
+    pub fp8_quantize_rows: CudaFunction,
+    pub fp8_dequant_rows: CudaFunction,
+    pub fp8_random: CudaFunction,
     /// The q/k norm and Gemma 4's kernels (`gemma.cu`).
     pub qkv_norm: CudaFunction,
     pub per_layer_inputs: CudaFunction,
@@ -230,6 +239,13 @@ impl Functions {
             gemv_f32: per_rows("gemv_f32")?,
             gemv_silu: per_rows("gemv_silu")?,
             gemv_gelu: per_rows("gemv_gelu")?,
+            fp8_gemv_bf16: per_rows("fp8_gemv_bf16")?,
+            fp8_gemv_f32: per_rows("fp8_gemv_f32")?,
+            fp8_gemv_silu: per_rows("fp8_gemv_silu")?,
+            fp8_gemv_gelu: per_rows("fp8_gemv_gelu")?,
+            fp8_quantize_rows: get("fp8", "fp8_quantize_rows")?,
+            fp8_dequant_rows: get("fp8", "fp8_dequant_rows")?,
+            fp8_random: get("fp8", "fp8_random")?,
             qkv_norm: get("gemma", "qkv_norm")?,
             per_layer_inputs: get("gemma", "per_layer_inputs")?,
             moe_route: get("moe", "moe_route")?,

@@ -152,6 +152,29 @@ __device__ __forceinline__ void skinny_gemm_end(float (&acc)[M][4], float (*part
     }
 }
 
+// FP8 e4m3 codes (the fp8 KV cache, FP8 weights).
+// The largest e4m3 magnitude.
+#define FP8_MAX 448.f
+
+// An e4m3 byte as f32 times 2^-120: sign and the 7 exponent-mantissa bits moved to the top of
+// an f32 (e4m3 subnormals land on f32 subnormals, zero on zero).
+__device__ __forceinline__ float e4m3_bits_to_f(unsigned b) {
+    return __uint_as_float(((b & 0x7fu) << 20) | ((b & 0x80u) << 24));
+}
+
+// x (already divided by the scale) as an e4m3 byte, round to nearest even, saturating at
+// ±448. sm_89 and up (the host refuses an fp8 cache or FP8 weights below).
+__device__ __forceinline__ unsigned e4m3_pair(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    __trap();
+    return 0u;
+#endif
+}
+
 // Tensor-core fragments (prefill_attention.cu, the experts' GEMM in moe_gemm.cuh):
 // D += A·B for one m16n8k16 tile, bf16 in, f32 accumulate.
 __device__ __forceinline__ void mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,

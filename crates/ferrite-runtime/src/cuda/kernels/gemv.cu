@@ -101,3 +101,102 @@ GEMV_KERNELS(5)
 GEMV_KERNELS(6)
 GEMV_KERNELS(7)
 GEMV_KERNELS(8)
+
+// The skinny GEMM over an FP8 weight matrix (`ops::fp8`): W holds e4m3 codes, one byte a
+// value, and `scales` one f32 per row and run of 16·cb16 columns (ncb a row), so
+// w[r, c] = e4m3(W[r, c]) · scales[r · ncb + c / (16 · cb16)]. As `gemv`, with a 16-byte word
+// holding 16 codes: each thread reads two words of each of the block's 4 rows a step, and a
+// word's 16 products are summed before its scale multiplies them (the codes are widened as
+// value · 2^-120, `e4m3_bits_to_f`; the 2^120 goes back on the word's sum, exactly). Needs
+// k % 16 == 0 and 16-byte aligned rows of W and x. The same variants, grids and epilogues
+// as `gemv` (`fp8_gemv_{bf16,f32,silu,gelu}_m*`).
+__device__ __forceinline__ float e4m3_dot16(uint4 w, const float* x) {
+    const unsigned words[4] = {w.x, w.y, w.z, w.w};
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) s += e4m3_bits_to_f((words[j >> 2] >> (8 * (j & 3))) & 0xffu) * x[j];
+    return s * 0x1p120f;
+}
+
+template <int M, int ACT, typename Out>
+__device__ __forceinline__ void fp8_gemv(const bf16_t* __restrict__ x, const unsigned char* __restrict__ w,
+                                         const float* __restrict__ scales, int ncb, int cb16,
+                                         const bf16_t* __restrict__ bias, Out* __restrict__ y, int n, int k) {
+    __shared__ float part[GEMV_THREADS / 32][M][GEMV_ROWS];
+    const int row0 = blockIdx.x * (ACT == ACT_NONE ? GEMV_ROWS : 2);
+    const int k16 = k >> 4;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    const uint4* wr[GEMV_ROWS];
+    const float* sr[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) {
+        const int row = ACT == ACT_NONE ? min(row0 + r, n - 1) : (r < 2 ? 0 : n) + min(row0 + (r & 1), n - 1);
+        wr[r] = (const uint4*)(w + (u64)row * k);
+        sr[r] = scales + (u64)row * ncb;
+    }
+    pdl_entry();
+    float acc[M][GEMV_ROWS];
+#pragma unroll
+    for (int i = 0; i < M; i++)
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) acc[i][r] = 0.f;
+    for (int c = threadIdx.x; c < k16; c += 2 * GEMV_THREADS) {
+        const int c2 = c + GEMV_THREADS;
+        const bool two = c2 < k16;
+        uint4 wa[GEMV_ROWS], wb[GEMV_ROWS];
+        float sa[GEMV_ROWS], sb[GEMV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) {
+            wa[r] = wr[r][c];
+            sa[r] = sr[r][c / cb16];
+            wb[r] = two ? wr[r][c2] : zero;
+            sb[r] = two ? sr[r][c2 / cb16] : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < M; i++) {
+            const uint4* xi = (const uint4*)(x + (u64)i * k);
+            float xa[16], xb[16];
+            unpack8(xi[2 * c], xa);
+            unpack8(xi[2 * c + 1], xa + 8);
+            unpack8(two ? xi[2 * c2] : zero, xb);
+            unpack8(two ? xi[2 * c2 + 1] : zero, xb + 8);
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) acc[i][r] += e4m3_dot16(wa[r], xa) * sa[r] + e4m3_dot16(wb[r], xb) * sb[r];
+        }
+    }
+    const bool gated = ACT != ACT_NONE;
+    skinny_gemm_end<M, GEMV_THREADS>(acc, part, row0, n, gated, ACT == ACT_GELU, [&](int i, int row, float v) {
+        store_out(y + (u64)i * n + row, gated ? v : v + (bias != nullptr ? bf2f(bias[row]) : 0.f));
+    });
+}
+
+#define FP8_GEMV_KERNELS(M)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                        \
+        fp8_gemv_bf16_m##M(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16,               \
+                           const bf16_t* bias, bf16_t* y, int n, int k) {                                             \
+        fp8_gemv<M, ACT_NONE, bf16_t>(x, w, s, ncb, cb16, bias, y, n, k);                                             \
+    }                                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                        \
+        fp8_gemv_f32_m##M(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16,                \
+                          const bf16_t* bias, float* y, int n, int k) {                                               \
+        fp8_gemv<M, ACT_NONE, float>(x, w, s, ncb, cb16, bias, y, n, k);                                              \
+    }                                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                        \
+        fp8_gemv_silu_m##M(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16, bf16_t* y,    \
+                           int n, int k) {                                                                            \
+        fp8_gemv<M, ACT_SILU, bf16_t>(x, w, s, ncb, cb16, nullptr, y, n, k);                                          \
+    }                                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                        \
+        fp8_gemv_gelu_m##M(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16, bf16_t* y,    \
+                           int n, int k) {                                                                            \
+        fp8_gemv<M, ACT_GELU, bf16_t>(x, w, s, ncb, cb16, nullptr, y, n, k);                                          \
+    }
+
+FP8_GEMV_KERNELS(1)
+FP8_GEMV_KERNELS(2)
+FP8_GEMV_KERNELS(3)
+FP8_GEMV_KERNELS(4)
+FP8_GEMV_KERNELS(5)
+FP8_GEMV_KERNELS(6)
+FP8_GEMV_KERNELS(7)
+FP8_GEMV_KERNELS(8)

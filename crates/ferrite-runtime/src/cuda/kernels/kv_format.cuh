@@ -20,9 +20,6 @@
 #define KV_I4 2
 #define KV_F8 3
 
-// The largest e4m3 magnitude.
-#define FP8_MAX 448.f
-
 __device__ __forceinline__ float h2f(unsigned short h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -95,12 +92,6 @@ __device__ __forceinline__ float small_uint_to_f(unsigned bits) {
     return __uint_as_float(0x4B000000u | bits) - 8388608.f;
 }
 
-// An e4m3 byte as f32 times 2^-120: sign and the 7 exponent-mantissa bits moved to the top of
-// an f32 (e4m3 subnormals land on f32 subnormals, zero on zero).
-__device__ __forceinline__ float e4m3_bits_to_f(unsigned b) {
-    return __uint_as_float(((b & 0x7fu) << 20) | ((b & 0x80u) << 24));
-}
-
 // Dequantize 8 values with their parameter word into f[0..8] (f32).
 template <int F>
 __device__ __forceinline__ void kv_unpack8(typename KvRaw<F>::T r, unsigned param, float* f) {
@@ -131,18 +122,6 @@ __device__ __forceinline__ unsigned affine_code(float x, float b, float inv, flo
     return (unsigned)fminf(fmaxf(roundf(__fmul_rn(__fsub_rn(x, b), inv)), 0.f), max_code);
 }
 
-// x (already divided by the scale) as an e4m3 byte, round to nearest even, saturating at
-// ±448. sm_89 and up (the host refuses an fp8 cache below).
-__device__ __forceinline__ unsigned e4m3_pair(float lo, float hi) {
-#if __CUDA_ARCH__ >= 890
-    unsigned short r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    __trap();
-    return 0u;
-#endif
-}
 
 // Quantize and store 8 values `x` at value offset `o` of a pool (lanes of one warp, all 32
 // calling; `active` false for lanes with nothing to store). The lanes of an int8/int4 group

@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod elementwise;
+pub mod fp8;
 pub mod gemma;
 pub mod kv_pool;
 pub mod lora;
@@ -16,6 +17,7 @@ pub use elementwise::{
     activation, copy, embedding, gated_activation, linear, linear_gated, random_uniform, rope, rope_per_token,
     scale_softcap, GatedActivation, RopeShape, TableElement,
 };
+pub use fp8::{fp8_embedding, fp8_linear, fp8_linear_gated, Fp8Matrix};
 pub use gemma::{per_layer_inputs, qkv_norm, PerLayerShape, QkvHeads};
 pub use kv_pool::{convert_blocks, write_kv, DeviceKv, DevicePool};
 pub use lora::{lora_add, LoraMatrices, LoraStep, LoraTable, LORA_MAX_RANK, LORA_TARGETS};

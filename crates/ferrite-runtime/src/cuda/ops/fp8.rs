@@ -1,0 +1,300 @@
+//! FP8 weight matrices on the device (Hopper and Ada) and the ops over them.
+//!
+//! A matrix is its e4m3 codes, `[rows, cols]` row-major, and one f32 scale per row and run of
+//! `col_block` columns (`col_block == cols`: a scale per output channel, the form cuBLASLt's
+//! FP8 GEMM scales; 128: the block-scaled checkpoints). `w[r, c] = e4m3(q[r, c]) ·
+//! scale[r, c / col_block]`.
+//! - decode-sized batches (m ≤ `GEMV_MAX_ROWS`): the FP8 skinny GEMM (`gemv.cu`), which widens
+//!   the codes in registers and reads each weight byte once per step;
+//! - larger batches of a per-channel matrix: x quantized per token (`fp8_quantize_rows`, one
+//!   scale a token) into the caller's scratch, then cuBLASLt's FP8 GEMM with both scale
+//!   vectors (f32 accumulation, bf16 out);
+//! - larger batches otherwise (scales along a row, or f32 output): the matrix dequantized to
+//!   bf16 into the scratch and cuBLASLt's bf16 GEMM; without a scratch large enough, the
+//!   skinny GEMM 8 rows at a time.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use half::bf16;
+
+use crate::cuda::blas::{Fp8Scales, GemmOutput};
+use crate::cuda::context::{cfg, Gpu};
+use crate::cuda::error::{CudaError, CudaResult};
+use crate::cuda::ops::elementwise::{gated_activation, GatedActivation, GEMV_MAX_ROWS};
+
+/// Threads of `fp8.cu`'s kernels and of the skinny GEMM (`GEMV_THREADS`).
+const THREADS: u32 = 256;
+
+pub struct Fp8Matrix {
+    rows: usize,
+    cols: usize,
+    codes: CudaSlice<u8>,
+    scales: CudaSlice<f32>,
+    col_block: usize,
+}
+
+fn shape_err(what: String) -> CudaError {
+    CudaError::Shape(what)
+}
+
+/// Bytes of `scratch` (a bf16 buffer) from which a per-token quantization of `m` rows of `k`
+/// values keeps its codes: after the m f32 scales, rounded up to 256 bytes.
+fn codes_offset(m: usize) -> usize {
+    (4 * m).next_multiple_of(256)
+}
+
+impl Fp8Matrix {
+    /// Whether the device multiplies FP8 (compute capability 8.9 and up).
+    pub fn supported_on(gpu: &Gpu) -> bool {
+        gpu.info().compute_capability >= (8, 9)
+    }
+
+    fn check(gpu: &Gpu, rows: usize, cols: usize, col_block: usize) -> CudaResult<()> {
+        if !Self::supported_on(gpu) {
+            let (major, minor) = gpu.info().compute_capability;
+            return Err(CudaError::Unsupported(format!(
+                "FP8 weights need compute capability 8.9 or newer (Ada, Hopper); this GPU is {major}.{minor}"
+            )));
+        }
+        if rows == 0 || cols == 0 || !cols.is_multiple_of(16) || !col_block.is_multiple_of(16) || col_block > cols {
+            return Err(shape_err(format!(
+                "an FP8 matrix [{rows}, {cols}] with scales every {col_block} columns (columns and scale runs \
+                 must be multiples of 16)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Scales per row.
+    fn col_blocks(&self) -> usize {
+        self.cols.div_ceil(self.col_block)
+    }
+
+    /// Upload codes (`rows · cols` bytes) and scales (`rows · ceil(cols / col_block)`).
+    pub fn upload(
+        gpu: &Gpu,
+        (rows, cols): (usize, usize),
+        codes: &[u8],
+        scales: &[f32],
+        col_block: usize,
+    ) -> CudaResult<Fp8Matrix> {
+        Self::check(gpu, rows, cols, col_block)?;
+        if codes.len() != rows * cols || scales.len() != rows * cols.div_ceil(col_block) {
+            return Err(shape_err(format!(
+                "FP8 [{rows}, {cols}] (scales every {col_block}): {} codes, {} scales",
+                codes.len(),
+                scales.len()
+            )));
+        }
+        Ok(Fp8Matrix { rows, cols, codes: gpu.upload(codes)?, scales: gpu.upload(scales)?, col_block })
+    }
+
+    /// `w` (`[rows, cols]` bf16) quantized per output channel: scale max|w[r]| / 448.
+    pub fn quantize(gpu: &Gpu, w: &impl DevicePtr<bf16>, rows: usize, cols: usize) -> CudaResult<Fp8Matrix> {
+        Self::check(gpu, rows, cols, cols)?;
+        if w.len() < rows * cols {
+            return Err(shape_err(format!("quantize [{rows}, {cols}] from {} values", w.len())));
+        }
+        let mut m = Fp8Matrix { rows, cols, codes: gpu.alloc(rows * cols)?, scales: gpu.alloc(rows)?, col_block: cols };
+        let (wp, cp, sp) = (gpu.ptr(w), gpu.ptr_mut(&mut m.codes), gpu.ptr_mut(&mut m.scales));
+        quantize_rows(gpu, wp, cp, sp, rows, cols)?;
+        Ok(m)
+    }
+
+    /// Random per-channel codes and scales from `seed`: values in [-amp, amp] (synthetic
+    /// models).
+    pub fn random(gpu: &Gpu, rows: usize, cols: usize, seed: u64, amp: f32) -> CudaResult<Fp8Matrix> {
+        Self::check(gpu, rows, cols, cols)?;
+        let mut m = Fp8Matrix { rows, cols, codes: gpu.alloc(rows * cols)?, scales: gpu.alloc(rows)?, col_block: cols };
+        let (cp, sp) = (gpu.ptr_mut(&mut m.codes), gpu.ptr_mut(&mut m.scales));
+        let (r, k) = (rows as i32, cols as i32);
+        let grid = gpu.grid_for(rows * cols / 2, THREADS);
+        gpu.launch(&gpu.fns.fp8_random, cfg((grid, 1, 1), THREADS, 0), &[&cp, &sp, &r, &k, &seed, &amp])?;
+        Ok(m)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Device bytes of the codes and scales.
+    pub fn bytes(&self) -> usize {
+        self.codes.len() + 4 * self.scales.len()
+    }
+
+    /// One scale per output channel: cuBLASLt's FP8 GEMM applies it.
+    fn per_channel(&self) -> bool {
+        self.col_block == self.cols
+    }
+
+    /// bf16 values of scratch a product over `tokens` rows uses: the tokens' codes and scales
+    /// (per-channel), or the dequantized matrix.
+    pub fn scratch_len(&self, tokens: usize) -> usize {
+        let quantized_x = (codes_offset(tokens) + tokens * self.cols).div_ceil(2);
+        if self.per_channel() {
+            quantized_x
+        } else {
+            self.rows * self.cols
+        }
+    }
+
+    /// Launch the skinny GEMM `f` (a kernel of `fp8_gemv_*`, for the rows of x at `xp`) into y
+    /// at `yp`, `n` outputs a row: plain with the bias at `bp` (0: none), or gated (`None`: 2
+    /// outputs a block).
+    fn gemv(
+        &self,
+        gpu: &Gpu,
+        f: &cudarc::driver::CudaFunction,
+        xp: u64,
+        bp: Option<u64>,
+        yp: u64,
+        n: usize,
+    ) -> CudaResult<()> {
+        let (wp, sp) = (gpu.ptr(&self.codes), gpu.ptr(&self.scales));
+        let (ncb, cb16) = (self.col_blocks() as i32, (self.col_block / 16) as i32);
+        let (n_i, k_i) = (n as i32, self.cols as i32);
+        match bp {
+            Some(bp) => gpu.launch(
+                f,
+                cfg((n.div_ceil(4) as u32, 1, 1), THREADS, 0),
+                &[&xp, &wp, &sp, &ncb, &cb16, &bp, &yp, &n_i, &k_i],
+            ),
+            // A gated block takes the gate and up rows of 2 outputs.
+            None => gpu.launch(
+                f,
+                cfg((n.div_ceil(2) as u32, 1, 1), THREADS, 0),
+                &[&xp, &wp, &sp, &ncb, &cb16, &yp, &n_i, &k_i],
+            ),
+        }
+    }
+
+    /// All of the matrix as bf16 into `out` (at least rows·cols values).
+    pub fn dequantize(&self, gpu: &Gpu, out: &mut impl DevicePtrMut<bf16>) -> CudaResult<()> {
+        if out.len() < self.rows * self.cols {
+            return Err(shape_err(format!("dequantize [{}, {}] into {}", self.rows, self.cols, out.len())));
+        }
+        self.dequant_rows(gpu, 0, self.rows, gpu.ptr_mut(out), 1.0)
+    }
+
+    /// `count` output rows at `op` (bf16): the rows of the ids at `ids` (0: rows 0..count)
+    /// times `mul`.
+    fn dequant_rows(&self, gpu: &Gpu, ids: u64, count: usize, op: u64, mul: f32) -> CudaResult<()> {
+        let (wp, sp) = (gpu.ptr(&self.codes), gpu.ptr(&self.scales));
+        let (ncb, cb, k, rows) = (self.col_blocks() as i32, self.col_block as i32, self.cols as i32, self.rows as i32);
+        gpu.launch(
+            &gpu.fns.fp8_dequant_rows,
+            cfg((count as u32, 1, 1), THREADS, 0),
+            &[&wp, &sp, &ncb, &cb, &ids, &op, &k, &rows, &mul],
+        )
+    }
+}
+
+/// `rows` rows of `k` bf16 values at `xp` quantized to codes at `cp` and a scale a row at `sp`.
+fn quantize_rows(gpu: &Gpu, xp: u64, cp: u64, sp: u64, rows: usize, k: usize) -> CudaResult<()> {
+    let k_i = k as i32;
+    gpu.launch(&gpu.fns.fp8_quantize_rows, cfg((rows as u32, 1, 1), THREADS, 0), &[&xp, &cp, &sp, &k_i])
+}
+
+/// `y[m, n] = x[m, k] · Wᵀ (+ bias[n])` for `w` of `[n, k]`, f32 accumulation, bf16 or f32
+/// out (the bias in the output's type); the paths of the module doc.
+pub fn fp8_linear<O: GemmOutput>(
+    gpu: &Gpu,
+    x: &impl DevicePtr<bf16>,
+    w: &Fp8Matrix,
+    bias: Option<&dyn DevicePtr<O>>,
+    y: &mut impl DevicePtrMut<O>,
+    m: usize,
+    scratch: Option<&mut CudaSlice<bf16>>,
+) -> CudaResult<()> {
+    let (n, k) = (w.rows, w.cols);
+    let xp = gpu.ptr(x);
+    if m == 0 || x.len() < m * k || y.len() < m * n || bias.is_some_and(|b| b.len() < n) || !xp.is_multiple_of(16) {
+        return Err(shape_err(format!(
+            "FP8 linear m={m} n={n} k={k}: x {} (at {xp:#x}), y {}, bias {:?}",
+            x.len(),
+            y.len(),
+            bias.map(|b| b.len())
+        )));
+    }
+    let bf16_out = O::TYPE == cudarc::cublaslt::sys::cudaDataType::CUDA_R_16BF;
+    match scratch {
+        Some(s) if m > GEMV_MAX_ROWS && s.len() >= w.scratch_len(m) && w.per_channel() && bf16_out => {
+            let sp = gpu.ptr_mut(s);
+            let cp = sp + codes_offset(m) as u64;
+            quantize_rows(gpu, xp, cp, sp, m, k)?;
+            let scales = Fp8Scales { x: sp, w: gpu.ptr(&w.scales) };
+            gpu.blas.linear_fp8((cp, gpu.ptr(&w.codes)), scales, bias, y, (m, n, k))
+        }
+        Some(s) if m > GEMV_MAX_ROWS && s.len() >= n * k => {
+            w.dequantize(gpu, s)?;
+            gpu.blas.linear(x, &s.slice(..n * k), bias, y, (m, n, k))
+        }
+        _ => {
+            let (f, size) = if bf16_out { (&gpu.fns.fp8_gemv_bf16, 2) } else { (&gpu.fns.fp8_gemv_f32, 4) };
+            let (bp, yp) = (bias.map_or(0, |b| gpu.ptr(b)), gpu.ptr_mut(y));
+            for start in (0..m).step_by(GEMV_MAX_ROWS) {
+                let rows = GEMV_MAX_ROWS.min(m - start);
+                let (xo, yo) = (xp + (start * k * 2) as u64, yp + (start * n * size) as u64);
+                w.gemv(gpu, &f[rows - 1], xo, Some(bp), yo, n)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `y[m, n] = act(x·W_gateᵀ) * (x·W_upᵀ)` for `w` of `[2n, k]` (gate rows, then up rows): for
+/// decode-sized m the skinny GEMM with the activation as its epilogue; otherwise
+/// `fp8_linear` into `gate_up` (m·2n values) and the activation.
+#[allow(clippy::too_many_arguments)]
+pub fn fp8_linear_gated(
+    gpu: &Gpu,
+    activation: GatedActivation,
+    x: &impl DevicePtr<bf16>,
+    w: &Fp8Matrix,
+    gate_up: &mut CudaSlice<bf16>,
+    y: &mut impl DevicePtrMut<bf16>,
+    m: usize,
+    scratch: Option<&mut CudaSlice<bf16>>,
+) -> CudaResult<()> {
+    let (n, k) = (w.rows / 2, w.cols);
+    let xp = gpu.ptr(x);
+    if !(1..=GEMV_MAX_ROWS).contains(&m) || !w.rows.is_multiple_of(2) || !xp.is_multiple_of(16) {
+        fp8_linear::<bf16>(gpu, x, w, None, gate_up, m, scratch)?;
+        return gated_activation(gpu, activation, &*gate_up, &gate_up.slice(n..), (m, n, 2 * n), y);
+    }
+    if x.len() < m * k || y.len() < m * n {
+        return Err(shape_err(format!("FP8 gated linear m={m} n={n} k={k}: x {}, y {}", x.len(), y.len())));
+    }
+    let f = match activation {
+        GatedActivation::Silu => &gpu.fns.fp8_gemv_silu[m - 1],
+        GatedActivation::GeluTanh => &gpu.fns.fp8_gemv_gelu[m - 1],
+    };
+    w.gemv(gpu, f, xp, None, gpu.ptr_mut(y), n)
+}
+
+/// `out[t] = bf16(W[ids[t]] · scale)` for t < `tokens` (an id ≥ rows gives a zero row).
+pub fn fp8_embedding(
+    gpu: &Gpu,
+    w: &Fp8Matrix,
+    ids: &impl DevicePtr<u32>,
+    tokens: usize,
+    scale: f32,
+    out: &mut impl DevicePtrMut<bf16>,
+) -> CudaResult<()> {
+    if ids.len() < tokens || out.len() < tokens * w.cols {
+        return Err(shape_err(format!(
+            "FP8 embedding [{}, {}] of {tokens} ids: ids {}, out {}",
+            w.rows,
+            w.cols,
+            ids.len(),
+            out.len()
+        )));
+    }
+    if tokens == 0 {
+        return Ok(());
+    }
+    w.dequant_rows(gpu, gpu.ptr(ids), tokens, gpu.ptr_mut(out), scale)
+}

@@ -1,0 +1,212 @@
+//! The FP8 weight kernels (`ops::fp8`) against dequantize-then-multiply on the host, on fresh
+//! random codes and scales, odd shapes, scales per channel and per 128- and 32-column runs,
+//! outputs NaN-poisoned. Gated on `FERRITE_TEST_CUDA=1`.
+//!
+//! - The skinny GEMM (m ≤ 8) and the dequantize-then-bf16-GEMM path multiply the exact
+//!   weights `e4m3 · scale` (the GEMM after rounding them to bf16): the CPU's f32 `Σ w·x` up to
+//!   summation order, plus a bf16 output's rounding.
+//! - The FP8 GEMM (m > 8, per-channel scales) quantizes x per token as the kernel's definition
+//!   says (scale max|x| / 448, codes e4m3(x / scale) rounded to nearest even), so the reference
+//!   multiplies the host's quantization of x: the kernel's codes must be those, and cuBLASLt's
+//!   accumulation is f32.
+//! - `Fp8Matrix::quantize` against the host's per-channel quantization, code for code.
+
+mod cuda_common;
+
+use cuda_common::{compare, gpu, poisoned_bf16, poisoned_f32, rand_bf16, rng, to_f32};
+use ferrite_runtime::cuda::ops::{self, Fp8Matrix, GatedActivation};
+use ferrite_runtime::cuda::DevicePtr;
+use ferrite_runtime::quant::e4m3_to_f32;
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::Rng;
+
+const RTOL: f32 = 1.0 / 256.0;
+
+/// The e4m3 code nearest `v` (ties to the even code), saturating at ±448: the definition
+/// the device's `cvt.rn.satfinite` implements, by search over the finite codes.
+fn e4m3_code(v: f32) -> u8 {
+    let sign = if v.is_sign_negative() { 0x80 } else { 0 };
+    let a = v.abs().min(448.0);
+    let mut best = 0u8;
+    for c in 0..=0x7eu8 {
+        let (d, db) = ((e4m3_to_f32(c) - a).abs(), (e4m3_to_f32(best) - a).abs());
+        if d < db || (d == db && c % 2 == 0 && best % 2 == 1) {
+            best = c;
+        }
+    }
+    best | sign
+}
+
+/// Random codes (no NaN) and scales for a `[rows, cols]` matrix, a scale per `col_block`
+/// columns.
+fn random_fp8(rng: &mut StdRng, rows: usize, cols: usize, col_block: usize) -> (Vec<u8>, Vec<f32>) {
+    let codes =
+        (0..rows * cols).map(|_| rng.random_range(0..=0xfeu8)).map(|c| if c & 0x7f == 0x7f { 0 } else { c }).collect();
+    let scales = (0..rows * cols.div_ceil(col_block)).map(|_| rng.random_range(0.5f32..2.0) / 448.0).collect();
+    (codes, scales)
+}
+
+fn dequantize(codes: &[u8], scales: &[f32], cols: usize, col_block: usize) -> Vec<f32> {
+    let nb = cols.div_ceil(col_block);
+    codes.iter().enumerate().map(|(i, &c)| e4m3_to_f32(c) * scales[(i / cols) * nb + (i % cols) / col_block]).collect()
+}
+
+/// The host's per-row quantization (scale max|x| / 448), dequantized again.
+fn quantize_rows(x: &[f32], k: usize) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+    let (mut codes, mut scales, mut back) = (vec![], vec![], vec![]);
+    for row in x.chunks_exact(k) {
+        let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = if amax > 0.0 { amax / 448.0 } else { 1.0 };
+        for &v in row {
+            let c = e4m3_code(v / s);
+            codes.push(c);
+            back.push(e4m3_to_f32(c) * s);
+        }
+        scales.push(s);
+    }
+    (codes, scales, back)
+}
+
+fn linear(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Vec<f32> {
+    let mut y = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let dot: f64 = (0..k).map(|c| f64::from(x[i * k + c]) * f64::from(w[j * k + c])).sum();
+            y[i * n + j] = dot as f32 + bias.map_or(0.0, |b| b[j]);
+        }
+    }
+    y
+}
+
+fn max_abs(v: &[f32]) -> f32 {
+    v.iter().fold(0f32, |m, x| m.max(x.abs()))
+}
+
+/// Every path of `fp8_linear`: bf16 and f32 out, with and without a bias, scales per channel
+/// and per 128 and 32 columns.
+#[test]
+fn cuda_fp8_linear_matches_host() {
+    let Some((gpu, _checks)) = gpu("cuda_fp8_linear_matches_host") else { return };
+    let mut rng = rng("fp8_linear");
+    for (m, n, k) in [(1, 67, 64), (3, 1003, 992), (8, 130, 4096), (13, 77, 992), (40, 33, 64), (64, 256, 4096)] {
+        for col_block in [k, 128, 32] {
+            if col_block > k || (col_block != k && k % col_block != 0 && col_block == 32) {
+                continue;
+            }
+            let (codes, scales) = random_fp8(&mut rng, n, k, col_block);
+            let w = dequantize(&codes, &scales, k, col_block);
+            let mat = Fp8Matrix::upload(gpu, (n, k), &codes, &scales, col_block).unwrap();
+            let (xh, xf) = rand_bf16(&mut rng, m * k, 1.0);
+            let (bh, bf) = rand_bf16(&mut rng, n, 1.0);
+            let x_d = gpu.upload(&xh).unwrap();
+            let atol = 2e-6 * k as f32 * max_abs(&w);
+            let case = format!("m={m} n={n} k={k} scales every {col_block}");
+            let mut scratch = poisoned_bf16(gpu, mat.scratch_len(m));
+            // bf16 out, through whichever path m and the scales take.
+            let fp8_gemm = m > 8 && col_block == k;
+            let want_w =
+                if m > 8 && !fp8_gemm { w.iter().map(|&v| bf16::from_f32(v).to_f32()).collect() } else { w.clone() };
+            let want_x = if fp8_gemm { quantize_rows(&xf, k).2 } else { xf.clone() };
+            let want = linear(&want_x, m, &want_w, n, k, None);
+            let mut y = poisoned_bf16(gpu, m * n);
+            ops::fp8_linear::<bf16>(gpu, &x_d, &mat, None, &mut y, m, Some(&mut scratch)).unwrap();
+            compare("fp8_linear", &format!("{case} bf16"), &to_f32(&gpu.download(&y).unwrap()), &want, atol, RTOL);
+            let want_b = linear(&want_x, m, &want_w, n, k, Some(&bf));
+            let b16 = gpu.upload(&bh).unwrap();
+            let mut y = poisoned_bf16(gpu, m * n);
+            let bias = Some(&b16 as &dyn DevicePtr<bf16>);
+            ops::fp8_linear(gpu, &x_d, &mat, bias, &mut y, m, Some(&mut scratch)).unwrap();
+            let got = to_f32(&gpu.download(&y).unwrap());
+            compare("fp8_linear", &format!("{case} bf16+bias"), &got, &want_b, atol + max_abs(&want) / 256.0, RTOL);
+            // f32 out: the skinny GEMM (8 rows at a time past 8) or the bf16 GEMM.
+            let want_w = if m > 8 { w.iter().map(|&v| bf16::from_f32(v).to_f32()).collect() } else { w.clone() };
+            let want_b = linear(&xf, m, &want_w, n, k, Some(&bf));
+            let b32 = gpu.upload(&bf).unwrap();
+            let mut y = poisoned_f32(gpu, m * n);
+            let mut big = poisoned_bf16(gpu, n * k);
+            ops::fp8_linear(gpu, &x_d, &mat, Some(&b32 as &dyn DevicePtr<f32>), &mut y, m, Some(&mut big)).unwrap();
+            compare("fp8_linear", &format!("{case} f32+bias"), &gpu.download(&y).unwrap(), &want_b, atol, 1e-5);
+        }
+    }
+}
+
+/// The gated projection: the skinny GEMM's activation epilogue (m ≤ 8) and the GEMM then the
+/// activation (m > 8), against the host's `act(x·gateᵀ) · (x·upᵀ)` over the same products.
+#[test]
+fn cuda_fp8_linear_gated_matches_host() {
+    let Some((gpu, _checks)) = gpu("cuda_fp8_linear_gated_matches_host") else { return };
+    let mut rng = rng("fp8_gated");
+    for (m, n, k) in [(1, 67, 128), (5, 300, 1024), (8, 96, 4096), (24, 130, 512)] {
+        let (codes, scales) = random_fp8(&mut rng, 2 * n, k, k);
+        let w = dequantize(&codes, &scales, k, k);
+        let mat = Fp8Matrix::upload(gpu, (2 * n, k), &codes, &scales, k).unwrap();
+        let (xh, xf) = rand_bf16(&mut rng, m * k, 1.0);
+        let x = if m > 8 { quantize_rows(&xf, k).2 } else { xf };
+        let gu = linear(&x, m, &w, 2 * n, k, None);
+        for (act, name) in [(GatedActivation::Silu, "silu"), (GatedActivation::GeluTanh, "gelu")] {
+            let f = |g: f32| match act {
+                GatedActivation::Silu => g / (1.0 + (-g).exp()),
+                GatedActivation::GeluTanh => {
+                    0.5 * g * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+                }
+            };
+            let round = |v: f32| bf16::from_f32(v).to_f32();
+            let want: Vec<f32> = (0..m * n)
+                .map(|i| f(round(gu[(i / n) * 2 * n + i % n])) * round(gu[(i / n) * 2 * n + n + i % n]))
+                .collect();
+            let mut gate_up = poisoned_bf16(gpu, m * 2 * n);
+            let mut y = poisoned_bf16(gpu, m * n);
+            let mut scratch = poisoned_bf16(gpu, mat.scratch_len(m));
+            ops::fp8_linear_gated(
+                gpu,
+                act,
+                &gpu.upload(&xh).unwrap(),
+                &mat,
+                &mut gate_up,
+                &mut y,
+                m,
+                Some(&mut scratch),
+            )
+            .unwrap();
+            let atol = 4e-6 * k as f32 * max_abs(&w) * max_abs(&gu).max(1.0);
+            let case = format!("{name} m={m} n={n} k={k}");
+            compare("fp8_linear_gated", &case, &to_f32(&gpu.download(&y).unwrap()), &want, atol, 2.0 * RTOL);
+        }
+    }
+}
+
+/// `Fp8Matrix::quantize` of a bf16 matrix, the embedding gather and `dequantize`: codes as the
+/// host quantizes them, rows exactly.
+#[test]
+fn cuda_fp8_quantize_and_gather_match_host() {
+    let Some((gpu, _checks)) = gpu("cuda_fp8_quantize_and_gather_match_host") else { return };
+    let mut rng = rng("fp8_quantize");
+    let (rows, cols) = (37, 272);
+    let (wh, wf) = rand_bf16(&mut rng, rows * cols, 3.0);
+    let mat = Fp8Matrix::quantize(gpu, &gpu.upload(&wh).unwrap(), rows, cols).unwrap();
+    let (_, _, want) = quantize_rows(&wf, cols);
+    let mut out = poisoned_bf16(gpu, rows * cols);
+    mat.dequantize(gpu, &mut out).unwrap();
+    let want_bf16: Vec<f32> = want.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+    compare("fp8_quantize", "per channel", &to_f32(&gpu.download(&out).unwrap()), &want_bf16, 0.0, 0.0);
+    // The gather: rows by id times a scale, an id past the table a zero row.
+    let ids: Vec<u32> = vec![3, 0, 36, 40, 3];
+    let mut got = poisoned_bf16(gpu, ids.len() * cols);
+    ops::fp8_embedding(gpu, &mat, &gpu.upload(&ids).unwrap(), ids.len(), 2.0, &mut got).unwrap();
+    let want: Vec<f32> = ids
+        .iter()
+        .flat_map(|&i| (0..cols).map(move |c| (i, c)))
+        .map(
+            |(i, c)| if (i as usize) < rows { bf16::from_f32(want[i as usize * cols + c] * 2.0).to_f32() } else { 0.0 },
+        )
+        .collect();
+    compare("fp8_embedding", "gather", &to_f32(&gpu.download(&got).unwrap()), &want, 0.0, 0.0);
+    // Random matrices: finite, within the amplitude.
+    let r = Fp8Matrix::random(gpu, 64, 512, 7, 0.25).unwrap();
+    let mut out = poisoned_bf16(gpu, 64 * 512);
+    r.dequantize(gpu, &mut out).unwrap();
+    let v = to_f32(&gpu.download(&out).unwrap());
+    assert!(v.iter().all(|x| x.is_finite() && x.abs() <= 0.25), "random FP8 values out of range");
+    assert!(max_abs(&v) > 0.2, "random FP8 values do not span the amplitude");
+}
