@@ -35,7 +35,7 @@ build)
     rm -rf .gpu && mkdir -p .gpu
     cp target/release/ferrite .gpu/ferrite
     # "Executable tests/cuda_ops.rs (target/release/deps/cuda_ops-0123abcd)"
-    sed -n 's/.*Executable tests\/\(cuda_[a-z_]*\)\.rs (\(.*\))$/\1 \2/p' "$log" | while read -r name path; do
+    sed -n 's/.*Executable tests\/\(cuda_[a-z0-9_]*\)\.rs (\(.*\))$/\1 \2/p' "$log" | while read -r name path; do
         cp "$path" ".gpu/$name"
     done
     rm -f "$log"

@@ -5,7 +5,7 @@
 //! - The skinny GEMM (m ≤ 8) and the dequantize-then-bf16-GEMM path multiply the exact
 //!   weights `e4m3 · scale` (the GEMM after rounding them to bf16): the CPU's f32 `Σ w·x` up to
 //!   summation order, plus a bf16 output's rounding.
-//! - The FP8 GEMM (m > 8, per-channel scales) quantizes x per token as the kernel's definition
+//! - The FP8 GEMM (m > 8, per-channel scales, n a multiple of 8) quantizes x per token as the kernel's definition
 //!   says (scale max|x| / 448, codes e4m3(x / scale) rounded to nearest even), so the reference
 //!   multiplies the host's quantization of x: the kernel's codes must be those, and cuBLASLt's
 //!   accumulation is f32.
@@ -79,6 +79,22 @@ fn linear(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, bias: Option<&[f32
     y
 }
 
+/// Whether `fp8_linear` of m rows takes cuBLASLt's FP8 GEMM (`Fp8Matrix::fp8_gemm`).
+fn fp8_gemm(m: usize, n: usize, k: usize, col_block: usize) -> bool {
+    m > 8 && col_block == k && n % 8 == 0
+}
+
+/// What a product of m rows multiplies: (x, W) as the path takes them — x quantized per token
+/// for the FP8 GEMM, W rounded to bf16 for the dequantize-then-GEMM path.
+fn operands(x: &[f32], w: &[f32], (m, n, k): (usize, usize, usize), col_block: usize) -> (Vec<f32>, Vec<f32>) {
+    let bf16_w = || w.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+    match (fp8_gemm(m, n, k, col_block), m > 8) {
+        (true, _) => (quantize_rows(x, k).2, w.to_vec()),
+        (false, true) => (x.to_vec(), bf16_w()),
+        (false, false) => (x.to_vec(), w.to_vec()),
+    }
+}
+
 fn max_abs(v: &[f32]) -> f32 {
     v.iter().fold(0f32, |m, x| m.max(x.abs()))
 }
@@ -89,7 +105,9 @@ fn max_abs(v: &[f32]) -> f32 {
 fn cuda_fp8_linear_matches_host() {
     let Some((gpu, _checks)) = gpu("cuda_fp8_linear_matches_host") else { return };
     let mut rng = rng("fp8_linear");
-    for (m, n, k) in [(1, 67, 64), (3, 1003, 992), (8, 130, 4096), (13, 77, 992), (40, 33, 64), (64, 256, 4096)] {
+    for (m, n, k) in
+        [(1, 67, 64), (3, 1003, 992), (8, 130, 4096), (13, 77, 992), (40, 32, 64), (64, 256, 4096), (17, 520, 1024)]
+    {
         for col_block in [k, 128, 32] {
             if col_block > k || (col_block != k && k % col_block != 0 && col_block == 32) {
                 continue;
@@ -137,13 +155,13 @@ fn cuda_fp8_linear_matches_host() {
 fn cuda_fp8_linear_gated_matches_host() {
     let Some((gpu, _checks)) = gpu("cuda_fp8_linear_gated_matches_host") else { return };
     let mut rng = rng("fp8_gated");
-    for (m, n, k) in [(1, 67, 128), (5, 300, 1024), (8, 96, 4096), (24, 130, 512)] {
+    for (m, n, k) in [(1, 67, 128), (5, 300, 1024), (8, 96, 4096), (24, 130, 512), (33, 256, 1024)] {
         let (codes, scales) = random_fp8(&mut rng, 2 * n, k, k);
         let w = dequantize(&codes, &scales, k, k);
         let mat = Fp8Matrix::upload(gpu, (2 * n, k), &codes, &scales, k).unwrap();
         let (xh, xf) = rand_bf16(&mut rng, m * k, 1.0);
-        let x = if m > 8 { quantize_rows(&xf, k).2 } else { xf };
-        let gu = linear(&x, m, &w, 2 * n, k, None);
+        let (x, wq) = operands(&xf, &w, (m, 2 * n, k), k);
+        let gu = linear(&x, m, &wq, 2 * n, k, None);
         for (act, name) in [(GatedActivation::Silu, "silu"), (GatedActivation::GeluTanh, "gelu")] {
             let f = |g: f32| match act {
                 GatedActivation::Silu => g / (1.0 + (-g).exp()),

@@ -152,6 +152,11 @@ impl Blas {
                 let outer = sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as u32;
                 set_desc(desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
                 set_desc(desc, D::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
+                // The heuristic refuses scaled inputs without scale pointers (each call sets
+                // its own): any device address stands in.
+                let stand_in = self.workspace.device_ptr(&self.stream).0;
+                set_desc(desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &stand_in)?;
+                set_desc(desc, D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &stand_in)?;
             }
             let pref = lt::create_matmul_pref()?;
             let ws = WORKSPACE_BYTES;
@@ -184,24 +189,30 @@ impl Blas {
         self.matmul(x.device_ptr(s).0, w.device_ptr(s).0, None, bias, y, (m, n, k))
     }
 
-    /// `y[m, n] = (sx[m] · sw[n]ᵀ) ∘ (x[m, k] · w[n, k]ᵀ) (+ bias[n])` over e4m3 codes (x and
-    /// w at the device addresses `x` and `w`, each 16-byte aligned, `m·k` and `n·k` bytes; the
-    /// f32 scales at `scales`), bf16 out (`O` must be bf16). `k` must be a multiple of 16.
+    /// `y[m, n] = (sx[m] · sw[n]ᵀ) ∘ (x[m, k] · w[n, k]ᵀ)` over e4m3 codes (x and w at the
+    /// device addresses `x` and `w`, each 16-byte aligned, `m·k` and `n·k` bytes; the f32
+    /// scales at `scales`), bf16 out (`O` must be bf16). cuBLASLt takes no bias epilogue with
+    /// scaled FP8 inputs (INVALID_VALUE on an H100, cuBLAS 13.1) and no `n` off a multiple of
+    /// 8 (NOT_SUPPORTED): `Self::fp8_shape` says which shapes it runs.
     pub fn linear_fp8<O: GemmOutput>(
         &self,
         (x, w): (u64, u64),
         scales: Fp8Scales,
-        bias: Option<&dyn DevicePtr<O>>,
         y: &mut impl DevicePtrMut<O>,
         (m, n, k): (usize, usize, usize),
     ) -> CudaResult<()> {
         if O::TYPE != sys::cudaDataType::CUDA_R_16BF {
             return Err(CudaError::Unsupported("an FP8 product with f32 output".into()));
         }
-        if !k.is_multiple_of(16) || !x.is_multiple_of(16) || !w.is_multiple_of(16) {
-            return Err(CudaError::Shape(format!("FP8 linear m={m} n={n} k={k}: k % 16 and 16-byte alignment")));
+        if !Self::fp8_shape(n, k) || !x.is_multiple_of(16) || !w.is_multiple_of(16) {
+            return Err(CudaError::Shape(format!("FP8 linear m={m} n={n} k={k}: shape or 16-byte alignment")));
         }
-        self.matmul(x, w, Some(scales), bias, y, (m, n, k))
+        self.matmul::<O>(x, w, Some(scales), None, y, (m, n, k))
+    }
+
+    /// Whether `linear_fp8` runs `n` outputs over `k` inputs: n a multiple of 8, k of 16.
+    pub fn fp8_shape(n: usize, k: usize) -> bool {
+        n.is_multiple_of(8) && k.is_multiple_of(16)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -68,6 +68,7 @@ pub(crate) struct Functions {
     pub fp8_quantize_rows: CudaFunction,
     pub fp8_dequant_rows: CudaFunction,
     pub fp8_random: CudaFunction,
+    pub fp8_add_bias: CudaFunction,
     /// The q/k norm and Gemma 4's kernels (`gemma.cu`).
     pub qkv_norm: CudaFunction,
     pub per_layer_inputs: CudaFunction,
@@ -246,6 +247,7 @@ impl Functions {
             fp8_quantize_rows: get("fp8", "fp8_quantize_rows")?,
             fp8_dequant_rows: get("fp8", "fp8_dequant_rows")?,
             fp8_random: get("fp8", "fp8_random")?,
+            fp8_add_bias: get("fp8", "fp8_add_bias")?,
             qkv_norm: get("gemma", "qkv_norm")?,
             per_layer_inputs: get("gemma", "per_layer_inputs")?,
             moe_route: get("moe", "moe_route")?,

@@ -9,6 +9,8 @@
 // - fp8_dequant_rows: rows to bf16 times `mul`, optionally gathered by `ids` (an id ≥ rows
 //   gives zeros): an embedding lookup, and the dequantize-then-GEMM path of matrices whose
 //   scales change along a row. A block per output row.
+// - fp8_add_bias: y[t, j] += bias[j] over bf16 rows of n (the bias of cuBLASLt's FP8 GEMM,
+//   which takes no bias epilogue with scaled inputs); grid-stride.
 // - fp8_random: codes of uniform values in [-448, 448) and one scale a row, amp / 448, so the
 //   weights lie in [-amp, amp] (synthetic models); grid-stride over code pairs.
 
@@ -57,4 +59,11 @@ extern "C" __global__ void fp8_random(unsigned char* __restrict__ codes, float* 
         out[i] = (unsigned short)e4m3_pair((2.f * a - 1.f) * FP8_MAX, (2.f * b - 1.f) * FP8_MAX);
     }
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < (u64)rows; i += stride) scales[i] = amp / FP8_MAX;
+}
+
+extern "C" __global__ void fp8_add_bias(bf16_t* __restrict__ y, const bf16_t* __restrict__ bias, int n, u64 total) {
+    pdl_entry();
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += stride)
+        y[i] = f2bf(bf2f(y[i]) + bf2f(bias[i % n]));
 }

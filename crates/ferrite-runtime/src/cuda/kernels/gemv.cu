@@ -106,22 +106,37 @@ GEMV_KERNELS(8)
 // value, and `scales` one f32 per row and run of 16·cb16 columns (ncb a row), so
 // w[r, c] = e4m3(W[r, c]) · scales[r · ncb + c / (16 · cb16)]. As `gemv`, with a 16-byte word
 // holding 16 codes: each thread reads two words of each of the block's 4 rows a step, and a
-// word's 16 products are summed before its scale multiplies them (the codes are widened as
-// value · 2^-120, `e4m3_bits_to_f`; the 2^120 goes back on the word's sum, exactly). Needs
+// word's 16 products are summed before its scale multiplies them. The codes are widened two
+// at a time into a bf16 pair by moving bits (value · 2^-120, exact: e4m3's 3 mantissa bits
+// fit bf16's 7 and its exponents bf16's range, subnormals included), a handful of integer
+// operations per code where the decode GEMV's budget is about one; the 2^120 goes back on
+// the word's sum, exactly. Needs
 // k % 16 == 0 and 16-byte aligned rows of W and x. The same variants, grids and epilogues
-// as `gemv` (`fp8_gemv_{bf16,f32,silu,gelu}_m*`).
+// as `gemv` (`fp8_gemv_{bf16,f32,silu,gelu}_m*`), the bias in the output's type.
 __device__ __forceinline__ float e4m3_dot16(uint4 w, const float* x) {
     const unsigned words[4] = {w.x, w.y, w.z, w.w};
     float s = 0.f;
 #pragma unroll
-    for (int j = 0; j < 16; j++) s += e4m3_bits_to_f((words[j >> 2] >> (8 * (j & 3))) & 0xffu) * x[j];
+    for (int q = 0; q < 4; q++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            // Codes 2h and 2h + 1 of the word as the bf16 pair (value · 2^-120): each code's
+            // exponent and mantissa bits moved under bf16's, its sign onto bf16's sign.
+            const unsigned p = __byte_perm(words[q], 0u, h == 0 ? 0x4140u : 0x4342u);
+            const unsigned b = ((p << 4) & 0x07f007f0u) | ((p << 8) & 0x80008000u);
+            s += __uint_as_float(b << 16) * x[4 * q + 2 * h] + __uint_as_float(b & 0xffff0000u) * x[4 * q + 2 * h + 1];
+        }
+    }
     return s * 0x1p120f;
 }
+
+__device__ __forceinline__ float bias_value(const bf16_t* b, int row) { return bf2f(b[row]); }
+__device__ __forceinline__ float bias_value(const float* b, int row) { return b[row]; }
 
 template <int M, int ACT, typename Out>
 __device__ __forceinline__ void fp8_gemv(const bf16_t* __restrict__ x, const unsigned char* __restrict__ w,
                                          const float* __restrict__ scales, int ncb, int cb16,
-                                         const bf16_t* __restrict__ bias, Out* __restrict__ y, int n, int k) {
+                                         const Out* __restrict__ bias, Out* __restrict__ y, int n, int k) {
     __shared__ float part[GEMV_THREADS / 32][M][GEMV_ROWS];
     const int row0 = blockIdx.x * (ACT == ACT_NONE ? GEMV_ROWS : 2);
     const int k16 = k >> 4;
@@ -166,7 +181,7 @@ __device__ __forceinline__ void fp8_gemv(const bf16_t* __restrict__ x, const uns
     }
     const bool gated = ACT != ACT_NONE;
     skinny_gemm_end<M, GEMV_THREADS>(acc, part, row0, n, gated, ACT == ACT_GELU, [&](int i, int row, float v) {
-        store_out(y + (u64)i * n + row, gated ? v : v + (bias != nullptr ? bf2f(bias[row]) : 0.f));
+        store_out(y + (u64)i * n + row, gated ? v : v + (bias != nullptr ? bias_value(bias, row) : 0.f));
     });
 }
 
@@ -178,18 +193,18 @@ __device__ __forceinline__ void fp8_gemv(const bf16_t* __restrict__ x, const uns
     }                                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                        \
         fp8_gemv_f32_m##M(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16,                \
-                          const bf16_t* bias, float* y, int n, int k) {                                               \
+                          const float* bias, float* y, int n, int k) {                                                \
         fp8_gemv<M, ACT_NONE, float>(x, w, s, ncb, cb16, bias, y, n, k);                                              \
     }                                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                        \
         fp8_gemv_silu_m##M(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16, bf16_t* y,    \
                            int n, int k) {                                                                            \
-        fp8_gemv<M, ACT_SILU, bf16_t>(x, w, s, ncb, cb16, nullptr, y, n, k);                                          \
+        fp8_gemv<M, ACT_SILU, bf16_t>(x, w, s, ncb, cb16, (const bf16_t*)nullptr, y, n, k);                                          \
     }                                                                                                                 \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                        \
         fp8_gemv_gelu_m##M(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16, bf16_t* y,    \
                            int n, int k) {                                                                            \
-        fp8_gemv<M, ACT_GELU, bf16_t>(x, w, s, ncb, cb16, nullptr, y, n, k);                                          \
+        fp8_gemv<M, ACT_GELU, bf16_t>(x, w, s, ncb, cb16, (const bf16_t*)nullptr, y, n, k);                                          \
     }
 
 FP8_GEMV_KERNELS(1)

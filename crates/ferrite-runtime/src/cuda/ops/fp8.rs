@@ -8,7 +8,7 @@
 //!   the codes in registers and reads each weight byte once per step;
 //! - larger batches of a per-channel matrix: x quantized per token (`fp8_quantize_rows`, one
 //!   scale a token) into the caller's scratch, then cuBLASLt's FP8 GEMM with both scale
-//!   vectors (f32 accumulation, bf16 out);
+//!   vectors (f32 accumulation, bf16 out) and the bias added after (`fp8_add_bias`);
 //! - larger batches otherwise (scales along a row, or f32 output): the matrix dequantized to
 //!   bf16 into the scratch and cuBLASLt's bf16 GEMM; without a scratch large enough, the
 //!   skinny GEMM 8 rows at a time.
@@ -16,7 +16,7 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
 
-use crate::cuda::blas::{Fp8Scales, GemmOutput};
+use crate::cuda::blas::{Blas, Fp8Scales, GemmOutput};
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
 use crate::cuda::ops::elementwise::{gated_activation, GatedActivation, GEMV_MAX_ROWS};
@@ -125,16 +125,17 @@ impl Fp8Matrix {
         self.codes.len() + 4 * self.scales.len()
     }
 
-    /// One scale per output channel: cuBLASLt's FP8 GEMM applies it.
-    fn per_channel(&self) -> bool {
-        self.col_block == self.cols
+    /// Whether many-row products take cuBLASLt's FP8 GEMM: one scale per output channel (it
+    /// applies those) and a shape it runs.
+    fn fp8_gemm(&self) -> bool {
+        self.col_block == self.cols && Blas::fp8_shape(self.rows, self.cols)
     }
 
     /// bf16 values of scratch a product over `tokens` rows uses: the tokens' codes and scales
-    /// (per-channel), or the dequantized matrix.
+    /// (`fp8_gemm`), or the dequantized matrix.
     pub fn scratch_len(&self, tokens: usize) -> usize {
         let quantized_x = (codes_offset(tokens) + tokens * self.cols).div_ceil(2);
-        if self.per_channel() {
+        if self.fp8_gemm() {
             quantized_x
         } else {
             self.rows * self.cols
@@ -192,6 +193,13 @@ impl Fp8Matrix {
     }
 }
 
+/// `y[m, n] += bias[n]` (bf16, rounded once more): the bias of an FP8 GEMM's output.
+fn add_bias(gpu: &Gpu, yp: u64, bp: u64, m: usize, n: usize) -> CudaResult<()> {
+    let (total, n_i) = ((m * n) as u64, n as i32);
+    let grid = gpu.grid_for(m * n, THREADS);
+    gpu.launch(&gpu.fns.fp8_add_bias, cfg((grid, 1, 1), THREADS, 0), &[&yp, &bp, &n_i, &total])
+}
+
 /// `rows` rows of `k` bf16 values at `xp` quantized to codes at `cp` and a scale a row at `sp`.
 fn quantize_rows(gpu: &Gpu, xp: u64, cp: u64, sp: u64, rows: usize, k: usize) -> CudaResult<()> {
     let k_i = k as i32;
@@ -221,12 +229,16 @@ pub fn fp8_linear<O: GemmOutput>(
     }
     let bf16_out = O::TYPE == cudarc::cublaslt::sys::cudaDataType::CUDA_R_16BF;
     match scratch {
-        Some(s) if m > GEMV_MAX_ROWS && s.len() >= w.scratch_len(m) && w.per_channel() && bf16_out => {
+        Some(s) if m > GEMV_MAX_ROWS && s.len() >= w.scratch_len(m) && w.fp8_gemm() && bf16_out => {
             let sp = gpu.ptr_mut(s);
             let cp = sp + codes_offset(m) as u64;
             quantize_rows(gpu, xp, cp, sp, m, k)?;
             let scales = Fp8Scales { x: sp, w: gpu.ptr(&w.scales) };
-            gpu.blas.linear_fp8((cp, gpu.ptr(&w.codes)), scales, bias, y, (m, n, k))
+            gpu.blas.linear_fp8((cp, gpu.ptr(&w.codes)), scales, y, (m, n, k))?;
+            match bias {
+                Some(b) => add_bias(gpu, gpu.ptr_mut(y), gpu.ptr(b), m, n),
+                None => Ok(()),
+            }
         }
         Some(s) if m > GEMV_MAX_ROWS && s.len() >= n * k => {
             w.dequantize(gpu, s)?;
