@@ -240,7 +240,8 @@ fn cuda_goldens_fp8_match_cpu() {
                 "TABLE|fp8 prefill logits {name} len {len}|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}|greedy parted at {parted}"
             );
             failures.extend((rel >= FP8_REL_L2).then(|| format!("{name} len {len}: relative L2 error {rel}")));
-            failures.extend((lp_err >= FP8_LOGPROB_TOL).then(|| format!("{name} len {len}: top-5 logprob error {lp_err}")));
+            failures
+                .extend((lp_err >= FP8_LOGPROB_TOL).then(|| format!("{name} len {len}: top-5 logprob error {lp_err}")));
             same_greedy += usize::from(on_cpu == on_gpu);
         }
         println!("TABLE|fp8 greedy 32 tokens {name}|{same_greedy}/{} identical to CPU|||", prompts.len());
