@@ -121,7 +121,13 @@ impl StateTable {
                 writes.extend([n as i32, slot as i32]);
             }
             let read = row.read.map_or(-1, |s| s as i32);
-            table.extend([row.tokens.start as i32, row.tokens.len() as i32, read, first as i32, (writes.len() / 2) as i32]);
+            table.extend([
+                row.tokens.start as i32,
+                row.tokens.len() as i32,
+                read,
+                first as i32,
+                (writes.len() / 2) as i32,
+            ]);
             tok_row.extend(std::iter::repeat_n(r as i32, row.tokens.len()));
         }
         for r in rows.len()..pad_rows {
@@ -166,11 +172,7 @@ pub fn delta_conv(
 ) -> CudaResult<()> {
     let (c, kernel, t) = (pool.spec.conv_channels, pool.spec.conv_kernel, table.tokens);
     check(
-        kernel >= 1
-            && x_stride >= c
-            && x.len() >= t * x_stride
-            && weight.len() >= kernel * c
-            && out.len() >= t * c,
+        kernel >= 1 && x_stride >= c && x.len() >= t * x_stride && weight.len() >= kernel * c && out.len() >= t * c,
         || format!("delta_conv of {t} tokens, {c} channels, {kernel} taps: x {} stride {x_stride}", x.len()),
     )?;
     if t == 0 {

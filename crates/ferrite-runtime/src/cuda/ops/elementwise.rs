@@ -257,7 +257,11 @@ pub fn sigmoid_gate_mul(
     }
     let (xp, gp) = (gpu.ptr_mut(x), gpu.ptr(gate));
     let [gs, w, t] = [gate_stride, width, tokens].map(|v| v as i32);
-    gpu.launch(&gpu.fns.sigmoid_gate_mul, cfg((gpu.grid_for(tokens * width, 256), 1, 1), 256, 0), &[&xp, &gp, &gs, &w, &t])
+    gpu.launch(
+        &gpu.fns.sigmoid_gate_mul,
+        cfg((gpu.grid_for(tokens * width, 256), 1, 1), 256, 0),
+        &[&xp, &gp, &gs, &w, &t],
+    )
 }
 
 /// `out[t, i] += sigmoid(logit[t]) · y[t, i]` over `[tokens, width]` bf16 values (a shared
