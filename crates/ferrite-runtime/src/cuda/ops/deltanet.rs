@@ -106,6 +106,10 @@ impl StateTable {
         let mut table = Vec::with_capacity(ROW_FIELDS * pad_rows.max(rows.len()));
         let (mut writes, mut tok_row) = (Vec::new(), Vec::new());
         for (r, row) in rows.iter().enumerate() {
+            if row.tokens.is_empty() && row.writes.is_empty() {
+                // A row of no query tokens reads and writes nothing.
+                continue;
+            }
             if row.tokens.start != tok_row.len() || row.tokens.is_empty() {
                 return Err(RuntimeError::Shape(format!(
                     "state row {r} covers tokens {:?} after {} tokens",
@@ -120,7 +124,7 @@ impl StateTable {
                 }
                 writes.extend([n as i32, slot as i32]);
             }
-            let read = row.read.map_or(-1, |s| s as i32);
+            let (read, index) = (row.read.map_or(-1, |s| s as i32), (table.len() / ROW_FIELDS) as i32);
             table.extend([
                 row.tokens.start as i32,
                 row.tokens.len() as i32,
@@ -128,12 +132,12 @@ impl StateTable {
                 first as i32,
                 (writes.len() / 2) as i32,
             ]);
-            tok_row.extend(std::iter::repeat_n(r as i32, row.tokens.len()));
+            tok_row.extend(std::iter::repeat_n(index, row.tokens.len()));
         }
-        for r in rows.len()..pad_rows {
-            let (start, w) = (tok_row.len() as i32, (writes.len() / 2) as i32);
-            table.extend([start, 1, -1, w, w]);
-            tok_row.push(r as i32);
+        for _ in rows.len()..pad_rows {
+            let (index, start, w) = (table.len() / ROW_FIELDS, tok_row.len(), writes.len() / 2);
+            table.extend([start as i32, 1, -1, w as i32, w as i32]);
+            tok_row.push(index as i32);
         }
         if table.len() > self.rows.len() || writes.len() > self.writes.len() || tok_row.len() > self.tok_row.len() {
             return Err(RuntimeError::Shape(format!(
