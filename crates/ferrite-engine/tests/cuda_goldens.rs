@@ -7,10 +7,12 @@
 //! GELU MLP with a sliding window of 8, llama's dynamic NTK RoPE (frequencies by each row's
 //! length, as long RoPE's), gemma, gemma2, gemma3_text and the three gemma4_text
 //! fixtures: KV-shared layers with per-layer inputs, `attention_k_eq_v` with a double-wide
-//! MLP, the MoE block; the mixtures of experts qwen3_moe and mixtral), the MLX
+//! MLP, the MoE block; the mixtures of experts qwen3_moe and mixtral; the hybrids qwen3_5 and
+//! qwen3_next: gated DeltaNet layers with their state in the device KV cache, gated attention
+//! outputs, Qwen3-Next's experts with a shared expert), the MLX
 //! affine-quantized fixtures (4- and 8-bit groups read by the quantized kernels, bf16/f16/f32
 //! scales, per-module overrides, a quantized tied embedding as the head), the six roster
-//! families and the two MoE families also from their GGUF (llama.cpp's tensor names and
+//! families, the two MoE families and the two hybrids also from their GGUF (llama.cpp's tensor names and
 //! layouts; stacked experts in f32 and Q8_0), gated by `FERRITE_TEST_CUDA=1` (skipped
 //! elsewhere). The Gemma fixtures' sliding window is 8 tokens, so every prompt here but the
 //! shortest is longer than the window. (`cuda_model` covers the llama fixtures.)
@@ -28,8 +30,9 @@
 //!   the MoE fixtures, routed on the device inside the graph);
 //! - step handles: decode steps queued back to back, their ids carried on the device and
 //!   their handles resolved newest first, equal resolving each step at once, bit for bit;
-//! - engine invariants on the GPU (gemma4 with KV-shared layers and per-layer inputs, and the
-//!   MoE fixtures): batched == alone, and prefix hit == cold.
+//! - engine invariants on the GPU (gemma4 with KV-shared layers and per-layer inputs, the
+//!   MoE fixtures and the hybrids): batched == alone, and prefix hit == cold (`cuda_hybrid`
+//!   runs the hybrids through the rest of the engine invariants).
 //!
 //! - the FP8 checkpoints (`make_fp8_models.py`: compressed-tensors' channel and tensor scales,
 //!   transformers' 128×128 blocks, qwen2 with biases) and the llama fixture quantized at load
@@ -58,7 +61,7 @@ use ferrite_runtime::cuda::DeviceChoice;
 use ferrite_runtime::ForwardBatch;
 use serde_json::Value;
 
-const FIXTURES: [&str; 21] = [
+const FIXTURES: [&str; 23] = [
     "qwen3-hd32",
     "glm4",
     "smollm3",
@@ -80,10 +83,12 @@ const FIXTURES: [&str; 21] = [
     "mlx-llama-q8-g32",
     "mlx-llama-mixed",
     "mlx-qwen3-q4-g64",
+    "qwen3.5",
+    "qwen3-next",
 ];
 /// The fixtures whose directory also holds GGUF files llama.cpp's converter writes, and the
 /// file: f32 tensors (the experts stacked per projection, `ffn_*_exps`) or Q8_0 blocks.
-const GGUF_FIXTURES: [(&str, &str); 9] = [
+const GGUF_FIXTURES: [(&str, &str); 11] = [
     ("phi3", "model.gguf"),
     ("olmo2", "model.gguf"),
     ("glm4", "model.gguf"),
@@ -93,9 +98,11 @@ const GGUF_FIXTURES: [(&str, &str); 9] = [
     ("qwen3-moe", "model.gguf"),
     ("mixtral", "model.gguf"),
     ("mixtral", "model-q8_0.gguf"),
+    ("qwen3.5", "model.gguf"),
+    ("qwen3-next", "model.gguf"),
 ];
-/// The mixtures of experts.
-const MOE_FIXTURES: [&str; 3] = ["gemma4-moe", "qwen3-moe", "mixtral"];
+/// The mixtures of experts (Qwen3-Next's with a shared expert beside them).
+const MOE_FIXTURES: [&str; 4] = ["gemma4-moe", "qwen3-moe", "mixtral", "qwen3-next"];
 /// (MoE fixture, prompt length) where some token's k-th and (k+1)-th router probabilities lie
 /// within 3e-3 of each other (`scripts/goldens/moe_route_margins.py`: 2.9e-4, 2.4e-3 and
 /// 1.9e-4), as at 150 tokens for every MoE fixture (7.5e-5 .. 4e-6): there bf16 activations may
@@ -308,6 +315,8 @@ fn cuda_goldens_graph_replay_equals_eager() {
         ("gemma4-moe", 20),
         ("qwen3-moe", 20),
         ("mixtral", 20),
+        ("qwen3.5", 20),
+        ("qwen3-next", 20),
     ];
     for (name, first) in cases {
         let model = gpu_decoder(name);
@@ -469,7 +478,7 @@ fn cuda_goldens_engine_batched_and_prefix() {
         prefix_cache: false,
         ..EngineConfig::default()
     };
-    for name in ["gemma4-shared-ple", "gemma4-moe", "qwen3-moe", "mixtral"] {
+    for name in ["gemma4-shared-ple", "gemma4-moe", "qwen3-moe", "mixtral", "qwen3.5", "qwen3-next"] {
         engine_batched_equals_alone(name, &cfg);
     }
     let (cpu, gpu, _) = load_pair("gemma4-shared-ple", None);

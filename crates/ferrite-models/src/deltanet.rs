@@ -161,7 +161,7 @@ impl GatedDeltaNet {
     pub fn forward(&self, h: &[f32], batch: &ForwardBatch, kv: &mut KvCache, out: &mut [f32]) -> RtResult<()> {
         let t = batch.num_tokens();
         let s = self.c.shape;
-        let (kd, vd, nv) = (s.k_heads * s.k_dim, s.v_heads * s.v_dim, s.v_heads);
+        let (kd, vd) = (s.k_heads * s.k_dim, s.v_heads * s.v_dim);
         let channels = self.c.conv_channels();
         let [mut qkv, mut z, b, a] = Linear::forward_many([&self.qkv, &self.z, &self.b, &self.a], h, t)?;
         let block_size = kv.block_size();
@@ -178,9 +178,7 @@ impl GatedDeltaNet {
         drop(qkv);
         gated_delta::l2_normalize(&mut q, s.k_dim, L2_EPS, 1.0 / (s.k_dim as f32).sqrt());
         gated_delta::l2_normalize(&mut k, s.k_dim, L2_EPS, 1.0);
-        let beta: Vec<f32> = b.iter().map(|&x| 1.0 / (1.0 + (-x).exp())).collect();
-        let g: Vec<f32> =
-            a.iter().enumerate().map(|(i, &x)| self.neg_rate[i % nv] * softplus(x + self.dt_bias[i % nv])).collect();
+        let (beta, g) = gated_delta::gates(&b, &a, &self.neg_rate, &self.dt_bias);
         let mut o = vec![0f32; t * vd];
         gated_delta::gated_delta_rule(&q, &k, &v, &g, &beta, &s, pool, &rows, &mut o)?;
         cpu::rms_norm_in_place(&mut o, &self.norm, self.c.eps, 0.0);
@@ -191,20 +189,11 @@ impl GatedDeltaNet {
 }
 
 /// The L2 norm's epsilon (transformers' and FLA's `l2norm`).
-const L2_EPS: f32 = 1e-6;
-
-/// `log(1 + exp(x))`, linear above 20 as torch's softplus.
-fn softplus(x: f32) -> f32 {
-    if x > 20.0 {
-        x
-    } else {
-        x.exp().ln_1p()
-    }
-}
+pub(crate) const L2_EPS: f32 = 1e-6;
 
 /// The row order that turns rows grouped by key head — per group, parts of `sizes` rows — into
 /// each part for every group in turn (`[q…, k…, v…, z…]` from `[q, k, v, z]` per group).
-fn ungroup(groups: usize, sizes: &[usize]) -> Vec<usize> {
+pub(crate) fn ungroup(groups: usize, sizes: &[usize]) -> Vec<usize> {
     let per: usize = sizes.iter().sum();
     let mut order = Vec::with_capacity(groups * per);
     let mut start = 0;
@@ -232,7 +221,5 @@ mod tests {
     fn grouped_rows_are_put_in_part_order() {
         // Two groups of [q(1), k(1), v(2)]: q0 k0 v0 v0' q1 k1 v1 v1' → q0 q1 k0 k1 v0 v0' v1 v1'.
         assert_eq!(ungroup(2, &[1, 1, 2]), vec![0, 4, 1, 5, 2, 3, 6, 7]);
-        assert_eq!(softplus(30.0), 30.0);
-        assert!((softplus(0.0) - std::f32::consts::LN_2).abs() < 1e-7);
     }
 }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use cudarc::driver::DevicePtr;
 
 use crate::cuda::kv_copy::{CopyStream, KvRegion};
-use crate::cuda::ops::DeviceKv;
+use crate::cuda::ops::{DeviceKv, DeviceStatePool};
 use crate::cuda::Gpu;
 use crate::error::{Result, RuntimeError};
 use crate::hugemem::HugeVec;
@@ -393,11 +393,13 @@ pub(crate) enum Storage {
     Device(DevicePools),
 }
 
-/// Pools on a CUDA device: each layer's, the KV group of each, and the stream block copies
-/// to and from host memory run on (`kv_host`).
+/// Pools on a CUDA device: each layer's, the KV group of each, the recurrent states of
+/// `KvLayout::states` (slots of their group, as the layers' blocks), and the stream block
+/// copies to and from host memory run on (`kv_host`; the host tiers keep no recurrent state).
 pub(crate) struct DevicePools {
     layers: Vec<DeviceKv>,
     groups: Vec<usize>,
+    states: Vec<DeviceStatePool>,
     pub(crate) copies: Arc<CopyStream>,
 }
 
@@ -534,9 +536,9 @@ impl KvCache {
         scheme: &KvScheme,
     ) -> Result<KvCache> {
         check_blocks(layout, group_blocks, block_size)?;
-        if !layout.states.is_empty() {
-            return Err(RuntimeError::Unsupported("recurrent state has no CUDA storage yet".into()));
-        }
+        let states = (layout.states.iter())
+            .map(|&spec| DeviceStatePool::zeroed(gpu, spec, group_blocks[spec.group]))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         let layers = layout
             .layers
             .iter()
@@ -548,7 +550,7 @@ impl KvCache {
         let groups: Vec<usize> = layout.layers.iter().map(|l| l.group).collect();
         let pieces = DevicePools::block_pieces(gpu, &layers, &groups, layout.groups.len());
         let copies = Arc::new(CopyStream::new(gpu, pieces)?);
-        let pools = DevicePools { layers, groups, copies };
+        let pools = DevicePools { layers, groups, states, copies };
         Ok(KvCache {
             id: next_id(),
             storage: Storage::Device(pools),
@@ -624,6 +626,18 @@ impl KvCache {
     pub fn state_mut(&mut self, i: usize) -> Result<&mut StatePool> {
         let n = self.states.len();
         self.states.get_mut(i).ok_or_else(|| RuntimeError::Shape(format!("state layer {i} of {n}")))
+    }
+
+    /// The device recurrent state of state layer `i` (`KvLayout::states`); an error for host
+    /// storage or a state layer that does not exist.
+    pub fn device_state_mut(&mut self, i: usize) -> Result<&mut DeviceStatePool> {
+        match &mut self.storage {
+            Storage::Device(d) => {
+                let n = d.states.len();
+                d.states.get_mut(i).ok_or_else(|| RuntimeError::Shape(format!("state layer {i} of {n}")))
+            }
+            Storage::Host(_) => Err(RuntimeError::Shape("a CUDA model was given a KV cache in host memory".into())),
+        }
     }
 
     /// Device layer `i`; an error for host storage or a layer that does not exist.

@@ -79,11 +79,7 @@ impl StatePool {
 
     /// An error unless `slot` exists.
     pub fn check(&self, slot: u32) -> Result<usize> {
-        let s = slot as usize;
-        if slot == NO_BLOCK || s >= self.slots {
-            return Err(RuntimeError::Shape(format!("state slot {slot} of {} does not exist", self.slots)));
-        }
-        Ok(s)
+        check_slot(slot, self.slots)
     }
 
     /// The convolution window of `slot`, `[conv_kernel - 1][channels]` (oldest input first).
@@ -126,6 +122,45 @@ pub struct StateRow {
     /// `(n, slot)`: the state after the row's first `n` tokens goes to `slot`; ascending `n`,
     /// the last one `n = tokens.len()`.
     pub writes: Vec<(usize, u32)>,
+}
+
+/// `slot` as an index, or an error unless it is one of `slots`.
+fn check_slot(slot: u32, slots: usize) -> Result<usize> {
+    let s = slot as usize;
+    if slot == NO_BLOCK || s >= slots {
+        return Err(RuntimeError::Shape(format!("state slot {slot} of {slots} does not exist")));
+    }
+    Ok(s)
+}
+
+/// Check that every slot of `rows` is one of `slots` and that no row writes a slot another
+/// row reads or writes, or one slot twice (the CPU's parallel workers and the CUDA kernels'
+/// threads would race).
+pub fn check_rows(slots: usize, rows: &[StateRow]) -> Result<()> {
+    let mut written = std::collections::HashSet::new();
+    for row in rows {
+        let mut mine = std::collections::HashSet::new();
+        for &(_, slot) in &row.writes {
+            check_slot(slot, slots)?;
+            if !mine.insert(slot) {
+                return Err(RuntimeError::Shape(format!("a row writes state slot {slot} twice")));
+            }
+            if written.contains(&slot) {
+                return Err(RuntimeError::Shape(format!("state slot {slot} is written by two rows")));
+            }
+        }
+        written.extend(mine);
+    }
+    for (r, row) in rows.iter().enumerate() {
+        if let Some(slot) = row.read {
+            check_slot(slot, slots)?;
+            let own = row.writes.iter().any(|&(_, s)| s == slot);
+            if !own && written.contains(&slot) {
+                return Err(RuntimeError::Shape(format!("row {r} reads state slot {slot}, which another row writes")));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The reads and writes of every row of `batch` in the recurrent group `group` (see the

@@ -105,9 +105,15 @@ fn max_abs(v: &[f32]) -> f32 {
 fn cuda_fp8_linear_matches_host() {
     let Some((gpu, _checks)) = gpu("cuda_fp8_linear_matches_host") else { return };
     let mut rng = rng("fp8_linear");
-    for (m, n, k) in
-        [(1, 67, 64), (3, 1003, 992), (8, 130, 4096), (13, 77, 992), (40, 32, 64), (64, 256, 4096), (17, 520, 1024)]
-    {
+    for (m, n, k) in [
+        (1, 67, 64usize),
+        (3, 1003, 992),
+        (8, 130, 4096),
+        (13, 77, 992),
+        (40, 32, 64),
+        (64, 256, 4096),
+        (17, 520, 1024),
+    ] {
         for col_block in [k, 128, 32] {
             if col_block > k || (col_block != k && !k.is_multiple_of(col_block) && col_block == 32) {
                 continue;

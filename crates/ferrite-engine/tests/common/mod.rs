@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod hybrid;
 pub mod lora;
 pub mod model;
 pub mod queued;

@@ -25,16 +25,20 @@
 use std::sync::Arc;
 
 use ferrite_runtime::cpu::AttentionParams;
-use ferrite_runtime::cuda::ops::{self, GatedActivation, Matrix, PerLayerShape, QkvHeads, RopeShape};
+use ferrite_runtime::cuda::ops::{
+    self, GatedActivation, Matrix, PerLayerShape, QkvHeads, RopeShape, DELTA_MAX_CONV_KERNEL, DELTA_MAX_K_DIM,
+};
 use ferrite_runtime::cuda::{CudaSlice, DevicePtr, DevicePtrMut, Gpu};
-use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult};
+use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError};
 use half::bf16;
 
-use super::decoder_weights::{DecoderWeights, DeviceNorm, LayerWeights, MlpWeights};
+use super::decoder_weights::{AttentionWeights, DecoderWeights, DeviceNorm, LayerWeights, Mixer, MlpWeights};
+use super::deltanet::{self, DeltaBuffers};
 use super::lora::{GpuLoras, LoraBuffers, LoraGroup, LoraShapes, StepLora};
 use super::moe::{self, MoeBuffers, MoeStep};
 use super::rope::{Ropes, StepRope};
 use super::runner::{step_inputs, Decode, GpuModel, LayerBuffers, Layers, StepIo};
+use crate::blocks::AttentionConfig;
 use crate::config::{Activation, ModelConfig};
 use crate::error::{LoadError, Result};
 use crate::lora::{LoraAdapter, LoraTarget};
@@ -66,19 +70,16 @@ pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
         return Some("an encoder's input embeddings and post-LN layers have no CUDA path yet".into());
     }
     for (i, l) in plan.layers.iter().enumerate() {
-        if l.attn.linear.is_some() {
-            return Some(format!(
-                "layer {i}: gated DeltaNet linear attention (qwen3_5, qwen3_next) has no CUDA kernel yet"
-            ));
-        }
-        if l.attn.output_gate {
-            return Some(format!("layer {i}: a gated attention output (qwen3_5, qwen3_next) has no CUDA path yet"));
-        }
-        if l.ffn.moe.as_ref().is_some_and(|m| m.shared.is_some()) {
-            return Some(format!("layer {i}: a shared expert has no CUDA path yet"));
-        }
-        let hd = l.attn.params.head_dim;
-        if !HEAD_DIMS.contains(&hd) {
+        if let Some(c) = &l.attn.linear {
+            if c.shape.k_dim > DELTA_MAX_K_DIM || c.conv_kernel > DELTA_MAX_CONV_KERNEL {
+                return Some(format!(
+                    "layer {i}: gated DeltaNet with key heads of {} and a conv of {} taps (the CUDA kernels take up \
+                     to {DELTA_MAX_K_DIM} and {DELTA_MAX_CONV_KERNEL})",
+                    c.shape.k_dim, c.conv_kernel
+                ));
+            }
+        } else if !HEAD_DIMS.contains(&l.attn.params.head_dim) {
+            let hd = l.attn.params.head_dim;
             return Some(format!("layer {i}: head_dim {hd} has no CUDA attention kernel ({HEAD_DIMS:?})"));
         }
         if l.ffn.act == Activation::Gelu {
@@ -106,6 +107,8 @@ pub struct Buffers {
     ropes: Vec<StepRope>,
     /// The step's adapted tokens, grouped by adapter.
     lora: LoraBuffers,
+    /// The DeltaNet layers' activations and the step's state slots.
+    delta: Option<DeltaBuffers>,
 }
 
 struct PerLayerBuffers {
@@ -135,9 +138,11 @@ impl GpuDecoder {
     }
 }
 
-/// Width of a layer's fused QKV rows.
-fn qkv_width(p: &AttentionParams, shared: bool) -> usize {
-    (p.n_heads + if shared { 0 } else { 2 * p.n_kv_heads }) * p.head_dim
+/// Width of a layer's fused QKV rows: q, k and v (none of a KV-shared layer's), then the gates
+/// of a gated output.
+fn qkv_width(p: &AttentionParams, a: &AttentionConfig) -> usize {
+    let gates = if a.output_gate { p.n_heads } else { 0 };
+    (p.n_heads + if a.shared { 0 } else { 2 * p.n_kv_heads } + gates) * p.head_dim
 }
 
 impl DecoderLayers {
@@ -193,13 +198,13 @@ impl DecoderLayers {
         &self,
         gpu: &Gpu,
         qkv: &mut CudaSlice<bf16>,
-        l: &LayerWeights,
+        l: &AttentionWeights,
         i: usize,
         tokens: usize,
         own: usize,
     ) -> RtResult<()> {
         let (a, p, eps) = (&self.plan.layers[i].attn, &self.params[i], self.plan.eps);
-        let (stride, hd) = (qkv_width(p, a.shared), p.head_dim);
+        let (stride, hd) = (qkv_width(p, a), p.head_dim);
         let heads = |n_q, n_k, n_v, head_dim| QkvHeads { tokens, stride, head_dim, n_q, n_k, n_v };
         let wq = l.q_norm.as_ref().map(|w| w as &dyn DevicePtr<f32>);
         let wk = l.k_norm.as_ref().map(|w| w as &dyn DevicePtr<f32>);
@@ -223,7 +228,8 @@ impl DecoderLayers {
     }
 
     /// Queue layer `i`'s attention (with the step's adapters): its output projection lands in
-    /// `b.layer.o`.
+    /// `b.layer.o`. A gated output is multiplied by the sigmoid of its gates (the QKV rows' last
+    /// `q` columns) before the projection.
     #[allow(clippy::too_many_arguments)]
     fn queue_attention(
         &self,
@@ -235,16 +241,17 @@ impl DecoderLayers {
         tokens: usize,
         decode: Option<Decode>,
         i: usize,
-        l: &LayerWeights,
+        input_norm: bool,
+        l: &AttentionWeights,
     ) -> RtResult<()> {
         let d = self.cfg.hidden_size;
         let a = &self.plan.layers[i].attn;
         let p = &self.params[i];
         let (nh, nkv, hd) = (p.n_heads, p.n_kv_heads, p.head_dim);
-        let (q_w, qkv_w) = (nh * hd, qkv_width(p, a.shared));
+        let (q_w, qkv_w) = (nh * hd, qkv_width(p, a));
         let bias = l.qkv_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
         // A layer without an input norm (post-norm) reads the residual stream itself.
-        let input = if l.input_norm.is_some() { &io.h } else { &io.x };
+        let input = if input_norm { &io.h } else { &io.x };
         l.qkv.linear(gpu, input, bias, &mut b.layer.qkv, (tokens, qkv_w, d), io.dequant.as_mut())?;
         if let Some(lora) = lora {
             let last = if a.shared { LoraTarget::Q } else { LoraTarget::V };
@@ -283,6 +290,10 @@ impl DecoderLayers {
                 let (meta, scratch) = (&io.metas[group], &mut io.scratch);
                 ops::attention(gpu, &b.layer.qkv, qkv_w, meta, layer_kv, p, plan, scratch, &mut b.layer.attn, q_w)?;
             }
+        }
+        if a.output_gate {
+            let gates = b.layer.qkv.slice(qkv_w - q_w..);
+            ops::sigmoid_gate_mul(gpu, &mut b.layer.attn, &gates, (tokens, q_w, qkv_w))?;
         }
         let o_bias = l.o_bias.as_ref().map(|b| b as &dyn DevicePtr<bf16>);
         l.o.linear(gpu, &b.layer.attn, o_bias, &mut b.layer.o, (tokens, d, q_w), io.dequant.as_mut())?;
@@ -358,7 +369,20 @@ impl DecoderLayers {
             Some(n) => self.norm_into(gpu, io, b, n, tokens)?,
             None => self.settle(gpu, io, b, tokens)?,
         }
-        self.queue_attention(gpu, io, b, lora, kv, tokens, decode, i, l)?;
+        match &l.mixer {
+            Mixer::Attention(w) => {
+                self.queue_attention(gpu, io, b, lora, kv, tokens, decode, i, l.input_norm.is_some(), w)?
+            }
+            Mixer::DeltaNet(w) => {
+                let (c, delta) = (self.plan.layers[i].attn.linear.as_ref(), b.delta.as_mut());
+                let (Some(c), Some(delta)) = (c, delta) else {
+                    return Err(RuntimeError::Shape(format!("layer {i}: DeltaNet weights without its plan")));
+                };
+                let input = if l.input_norm.is_some() { &io.h } else { &io.x };
+                let shape = (tokens, d);
+                deltanet::queue_deltanet(gpu, c, w, delta, kv, input, &mut b.layer.o, shape, &mut io.dequant)?;
+            }
+        }
         self.residual(gpu, io, b, l.post_attn_norm.as_ref(), tokens, 1.0)?;
         match &l.pre_ffn_norm {
             Some(n) => self.norm_into(gpu, io, b, n, tokens)?,
@@ -372,7 +396,7 @@ impl DecoderLayers {
             // residual stream.
             let input = if l.pre_ffn_norm.is_some() { &io.h } else { &io.x };
             let step = MoeStep { tokens, hidden: d, eps, act: self.act };
-            moe::queue_moe(gpu, plan, w, m, input, &io.x, &mut b.layer.o, step)?;
+            moe::queue_moe(gpu, plan, w, m, input, &io.x, &mut b.layer.o, step, &mut io.dequant)?;
         }
         let after_ffn = if l.input.is_some() { 1.0 } else { l.scalar };
         self.residual(gpu, io, b, l.post_ffn_norm.as_ref(), tokens, after_ffn)?;
@@ -409,8 +433,10 @@ impl Layers for DecoderLayers {
         let (d, n) = (self.cfg.hidden_size, self.plan.layers.len());
         let bf = |len: usize| gpu.alloc::<bf16>(len);
         let max = |f: &dyn Fn(usize) -> usize| (0..n).map(f).max().unwrap_or(0);
-        let qkv = max(&|i| qkv_width(&self.params[i], self.plan.layers[i].attn.shared));
-        let attn = max(&|i| self.params[i].n_heads * self.params[i].head_dim);
+        // Softmax-attention layers' widths (DeltaNet layers have their own buffers).
+        let softmax = |i: usize| self.plan.layers[i].attn.linear.is_none();
+        let qkv = max(&|i| if softmax(i) { qkv_width(&self.params[i], &self.plan.layers[i].attn) } else { 0 });
+        let attn = max(&|i| if softmax(i) { self.params[i].n_heads * self.params[i].head_dim } else { 0 });
         // The dense MLPs' width (layers whose experts replace it have none).
         let inter = max(&|i| if self.plan.layers[i].ffn.dense() { self.plan.layers[i].ffn.intermediate } else { 0 });
         let per_layer = match self.plan.per_layer_input {
@@ -424,8 +450,9 @@ impl Layers for DecoderLayers {
         };
         let moe = MoeBuffers::new(gpu, &self.plan, d, tokens)?;
         let ropes = self.ropes.step_buffers(gpu, tokens)?;
-        let layer = LayerBuffers::new(gpu, tokens, qkv, attn, d, inter.max(1))?;
-        Ok(Buffers { layer, pending: false, per_layer, moe, ropes, lora: LoraBuffers::new(tokens) })
+        let layer = LayerBuffers::new(gpu, tokens, qkv.max(1), attn.max(1), d, inter.max(1))?;
+        let delta = DeltaBuffers::new(gpu, &self.plan, tokens)?;
+        Ok(Buffers { layer, pending: false, per_layer, moe, ropes, lora: LoraBuffers::new(tokens), delta })
     }
 
     fn queue_layers(
@@ -486,8 +513,18 @@ impl Layers for DecoderLayers {
         self.plan.logit_scale
     }
 
-    fn upload_step(&self, gpu: &Gpu, b: &mut Buffers, batch: &ForwardBatch, rows: usize) -> RtResult<u64> {
+    fn upload_step(
+        &self,
+        gpu: &Gpu,
+        b: &mut Buffers,
+        batch: &ForwardBatch,
+        rows: usize,
+        kv: &KvCache,
+    ) -> RtResult<u64> {
         self.ropes.upload(gpu, &mut b.ropes, batch, rows)?;
+        if let (Some(delta), Some(group)) = (b.delta.as_mut(), self.plan.layout.recurrent_group()) {
+            delta.upload(gpu, batch, rows, kv, group)?;
+        }
         b.lora.upload(gpu, &self.loras, batch)
     }
 
@@ -532,6 +569,20 @@ mod tests {
         for name in ["qwen3-moe", "mixtral", "gemma4-moe"] {
             assert_eq!(unsupported(&fixture_plan(name)), None, "{name}");
         }
+        // Hybrids: gated DeltaNet, gated attention outputs, Qwen3-Next's shared expert.
+        for name in ["qwen3.5", "qwen3-next"] {
+            assert_eq!(unsupported(&fixture_plan(name)), None, "{name}");
+        }
+    }
+
+    /// A DeltaNet layer wider than the kernels' registers is refused, saying why.
+    #[test]
+    fn a_deltanet_layer_past_the_kernels_limits_is_refused() {
+        let mut plan = fixture_plan("qwen3.5");
+        let c = plan.layers[1].attn.linear.as_mut().expect("layer 1 is linear");
+        c.shape.k_dim = DELTA_MAX_K_DIM + 1;
+        let why = unsupported(&plan).expect("refused");
+        assert!(why.contains("layer 1: gated DeltaNet with key heads of 129"), "{why}");
     }
 
     /// A BERT plan is refused for each thing the CUDA executor lacks: bidirectional attention,

@@ -2,14 +2,15 @@
 //! GGUF file whose pieces of a matrix are all in block types the kernels read — the file's
 //! blocks as they are, or — from an FP8 checkpoint whose pieces are all FP8, or any layer
 //! projection under `--quantization fp8` — e4m3 codes with their scales (the embedding, the LM
-//! head, routers and experts stay bf16). Per layer: a fused QKV matrix (q only for a KV-shared layer; the keys
-//! twice for `attention_k_eq_v`) with its bias, q/k norms (per head or over the whole
-//! projection), the output projection and its bias, the dense MLP (a fused gate-up or a plain
+//! head, routers and experts stay bf16). Per layer: a fused QKV matrix (q only for a KV-shared
+//! layer; the keys twice for `attention_k_eq_v`; a gated output's gate rows last) with its
+//! bias, q/k norms (per head or over the whole projection), the output projection and its
+//! bias — or a gated DeltaNet layer's projections, conv and gates (`deltanet`) — the dense MLP (a fused gate-up or a plain
 //! up matrix and the down projection with their biases; none where experts replace it), the
 //! norms the layer's names list (f32, the `1 + w` offset folded in; LayerNorm with its bias),
 //! Gemma 4's per-layer-input projections and layer scalar, and the routed experts
 //! (`moe::MoeWeights`: a bf16 router and one stacked `ExpertMatrix` per projection, in the
-//! file's block type where the kernels read it); the embedding, LM head, final norm and
+//! file's block type where the kernels read it, and a shared expert with its gate); the embedding, LM head, final norm and
 //! per-layer embedding table. Read from the host weights (any stored dtype) or random from a
 //! seed for synthetic models: one builder over either source.
 
@@ -21,12 +22,13 @@ use ferrite_runtime::cuda::{CudaSlice, DevicePtr, Gpu};
 use ferrite_runtime::DType;
 use half::bf16;
 
-use super::moe::{stack_experts, Gemma4Moe, MoeWeights};
+use super::deltanet::DeltaWeights;
+use super::moe::{stack_experts, Gemma4Moe, MoeWeights, SharedWeights};
 use crate::config::ModelConfig;
 use crate::error::{LoadError, Result};
 use crate::fp8::Fp8Weight;
 use crate::moe::MoeShape;
-use crate::plan::{DecoderPlan, ExpertNames, MlpNames, MoePlan, MoeStyle, NormKind, QkvNames};
+use crate::plan::{DecoderPlan, ExpertNames, LayerPlan, MlpNames, MoePlan, MoeStyle, NormKind, QkvNames};
 use crate::weights::Weights;
 
 /// Gemma 4's per-layer-input weights of one layer.
@@ -67,16 +69,21 @@ pub struct MlpWeights {
 }
 
 impl MlpWeights {
-    fn bytes(&self) -> usize {
+    fn scratch_len(&self, tokens: usize) -> usize {
+        self.gate_up.scratch_len(tokens).max(self.down.scratch_len(tokens))
+    }
+
+    pub(super) fn bytes(&self) -> usize {
         let biases =
             [&self.gate_up_bias, &self.down_bias].iter().filter_map(|b| b.as_ref()).map(|b| 2 * b.len()).sum::<usize>();
         self.gate_up.bytes() + self.down.bytes() + biases
     }
 }
 
-pub struct LayerWeights {
-    pub input_norm: Option<DeviceNorm>,
-    /// q rows, then k, then v.
+/// A softmax-attention layer's projections.
+pub struct AttentionWeights {
+    /// q rows, then k, then v (none for a KV-shared layer), then, for a gated output, each
+    /// head's gate rows.
     pub qkv: Matrix,
     pub qkv_bias: Option<CudaSlice<bf16>>,
     /// Per head (`head_dim` values) or over the whole projection (`plan`'s `qk_norm_whole`).
@@ -84,6 +91,47 @@ pub struct LayerWeights {
     pub k_norm: Option<CudaSlice<f32>>,
     pub o: Matrix,
     pub o_bias: Option<CudaSlice<bf16>>,
+}
+
+impl AttentionWeights {
+    fn bytes(&self) -> usize {
+        let qk = [&self.q_norm, &self.k_norm].iter().filter_map(|n| n.as_ref()).map(|n| 4 * n.len()).sum::<usize>();
+        let biases =
+            [&self.qkv_bias, &self.o_bias].iter().filter_map(|b| b.as_ref()).map(|b| 2 * b.len()).sum::<usize>();
+        self.qkv.bytes() + self.o.bytes() + qk + biases
+    }
+
+    fn scratch_len(&self, tokens: usize) -> usize {
+        self.qkv.scratch_len(tokens).max(self.o.scratch_len(tokens))
+    }
+}
+
+/// A layer's token mixer.
+pub enum Mixer {
+    Attention(AttentionWeights),
+    /// Gated DeltaNet linear attention.
+    DeltaNet(DeltaWeights),
+}
+
+impl Mixer {
+    fn bytes(&self) -> usize {
+        match self {
+            Mixer::Attention(a) => a.bytes(),
+            Mixer::DeltaNet(d) => d.bytes(),
+        }
+    }
+
+    fn scratch_len(&self, tokens: usize) -> usize {
+        match self {
+            Mixer::Attention(a) => a.scratch_len(tokens),
+            Mixer::DeltaNet(d) => d.scratch_len(tokens),
+        }
+    }
+}
+
+pub struct LayerWeights {
+    pub input_norm: Option<DeviceNorm>,
+    pub mixer: Mixer,
     pub post_attn_norm: Option<DeviceNorm>,
     pub pre_ffn_norm: Option<DeviceNorm>,
     /// The dense MLP (none where experts replace it).
@@ -115,14 +163,14 @@ pub struct DecoderWeights {
 }
 
 /// One piece of a stacked matrix: a tensor's rows `rows` of a `[total, cols]` tensor.
-struct Part<'a> {
-    name: &'a str,
-    total: usize,
-    rows: std::ops::Range<usize>,
+pub(super) struct Part<'a> {
+    pub name: &'a str,
+    pub total: usize,
+    pub rows: std::ops::Range<usize>,
 }
 
 impl<'a> Part<'a> {
-    fn whole(name: &'a str, rows: usize) -> Part<'a> {
+    pub fn whole(name: &'a str, rows: usize) -> Part<'a> {
         Part { name, total: rows, rows: 0..rows }
     }
 }
@@ -162,13 +210,15 @@ pub enum UploadQuantization {
 }
 
 /// Where the values come from: a checkpoint's tensors by HF name, or a seeded generator.
-trait Source {
+pub(super) trait Source {
     /// `parts` of `cols` columns stacked into one matrix (quantized where the source allows).
     fn matrix(&mut self, parts: &[Part], cols: usize) -> Result<Matrix>;
     /// The tensor `name` of `shape` as bf16 values.
     fn bf16(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<bf16>>;
     /// An f32 vector of `len` values plus `offset` (norm weights, scales).
     fn vector(&mut self, name: &str, len: usize, offset: f32) -> Result<Vec<f32>>;
+    /// The f32 values of the tensor `name`, stored in the first of `shapes` it has.
+    fn values(&mut self, name: &str, shapes: &[&[usize]]) -> Result<Vec<f32>>;
     fn contains(&self, name: &str) -> bool;
     /// A layer's experts (`names`, of `shape`, `hidden` wide): the gate-up matrix (`[experts,
     /// 2 × inter, hidden]`, each expert's gate rows then its up rows) and the down matrix
@@ -230,6 +280,17 @@ impl Source for FileSource<'_> {
 
     fn vector(&mut self, name: &str, len: usize, offset: f32) -> Result<Vec<f32>> {
         self.w.norm(name, len, offset)
+    }
+
+    fn values(&mut self, name: &str, shapes: &[&[usize]]) -> Result<Vec<f32>> {
+        let mut last = None;
+        for shape in shapes {
+            match self.w.get_f32(name, shape) {
+                Ok(v) => return Ok(v),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| LoadError::Other(format!("{name}: no shape to read it as"))))
     }
 
     fn contains(&self, name: &str) -> bool {
@@ -336,6 +397,14 @@ impl Source for RandomSource<'_> {
         Ok(vec![1.0; len])
     }
 
+    /// Values of a 1/fan-in scale (the last dimension of the first shape), all alike: a
+    /// DeltaNet layer's conv taps, decay and time-step bias.
+    fn values(&mut self, _name: &str, shapes: &[&[usize]]) -> Result<Vec<f32>> {
+        let shape = shapes.first().copied().unwrap_or(&[]);
+        let fan_in = shape.last().copied().unwrap_or(1).max(1);
+        Ok(vec![1.0 / fan_in as f32; shape.iter().product()])
+    }
+
     fn contains(&self, _name: &str) -> bool {
         false
     }
@@ -386,15 +455,16 @@ impl DecoderWeights {
     /// hold a vocab-sized scratch.
     pub fn scratch_len(&self, tokens: usize) -> usize {
         let layer = |l: &LayerWeights| {
-            let mlp = l.mlp.as_ref().map_or(0, |m| m.gate_up.scratch_len(tokens).max(m.down.scratch_len(tokens)));
-            l.qkv.scratch_len(tokens).max(l.o.scratch_len(tokens)).max(mlp)
+            let mlps = l.mlp.iter().chain(l.moe.as_ref().and_then(|m| m.shared.as_ref()).map(|s| &s.mlp));
+            let mlp = mlps.map(|m| m.scratch_len(tokens)).max().unwrap_or(0);
+            l.mixer.scratch_len(tokens).max(mlp)
         };
         self.layers.iter().map(layer).max().unwrap_or(0)
     }
 }
 
 /// A tensor's rows by HF name: (name, rows of the tensor, the rows taken).
-type Piece<'a> = (&'a str, usize, std::ops::Range<usize>);
+pub(super) type Piece<'a> = (&'a str, usize, std::ops::Range<usize>);
 
 fn build(
     cfg: &ModelConfig,
@@ -425,51 +495,16 @@ fn build(
     let mut layers = Vec::with_capacity(n);
     for (i, l) in plan.layers.iter().enumerate() {
         let p = |s: &str| format!("model.layers.{i}.{s}");
-        let (a, names) = (&l.attn, &l.names);
-        let (nh, nkv, hd) = (a.params.n_heads, a.params.n_kv_heads, a.params.head_dim);
-        let (q_rows, kv_rows) = (nh * hd, nkv * hd);
-        // q, then (unless shared) k and v: by name, with the rows each takes of its tensor.
-        let pieces: Vec<Piece> = match &names.qkv {
-            QkvNames::Separate { q, k, v } => {
-                vec![
-                    (q, q_rows, 0..q_rows),
-                    (k, kv_rows, 0..kv_rows),
-                    (if a.k_eq_v { k } else { v }, kv_rows, 0..kv_rows),
-                ]
-            }
-            QkvNames::Fused(qkv) => {
-                let total = q_rows + 2 * kv_rows;
-                vec![
-                    (qkv, total, 0..q_rows),
-                    (qkv, total, q_rows..q_rows + kv_rows),
-                    (qkv, total, q_rows + kv_rows..total),
-                ]
-            }
-        };
-        let pieces = &pieces[..if a.shared { 1 } else { 3 }];
-        let parts: Vec<Part> =
-            pieces.iter().map(|(name, total, rows)| Part { name, total: *total, rows: rows.clone() }).collect();
-        let qkv = src.matrix(&parts, d)?;
-        let qkv_bias = if a.bias { Some(biases(src, gpu, pieces)?) } else { None };
-        let (q_norm, k_norm) = match a.qk_norm {
-            Some(off) => {
-                // Over a head, or over the heads of a whole projection.
-                let qk_norm = |src: &mut dyn Source, name: &str, heads: usize| -> Result<CudaSlice<f32>> {
-                    let len = if a.qk_norm_whole { heads * hd } else { hd };
-                    Ok(gpu.upload(&src.vector(&format!("{name}.weight"), len, off)?)?)
-                };
-                let q = qk_norm(src, &names.q_norm, nh)?;
-                (Some(q), if a.shared { None } else { Some(qk_norm(src, &names.k_norm, nkv)?) })
-            }
-            None => (None, None),
+        let names = &l.names;
+        let mixer = match &l.attn.linear {
+            Some(c) => Mixer::DeltaNet(DeltaWeights::load(src, gpu, c, d)?),
+            None => Mixer::Attention(attention_weights(src, gpu, l, d)?),
         };
         let mlp = if l.ffn.dense() {
             Some(mlp_weights(src, gpu, &names.mlp, l.ffn.intermediate, l.ffn.bias, d)?)
         } else {
             None
         };
-        let o = src.matrix(&[Part::whole(&names.o, d)], q_rows)?;
-        let o_bias = if a.o_bias { Some(biases(src, gpu, &[(names.o.as_str(), d, 0..d)])?) } else { None };
         let input = match plan.per_layer_input {
             Some((_, width)) => {
                 bf16_bytes += 2 * width * d;
@@ -485,12 +520,7 @@ fn build(
         let scalar = if plan.layer_scalar { src.vector(&p("layer_scalar"), 1, 0.0)?[0] } else { 1.0 };
         layers.push(LayerWeights {
             input_norm: norm_of(src, &names.input_norm)?,
-            qkv,
-            qkv_bias,
-            q_norm,
-            k_norm,
-            o,
-            o_bias,
+            mixer,
             post_attn_norm: norm_of(src, &names.post_attn_norm)?,
             pre_ffn_norm: norm_of(src, &names.pre_ffn_norm)?,
             mlp,
@@ -522,7 +552,7 @@ fn build(
         .iter()
         .map(|l| {
             let ffn = l.mlp.as_ref().map_or(0, MlpWeights::bytes) + l.moe.as_ref().map_or(0, MoeWeights::bytes);
-            l.qkv.bytes() + l.o.bytes() + ffn
+            l.mixer.bytes() + ffn
         })
         .sum();
     let head = if Arc::ptr_eq(&embed, &lm_head) { 0 } else { lm_head.bytes() };
@@ -530,16 +560,65 @@ fn build(
         .iter()
         .map(|l| {
             let norms = [&l.input_norm, &l.post_attn_norm, &l.pre_ffn_norm, &l.post_ffn_norm];
-            let qk = [&l.q_norm, &l.k_norm].iter().filter_map(|n| n.as_ref()).map(|n| 4 * n.len()).sum::<usize>();
-            let biases = [&l.qkv_bias, &l.o_bias];
             norms.iter().filter_map(|n| n.as_ref()).map(DeviceNorm::bytes).sum::<usize>()
-                + qk
-                + biases.iter().filter_map(|b| b.as_ref()).map(|b| 2 * b.len()).sum::<usize>()
         })
         .sum::<usize>()
         + final_norm.bytes();
     let bytes = matrices + embed.bytes() + head + 2 * bf16_bytes + small;
     Ok(DecoderWeights { embed, layers, final_norm, lm_head, per_layer, bytes })
+}
+
+/// A softmax-attention layer's projections: q rows, then (unless KV-shared) k and v, then for
+/// a gated output each head's gate rows (stored after its q rows, `[q, gate]` per head), fused
+/// into one matrix with their biases; the q/k norms and the output projection.
+fn attention_weights(src: &mut dyn Source, gpu: &Gpu, l: &LayerPlan, d: usize) -> Result<AttentionWeights> {
+    let (a, names) = (&l.attn, &l.names);
+    let (nh, nkv, hd) = (a.params.n_heads, a.params.n_kv_heads, a.params.head_dim);
+    let (q_rows, kv_rows) = (nh * hd, nkv * hd);
+    // A gated layer's q tensor holds each head's q rows, then its gate rows.
+    let q_total = if a.output_gate { 2 * q_rows } else { q_rows };
+    // q's tensor, its rows and where they start in it; then k's and v's.
+    let (q, [k, v]): (Piece, [Piece; 2]) = match &names.qkv {
+        QkvNames::Separate { q, k, v } => {
+            let v = if a.k_eq_v { k } else { v };
+            ((q, q_total, 0..q_total), [(k, kv_rows, 0..kv_rows), (v, kv_rows, 0..kv_rows)])
+        }
+        QkvNames::Fused(qkv) => {
+            let total = q_total + 2 * kv_rows;
+            let end = q_total + kv_rows;
+            ((qkv, total, 0..q_total), [(qkv, total, q_total..end), (qkv, total, end..total)])
+        }
+    };
+    let (q_name, total, q_start) = (q.0, q.1, q.2.start);
+    let head_rows = |part: usize| -> Vec<Piece> {
+        (0..nh).map(|h| (q_name, total, q_start + (2 * h + part) * hd..q_start + (2 * h + part + 1) * hd)).collect()
+    };
+    let mut pieces: Vec<Piece> = if a.output_gate { head_rows(0) } else { vec![q] };
+    if !a.shared {
+        pieces.extend([k, v]);
+    }
+    if a.output_gate {
+        pieces.extend(head_rows(1));
+    }
+    let parts: Vec<Part> =
+        pieces.iter().map(|(name, total, rows)| Part { name, total: *total, rows: rows.clone() }).collect();
+    let qkv = src.matrix(&parts, d)?;
+    let qkv_bias = if a.bias { Some(biases(src, gpu, &pieces)?) } else { None };
+    let (q_norm, k_norm) = match a.qk_norm {
+        Some(off) => {
+            // Over a head, or over the heads of a whole projection.
+            let qk_norm = |src: &mut dyn Source, name: &str, heads: usize| -> Result<CudaSlice<f32>> {
+                let len = if a.qk_norm_whole { heads * hd } else { hd };
+                Ok(gpu.upload(&src.vector(&format!("{name}.weight"), len, off)?)?)
+            };
+            let q = qk_norm(src, &names.q_norm, nh)?;
+            (Some(q), if a.shared { None } else { Some(qk_norm(src, &names.k_norm, nkv)?) })
+        }
+        None => (None, None),
+    };
+    let o = src.matrix(&[Part::whole(&names.o, d)], q_rows)?;
+    let o_bias = if a.o_bias { Some(biases(src, gpu, &[(names.o.as_str(), d, 0..d)])?) } else { None };
+    Ok(AttentionWeights { qkv, qkv_bias, q_norm, k_norm, o, o_bias })
 }
 
 /// The biases of `pieces` (`{name}.bias`, its rows of each), in bf16 as the GEMMs add them.
@@ -602,5 +681,20 @@ fn moe_weights(src: &mut dyn Source, gpu: &Gpu, plan: &MoePlan, layer: usize, d:
             })
         }
     };
-    Ok(MoeWeights { router, gate_up, down, gemma4 })
+    let shared = match &plan.shared {
+        Some(sh) => Some(SharedWeights {
+            mlp: mlp_weights(src, gpu, &sh.mlp, sh.intermediate, false, d)?,
+            gate: match &sh.gate {
+                // A GGUF file may store the `[1, hidden]` gate as a vector.
+                Some(g) => {
+                    let name = format!("{g}.weight");
+                    let v = src.values(&name, &[&[1, d], &[d]])?;
+                    Some(Matrix::Bf16(gpu.upload(&v.into_iter().map(bf16::from_f32).collect::<Vec<_>>())?))
+                }
+                None => None,
+            },
+        }),
+        None => None,
+    };
+    Ok(MoeWeights { router, gate_up, down, gemma4, shared })
 }

@@ -91,15 +91,18 @@ impl GpuLoras {
                 let a = &l.attn;
                 let (q, kv, inter) =
                     (a.params.n_heads * a.params.head_dim, a.params.n_kv_heads * a.params.head_dim, l.ffn.intermediate);
-                let own = !a.shared;
+                // A DeltaNet layer has no q, k, v or o to adapt; a gated output's q rows hold
+                // its gates too, which the device's QKV rows keep apart (no adapter of q).
+                let softmax = a.linear.is_none();
+                let own = softmax && !a.shared;
                 // Whether layer i has a dense MLP (experts in its place take no adapter) and
                 // whether it is gated.
                 let (dense, gated) = (mlp(i).is_some(), mlp(i) == Some(true));
                 [
-                    Some((hidden, q)),
+                    (softmax && !a.output_gate).then_some((hidden, q)),
                     own.then_some((hidden, kv)),
                     (own && !a.k_eq_v).then_some((hidden, kv)),
-                    Some((q, hidden)),
+                    softmax.then_some((q, hidden)),
                     gated.then_some((hidden, inter)),
                     dense.then_some((hidden, inter)),
                     dense.then_some((inter, hidden)),

@@ -7,7 +7,8 @@
 //! steps replay CUDA graphs like dense ones.
 //!
 //! The styles differ only in data: `Sparse` experts (qwen3_moe, mixtral) read the pre-FFN
-//! normed input through the router and replace the dense MLP; Gemma 4's run beside it, with
+//! normed input through the router and replace the dense MLP, with Qwen3-Next's shared expert
+//! beside them (a gated MLP whose output joins theirs times the sigmoid of its gate's logit); Gemma 4's run beside it, with
 //! the router reading the residual unit-RMSNormed times a learned scale (one norm launch),
 //! per-expert scales on the routing weights (a vector the routing kernel multiplies by), their
 //! own input norm, and the normed dense and expert outputs summed.
@@ -19,9 +20,10 @@ use ferrite_runtime::cuda::{CudaSlice, Gpu};
 use ferrite_runtime::{DType, Result as RtResult, Tensor};
 use half::bf16;
 
+use super::decoder_weights::MlpWeights;
 use crate::error::{LoadError, Result};
 use crate::moe::{ExpertLayout, ExpertRows, MoeShape, Projection};
-use crate::plan::{DecoderPlan, ExpertNames, MoePlan, MoeStyle};
+use crate::plan::{DecoderPlan, ExpertNames, MlpNames, MoePlan, MoeStyle};
 use crate::weights::Weights;
 
 /// Gemma 4's extras around its experts.
@@ -36,6 +38,13 @@ pub struct Gemma4Moe {
     pub post_norm: CudaSlice<f32>,
 }
 
+/// A shared expert every token runs through beside the routed ones (Qwen3-Next): a gated MLP
+/// and its optional gate (`[1, hidden]`), whose sigmoid scales its output per token.
+pub struct SharedWeights {
+    pub mlp: MlpWeights,
+    pub gate: Option<Matrix>,
+}
+
 /// A layer's experts on the device.
 pub struct MoeWeights {
     /// `[experts, hidden]`.
@@ -45,6 +54,7 @@ pub struct MoeWeights {
     /// `[experts, hidden, inter]`.
     pub down: ExpertMatrix,
     pub gemma4: Option<Gemma4Moe>,
+    pub shared: Option<SharedWeights>,
 }
 
 impl MoeWeights {
@@ -56,7 +66,8 @@ impl MoeWeights {
                 .map(|v| v.len())
                 .sum::<usize>()
         });
-        self.router.bytes() + self.gate_up.bytes() + self.down.bytes() + extras
+        let shared = self.shared.as_ref().map_or(0, |s| s.mlp.bytes() + s.gate.as_ref().map_or(0, Matrix::bytes));
+        self.router.bytes() + self.gate_up.bytes() + self.down.bytes() + extras + shared
     }
 }
 
@@ -137,6 +148,9 @@ pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
         if !s.intermediate.is_multiple_of(8) {
             return Some(format!("layer {i}: experts {} wide (the CUDA experts need a multiple of 8)", s.intermediate));
         }
+        if m.shared.as_ref().is_some_and(|sh| matches!(sh.mlp, MlpNames::Plain { .. })) {
+            return Some(format!("layer {i}: an ungated shared expert has no CUDA path"));
+        }
     }
     None
 }
@@ -150,6 +164,17 @@ pub struct MoeBuffers {
     sum: CudaSlice<bf16>,
     /// Gemma 4: normed residual rows (router input, then expert input) and the mixed output.
     gemma4: Option<(CudaSlice<bf16>, CudaSlice<bf16>)>,
+    shared: Option<SharedBuffers>,
+}
+
+/// A shared expert's activations: its gate-up rows `[tokens, 2 × inter]` (when the gated
+/// activation does not fuse into the GEMM), the gated activation `[tokens, inter]`, its output
+/// `[tokens, hidden]` and its gate's logits.
+struct SharedBuffers {
+    gate_up: CudaSlice<bf16>,
+    act: CudaSlice<bf16>,
+    out: CudaSlice<bf16>,
+    logits: CudaSlice<f32>,
 }
 
 /// The routing and the per-pair rows (grouped by expert): the gated activation `[pairs,
@@ -179,6 +204,15 @@ impl MoeBuffers {
             },
             sum: bf(tokens * hidden)?,
             gemma4: if gemma4 { Some((bf(tokens * hidden)?, bf(tokens * hidden)?)) } else { None },
+            shared: match moes.iter().filter_map(|m| m.shared.as_ref()).map(|s| s.intermediate).max() {
+                Some(inter) => Some(SharedBuffers {
+                    gate_up: bf(tokens * 2 * inter)?,
+                    act: bf(tokens * inter)?,
+                    out: bf(tokens * hidden)?,
+                    logits: gpu.alloc(tokens)?,
+                }),
+                None => None,
+            },
         }))
     }
 }
@@ -210,8 +244,34 @@ fn run_experts(
     Ok(ops::moe_combine(gpu, &b.out, &b.route, (t, s.hidden), dest)?)
 }
 
+/// `out += sigmoid(gate · x) · shared(x)` per token (the gate's factor 1 without a gate):
+/// the gate-up GEMM with its activation, the down GEMM, the gate's logits and the scaled add.
+#[allow(clippy::too_many_arguments)]
+fn add_shared(
+    gpu: &Gpu,
+    w: &SharedWeights,
+    inter: usize,
+    b: &mut SharedBuffers,
+    x: &CudaSlice<bf16>,
+    out: &mut CudaSlice<bf16>,
+    s: MoeStep,
+    dequant: &mut Option<CudaSlice<bf16>>,
+) -> RtResult<()> {
+    let (t, d) = (s.tokens, s.hidden);
+    w.mlp.gate_up.linear_gated(gpu, s.act, x, &mut b.gate_up, &mut b.act, (t, inter, d), dequant.as_mut())?;
+    w.mlp.down.linear(gpu, &b.act, None, &mut b.out, (t, d, inter), dequant.as_mut())?;
+    match &w.gate {
+        Some(gate) => {
+            gate.linear::<f32>(gpu, x, None, &mut b.logits, (t, 1, d), None)?;
+            ops::add_sigmoid_scaled(gpu, out, &b.out, &b.logits, (t, d))?;
+        }
+        None => ops::residual_add(gpu, &b.out, out, t * d, 1.0)?,
+    }
+    Ok(())
+}
+
 /// Queue a MoE layer of `plan` over `s.tokens` tokens. Sparse: `out = experts(input)` (`input`
-/// is the pre-FFN normed rows). Gemma 4: `out` holds the dense MLP's output and becomes
+/// is the pre-FFN normed rows), plus a shared expert's share. Gemma 4: `out` holds the dense MLP's output and becomes
 /// `post_mlp_norm(out) + post_norm(experts(pre_norm(residual)))`, routed by the residual.
 #[allow(clippy::too_many_arguments)]
 pub fn queue_moe(
@@ -223,13 +283,18 @@ pub fn queue_moe(
     residual: &CudaSlice<bf16>,
     out: &mut CudaSlice<bf16>,
     s: MoeStep,
+    dequant: &mut Option<CudaSlice<bf16>>,
 ) -> RtResult<()> {
     let (t, d, eps) = (s.tokens, s.hidden, s.eps);
     let e = plan.shape.num_experts;
     let (Some(g), Some((normed, mixed))) = (&w.gemma4, m.gemma4.as_mut()) else {
         w.router.linear::<f32>(gpu, input, None, &mut m.logits, (t, e, d), None)?;
         ops::moe_route(gpu, &m.logits, t, plan.renormalize, None, &mut m.experts.route)?;
-        return run_experts(gpu, plan, w, &mut m.experts, input, out, s);
+        run_experts(gpu, plan, w, &mut m.experts, input, out, s)?;
+        if let (Some(sw), Some(sb), Some(sp)) = (&w.shared, m.shared.as_mut(), &plan.shared) {
+            add_shared(gpu, sw, sp.intermediate, sb, input, out, s, dequant)?;
+        }
+        return Ok(());
     };
     ops::rms_norm(gpu, &*out, None, &g.post_mlp_norm, (t, d), eps, 0.0, mixed)?;
     ops::rms_norm(gpu, residual, None, &g.router_norm, (t, d), eps, 0.0, normed)?;

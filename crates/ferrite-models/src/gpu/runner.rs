@@ -80,10 +80,18 @@ pub trait Layers: Send + Sync {
     }
     /// Copy what the family's layers read of `batch` beyond `StepIo`'s inputs into `b`, for a
     /// step of `rows` rows (`batch`'s, padded to a graph bucket with one-token rows): before
-    /// every step, outside any graph, so a replay reads the step's own values. Returns the
+    /// every step, outside any graph, so a replay reads the step's own values (`kv`: the cache
+    /// the step runs on, whose slots a recurrent layer's rows read and write). Returns the
     /// step's variant: steps whose layers queue different work (LoRA launches or none) have
     /// different variants and never share a captured graph.
-    fn upload_step(&self, _gpu: &Gpu, _b: &mut Self::Buffers, _batch: &ForwardBatch, _rows: usize) -> RtResult<u64> {
+    fn upload_step(
+        &self,
+        _gpu: &Gpu,
+        _b: &mut Self::Buffers,
+        _batch: &ForwardBatch,
+        _rows: usize,
+        _kv: &KvCache,
+    ) -> RtResult<u64> {
         Ok(0)
     }
     /// Attach a LoRA adapter under `id` (`CausalLm::attach_lora`).
@@ -430,7 +438,7 @@ impl<L: Layers> GpuModel<L> {
         let from = st.picks;
         let (io, b) = st.ws.as_mut().ok_or_else(no_workspace)?;
         self.upload_inputs(io, batch, kv.block_size(), rows, None, from)?;
-        self.layers.upload_step(&self.gpu, b, batch, rows)?;
+        self.layers.upload_step(&self.gpu, b, batch, rows, kv)?;
         // Decode splits keys as a graph of the same rows would, so both give the same bits.
         let decode = if io.metas[0].max_query <= 1 {
             let decode = Decode { rows, context: context_bucket(io.metas[0].max_context) };
@@ -465,7 +473,7 @@ impl<L: Layers> GpuModel<L> {
         let State { ws, graphs, picks, .. } = st;
         let ws = ws.as_mut().ok_or_else(no_workspace)?;
         self.upload_inputs(&mut ws.0, batch, block_size, bucket, Some(stride), *picks)?;
-        let variant = self.layers.upload_step(&self.gpu, &mut ws.1, batch, bucket)?;
+        let variant = self.layers.upload_step(&self.gpu, &mut ws.1, batch, bucket, kv)?;
         if let Some(graph) = graphs.get(&(bucket, context, variant)) {
             return Ok(graph.replay()?);
         }

@@ -26,7 +26,7 @@ use rayon::prelude::*;
 
 use super::SharedMut;
 use crate::error::{Result, RuntimeError};
-use crate::kv_state::{StatePool, StateRow};
+use crate::kv_state::{check_rows, StatePool, StateRow};
 
 /// The head layout of a gated DeltaNet layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,35 +51,6 @@ impl DeltaShape {
     }
 }
 
-/// Check that every slot exists and that no row writes a slot another row reads or writes,
-/// or one slot twice (parallel workers would race).
-fn check_rows(pool: &StatePool, rows: &[StateRow]) -> Result<()> {
-    let mut written = std::collections::HashSet::new();
-    for row in rows {
-        let mut mine = std::collections::HashSet::new();
-        for &(_, slot) in &row.writes {
-            pool.check(slot)?;
-            if !mine.insert(slot) {
-                return Err(RuntimeError::Shape(format!("a row writes state slot {slot} twice")));
-            }
-            if written.contains(&slot) {
-                return Err(RuntimeError::Shape(format!("state slot {slot} is written by two rows")));
-            }
-        }
-        written.extend(mine);
-    }
-    for (r, row) in rows.iter().enumerate() {
-        if let Some(slot) = row.read {
-            pool.check(slot)?;
-            let own = row.writes.iter().any(|&(_, s)| s == slot);
-            if !own && written.contains(&slot) {
-                return Err(RuntimeError::Shape(format!("row {r} reads state slot {slot}, which another row writes")));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The causal depthwise convolution of each row's tokens of `x` (`[tokens, channels]`), then
 /// SiLU, in place: token `t` of a row becomes `silu(Σ_j w[j] · in[t − (kernel − 1) + j])`,
 /// where the inputs before the row's first token come from its read slot's window (zeros at
@@ -100,7 +71,7 @@ pub fn causal_conv_silu(
             x.len()
         )));
     }
-    check_rows(pool, rows)?;
+    check_rows(pool.slots(), rows)?;
     let keep = kernel - 1;
     for row in rows {
         let n = row.tokens.len();
@@ -152,6 +123,26 @@ pub fn l2_normalize(x: &mut [f32], dim: usize, eps: f32, scale: f32) {
     }
 }
 
+/// The per-token gates of each value head from the projections `b` and `a` (`[tokens,
+/// v_heads]`, `v_heads` the length of `neg_rate` and `dt_bias`): the write strength
+/// `β = sigmoid(b)` and the log decay `g = neg_rate · softplus(a + dt_bias)` (`neg_rate` is
+/// `−exp(A_log)`). Returns `(β, g)`.
+pub fn gates(b: &[f32], a: &[f32], neg_rate: &[f32], dt_bias: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let nv = neg_rate.len().max(1);
+    let beta = b.iter().map(|&x| 1.0 / (1.0 + (-x).exp())).collect();
+    let g = a.iter().enumerate().map(|(i, &x)| neg_rate[i % nv] * softplus(x + dt_bias[i % nv])).collect();
+    (beta, g)
+}
+
+/// `log(1 + exp(x))`, linear above 20 as torch's softplus.
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
 /// The gated delta rule over each row's tokens: `q`, `k` are `[tokens, k_heads · k_dim]`
 /// (normalized), `v` is `[tokens, v_heads · v_dim]`, `g` (log decay, ≤ 0) and `beta` are
 /// `[tokens, v_heads]`; writes `out` (`[tokens, v_heads · v_dim]`). Each row starts from its
@@ -196,7 +187,7 @@ pub fn gated_delta_rule(
             out.len()
         )));
     }
-    check_rows(pool, rows)?;
+    check_rows(pool.slots(), rows)?;
     let per_head = k_dim * v_dim;
     let per_slot = spec.ssm_values();
     // Every read happens before any write in the same task, and no other task writes a slot

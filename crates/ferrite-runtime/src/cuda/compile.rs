@@ -80,7 +80,8 @@ pub(crate) const SOURCES: &[Source] = sources![
     "gemma",
     "moe",
     "lora",
-    "fp8";
+    "fp8",
+    "deltanet";
     quant: "q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k", "mlx4", "mlx8";
     // Formats in `KV_FORMATS` order: bf16, int8, int4, fp8.
     kv: ("paged_attention", "paged_attention", "0"),

@@ -9,6 +9,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::compile::{Image, SOURCES};
 use super::error::{CudaError, CudaResult};
+use super::ops::deltanet::DELTA_K_DIMS;
 use crate::dtype::{DType, MlxScale};
 
 /// Head dims the attention kernels are instantiated for, in the order of their arrays below.
@@ -33,6 +34,9 @@ pub(crate) struct Functions {
     pub silu_inplace: CudaFunction,
     pub gelu_tanh_inplace: CudaFunction,
     pub logit_epilogue: CudaFunction,
+    /// The sigmoid gates of a gated attention output and of a shared expert (`activation.cu`).
+    pub sigmoid_gate_mul: CudaFunction,
+    pub add_sigmoid_scaled: CudaFunction,
     pub write_kv: CudaFunction,
     /// `write_kv_{int8,int4,fp8}`: the KV write into a quantized pool (format index − 1).
     pub write_kv_quant: [CudaFunction; 3],
@@ -81,6 +85,13 @@ pub(crate) struct Functions {
     /// Multi-LoRA's shrink and expand (`lora.cu`).
     pub lora_shrink: CudaFunction,
     pub lora_expand: CudaFunction,
+    /// Gated DeltaNet (`deltanet.cu`); `delta_rule` by `DELTA_K_DIMS`.
+    pub delta_conv: CudaFunction,
+    pub delta_conv_state: CudaFunction,
+    pub delta_qk_norm: CudaFunction,
+    pub delta_gates: CudaFunction,
+    pub delta_rule: [CudaFunction; 3],
+    pub delta_out_norm: CudaFunction,
     /// The kernels of each block-type module, in `QUANT_MODULES` order.
     pub quant: Vec<QuantFunctions>,
 }
@@ -208,6 +219,8 @@ impl Functions {
             silu_inplace: get("activation", "silu_inplace")?,
             gelu_tanh_inplace: get("activation", "gelu_tanh_inplace")?,
             logit_epilogue: get("activation", "logit_epilogue")?,
+            sigmoid_gate_mul: get("activation", "sigmoid_gate_mul")?,
+            add_sigmoid_scaled: get("activation", "add_sigmoid_scaled")?,
             write_kv: get("kv_write", "write_kv")?,
             write_kv_quant: [
                 get("kv_write", "write_kv_int8")?,
@@ -256,6 +269,15 @@ impl Functions {
             moe_bf16: moe("moe_bf16")?,
             lora_shrink: get("lora", "lora_shrink")?,
             lora_expand: get("lora", "lora_expand")?,
+            delta_conv: get("deltanet", "delta_conv")?,
+            delta_conv_state: get("deltanet", "delta_conv_state")?,
+            delta_qk_norm: get("deltanet", "delta_qk_norm")?,
+            delta_gates: get("deltanet", "delta_gates")?,
+            delta_rule: {
+                let [a, b, c] = DELTA_K_DIMS.map(|k| get("deltanet", &format!("delta_rule_k{k}")));
+                [a?, b?, c?]
+            },
+            delta_out_norm: get("deltanet", "delta_out_norm")?,
             quant,
         })
     }

@@ -215,3 +215,17 @@ fn the_conv_matches_the_reference_and_carries_its_window_across_chunks() {
         assert_eq!(pool.conv(read.expect("slot")).expect("slot"), pool.conv(0).expect("slot"));
     }
 }
+
+#[test]
+fn gates_are_sigmoid_and_scaled_softplus() {
+    assert_eq!(softplus(30.0), 30.0);
+    assert!((softplus(0.0) - std::f32::consts::LN_2).abs() < 1e-7);
+    // Two tokens of two heads: head h takes neg_rate[h] and dt_bias[h].
+    let (beta, g) = gates(&[0.0, 2.0, -1.0, 0.5], &[0.0, 1.0, 25.0, -3.0], &[-1.0, -0.5], &[0.0, -1.0]);
+    assert_eq!(beta[0], 0.5);
+    assert!((beta[1] - 1.0 / (1.0 + (-2.0f32).exp())).abs() < 1e-7);
+    assert!((g[0] + std::f32::consts::LN_2).abs() < 1e-7);
+    assert!((g[1] + 0.5 * std::f32::consts::LN_2).abs() < 1e-7);
+    assert_eq!(g[2], -25.0);
+    assert!((g[3] + 0.5 * (-4.0f32).exp().ln_1p()).abs() < 1e-7);
+}

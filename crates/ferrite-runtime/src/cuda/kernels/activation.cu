@@ -40,3 +40,28 @@ extern "C" __global__ void logit_epilogue(float* __restrict__ x, u64 n, float sc
         x[i] = cap > 0.f ? cap * tanhf(v / cap) : v;
     }
 }
+
+// Sigmoid gates (Qwen3-Next, Qwen3.5):
+// - sigmoid_gate_mul: x[t, i] *= sigmoid(gate[t * gate_stride + i]) over [tokens, width] (the
+//   gated attention output, its gates in the fused QKV rows);
+// - add_sigmoid_scaled: out[t, i] += sigmoid(logit[t]) * y[t, i] over [tokens, width] (the
+//   shared expert joining the routed experts' sum).
+extern "C" __global__ void sigmoid_gate_mul(bf16_t* __restrict__ x, const bf16_t* __restrict__ gate, int gate_stride,
+                                            int width, int tokens) {
+    pdl_entry();
+    const size_t n = (size_t)tokens * width;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = i / width, j = i - t * width;
+        x[i] = f2bf(bf2f(x[i]) / (1.f + expf(-bf2f(gate[t * gate_stride + j]))));
+    }
+}
+
+extern "C" __global__ void add_sigmoid_scaled(bf16_t* __restrict__ out, const bf16_t* __restrict__ y,
+                                              const float* __restrict__ logit, int width, int tokens) {
+    pdl_entry();
+    const size_t n = (size_t)tokens * width;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float s = 1.f / (1.f + expf(-logit[i / width]));
+        out[i] = f2bf(bf2f(out[i]) + s * bf2f(y[i]));
+    }
+}

@@ -240,6 +240,51 @@ pub fn activation(gpu: &Gpu, act: GatedActivation, x: &mut impl DevicePtrMut<bf1
     gpu.launch(f, cfg((gpu.grid_for(n, 256), 1, 1), 256, 0), &[&xp, &n64])
 }
 
+/// `x[t, i] *= sigmoid(gate[t · gate_stride + i])` over `[tokens, width]` bf16 values (a
+/// gated attention output, its gates in the fused QKV rows).
+pub fn sigmoid_gate_mul(
+    gpu: &Gpu,
+    x: &mut impl DevicePtrMut<bf16>,
+    gate: &impl DevicePtr<bf16>,
+    (tokens, width, gate_stride): (usize, usize, usize),
+) -> CudaResult<()> {
+    let need = if tokens == 0 { 0 } else { (tokens - 1) * gate_stride + width };
+    check(x.len() >= tokens * width && gate.len() >= need && gate_stride >= width, || {
+        format!("sigmoid gate [{tokens}, {width}] stride {gate_stride}: x {}, gate {}", x.len(), gate.len())
+    })?;
+    if tokens * width == 0 {
+        return Ok(());
+    }
+    let (xp, gp) = (gpu.ptr_mut(x), gpu.ptr(gate));
+    let [gs, w, t] = [gate_stride, width, tokens].map(|v| v as i32);
+    gpu.launch(
+        &gpu.fns.sigmoid_gate_mul,
+        cfg((gpu.grid_for(tokens * width, 256), 1, 1), 256, 0),
+        &[&xp, &gp, &gs, &w, &t],
+    )
+}
+
+/// `out[t, i] += sigmoid(logit[t]) · y[t, i]` over `[tokens, width]` bf16 values (a shared
+/// expert's output joining the routed experts' sum through its gate's logit).
+pub fn add_sigmoid_scaled(
+    gpu: &Gpu,
+    out: &mut impl DevicePtrMut<bf16>,
+    y: &impl DevicePtr<bf16>,
+    logit: &impl DevicePtr<f32>,
+    (tokens, width): (usize, usize),
+) -> CudaResult<()> {
+    let n = tokens * width;
+    check(out.len() >= n && y.len() >= n && logit.len() >= tokens, || {
+        format!("sigmoid-scaled add [{tokens}, {width}]: out {}, y {}, logits {}", out.len(), y.len(), logit.len())
+    })?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (op, yp, lp) = (gpu.ptr_mut(out), gpu.ptr(y), gpu.ptr(logit));
+    let [w, t] = [width, tokens].map(|v| v as i32);
+    gpu.launch(&gpu.fns.add_sigmoid_scaled, cfg((gpu.grid_for(n, 256), 1, 1), 256, 0), &[&op, &yp, &lp, &w, &t])
+}
+
 /// `x = x · scale`, then `cap · tanh(x / cap)` with a `softcap`, over the first `n` f32 values:
 /// the logits' multiplier (granite's `1 / logits_scaling`) and final softcap (Gemma 2+).
 pub fn scale_softcap(

@@ -1,6 +1,7 @@
 //! The CUDA op set: plain functions over device buffers, one per CPU op they mirror.
 
 pub mod attention;
+pub mod deltanet;
 pub mod elementwise;
 pub mod fp8;
 pub mod gemma;
@@ -13,9 +14,13 @@ pub mod quant;
 pub mod sampling;
 
 pub use attention::{attention, decode_attention_rope, AttentionMeta, DecodePlan, DecodeScratch};
+pub use deltanet::{
+    delta_conv, delta_gates, delta_out_norm, delta_qk_norm, delta_rule, DeviceStatePool, StateTable,
+    DELTA_MAX_CONV_KERNEL, DELTA_MAX_K_DIM,
+};
 pub use elementwise::{
-    activation, copy, embedding, gated_activation, linear, linear_gated, random_uniform, rope, rope_per_token,
-    scale_softcap, GatedActivation, RopeShape, TableElement,
+    activation, add_sigmoid_scaled, copy, embedding, gated_activation, linear, linear_gated, random_uniform, rope,
+    rope_per_token, scale_softcap, sigmoid_gate_mul, GatedActivation, RopeShape, TableElement,
 };
 pub use fp8::{fp8_embedding, fp8_linear, fp8_linear_gated, Fp8Matrix};
 pub use gemma::{per_layer_inputs, qkv_norm, PerLayerShape, QkvHeads};

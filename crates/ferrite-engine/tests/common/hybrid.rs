@@ -1,0 +1,294 @@
+//! Engine invariants on the hybrid linear-attention fixtures (`scripts/goldens/
+//! make_hybrid_models.py`), whose DeltaNet layers keep a recurrent state per sequence, on
+//! either executor (`hybrid_invariants` runs them on the CPU, `cuda_hybrid` on the GPU):
+//! chunked prefill equals whole prefill, a prefix hit (served from a state snapshot) equals a
+//! cold run, speculative decoding and fill (verify rows rolled back to the accepted length
+//! from their per-token states) equal plain decoding at temperature 0, batched equals alone,
+//! preempted equals uninterrupted, and no state slot or block leaks.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use ferrite_engine::{EngineConfig, EngineCore, FillMode, Request, RequestParams, Speculation};
+use ferrite_models::model::CausalLm;
+use ferrite_models::LoadOptions;
+use ferrite_runtime::cuda::DeviceChoice;
+use rand::{Rng, SeedableRng};
+use tokio::sync::mpsc::unbounded_channel;
+
+use super::*;
+
+/// Each fixture, and a token whose repetition makes it repeat that token forever (so prompt
+/// lookups propose tokens it accepts; found by probing its greedy outputs).
+const HYBRIDS: &[(&str, u32)] = &[("qwen3.5", 7), ("qwen3-next", 160)];
+
+/// Fixture `name` on `device`, and its prompts.
+fn fixture(name: &str, device: DeviceChoice) -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
+    let dir = fixture_dir(name);
+    let m = ferrite_models::load_on(&dir, device).unwrap_or_else(|e| panic!("load {name}: {e}")).model;
+    let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
+    let reference: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let prompts = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();
+    (m, prompts)
+}
+
+/// Blocks of 4 and a state snapshot at every block (the default stride would keep one only
+/// every ~20 blocks of these tiny models, whose state is large beside their one attention layer).
+fn cfg() -> EngineConfig {
+    EngineConfig { block_size: 4, state_snapshot_interval: Some(4), ..EngineConfig::default() }
+}
+
+fn random_prompt(rng: &mut impl Rng, len: usize, vocab: usize) -> Vec<u32> {
+    (0..len).map(|_| rng.random_range(1..vocab as u32)).collect()
+}
+
+fn assert_no_leak(core: &EngineCore, what: &str) {
+    let (free, total) = core.kv_manager().free_blocks();
+    assert_eq!(free, total, "{what}: blocks or state slots leaked");
+    core.kv_manager().check_invariants().expect("invariants");
+}
+
+pub fn chunked_prefill_equals_whole_prefill(device: DeviceChoice) {
+    for &(name, _) in HYBRIDS {
+        let (m, prompts) = fixture(name, device);
+        let prompt = prompts[2].clone();
+        let whole = alone(&m, EngineConfig { max_num_batched_tokens: 4096, ..cfg() }, prompt.clone(), greedy(20));
+        for chunk in [1, 3, 7, 16, 39] {
+            for block in [1, 4, 16] {
+                for interval in [None, Some(block)] {
+                    let c = EngineConfig {
+                        max_num_batched_tokens: chunk,
+                        block_size: block,
+                        state_snapshot_interval: interval,
+                        ..EngineConfig::default()
+                    };
+                    assert_eq!(
+                        alone(&m, c, prompt.clone(), greedy(20)),
+                        whole,
+                        "{name}: chunk {chunk} block {block} snapshots {interval:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A prompt sharing 33 of the 40 tokens of one run before: served from the snapshot at the
+/// longest cached boundary, every 4 positions (32 cached) or every 12 (24), equal to cold.
+pub fn prefix_hit_equals_cold_run(device: DeviceChoice) {
+    for &(name, _) in HYBRIDS {
+        let (m, prompts) = fixture(name, device);
+        let base = prompts[2].clone();
+        let mut other = base[..33].to_vec();
+        other.extend([5, 6, 7]);
+        let cold = alone(&m, EngineConfig { prefix_cache: false, ..cfg() }, other.clone(), greedy(12));
+        for (interval, want_cached) in [(4, 32), (12, 24)] {
+            let mut c = core(&m, EngineConfig { state_snapshot_interval: Some(interval), ..cfg() });
+            let mut rx = add(&mut c, 1, base.clone(), greedy(5));
+            run_to_end(&mut c);
+            collect(&mut rx, 1);
+            let mut rx = add(&mut c, 2, other.clone(), greedy(12));
+            run_to_end(&mut c);
+            let (mut cached, mut toks) = (0, Vec::new());
+            while let Ok(o) = rx.try_recv() {
+                toks.extend(o.token_ids);
+                if let Some(f) = o.finished {
+                    cached = f.usage.cached_tokens;
+                }
+            }
+            assert_eq!(cached, want_cached, "{name}: snapshots every {interval}");
+            assert_eq!(vec![toks], cold, "{name}: snapshots every {interval}");
+            assert_no_leak(&c, name);
+        }
+    }
+}
+
+pub fn batched_equals_alone(device: DeviceChoice) {
+    for &(name, _) in HYBRIDS {
+        let (m, _) = fixture(name, device);
+        let vocab = m.config().vocab_size;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let reqs: Vec<(Vec<u32>, RequestParams)> = (0..12)
+            .map(|i| {
+                let len = rng.random_range(1..60);
+                let prompt = random_prompt(&mut rng, len, vocab);
+                let n = rng.random_range(1..24);
+                (prompt, if i % 2 == 0 { greedy(n) } else { seeded(n, i, 0.8) })
+            })
+            .collect();
+        let c = EngineConfig { max_num_batched_tokens: 37, ..cfg() };
+        let mut core = core(&m, c.clone());
+        let mut rxs: Vec<_> =
+            reqs.iter().enumerate().map(|(i, (p, pr))| add(&mut core, i as u64, p.clone(), pr.clone())).collect();
+        run_to_end(&mut core);
+        for (i, (p, pr)) in reqs.iter().enumerate() {
+            assert_eq!(collect(&mut rxs[i], 1), alone(&m, c.clone(), p.clone(), pr.clone()), "{name}: request {i}");
+        }
+        assert_no_leak(&core, name);
+    }
+}
+
+/// The fixture's prompts, prompts that repeat themselves (so lookups propose), a run of the
+/// token the model then repeats (lookups right: whole spans accepted) and that run broken by
+/// another token (lookups partly right), and a choice of n = 2.
+fn spec_requests(prompts: &[Vec<u32>], attractor: u32) -> Vec<(Vec<u32>, RequestParams)> {
+    let mut reqs: Vec<_> = prompts.iter().map(|p| (p.clone(), greedy(24))).collect();
+    reqs.push(([10, 11, 12, 13, 14, 15].repeat(4), greedy(24)));
+    reqs.push(((0..30).map(|i| 40 + (i * 7) % 23).collect(), greedy(24)));
+    let run = vec![attractor; 30];
+    reqs.push((run.clone(), greedy(24)));
+    let (a, b) = (attractor, attractor + 2);
+    reqs.push(([run, vec![b, a, a, a, b, a, a]].concat(), greedy(24)));
+    reqs.push((prompts[2].clone(), RequestParams { n: 2, ..greedy(12) }));
+    reqs
+}
+
+pub fn speculation_and_fill_equal_plain_decoding_at_temperature_0(device: DeviceChoice) {
+    for &(name, attractor) in HYBRIDS {
+        let (m, prompts) = fixture(name, device);
+        let reqs = spec_requests(&prompts, attractor);
+        let plain: Vec<_> = reqs.iter().map(|(p, pr)| alone(&m, cfg(), p.clone(), pr.clone())).collect();
+        let echo: Vec<_> = reqs
+            .iter()
+            .map(|(p, pr)| (p.clone(), RequestParams { fill: Some(FillMode::Echo), ..pr.clone() }))
+            .collect();
+        let spec = |speculation, k| EngineConfig { speculation, num_draft_tokens: k, ..cfg() };
+        // The model cut to its first three layers (linear, linear, full): a draft with its own
+        // recurrent state that often disagrees.
+        let weak = ferrite_models::load_with(
+            &fixture_dir(name),
+            device,
+            &LoadOptions { max_layers: Some(3), ..Default::default() },
+        )
+        .expect("weak draft")
+        .model;
+        let methods = [
+            ("ngram k=3", spec(Speculation::Ngram, 3), &reqs),
+            ("ngram k=1", spec(Speculation::Ngram, 1), &reqs),
+            ("echo", cfg(), &echo),
+            ("self draft", spec(Speculation::Draft(m.clone()), 4), &reqs),
+            ("weak draft", spec(Speculation::Draft(weak.clone()), 3), &reqs),
+            ("weak draft + echo", spec(Speculation::Draft(weak), 2), &echo),
+        ];
+        for (method, c, reqs) in methods {
+            for (i, (p, pr)) in reqs.iter().enumerate() {
+                assert_eq!(alone(&m, c.clone(), p.clone(), pr.clone()), plain[i], "{name} {method}: request {i} alone");
+            }
+            let mut core = core(&m, c.clone());
+            for round in 0..2 {
+                let mut rxs: Vec<_> = (reqs.iter().enumerate())
+                    .map(|(i, (p, pr))| add(&mut core, (round * 100 + i) as u64, p.clone(), pr.clone()))
+                    .collect();
+                run_to_end(&mut core);
+                for (i, rx) in rxs.iter_mut().enumerate() {
+                    assert_eq!(collect(rx, reqs[i].1.n), plain[i], "{name} {method}: request {i}, round {round}");
+                }
+            }
+            assert_no_leak(&core, name);
+            assert!(core.metrics().prefix_hit_rate() > 0.0, "{name} {method}: no prefix hit");
+            let metrics = core.metrics();
+            let (proposed, accepted) =
+                (metrics.verify_proposed_tokens.load(Relaxed), metrics.verify_accepted_tokens.load(Relaxed));
+            if method != "echo" {
+                assert!(accepted > 0, "{name} {method}: {accepted} of {proposed} proposed tokens accepted");
+            }
+            // Lookups here are right or absent (the random model copies only its attractor run);
+            // the weak draft is often wrong, so its rejected tails are rolled back.
+            match method {
+                "self draft" => {
+                    assert_eq!(accepted, proposed, "{name}: its own draft is always right at temperature 0")
+                }
+                m if m.starts_with("weak") => {
+                    assert!(accepted < proposed, "{name} {method}: no rejection, so no rollback was tested")
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+pub fn preemption_equals_uninterrupted(device: DeviceChoice) {
+    for &(name, _) in HYBRIDS {
+        let (m, _) = fixture(name, device);
+        let vocab = m.config().vocab_size;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let reqs: Vec<_> =
+            (0..6).map(|i| (random_prompt(&mut rng, 20 + i, vocab), seeded(30, i as u64, 1.0))).collect();
+        // 24 blocks of 4 positions for six requests of up to 60.
+        let layout = m.kv_layout();
+        let bytes = layout.block_bytes(4);
+        let stride = cfg().snapshot_stride(&layout, &bytes);
+        let g = layout.recurrent_group().expect("recurrent");
+        let per_block: usize = bytes.iter().enumerate().map(|(i, &b)| if i == g { b / stride } else { b }).sum();
+        let c = EngineConfig { kv_cache_memory: Some(24 * per_block), ..cfg() };
+        let mut core = core(&m, c);
+        let mut rxs: Vec<_> =
+            reqs.iter().enumerate().map(|(i, (p, pr))| add(&mut core, i as u64, p.clone(), pr.clone())).collect();
+        while core.has_work() {
+            core.step().expect("step");
+            core.check_kv_invariants().expect("invariants");
+        }
+        assert!(core.metrics().preemptions.load(Relaxed) > 0, "{name}: the tiny pool forced no preemption");
+        for (i, (p, pr)) in reqs.iter().enumerate() {
+            assert_eq!(collect(&mut rxs[i], 1), alone(&m, cfg(), p.clone(), pr.clone()), "{name}: request {i}");
+        }
+        assert_no_leak(&core, name);
+    }
+}
+
+pub fn n_choices_are_reproducible(device: DeviceChoice) {
+    for &(name, _) in HYBRIDS {
+        let (m, prompts) = fixture(name, device);
+        let params = RequestParams { n: 3, ..seeded(12, 1234, 1.0) };
+        let a = alone(&m, cfg(), prompts[2].clone(), params.clone());
+        assert_eq!(a, alone(&m, cfg(), prompts[2].clone(), params.clone()));
+        assert!(a.iter().any(|c| c != &a[0]), "{name}: three seeded choices were all identical");
+        assert_eq!(a[0], alone(&m, cfg(), prompts[2].clone(), RequestParams { n: 1, ..params })[0]);
+    }
+}
+
+pub fn random_arrivals_and_aborts_leak_nothing(device: DeviceChoice) {
+    for &(name, _) in HYBRIDS {
+        let (m, _) = fixture(name, device);
+        let vocab = m.config().vocab_size;
+        let c = EngineConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 48,
+            max_model_len: Some(128),
+            speculation: Speculation::Ngram,
+            num_draft_tokens: 3,
+            ..cfg()
+        };
+        let mut core = core(&m, c);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(99);
+        let (mut live, mut added) = (Vec::new(), 0u64);
+        while added < 300 || core.has_work() {
+            for _ in 0..rng.random_range(0..3) {
+                if added >= 300 {
+                    break;
+                }
+                let len = rng.random_range(1..40);
+                let prompt = random_prompt(&mut rng, len, vocab);
+                let params = RequestParams { n: rng.random_range(1..3), ..seeded(rng.random_range(1..20), added, 0.0) };
+                let (tx, rx) = unbounded_channel();
+                core.add_request(added, Request { prompt, params }, tx).expect("valid");
+                live.push((added, rx, rng.random_bool(0.2)));
+                added += 1;
+            }
+            core.step().expect("step");
+            core.check_kv_invariants().expect("invariants");
+            live.retain_mut(|(id, rx, abort)| {
+                let mut open = true;
+                while let Ok(o) = rx.try_recv() {
+                    open &= o.finished.is_none();
+                }
+                if open && *abort && rng.random_bool(0.3) {
+                    core.abort(*id);
+                    return false;
+                }
+                open
+            });
+        }
+        assert_no_leak(&core, name);
+    }
+}

@@ -1,0 +1,62 @@
+//! The hybrid linear-attention fixtures (qwen3_5, qwen3_next: gated DeltaNet layers with their
+//! recurrent state in the device KV cache, gated attention outputs, Qwen3-Next's shared
+//! expert) on the GPU, gated by `FERRITE_TEST_CUDA=1`: the engine invariants of
+//! `common::hybrid` (chunked prefill == whole, prefix hit == cold, speculative decoding and
+//! fill == plain at temperature 0, batched == alone, preempted == uninterrupted, no leak) with
+//! the model on CUDA device 0. (`cuda_goldens` compares their logits and greedy tokens with the
+//! CPU's and transformers', and graph replay with eager decode.)
+
+mod common;
+
+use common::hybrid;
+use common::model::cuda_enabled;
+use ferrite_runtime::cuda::DeviceChoice;
+
+#[test]
+fn cuda_hybrid_chunked_prefill_equals_whole_prefill() {
+    if cuda_enabled("cuda_hybrid_chunked_prefill_equals_whole_prefill") {
+        hybrid::chunked_prefill_equals_whole_prefill(DeviceChoice::Cuda(0));
+    }
+}
+
+#[test]
+fn cuda_hybrid_prefix_hit_equals_cold_run() {
+    if cuda_enabled("cuda_hybrid_prefix_hit_equals_cold_run") {
+        hybrid::prefix_hit_equals_cold_run(DeviceChoice::Cuda(0));
+    }
+}
+
+#[test]
+fn cuda_hybrid_batched_equals_alone() {
+    if cuda_enabled("cuda_hybrid_batched_equals_alone") {
+        hybrid::batched_equals_alone(DeviceChoice::Cuda(0));
+    }
+}
+
+#[test]
+fn cuda_hybrid_speculation_and_fill_equal_plain_decoding_at_temperature_0() {
+    if cuda_enabled("cuda_hybrid_speculation_and_fill_equal_plain_decoding_at_temperature_0") {
+        hybrid::speculation_and_fill_equal_plain_decoding_at_temperature_0(DeviceChoice::Cuda(0));
+    }
+}
+
+#[test]
+fn cuda_hybrid_preemption_equals_uninterrupted() {
+    if cuda_enabled("cuda_hybrid_preemption_equals_uninterrupted") {
+        hybrid::preemption_equals_uninterrupted(DeviceChoice::Cuda(0));
+    }
+}
+
+#[test]
+fn cuda_hybrid_n_choices_are_reproducible() {
+    if cuda_enabled("cuda_hybrid_n_choices_are_reproducible") {
+        hybrid::n_choices_are_reproducible(DeviceChoice::Cuda(0));
+    }
+}
+
+#[test]
+fn cuda_hybrid_random_arrivals_and_aborts_leak_nothing() {
+    if cuda_enabled("cuda_hybrid_random_arrivals_and_aborts_leak_nothing") {
+        hybrid::random_arrivals_and_aborts_leak_nothing(DeviceChoice::Cuda(0));
+    }
+}
