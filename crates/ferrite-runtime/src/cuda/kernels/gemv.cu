@@ -162,10 +162,11 @@ __device__ __forceinline__ void fp8_gemv(const bf16_t* __restrict__ x, const uns
         float sa[GEMV_ROWS], sb[GEMV_ROWS];
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) {
+            // One scale a row (ncb == 1, the per-channel matrices) needs no division.
             wa[r] = wr[r][c];
-            sa[r] = sr[r][c / cb16];
+            sa[r] = sr[r][ncb == 1 ? 0 : c / cb16];
             wb[r] = two ? wr[r][c2] : zero;
-            sb[r] = two ? sr[r][c2 / cb16] : 0.f;
+            sb[r] = two ? sr[r][ncb == 1 ? 0 : c2 / cb16] : 0.f;
         }
 #pragma unroll
         for (int i = 0; i < M; i++) {
