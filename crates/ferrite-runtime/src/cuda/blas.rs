@@ -152,6 +152,10 @@ impl Blas {
                 let outer = sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as u32;
                 set_desc(desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
                 set_desc(desc, D::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
+                // Hopper's fast FP8 accumulation: the products' f32 sums are not promoted
+                // every few k-steps (rel. error 2.1e-3 against 1.7e-3 measured on an H100 at
+                // k = 4096, far under the per-token e4m3 rounding of x).
+                set_desc(desc, D::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &1i8)?;
                 // The heuristic refuses scaled inputs without scale pointers (each call sets
                 // its own): any device address stands in.
                 let stand_in = self.workspace.device_ptr(&self.stream).0;
