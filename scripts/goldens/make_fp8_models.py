@@ -23,6 +23,10 @@ Checkpoint layouts written (each module: `weight` F8_E4M3 `[out, in]` plus its s
                       make partial blocks)
   fp8-qwen2-channel   qwen2 (q/k/v biases, kept in float32), compressed-tensors channel
 
+reference.json also holds `w8a8_logits`: the same prompts' logits with every quantized linear's input
+quantized as ferrite's FP8 GEMM does for many-token steps (per token: scale max|x| / 448, codes
+`float8_e4m3fn` rounded to nearest even, then `codes · scale`), the reference of the GPU's prefill.
+
 Everything else follows make_tiny_models.py (llama dims of make_mlx_models.py: vocab 307, hidden 128,
 intermediate 256, 2 layers, 4 heads of 32, 2 KV heads, untied): the same prompts, logits of every
 prompt position, 32 greedy tokens, f32, eager attention, the seed search with MIN_MARGIN 0.05.
@@ -140,10 +144,30 @@ def quantization_config(strategy: str, layout: str) -> dict:
     }
 
 
+def per_token_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """x quantized per token to e4m3 (scale max|x| / 448, 1 for a zero row) and back."""
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    s = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    return (x / s).to(torch.float8_e4m3fn).float() * s
+
+
+@torch.no_grad()
+def w8a8_logits(d: Path, prompts) -> list:
+    """Prompt logits of the saved float model with each decoder linear's input per-token e4m3."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    for path, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and path.startswith("model.layers."):
+            mod.register_forward_pre_hook(lambda _m, args: (per_token_e4m3(args[0]),))
+    return [[make_tiny_models.r6list(row) for row in model(torch.tensor([p])).logits[0]] for p in prompts]
+
+
 def write_fp8_fixture(name, config, base_seed, strategy, layout, prompts):
     stash: dict = {}
     summary = write_fixture(name, config, base_seed, prompts, GENERATOR, init=quantizing_init(strategy, stash))
     d = OUT_DIR / name
+    quantized_inputs = w8a8_logits(d, prompts)
     floats = load_file(d / "model.safetensors")
     scale_name = "weight_scale_inv" if layout == "hf" else "weight_scale"
     out = {}
@@ -168,6 +192,7 @@ def write_fp8_fixture(name, config, base_seed, strategy, layout, prompts):
     (d / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     ref = json.loads((d / "reference.json").read_text())
     ref["meta"]["fp8"] = {"strategy": strategy, "layout": layout, "tool": "compressed-tensors 0.20.1"}
+    ref["w8a8_logits"] = quantized_inputs
     (d / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
     for f in d.iterdir():
         f.chmod(0o644)

@@ -403,7 +403,9 @@ impl<L: Layers> GpuModel<L> {
         host.extend(batch.logits_indices.iter().map(|&i| i as u32));
         host.extend((batch.num_tokens()..tokens).map(|i| i as u32));
         gpu.upload_into(&host, &mut io.inputs)?;
-        for (group, meta) in io.metas.iter_mut().enumerate() {
+        // A recurrent group's tables name state slots, not the positions' KV blocks.
+        let recurrent = self.layers.layout().recurrent_group();
+        for (group, meta) in io.metas.iter_mut().enumerate().filter(|(g, _)| Some(*g) != recurrent) {
             meta.update(gpu, batch, group, block_size, rows, stride)?;
         }
         if carried.is_empty() {
