@@ -9,10 +9,11 @@
 //! fixtures: KV-shared layers with per-layer inputs, `attention_k_eq_v` with a double-wide
 //! MLP, the MoE block; the mixtures of experts qwen3_moe and mixtral; the hybrids qwen3_5 and
 //! qwen3_next: gated DeltaNet layers with their state in the device KV cache, gated attention
-//! outputs, Qwen3-Next's experts with a shared expert), the MLX
+//! outputs, Qwen3-Next's experts with a shared expert — their GPU executor built directly, as
+//! loading refuses them on CUDA while `cuda_hybrid`'s engine invariants fail there), the MLX
 //! affine-quantized fixtures (4- and 8-bit groups read by the quantized kernels, bf16/f16/f32
 //! scales, per-module overrides, a quantized tied embedding as the head), the six roster
-//! families, the two MoE families and the two hybrids also from their GGUF (llama.cpp's tensor names and
+//! families and the two MoE families also from their GGUF (llama.cpp's tensor names and
 //! layouts; stacked experts in f32 and Q8_0), gated by `FERRITE_TEST_CUDA=1` (skipped
 //! elsewhere). The Gemma fixtures' sliding window is 8 tokens, so every prompt here but the
 //! shortest is longer than the window. (`cuda_model` covers the llama fixtures.)
@@ -31,8 +32,8 @@
 //! - step handles: decode steps queued back to back, their ids carried on the device and
 //!   their handles resolved newest first, equal resolving each step at once, bit for bit;
 //! - engine invariants on the GPU (gemma4 with KV-shared layers and per-layer inputs, the
-//!   MoE fixtures and the hybrids): batched == alone, and prefix hit == cold (`cuda_hybrid`
-//!   runs the hybrids through the rest of the engine invariants).
+//!   MoE fixtures): batched == alone, and prefix hit == cold (`cuda_hybrid` runs the hybrids
+//!   through the engine invariants).
 //!
 //! - the FP8 checkpoints (`make_fp8_models.py`: compressed-tensors' channel and tensor scales,
 //!   transformers' 128×128 blocks, qwen2 with biases) and the llama fixture quantized at load
@@ -87,7 +88,7 @@ const FIXTURES: [&str; 23] = [
 ];
 /// The fixtures whose directory also holds GGUF files llama.cpp's converter writes, and the
 /// file: f32 tensors (the experts stacked per projection, `ffn_*_exps`) or Q8_0 blocks.
-const GGUF_FIXTURES: [(&str, &str); 11] = [
+const GGUF_FIXTURES: [(&str, &str); 9] = [
     ("phi3", "model.gguf"),
     ("olmo2", "model.gguf"),
     ("glm4", "model.gguf"),
@@ -97,9 +98,9 @@ const GGUF_FIXTURES: [(&str, &str); 11] = [
     ("qwen3-moe", "model.gguf"),
     ("mixtral", "model.gguf"),
     ("mixtral", "model-q8_0.gguf"),
-    ("qwen3.5", "model.gguf"),
-    ("qwen3-next", "model.gguf"),
 ];
+/// The hybrid linear-attention fixtures.
+const HYBRIDS: [&str; 2] = ["qwen3.5", "qwen3-next"];
 /// The mixtures of experts (Qwen3-Next's with a shared expert beside them).
 const MOE_FIXTURES: [&str; 4] = ["gemma4-moe", "qwen3-moe", "mixtral", "qwen3-next"];
 /// (MoE fixture, prompt length) where some token's k-th and (k+1)-th router probabilities lie
@@ -149,8 +150,12 @@ fn load_pair(name: &str, gguf: Option<&str>) -> (Arc<dyn CausalLm>, Arc<dyn Caus
     let dir = fixture_dir(name);
     let path = gguf.map_or(dir.clone(), |file| dir.join(file));
     let cpu = ferrite_models::load_on(&path, DeviceChoice::Cpu).unwrap_or_else(|e| panic!("cpu {name}: {e}")).model;
-    let gpu =
-        ferrite_models::load_on(&path, DeviceChoice::Cuda(0)).unwrap_or_else(|e| panic!("cuda {name}: {e}")).model;
+    // The hybrids' GPU executor is built directly: loading refuses it on CUDA until the engine
+    // invariants hold there (`cuda_hybrid`).
+    let gpu: Arc<dyn CausalLm> = match gguf {
+        None if HYBRIDS.contains(&name) => Arc::new(gpu_decoder(name)),
+        _ => ferrite_models::load_on(&path, DeviceChoice::Cuda(0)).unwrap_or_else(|e| panic!("cuda {name}: {e}")).model,
+    };
     let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
     (cpu, gpu, serde_json::from_str(&text).expect("json"))
 }
@@ -493,7 +498,7 @@ fn cuda_goldens_engine_batched_and_prefix() {
         prefix_cache: false,
         ..EngineConfig::default()
     };
-    for name in ["gemma4-shared-ple", "gemma4-moe", "qwen3-moe", "mixtral", "qwen3.5", "qwen3-next"] {
+    for name in ["gemma4-shared-ple", "gemma4-moe", "qwen3-moe", "mixtral"] {
         engine_batched_equals_alone(name, &cfg);
     }
     let (cpu, gpu, _) = load_pair("gemma4-shared-ple", None);

@@ -25,7 +25,14 @@ const HYBRIDS: &[(&str, u32)] = &[("qwen3.5", 7), ("qwen3-next", 160)];
 /// Fixture `name` on `device`, and its prompts.
 fn fixture(name: &str, device: DeviceChoice) -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
     let dir = fixture_dir(name);
-    let m = ferrite_models::load_on(&dir, device).unwrap_or_else(|e| panic!("load {name}: {e}")).model;
+    // The GPU executor built directly: loading refuses hybrids on CUDA until these invariants
+    // hold there (`gpu::refused`).
+    let m: Arc<dyn CausalLm> = match device {
+        DeviceChoice::Cuda(ordinal) => {
+            Arc::new(ferrite_models::load::gpu_decoder(&dir, ordinal).unwrap_or_else(|e| panic!("cuda {name}: {e}")))
+        }
+        _ => ferrite_models::load_on(&dir, device).unwrap_or_else(|e| panic!("load {name}: {e}")).model,
+    };
     let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
     let reference: serde_json::Value = serde_json::from_str(&text).expect("json");
     let prompts = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();

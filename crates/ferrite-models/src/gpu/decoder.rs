@@ -61,6 +61,21 @@ pub struct DecoderLayers {
     loras: GpuLoras,
 }
 
+/// Why loading does not put `plan` on a GPU, if it does not: the executor cannot build it
+/// (`unsupported`), or builds it but has not passed the engine's invariants with it there —
+/// the hybrids' gated DeltaNet layers, whose kernels match the CPU but whose engine runs on an
+/// H100 gave a row batched other tokens than alone (`cuda_hybrid`, 2026-12-06).
+pub fn refused(plan: &DecoderPlan) -> Option<String> {
+    unsupported(plan).or_else(|| {
+        plan.layers.iter().position(|l| l.attn.linear.is_some()).map(|i| {
+            format!(
+                "layer {i}: gated DeltaNet (qwen3_5, qwen3_next) on CUDA does not yet pass the engine's \
+                 batched == alone check"
+            )
+        })
+    })
+}
+
 /// Why `plan` cannot run on the CUDA executor, if it cannot.
 pub fn unsupported(plan: &DecoderPlan) -> Option<String> {
     if !plan.causal() {
@@ -569,10 +584,13 @@ mod tests {
         for name in ["qwen3-moe", "mixtral", "gemma4-moe"] {
             assert_eq!(unsupported(&fixture_plan(name)), None, "{name}");
         }
-        // Hybrids: gated DeltaNet, gated attention outputs, Qwen3-Next's shared expert.
+        // Hybrids: gated DeltaNet, gated attention outputs, Qwen3-Next's shared expert — built,
+        // but not loaded onto a GPU yet.
         for name in ["qwen3.5", "qwen3-next"] {
             assert_eq!(unsupported(&fixture_plan(name)), None, "{name}");
+            assert!(refused(&fixture_plan(name)).is_some_and(|why| why.contains("batched == alone")), "{name}");
         }
+        assert_eq!(refused(&fixture_plan("mixtral")), None);
     }
 
     /// A DeltaNet layer wider than the kernels' registers is refused, saying why.
