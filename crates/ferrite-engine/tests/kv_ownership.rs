@@ -9,20 +9,12 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use common::*;
 use ferrite_engine::{EngineConfig, RequestParams, Speculation};
-use ferrite_models::LoadOptions;
-use ferrite_runtime::cuda::DeviceChoice;
 
 #[test]
 fn every_block_is_counted_by_its_holders_and_an_abort_returns_them() {
     let (m, reference) = load_fixture("llama");
     let prompts: Vec<Vec<u32>> = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();
-    let draft = ferrite_models::load_with(
-        &fixture_dir("llama"),
-        DeviceChoice::Cpu,
-        &LoadOptions { max_layers: Some(1), ..Default::default() },
-    )
-    .expect("load draft")
-    .model;
+    let draft = first_layers("llama", 1);
     let block_bytes: usize = m.kv_layout().block_bytes(4).iter().sum();
     let cfg = EngineConfig {
         block_size: 4,

@@ -12,8 +12,6 @@ use std::sync::Arc;
 use common::*;
 use ferrite_engine::{EngineConfig, EngineCore, FillMode, RequestParams, Speculation};
 use ferrite_models::model::CausalLm;
-use ferrite_models::LoadOptions;
-use ferrite_runtime::cuda::DeviceChoice;
 use ferrite_runtime::{KvDtype, KvScheme};
 use rand::{Rng, SeedableRng};
 
@@ -114,13 +112,7 @@ fn int8_speculation_and_fill_equal_plain_decoding() {
     let plain: Vec<_> = reqs.iter().map(|(p, pr)| alone(&m, cfg(), p.clone(), pr.clone())).collect();
     let echo: Vec<_> =
         reqs.iter().map(|(p, pr)| (p.clone(), RequestParams { fill: Some(FillMode::Echo), ..pr.clone() })).collect();
-    let weak = ferrite_models::load_with(
-        &fixture_dir("llama"),
-        DeviceChoice::Cpu,
-        &LoadOptions { max_layers: Some(1), ..Default::default() },
-    )
-    .expect("load")
-    .model;
+    let weak = first_layers("llama", 1);
     let methods = [
         ("ngram", EngineConfig { speculation: Speculation::Ngram, num_draft_tokens: 3, ..cfg() }, &reqs),
         ("fill echo", cfg(), &echo),

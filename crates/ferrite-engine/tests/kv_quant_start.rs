@@ -17,9 +17,7 @@ use common::*;
 use ferrite_engine::kv::disk::DiskConfig;
 use ferrite_engine::{EngineConfig, EngineCore, FillMode, KvPrecision, RequestParams, Speculation};
 use ferrite_models::model::{CausalLm, Pending, Want};
-use ferrite_models::LoadOptions;
 use ferrite_runtime::batch::RowLogits;
-use ferrite_runtime::cuda::DeviceChoice;
 use ferrite_runtime::kv::KvPool;
 use ferrite_runtime::{ForwardBatch, KvCache, KvDtype, KvScheme};
 use rand::{Rng, SeedableRng};
@@ -144,13 +142,7 @@ fn speculation_and_fill_around_the_start_equal_plain_decoding() {
         // Half random, half an echo of the first half.
         prompts.push([head.clone(), head[..len / 2].to_vec()].concat());
     }
-    let weak = ferrite_models::load_with(
-        &fixture_dir("llama"),
-        DeviceChoice::Cpu,
-        &LoadOptions { max_layers: Some(1), ..Default::default() },
-    )
-    .expect("load")
-    .model;
+    let weak = first_layers("llama", 1);
     for start in [11, 26, 30] {
         let reqs: Vec<_> = prompts.iter().map(|p| (p.clone(), greedy(24))).collect();
         let plain: Vec<_> = reqs.iter().map(|(p, pr)| alone(&m, cfg(start), p.clone(), pr.clone())).collect();

@@ -13,8 +13,6 @@ use std::sync::Arc;
 use common::*;
 use ferrite_engine::{EngineConfig, EngineCore, FillMode, RequestParams, SamplingParams, Speculation};
 use ferrite_models::model::CausalLm;
-use ferrite_models::LoadOptions;
-use ferrite_runtime::cuda::DeviceChoice;
 
 /// Requests: a prompt and its parameters each.
 type Requests = [(Vec<u32>, RequestParams)];
@@ -31,17 +29,6 @@ fn fixture(name: &str) -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
     prompts.push([10, 11, 12, 13, 14, 15].repeat(4));
     prompts.push((0..30).map(|i| 40 + (i * 7) % 23).collect());
     (m, prompts)
-}
-
-/// Fixture `name` cut to its first layer: a draft that often disagrees with the full model.
-fn weak_draft(name: &str) -> Arc<dyn CausalLm> {
-    ferrite_models::load_with(
-        &fixture_dir(name),
-        DeviceChoice::Cpu,
-        &LoadOptions { max_layers: Some(1), ..Default::default() },
-    )
-    .expect("load")
-    .model
 }
 
 fn cfg(speculation: Speculation, k: usize) -> EngineConfig {
@@ -115,8 +102,8 @@ fn every_method_equals_plain(fixture_name: &str) {
         ("ngram", cfg(Speculation::Ngram, 3), &reqs),
         ("fill echo", cfg(Speculation::Off, 1), &echo),
         ("self draft", cfg(Speculation::Draft(m.clone()), 4), &reqs),
-        ("weak draft", cfg(Speculation::Draft(weak_draft(fixture_name)), 3), &reqs),
-        ("weak draft + echo", cfg(Speculation::Draft(weak_draft(fixture_name)), 2), &echo),
+        ("weak draft", cfg(Speculation::Draft(first_layers(fixture_name, 1)), 3), &reqs),
+        ("weak draft + echo", cfg(Speculation::Draft(first_layers(fixture_name, 1)), 2), &echo),
     ];
     for (name, c, reqs) in methods {
         // Alone: each request on its own core.
@@ -171,7 +158,7 @@ fn every_method_equals_plain(fixture_name: &str) {
 #[test]
 fn usage_reports_speculation() {
     let (m, prompts) = target();
-    let mut core = core(&m, cfg(Speculation::Draft(weak_draft("llama")), 3));
+    let mut core = core(&m, cfg(Speculation::Draft(first_layers("llama", 1)), 3));
     let mut rx = add(&mut core, 1, prompts[3].clone(), greedy(20));
     run_to_end(&mut core);
     let mut fin = None;
@@ -190,7 +177,7 @@ fn usage_reports_speculation() {
 fn seeded_speculative_sampling_is_reproducible() {
     let (m, prompts) = target();
     let reqs: Vec<_> = (0..6).map(|i| (prompts[i % prompts.len()].clone(), seeded(20, 77 + i as u64, 0.9))).collect();
-    let c = cfg(Speculation::Draft(weak_draft("llama")), 3);
+    let c = cfg(Speculation::Draft(first_layers("llama", 1)), 3);
     let (batched, core) = together(&m, c.clone(), &reqs);
     assert!(verified(&core).0 > 0);
     for (i, (p, pr)) in reqs.iter().enumerate() {
@@ -234,7 +221,7 @@ fn speculative_sampling_keeps_the_target_distribution() {
     let prompt = prompts[1].clone();
     let k = 6;
     let sampling = |seed| SamplingParams { temperature: 1.0, top_k: k, seed, ..Default::default() };
-    let draft = weak_draft("llama");
+    let draft = first_layers("llama", 1);
     let c =
         EngineConfig { max_num_seqs: 256, max_num_batched_tokens: 4096, ..cfg(Speculation::Draft(draft.clone()), 2) };
     let n = 12_000;

@@ -20,6 +20,15 @@ pub fn fixture_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(name)
 }
 
+/// Fixture `name` cut to its first `layers` layers, on the CPU (where the CLI runs drafts): a
+/// draft that often disagrees with the full model.
+pub fn first_layers(name: &str, layers: usize) -> Arc<dyn CausalLm> {
+    let opts = ferrite_models::LoadOptions { max_layers: Some(layers), ..Default::default() };
+    ferrite_models::load_with(&fixture_dir(name), ferrite_runtime::cuda::DeviceChoice::Cpu, &opts)
+        .unwrap_or_else(|e| panic!("{name} cut to {layers} layers: {e}"))
+        .model
+}
+
 pub fn load_fixture(name: &str) -> (Arc<dyn CausalLm>, Value) {
     let dir = fixture_dir(name);
     let loaded = ferrite_models::load(&dir).unwrap_or_else(|e| panic!("load {name}: {e}"));
