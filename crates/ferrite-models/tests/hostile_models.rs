@@ -4,10 +4,13 @@
 //! a one-line error naming the file, never a crash and never a model that loads and serves
 //! garbage.
 
+mod fixture_edits;
+
 use std::path::{Path, PathBuf};
 
 use ferrite_models::gguf::{GgufFile, GgufValue};
 use ferrite_models::verify::{self, DigestSource};
+use fixture_edits::load_err;
 use serde_json::{json, Value};
 
 /// A GGUF file under construction: metadata as (key, type id, value bytes) and tensor infos
@@ -99,18 +102,6 @@ fn write_tmp(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, bytes).expect("write");
     p
-}
-
-/// The one-line error loading `path` gives.
-fn load_err(path: &Path) -> String {
-    match ferrite_models::load(path) {
-        Ok(_) => panic!("{} loaded but should not", path.display()),
-        Err(e) => {
-            let msg = e.to_string();
-            assert!(!msg.contains('\n'), "error is not one line: {msg}");
-            msg
-        }
-    }
 }
 
 /// Metadata value bytes of `depth` arrays, each holding the next, the innermost empty.

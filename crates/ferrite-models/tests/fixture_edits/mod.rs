@@ -1,5 +1,6 @@
-//! Shared by the load-error tests (`load_errors`, `mlx_load`, `fp8_load`): copies of the model fixtures
-//! with their config or safetensors header edited, and the one-line error a load gives.
+//! Shared by the load-error tests (`load_errors`, `mlx_load`, `fp8_load`, `hostile_models`):
+//! copies of the model fixtures with their config or safetensors header edited, and the
+//! one-line error a load gives.
 
 #![allow(dead_code)] // each test binary uses its own part of these helpers
 
