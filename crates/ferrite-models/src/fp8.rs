@@ -103,12 +103,15 @@ impl Fp8Weight {
     /// This matrix with its scales over runs of `col_block` columns (a multiple-of-runs
     /// refinement: each coarser scale repeated), so that matrices of different granularity
     /// stack.
-    pub fn with_col_block(&self, col_block: usize) -> Fp8Weight {
-        let (old, new) = (self.col_blocks(), self.cols.div_ceil(col_block));
+    pub fn with_col_block(self, col_block: usize) -> Fp8Weight {
+        if col_block == self.col_block {
+            return self;
+        }
+        let (old, new, from) = (self.col_blocks(), self.cols.div_ceil(col_block), &self.scales);
         let scales = (0..self.rows)
-            .flat_map(|r| (0..new).map(move |b| self.scales[r * old + (b * col_block) / self.col_block]))
+            .flat_map(|r| (0..new).map(move |b| from[r * old + (b * col_block) / self.col_block]))
             .collect();
-        Fp8Weight { col_block, scales, ..self.clone() }
+        Fp8Weight { col_block, scales, ..self }
     }
 }
 
@@ -282,11 +285,11 @@ mod tests {
     #[test]
     fn refining_the_scale_runs_keeps_the_values() {
         let w = weight(3, 256, 128, vec![0.5, 2.0, 1.0, 0.25, 4.0, 8.0]);
-        let fine = w.with_col_block(32);
+        let fine = w.clone().with_col_block(32);
         assert_eq!(fine.col_blocks(), 8);
         assert_eq!(w.dequantize(), fine.dequantize());
         let channel = weight(2, 64, 64, vec![0.5, 3.0]);
-        assert_eq!(channel.dequantize(), channel.with_col_block(16).dequantize());
+        assert_eq!(channel.dequantize(), channel.clone().with_col_block(16).dequantize());
     }
 
     #[test]

@@ -189,7 +189,10 @@ fn stack_fp8(parts: Vec<Fp8Weight>) -> Option<Fp8Weight> {
     if !parts.iter().all(nests) {
         return None;
     }
-    let parts: Vec<Fp8Weight> = parts.into_iter().map(|p| p.with_col_block(block)).collect();
+    let mut parts: Vec<Fp8Weight> = parts.into_iter().map(|p| p.with_col_block(block)).collect();
+    if parts.len() == 1 {
+        return parts.pop();
+    }
     let first = parts.first()?;
     Some(Fp8Weight {
         rows: parts.iter().map(|p| p.rows).sum(),
@@ -239,6 +242,7 @@ impl FileSource<'_> {
         let mut fp8 = Vec::with_capacity(parts.len());
         for p in parts {
             match self.w.fp8(&format!("{}.weight", p.name), p.total, cols)? {
+                Some(w) if p.rows == (0..p.total) => fp8.push(w),
                 Some(w) => fp8.push(w.slice_rows(p.rows.clone())),
                 None => return Ok(None),
             }
