@@ -35,8 +35,6 @@ prompt position, 32 greedy tokens, f32, eager attention, the seed search with MI
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -48,26 +46,11 @@ from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import make_tiny_models  # noqa: E402
-from make_tiny_models import BOS, EOS, OUT_DIR, VOCAB, init_weights, make_prompts, write_fixture  # noqa: E402
+from make_mlx_models import COMMON  # noqa: E402
+from make_tiny_models import OUT_DIR, finish_rewritten, init_weights, r6list, run_quantized, write_fixture  # noqa: E402
 from transformers import LlamaConfig, Qwen2Config  # noqa: E402
 
 GENERATOR = "scripts/goldens/make_fp8_models.py"
-
-COMMON = dict(
-    vocab_size=VOCAB,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-5,
-    bos_token_id=BOS,
-    eos_token_id=EOS,
-    tie_word_embeddings=False,
-)
 
 
 def fixtures():
@@ -160,7 +143,7 @@ def w8a8_logits(d: Path, prompts) -> list:
     for path, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and path.startswith("model.layers."):
             mod.register_forward_pre_hook(lambda _m, args: (per_token_e4m3(args[0]),))
-    return [[make_tiny_models.r6list(row) for row in model(torch.tensor([p])).logits[0]] for p in prompts]
+    return [[r6list(row) for row in model(torch.tensor([p])).logits[0]] for p in prompts]
 
 
 def write_fp8_fixture(name, config, base_seed, strategy, layout, prompts):
@@ -194,27 +177,11 @@ def write_fp8_fixture(name, config, base_seed, strategy, layout, prompts):
     ref["meta"]["fp8"] = {"strategy": strategy, "layout": layout, "tool": "compressed-tensors 0.20.1"}
     ref["w8a8_logits"] = quantized_inputs
     (d / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
-    for f in d.iterdir():
-        f.chmod(0o644)
-    summary["bytes"] = sum(f.stat().st_size for f in d.iterdir())
-    print(f"   {name}: {summary['bytes']} bytes, min margin {summary['min_margin']}", file=sys.stderr)
-    return summary
+    return finish_rewritten(d, name, summary)
 
 
 def main():
-    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
-    torch.use_deterministic_algorithms(True)
-    make_tiny_models.MIN_MARGIN = 0.05
-    prompts = make_prompts()
-    wanted = set(sys.argv[1:])
-    total = 0
-    for name, (config, seed, strategy, layout) in fixtures().items():
-        if wanted and name not in wanted:
-            continue
-        if (OUT_DIR / name).exists():
-            shutil.rmtree(OUT_DIR / name)
-        total += write_fp8_fixture(name, config, seed, strategy, layout, prompts)["bytes"]
-    print(f"total {total} bytes", file=sys.stderr)
+    run_quantized(fixtures(), write_fp8_fixture)
 
 
 if __name__ == "__main__":

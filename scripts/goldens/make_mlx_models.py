@@ -51,8 +51,6 @@ every width a multiple of 128 so each group size divides every matrix):
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -62,8 +60,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import make_tiny_models  # noqa: E402
-from make_tiny_models import BOS, EOS, OUT_DIR, VOCAB, init_weights, make_prompts, write_fixture  # noqa: E402
+from make_tiny_models import BOS, EOS, OUT_DIR, VOCAB, finish_rewritten, init_weights, run_quantized, write_fixture  # noqa: E402
 from transformers import LlamaConfig, Qwen3Config  # noqa: E402
 
 GENERATOR = "scripts/goldens/make_mlx_models.py"
@@ -227,27 +224,11 @@ def write_mlx_fixture(name, config, base_seed, quant, scale_dtype, prompts):
     ref = json.loads((d / "reference.json").read_text())
     ref["meta"]["mlx"] = {"quantization": quant, "scale_dtype": scale_dtype}
     (d / "reference.json").write_text(json.dumps(ref, separators=(",", ":")) + "\n")
-    for f in d.iterdir():
-        f.chmod(0o644)
-    summary["bytes"] = sum(f.stat().st_size for f in d.iterdir())
-    print(f"   {name}: {summary['bytes']} bytes, min margin {summary['min_margin']}", file=sys.stderr)
-    return summary
+    return finish_rewritten(d, name, summary)
 
 
 def main():
-    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
-    torch.use_deterministic_algorithms(True)
-    make_tiny_models.MIN_MARGIN = 0.05
-    prompts = make_prompts()
-    wanted = set(sys.argv[1:])
-    total = 0
-    for name, (config, seed, quant, scale_dtype) in fixtures().items():
-        if wanted and name not in wanted:
-            continue
-        if (OUT_DIR / name).exists():
-            shutil.rmtree(OUT_DIR / name)
-        total += write_mlx_fixture(name, config, seed, quant, scale_dtype, prompts)["bytes"]
-    print(f"total {total} bytes", file=sys.stderr)
+    run_quantized(fixtures(), write_mlx_fixture)
 
 
 if __name__ == "__main__":

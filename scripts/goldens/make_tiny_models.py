@@ -408,6 +408,37 @@ def write_fixture(name, config, base_seed, prompts, generator, init=None, accept
     return summary
 
 
+def finish_rewritten(d: Path, name: str, summary: dict) -> dict:
+    """After a script rewrote fixture dir `d` (a quantized checkpoint in place of the float one):
+    the files' mode, their bytes in `summary`, one line on stderr."""
+    for f in d.iterdir():
+        f.chmod(0o644)
+    summary["bytes"] = sum(f.stat().st_size for f in d.iterdir())
+    print(f"   {name}: {summary['bytes']} bytes, min margin {summary['min_margin']}", file=sys.stderr)
+    return summary
+
+
+def run_quantized(fixtures: dict, write) -> None:
+    """The main of a quantized-fixture script: `write(name, *spec, prompts)` for each fixture of
+    `fixtures` (name -> spec tuple) named on the command line (all when none is), each written
+    afresh, with the seed search's margin raised to 0.05 so that greedy tokens hold through the
+    fast kernels."""
+    global MIN_MARGIN
+    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
+    torch.use_deterministic_algorithms(True)
+    MIN_MARGIN = 0.05
+    prompts = make_prompts()
+    wanted = set(sys.argv[1:])
+    total = 0
+    for name, spec in fixtures.items():
+        if wanted and name not in wanted:
+            continue
+        if (OUT_DIR / name).exists():
+            shutil.rmtree(OUT_DIR / name)
+        total += write(name, *spec, prompts)["bytes"]
+    print(f"total {total} bytes", file=sys.stderr)
+
+
 def main():
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     torch.use_deterministic_algorithms(True)
