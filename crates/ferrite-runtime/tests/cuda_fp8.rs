@@ -84,14 +84,20 @@ fn fp8_gemm(m: usize, n: usize, k: usize, col_block: usize) -> bool {
     m > 8 && col_block == k && n.is_multiple_of(8)
 }
 
+/// Whether the skinny FP8 GEMM reads the matrix (m ≤ 8): a scale a row or runs of a multiple
+/// of 64 columns; shorter runs are dequantized to bf16 first.
+fn skinny(m: usize, k: usize, col_block: usize) -> bool {
+    m <= 8 && (col_block == k || col_block.is_multiple_of(64))
+}
+
 /// What a product of m rows multiplies: (x, W) as the path takes them — x quantized per token
 /// for the FP8 GEMM, W rounded to bf16 for the dequantize-then-GEMM path.
 fn operands(x: &[f32], w: &[f32], (m, n, k): (usize, usize, usize), col_block: usize) -> (Vec<f32>, Vec<f32>) {
     let bf16_w = || w.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
-    match (fp8_gemm(m, n, k, col_block), m > 8) {
+    match (fp8_gemm(m, n, k, col_block), skinny(m, k, col_block)) {
         (true, _) => (quantize_rows(x, k).2, w.to_vec()),
-        (false, true) => (x.to_vec(), bf16_w()),
-        (false, false) => (x.to_vec(), w.to_vec()),
+        (false, false) => (x.to_vec(), bf16_w()),
+        (false, true) => (x.to_vec(), w.to_vec()),
     }
 }
 
@@ -143,8 +149,12 @@ fn cuda_fp8_linear_matches_host() {
             ops::fp8_linear(gpu, &x_d, &mat, bias, &mut y, m, Some(&mut scratch)).unwrap();
             let got = to_f32(&gpu.download(&y).unwrap());
             compare("fp8_linear", &format!("{case} bf16+bias"), &got, &want_b, atol + max_abs(&want) / 256.0, RTOL);
-            // f32 out: the skinny GEMM (8 rows at a time past 8) or the bf16 GEMM.
-            let want_w = if m > 8 { w.iter().map(|&v| bf16::from_f32(v).to_f32()).collect() } else { w.clone() };
+            // f32 out: the skinny GEMM or the bf16 GEMM.
+            let want_w = if skinny(m, k, col_block) {
+                w.clone()
+            } else {
+                w.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
+            };
             let want_b = linear(&xf, m, &want_w, n, k, Some(&bf));
             let b32 = gpu.upload(&bf).unwrap();
             let mut y = poisoned_f32(gpu, m * n);
@@ -155,18 +165,21 @@ fn cuda_fp8_linear_matches_host() {
     }
 }
 
-/// The gated projection: the skinny GEMM's activation epilogue (m ≤ 8) and the GEMM then the
-/// activation (m > 8), against the host's `act(x·gateᵀ) · (x·upᵀ)` over the same products.
+/// The gated projection: the skinny GEMM's activation epilogue (m ≤ 8; scales per row or per
+/// run of 64 columns and up) and the GEMM then the activation (m > 8, or shorter runs),
+/// against the host's `act(x·gateᵀ) · (x·upᵀ)` over the same products.
 #[test]
 fn cuda_fp8_linear_gated_matches_host() {
     let Some((gpu, _checks)) = gpu("cuda_fp8_linear_gated_matches_host") else { return };
     let mut rng = rng("fp8_gated");
-    for (m, n, k) in [(1, 67, 128), (5, 300, 1024), (8, 96, 4096), (24, 130, 512), (33, 256, 1024)] {
-        let (codes, scales) = random_fp8(&mut rng, 2 * n, k, k);
-        let w = dequantize(&codes, &scales, k, k);
-        let mat = Fp8Matrix::upload(gpu, (2 * n, k), &codes, &scales, k).unwrap();
+    let cases = [(1, 67, 128, 128), (5, 300, 1024, 1024), (8, 96, 4096, 4096), (24, 130, 512, 512)];
+    let runs = [(2, 70, 960, 192), (7, 33, 1024, 128), (3, 40, 256, 32), (33, 256, 1024, 1024)];
+    for (m, n, k, col_block) in cases.into_iter().chain(runs) {
+        let (codes, scales) = random_fp8(&mut rng, 2 * n, k, col_block);
+        let w = dequantize(&codes, &scales, k, col_block);
+        let mat = Fp8Matrix::upload(gpu, (2 * n, k), &codes, &scales, col_block).unwrap();
         let (xh, xf) = rand_bf16(&mut rng, m * k, 1.0);
-        let (x, wq) = operands(&xf, &w, (m, 2 * n, k), k);
+        let (x, wq) = operands(&xf, &w, (m, 2 * n, k), col_block);
         let gu = linear(&x, m, &wq, 2 * n, k, None);
         for (act, name) in [(GatedActivation::Silu, "silu"), (GatedActivation::GeluTanh, "gelu")] {
             let f = |g: f32| match act {
@@ -193,9 +206,9 @@ fn cuda_fp8_linear_gated_matches_host() {
                 Some(&mut scratch),
             )
             .unwrap();
-            let fast = if fp8_gemm(m, 2 * n, k, k) { 10.0 } else { 1.0 };
+            let fast = if fp8_gemm(m, 2 * n, k, col_block) { 10.0 } else { 1.0 };
             let atol = fast * 4e-6 * k as f32 * max_abs(&w) * max_abs(&gu).max(1.0);
-            let case = format!("{name} m={m} n={n} k={k}");
+            let case = format!("{name} m={m} n={n} k={k} scales every {col_block}");
             compare("fp8_linear_gated", &case, &to_f32(&gpu.download(&y).unwrap()), &want, atol, 2.0 * RTOL);
         }
     }

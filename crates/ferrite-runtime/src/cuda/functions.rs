@@ -63,11 +63,10 @@ pub(crate) struct Functions {
     /// `gemv_{silu,gelu}_m{1..=8}`: the skinny GEMM over `act(gate) * up` formed on load.
     pub gemv_silu: [CudaFunction; 8],
     pub gemv_gelu: [CudaFunction; 8],
-    /// `fp8_gemv_{bf16,f32,silu,gelu}_m{1..=8}`: the same over FP8 codes (`gemv.cu`).
-    pub fp8_gemv_bf16: [CudaFunction; 8],
-    pub fp8_gemv_f32: [CudaFunction; 8],
-    pub fp8_gemv_silu: [CudaFunction; 8],
-    pub fp8_gemv_gelu: [CudaFunction; 8],
+    /// The skinny GEMM over FP8 codes on the tensor cores (`gemv.cu`), m ≤ 8 rows a launch:
+    /// `[fp8_gemv_{bf16,f32,silu,gelu}, the same with _runs]` (a scale a row; a scale a row and
+    /// run of columns), the outputs in `Fp8Gemv` order.
+    pub fp8_gemv: [[CudaFunction; 4]; 2],
     /// FP8 matrices' quantization, dequantization and random codes (`fp8.cu`).
     pub fp8_quantize_rows: CudaFunction,
     pub fp8_dequant_rows: CudaFunction,
@@ -253,10 +252,20 @@ impl Functions {
             gemv_f32: per_rows("gemv_f32")?,
             gemv_silu: per_rows("gemv_silu")?,
             gemv_gelu: per_rows("gemv_gelu")?,
-            fp8_gemv_bf16: per_rows("fp8_gemv_bf16")?,
-            fp8_gemv_f32: per_rows("fp8_gemv_f32")?,
-            fp8_gemv_silu: per_rows("fp8_gemv_silu")?,
-            fp8_gemv_gelu: per_rows("fp8_gemv_gelu")?,
+            fp8_gemv: [
+                [
+                    get("gemv", "fp8_gemv_bf16")?,
+                    get("gemv", "fp8_gemv_f32")?,
+                    get("gemv", "fp8_gemv_silu")?,
+                    get("gemv", "fp8_gemv_gelu")?,
+                ],
+                [
+                    get("gemv", "fp8_gemv_bf16_runs")?,
+                    get("gemv", "fp8_gemv_f32_runs")?,
+                    get("gemv", "fp8_gemv_silu_runs")?,
+                    get("gemv", "fp8_gemv_gelu_runs")?,
+                ],
+            ],
             fp8_quantize_rows: get("fp8", "fp8_quantize_rows")?,
             fp8_dequant_rows: get("fp8", "fp8_dequant_rows")?,
             fp8_random: get("fp8", "fp8_random")?,

@@ -102,117 +102,153 @@ GEMV_KERNELS(6)
 GEMV_KERNELS(7)
 GEMV_KERNELS(8)
 
-// The skinny GEMM over an FP8 weight matrix (`ops::fp8`): W holds e4m3 codes, one byte a
-// value, and `scales` one f32 per row and run of 16·cb16 columns (ncb a row), so
-// w[r, c] = e4m3(W[r, c]) · scales[r · ncb + c / (16 · cb16)]. As `gemv`, with a 16-byte word
-// holding 16 codes: each thread reads two words of each of the block's 4 rows a step, and a
-// word's 16 products are summed before its scale multiplies them. The codes are widened two
-// at a time into a bf16 pair by moving bits (value · 2^-120, exact: e4m3's 3 mantissa bits
-// fit bf16's 7 and its exponents bf16's range, subnormals included), a handful of integer
-// operations per code where the decode GEMV's budget is about one; the 2^120 goes back on
-// the word's sum, exactly. Needs
-// k % 16 == 0 and 16-byte aligned rows of W and x. The same variants, grids and epilogues
-// as `gemv` (`fp8_gemv_{bf16,f32,silu,gelu}_m*`), the bias in the output's type.
-__device__ __forceinline__ float e4m3_dot16(uint4 w, const float* x) {
-    const unsigned words[4] = {w.x, w.y, w.z, w.w};
-    float s = 0.f;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            // Codes 2h and 2h + 1 of the word as the bf16 pair (value · 2^-120): each code's
-            // exponent and mantissa bits moved under bf16's, its sign onto bf16's sign.
-            const unsigned p = __byte_perm(words[q], 0u, h == 0 ? 0x4140u : 0x4342u);
-            const unsigned b = ((p << 4) & 0x07f007f0u) | ((p << 8) & 0x80008000u);
-            s += __uint_as_float(b << 16) * x[4 * q + 2 * h] + __uint_as_float(b & 0xffff0000u) * x[4 * q + 2 * h + 1];
-        }
-    }
-    return s * 0x1p120f;
+// The skinny GEMM over an FP8 weight matrix (`ops::fp8`), on the tensor cores: W holds e4m3
+// codes, one byte a value, and `scales` one f32 per row (ncb == 1) or per row and run of
+// 16·cb16 columns (cb16 a multiple of 4: runs of 64 columns and up), so
+// w[r, c] = e4m3(W[r, c]) · scales[r · ncb + c / (16 · cb16)].
+//
+// Widening a code to f32 costs a handful of integer operations where a decode GEMV's budget is
+// about one a byte, so here the codes are widened two at a time into a bf16 pair (4 operations:
+// a byte permute, a shift and two masks; value · 2^-120, exact: e4m3's 3 mantissa bits fit
+// bf16's 7 and its exponents bf16's range, subnormals included) and multiplied by mma.sync
+// m16n8k16 (bf16 in, f32 accumulate): a warp's tile is 16 weight rows (the A operand) by the
+// m ≤ 8 rows of x (B, columns m.. zero). x is taken times 2^64 (exact) so that no product falls
+// to an f32 subnormal; 2^56 goes back on each row's sum.
+//
+// The k order within a tile is ours to choose (a dot product does not care), so each lane reads
+// whole 16-byte words: lane (g, t) (g = lane / 4, t = lane % 4) reads word 4c + t of rows g and
+// g + 8 for the warp's chunk c (64 columns), and its A and B slots of the chunk's 4 mma steps
+// are that word's codes 4s .. 4s + 3 and x's values at the same columns. The block's 8 warps
+// take interleaved chunks (4 at a time, loads first) and meet in shared memory.
+//
+// Plain (`fp8_gemv_bf16`, `fp8_gemv_f32`): a block computes 16 output rows, grid ceil(n / 16).
+// Gated (`fp8_gemv_silu`, `fp8_gemv_gelu`, W of 2n rows): a block's tile is the gate rows of 8
+// outputs (A rows 0-7) and their up rows (8-15), so a lane holds both sums of its outputs;
+// each is rounded to bf16 as the unfused path stores them before act(g) · u. Grid ceil(n / 8).
+// Needs k % 16 == 0 and 16-byte aligned rows of W and x.
+
+#define FP8_WARPS 8
+#define FP8_THREADS (32 * FP8_WARPS)
+#define FP8_UNROLL 4
+
+// Codes `sel` picks from `w` (two bytes into the high byte of each half) as a bf16 pair × 2^-120.
+__device__ __forceinline__ unsigned e4m3x2_bf16(unsigned w, unsigned sel) {
+    const unsigned v = __byte_perm(w, 0u, sel);
+    return (v & 0x80008000u) | ((v >> 4) & 0x07f007f0u);
+}
+
+// A bf16 pair times 2^64 (exact).
+__device__ __forceinline__ unsigned bf16x2_times_2p64(unsigned x) {
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(0x5f805f80u), "r"(0x80008000u));
+    return r;
 }
 
 __device__ __forceinline__ float bias_value(const bf16_t* b, int row) { return bf2f(b[row]); }
 __device__ __forceinline__ float bias_value(const float* b, int row) { return b[row]; }
 
-template <int M, int ACT, typename Out>
+template <int ACT, bool RUNS, typename Out>
 __device__ __forceinline__ void fp8_gemv(const bf16_t* __restrict__ x, const unsigned char* __restrict__ w,
                                          const float* __restrict__ scales, int ncb, int cb16,
-                                         const Out* __restrict__ bias, Out* __restrict__ y, int n, int k) {
-    __shared__ float part[GEMV_THREADS / 32][M][GEMV_ROWS];
-    const int row0 = blockIdx.x * (ACT == ACT_NONE ? GEMV_ROWS : 2);
-    const int k16 = k >> 4;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    const uint4* wr[GEMV_ROWS];
-    const float* sr[GEMV_ROWS];
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) {
-        const int row = ACT == ACT_NONE ? min(row0 + r, n - 1) : (r < 2 ? 0 : n) + min(row0 + (r & 1), n - 1);
-        wr[r] = (const uint4*)(w + (u64)row * k);
-        sr[r] = scales + (u64)row * ncb;
-    }
-    pdl_entry();
-    float acc[M][GEMV_ROWS];
-#pragma unroll
-    for (int i = 0; i < M; i++)
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) acc[i][r] = 0.f;
-    for (int c = threadIdx.x; c < k16; c += 2 * GEMV_THREADS) {
-        const int c2 = c + GEMV_THREADS;
-        const bool two = c2 < k16;
-        uint4 wa[GEMV_ROWS], wb[GEMV_ROWS];
-        float sa[GEMV_ROWS], sb[GEMV_ROWS];
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) {
-            // One scale a row (ncb == 1, the per-channel matrices) needs no division.
-            wa[r] = wr[r][c];
-            sa[r] = sr[r][ncb == 1 ? 0 : c / cb16];
-            wb[r] = two ? wr[r][c2] : zero;
-            sb[r] = two ? sr[r][ncb == 1 ? 0 : c2 / cb16] : 0.f;
-        }
-#pragma unroll
-        for (int i = 0; i < M; i++) {
-            const uint4* xi = (const uint4*)(x + (u64)i * k);
-            float xa[16], xb[16];
-            unpack8(xi[2 * c], xa);
-            unpack8(xi[2 * c + 1], xa + 8);
-            unpack8(two ? xi[2 * c2] : zero, xb);
-            unpack8(two ? xi[2 * c2 + 1] : zero, xb + 8);
-#pragma unroll
-            for (int r = 0; r < GEMV_ROWS; r++) acc[i][r] += e4m3_dot16(wa[r], xa) * sa[r] + e4m3_dot16(wb[r], xb) * sb[r];
-        }
-    }
+                                         const Out* __restrict__ bias, Out* __restrict__ y, int m, int n, int k) {
+    __shared__ float part[FP8_WARPS][16][8];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool gated = ACT != ACT_NONE;
-    skinny_gemm_end<M, GEMV_THREADS>(acc, part, row0, n, gated, ACT == ACT_GELU, [&](int i, int row, float v) {
-        store_out(y + (u64)i * n + row, gated ? v : v + (bias != nullptr ? bias_value(bias, row) : 0.f));
-    });
+    // The tile's rows g and g + 8: plain, rows row0 + g and row0 + g + 8; gated, the gate and
+    // up rows of output row0 + g.
+    const int row0 = blockIdx.x * (gated ? 8 : 16);
+    const int ra = min(row0 + g, n - 1);
+    const int rb = gated ? n + min(row0 + g, n - 1) : min(row0 + g + 8, n - 1);
+    const uint4* wa = (const uint4*)(w + (u64)ra * k);
+    const uint4* wb = (const uint4*)(w + (u64)rb * k);
+    const uint4* xr = (const uint4*)(x + (u64)min(g, m - 1) * k);
+    const int k16 = k >> 4, chunks = (k16 + 3) >> 2;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    pdl_entry();
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int c0 = warp; c0 < chunks; c0 += FP8_WARPS * FP8_UNROLL) {
+        uint4 la[FP8_UNROLL], lb[FP8_UNROLL], lx[FP8_UNROLL][2];
+#pragma unroll
+        for (int u = 0; u < FP8_UNROLL; u++) {
+            const int word = 4 * (c0 + u * FP8_WARPS) + t;
+            const bool in = word < k16;
+            la[u] = in ? wa[word] : zero;
+            lb[u] = in ? wb[word] : zero;
+            lx[u][0] = in && g < m ? xr[2 * word] : zero;
+            lx[u][1] = in && g < m ? xr[2 * word + 1] : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < FP8_UNROLL; u++) {
+            const int c = c0 + u * FP8_WARPS;
+            if (c >= chunks) break;
+            const unsigned wa4[4] = {la[u].x, la[u].y, la[u].z, la[u].w};
+            const unsigned wb4[4] = {lb[u].x, lb[u].y, lb[u].z, lb[u].w};
+            const unsigned xs[8] = {lx[u][0].x, lx[u][0].y, lx[u][0].z, lx[u][0].w,
+                                    lx[u][1].x, lx[u][1].y, lx[u][1].z, lx[u][1].w};
+            float part_acc[4] = {0.f, 0.f, 0.f, 0.f};
+            float* d = RUNS ? part_acc : acc;
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+                mma_bf16(d, e4m3x2_bf16(wa4[s], 0x1404u), e4m3x2_bf16(wb4[s], 0x1404u), e4m3x2_bf16(wa4[s], 0x3424u),
+                         e4m3x2_bf16(wb4[s], 0x3424u), bf16x2_times_2p64(xs[2 * s]), bf16x2_times_2p64(xs[2 * s + 1]));
+            if (RUNS) {
+                const int run = 4 * c / cb16;
+                const float sa = scales[(u64)ra * ncb + run], sb = scales[(u64)rb * ncb + run];
+                acc[0] += part_acc[0] * sa;
+                acc[1] += part_acc[1] * sa;
+                acc[2] += part_acc[2] * sb;
+                acc[3] += part_acc[3] * sb;
+            }
+        }
+    }
+    // Lane (g, t) holds rows g and g + 8 of x rows 2t and 2t + 1.
+    part[warp][g][2 * t] = acc[0];
+    part[warp][g][2 * t + 1] = acc[1];
+    part[warp][g + 8][2 * t] = acc[2];
+    part[warp][g + 8][2 * t + 1] = acc[3];
+    __syncthreads();
+    // A row's sum, back to scale: 2^-120 · 2^64 undone, times the row's scale.
+    auto sum = [&](int r, int i, int row) {
+        float v = 0.f;
+#pragma unroll
+        for (int p = 0; p < FP8_WARPS; p++) v += part[p][r][i];
+        return v * 0x1p56f * (RUNS ? 1.f : scales[row]);
+    };
+    if (gated) {
+        const int q = threadIdx.x & 7, i = threadIdx.x >> 3, j = row0 + q;
+        if (i < m && j < n) {
+            const float gv = bf2f(f2bf(sum(q, i, j))), uv = bf2f(f2bf(sum(q + 8, i, n + j)));
+            store_out(y + (u64)i * n + j, (ACT == ACT_GELU ? gelu_tanh(gv) : silu(gv)) * uv);
+        }
+        return;
+    }
+    const int r = threadIdx.x & 15, i = threadIdx.x >> 4, row = row0 + r;
+    if (i < m && row < n)
+        store_out(y + (u64)i * n + row, sum(r, i, row) + (bias != nullptr ? bias_value(bias, row) : 0.f));
 }
 
-#define FP8_GEMV_KERNELS(M)                                                                                           \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                        \
-        fp8_gemv_bf16_m##M(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16,               \
-                           const bf16_t* bias, bf16_t* y, int n, int k) {                                             \
-        fp8_gemv<M, ACT_NONE, bf16_t>(x, w, s, ncb, cb16, bias, y, n, k);                                             \
-    }                                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                        \
-        fp8_gemv_f32_m##M(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16,                \
-                          const float* bias, float* y, int n, int k) {                                                \
-        fp8_gemv<M, ACT_NONE, float>(x, w, s, ncb, cb16, bias, y, n, k);                                              \
-    }                                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                        \
-        fp8_gemv_silu_m##M(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16, bf16_t* y,    \
-                           int n, int k) {                                                                            \
-        fp8_gemv<M, ACT_SILU, bf16_t>(x, w, s, ncb, cb16, (const bf16_t*)nullptr, y, n, k);                                          \
-    }                                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                                        \
-        fp8_gemv_gelu_m##M(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16, bf16_t* y,    \
-                           int n, int k) {                                                                            \
-        fp8_gemv<M, ACT_GELU, bf16_t>(x, w, s, ncb, cb16, (const bf16_t*)nullptr, y, n, k);                                          \
+#define FP8_GEMV_KERNELS(RUNS, SUFFIX)                                                                              \
+    extern "C" __global__ void __launch_bounds__(FP8_THREADS)                                                       \
+        fp8_gemv_bf16##SUFFIX(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16,           \
+                              const bf16_t* bias, bf16_t* y, int m, int n, int k) {                                 \
+        fp8_gemv<ACT_NONE, RUNS, bf16_t>(x, w, s, ncb, cb16, bias, y, m, n, k);                                     \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(FP8_THREADS)                                                       \
+        fp8_gemv_f32##SUFFIX(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16,            \
+                             const float* bias, float* y, int m, int n, int k) {                                    \
+        fp8_gemv<ACT_NONE, RUNS, float>(x, w, s, ncb, cb16, bias, y, m, n, k);                                      \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(FP8_THREADS)                                                       \
+        fp8_gemv_silu##SUFFIX(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16,           \
+                              bf16_t* y, int m, int n, int k) {                                                     \
+        fp8_gemv<ACT_SILU, RUNS, bf16_t>(x, w, s, ncb, cb16, (const bf16_t*)nullptr, y, m, n, k);                   \
+    }                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(FP8_THREADS)                                                       \
+        fp8_gemv_gelu##SUFFIX(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16,           \
+                              bf16_t* y, int m, int n, int k) {                                                     \
+        fp8_gemv<ACT_GELU, RUNS, bf16_t>(x, w, s, ncb, cb16, (const bf16_t*)nullptr, y, m, n, k);                   \
     }
 
-FP8_GEMV_KERNELS(1)
-FP8_GEMV_KERNELS(2)
-FP8_GEMV_KERNELS(3)
-FP8_GEMV_KERNELS(4)
-FP8_GEMV_KERNELS(5)
-FP8_GEMV_KERNELS(6)
-FP8_GEMV_KERNELS(7)
-FP8_GEMV_KERNELS(8)
+// A scale a row, and a scale a row and run of columns.
+FP8_GEMV_KERNELS(false, )
+FP8_GEMV_KERNELS(true, _runs)

@@ -5,13 +5,15 @@
 //! FP8 GEMM scales; 128: the block-scaled checkpoints). `w[r, c] = e4m3(q[r, c]) ·
 //! scale[r, c / col_block]`.
 //! - decode-sized batches (m ≤ `GEMV_MAX_ROWS`): the FP8 skinny GEMM (`gemv.cu`), which widens
-//!   the codes in registers and reads each weight byte once per step;
+//!   the codes in registers into bf16 pairs for the tensor cores and reads each weight byte
+//!   once per step (scales per row, or per row and run of a multiple of 64 columns; runs of
+//!   16 or 32 take the path below);
 //! - larger batches of a per-channel matrix: x quantized per token (`fp8_quantize_rows`, one
 //!   scale a token) into the caller's scratch, then cuBLASLt's FP8 GEMM with both scale
 //!   vectors (f32 accumulation, bf16 out) and the bias added after (`fp8_add_bias`);
 //! - larger batches otherwise (scales along a row, or f32 output): the matrix dequantized to
 //!   bf16 into the scratch and cuBLASLt's bf16 GEMM; without a scratch large enough, the
-//!   skinny GEMM 8 rows at a time.
+//!   skinny GEMM 8 rows at a time (an error for runs of 16 or 32 columns).
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
@@ -142,32 +144,45 @@ impl Fp8Matrix {
         }
     }
 
-    /// Launch the skinny GEMM `f` (a kernel of `fp8_gemv_*`, for the rows of x at `xp`) into y
-    /// at `yp`, `n` outputs a row: plain with the bias at `bp` (0: none), or gated (`None`: 2
-    /// outputs a block).
+    /// Which set of skinny GEMM kernels reads the matrix (`Functions::fp8_gemv`): a scale a
+    /// row, or a scale a row and run of a multiple of 64 columns (a warp's chunk); None for
+    /// shorter runs, which are dequantized.
+    fn skinny(&self) -> Option<usize> {
+        match self.col_blocks() {
+            1 => Some(0),
+            _ if self.col_block.is_multiple_of(64) => Some(1),
+            _ => None,
+        }
+    }
+
+    /// Launch the skinny GEMM (`out`: bf16, f32, silu or gelu, `Functions::fp8_gemv` order) of
+    /// `m` ≤ 8 rows of x at `xp` into y at `yp`, `n` outputs a row: plain with the bias at `bp`
+    /// (0: none), or gated (`None`: 8 outputs a block, 16 rows otherwise).
+    #[allow(clippy::too_many_arguments)]
     fn gemv(
         &self,
         gpu: &Gpu,
-        f: &cudarc::driver::CudaFunction,
+        (set, out): (usize, usize),
         xp: u64,
         bp: Option<u64>,
         yp: u64,
+        m: usize,
         n: usize,
     ) -> CudaResult<()> {
+        let f = &gpu.fns.fp8_gemv[set][out];
         let (wp, sp) = (gpu.ptr(&self.codes), gpu.ptr(&self.scales));
         let (ncb, cb16) = (self.col_blocks() as i32, (self.col_block / 16) as i32);
-        let (n_i, k_i) = (n as i32, self.cols as i32);
+        let (m_i, n_i, k_i) = (m as i32, n as i32, self.cols as i32);
         match bp {
             Some(bp) => gpu.launch(
                 f,
-                cfg((n.div_ceil(4) as u32, 1, 1), THREADS, 0),
-                &[&xp, &wp, &sp, &ncb, &cb16, &bp, &yp, &n_i, &k_i],
+                cfg((n.div_ceil(16) as u32, 1, 1), THREADS, 0),
+                &[&xp, &wp, &sp, &ncb, &cb16, &bp, &yp, &m_i, &n_i, &k_i],
             ),
-            // A gated block takes the gate and up rows of 2 outputs.
             None => gpu.launch(
                 f,
-                cfg((n.div_ceil(2) as u32, 1, 1), THREADS, 0),
-                &[&xp, &wp, &sp, &ncb, &cb16, &yp, &n_i, &k_i],
+                cfg((n.div_ceil(8) as u32, 1, 1), THREADS, 0),
+                &[&xp, &wp, &sp, &ncb, &cb16, &yp, &m_i, &n_i, &k_i],
             ),
         }
     }
@@ -240,17 +255,25 @@ pub fn fp8_linear<O: GemmOutput>(
                 None => Ok(()),
             }
         }
-        Some(s) if m > GEMV_MAX_ROWS && s.len() >= n * k => {
+        Some(s) if (m > GEMV_MAX_ROWS || w.skinny().is_none()) && s.len() >= n * k => {
             w.dequantize(gpu, s)?;
             gpu.blas.linear(x, &s.slice(..n * k), bias, y, (m, n, k))
         }
         _ => {
-            let (f, size) = if bf16_out { (&gpu.fns.fp8_gemv_bf16, 2) } else { (&gpu.fns.fp8_gemv_f32, 4) };
+            let Some(set) = w.skinny() else {
+                return Err(shape_err(format!(
+                    "FP8 linear n={n} k={k} with scales every {} columns needs a scratch of {} values to \
+                     dequantize into",
+                    w.col_block,
+                    n * k
+                )));
+            };
+            let (out, size) = if bf16_out { (0, 2) } else { (1, 4) };
             let (bp, yp) = (bias.map_or(0, |b| gpu.ptr(b)), gpu.ptr_mut(y));
             for start in (0..m).step_by(GEMV_MAX_ROWS) {
                 let rows = GEMV_MAX_ROWS.min(m - start);
                 let (xo, yo) = (xp + (start * k * 2) as u64, yp + (start * n * size) as u64);
-                w.gemv(gpu, &f[rows - 1], xo, Some(bp), yo, n)?;
+                w.gemv(gpu, (set, out), xo, Some(bp), yo, rows, n)?;
             }
             Ok(())
         }
@@ -273,18 +296,19 @@ pub fn fp8_linear_gated(
 ) -> CudaResult<()> {
     let (n, k) = (w.rows / 2, w.cols);
     let xp = gpu.ptr(x);
-    if !(1..=GEMV_MAX_ROWS).contains(&m) || !w.rows.is_multiple_of(2) || !xp.is_multiple_of(16) {
+    let skinny = w.skinny().filter(|_| (1..=GEMV_MAX_ROWS).contains(&m));
+    let Some(set) = skinny.filter(|_| w.rows.is_multiple_of(2) && xp.is_multiple_of(16)) else {
         fp8_linear::<bf16>(gpu, x, w, None, gate_up, m, scratch)?;
         return gated_activation(gpu, activation, &*gate_up, &gate_up.slice(n..), (m, n, 2 * n), y);
-    }
+    };
     if x.len() < m * k || y.len() < m * n {
         return Err(shape_err(format!("FP8 gated linear m={m} n={n} k={k}: x {}, y {}", x.len(), y.len())));
     }
-    let f = match activation {
-        GatedActivation::Silu => &gpu.fns.fp8_gemv_silu[m - 1],
-        GatedActivation::GeluTanh => &gpu.fns.fp8_gemv_gelu[m - 1],
+    let out = match activation {
+        GatedActivation::Silu => 2,
+        GatedActivation::GeluTanh => 3,
     };
-    w.gemv(gpu, f, xp, None, gpu.ptr_mut(y), n)
+    w.gemv(gpu, (set, out), xp, None, gpu.ptr_mut(y), m, n)
 }
 
 /// `out[t] = bf16(W[ids[t]] · scale)` for t < `tokens` (an id ≥ rows gives a zero row).
