@@ -187,8 +187,9 @@ impl EngineCore {
 
     /// The blocks to copy in for `waiting[w]`, whose prefix the pool holds up to `pooled`:
     /// host RAM's runs from there (past the blocks the pool still holds between them), then
-    /// the SSD's read-ahead where it continues them; with recurrent state, up to the last
-    /// block whose snapshot is there (`end_at_snapshot`).
+    /// the SSD's read-ahead where it continues them, as many as leave the pool room for the
+    /// rest of the sequence; with recurrent state, up to the last block whose snapshot is
+    /// there (`end_at_snapshot`).
     fn plan_restore(&mut self, w: usize, hashes: &[u64], pooled: usize) -> Vec<Planned> {
         let bs = self.kvm.block_size();
         let seq = &mut self.sched.waiting[w];
@@ -215,20 +216,30 @@ impl EngineCore {
                 }
             }
         }
+        let tokens = &self.sched.waiting[w].tokens;
+        let total = (tokens.len() + 1).div_ceil(bs);
+        plan.truncate(self.kvm.restorable_blocks().saturating_sub(total.saturating_sub(plan.len())));
+        // The blocks the pool or the plan hold run to here.
+        let end = match plan.last() {
+            Some(p) if p.index >= next => p.index + 1,
+            Some(p) => {
+                next.min(p.index + 1 + self.kvm.cached_run(&hashes[p.index + 1..], &tokens[(p.index + 1) * bs..]))
+            }
+            None => pooled,
+        };
         if self.kvm.state_group().is_some() {
-            let tokens = self.sched.waiting[w].tokens.clone();
-            self.end_at_snapshot(&mut plan, hashes, &tokens, pooled);
+            let tokens = tokens.clone();
+            self.end_at_snapshot(&mut plan, hashes, &tokens, end);
         }
         plan
     }
 
     /// With recurrent state a hit must end at a block whose snapshot is there: cut `plan`
-    /// (ascending blocks, continuing the pool's `pooled`) after the last block whose snapshot
-    /// the pool caches or a tier holds, and mark that one's for restoring where the pool lacks
-    /// it — host RAM may hold the snapshot of a block the pool kept (evicted alone).
-    fn end_at_snapshot(&self, plan: &mut Vec<Planned>, hashes: &[u64], tokens: &[u32], pooled: usize) {
+    /// (ascending blocks; with the pool's, blocks `0..end` are there) after the last block
+    /// whose snapshot the pool caches or a tier holds, and mark that one's for restoring where
+    /// the pool lacks it — host RAM may hold the snapshot of a block the pool kept.
+    fn end_at_snapshot(&self, plan: &mut Vec<Planned>, hashes: &[u64], tokens: &[u32], end: usize) {
         let bs = self.kvm.block_size();
-        let end = plan.last().map_or(pooled, |p| p.index + 1);
         let mut k = plan.len();
         for i in (0..end).rev() {
             let t = &tokens[i * bs..(i + 1) * bs];
@@ -264,9 +275,7 @@ impl EngineCore {
         // What the pool holds of the prefix becomes the most recently used, so the blocks
         // taken for the restore are older ones.
         self.kvm.touch_prefix(&hashes, &tokens);
-        let mut plan = self.plan_restore(w, &hashes, pooled);
-        let total = (tokens.len() + 1).div_ceil(bs);
-        plan.truncate(self.kvm.restorable_blocks().saturating_sub(total.saturating_sub(plan.len())));
+        let plan = self.plan_restore(w, &hashes, pooled);
         let window = self.staging.as_ref().map_or(1, |s| s.blocks.slots()).max(1);
         let state_group = self.kvm.state_group();
         let mut restored = [0..0, 0..0];
