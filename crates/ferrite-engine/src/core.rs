@@ -73,7 +73,7 @@ pub struct EngineCore {
     /// The SSD tier below it (`--prefix-cache-dir`).
     disk: Option<crate::kv::disk::DiskTier>,
     /// The host slots the SSD tier's block copies go through (with `disk`).
-    staging: Option<ferrite_runtime::HostBlocks>,
+    staging: Option<crate::kv::TierSlots>,
     /// Records of interrupted generations (`--generation-checkpoint`).
     resumes: Option<tiers::Resumes>,
     adapters: adapters::Adapters,
@@ -123,21 +123,12 @@ impl EngineCore {
         })?;
         let block_bytes = model.kv_block_bytes(cfg.block_size, &cfg.kv_scheme)?;
         let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_model_len)?;
-        if layout.recurrent_group().is_some() {
-            if cfg.disk_cache.is_some() || cfg.host_cache_memory.is_some() {
-                return Err(EngineError::Config(
-                    "the host-RAM and SSD prefix-cache tiers do not store recurrent state yet (qwen3_5, qwen3_next): \
-                     run this model without --host-cache-memory and --prefix-cache-dir"
-                        .into(),
-                ));
-            }
-            if cfg.quantized_kv_start > 0 {
-                return Err(EngineError::Config(
-                    "--quantized-kv-start is not built for models with recurrent state yet (qwen3_5, qwen3_next): \
-                     use --kv-cache-dtype alone"
-                        .into(),
-                ));
-            }
+        if layout.recurrent_group().is_some() && cfg.quantized_kv_start > 0 {
+            return Err(EngineError::Config(
+                "--quantized-kv-start is not built for models with recurrent state yet (qwen3_5, qwen3_next): \
+                 use --kv-cache-dtype alone"
+                    .into(),
+            ));
         }
         let (kv, group_blocks, full_blocks) =
             crate::kv_precision::new_cache(&*model, cfg, &layout, &group_blocks, &block_bytes)?;
@@ -189,8 +180,9 @@ impl EngineCore {
         }
         let metrics = Arc::new(Metrics::default());
         metrics.set_kv(kvm.free_blocks());
-        let host = tiers::open_host(cfg, &kv, &mut kvm, &metrics)?;
-        let (disk, staging) = tiers::open_disk(cfg, &kv, &layout, namespace, &metrics)?.unzip();
+        let stride = cfg.snapshot_stride(&layout, &block_bytes);
+        let host = tiers::open_host(cfg, &kv, &mut kvm, stride, &metrics)?;
+        let (disk, staging) = tiers::open_disk(cfg, &kv, &kvm, namespace, &metrics)?.unzip();
         let resumes = cfg.generation_checkpoint.map(tiers::Resumes::new).transpose()?;
         metrics.set_kv_size(limits.kv_bytes_per_token, limits.kv_capacity_tokens);
         let grammars = Arc::new(Grammars::new(tokenizer.clone(), mcfg.vocab_size, eos.clone()));

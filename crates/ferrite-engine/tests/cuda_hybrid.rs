@@ -2,7 +2,9 @@
 //! recurrent state in the device KV cache, gated attention outputs, Qwen3-Next's shared
 //! expert) on the GPU, gated by `FERRITE_TEST_CUDA=1`: the engine invariants of
 //! `common::hybrid` (chunked prefill == whole, prefix hit == cold, speculative decoding and
-//! fill == plain at temperature 0, batched == alone, preempted == uninterrupted, no leak) with
+//! fill == plain at temperature 0, batched == alone, preempted == uninterrupted, no leak, a
+//! prefix restored with its state snapshot from host RAM or the SSD == cold; the last not yet
+//! run on a GPU) with
 //! the model on CUDA device 0, its executor built directly (`load::gpu_decoder`). On an H100
 //! (2026-12-06) batched == alone, n > 1 choices and preemption failed (a row's tokens parting
 //! from its run alone after a few tokens) and chunked prefill stopped on attention metadata
@@ -62,5 +64,26 @@ fn cuda_hybrid_n_choices_are_reproducible() {
 fn cuda_hybrid_random_arrivals_and_aborts_leak_nothing() {
     if cuda_enabled("cuda_hybrid_random_arrivals_and_aborts_leak_nothing") {
         hybrid::random_arrivals_and_aborts_leak_nothing(DeviceChoice::Cuda(0));
+    }
+}
+
+#[test]
+fn cuda_hybrid_host_ram_restores_the_state_snapshot() {
+    if cuda_enabled("cuda_hybrid_host_ram_restores_the_state_snapshot") {
+        hybrid::host_ram_restores_the_state_snapshot(DeviceChoice::Cuda(0));
+    }
+}
+
+#[test]
+fn cuda_hybrid_the_ssd_restores_the_state_snapshot_after_a_restart() {
+    if cuda_enabled("cuda_hybrid_the_ssd_restores_the_state_snapshot_after_a_restart") {
+        hybrid::the_ssd_restores_the_state_snapshot_after_a_restart(DeviceChoice::Cuda(0));
+    }
+}
+
+#[test]
+fn cuda_hybrid_a_corrupt_snapshot_on_the_ssd_falls_back_to_the_one_before() {
+    if cuda_enabled("cuda_hybrid_a_corrupt_snapshot_on_the_ssd_falls_back_to_the_one_before") {
+        hybrid::a_corrupt_snapshot_on_the_ssd_falls_back_to_the_one_before(DeviceChoice::Cuda(0));
     }
 }

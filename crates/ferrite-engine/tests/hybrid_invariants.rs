@@ -40,3 +40,18 @@ fn n_choices_are_reproducible() {
 fn random_arrivals_and_aborts_leak_nothing() {
     hybrid::random_arrivals_and_aborts_leak_nothing(DeviceChoice::Cpu);
 }
+
+#[test]
+fn host_ram_restores_the_state_snapshot() {
+    hybrid::host_ram_restores_the_state_snapshot(DeviceChoice::Cpu);
+}
+
+#[test]
+fn the_ssd_restores_the_state_snapshot_after_a_restart() {
+    hybrid::the_ssd_restores_the_state_snapshot_after_a_restart(DeviceChoice::Cpu);
+}
+
+#[test]
+fn a_corrupt_snapshot_on_the_ssd_falls_back_to_the_one_before() {
+    hybrid::a_corrupt_snapshot_on_the_ssd_falls_back_to_the_one_before(DeviceChoice::Cpu);
+}

@@ -394,8 +394,9 @@ pub(crate) enum Storage {
 }
 
 /// Pools on a CUDA device: each layer's, the KV group of each, the recurrent states of
-/// `KvLayout::states` (slots of their group, as the layers' blocks), and the stream block
-/// copies to and from host memory run on (`kv_host`; the host tiers keep no recurrent state).
+/// `KvLayout::states` (slots of their group, as the layers' blocks: a slot is a block of the
+/// recurrent group to the block copies), and the stream block copies to and from host memory
+/// run on (`kv_host`).
 pub(crate) struct DevicePools {
     layers: Vec<DeviceKv>,
     groups: Vec<usize>,
@@ -405,22 +406,37 @@ pub(crate) struct DevicePools {
 
 impl DevicePools {
     fn group_block_bytes(&self, group: usize) -> usize {
-        self.layers.iter().zip(&self.groups).filter(|(_, &g)| g == group).map(|(l, _)| 2 * l.block_bytes()).sum()
+        let kv: usize =
+            self.layers.iter().zip(&self.groups).filter(|(_, &g)| g == group).map(|(l, _)| 2 * l.block_bytes()).sum();
+        kv + self.states.iter().filter(|s| s.spec.group == group).map(|s| s.spec.slot_bytes()).sum::<usize>()
     }
 
     /// The pieces of a block of each of `n_groups` groups, in the order of a whole block's
-    /// bytes (each layer's K block, then its V block; a quantized pool's codes, then its
-    /// parameters, as a host pool's), for the block copies (`kv_copy.rs`).
-    fn block_pieces(gpu: &Gpu, layers: &[DeviceKv], groups: &[usize], n_groups: usize) -> Vec<Vec<KvRegion>> {
+    /// bytes as a host cache's (`host_block_parts`): each layer's K block, then its V block (a
+    /// quantized pool's codes, then its parameters); then each state layer's slot, its
+    /// convolution window, then its recurrent matrices. For the block copies (`kv_copy.rs`).
+    fn block_pieces(
+        gpu: &Gpu,
+        layers: &[DeviceKv],
+        groups: &[usize],
+        states: &[DeviceStatePool],
+        n_groups: usize,
+    ) -> Vec<Vec<KvRegion>> {
         let mut out = vec![Vec::new(); n_groups];
+        let region = |base: u64, len: usize| KvRegion { base, stride: len as u64, len: len as u64, offset: 0 };
         for (l, &g) in layers.iter().zip(groups) {
             for pool in [&l.k, &l.v] {
                 for (len, part) in l.block_part_bytes().into_iter().zip(pool.parts()) {
                     if let Some(part) = part.filter(|_| len > 0) {
-                        let (base, n) = (part.device_ptr(gpu.stream()).0, len as u64);
-                        out[g].push(KvRegion { base, stride: n, len: n, offset: 0 });
+                        out[g].push(region(part.device_ptr(gpu.stream()).0, len));
                     }
                 }
+            }
+        }
+        for s in states {
+            let parts = [(&s.conv, s.spec.conv_values()), (&s.ssm, s.spec.ssm_values())];
+            for (values, n) in parts.into_iter().filter(|&(_, n)| n > 0) {
+                out[s.spec.group].push(region(values.device_ptr(gpu.stream()).0, 4 * n));
             }
         }
         out
@@ -432,7 +448,7 @@ pub struct KvCache {
     id: u64,
     pub(crate) storage: Storage,
     /// The recurrent states of `KvLayout::states` (host memory only).
-    states: Vec<StatePool>,
+    pub(crate) states: Vec<StatePool>,
     group_blocks: Vec<usize>,
     pub(crate) block_size: usize,
     /// Blocks per group of the full-precision twin pools (`kv_twin`); empty without them.
@@ -440,31 +456,37 @@ pub struct KvCache {
 }
 
 /// The raw bytes of `block` of `group` in host pools, in the order of a whole block's bytes
-/// (each layer's K block, then its V block; a quantized pool's codes, then its parameters).
-pub(crate) fn host_block_parts(
-    layers: &[LayerKv],
+/// (each layer's K block, then its V block; a quantized pool's codes, then its parameters);
+/// a recurrent group's block is a state slot: each state layer's convolution window, then its
+/// recurrent matrices. `block` must exist.
+pub(crate) fn host_block_parts<'a>(
+    layers: &'a [LayerKv],
+    states: &'a [StatePool],
     group: usize,
     block: usize,
     block_size: usize,
-) -> impl Iterator<Item = &[u8]> {
-    layers.iter().filter(move |l| l.spec.group == group).flat_map(move |l| {
+) -> impl Iterator<Item = &'a [u8]> {
+    let kv = layers.iter().filter(move |l| l.spec.group == group).flat_map(move |l| {
         let range = l.block_range(block_size, block);
         l.k.bytes(range.clone()).into_iter().chain(l.v.bytes(range))
-    })
+    });
+    kv.chain(states.iter().filter(move |s| s.spec.group == group).flat_map(move |s| s.slot_parts(block)))
 }
 
 /// `host_block_parts`, to overwrite.
-pub(crate) fn host_block_parts_mut(
-    layers: &mut [LayerKv],
+pub(crate) fn host_block_parts_mut<'a>(
+    layers: &'a mut [LayerKv],
+    states: &'a mut [StatePool],
     group: usize,
     block: usize,
     block_size: usize,
-) -> impl Iterator<Item = &mut [u8]> {
-    layers.iter_mut().filter(move |l| l.spec.group == group).flat_map(move |l| {
+) -> impl Iterator<Item = &'a mut [u8]> {
+    let kv = layers.iter_mut().filter(move |l| l.spec.group == group).flat_map(move |l| {
         let range = l.block_range(block_size, block);
         let (k, v) = (&mut l.k, &mut l.v);
         k.bytes_mut(range.clone()).into_iter().chain(v.bytes_mut(range))
-    })
+    });
+    kv.chain(states.iter_mut().filter(move |s| s.spec.group == group).flat_map(move |s| s.slot_parts_mut(block)))
 }
 
 fn next_id() -> u64 {
@@ -548,7 +570,7 @@ impl KvCache {
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let groups: Vec<usize> = layout.layers.iter().map(|l| l.group).collect();
-        let pieces = DevicePools::block_pieces(gpu, &layers, &groups, layout.groups.len());
+        let pieces = DevicePools::block_pieces(gpu, &layers, &groups, &states, layout.groups.len());
         let copies = Arc::new(CopyStream::new(gpu, pieces)?);
         let pools = DevicePools { layers, groups, states, copies };
         Ok(KvCache {
@@ -596,10 +618,10 @@ impl KvCache {
     }
 
     /// Bytes of one block of `group` (`kv_host` gives their order): K then V of each of
-    /// the group's layers, in layer order.
+    /// the group's layers, in layer order; a recurrent group's block is a state slot.
     pub fn group_block_bytes(&self, group: usize) -> usize {
         match &self.storage {
-            Storage::Host(l) => host_block_parts(l, group, 0, self.block_size).map(<[u8]>::len).sum(),
+            Storage::Host(l) => host_block_parts(l, &self.states, group, 0, self.block_size).map(<[u8]>::len).sum(),
             Storage::Device(d) => d.group_block_bytes(group),
         }
     }

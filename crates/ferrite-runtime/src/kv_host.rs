@@ -1,11 +1,12 @@
 //! `HostBlocks`: whole KV blocks in host memory, and the block copies between a `KvCache`
 //! and it — what the tiers below the pool (host RAM, SSD) move blocks through.
 //!
-//! A slot holds one block of every KV group: each group's bytes at its offset
-//! (`KvCache::group_offset`), each group's layers in order, K then V, as raw values (f16 /
-//! f32 values, or a quantized pool's codes then its groups' scales and biases; bf16 on a
-//! device). Memory is taken in chunks as slots are first written, so a large budget costs
-//! nothing until used.
+//! A slot holds one block of each KV group the memory was made for (every group, or some of
+//! them: `KvCache::host_blocks_for`), in group order: each group's layers in order, K then V,
+//! as raw values (f16 / f32 values, or a quantized pool's codes then its groups' scales and
+//! biases; bf16 on a device); a recurrent group's block is a state slot (each state layer's
+//! convolution window, then its recurrent matrices, f32). Memory is taken in chunks as slots
+//! are first written, so a large budget costs nothing until used.
 //!
 //! For a host pool a copy is a `memcpy`, done when the call returns. For a device pool the
 //! memory is page-locked and a copy is queued on the cache's copy stream (`cuda::kv_copy`):
@@ -60,6 +61,8 @@ pub struct BlockMove {
 }
 
 pub struct HostBlocks {
+    /// Where each group of the cache starts in a slot; None for a group it does not hold.
+    offsets: Vec<Option<usize>>,
     slot_bytes: usize,
     slots: usize,
     per_chunk: usize,
@@ -75,6 +78,15 @@ impl HostBlocks {
 
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
+    }
+
+    /// Where `group`'s bytes start in a slot; an error for a group this memory does not hold.
+    fn offset(&self, group: usize) -> Result<usize> {
+        self.offsets
+            .get(group)
+            .copied()
+            .flatten()
+            .ok_or_else(|| RuntimeError::Shape(format!("host KV blocks hold no block of group {group}")))
     }
 
     /// Bytes of host memory taken so far.
@@ -185,14 +197,30 @@ impl Drop for HostBlocks {
 impl KvCache {
     /// Host memory for `slots` whole blocks of this cache (page-locked for a device cache).
     pub fn host_blocks(&self, slots: usize) -> Result<HostBlocks> {
-        let slot_bytes = self.block_bytes();
+        let all: Vec<usize> = (0..self.group_blocks().len()).collect();
+        self.host_blocks_for(&all, slots)
+    }
+
+    /// Host memory for `slots` blocks of `groups` of this cache (ascending), each slot their
+    /// bytes in group order (page-locked for a device cache). A tier keeps a recurrent group's
+    /// state slots apart from the other groups' blocks: only some blocks carry one.
+    pub fn host_blocks_for(&self, groups: &[usize], slots: usize) -> Result<HostBlocks> {
+        let mut offsets = vec![None; self.group_blocks().len()];
+        let mut slot_bytes = 0;
+        for &g in groups {
+            match offsets.get_mut(g) {
+                Some(o @ None) if groups.windows(2).all(|w| w[0] < w[1]) => *o = Some(slot_bytes),
+                _ => return Err(RuntimeError::Shape(format!("host KV blocks of groups {groups:?}"))),
+            }
+            slot_bytes += self.group_block_bytes(g);
+        }
         let device = match &self.storage {
             Storage::Host(_) => None,
             Storage::Device(d) => Some(DeviceSide { done: d.copies.new_event()?, copies: d.copies.clone() }),
         };
         let per_chunk = (CHUNK_BYTES / slot_bytes.max(1)).max(1);
         let chunks = (0..slots.div_ceil(per_chunk)).map(|_| None).collect();
-        let mut host = HostBlocks { slot_bytes, slots, per_chunk, chunks, device };
+        let mut host = HostBlocks { offsets, slot_bytes, slots, per_chunk, chunks, device };
         if host.device.is_some() {
             // Page-locking memory is slow (a 256 MiB chunk takes tens of milliseconds): take it
             // all now rather than inside the step or the restore that first needs it.
@@ -215,7 +243,12 @@ impl KvCache {
 
     fn check_host(&self, host: &HostBlocks) -> Result<()> {
         let device = matches!(self.storage, Storage::Device(_));
-        if host.slot_bytes != self.block_bytes() || host.device.is_some() != device {
+        let held =
+            (host.offsets.iter().enumerate()).filter(|(_, o)| o.is_some()).map(|(g, _)| self.group_block_bytes(g));
+        if host.offsets.len() != self.group_blocks().len()
+            || held.sum::<usize>() != host.slot_bytes
+            || host.device.is_some() != device
+        {
             return Err(RuntimeError::Shape("host KV blocks made for another cache".into()));
         }
         Ok(())
@@ -226,6 +259,7 @@ impl KvCache {
         self.check_host(host)?;
         for m in moves {
             self.check_block(m.group, m.block)?;
+            host.offset(m.group)?;
             host.locate(m.slot)?;
         }
         Ok(())
@@ -238,10 +272,10 @@ impl KvCache {
         match &self.storage {
             Storage::Host(layers) => {
                 for m in moves {
-                    let at = self.group_offset(m.group);
+                    let at = host.offset(m.group)?;
                     let dst = &mut host.slot_mut(m.slot)?[at..];
                     let mut off = 0;
-                    for part in host_block_parts(layers, m.group, m.block, self.block_size) {
+                    for part in host_block_parts(layers, &self.states, m.group, m.block, self.block_size) {
                         dst[off..off + part.len()].copy_from_slice(part);
                         off += part.len();
                     }
@@ -268,13 +302,12 @@ impl KvCache {
     pub fn load_blocks(&mut self, moves: &[BlockMove], host: &HostBlocks) -> Result<()> {
         self.check_moves(moves, host)?;
         let bs = self.block_size;
-        let offsets: Vec<usize> = moves.iter().map(|m| self.group_offset(m.group)).collect();
         match &mut self.storage {
             Storage::Host(layers) => {
-                for (m, at) in moves.iter().zip(offsets) {
-                    let src = &host.slot(m.slot)?[at..];
+                for m in moves {
+                    let src = &host.slot(m.slot)?[host.offset(m.group)?..];
                     let mut off = 0;
-                    for dst in host_block_parts_mut(layers, m.group, m.block, bs) {
+                    for dst in host_block_parts_mut(layers, &mut self.states, m.group, m.block, bs) {
                         let len = dst.len();
                         dst.copy_from_slice(&src[off..off + len]);
                         off += len;
@@ -300,7 +333,7 @@ impl KvCache {
     fn host_blocks_of(&self, moves: &[BlockMove], host: &HostBlocks) -> Result<Vec<(usize, Vec<HostBlock>)>> {
         let mut out: Vec<(usize, Vec<HostBlock>)> = Vec::new();
         for m in moves {
-            let at = self.group_offset(m.group);
+            let at = host.offset(m.group)?;
             let ptr = host.slot_ptr(m.slot)?.wrapping_add(at);
             let block = HostBlock { host: ptr, block: m.block as u32 };
             match out.iter_mut().find(|(g, _)| *g == m.group) {
@@ -325,6 +358,7 @@ impl KvCache {
 mod tests {
     use super::BlockMove;
     use crate::kv::{KvDtype, KvGroupKind, KvLayerSpec, KvLayout, KvScheme};
+    use crate::kv_state::StateSpec;
     use crate::KvCache;
 
     #[test]
@@ -372,5 +406,39 @@ mod tests {
         }
         let schemes: std::collections::HashSet<String> = dtypes.iter().map(|&d| cache(d).scheme()).collect();
         assert_eq!(schemes.len(), dtypes.len(), "{schemes:?}");
+    }
+
+    #[test]
+    fn a_recurrent_groups_block_is_a_state_slot_and_memory_may_hold_some_groups_only() {
+        let spec = |group| StateSpec { conv_channels: 3, conv_kernel: 3, heads: 2, k_dim: 2, v_dim: 4, group };
+        let layout = KvLayout {
+            groups: vec![KvGroupKind::Recurrent, KvGroupKind::Full],
+            layers: vec![KvLayerSpec { n_kv_heads: 1, head_dim: 8, group: 1 }],
+            states: vec![spec(0), spec(0)],
+        };
+        let mut kv = KvCache::new(&layout, &[3, 4], 2).unwrap();
+        // Two state layers of 6 conv and 16 matrix values each.
+        assert_eq!(kv.group_block_bytes(0), 2 * 4 * (6 + 16));
+        assert_eq!(kv.block_bytes(), kv.group_block_bytes(0) + 2 * 2 * 8 * 2);
+        kv.state_mut(1).unwrap().ssm_mut(2).unwrap().iter_mut().enumerate().for_each(|(i, x)| *x = i as f32 + 0.5);
+        kv.state_mut(0).unwrap().conv_mut(2).unwrap().fill(-1.0);
+        let mut states = kv.host_blocks_for(&[0], 2).unwrap();
+        let mut blocks = kv.host_blocks_for(&[1], 2).unwrap();
+        assert_eq!(states.slot_bytes(), kv.group_block_bytes(0));
+        assert_eq!(blocks.slot_bytes(), kv.group_block_bytes(1));
+        let mv = |group, block, slot| BlockMove { group, block, slot };
+        // Memory of one group takes no block of another.
+        assert!(kv.save_blocks(&[mv(1, 0, 0)], &mut states).is_err());
+        assert!(kv.save_blocks(&[mv(0, 0, 0)], &mut blocks).is_err());
+        assert!(kv.host_blocks_for(&[1, 0], 1).is_err());
+        kv.save_blocks(&[mv(0, 2, 1)], &mut states).unwrap();
+        kv.load_blocks(&[mv(0, 0, 1)], &states).unwrap();
+        for layer in 0..2 {
+            let s = kv.state_mut(layer).unwrap();
+            let (conv, ssm) = (s.conv(2).unwrap().to_vec(), s.ssm(2).unwrap().to_vec());
+            assert_eq!((s.conv(0).unwrap(), s.ssm(0).unwrap()), (&conv[..], &ssm[..]), "state layer {layer}");
+            assert!(s.ssm(1).unwrap().iter().all(|&x| x == 0.0), "a neighbour slot is untouched");
+        }
+        assert_eq!(kv.state_mut(1).unwrap().ssm(0).unwrap()[3], 3.5);
     }
 }

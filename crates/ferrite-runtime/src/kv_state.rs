@@ -104,6 +104,25 @@ impl StatePool {
         Ok(&mut self.ssm[s * n..(s + 1) * n])
     }
 
+    /// The raw bytes of `slot` as a tier block holds them (`kv_host`): its convolution window,
+    /// then its recurrent matrices. Panics for a slot that does not exist (callers check it).
+    pub(crate) fn slot_parts(&self, slot: usize) -> [&[u8]; 2] {
+        let (c, m) = (self.spec.conv_values(), self.spec.ssm_values());
+        [
+            bytemuck::cast_slice(&self.conv[slot * c..(slot + 1) * c]),
+            bytemuck::cast_slice(&self.ssm[slot * m..(slot + 1) * m]),
+        ]
+    }
+
+    /// `slot_parts`, to overwrite.
+    pub(crate) fn slot_parts_mut(&mut self, slot: usize) -> [&mut [u8]; 2] {
+        let (c, m) = (self.spec.conv_values(), self.spec.ssm_values());
+        [
+            bytemuck::cast_slice_mut(&mut self.conv[slot * c..(slot + 1) * c]),
+            bytemuck::cast_slice_mut(&mut self.ssm[slot * m..(slot + 1) * m]),
+        ]
+    }
+
     /// The whole recurrent-matrix storage (kernels that write disjoint heads of several
     /// slots from parallel workers index it themselves, after `check`ing every slot).
     pub(crate) fn ssm_all_mut(&mut self) -> &mut [f32] {

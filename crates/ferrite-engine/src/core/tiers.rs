@@ -17,7 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use ferrite_runtime::{HostBlocks, KvCache, KvLayout};
+use ferrite_runtime::{KvCache, KvLayout};
 
 use super::emit::{emit_token, Emitter};
 use super::restore::publish;
@@ -26,7 +26,7 @@ use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::kv::disk::{DiskTier, FORMAT_VERSION};
 use crate::kv::host::HostTier;
-use crate::kv::KvManager;
+use crate::kv::{KvManager, TierSlots};
 use crate::metrics::Metrics;
 use crate::request::RequestParams;
 use crate::sequence::Sequence;
@@ -104,46 +104,57 @@ impl Resumes {
     }
 }
 
-/// Bytes of staging the SSD tier's block copies go through at a time.
+/// Bytes of staging the SSD tier's block copies go through at a time (and at least one
+/// state snapshot).
 const STAGING_BYTES: usize = 64 << 20;
 
 /// Open the SSD tier of `cfg`, if it has one, and the staging slots its copies go through.
 pub(super) fn open_disk(
     cfg: &EngineConfig,
     kv: &KvCache,
-    layout: &KvLayout,
+    kvm: &KvManager,
     namespace: u64,
     metrics: &Arc<Metrics>,
-) -> Result<Option<(DiskTier, HostBlocks)>, EngineError> {
+) -> Result<Option<(DiskTier, TierSlots)>, EngineError> {
     let Some(d) = &cfg.disk_cache else { return Ok(None) };
     if !cfg.prefix_cache {
         return Err(EngineError::Config("--prefix-cache-dir needs the prefix cache (drop --no-prefix-cache)".into()));
     }
-    let group_bytes: Vec<u64> = (0..layout.groups.len()).map(|g| kv.group_block_bytes(g) as u64).collect();
-    let staging = kv.host_blocks((STAGING_BYTES / kv.block_bytes().max(1)).max(1))?;
-    Ok(Some((DiskTier::open(d, namespace, cfg.block_size, group_bytes, metrics.clone())?, staging)))
+    let state_group = kvm.state_group();
+    let group_bytes: Vec<u64> = (0..kv.group_blocks().len()).map(|g| kv.group_block_bytes(g) as u64).collect();
+    let per = |bytes: usize| (STAGING_BYTES / bytes.max(1)).max(1);
+    let state_bytes = state_group.map_or(0, |g| kv.group_block_bytes(g));
+    let staging = TierSlots::new(kv, state_group, per(kv.block_bytes() - state_bytes), per(state_bytes))?;
+    let disk = DiskTier::open(d, namespace, cfg.block_size, (group_bytes, state_group), metrics.clone())?;
+    Ok(Some((disk, staging)))
 }
 
-/// Open the host-RAM tier of `cfg`, if it has one; the pool then records what it evicts.
+/// Open the host-RAM tier of `cfg`, if it has one; the pool then records what it evicts. A
+/// model with recurrent state splits the budget as the pool does: a snapshot per `stride`
+/// blocks.
 pub(super) fn open_host(
     cfg: &EngineConfig,
     kv: &KvCache,
     kvm: &mut KvManager,
+    stride: usize,
     metrics: &Arc<Metrics>,
 ) -> Result<Option<HostTier>, EngineError> {
     let Some(bytes) = cfg.host_cache_memory else { return Ok(None) };
     if kvm.prefix_cache().is_none() {
         return Err(EngineError::Config("--host-cache-memory needs the prefix cache (drop --no-prefix-cache)".into()));
     }
-    let slots = bytes / kv.block_bytes().max(1);
-    if slots == 0 {
-        return Err(EngineError::Config(format!(
-            "--host-cache-memory {bytes} holds no KV block ({} bytes each)",
-            kv.block_bytes()
-        )));
+    let state_group = kvm.state_group();
+    let state_bytes = state_group.map_or(0, |g| kv.group_block_bytes(g));
+    let stride = if state_group.is_some() { stride.max(1) } else { 1 };
+    // `units` of `stride` blocks and a snapshot (without recurrent state: of a block).
+    let unit = stride * (kv.block_bytes() - state_bytes) + state_bytes;
+    let units = bytes / unit.max(1);
+    if units == 0 {
+        return Err(EngineError::Config(format!("--host-cache-memory {bytes} holds no KV block ({unit} bytes each)")));
     }
     kvm.keep_spills();
-    Ok(Some(HostTier::new(kv.host_blocks(slots)?, metrics.clone())))
+    let states = if state_group.is_some() { units } else { 0 };
+    Ok(Some(HostTier::new(TierSlots::new(kv, state_group, units * stride, states)?, metrics.clone())))
 }
 
 impl EngineCore {

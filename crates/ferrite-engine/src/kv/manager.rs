@@ -20,7 +20,10 @@
 //! With a tier below the pool that takes evicted blocks (host RAM), every cached block the
 //! pools evict is recorded as a `Spill` — its hash, tokens and the block of each group that
 //! caches it — while its bytes are still intact; the engine hands the spills to the tier
-//! (`take_spills`) before the next write to the pool.
+//! (`take_spills`) before the next write to the pool. A recurrent group's state snapshot is
+//! an optional part of a block below the pool (`GroupPolicy::snapshots`): a block is spilled,
+//! published and restored when every other group has it, with its snapshot where one is
+//! cached, and a restore asks for the snapshot of the hit's end only.
 //!
 //! A quantized cache with a delayed start (`--quantized-kv-start`) has a second set of pools,
 //! the full-precision twins, with their own block ids, free lists and prefix-cache entries
@@ -55,7 +58,8 @@ pub struct KvManager {
 }
 
 /// A cached block the pools evicted, its bytes intact until the next write to the pools:
-/// its chained hash, its tokens, and the block of each group that caches it.
+/// its chained hash, its tokens, and the block of each group that caches it (`NO_BLOCK` for a
+/// snapshot group that keeps no snapshot of it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spill {
     pub hash: u64,
@@ -64,21 +68,27 @@ pub struct Spill {
 }
 
 /// Take the least recently freed block of `pool` (pool index `g`), evicting the cached prefix
-/// it held; a spill records it when every group cached it (`groups` of them: the quantized
-/// pools; a twin pool's index is past them, and its blocks are not spilled).
+/// it held; a spill records it when every group but a snapshot group (`state`) cached it
+/// (`groups` of them: the quantized pools; a twin pool's index is past them, and its blocks
+/// are not spilled).
 pub(super) fn take_free(
     pool: &mut BlockPool,
     g: usize,
     cache: &mut Option<PrefixCache>,
     spills: &mut Option<Vec<Spill>>,
-    groups: usize,
+    (groups, state): (usize, Option<usize>),
 ) -> Option<u32> {
     let (block, evicted) = pool.allocate()?;
     let (Some(h), Some(cache)) = (evicted, cache.as_mut()) else { return Some(block) };
     let tokens = cache.remove(g, h, block);
     if let (Some(spills), Some(tokens), true) = (spills.as_mut(), tokens, g < groups) {
-        let holders: Option<Vec<u32>> =
-            (0..groups).map(|o| if o == g { Some(block) } else { cache.get(o, h, &tokens) }).collect();
+        let holders: Option<Vec<u32>> = (0..groups)
+            .map(|o| match cache.get(o, h, &tokens) {
+                _ if o == g => Some(block),
+                None if Some(o) == state => Some(NO_BLOCK),
+                held => held,
+            })
+            .collect();
         if let Some(holders) = holders {
             spills.push(Spill { hash: h, tokens, holders });
         }
@@ -132,6 +142,16 @@ impl KvManager {
         }
     }
 
+    /// The groups a spill records (the quantized pools') and the snapshot group among them.
+    pub(super) fn spill_shape(&self) -> (usize, Option<usize>) {
+        (self.policies.len(), self.state_group())
+    }
+
+    /// The group whose blocks are state snapshots (`GroupPolicy::snapshots`), if one is.
+    pub fn state_group(&self) -> Option<usize> {
+        self.policies.iter().position(|p| p.snapshots())
+    }
+
     /// Whether a group keeps recurrent state (verify rows need `reserve_span`).
     pub fn has_recurrent_state(&self) -> bool {
         self.policies.iter().any(|p| p.spans())
@@ -144,7 +164,7 @@ impl KvManager {
     pub fn reserve_span(&mut self, kv: &mut SeqKv, from: usize, k: usize) -> bool {
         debug_assert!(kv.is_from(&self.pools) && kv.span.is_none(), "one span at a time, from its own pools");
         let Some(g) = self.policies.iter().position(|p| p.spans()) else { return true };
-        let groups = self.policies.len();
+        let groups = self.spill_shape();
         let mut pools = lock(&self.pools);
         if pools[kv.base + g].num_free() < k {
             return false;
@@ -169,7 +189,7 @@ impl KvManager {
         if context == 0 {
             return true;
         }
-        let (bs, groups) = (self.block_size, self.policies.len());
+        let (bs, groups) = (self.block_size, self.spill_shape());
         let end = (context - 1) / bs;
         let mut pools = lock(&self.pools);
         for (g, (policy, table)) in self.policies.iter().zip(kv.tables.iter_mut()).enumerate() {
@@ -361,14 +381,25 @@ impl KvManager {
         hashes
     }
 
-    /// How many of the blocks `hashes` (of `tokens`), from the first, every group has cached.
+    /// How many of the blocks `hashes` (of `tokens`), from the first, every group has cached
+    /// (every group but a snapshot group, which caches only some blocks).
     pub fn cached_run(&self, hashes: &[u64], tokens: &[u32]) -> usize {
         let Some(cache) = self.cache.as_ref() else { return 0 };
         let bs = self.block_size;
-        let all = |i: usize| {
-            (0..self.policies.len()).all(|g| cache.get(g, hashes[i], &tokens[i * bs..(i + 1) * bs]).is_some())
-        };
+        let all =
+            |i: usize| (self.block_groups()).all(|g| cache.get(g, hashes[i], &tokens[i * bs..(i + 1) * bs]).is_some());
         (0..hashes.len()).take_while(|&i| all(i)).count()
+    }
+
+    /// The groups every block below the pool carries: all but a snapshot group.
+    fn block_groups(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.policies.len()).filter(|&g| !self.policies[g].snapshots())
+    }
+
+    /// Whether the snapshot group caches the state after block `hash` (of `tokens`).
+    pub fn caches_snapshot(&self, hash: u64, tokens: &[u32]) -> bool {
+        let cache = self.cache.as_ref();
+        self.state_group().zip(cache).is_some_and(|(g, c)| c.get(g, hash, tokens).is_some())
     }
 
     /// Make the cached blocks of `hashes` (of `tokens`) the most recently used of their pools.
@@ -386,18 +417,23 @@ impl KvManager {
         }
     }
 
-    /// Blocks every group can take for restores: the fewest free blocks of any group.
+    /// Blocks every group can take for restores: the fewest free blocks of any group a
+    /// restored block always fills (a snapshot group's slot is taken for the hit's end only).
     pub fn restorable_blocks(&self) -> usize {
-        lock(&self.pools).iter().take(self.policies.len()).map(BlockPool::num_free).min().unwrap_or(0)
+        let pools = lock(&self.pools);
+        self.block_groups().map(|g| pools[g].num_free()).min().unwrap_or(0)
     }
 
     /// Take a free block for a restore of block `hash` (of `tokens`) in each group that does
-    /// not cache it already: (group, block) pairs, each owned by the caller until
+    /// not cache it already — the snapshot group only when `snapshot` (the restore gives the
+    /// state after this block): (group, block) pairs, each owned by the caller until
     /// `finish_restore`. A group without a free block gets none.
-    pub fn restore_targets(&mut self, hash: u64, tokens: &[u32]) -> Vec<(usize, u32)> {
+    pub fn restore_targets(&mut self, hash: u64, tokens: &[u32], snapshot: bool) -> Vec<(usize, u32)> {
         let Some(cache) = self.cache.as_ref() else { return Vec::new() };
-        let lacking: Vec<usize> = (0..self.policies.len()).filter(|&g| cache.get(g, hash, tokens).is_none()).collect();
-        let groups = self.policies.len();
+        let wanted = |g: usize| snapshot || !self.policies[g].snapshots();
+        let lacking: Vec<usize> =
+            (0..self.policies.len()).filter(|&g| wanted(g) && cache.get(g, hash, tokens).is_none()).collect();
+        let groups = self.spill_shape();
         let mut pools = lock(&self.pools);
         let mut out = Vec::new();
         for g in lacking {
@@ -424,15 +460,18 @@ impl KvManager {
     }
 
     /// The block of each group holding full block `i` of `kv` (of `tokens`): its own table
-    /// entry, or the cached block a sliding window released; `None` when some group's copy
+    /// entry, or the cached block a sliding window released; a snapshot group's entry is
+    /// `NO_BLOCK` where it keeps no state after this block. `None` when another group's copy
     /// is gone, or the blocks are full-precision ones (tiers hold quantized pools' blocks).
     pub fn block_holders(&self, kv: &SeqKv, i: usize, tokens: &[u32]) -> Option<Vec<u32>> {
         let cache = self.cache.as_ref().filter(|_| !kv.full_precision())?;
         let (bs, hash) = (self.block_size, *kv.hashes.get(i)?);
+        let block_tokens = tokens.get(i * bs..(i + 1) * bs)?;
         (kv.tables.iter().enumerate())
-            .map(|(g, t)| match t.get(i) {
-                Some(&b) if b != NO_BLOCK => Some(b),
-                _ => cache.get(g, hash, tokens.get(i * bs..(i + 1) * bs)?),
+            .map(|(g, t)| match (t.get(i), cache.get(g, hash, block_tokens)) {
+                (Some(&b), _) if b != NO_BLOCK && !self.policies[g].snapshots() => Some(b),
+                (_, None) if self.policies[g].snapshots() => Some(NO_BLOCK),
+                (_, cached) => cached,
             })
             .collect()
     }
@@ -463,7 +502,7 @@ impl KvManager {
         if pools.iter().skip(kv.base).zip(&plan).any(|(p, (_, fill))| p.num_free() < fill.len()) {
             return false;
         }
-        let groups = self.policies.len();
+        let groups = self.spill_shape();
         for (g, (len, fill)) in plan.into_iter().enumerate() {
             let at = kv.base + g;
             kv.tables[g].resize(len, NO_BLOCK);
@@ -677,7 +716,7 @@ mod tests {
         drop(b);
         // A restore takes free blocks, and registers only what was filled.
         let h = m.block_hashes(0, &tokens)[0];
-        let targets = m.restore_targets(h, &tokens[..4]);
+        let targets = m.restore_targets(h, &tokens[..4], true);
         assert_eq!(targets.len(), 2);
         m.finish_restore(h, &tokens[..4], &targets, &[true, false]);
         let c = m.prefix_cache().expect("cache");

@@ -62,6 +62,13 @@ pub trait GroupPolicy: Debug + Send {
     fn spans(&self) -> bool {
         false
     }
+
+    /// Whether the group's cached blocks are state snapshots, kept only at some blocks (a
+    /// recurrent group): a block stored below the pool carries one only where it was kept,
+    /// while every other group's block is always there.
+    fn snapshots(&self) -> bool {
+        false
+    }
 }
 
 /// The policy of a layout's group `kind`.
@@ -193,6 +200,10 @@ impl GroupPolicy for RecurrentState {
     fn spans(&self) -> bool {
         true
     }
+
+    fn snapshots(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]
@@ -243,6 +254,6 @@ mod tests {
         // A hit needs only the snapshot at its end.
         let cached = |i: usize| i == 5;
         assert!(p.serves_hit(6, 4, &cached) && !p.serves_hit(5, 4, &cached) && p.serves_hit(0, 4, &cached));
-        assert!(p.spans() && p.last_holds_block() && !p.shares_prefix());
+        assert!(p.spans() && p.last_holds_block() && !p.shares_prefix() && p.snapshots());
     }
 }

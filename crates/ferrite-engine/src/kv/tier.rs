@@ -16,14 +16,24 @@ pub enum TierKind {
     Ssd = 1,
 }
 
-/// Where the bytes of a block a tier found are.
+/// Where the bytes of a block a tier found are, and whether it carries the state snapshot
+/// after it (a model with recurrent state; `kv/tier_slots.rs`).
 #[derive(Debug)]
 pub enum BlockData {
-    /// Read into memory (the SSD tier): every group's bytes in group order, as a `HostBlocks`
-    /// slot holds them.
-    Bytes(Vec<u8>),
+    /// Read into memory (the SSD tier): the block's bytes as `TierSlots` hold them — every
+    /// group's but the snapshot group's, in group order, then the snapshot's where `state`.
+    Bytes { bytes: Vec<u8>, state: bool },
     /// In the host tier's own slots, looked up again (hash and tokens) when copied in.
-    Held,
+    Held { state: bool },
+}
+
+impl BlockData {
+    /// Whether the tier holds the state snapshot after this block.
+    pub fn has_state(&self) -> bool {
+        match *self {
+            BlockData::Bytes { state, .. } | BlockData::Held { state } => state,
+        }
+    }
 }
 
 /// Blocks a tier found: `blocks[j]` is block `first + j` of the sequence, checked against

@@ -23,7 +23,7 @@ impl KvManager {
     /// `total` positions; all or nothing (false when the quantized pools lack the blocks).
     pub(super) fn turn(&mut self, kv: &mut SeqKv, total: usize) -> bool {
         debug_assert!(kv.base != 0 && kv.pending.is_empty(), "only a full-precision row turns, once");
-        let (bs, groups) = (self.block_size, self.policies.len());
+        let (bs, groups, shape) = (self.block_size, self.policies.len(), self.spill_shape());
         let entries: Vec<usize> = self.policies.iter().map(|p| p.table_len(total, bs)).collect();
         let released = |g: usize, i: usize| kv.tables[g].get(i) == Some(&NO_BLOCK);
         let need: Vec<usize> =
@@ -39,7 +39,7 @@ impl KvManager {
             for i in 0..n {
                 let block = match released(g, i) {
                     true => Some(NO_BLOCK),
-                    false => take_free(&mut pools[g], g, &mut self.cache, &mut self.spills, groups),
+                    false => take_free(&mut pools[g], g, &mut self.cache, &mut self.spills, shape),
                 };
                 let Some(block) = block else {
                     // Counted free above; should it happen, what was taken goes back.

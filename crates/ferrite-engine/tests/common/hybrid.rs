@@ -4,16 +4,19 @@
 //! chunked prefill equals whole prefill, a prefix hit (served from a state snapshot) equals a
 //! cold run, speculative decoding and fill (verify rows rolled back to the accepted length
 //! from their per-token states) equal plain decoding at temperature 0, batched equals alone,
-//! preempted equals uninterrupted, and no state slot or block leaks.
+//! preempted equals uninterrupted, no state slot or block leaks, and a prefix served from the
+//! host-RAM tier or, after a restart, the SSD tier (its state snapshot restored with it)
+//! equals a cold run, ending at the last snapshot there.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use ferrite_engine::{EngineConfig, EngineCore, FillMode, Request, RequestParams, Speculation};
+use ferrite_engine::kv::disk::DiskConfig;
+use ferrite_engine::{EngineConfig, EngineCore, FillMode, Output, Request, RequestParams, Speculation, Usage};
 use ferrite_models::model::CausalLm;
 use ferrite_runtime::cuda::DeviceChoice;
 use rand::{Rng, SeedableRng};
-use tokio::sync::mpsc::unbounded_channel;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::*;
 
@@ -290,5 +293,143 @@ pub fn random_arrivals_and_aborts_leak_nothing(device: DeviceChoice) {
             });
         }
         assert_no_leak(&core, name);
+    }
+}
+
+/// Run `core` to its end; the tokens `rx` streamed and the usage it finished with.
+fn finish(core: &mut EngineCore, mut rx: UnboundedReceiver<Output>) -> (Vec<u32>, Usage) {
+    run_to_end(core);
+    let (mut tokens, mut usage) = (Vec::new(), None);
+    while let Ok(o) = rx.try_recv() {
+        tokens.extend(&o.token_ids);
+        if let Some(f) = o.finished {
+            usage = Some(f.usage);
+        }
+    }
+    (tokens, usage.expect("finished"))
+}
+
+/// A 100-token prompt, and a second one sharing its first 96 tokens; the second's cold tokens.
+fn shared_prompts(m: &Arc<dyn CausalLm>, seed: u64) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let vocab = m.config().vocab_size;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let first = random_prompt(&mut rng, 100, vocab);
+    let second = [&first[..96], &random_prompt(&mut rng, 10, vocab)[..]].concat();
+    let cold = alone(m, EngineConfig { prefix_cache: false, ..cfg() }, second.clone(), greedy(8)).remove(0);
+    (first, second, cold)
+}
+
+/// Snapshots every 4 positions (every block: the 24 shared blocks are all served) or every
+/// 20 (blocks 4, 9, …: the hit ends after block 19, 80 positions).
+const SNAPSHOTS: [(usize, usize); 2] = [(4, 96), (20, 80)];
+
+/// The host tier's configuration: a pool of 40 blocks (one row at a time, so the state pool
+/// is small too), `interval` positions between snapshots. Prefill chunks of 36 positions end
+/// in blocks 8 and 17, whose snapshots (a chunk's last entry holds one) leave the expected hits.
+fn tiered(m: &Arc<dyn CausalLm>, interval: usize) -> EngineConfig {
+    let c =
+        EngineConfig { state_snapshot_interval: Some(interval), max_num_seqs: 1, max_num_batched_tokens: 36, ..cfg() };
+    let per_block = core(m, c.clone()).limits().kv_bytes_per_token * 4;
+    EngineConfig { max_model_len: Some(160), kv_cache_memory: Some(40 * per_block), ..c }
+}
+
+/// A prefix the pool evicted, blocks and snapshots, comes back from host RAM with the snapshot
+/// of the hit's end: the cold run's tokens, the expected positions cached (the last
+/// snapshot's), all of them from host RAM, and nothing leaked.
+pub fn host_ram_restores_the_state_snapshot(device: DeviceChoice) {
+    for &(name, _) in HYBRIDS {
+        let (m, _) = fixture(name, device);
+        let (first, second, cold) = shared_prompts(&m, 11);
+        for (interval, want) in SNAPSHOTS {
+            let base = tiered(&m, interval);
+            let host = base.kv_cache_memory.map(|b| 4 * b);
+            let mut c = core(&m, EngineConfig { host_cache_memory: host, ..base });
+            let rx = add(&mut c, 1, first.clone(), greedy(8));
+            finish(&mut c, rx);
+            // Two more long prompts take the pool and the state slots: the first one's blocks
+            // and snapshots all go to host RAM.
+            let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+            for id in [2, 3] {
+                let rx = add(&mut c, id, random_prompt(&mut rng, 100, m.config().vocab_size), greedy(8));
+                finish(&mut c, rx);
+            }
+            let rx = add(&mut c, 4, second.clone(), greedy(8));
+            let (tokens, usage) = finish(&mut c, rx);
+            assert_eq!(tokens, cold, "{name}: snapshots every {interval}");
+            assert_eq!(
+                (usage.cached_tokens, usage.tiers.host_tokens),
+                (want, want),
+                "{name}: snapshots every {interval}"
+            );
+            c.check_kv_invariants().expect("invariants");
+            assert_no_leak(&c, name);
+        }
+    }
+}
+
+/// An engine over `dir` with snapshots every `interval` positions.
+fn on_disk(m: &Arc<dyn CausalLm>, dir: &std::path::Path, interval: usize) -> EngineCore {
+    let disk = Some(DiskConfig::new(dir.to_path_buf(), 64 << 20));
+    core(m, EngineConfig { state_snapshot_interval: Some(interval), disk_cache: disk, ..cfg() })
+}
+
+/// A prefix published by one engine comes back from the SSD to a new one (a restart) with
+/// its state snapshot: the cold run's tokens, the expected positions cached, nothing leaked.
+pub fn the_ssd_restores_the_state_snapshot_after_a_restart(device: DeviceChoice) {
+    for &(name, _) in HYBRIDS {
+        let (m, _) = fixture(name, device);
+        let (first, second, cold) = shared_prompts(&m, 13);
+        for (interval, want) in SNAPSHOTS {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut c = on_disk(&m, dir.path(), interval);
+            let rx = add(&mut c, 1, first.clone(), greedy(8));
+            finish(&mut c, rx);
+            drop(c);
+            let mut c = on_disk(&m, dir.path(), interval);
+            let rx = add(&mut c, 1, second.clone(), greedy(8));
+            let (tokens, usage) = finish(&mut c, rx);
+            assert_eq!(tokens, cold, "{name}: snapshots every {interval}");
+            assert_eq!(
+                (usage.cached_tokens, usage.tiers.ssd_tokens),
+                (want, want),
+                "{name}: snapshots every {interval}"
+            );
+            assert_no_leak(&c, name);
+        }
+    }
+}
+
+/// A snapshot that fails its checksum on the SSD: the run ends before its block, the hit at
+/// the snapshot before (one block less), with the cold run's tokens and nothing leaked.
+pub fn a_corrupt_snapshot_on_the_ssd_falls_back_to_the_one_before(device: DeviceChoice) {
+    for &(name, _) in HYBRIDS {
+        let (m, _) = fixture(name, device);
+        let (first, second, cold) = shared_prompts(&m, 14);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = on_disk(&m, dir.path(), 4);
+        let rx = add(&mut c, 1, first.clone(), greedy(8));
+        finish(&mut c, rx);
+        drop(c);
+        // The prompt's 25 blocks are one run, each carrying its snapshot after its other
+        // groups' bytes: flip the last byte of block 23's snapshot.
+        let whole: usize = m.kv_layout().block_bytes(4).iter().sum();
+        let runs: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "kvrun"))
+            .collect();
+        let run = runs.iter().max_by_key(|p| std::fs::metadata(p).map_or(0, |m| m.len())).expect("a run file");
+        let mut bytes = std::fs::read(run).expect("read");
+        let at = bytes.len() - whole - 1;
+        bytes[at] ^= 0x40;
+        std::fs::write(run, &bytes).expect("write");
+        let mut c = on_disk(&m, dir.path(), 4);
+        let metrics = c.metrics();
+        let rx = add(&mut c, 1, second.clone(), greedy(8));
+        let (tokens, usage) = finish(&mut c, rx);
+        assert_eq!(tokens, cold, "{name}");
+        assert_eq!((usage.cached_tokens, usage.tiers.ssd_tokens), (92, 92), "{name}");
+        assert_eq!(metrics.ssd_corrupt_files.load(Relaxed), 1, "{name}");
+        assert_no_leak(&c, name);
     }
 }

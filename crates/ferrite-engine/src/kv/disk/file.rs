@@ -4,10 +4,14 @@
 //! blocks) holds a run
 //! of consecutive full KV blocks of one token sequence. Its header says what the bytes are —
 //! format version, namespace digest (model, tokenizer, KV scheme, block size, layout),
-//! block size, bytes per block of each KV group — and, per block, its chained hash, a CRC32
-//! of its payload and its token ids; a CRC32 of the header closes it. The payload follows:
-//! block after block, each the groups' bytes in group order (as a `HostBlocks` slot holds them). The
-//! header alone gives the index everything it needs, so a start-up scan never reads payloads.
+//! block size, bytes per block of each KV group, the snapshot group (a model with recurrent
+//! state, whose "block" is the state snapshot after a block) — and, per block, its chained
+//! hash, a CRC32 of its payload, whether it carries its snapshot, and its token ids; a CRC32
+//! of the header closes it. The payload follows: block after block, each every other group's
+//! bytes in group order, then the snapshot's where the block carries one (as `TierSlots` hold
+//! them). The header alone gives the index everything it needs, so a start-up scan never
+//! reads payloads. (Version 2 added the snapshot group and flags; a version-1 file is
+//! another format: corrupt to this reader, deleted at start-up.)
 //!
 //! A **generation record** (`<key>.kvgen`) holds the prompt and the tokens generated so far
 //! of an interrupted generation, keyed by a digest of (namespace, prompt, parameters).
@@ -17,7 +21,7 @@
 use std::io::Read;
 
 /// Bumped whenever either format changes; part of every file and of the namespace digest.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 const RUN_MAGIC: &[u8; 8] = b"FRKVRUN\0";
 const GEN_MAGIC: &[u8; 8] = b"FRKVGEN\0";
 /// Magic, version and header length.
@@ -38,29 +42,54 @@ pub enum FileError {
 pub struct RunHeader {
     pub namespace: u64,
     pub block_size: u32,
-    /// Bytes of one block of each KV group.
+    /// Bytes of one block of each KV group (a snapshot group's: a snapshot).
     pub group_bytes: Vec<u64>,
+    /// The group whose block (a state snapshot) only some blocks carry.
+    pub state_group: Option<u32>,
     /// Chained hash of each block.
     pub hashes: Vec<u64>,
     /// CRC32 of each block's payload.
     pub checksums: Vec<u32>,
+    /// Whether each block carries its state snapshot.
+    pub states: Vec<bool>,
     /// `block_size` token ids per block.
     pub tokens: Vec<u32>,
 }
 
+/// `RunHeader::state_group`'s encoding of "none".
+const NO_GROUP: u32 = u32::MAX;
+
 impl RunHeader {
-    pub fn block_bytes(&self) -> u64 {
-        self.group_bytes.iter().sum()
+    /// Bytes of a snapshot (0 without a snapshot group).
+    fn state_bytes(&self) -> u64 {
+        self.state_group.and_then(|g| self.group_bytes.get(g as usize)).copied().unwrap_or(0)
+    }
+
+    /// Bytes of a block carrying its snapshot (`state`) or not.
+    pub fn block_bytes(&self, state: bool) -> u64 {
+        let all: u64 = self.group_bytes.iter().sum();
+        all - if state { 0 } else { self.state_bytes() }
+    }
+
+    /// Where each block's payload starts in the file, and where the file ends.
+    pub fn offsets(&self) -> Vec<u64> {
+        let mut at = self.encoded_len() as u64;
+        let mut out = vec![at];
+        for &s in &self.states {
+            at += self.block_bytes(s);
+            out.push(at);
+        }
+        out
     }
 
     /// Bytes of the encoded header (where the payload starts).
     pub fn encoded_len(&self) -> usize {
-        PREAMBLE + 8 + 4 + 4 + 8 * self.group_bytes.len() + 4 + 12 * self.hashes.len() + 4 * self.tokens.len() + 4
+        PREAMBLE + 8 + 4 + 4 + 8 * self.group_bytes.len() + 4 + 4 + 13 * self.hashes.len() + 4 * self.tokens.len() + 4
     }
 
     /// Bytes of the whole file.
     pub fn file_len(&self) -> u64 {
-        self.encoded_len() as u64 + self.hashes.len() as u64 * self.block_bytes()
+        self.encoded_len() as u64 + self.states.iter().map(|&s| self.block_bytes(s)).sum::<u64>()
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -72,9 +101,11 @@ impl RunHeader {
         put32(&mut out, self.block_size);
         put32(&mut out, self.group_bytes.len() as u32);
         self.group_bytes.iter().for_each(|&b| put64(&mut out, b));
+        put32(&mut out, self.state_group.unwrap_or(NO_GROUP));
         put32(&mut out, self.hashes.len() as u32);
         self.hashes.iter().for_each(|&h| put64(&mut out, h));
         self.checksums.iter().for_each(|&c| put32(&mut out, c));
+        out.extend(self.states.iter().map(|&s| u8::from(s)));
         self.tokens.iter().for_each(|&t| put32(&mut out, t));
         let crc = crc32fast::hash(&out);
         put32(&mut out, crc);
@@ -95,13 +126,24 @@ impl RunHeader {
         let block_size = c.u32()?;
         let groups = c.u32()? as usize;
         let group_bytes = (0..groups.min(1024)).map(|_| c.u64()).collect::<Result<Vec<_>, _>>()?;
+        let state_group = Some(c.u32()?).filter(|&g| g != NO_GROUP);
         let n = c.u32()? as usize;
         let hashes = (0..n.min(body.len() / 8)).map(|_| c.u64()).collect::<Result<Vec<_>, _>>()?;
         let checksums = (0..n.min(body.len() / 4)).map(|_| c.u32()).collect::<Result<Vec<_>, _>>()?;
+        let states = (0..n.min(body.len())).map(|_| c.flag()).collect::<Result<Vec<_>, _>>()?;
         let t = n.saturating_mul(block_size as usize);
         let tokens = (0..t.min(body.len() / 4)).map(|_| c.u32()).collect::<Result<Vec<_>, _>>()?;
-        let h = RunHeader { namespace, block_size, group_bytes, hashes, checksums, tokens };
-        if groups > 1024 || h.hashes.len() != n || h.tokens.len() != t || c.at != body.len() || h.encoded_len() != len {
+        let h = RunHeader { namespace, block_size, group_bytes, state_group, hashes, checksums, states, tokens };
+        let bad_group = state_group.is_some_and(|g| g as usize >= h.group_bytes.len());
+        let stray_state = state_group.is_none() && h.states.contains(&true);
+        if groups > 1024
+            || h.hashes.len() != n
+            || h.tokens.len() != t
+            || c.at != body.len()
+            || h.encoded_len() != len
+            || bad_group
+            || stray_state
+        {
             return Err(FileError::Corrupt("header fields disagree with its length"));
         }
         Ok(h)
@@ -209,6 +251,13 @@ impl Cursor<'_> {
     fn u64(&mut self) -> Result<u64, FileError> {
         self.take::<8>().map(u64::from_le_bytes)
     }
+    fn flag(&mut self) -> Result<bool, FileError> {
+        match self.take::<1>()? {
+            [0] => Ok(false),
+            [1] => Ok(true),
+            _ => Err(FileError::Corrupt("a block's snapshot flag")),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -220,10 +269,33 @@ mod tests {
             namespace: 9,
             block_size: 2,
             group_bytes: vec![8, 4],
+            state_group: Some(0),
             hashes: vec![1, 2],
             checksums: vec![3, 4],
+            states: vec![false, true],
             tokens: vec![5, 6, 7, 8],
         }
+    }
+
+    #[test]
+    fn blocks_with_a_snapshot_carry_its_bytes_after_the_others() {
+        let h = header();
+        // Block 0: group 1's 4 bytes; block 1: 4 + the snapshot's 8.
+        let start = h.encoded_len() as u64;
+        assert_eq!(h.offsets(), vec![start, start + 4, start + 16]);
+        assert_eq!(h.file_len(), start + 16);
+        let plain = RunHeader { state_group: None, states: vec![false, false], ..header() };
+        assert_eq!(plain.file_len(), plain.encoded_len() as u64 + 24);
+        assert_eq!(RunHeader::read(&mut &plain.encode()[..]).unwrap(), plain);
+        // A flag without a snapshot group, or a group past the header's, is corrupt.
+        let stray = RunHeader { state_group: None, ..header() };
+        assert!(RunHeader::read(&mut &stray.encode()[..]).is_err());
+        let past = RunHeader { state_group: Some(2), ..header() };
+        assert!(RunHeader::read(&mut &past.encode()[..]).is_err());
+        // A version-1 file (no snapshot fields) is another format.
+        let mut old = h.encode();
+        old[8..12].copy_from_slice(&1u32.to_le_bytes());
+        assert!(matches!(RunHeader::read(&mut &old[..]), Err(FileError::Corrupt("another format version"))));
     }
 
     #[test]

@@ -126,28 +126,41 @@ fn open_run(shared: &Shared, name: &str) -> Result<(File, RunHeader), FileError>
     if h.namespace != shared.namespace
         || h.block_size as usize != shared.block_size
         || h.group_bytes != shared.group_bytes
+        || h.state_group.map(|g| g as usize) != shared.state_group
     {
         return Err(FileError::Corrupt("a run of another namespace under this name"));
     }
     Ok((f, h))
 }
 
-/// Block `slot` of an open run, checked against `hash` and `tokens`.
-fn read_block(f: &File, h: &RunHeader, slot: usize, hash: u64, tokens: &[u32]) -> Result<Vec<u8>, FileError> {
-    let bs = h.block_size as usize;
-    if h.hashes.get(slot) != Some(&hash) || h.tokens.get(slot * bs..(slot + 1) * bs) != Some(tokens) {
-        return Err(FileError::Corrupt("block hash or token ids differ"));
+/// An open run: its name, file, header and where each block starts (`RunHeader::offsets`).
+struct OpenRun {
+    name: String,
+    file: File,
+    header: RunHeader,
+    offsets: Vec<u64>,
+}
+
+impl OpenRun {
+    /// Block `slot`, checked against `hash` and `tokens`: its bytes, and whether they end with
+    /// its snapshot.
+    fn block(&self, slot: usize, hash: u64, tokens: &[u32]) -> Result<(Vec<u8>, bool), FileError> {
+        let h = &self.header;
+        let bs = h.block_size as usize;
+        if h.hashes.get(slot) != Some(&hash) || h.tokens.get(slot * bs..(slot + 1) * bs) != Some(tokens) {
+            return Err(FileError::Corrupt("block hash or token ids differ"));
+        }
+        let (at, end) = (self.offsets[slot], self.offsets[slot + 1]);
+        let mut buf = vec![0u8; (end - at) as usize];
+        self.file.read_exact_at(&mut buf, at).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => FileError::Corrupt("truncated"),
+            _ => FileError::Io(e),
+        })?;
+        if h.checksums.get(slot) != Some(&crc32fast::hash(&buf)) {
+            return Err(FileError::Corrupt("payload checksum"));
+        }
+        Ok((buf, h.states[slot]))
     }
-    let n = h.block_bytes() as usize;
-    let mut buf = vec![0u8; n];
-    f.read_exact_at(&mut buf, h.encoded_len() as u64 + (slot * n) as u64).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => FileError::Corrupt("truncated"),
-        _ => FileError::Io(e),
-    })?;
-    if h.checksums.get(slot) != Some(&crc32fast::hash(&buf)) {
-        return Err(FileError::Corrupt("payload checksum"));
-    }
-    Ok(buf)
 }
 
 /// Threads that read and check one run's blocks at most.
@@ -161,15 +174,15 @@ fn read_run(shared: &Shared, job: &ReadJob) -> Restored {
     let bs = shared.block_size;
     let mut out = Restored { first: job.first, blocks: Vec::new() };
     // Where each block is: an index into `files` and its slot there.
-    let mut files: Vec<(String, File, RunHeader)> = Vec::new();
+    let mut files: Vec<OpenRun> = Vec::new();
     let mut wanted: Vec<(usize, usize)> = Vec::new();
     for &hash in &job.hashes {
         let Some((name, slot)) = lock(&shared.index).locate(hash).map(|(n, s)| (n.to_string(), s as usize)) else {
             break;
         };
-        if files.last().is_none_or(|(n, _, _)| *n != name) {
+        if files.last().is_none_or(|r| r.name != name) {
             match open_run(shared, &name) {
-                Ok((f, h)) => files.push((name, f, h)),
+                Ok((file, header)) => files.push(OpenRun { name, file, offsets: header.offsets(), header }),
                 Err(e) => {
                     shared.failed(&name, &e);
                     break;
@@ -180,12 +193,11 @@ fn read_run(shared: &Shared, job: &ReadJob) -> Restored {
     }
     let threads = READ_THREADS.min(std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
     let per_thread = wanted.len().div_ceil(threads).max(1);
-    let read = |first: usize, part: &[(usize, usize)]| -> Vec<Result<Vec<u8>, FileError>> {
+    let read = |first: usize, part: &[(usize, usize)]| -> Vec<Result<(Vec<u8>, bool), FileError>> {
         let mut got = Vec::with_capacity(part.len());
         for (k, &(file, slot)) in part.iter().enumerate() {
             let j = first + k;
-            let (_, f, h) = &files[file];
-            let r = read_block(f, h, slot, job.hashes[j], &job.tokens[j * bs..(j + 1) * bs]);
+            let r = files[file].block(slot, job.hashes[j], &job.tokens[j * bs..(j + 1) * bs]);
             let failed = r.is_err();
             got.push(r);
             if failed {
@@ -195,7 +207,7 @@ fn read_run(shared: &Shared, job: &ReadJob) -> Restored {
         got
     };
     let read = &read;
-    let results: Vec<Result<Vec<u8>, FileError>> = std::thread::scope(|scope| {
+    let results: Vec<Result<(Vec<u8>, bool), FileError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (wanted.chunks(per_thread).enumerate())
             .map(|(t, part)| scope.spawn(move || read(t * per_thread, part)))
             .collect();
@@ -213,20 +225,20 @@ fn read_run(shared: &Shared, job: &ReadJob) -> Restored {
     let mut used: Vec<usize> = Vec::new();
     for (r, &(file, _)) in results.into_iter().zip(&wanted) {
         match r {
-            Ok(bytes) => {
+            Ok((bytes, state)) => {
                 shared.metrics.ssd_read_bytes.fetch_add(bytes.len() as u64, Relaxed);
-                out.blocks.push(BlockData::Bytes(bytes));
+                out.blocks.push(BlockData::Bytes { bytes, state });
                 if used.last() != Some(&file) {
                     used.push(file);
                 }
             }
             Err(e) => {
-                shared.failed(&files[file].0, &e);
+                shared.failed(&files[file].name, &e);
                 break;
             }
         }
     }
-    let used: Vec<String> = used.into_iter().map(|f| files[f].0.clone()).collect();
+    let used: Vec<String> = used.into_iter().map(|f| files[f].name.clone()).collect();
     // A hit refreshes the files' last use, on disk too (the LRU order outlives a restart).
     for name in used {
         lock(&shared.index).touch(&name);

@@ -65,6 +65,8 @@ struct Shared {
     namespace: u64,
     block_size: usize,
     group_bytes: Vec<u64>,
+    /// The group whose block (a state snapshot) only some blocks carry.
+    state_group: Option<usize>,
     index: Mutex<Index>,
     /// Block hashes queued for writing.
     pending: Mutex<std::collections::HashSet<u64>>,
@@ -82,10 +84,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn block_bytes(&self) -> u64 {
-        self.group_bytes.iter().sum()
-    }
-
     /// A file that failed: forget it, and delete and count it when it was corrupt (a file
     /// that vanished was evicted by another server).
     fn failed(&self, name: &str, e: &FileError) {
@@ -114,12 +112,13 @@ pub struct DiskTier {
 
 impl DiskTier {
     /// Open (creating) the directory, rebuild the index and start the reader and writer.
-    /// `group_bytes`: bytes of one block of each KV group.
+    /// `group_bytes`: bytes of one block of each KV group; `state_group`: the group whose
+    /// block, a state snapshot, only some blocks carry (`kv/tier_slots.rs`).
     pub fn open(
         cfg: &DiskConfig,
         namespace: u64,
         block_size: usize,
-        group_bytes: Vec<u64>,
+        (group_bytes, state_group): (Vec<u64>, Option<usize>),
         metrics: Arc<Metrics>,
     ) -> Result<DiskTier, DiskError> {
         let err = |source| DiskError { dir: cfg.dir.display().to_string(), source };
@@ -132,6 +131,7 @@ impl DiskTier {
             namespace,
             block_size,
             group_bytes,
+            state_group,
             index: Mutex::new(index),
             pending: Mutex::new(Default::default()),
             forgotten: Mutex::new(Default::default()),
@@ -230,25 +230,30 @@ impl DiskTier {
         true
     }
 
-    /// Store a run of consecutive blocks (`payload`: each block's bytes, in order) for which
-    /// `reserved` bytes were reserved; a run of no blocks frees the reservation.
-    pub fn store(&self, hashes: Vec<u64>, tokens: Vec<u32>, payload: Vec<u8>, reserved: u64) {
+    /// Store a run of consecutive blocks (`payload`: each block's bytes, in order, with its
+    /// snapshot where `states` says it carries one) for which `reserved` bytes were reserved;
+    /// a run of no blocks frees the reservation.
+    pub fn store(&self, hashes: Vec<u64>, tokens: Vec<u32>, states: Vec<bool>, payload: Vec<u8>, reserved: u64) {
         let (Some(&first), Some(&last)) = (hashes.first(), hashes.last()) else {
             let left = self.shared.queued_bytes.fetch_sub(reserved, Relaxed) - reserved;
             self.shared.metrics.ssd_write_queue_bytes.store(left, Relaxed);
             return;
         };
         let s = &self.shared;
-        let checksums = payload.chunks(s.block_bytes().max(1) as usize).map(crc32fast::hash).collect();
-        lock(&s.pending).extend(&hashes);
-        let header = RunHeader {
+        let mut header = RunHeader {
             namespace: s.namespace,
             block_size: s.block_size as u32,
             group_bytes: s.group_bytes.clone(),
+            state_group: s.state_group.map(|g| g as u32),
             hashes: hashes.clone(),
-            checksums,
+            checksums: Vec::new(),
+            states,
             tokens,
         };
+        let ends = header.offsets().iter().map(|&o| (o - header.encoded_len() as u64) as usize).collect::<Vec<_>>();
+        header.checksums =
+            ends.windows(2).map(|w| crc32fast::hash(payload.get(w[0]..w[1]).unwrap_or_default())).collect();
+        lock(&s.pending).extend(&hashes);
         let name = format!("{first:016x}-{last:016x}.{RUN_EXT}");
         self.send(WriteJob::File { name, parts: vec![header.encode(), payload], kind: Kind::Run(hashes), reserved });
     }
