@@ -97,8 +97,8 @@ fn kv_bytes_per_token(cfg: &EngineConfig, layout: &ferrite_runtime::KvLayout, bl
     bytes / cfg.block_size
 }
 
-/// The seed of choice `i` of a request seeded with `seed`.
-fn choice_seed(seed: u64, choice: usize) -> u64 {
+/// The seed of choice `i` of a request seeded with `seed` (its draws are `uniform(seed, step)`).
+pub fn choice_seed(seed: u64, choice: usize) -> u64 {
     seed ^ (choice as u64).wrapping_mul(0xA24B_AED4_963E_E407)
 }
 

@@ -3,13 +3,8 @@
 //! expert) on the GPU, gated by `FERRITE_TEST_CUDA=1`: the engine invariants of
 //! `common::hybrid` (chunked prefill == whole, prefix hit == cold, speculative decoding and
 //! fill == plain at temperature 0, batched == alone, preempted == uninterrupted, no leak, a
-//! prefix restored with its state snapshot from host RAM or the SSD == cold; the last not yet
-//! run on a GPU) with
-//! the model on CUDA device 0, its executor built directly (`load::gpu_decoder`). On an H100
-//! (2026-12-06) batched == alone, n > 1 choices and preemption failed (a row's tokens parting
-//! from its run alone after a few tokens) and chunked prefill stopped on attention metadata
-//! built for the recurrent group (since fixed, not yet rerun): loading refuses hybrids on CUDA
-//! (`gpu::refused`) until this suite passes. (`cuda_goldens` compares their logits and greedy tokens with the
+//! prefix restored with its state snapshot from host RAM or the SSD == cold) with the model on
+//! CUDA device 0. (`cuda_goldens` compares their logits and greedy tokens with the
 //! CPU's and transformers', and graph replay with eager decode.)
 
 mod common;

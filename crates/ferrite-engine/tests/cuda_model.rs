@@ -37,10 +37,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::model::{
-    cache, compare_logits, cuda_enabled, divergence, equal_or_tie, log_softmax, parting_at_tie, prefill_logits,
-    smollm2_gguf, top2_margin, top_k, LogitsAgreement, BLOCK, TIE_MARGIN,
+    cache, compare_logits, cuda_enabled, divergence, draw_margin, equal_or_tie, log_softmax, parting_at_tie,
+    pick_margin_limit, prefill_logits, smollm2_gguf, top2_margin, top_k, LogitsAgreement, BLOCK,
 };
-use ferrite_engine::sampling::{apply_processors, distribution, uniform, TokenCounts, TokenLogprob};
+use ferrite_engine::sampling::TokenLogprob;
 use ferrite_engine::{EngineConfig, EngineCore, Output, Request, RequestParams, SamplingParams};
 use ferrite_models::gpu::GpuDecoder;
 use ferrite_models::model::{CausalLm, Pending, Want};
@@ -547,37 +547,9 @@ fn run_requests(
     (outs, core.metrics().overlapped_steps.load(std::sync::atomic::Ordering::Relaxed))
 }
 
-/// How far request `req`'s uniform draw at its `j`-th token lies from the nearest boundary
-/// of the distribution it samples from, after `tokens[..j]`, under `model`'s logits.
-fn draw_margin(model: &dyn CausalLm, req: &(Vec<u32>, RequestParams), tokens: &[u32], j: usize) -> f32 {
-    let (prompt, params) = req;
-    let context = [prompt.as_slice(), &tokens[..j]].concat();
-    let logits = prefill_logits(model, &context);
-    let mut last = logits[logits.len() - VOCAB..].to_vec();
-    let mut counts = TokenCounts::new();
-    for &t in &tokens[..j] {
-        *counts.entry(t).or_insert(0) += 1;
-    }
-    let sp = &params.sampling;
-    let banned = if j < params.min_tokens { params.stop_token_ids.clone() } else { Vec::new() };
-    apply_processors(&mut last, sp, prompt, &counts, &banned);
-    if sp.temperature == 0.0 {
-        let top = top_k(&last, 2);
-        return last[top[0]] - last[top[1]];
-    }
-    let u = uniform(sp.seed, j as u64);
-    let mut cdf = 0.0;
-    let mut margin = f32::INFINITY;
-    for (_, p) in distribution(&last, sp) {
-        cdf += p;
-        margin = margin.min((cdf - u).abs());
-    }
-    margin
-}
-
 /// Compare two runs of the same requests: equal token lists count; where two differ, the
-/// first difference must be at a draw within `DRAW_MARGIN` of a boundary (a logit margin
-/// under `2 * TIE_MARGIN` for greedy rows). Where both agree, logprobs must be close.
+/// first difference must be at a near tie (`pick_margin_limit`). Where both agree, logprobs
+/// must be close.
 fn check_runs(
     model: &dyn CausalLm,
     requests: &[(Vec<u32>, RequestParams)],
@@ -585,16 +557,15 @@ fn check_runs(
     b: &[Generated],
     what: &str,
 ) -> usize {
-    const DRAW_MARGIN: f32 = 0.02;
     let mut equal = 0;
     for (i, (req, (x, y))) in requests.iter().zip(a.iter().zip(b)).enumerate() {
         let agree = divergence(&x.0, &y.0).unwrap_or(x.0.len());
         if agree == x.0.len() && x.0.len() == y.0.len() {
             equal += 1;
         } else {
-            let margin = draw_margin(model, req, &x.0, agree);
+            let margin = draw_margin(model, (&req.0, &req.1), req.1.sampling.seed, &x.0, agree);
             println!("TABLE|engine {what}: request {i} diverged at token {agree}|draw margin {margin:.4}|||");
-            let limit = if req.1.sampling.temperature == 0.0 { 2.0 * TIE_MARGIN } else { DRAW_MARGIN };
+            let limit = pick_margin_limit(&req.1);
             assert!(margin < limit, "{what}: request {i} diverges at token {agree}, a clear draw (margin {margin})");
         }
         let want_lp = req.1.logprobs.map_or(0, |_| agree);

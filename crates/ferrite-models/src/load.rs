@@ -175,7 +175,7 @@ pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64, dtype: DType) -> R
 
 /// The CUDA executor of the HF model directory `dir` on device `ordinal`, as its concrete type
 /// (tests switch its CUDA graphs off and on), built without loading's refusals
-/// (`gpu::refused`): the tests of a path loading does not yet take (the hybrids) use it.
+/// (`gpu::refused`), so the tests measure what loading does not take yet (qwen3_next).
 pub fn gpu_decoder(dir: &Path, ordinal: usize) -> Result<crate::gpu::GpuDecoder> {
     let cfg_path = dir.join("config.json");
     let json = read_config(&cfg_path)?;

@@ -6,7 +6,9 @@
 //! from their per-token states) equal plain decoding at temperature 0, batched equals alone,
 //! preempted equals uninterrupted, no state slot or block leaks, and a prefix served from the
 //! host-RAM tier or, after a restart, the SSD tier (its state snapshot restored with it)
-//! equals a cold run, ending at the last snapshot there.
+//! equals a cold run, ending at the last snapshot there. "Equals" is exact on the CPU; on a
+//! GPU, whose GEMMs sum in an order that depends on the batch's shape, two runs may part only
+//! where the pick was a near tie (`assert_agree`), as every GPU engine test holds.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use ferrite_runtime::cuda::DeviceChoice;
 use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use super::model::{divergence, draw_margin, pick_margin_limit};
 use super::*;
 
 /// Each fixture, and a token whose repetition makes it repeat that token forever (so prompt
@@ -27,14 +30,7 @@ const HYBRIDS: &[(&str, u32)] = &[("qwen3.5", 7), ("qwen3-next", 160)];
 /// Fixture `name` on `device`, and its prompts.
 fn fixture(name: &str, device: DeviceChoice) -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
     let dir = fixture_dir(name);
-    // The GPU executor built directly: loading refuses hybrids on CUDA until these invariants
-    // hold there (`gpu::refused`).
-    let m: Arc<dyn CausalLm> = match device {
-        DeviceChoice::Cuda(ordinal) => {
-            Arc::new(ferrite_models::load::gpu_decoder(&dir, ordinal).unwrap_or_else(|e| panic!("cuda {name}: {e}")))
-        }
-        _ => ferrite_models::load_on(&dir, device).unwrap_or_else(|e| panic!("load {name}: {e}")).model,
-    };
+    let m = ferrite_models::load_on(&dir, device).unwrap_or_else(|e| panic!("load {name}: {e}")).model;
     let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
     let reference: serde_json::Value = serde_json::from_str(&text).expect("json");
     let prompts = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();
@@ -45,6 +41,54 @@ fn fixture(name: &str, device: DeviceChoice) -> (Arc<dyn CausalLm>, Vec<Vec<u32>
 /// every ~20 blocks of these tiny models, whose state is large beside their one attention layer).
 fn cfg() -> EngineConfig {
     EngineConfig { block_size: 4, state_snapshot_interval: Some(4), ..EngineConfig::default() }
+}
+
+/// The fixtures `device` runs: on a GPU not qwen3-next, which loading keeps on the CPU
+/// (`gpu::refused`; `cuda_goldens` measures it there).
+fn hybrids(device: DeviceChoice) -> impl Iterator<Item = &'static (&'static str, u32)> {
+    HYBRIDS.iter().filter(move |(name, _)| !(matches!(device, DeviceChoice::Cuda(_)) && *name == "qwen3-next"))
+}
+
+/// A request sampled at `temperature` from `seed` — greedy on a GPU: a sampled pick also
+/// flips there when two near-equal candidates swap places or the nucleus gains or loses one
+/// under bf16 noise, far from any boundary of its draw (the device sampler's batch invariance
+/// is `cuda_model`'s).
+fn sampled(device: DeviceChoice, max_tokens: usize, seed: u64, temperature: f32) -> RequestParams {
+    match device {
+        DeviceChoice::Cuda(_) => greedy(max_tokens),
+        _ => seeded(max_tokens, seed, temperature),
+    }
+}
+
+/// Check that `got` (per choice) agrees with `want` for the request of `prompt` and `params`
+/// run on another schedule: exactly on the CPU; on a GPU, whose GEMMs sum in an order that
+/// depends on the batch's shape, a choice may part from the other only where its pick was a
+/// near tie under `m`'s logits (`draw_margin` under `pick_margin_limit`).
+fn assert_agree(
+    device: DeviceChoice,
+    m: &dyn CausalLm,
+    prompt: &[u32],
+    params: &RequestParams,
+    got: &[Vec<u32>],
+    want: &[Vec<u32>],
+    what: &str,
+) {
+    if !matches!(device, DeviceChoice::Cuda(_)) {
+        assert_eq!(got, want, "{what}");
+        return;
+    }
+    assert_eq!(got.len(), want.len(), "{what}: choices");
+    for (c, (g, w)) in got.iter().zip(want).enumerate() {
+        let Some(j) = divergence(g, w) else { continue };
+        let seed = ferrite_engine::core::choice_seed(params.sampling.seed, c);
+        let margin = draw_margin(m, (prompt, params), seed, w, j);
+        println!("TABLE|hybrid {what}, choice {c}: parted at token {j}|pick margin {margin:.4}|||");
+        let limit = pick_margin_limit(params);
+        assert!(
+            margin < limit,
+            "{what}, choice {c}: parts at token {j}, a clear pick (margin {margin}, limit {limit})"
+        );
+    }
 }
 
 fn random_prompt(rng: &mut impl Rng, len: usize, vocab: usize) -> Vec<u32> {
@@ -58,7 +102,7 @@ fn assert_no_leak(core: &EngineCore, what: &str) {
 }
 
 pub fn chunked_prefill_equals_whole_prefill(device: DeviceChoice) {
-    for &(name, _) in HYBRIDS {
+    for &(name, _) in hybrids(device) {
         let (m, prompts) = fixture(name, device);
         let prompt = prompts[2].clone();
         let whole = alone(&m, EngineConfig { max_num_batched_tokens: 4096, ..cfg() }, prompt.clone(), greedy(20));
@@ -71,11 +115,9 @@ pub fn chunked_prefill_equals_whole_prefill(device: DeviceChoice) {
                         state_snapshot_interval: interval,
                         ..EngineConfig::default()
                     };
-                    assert_eq!(
-                        alone(&m, c, prompt.clone(), greedy(20)),
-                        whole,
-                        "{name}: chunk {chunk} block {block} snapshots {interval:?}"
-                    );
+                    let got = alone(&m, c, prompt.clone(), greedy(20));
+                    let what = format!("{name}: chunk {chunk} block {block} snapshots {interval:?}");
+                    assert_agree(device, &*m, &prompt, &greedy(20), &got, &whole, &what);
                 }
             }
         }
@@ -85,7 +127,7 @@ pub fn chunked_prefill_equals_whole_prefill(device: DeviceChoice) {
 /// A prompt sharing 33 of the 40 tokens of one run before: served from the snapshot at the
 /// longest cached boundary, every 4 positions (32 cached) or every 12 (24), equal to cold.
 pub fn prefix_hit_equals_cold_run(device: DeviceChoice) {
-    for &(name, _) in HYBRIDS {
+    for &(name, _) in hybrids(device) {
         let (m, prompts) = fixture(name, device);
         let base = prompts[2].clone();
         let mut other = base[..33].to_vec();
@@ -106,14 +148,15 @@ pub fn prefix_hit_equals_cold_run(device: DeviceChoice) {
                 }
             }
             assert_eq!(cached, want_cached, "{name}: snapshots every {interval}");
-            assert_eq!(vec![toks], cold, "{name}: snapshots every {interval}");
+            let what = format!("{name}: snapshots every {interval}");
+            assert_agree(device, &*m, &other, &greedy(12), &[toks], &cold, &what);
             assert_no_leak(&c, name);
         }
     }
 }
 
 pub fn batched_equals_alone(device: DeviceChoice) {
-    for &(name, _) in HYBRIDS {
+    for &(name, _) in hybrids(device) {
         let (m, _) = fixture(name, device);
         let vocab = m.config().vocab_size;
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
@@ -122,7 +165,7 @@ pub fn batched_equals_alone(device: DeviceChoice) {
                 let len = rng.random_range(1..60);
                 let prompt = random_prompt(&mut rng, len, vocab);
                 let n = rng.random_range(1..24);
-                (prompt, if i % 2 == 0 { greedy(n) } else { seeded(n, i, 0.8) })
+                (prompt, if i % 2 == 0 { greedy(n) } else { sampled(device, n, i, 0.8) })
             })
             .collect();
         let c = EngineConfig { max_num_batched_tokens: 37, ..cfg() };
@@ -131,7 +174,9 @@ pub fn batched_equals_alone(device: DeviceChoice) {
             reqs.iter().enumerate().map(|(i, (p, pr))| add(&mut core, i as u64, p.clone(), pr.clone())).collect();
         run_to_end(&mut core);
         for (i, (p, pr)) in reqs.iter().enumerate() {
-            assert_eq!(collect(&mut rxs[i], 1), alone(&m, c.clone(), p.clone(), pr.clone()), "{name}: request {i}");
+            let got = collect(&mut rxs[i], 1);
+            let want = alone(&m, c.clone(), p.clone(), pr.clone());
+            assert_agree(device, &*m, p, pr, &got, &want, &format!("{name}: request {i}"));
         }
         assert_no_leak(&core, name);
     }
@@ -153,7 +198,7 @@ fn spec_requests(prompts: &[Vec<u32>], attractor: u32) -> Vec<(Vec<u32>, Request
 }
 
 pub fn speculation_and_fill_equal_plain_decoding_at_temperature_0(device: DeviceChoice) {
-    for &(name, attractor) in HYBRIDS {
+    for &(name, attractor) in hybrids(device) {
         let (m, prompts) = fixture(name, device);
         let reqs = spec_requests(&prompts, attractor);
         let plain: Vec<_> = reqs.iter().map(|(p, pr)| alone(&m, cfg(), p.clone(), pr.clone())).collect();
@@ -175,7 +220,8 @@ pub fn speculation_and_fill_equal_plain_decoding_at_temperature_0(device: Device
         ];
         for (method, c, reqs) in methods {
             for (i, (p, pr)) in reqs.iter().enumerate() {
-                assert_eq!(alone(&m, c.clone(), p.clone(), pr.clone()), plain[i], "{name} {method}: request {i} alone");
+                let got = alone(&m, c.clone(), p.clone(), pr.clone());
+                assert_agree(device, &*m, p, pr, &got, &plain[i], &format!("{name} {method}: request {i} alone"));
             }
             let mut core = core(&m, c.clone());
             for round in 0..2 {
@@ -184,7 +230,9 @@ pub fn speculation_and_fill_equal_plain_decoding_at_temperature_0(device: Device
                     .collect();
                 run_to_end(&mut core);
                 for (i, rx) in rxs.iter_mut().enumerate() {
-                    assert_eq!(collect(rx, reqs[i].1.n), plain[i], "{name} {method}: request {i}, round {round}");
+                    let (got, what) =
+                        (collect(rx, reqs[i].1.n), format!("{name} {method}: request {i}, round {round}"));
+                    assert_agree(device, &*m, &reqs[i].0, &reqs[i].1, &got, &plain[i], &what);
                 }
             }
             assert_no_leak(&core, name);
@@ -211,12 +259,12 @@ pub fn speculation_and_fill_equal_plain_decoding_at_temperature_0(device: Device
 }
 
 pub fn preemption_equals_uninterrupted(device: DeviceChoice) {
-    for &(name, _) in HYBRIDS {
+    for &(name, _) in hybrids(device) {
         let (m, _) = fixture(name, device);
         let vocab = m.config().vocab_size;
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let reqs: Vec<_> =
-            (0..6).map(|i| (random_prompt(&mut rng, 20 + i, vocab), seeded(30, i as u64, 1.0))).collect();
+            (0..6).map(|i| (random_prompt(&mut rng, 20 + i, vocab), sampled(device, 30, i as u64, 1.0))).collect();
         // 24 blocks of 4 positions for six requests of up to 60.
         let layout = m.kv_layout();
         let bytes = layout.block_bytes(4);
@@ -233,25 +281,28 @@ pub fn preemption_equals_uninterrupted(device: DeviceChoice) {
         }
         assert!(core.metrics().preemptions.load(Relaxed) > 0, "{name}: the tiny pool forced no preemption");
         for (i, (p, pr)) in reqs.iter().enumerate() {
-            assert_eq!(collect(&mut rxs[i], 1), alone(&m, cfg(), p.clone(), pr.clone()), "{name}: request {i}");
+            let (got, want) = (collect(&mut rxs[i], 1), alone(&m, cfg(), p.clone(), pr.clone()));
+            assert_agree(device, &*m, p, pr, &got, &want, &format!("{name}: request {i}"));
         }
         assert_no_leak(&core, name);
     }
 }
 
 pub fn n_choices_are_reproducible(device: DeviceChoice) {
-    for &(name, _) in HYBRIDS {
+    for &(name, _) in hybrids(device) {
         let (m, prompts) = fixture(name, device);
         let params = RequestParams { n: 3, ..seeded(12, 1234, 1.0) };
         let a = alone(&m, cfg(), prompts[2].clone(), params.clone());
         assert_eq!(a, alone(&m, cfg(), prompts[2].clone(), params.clone()));
         assert!(a.iter().any(|c| c != &a[0]), "{name}: three seeded choices were all identical");
-        assert_eq!(a[0], alone(&m, cfg(), prompts[2].clone(), RequestParams { n: 1, ..params })[0]);
+        let one = RequestParams { n: 1, ..params };
+        let got = alone(&m, cfg(), prompts[2].clone(), one.clone());
+        assert_agree(device, &*m, &prompts[2], &one, &got, &a[..1], &format!("{name}: n = 1 against choice 0"));
     }
 }
 
 pub fn random_arrivals_and_aborts_leak_nothing(device: DeviceChoice) {
-    for &(name, _) in HYBRIDS {
+    for &(name, _) in hybrids(device) {
         let (m, _) = fixture(name, device);
         let vocab = m.config().vocab_size;
         let c = EngineConfig {
@@ -337,7 +388,7 @@ fn tiered(m: &Arc<dyn CausalLm>, interval: usize) -> EngineConfig {
 /// of the hit's end: the cold run's tokens, the expected positions cached (the last
 /// snapshot's), all of them from host RAM, and nothing leaked.
 pub fn host_ram_restores_the_state_snapshot(device: DeviceChoice) {
-    for &(name, _) in HYBRIDS {
+    for &(name, _) in hybrids(device) {
         let (m, _) = fixture(name, device);
         let (first, second, cold) = shared_prompts(&m, 11);
         for (interval, want) in SNAPSHOTS {
@@ -355,7 +406,8 @@ pub fn host_ram_restores_the_state_snapshot(device: DeviceChoice) {
             }
             let rx = add(&mut c, 4, second.clone(), greedy(8));
             let (tokens, usage) = finish(&mut c, rx);
-            assert_eq!(tokens, cold, "{name}: snapshots every {interval}");
+            let what = format!("{name}: snapshots every {interval}");
+            assert_agree(device, &*m, &second, &greedy(8), &[tokens], std::slice::from_ref(&cold), &what);
             assert_eq!(
                 (usage.cached_tokens, usage.tiers.host_tokens),
                 (want, want),
@@ -376,7 +428,7 @@ fn on_disk(m: &Arc<dyn CausalLm>, dir: &std::path::Path, interval: usize) -> Eng
 /// A prefix published by one engine comes back from the SSD to a new one (a restart) with
 /// its state snapshot: the cold run's tokens, the expected positions cached, nothing leaked.
 pub fn the_ssd_restores_the_state_snapshot_after_a_restart(device: DeviceChoice) {
-    for &(name, _) in HYBRIDS {
+    for &(name, _) in hybrids(device) {
         let (m, _) = fixture(name, device);
         let (first, second, cold) = shared_prompts(&m, 13);
         for (interval, want) in SNAPSHOTS {
@@ -388,7 +440,8 @@ pub fn the_ssd_restores_the_state_snapshot_after_a_restart(device: DeviceChoice)
             let mut c = on_disk(&m, dir.path(), interval);
             let rx = add(&mut c, 1, second.clone(), greedy(8));
             let (tokens, usage) = finish(&mut c, rx);
-            assert_eq!(tokens, cold, "{name}: snapshots every {interval}");
+            let what = format!("{name}: snapshots every {interval}");
+            assert_agree(device, &*m, &second, &greedy(8), &[tokens], std::slice::from_ref(&cold), &what);
             assert_eq!(
                 (usage.cached_tokens, usage.tiers.ssd_tokens),
                 (want, want),
@@ -402,7 +455,7 @@ pub fn the_ssd_restores_the_state_snapshot_after_a_restart(device: DeviceChoice)
 /// A snapshot that fails its checksum on the SSD: the run ends before its block, the hit at
 /// the snapshot before (one block less), with the cold run's tokens and nothing leaked.
 pub fn a_corrupt_snapshot_on_the_ssd_falls_back_to_the_one_before(device: DeviceChoice) {
-    for &(name, _) in HYBRIDS {
+    for &(name, _) in hybrids(device) {
         let (m, _) = fixture(name, device);
         let (first, second, cold) = shared_prompts(&m, 14);
         let dir = tempfile::tempdir().expect("tempdir");
@@ -427,7 +480,7 @@ pub fn a_corrupt_snapshot_on_the_ssd_falls_back_to_the_one_before(device: Device
         let metrics = c.metrics();
         let rx = add(&mut c, 1, second.clone(), greedy(8));
         let (tokens, usage) = finish(&mut c, rx);
-        assert_eq!(tokens, cold, "{name}");
+        assert_agree(device, &*m, &second, &greedy(8), &[tokens], &[cold], name);
         assert_eq!((usage.cached_tokens, usage.tiers.ssd_tokens), (92, 92), "{name}");
         assert_eq!(metrics.ssd_corrupt_files.load(Relaxed), 1, "{name}");
         assert_no_leak(&c, name);

@@ -1,8 +1,10 @@
 //! Helpers of the tests that run a `CausalLm` directly (the CUDA model tests): the gate on
 //! `FERRITE_TEST_CUDA`, a KV cache for one sequence, teacher-forced logits, log-softmax /
-//! top-k over a logits row, the comparison of two models' logits, and the check that two
-//! greedy runs part only at a near tie.
+//! top-k over a logits row, the comparison of two models' logits, and the checks that two
+//! runs part only at a near tie (greedy) or a draw near a boundary (sampled).
 
+use ferrite_engine::sampling::{apply_processors, distribution, uniform, TokenCounts};
+use ferrite_engine::RequestParams;
 use ferrite_models::model::{CausalLm, Pending, StepLimits, Want};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::{ForwardBatch, KvCache};
@@ -92,6 +94,56 @@ pub fn top2_margin(model: &dyn CausalLm, context: &[u32]) -> f32 {
     let last = log_softmax(&logits[logits.len() - vocab..]);
     let top = top_k(&last, 2);
     last[top[0]] - last[top[1]]
+}
+
+/// How far a sampled pick may sit from a boundary of its distribution for two runs to part
+/// there (`pick_margin_limit`).
+pub const DRAW_MARGIN: f32 = 0.02;
+
+/// How close to another pick request `params`' pick at its `j`-th generated token was, under
+/// `model`'s logits after `prompt` and `tokens[..j]` (one choice's tokens, drawing from
+/// `seed`): at temperature 0 the top-2 logit margin, otherwise the distance of its uniform
+/// draw from the nearest boundary of the distribution it samples (processors applied).
+pub fn draw_margin(
+    model: &dyn CausalLm,
+    (prompt, params): (&[u32], &RequestParams),
+    seed: u64,
+    tokens: &[u32],
+    j: usize,
+) -> f32 {
+    let vocab = model.config().vocab_size;
+    let context = [prompt, &tokens[..j]].concat();
+    let logits = prefill_logits(model, &context);
+    let mut last = logits[logits.len() - vocab..].to_vec();
+    let mut counts = TokenCounts::new();
+    for &t in &tokens[..j] {
+        *counts.entry(t).or_insert(0) += 1;
+    }
+    let sp = &params.sampling;
+    let banned = if j < params.min_tokens { params.stop_token_ids.clone() } else { Vec::new() };
+    apply_processors(&mut last, sp, prompt, &counts, &banned);
+    if sp.temperature == 0.0 {
+        let top = top_k(&last, 2);
+        return last[top[0]] - last[top[1]];
+    }
+    let u = uniform(seed, j as u64);
+    let mut cdf = 0.0;
+    let mut margin = f32::INFINITY;
+    for (_, p) in distribution(&last, sp) {
+        cdf += p;
+        margin = margin.min((cdf - u).abs());
+    }
+    margin
+}
+
+/// The `draw_margin` under which two runs of a request may part: the GPU's GEMM summation
+/// order depends on the batch's shape, so its bf16 rounding moves a near tie, never a clear pick.
+pub fn pick_margin_limit(params: &RequestParams) -> f32 {
+    if params.sampling.temperature == 0.0 {
+        2.0 * TIE_MARGIN
+    } else {
+        DRAW_MARGIN
+    }
 }
 
 /// Whether greedy continuations `a` and `b` of `prompt` agree (where they part, `cpu`'s
