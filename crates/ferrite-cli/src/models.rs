@@ -12,7 +12,7 @@ use ferrite_models::{hf_cache, inspect, paths, registry};
 fn describe(path: &Path) -> (String, String) {
     match inspect::inspect(path) {
         Ok(m) => {
-            let where_ = match ferrite_models::gpu::refused(&m.plan) {
+            let where_ = match ferrite_models::gpu::unsupported(&m.plan) {
                 None => "runs (cpu, cuda)".to_string(),
                 Some(why) => format!("runs (cpu; not on cuda: {why})"),
             };

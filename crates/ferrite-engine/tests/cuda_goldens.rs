@@ -9,11 +9,11 @@
 //! fixtures: KV-shared layers with per-layer inputs, `attention_k_eq_v` with a double-wide
 //! MLP, the MoE block; the mixtures of experts qwen3_moe and mixtral; the hybrids qwen3_5 and
 //! qwen3_next: gated DeltaNet layers with their state in the device KV cache, gated attention
-//! outputs, Qwen3-Next's experts with a shared expert — qwen3_next's executor built directly
-//! and measured, as loading keeps it on the CPU: `GPU_REFUSED`), the MLX
+//! outputs, Qwen3-Next's experts with a shared expert — measured, not asserted:
+//! `RECURRENT_ROUTE_TIES`), the MLX
 //! affine-quantized fixtures (4- and 8-bit groups read by the quantized kernels, bf16/f16/f32
 //! scales, per-module overrides, a quantized tied embedding as the head), the six roster
-//! families, the two MoE families and qwen3_5 also from their GGUF (llama.cpp's tensor names and
+//! families, the two MoE families and the two hybrids also from their GGUF (llama.cpp's tensor names and
 //! layouts; stacked experts in f32 and Q8_0), gated by `FERRITE_TEST_CUDA=1` (skipped
 //! elsewhere). The Gemma fixtures' sliding window is 8 tokens, so every prompt here but the
 //! shortest is longer than the window. (`cuda_model` covers the llama fixtures.)
@@ -90,7 +90,7 @@ const FIXTURES: [&str; 23] = [
 ];
 /// The fixtures whose directory also holds GGUF files llama.cpp's converter writes, and the
 /// file: f32 tensors (the experts stacked per projection, `ffn_*_exps`) or Q8_0 blocks.
-const GGUF_FIXTURES: [(&str, &str); 10] = [
+const GGUF_FIXTURES: [(&str, &str); 11] = [
     ("phi3", "model.gguf"),
     ("olmo2", "model.gguf"),
     ("glm4", "model.gguf"),
@@ -101,16 +101,23 @@ const GGUF_FIXTURES: [(&str, &str); 10] = [
     ("mixtral", "model.gguf"),
     ("mixtral", "model-q8_0.gguf"),
     ("qwen3.5", "model.gguf"),
+    ("qwen3-next", "model.gguf"),
 ];
-/// The fixtures loading keeps off the GPU (`gpu::refused`): their executor is built directly
-/// and their comparisons are measured and printed, not asserted (qwen3-next: the hybrid with
-/// routed experts, 5.8 % from transformers and a self-draft accepting a third of its proposals
-/// on an H100).
-const GPU_REFUSED: [&str; 1] = ["qwen3-next"];
+/// Fixtures whose every prompt routes some token near a tie (qwen3-next: router margins 1.9e-3,
+/// 1.2e-4, 4.7e-4, 7.5e-5 at 5 / 17 / 40 / 150 tokens, `moe_route_margins.py`) and whose
+/// recurrent state keeps the flip of such a route for good: every comparison of theirs is
+/// measured and printed, not asserted. On an H100 its GPU prefill sat 5.8 % from transformers'
+/// f32 at 5 tokens (transformers' own bf16: 3.2 %, 11.4 % at 40, `hybrid_bf16_spread.py`), and
+/// its greedy runs parted from the f32 ones where transformers' bf16 runs part (tokens 7 and
+/// 18, top-2 margins 0.268 / 0.226 against bf16's 0.266 / 0.224): bf16, not a defect. A
+/// self-draft accepts only 38 of 104 of its proposals there: a route flipped between the
+/// draft's decode steps and the target's verify steps stays in the draft's state.
+const RECURRENT_ROUTE_TIES: [&str; 1] = ["qwen3-next"];
 /// The hybrid linear-attention fixtures: the recurrent state carries the bf16 rounding of every
 /// earlier token's projections, so their prefill logits move further from the CPU's with the
 /// prompt's length (qwen3.5 on an H100: rel L2 2.2 / 2.5 / 3.2 % at 5 / 17 / 40 tokens, every
-/// clear argmax equal): a bar of 4 % where the others take 3 %.
+/// clear argmax equal; transformers' own bf16 against its f32: 3.0 / 2.5 / 3.9 %,
+/// `hybrid_bf16_spread.py`): a bar of 5 % where the others take 3 %.
 const HYBRIDS: [&str; 2] = ["qwen3.5", "qwen3-next"];
 /// The mixtures of experts (Qwen3-Next's with a shared expert beside them).
 const MOE_FIXTURES: [&str; 4] = ["gemma4-moe", "qwen3-moe", "mixtral", "qwen3-next"];
@@ -172,10 +179,8 @@ fn load_pair(name: &str, gguf: Option<&str>) -> (Arc<dyn CausalLm>, Arc<dyn Caus
     let dir = fixture_dir(name);
     let path = gguf.map_or(dir.clone(), |file| dir.join(file));
     let cpu = ferrite_models::load_on(&path, DeviceChoice::Cpu).unwrap_or_else(|e| panic!("cpu {name}: {e}")).model;
-    let gpu: Arc<dyn CausalLm> = match gguf {
-        None if GPU_REFUSED.contains(&name) => Arc::new(gpu_decoder(name)),
-        _ => ferrite_models::load_on(&path, DeviceChoice::Cuda(0)).unwrap_or_else(|e| panic!("cuda {name}: {e}")).model,
-    };
+    let gpu =
+        ferrite_models::load_on(&path, DeviceChoice::Cuda(0)).unwrap_or_else(|e| panic!("cuda {name}: {e}")).model;
     let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
     (cpu, gpu, serde_json::from_str(&text).expect("json"))
 }
@@ -215,16 +220,11 @@ fn cuda_goldens_goldens_match_cpu() {
         let mut same_greedy = 0;
         for prompt in &prompts {
             let len = prompt.len();
-            let refused = GPU_REFUSED.contains(&fixture);
-            let sensitive = route_sensitive(fixture, len) || refused;
+            let sensitive = route_sensitive(fixture, len);
             let (want, got) = (prefill_logits(cpu.as_ref(), prompt), prefill_logits(gpu.as_ref(), prompt));
             let LogitsAgreement { rel_l2: rel, top5_err: lp_err, clear, clear_equal, .. } =
                 compare_logits(&want, &got, vocab, &format!("{name} len {len}"));
-            let note = match (refused, sensitive) {
-                (true, _) => " (refused on CUDA: measured)",
-                (false, true) => " (router near tie: measured)",
-                _ => "",
-            };
+            let note = if sensitive { " (router near tie: measured)" } else { "" };
             println!(
                 "TABLE|goldens prefill logits {name} len {len}{note}|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}"
             );
@@ -235,7 +235,7 @@ fn cuda_goldens_goldens_match_cpu() {
                 println!("TABLE|{what}{note}: parted at {parted}||||");
                 continue;
             }
-            let bar = if HYBRIDS.contains(&fixture) { 4e-2 } else { 3e-2 };
+            let bar = if HYBRIDS.contains(&fixture) { 5e-2 } else { 3e-2 };
             assert!(rel < bar, "{name} len {len}: relative L2 error {rel}");
             let tol = if len == 150 { LONG_LOGPROB_TOL } else { LOGPROB_TOL };
             assert!(lp_err < tol, "{name} len {len}: top-5 logprob error {lp_err}");
@@ -315,9 +315,10 @@ fn rel_l2(want: &[f32], got: &[f32]) -> f64 {
 }
 
 /// Whether prompt length `len` of `fixture` is routed near a tie (`ROUTE_SENSITIVE`; every
-/// MoE fixture's 150-token prompt).
+/// MoE fixture's 150-token prompt; every prompt of `RECURRENT_ROUTE_TIES`).
 fn route_sensitive(fixture: &str, len: usize) -> bool {
-    MOE_FIXTURES.contains(&fixture) && (len == 150 || ROUTE_SENSITIVE.contains(&(fixture, len)))
+    MOE_FIXTURES.contains(&fixture)
+        && (len == 150 || ROUTE_SENSITIVE.contains(&(fixture, len)) || RECURRENT_ROUTE_TIES.contains(&fixture))
 }
 
 /// The MoE fixtures on the GPU against transformers' own f32 logits (reference.json) on the
@@ -349,9 +350,6 @@ fn cuda_goldens_moe_match_transformers() {
             println!(
                 "TABLE|MoE GPU vs transformers {fixture} len {len}|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}"
             );
-            if GPU_REFUSED.contains(&fixture) {
-                continue;
-            }
             assert!(rel < 3e-2, "{fixture} len {len}: relative L2 error {rel} against transformers");
             assert!(lp_err < LOGPROB_TOL, "{fixture} len {len}: top-5 logprob error {lp_err} against transformers");
             assert_eq!(clear, clear_equal, "{fixture} len {len}: argmax differs from transformers at a clear position");
@@ -636,7 +634,8 @@ fn cuda_goldens_self_draft_accepts_its_own_proposals() {
             let same = (prompts.iter().enumerate())
                 .filter(|(i, p)| equal_or_tie(cpu.as_ref(), p, &plain[*i], &drafted[*i], &what))
                 .count();
-            let note = if GPU_REFUSED.contains(&name) { " (refused on CUDA: measured)" } else { "" };
+            let note =
+                if RECURRENT_ROUTE_TIES.contains(&name) { " (route ties kept in its state: measured)" } else { "" };
             println!(
                 "TABLE|{what}{note}|{accepted} of {proposed} proposed accepted ({rate:.3})|{same}/{} as plain||",
                 prompts.len()

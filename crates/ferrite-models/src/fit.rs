@@ -126,7 +126,7 @@ pub fn device_memory(device: Device) -> Result<DeviceMemory> {
 /// 0 when there is one and the plan has a CUDA path, the CPU otherwise.
 pub fn device_for(plan: &DecoderPlan, choice: DeviceChoice) -> Result<Device> {
     match resolve_device(choice)? {
-        Device::Cuda(n) => match crate::gpu::refused(plan) {
+        Device::Cuda(n) => match crate::gpu::unsupported(plan) {
             None => Ok(Device::Cuda(n)),
             Some(_) if choice == DeviceChoice::Auto => Ok(Device::Cpu),
             Some(why) => Err(LoadError::Other(format!("cannot run this model on cuda:{n}: {why}"))),

@@ -174,8 +174,7 @@ pub fn synthetic(name: &str, choice: DeviceChoice, seed: u64, dtype: DType) -> R
 }
 
 /// The CUDA executor of the HF model directory `dir` on device `ordinal`, as its concrete type
-/// (tests switch its CUDA graphs off and on), built without loading's refusals
-/// (`gpu::refused`), so the tests measure what loading does not take yet (qwen3_next).
+/// (tests switch its CUDA graphs off and on).
 pub fn gpu_decoder(dir: &Path, ordinal: usize) -> Result<crate::gpu::GpuDecoder> {
     let cfg_path = dir.join("config.json");
     let json = read_config(&cfg_path)?;
@@ -255,7 +254,7 @@ fn build(
     if let Device::Cuda(ordinal) = target.device {
         let why = match &embedding {
             Some(_) => Some("embeddings are made on the CPU only".to_string()),
-            None => crate::gpu::refused(&plan),
+            None => crate::gpu::unsupported(&plan),
         };
         match why {
             None => {

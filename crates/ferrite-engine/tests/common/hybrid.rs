@@ -43,8 +43,9 @@ fn cfg() -> EngineConfig {
     EngineConfig { block_size: 4, state_snapshot_interval: Some(4), ..EngineConfig::default() }
 }
 
-/// The fixtures `device` runs: on a GPU not qwen3-next, which loading keeps on the CPU
-/// (`gpu::refused`; `cuda_goldens` measures it there).
+/// The fixtures `device` checks: on a GPU not qwen3-next, whose every prompt routes some token
+/// near a tie and whose recurrent state keeps a flipped route for good, so two GPU schedules of
+/// it part at clear picks too (`cuda_goldens`' `RECURRENT_ROUTE_TIES` measures it).
 fn hybrids(device: DeviceChoice) -> impl Iterator<Item = &'static (&'static str, u32)> {
     HYBRIDS.iter().filter(move |(name, _)| !(matches!(device, DeviceChoice::Cuda(_)) && *name == "qwen3-next"))
 }

@@ -202,8 +202,8 @@ mod tests {
         assert_eq!(cfg.rope.rotary_dim, 4, "a quarter of head_dim 16");
         assert!(plan.layers.iter().all(|l| l.attn.output_gate && l.attn.qk_norm == Some(1.0)));
         assert_eq!(plan.norm, NormKind::Rms { offset: 1.0 });
-        // The CUDA executor runs it (DeltaNet layers, gated outputs), and loading puts it there.
-        assert_eq!(crate::gpu::refused(&plan), None);
+        // The CUDA executor runs it (DeltaNet layers, gated outputs).
+        assert_eq!(crate::gpu::unsupported(&plan), None);
     }
 
     #[test]

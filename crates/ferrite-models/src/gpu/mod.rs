@@ -14,7 +14,7 @@ mod rope;
 mod runner;
 mod synthetic;
 
-pub use decoder::{refused, unsupported, GpuDecoder};
+pub use decoder::{unsupported, GpuDecoder};
 pub use decoder_weights::{DecoderWeights, UploadQuantization};
 pub use lora::MAX_GPU_LORAS;
 pub use runner::GpuModel;
