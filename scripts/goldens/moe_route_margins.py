@@ -10,20 +10,21 @@ legitimate bf16 outcome that moves the logits further than the bf16 tolerance of
 crates/ferrite-engine/tests/cuda_goldens.rs. That test leaves those prompts (ROUTE_SENSITIVE
 there) out of its tolerance checks; rerun this after regenerating the fixtures.
 
-    python scripts/goldens/moe_route_margins.py     # from the repository root
+    python scripts/goldens/moe_route_margins.py [fixture ...]   # from the repository root
 """
 
 import json
+import sys
 
 import torch
 from transformers import AutoModelForCausalLM
 
-FIXTURES = ["qwen3-moe", "mixtral", "gemma4-moe"]
+FIXTURES = ["qwen3-moe", "mixtral", "gemma4-moe", "qwen3-next"]
 ROUTERS = ("mlp.gate", "block_sparse_moe.gate", "router.proj")
 
 
 def main():
-    for name in FIXTURES:
+    for name in sys.argv[1:] or FIXTURES:
         root = f"tests/fixtures/models/{name}"
         reference = json.load(open(f"{root}/reference.json"))
         config = json.load(open(f"{root}/config.json"))
