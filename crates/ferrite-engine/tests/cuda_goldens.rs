@@ -181,8 +181,13 @@ fn load_pair(name: &str, gguf: Option<&str>) -> (Arc<dyn CausalLm>, Arc<dyn Caus
     let cpu = ferrite_models::load_on(&path, DeviceChoice::Cpu).unwrap_or_else(|e| panic!("cpu {name}: {e}")).model;
     let gpu =
         ferrite_models::load_on(&path, DeviceChoice::Cuda(0)).unwrap_or_else(|e| panic!("cuda {name}: {e}")).model;
-    let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
-    (cpu, gpu, serde_json::from_str(&text).expect("json"))
+    (cpu, gpu, reference(name))
+}
+
+/// Fixture `name`'s reference.json.
+fn reference(name: &str) -> Value {
+    let text = std::fs::read_to_string(fixture_dir(name).join("reference.json")).expect("reference.json");
+    serde_json::from_str(&text).expect("json")
 }
 
 /// The CUDA model of fixture `name` (the concrete type, to switch graphs off).
@@ -268,8 +273,7 @@ fn cuda_goldens_fp8_match_cpu() {
         let cpu = ferrite_models::load_on(&dir, DeviceChoice::Cpu).expect("cpu").model;
         let gpu = ferrite_models::load_with(&dir, DeviceChoice::Cuda(0), &opts).expect("cuda").model;
         let name = if fixture == "llama" { "llama --quantization fp8" } else { fixture };
-        let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
-        let reference: Value = serde_json::from_str(&text).expect("json");
+        let reference = reference(fixture);
         let vocab = cpu.config().vocab_size;
         let prompts: Vec<Vec<u32>> = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();
         for (p, prompt) in prompts.iter().enumerate() {
@@ -329,9 +333,8 @@ fn cuda_goldens_moe_match_transformers() {
         return;
     }
     for fixture in MOE_FIXTURES {
-        let (_, gpu, _) = load_pair(fixture, None);
-        let text = std::fs::read_to_string(fixture_dir(fixture).join("reference.json")).expect("reference.json");
-        let reference: Value = serde_json::from_str(&text).expect("json");
+        let gpu = ferrite_models::load_on(&fixture_dir(fixture), DeviceChoice::Cuda(0)).expect("cuda").model;
+        let reference = reference(fixture);
         let vocab = gpu.config().vocab_size;
         for (p, prompt) in reference["prompts"].as_array().expect("prompts").iter().map(ids).enumerate() {
             let len = prompt.len();
@@ -609,12 +612,12 @@ fn cuda_goldens_self_draft_accepts_its_own_proposals() {
     }
     use std::sync::atomic::Ordering::Relaxed;
     for name in ["gemma3", "qwen3-moe", "mixtral", "gemma4-moe", "qwen3.5", "qwen3-next"] {
+        let cpu = ferrite_models::load_on(&fixture_dir(name), DeviceChoice::Cpu).expect("cpu").model;
+        let prompts: Vec<Vec<u32>> = reference(name)["prompts"].as_array().expect("prompts").iter().map(ids).collect();
+        let decoder = Arc::new(gpu_decoder(name));
         for graphs in [true, false] {
-            let (cpu, _, reference) = load_pair(name, None);
-            let gpu = gpu_decoder(name);
-            gpu.set_cuda_graphs(graphs);
-            let gpu: Arc<dyn CausalLm> = Arc::new(gpu);
-            let prompts: Vec<Vec<u32>> = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();
+            decoder.set_cuda_graphs(graphs);
+            let gpu: Arc<dyn CausalLm> = decoder.clone();
             let cfg = EngineConfig { block_size: BLOCK, ..EngineConfig::default() };
             let (plain, _) = run_engine(&gpu, &cfg, &prompts, 24);
             let spec = EngineConfig {

@@ -32,14 +32,7 @@ fn run(core: &mut EngineCore, prompts: &[&[u32]]) -> Vec<(Vec<u32>, Usage)> {
         while core.has_work() {
             core.step().expect("step");
         }
-        let (mut tokens, mut usage) = (Vec::new(), None);
-        while let Ok(o) = rx.try_recv() {
-            tokens.extend(o.token_ids);
-            if let Some(f) = o.finished {
-                usage = Some(f.usage);
-            }
-        }
-        out.push((tokens, usage.expect("finished")));
+        out.push(common::drain(&mut rx));
     }
     out
 }

@@ -12,10 +12,9 @@ use std::sync::Arc;
 
 use common::*;
 use ferrite_engine::kv::disk::DiskConfig;
-use ferrite_engine::{EngineConfig, EngineCore, Output, RequestParams, Usage};
+use ferrite_engine::{EngineConfig, EngineCore, RequestParams, Usage};
 use ferrite_models::model::CausalLm;
 use rand::{Rng, SeedableRng};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 fn prompt(seed: u64, len: usize, vocab: usize) -> Vec<u32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -37,18 +36,6 @@ fn tiered(m: &Arc<dyn CausalLm>, blocks: usize, host_blocks: usize) -> EngineCon
         host_cache_memory: Some(host_blocks * block_bytes),
         ..EngineConfig::default()
     }
-}
-
-fn finish(c: &mut EngineCore, mut rx: UnboundedReceiver<Output>) -> (Vec<u32>, Usage) {
-    run_to_end(c);
-    let (mut tokens, mut usage) = (Vec::new(), None);
-    while let Ok(o) = rx.try_recv() {
-        tokens.extend(&o.token_ids);
-        if let Some(f) = o.finished {
-            usage = Some(f.usage);
-        }
-    }
-    (tokens, usage.expect("finished"))
 }
 
 fn run(c: &mut EngineCore, id: u64, p: &[u32], params: &RequestParams) -> (Vec<u32>, Usage) {

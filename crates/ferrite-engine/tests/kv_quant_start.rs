@@ -378,12 +378,7 @@ fn host_ram_restores_an_evicted_prefix_only_to_the_start_that_made_it() {
         let mut rx = add(&mut c, id, p.to_vec(), params);
         run_to_end(&mut c);
         no_leak(&c);
-        let (mut tokens, mut usage): (Vec<u32>, _) = (Vec::new(), None);
-        while let Ok(o) = rx.try_recv() {
-            tokens.extend(&o.token_ids);
-            usage = o.finished.map(|f| f.usage).or(usage);
-        }
-        (tokens, usage.expect("finished"))
+        drain(&mut rx)
     };
     run(1, &first, greedy(12));
     // Another long prompt takes the pool: the first one's int8 blocks go to host RAM.

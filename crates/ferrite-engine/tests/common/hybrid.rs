@@ -14,11 +14,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use ferrite_engine::kv::disk::DiskConfig;
-use ferrite_engine::{EngineConfig, EngineCore, FillMode, Output, Request, RequestParams, Speculation, Usage};
+use ferrite_engine::{EngineConfig, EngineCore, FillMode, Request, RequestParams, Speculation};
 use ferrite_models::model::CausalLm;
 use ferrite_runtime::cuda::DeviceChoice;
 use rand::{Rng, SeedableRng};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::unbounded_channel;
 
 use super::model::{divergence, draw_margin, pick_margin_limit};
 use super::*;
@@ -139,16 +139,9 @@ pub fn prefix_hit_equals_cold_run(device: DeviceChoice) {
             let mut rx = add(&mut c, 1, base.clone(), greedy(5));
             run_to_end(&mut c);
             collect(&mut rx, 1);
-            let mut rx = add(&mut c, 2, other.clone(), greedy(12));
-            run_to_end(&mut c);
-            let (mut cached, mut toks) = (0, Vec::new());
-            while let Ok(o) = rx.try_recv() {
-                toks.extend(o.token_ids);
-                if let Some(f) = o.finished {
-                    cached = f.usage.cached_tokens;
-                }
-            }
-            assert_eq!(cached, want_cached, "{name}: snapshots every {interval}");
+            let rx = add(&mut c, 2, other.clone(), greedy(12));
+            let (toks, usage) = finish(&mut c, rx);
+            assert_eq!(usage.cached_tokens, want_cached, "{name}: snapshots every {interval}");
             let what = format!("{name}: snapshots every {interval}");
             assert_agree(device, &*m, &other, &greedy(12), &[toks], &cold, &what);
             assert_no_leak(&c, name);
@@ -348,19 +341,6 @@ pub fn random_arrivals_and_aborts_leak_nothing(device: DeviceChoice) {
     }
 }
 
-/// Run `core` to its end; the tokens `rx` streamed and the usage it finished with.
-fn finish(core: &mut EngineCore, mut rx: UnboundedReceiver<Output>) -> (Vec<u32>, Usage) {
-    run_to_end(core);
-    let (mut tokens, mut usage) = (Vec::new(), None);
-    while let Ok(o) = rx.try_recv() {
-        tokens.extend(&o.token_ids);
-        if let Some(f) = o.finished {
-            usage = Some(f.usage);
-        }
-    }
-    (tokens, usage.expect("finished"))
-}
-
 /// A 100-token prompt, and a second one sharing its first 96 tokens; the second's cold tokens.
 fn shared_prompts(m: &Arc<dyn CausalLm>, seed: u64) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     let vocab = m.config().vocab_size;
@@ -426,6 +406,13 @@ fn on_disk(m: &Arc<dyn CausalLm>, dir: &std::path::Path, interval: usize) -> Eng
     core(m, EngineConfig { state_snapshot_interval: Some(interval), disk_cache: disk, ..cfg() })
 }
 
+/// Run `prompt` on an engine over `dir` and drop it: its blocks and snapshots published there.
+fn publish(m: &Arc<dyn CausalLm>, dir: &std::path::Path, interval: usize, prompt: &[u32]) {
+    let mut c = on_disk(m, dir, interval);
+    let rx = add(&mut c, 1, prompt.to_vec(), greedy(8));
+    finish(&mut c, rx);
+}
+
 /// A prefix published by one engine comes back from the SSD to a new one (a restart) with
 /// its state snapshot: the cold run's tokens, the expected positions cached, nothing leaked.
 pub fn the_ssd_restores_the_state_snapshot_after_a_restart(device: DeviceChoice) {
@@ -434,10 +421,7 @@ pub fn the_ssd_restores_the_state_snapshot_after_a_restart(device: DeviceChoice)
         let (first, second, cold) = shared_prompts(&m, 13);
         for (interval, want) in SNAPSHOTS {
             let dir = tempfile::tempdir().expect("tempdir");
-            let mut c = on_disk(&m, dir.path(), interval);
-            let rx = add(&mut c, 1, first.clone(), greedy(8));
-            finish(&mut c, rx);
-            drop(c);
+            publish(&m, dir.path(), interval, &first);
             let mut c = on_disk(&m, dir.path(), interval);
             let rx = add(&mut c, 1, second.clone(), greedy(8));
             let (tokens, usage) = finish(&mut c, rx);
@@ -460,10 +444,7 @@ pub fn a_corrupt_snapshot_on_the_ssd_falls_back_to_the_one_before(device: Device
         let (m, _) = fixture(name, device);
         let (first, second, cold) = shared_prompts(&m, 14);
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut c = on_disk(&m, dir.path(), 4);
-        let rx = add(&mut c, 1, first.clone(), greedy(8));
-        finish(&mut c, rx);
-        drop(c);
+        publish(&m, dir.path(), 4, &first);
         // The prompt's 25 blocks are one run, each carrying its snapshot after its other
         // groups' bytes: flip the last byte of block 23's snapshot.
         let whole: usize = m.kv_layout().block_bytes(4).iter().sum();

@@ -11,7 +11,7 @@ pub mod queued;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ferrite_engine::{EngineConfig, EngineCore, Output, Request, RequestId, RequestParams, SamplingParams};
+use ferrite_engine::{EngineConfig, EngineCore, Output, Request, RequestId, RequestParams, SamplingParams, Usage};
 use ferrite_models::model::CausalLm;
 use serde_json::Value;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -88,6 +88,23 @@ pub fn collect(rx: &mut UnboundedReceiver<Output>, n: usize) -> Vec<Vec<u32>> {
     }
     assert_eq!(finished, n, "every choice finishes exactly once");
     out
+}
+
+/// The tokens a request of one choice streamed and the usage
+/// it finished with.
+pub fn drain(rx: &mut UnboundedReceiver<Output>) -> (Vec<u32>, Usage) {
+    let (mut tokens, mut usage) = (Vec::new(), None);
+    while let Ok(o) = rx.try_recv() {
+        tokens.extend(&o.token_ids);
+        usage = o.finished.map(|f| f.usage).or(usage);
+    }
+    (tokens, usage.expect("finished"))
+}
+
+/// Run `core` to its end; the tokens `rx` streamed and the usage it finished with.
+pub fn finish(core: &mut EngineCore, mut rx: UnboundedReceiver<Output>) -> (Vec<u32>, Usage) {
+    run_to_end(core);
+    drain(&mut rx)
 }
 
 /// Run one request alone on a fresh core and return its tokens per choice.
