@@ -1,5 +1,6 @@
 """How far bf16 alone moves the hybrid fixtures (and qwen3-moe, for scale) from their f32 selves
-under transformers on the CPU: per reference prompt, the prefill logits' rel L2 and where 24
+under transformers on the CPU: per reference prompt, the prefill logits' rel L2, the largest
+log-probability move, the f32 top-2 margins of the positions whose argmax flips, and where 24
 greedy tokens first part (with the f32 top-2 log-probability margin there). The GPU executor
 keeps activations in bf16; `cuda_goldens` cites these numbers for the hybrids' prefill bar and
 for measuring qwen3-next (a router near tie whose flip its recurrent state keeps for good).
@@ -35,7 +36,14 @@ def main():
                 parted = f"token {j} (f32 top-2 margin {float(top[0] - top[1]):.4f})"
             want, got = f32(ids).logits[0], bf16(ids).logits[0].float()
             rel = float((got - want).norm() / want.norm())
-            print(f"{name} len {len(p)}: bf16 prefill rel L2 {rel:.3f}, greedy parts at {parted}")
+            lw, lg = want.log_softmax(-1), got.log_softmax(-1)
+            top = lw.topk(2).values
+            flips = [f"{float(top[i, 0] - top[i, 1]):.3f}" for i in range(len(p)) if lw[i].argmax() != lg[i].argmax()]
+            print(
+                f"{name} len {len(p)}: bf16 prefill rel L2 {rel:.3f}, largest log-probability move "
+                f"{float((lw - lg).abs().max()):.2f}, argmax flips at f32 margins [{', '.join(flips)}], "
+                f"greedy parts at {parted}"
+            )
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ fn engine_cfg() -> EngineConfig {
 
 /// Print `a` and say what is out of tolerance (None: nothing).
 fn agreement_failure(a: &LogitsAgreement, what: &str) -> Option<String> {
-    let LogitsAgreement { rel_l2, max_abs, top5_err, clear, clear_equal } = *a;
+    let LogitsAgreement { rel_l2, max_abs, top5_err, clear, clear_equal, .. } = *a;
     println!("TABLE|{what}|rel L2 {rel_l2:.2e}|max abs {max_abs:.3}|top5 logprob err {top5_err:.3}|argmax {clear_equal}/{clear}");
     let fails = rel_l2 >= 3e-2 || top5_err >= 0.5 || clear != clear_equal;
     fails.then(|| format!("{what}: rel L2 {rel_l2}, top-5 logprob error {top5_err}, argmax {clear_equal}/{clear}"))

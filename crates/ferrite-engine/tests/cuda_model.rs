@@ -175,7 +175,7 @@ fn cuda_prefill_logits_match_cpu() {
         for len in [1usize, 7, 64, 150] {
             let prompt = random_prompt(&mut rng, len);
             let (want, got) = (prefill_logits(cpu.as_ref(), &prompt), prefill_logits(gpu.as_ref(), &prompt));
-            let LogitsAgreement { rel_l2: rel, max_abs: max_err, top5_err: lp_err, clear, clear_equal } =
+            let LogitsAgreement { rel_l2: rel, max_abs: max_err, top5_err: lp_err, clear, clear_equal, .. } =
                 compare_logits(&want, &got, VOCAB, &format!("{} len {len}", v.name));
             println!(
                 "TABLE|prefill logits {} len {len}|rel L2 {rel:.2e}|max abs {max_err:.3}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}",

@@ -163,6 +163,8 @@ pub struct LogitsAgreement {
     /// agrees.
     pub clear: usize,
     pub clear_equal: usize,
+    /// The largest reference top-2 margin among rows whose argmax differs (0 when none).
+    pub worst_flip: f32,
 }
 
 /// Compare `got` with `want` row by row; every logit of `got` must be finite and each side's
@@ -171,7 +173,7 @@ pub fn compare_logits(want: &[f32], got: &[f32], vocab: usize, what: &str) -> Lo
     assert_eq!(want.len(), got.len(), "{what}: logits lengths");
     assert!(got.iter().all(|x| x.is_finite()), "{what}: non-finite logits");
     let (mut num, mut den) = (0f64, 0f64);
-    let mut a = LogitsAgreement { rel_l2: 0.0, max_abs: 0.0, top5_err: 0.0, clear: 0, clear_equal: 0 };
+    let mut a = LogitsAgreement { rel_l2: 0.0, max_abs: 0.0, top5_err: 0.0, clear: 0, clear_equal: 0, worst_flip: 0.0 };
     for (w, g) in want.chunks_exact(vocab).zip(got.chunks_exact(vocab)) {
         for (x, y) in w.iter().zip(g) {
             num += ((x - y) as f64).powi(2);
@@ -184,7 +186,11 @@ pub fn compare_logits(want: &[f32], got: &[f32], vocab: usize, what: &str) -> Lo
         for &t in &tw {
             a.top5_err = a.top5_err.max((lw[t] - lg[t]).abs());
         }
-        if lw[tw[0]] - lw[tw[1]] > TIE_MARGIN {
+        let margin = lw[tw[0]] - lw[tw[1]];
+        if tw[0] != tg[0] {
+            a.worst_flip = a.worst_flip.max(margin);
+        }
+        if margin > TIE_MARGIN {
             a.clear += 1;
             a.clear_equal += usize::from(tw[0] == tg[0]);
         }
