@@ -123,13 +123,6 @@ impl EngineCore {
         })?;
         let block_bytes = model.kv_block_bytes(cfg.block_size, &cfg.kv_scheme)?;
         let group_blocks = cfg.group_blocks(&layout, &block_bytes, model.free_kv_memory()?, max_model_len)?;
-        if layout.recurrent_group().is_some() && cfg.quantized_kv_start > 0 {
-            return Err(EngineError::Config(
-                "--quantized-kv-start is not built for models with recurrent state yet (qwen3_5, qwen3_next): \
-                 use --kv-cache-dtype alone"
-                    .into(),
-            ));
-        }
         let (kv, group_blocks, full_blocks) =
             crate::kv_precision::new_cache(&*model, cfg, &layout, &group_blocks, &block_bytes)?;
         // A bidirectional model's KV depends on the tokens after it: no prefix is shareable.

@@ -18,7 +18,9 @@
 //! start the twins, the rest the quantized pools.
 //!
 //! The twins hold `max_num_seqs × N` positions (every running row before the engine's start),
-//! at most half of the cache's bytes; the quantized pools take the rest.
+//! at most half of each group's bytes; the quantized pools take the rest. A recurrent group
+//! (the state slots of a hybrid model's linear-attention layers) holds no quantized KV and
+//! gets no twins: all its bytes stay its own, and a row keeps its slots through its start.
 
 use ferrite_models::model::CausalLm;
 use ferrite_runtime::{KvCache, KvLayout};
@@ -157,7 +159,7 @@ pub(crate) fn new_cache(
         ));
     }
     let full_bytes = layout.block_bytes(cfg.block_size);
-    let (own, full) = split_blocks(cfg, group_blocks, block_bytes, &full_bytes)?;
+    let (own, full) = split_blocks(cfg, group_blocks, block_bytes, &full_bytes, layout.recurrent_group())?;
     let mut kv = model.new_kv_cache(&own, cfg.block_size, &cfg.kv_scheme)?;
     if !full.is_empty() {
         kv.add_full_precision(&full)?;
@@ -168,12 +170,14 @@ pub(crate) fn new_cache(
 /// Split the cache into `group_blocks[g]` quantized blocks (each `block_bytes[g]` bytes, the
 /// whole budget) into quantized blocks and full-precision twin blocks (`full_bytes[g]` bytes
 /// each) per group: none without a start; else the twins take `max_num_seqs × start`
-/// positions, at most half of the bytes. An error when a part gets no block.
+/// positions, at most half of the bytes — but for the recurrent group `state`, which keeps
+/// all its blocks and gets no twin. An error when a part gets no block.
 pub(crate) fn split_blocks(
     cfg: &EngineConfig,
     group_blocks: &[usize],
     block_bytes: &[usize],
     full_bytes: &[usize],
+    state: Option<usize>,
 ) -> Result<(Vec<usize>, Vec<usize>), EngineError> {
     let start = cfg.quantized_kv_start;
     if start == 0 {
@@ -181,7 +185,12 @@ pub(crate) fn split_blocks(
     }
     let per_row = start.div_ceil(cfg.block_size);
     let (mut own, mut full) = (Vec::new(), Vec::new());
-    for ((&n, &b), &f) in group_blocks.iter().zip(block_bytes).zip(full_bytes) {
+    for (g, ((&n, &b), &f)) in group_blocks.iter().zip(block_bytes).zip(full_bytes).enumerate() {
+        if Some(g) == state {
+            own.push(n);
+            full.push(0);
+            continue;
+        }
         let budget = n * b;
         let twins = (cfg.max_num_seqs * per_row).min(budget / 2 / f.max(1));
         let rest = (budget - twins * f) / b.max(1);
@@ -256,12 +265,15 @@ mod tests {
     fn twins_take_the_engines_start_for_every_row_at_most_half_the_bytes() {
         let cfg = EngineConfig { quantized_kv_start: 40, max_num_seqs: 4, block_size: 16, ..Default::default() };
         // 1000 blocks of 20 bytes; twins of 32 bytes: 4 rows × 3 blocks.
-        let (own, full) = split_blocks(&cfg, &[1000], &[20], &[32]).unwrap();
+        let (own, full) = split_blocks(&cfg, &[1000], &[20], &[32], None).unwrap();
         assert_eq!((own, full), (vec![(20_000 - 12 * 32) / 20], vec![12]));
-        let (own, full) = split_blocks(&cfg, &[10], &[20], &[32]).unwrap();
+        let (own, full) = split_blocks(&cfg, &[10], &[20], &[32], None).unwrap();
         assert_eq!((own, full), (vec![(200 - 3 * 32) / 20], vec![3]), "at most half of 200 bytes");
-        assert!(split_blocks(&cfg, &[1], &[20], &[32]).is_err());
+        assert!(split_blocks(&cfg, &[1], &[20], &[32], None).is_err());
+        // A recurrent group keeps its state slots, however few, and gets no twin.
+        let (own, full) = split_blocks(&cfg, &[1000, 1], &[20, 5000], &[32, 5000], Some(1)).unwrap();
+        assert_eq!((own, full), (vec![(20_000 - 12 * 32) / 20, 1], vec![12, 0]));
         let off = EngineConfig { quantized_kv_start: 0, ..cfg };
-        assert_eq!(split_blocks(&off, &[10], &[20], &[32]).unwrap(), (vec![10], vec![]));
+        assert_eq!(split_blocks(&off, &[10], &[20], &[32], None).unwrap(), (vec![10], vec![]));
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! A row with a delayed quantized start (`--quantized-kv-start N`) keeps f16 KV for its first
 //! N positions. Its blocks then live in twin pools beside each layer's own (`LayerKv::full`,
-//! f16 whatever the layer's type, with block ids of their own: `full_blocks` per group), and
+//! f16 whatever the layer's type, with block ids of their own: `full_blocks` per group, none
+//! for a recurrent group, whose state slots hold no KV and serve the row on both sides), and
 //! the rows of a step say which pools their block ids index (`RowSpan::full_precision`); a
 //! step's writes and attention read each row's own pools, so rows before and after their
 //! transition share a batch. When the row passes N its blocks are converted once
@@ -23,35 +24,34 @@ use crate::error::{Result, RuntimeError};
 use crate::kv::{KvCache, KvDtype, KvPool, LayerKv, Storage};
 
 impl KvCache {
-    /// Give every layer f16 twin pools of `group_blocks[g]` blocks in group `g`. An error for a
-    /// device cache, for a cache that has them already, or for a count per group that does
-    /// not match the layout.
+    /// Give every layer f16 twin pools of `group_blocks[g]` blocks in group `g`; a recurrent
+    /// group (state slots, no KV layer) takes 0: its state holds no quantized KV. An error for
+    /// a device cache, for a cache that has them already, or for counts per group that do not
+    /// match the layout.
     pub fn add_full_precision(&mut self, group_blocks: &[usize]) -> Result<()> {
-        if group_blocks.len() != self.group_blocks().len() || group_blocks.contains(&0) {
+        let groups = self.group_blocks().len();
+        let Storage::Host(layers) = &mut self.storage else {
+            return Err(RuntimeError::Unsupported(
+                "a delayed quantized KV start (--quantized-kv-start) runs on the CPU only so far: the GPU has no \
+                 kernel converting full-precision blocks into quantized ones"
+                    .into(),
+            ));
+        };
+        let has_kv = |g: usize| layers.iter().any(|l| l.spec.group == g);
+        if group_blocks.len() != groups || (0..groups).any(|g| (group_blocks[g] > 0) != has_kv(g)) {
             return Err(RuntimeError::Shape(format!(
-                "full-precision KV pools need blocks for each of {} groups, got {group_blocks:?}",
-                self.group_blocks().len()
+                "full-precision KV pools need blocks for each of {groups} groups but a recurrent one's, got \
+                 {group_blocks:?}"
             )));
         }
         if !self.full_blocks.is_empty() {
             return Err(RuntimeError::Shape("the KV cache has full-precision pools already".into()));
         }
         let bs = self.block_size;
-        match &mut self.storage {
-            Storage::Host(layers) => {
-                for l in layers.iter_mut() {
-                    let n = group_blocks[l.spec.group] * bs * l.spec.n_kv_heads * l.spec.head_dim;
-                    let pool = || KvPool::zeroed(KvDtype::F16, n);
-                    l.full = Some(Box::new(LayerKv::new(l.spec, pool(), pool())));
-                }
-            }
-            Storage::Device(_) => {
-                return Err(RuntimeError::Unsupported(
-                    "a delayed quantized KV start (--quantized-kv-start) runs on the CPU only so far: the GPU has no \
-                     kernel converting full-precision blocks into quantized ones"
-                        .into(),
-                ))
-            }
+        for l in layers.iter_mut() {
+            let n = group_blocks[l.spec.group] * bs * l.spec.n_kv_heads * l.spec.head_dim;
+            let pool = || KvPool::zeroed(KvDtype::F16, n);
+            l.full = Some(Box::new(LayerKv::new(l.spec, pool(), pool())));
         }
         self.full_blocks = group_blocks.to_vec();
         Ok(())
@@ -187,5 +187,23 @@ mod tests {
         assert!(l1[..2 * n].iter().all(|&x| x == 0.0), "other blocks are untouched");
         assert!(kv.convert_blocks(0, &[(2, 0)]).is_err(), "twin block 2 does not exist");
         assert!(kv.convert_blocks(0, &[(0, 3)]).is_err(), "block 3 does not exist");
+    }
+
+    /// A recurrent group (no KV layer) takes no twin blocks; every group with KV layers does.
+    #[test]
+    fn a_recurrent_group_gets_no_twins() {
+        let layout = KvLayout {
+            groups: vec![KvGroupKind::Full, KvGroupKind::Recurrent],
+            layers: vec![KvLayerSpec { n_kv_heads: 2, head_dim: 32, group: 0 }],
+            states: Vec::new(),
+        };
+        let scheme = KvScheme { dtype: KvDtype::Int8 { group: 16 }, skip: KvSkip::None };
+        let mut kv = KvCache::with_scheme(&layout, &[3, 2], 4, &scheme).unwrap();
+        assert!(kv.add_full_precision(&[2, 1]).is_err(), "twins for state slots");
+        assert!(kv.add_full_precision(&[0, 0]).is_err(), "no twins for the KV layers");
+        assert!(kv.add_full_precision(&[2]).is_err(), "a count per group");
+        kv.add_full_precision(&[2, 0]).unwrap();
+        assert_eq!(kv.full_precision_blocks(), &[2, 0]);
+        assert!(kv.convert_blocks(1, &[]).is_ok(), "nothing to convert in the recurrent group");
     }
 }

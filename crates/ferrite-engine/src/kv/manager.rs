@@ -28,8 +28,9 @@
 //! A quantized cache with a delayed start (`--quantized-kv-start`) has a second set of pools,
 //! the full-precision twins, with their own block ids, free lists and prefix-cache entries
 //! (`transition.rs`): a row before its start allocates there, and the allocation that takes
-//! it past its start moves it into the quantized pools. Tiers below the pool hold blocks of
-//! the quantized pools only.
+//! it past its start moves it into the quantized pools. A recurrent group holds no quantized
+//! KV: its twin pool is empty, and its state slots stay in its own pool on both sides of a
+//! row's start (`SeqKv::pool`). Tiers below the pool hold blocks of the quantized pools only.
 
 use std::sync::{Arc, Mutex};
 
@@ -39,13 +40,14 @@ use ferrite_runtime::KvLayout;
 use super::block_pool::BlockPool;
 use super::policy::{policy_for, GroupPolicy, RecurrentState};
 use super::prefix_cache::{chain_hash, PrefixCache};
-use super::seq_kv::{lock, SeqKv, SharedPools, Span, NEVER};
+use super::seq_kv::{lock, pool_index, SeqKv, SharedPools, Span, NEVER};
 
 pub struct KvManager {
     /// The rules of each group's kind, in group order.
     pub(super) policies: Vec<Box<dyn GroupPolicy>>,
     /// Each group's blocks, shared with the `SeqKv`s made from them; then, with a delayed
-    /// quantized start, each group's full-precision twin blocks (pool `groups + g`).
+    /// quantized start, each group's full-precision twin blocks (pool `groups + g`; none for a
+    /// recurrent group, whose rows keep their state slots in pool `g`).
     pub(super) pools: SharedPools,
     pub(super) block_size: usize,
     /// Entries per pool (`pools`' indices).
@@ -70,7 +72,8 @@ pub struct Spill {
 /// Take the least recently freed block of `pool` (pool index `g`), evicting the cached prefix
 /// it held; a spill records it when every group but a snapshot group (`state`) cached it
 /// (`groups` of them: the quantized pools; a twin pool's index is past them, and its blocks
-/// are not spilled).
+/// are not spilled — nor a snapshot cached under a full-precision chain, which no quantized
+/// pool caches).
 pub(super) fn take_free(
     pool: &mut BlockPool,
     g: usize,
@@ -108,7 +111,7 @@ impl KvManager {
     }
 
     /// `new`, with `full_blocks[g]` full-precision twin blocks in group `g` for rows before
-    /// their quantized start (none when empty).
+    /// their quantized start (none when empty; 0 for a recurrent group).
     pub fn with_full_precision(
         layout: &KvLayout,
         group_blocks: &[usize],
@@ -164,14 +167,14 @@ impl KvManager {
     pub fn reserve_span(&mut self, kv: &mut SeqKv, from: usize, k: usize) -> bool {
         debug_assert!(kv.is_from(&self.pools) && kv.span.is_none(), "one span at a time, from its own pools");
         let Some(g) = self.policies.iter().position(|p| p.spans()) else { return true };
-        let groups = self.spill_shape();
+        let (groups, at) = (self.spill_shape(), kv.pool(g));
         let mut pools = lock(&self.pools);
-        if pools[kv.base + g].num_free() < k {
+        if pools[at].num_free() < k {
             return false;
         }
         let mut slots = Vec::with_capacity(k);
         for _ in 0..k {
-            match take_free(&mut pools[kv.base + g], kv.base + g, &mut self.cache, &mut self.spills, groups) {
+            match take_free(&mut pools[at], at, &mut self.cache, &mut self.spills, groups) {
                 Some(b) => slots.push(b),
                 None => break,
             }
@@ -192,21 +195,22 @@ impl KvManager {
         let (bs, groups) = (self.block_size, self.spill_shape());
         let end = (context - 1) / bs;
         let mut pools = lock(&self.pools);
+        let (base, state) = (kv.base, kv.state);
         for (g, (policy, table)) in self.policies.iter().zip(kv.tables.iter_mut()).enumerate() {
             if !policy.last_holds_block() {
                 continue;
             }
+            let at = pool_index(base, state, g);
             let mut spare = None;
             while table.len() > end + 1 {
                 match (table.pop(), spare) {
                     (Some(b), None) if b != NO_BLOCK => spare = Some(b),
-                    (Some(b), Some(_)) if b != NO_BLOCK => pools[kv.base + g].release(b),
+                    (Some(b), Some(_)) if b != NO_BLOCK => pools[at].release(b),
                     _ => {}
                 }
             }
             table.resize(end + 1, NO_BLOCK);
             if table[end] == NO_BLOCK {
-                let at = kv.base + g;
                 match spare.take().or_else(|| take_free(&mut pools[at], at, &mut self.cache, &mut self.spills, groups))
                 {
                     Some(b) => table[end] = b,
@@ -214,7 +218,7 @@ impl KvManager {
                 }
             }
             if let Some(b) = spare {
-                pools[kv.base + g].release(b);
+                pools[at].release(b);
             }
         }
         true
@@ -224,7 +228,7 @@ impl KvManager {
     pub fn drop_span(&mut self, kv: &mut SeqKv) {
         if let Some(span) = kv.span.take() {
             let mut pools = lock(&self.pools);
-            span.slots.iter().for_each(|&b| pools[kv.base + span.group].release(b));
+            span.slots.iter().for_each(|&b| pools[kv.pool(span.group)].release(b));
         }
     }
 
@@ -250,7 +254,7 @@ impl KvManager {
     /// An allocation with no blocks yet whose prefix-cache chain starts at `root` (a LoRA
     /// adapter's digest): it shares cached blocks only with sequences of the same root.
     pub fn new_seq_in(&self, root: u64) -> SeqKv {
-        SeqKv::new(&self.pools, self.policies.len(), root)
+        SeqKv::new(&self.pools, self.policies.len(), self.state_group(), root)
     }
 
     /// An allocation with no blocks yet, rooted at `root`, whose KV turns quantized at
@@ -298,9 +302,9 @@ impl KvManager {
     /// Positions the smallest group of the pools from `base` on can hold.
     fn capacity_of(&self, base: usize) -> usize {
         let pools = lock(&self.pools);
-        let bs = self.block_size;
-        (self.policies.iter().zip(pools.iter().skip(base)))
-            .map(|(p, pool)| p.capacity_tokens(pool.num_blocks(), bs))
+        let (bs, state) = (self.block_size, self.state_group());
+        (self.policies.iter().enumerate())
+            .map(|(g, p)| p.capacity_tokens(pools[pool_index(base, state, g)].num_blocks(), bs))
             .min()
             .unwrap_or(0)
     }
@@ -334,12 +338,12 @@ impl KvManager {
         cache.hit_tokens += (hit * bs) as u64;
         kv.base = base;
         let mut pools = lock(&self.pools);
-        for (g, (policy, pool)) in self.policies.iter().zip(pools.iter_mut().skip(base)).enumerate() {
-            let first = policy.first_needed(hit * bs, bs);
+        for (g, policy) in self.policies.iter().enumerate() {
+            let (first, at) = (policy.first_needed(hit * bs, bs), kv.pool(g));
             for i in 0..hit {
-                let id = if i < first { None } else { cache.get(base + g, hashes[i], &tokens[i * bs..(i + 1) * bs]) };
+                let id = if i < first { None } else { cache.get(at, hashes[i], &tokens[i * bs..(i + 1) * bs]) };
                 if let Some(id) = id {
-                    pool.retain(id);
+                    pools[at].retain(id);
                 }
                 kv.tables[g].push(id.unwrap_or(NO_BLOCK));
             }
@@ -352,8 +356,9 @@ impl KvManager {
     /// every group's policy bounds it and must serve it.
     fn hit_len(&self, base: usize, hashes: &[u64], tokens: &[u32]) -> usize {
         let Some(cache) = self.cache.as_ref() else { return 0 };
-        let bs = self.block_size;
-        let block = |g: usize, i: usize| cache.get(base + g, hashes[i], &tokens[i * bs..(i + 1) * bs]);
+        let (bs, state) = (self.block_size, self.state_group());
+        let block =
+            |g: usize, i: usize| cache.get(pool_index(base, state, g), hashes[i], &tokens[i * bs..(i + 1) * bs]);
         let mut hit = hashes.len();
         for (g, policy) in self.policies.iter().enumerate() {
             hit = policy.hit_bound(hit, &|i| block(g, i).is_some());
@@ -487,8 +492,15 @@ impl KvManager {
         if kv.base != 0 && total > kv.start {
             return self.turn(kv, total);
         }
+        let plan = self.growth(kv, total);
+        self.grow(kv, plan)
+    }
+
+    /// Per group, the length of `kv`'s table covering `total` positions and the new entries
+    /// that get a block (`allocate`).
+    pub(super) fn growth(&self, kv: &SeqKv, total: usize) -> Vec<(usize, Vec<usize>)> {
         let bs = self.block_size;
-        let plan: Vec<(usize, Vec<usize>)> = (self.policies.iter().zip(&kv.tables))
+        (self.policies.iter().zip(&kv.tables))
             .map(|(p, t)| {
                 let len = p.table_len(total, bs).max(t.len());
                 let mut fill: Vec<usize> = (t.len()..len).filter(|&e| p.holds_block(e, len)).collect();
@@ -497,14 +509,18 @@ impl KvManager {
                 }
                 (len, fill)
             })
-            .collect();
+            .collect()
+    }
+
+    /// Grow `kv`'s tables as `plan` (`growth`) says, from the pools they index; all or nothing.
+    pub(super) fn grow(&mut self, kv: &mut SeqKv, plan: Vec<(usize, Vec<usize>)>) -> bool {
         let mut pools = lock(&self.pools);
-        if pools.iter().skip(kv.base).zip(&plan).any(|(p, (_, fill))| p.num_free() < fill.len()) {
+        if plan.iter().enumerate().any(|(g, (_, fill))| pools[kv.pool(g)].num_free() < fill.len()) {
             return false;
         }
         let groups = self.spill_shape();
         for (g, (len, fill)) in plan.into_iter().enumerate() {
-            let at = kv.base + g;
+            let at = kv.pool(g);
             kv.tables[g].resize(len, NO_BLOCK);
             for e in fill {
                 let Some(block) = take_free(&mut pools[at], at, &mut self.cache, &mut self.spills, groups) else {
@@ -532,24 +548,23 @@ impl KvManager {
                 let i = kv.hashes.len();
                 let block_tokens = &tokens[i * bs..(i + 1) * bs];
                 let h = chain_hash(kv.hashes.last().copied().unwrap_or(root), self.namespace, block_tokens);
-                for (g, (pool, table)) in pools.iter_mut().skip(kv.base).zip(&kv.tables).enumerate() {
-                    let block = table[i];
-                    if block != NO_BLOCK
-                        && pool.hash(block).is_none()
-                        && cache.insert(kv.base + g, h, block, block_tokens)
+                for (g, table) in kv.tables.iter().enumerate() {
+                    let (block, at) = (table[i], kv.pool(g));
+                    // A snapshot cached under the full-precision chain stays there (a row's
+                    // state slots do not turn): its state is that of any start past it.
+                    if block != NO_BLOCK && pools[at].hash(block).is_none() && cache.insert(at, h, block, block_tokens)
                     {
-                        pool.set_hash(block, Some(h));
+                        pools[at].set_hash(block, Some(h));
                     }
                 }
                 kv.hashes.push(h);
             }
         }
-        for ((policy, pool), table) in
-            self.policies.iter().zip(pools.iter_mut().skip(kv.base)).zip(kv.tables.iter_mut())
-        {
+        let (base, state) = (kv.base, kv.state);
+        for (g, (policy, table)) in self.policies.iter().zip(kv.tables.iter_mut()).enumerate() {
             for slot in table.iter_mut().take(policy.first_needed(computed, bs)) {
                 if *slot != NO_BLOCK {
-                    pool.release(*slot);
+                    pools[pool_index(base, state, g)].release(*slot);
                     *slot = NO_BLOCK;
                 }
             }
@@ -567,8 +582,10 @@ impl KvManager {
             kv.base != 0 || kv.start == 0 || len >= kv.start,
             "a quantized row is rolled back past its start"
         );
+        let (base, state) = (kv.base, kv.state);
         let mut pools = lock(&self.pools);
         if let Some(Span { group, from, mut slots }) = kv.span.take() {
+            let at = pool_index(base, state, group);
             // When the whole span stood, the row's last entry already holds the state.
             if let Some(i) = computed.checked_sub(from + 1).filter(|&i| i < slots.len()) {
                 let (slot, e) = (slots.remove(i), (computed - 1) / bs);
@@ -578,17 +595,15 @@ impl KvManager {
                 }
                 let old = std::mem::replace(&mut table[e], slot);
                 if old != NO_BLOCK {
-                    pools[kv.base + group].release(old);
+                    pools[at].release(old);
                 }
             }
-            slots.iter().for_each(|&b| pools[kv.base + group].release(b));
+            slots.iter().for_each(|&b| pools[at].release(b));
         }
-        for ((policy, pool), table) in
-            self.policies.iter().zip(pools.iter_mut().skip(kv.base)).zip(kv.tables.iter_mut())
-        {
+        for (g, (policy, table)) in self.policies.iter().zip(kv.tables.iter_mut()).enumerate() {
             let keep = policy.table_len(len, bs).min(table.len());
             for b in table.drain(keep..).filter(|&b| b != NO_BLOCK) {
-                pool.release(b);
+                pools[pool_index(base, state, g)].release(b);
             }
         }
         kv.hashes.truncate(len / bs);
@@ -608,9 +623,9 @@ impl KvManager {
         }
         out.base = kv.base;
         let mut pools = lock(&self.pools);
-        for (g, (pool, table)) in pools.iter_mut().skip(kv.base).zip(&kv.tables).enumerate() {
+        for (g, table) in kv.tables.iter().enumerate() {
             for &b in table.iter().take(blocks) {
-                pool.retain(b);
+                pools[kv.pool(g)].retain(b);
                 out.tables[g].push(b);
             }
         }
@@ -632,8 +647,9 @@ impl KvManager {
             if !kv.is_from(&self.pools) {
                 return Err("an allocation of other pools was counted".into());
             }
-            for (g, (held, table)) in held.iter_mut().skip(kv.base).zip(&kv.tables).enumerate() {
+            for (g, table) in kv.tables.iter().enumerate() {
                 let span = kv.span.as_ref().filter(|s| s.group == g).map_or(&[][..], |s| &s.slots);
+                let held = &mut held[kv.pool(g)];
                 for &b in table.iter().chain(span).filter(|&&b| b != NO_BLOCK) {
                     *held.get_mut(b as usize).ok_or(format!("group {g} has no block {b}"))? += 1;
                 }

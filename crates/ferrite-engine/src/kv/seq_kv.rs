@@ -11,7 +11,9 @@
 //! Under a quantized cache with a delayed start, an allocation also knows its precision: its
 //! tables index the cache's own pools or, before its quantized start, the full-precision twin
 //! pools (`full_precision()`); at the transition the manager gives it new tables and it holds
-//! the twin blocks (`pending`) until their values were converted.
+//! the twin blocks (`pending`) until their values were converted. A recurrent group's state
+//! slots have no twins: its table indexes the group's own pool on both sides of the start
+//! (`pool`), and keeps its slots through the transition.
 //!
 //! ```
 //! fn owns(kv: ferrite_engine::kv::SeqKv) -> bool { kv.is_empty() }
@@ -49,8 +51,10 @@ pub struct SeqKv {
     pub(super) hashes: Vec<u64>,
     pub(super) root: u64,
     /// The first of the pools its tables index: 0 (the cache's own) or the number of groups
-    /// (the full-precision twins).
+    /// (the full-precision twins); a recurrent group's table always indexes its own (`pool`).
     pub(super) base: usize,
+    /// The recurrent group, whose state slots have no twins (`KvManager::state_group`).
+    pub(super) state: Option<usize>,
     /// The position its KV turns quantized at: 0 from the start, `NEVER` for a full-precision
     /// row of a quantized cache.
     pub(super) start: usize,
@@ -76,6 +80,16 @@ pub const NEVER: usize = usize::MAX;
 /// Tag of the full-precision twin pools' chains.
 const FULL_PRECISION: u64 = 0x0066_756c_6c5f_6b76;
 
+/// The pool of group `g`'s blocks for tables based at `base` (0 or the number of groups): a
+/// recurrent group (`state`) has no full-precision twin, its state slots stay in its own pool.
+pub(super) fn pool_index(base: usize, state: Option<usize>, g: usize) -> usize {
+    if Some(g) == state {
+        g
+    } else {
+        base + g
+    }
+}
+
 /// The prefix-cache chain root of blocks of a sequence rooted at `root`: in the twin pools
 /// (`full_precision`), one chain for every start (a position before any start is computed
 /// the same way); in the cache's own pools, a chain per start (0 keeps `root` itself: a cache
@@ -89,17 +103,23 @@ pub(super) fn chain_root(root: u64, full_precision: bool, start: usize) -> u64 {
 }
 
 impl SeqKv {
-    pub(super) fn new(pools: &SharedPools, groups: usize, root: u64) -> SeqKv {
+    pub(super) fn new(pools: &SharedPools, groups: usize, state: Option<usize>, root: u64) -> SeqKv {
         SeqKv {
             pools: pools.clone(),
             tables: vec![Vec::new(); groups],
             hashes: Vec::new(),
             root,
             base: 0,
+            state,
             start: 0,
             pending: Vec::new(),
             span: None,
         }
+    }
+
+    /// The pool group `g`'s table indexes now (`pool_index`).
+    pub(super) fn pool(&self, g: usize) -> usize {
+        pool_index(self.base, self.state, g)
     }
 
     /// The state slots a verify row writes after each of its query tokens but the last
@@ -178,7 +198,8 @@ impl Drop for SeqKv {
     /// evicted).
     fn drop(&mut self) {
         let mut pools = lock(&self.pools);
-        for (pool, table) in pools.iter_mut().skip(self.base).zip(&self.tables) {
+        for (g, table) in self.tables.iter().enumerate() {
+            let pool = &mut pools[self.pool(g)];
             for &b in table.iter().filter(|&&b| b != NO_BLOCK) {
                 pool.release(b);
             }
@@ -189,7 +210,7 @@ impl Drop for SeqKv {
         }
         if let Some(span) = &self.span {
             for &b in &span.slots {
-                pools[self.base + span.group].release(b);
+                pools[self.pool(span.group)].release(b);
             }
         }
     }

@@ -25,7 +25,7 @@ use super::*;
 
 /// Each fixture, and a token whose repetition makes it repeat that token forever (so prompt
 /// lookups propose tokens it accepts; found by probing its greedy outputs).
-const HYBRIDS: &[(&str, u32)] = &[("qwen3.5", 7), ("qwen3-next", 160)];
+pub const HYBRIDS: &[(&str, u32)] = &[("qwen3.5", 7), ("qwen3-next", 160)];
 
 /// Fixture `name` on `device`, and its prompts.
 fn fixture(name: &str, device: DeviceChoice) -> (Arc<dyn CausalLm>, Vec<Vec<u32>>) {
