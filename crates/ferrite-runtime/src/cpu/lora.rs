@@ -153,61 +153,58 @@ mod x86 {
         unsafe fn add(self, o: Self) -> Self;
     }
 
-    impl Wide for __m256 {
-        const N: usize = 8;
-        #[inline(always)]
-        unsafe fn zero() -> Self {
-            unsafe { _mm256_setzero_ps() }
-        }
-        #[inline(always)]
-        unsafe fn splat(v: f32) -> Self {
-            unsafe { _mm256_set1_ps(v) }
-        }
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            unsafe { _mm256_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            unsafe { _mm256_storeu_ps(p, self) }
-        }
-        #[inline(always)]
-        unsafe fn mul(self, o: Self) -> Self {
-            unsafe { _mm256_mul_ps(self, o) }
-        }
-        #[inline(always)]
-        unsafe fn add(self, o: Self) -> Self {
-            unsafe { _mm256_add_ps(self, o) }
-        }
+    /// `Wide` for a vector type from its intrinsics.
+    macro_rules! wide {
+        ($ty:ty, $n:expr, $zero:ident, $splat:ident, $load:ident, $store:ident, $mul:ident, $add:ident) => {
+            impl Wide for $ty {
+                const N: usize = $n;
+                #[inline(always)]
+                unsafe fn zero() -> Self {
+                    unsafe { $zero() }
+                }
+                #[inline(always)]
+                unsafe fn splat(v: f32) -> Self {
+                    unsafe { $splat(v) }
+                }
+                #[inline(always)]
+                unsafe fn load(p: *const f32) -> Self {
+                    unsafe { $load(p) }
+                }
+                #[inline(always)]
+                unsafe fn store(self, p: *mut f32) {
+                    unsafe { $store(p, self) }
+                }
+                #[inline(always)]
+                unsafe fn mul(self, o: Self) -> Self {
+                    unsafe { $mul(self, o) }
+                }
+                #[inline(always)]
+                unsafe fn add(self, o: Self) -> Self {
+                    unsafe { $add(self, o) }
+                }
+            }
+        };
     }
-
-    impl Wide for __m512 {
-        const N: usize = 16;
-        #[inline(always)]
-        unsafe fn zero() -> Self {
-            unsafe { _mm512_setzero_ps() }
-        }
-        #[inline(always)]
-        unsafe fn splat(v: f32) -> Self {
-            unsafe { _mm512_set1_ps(v) }
-        }
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            unsafe { _mm512_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            unsafe { _mm512_storeu_ps(p, self) }
-        }
-        #[inline(always)]
-        unsafe fn mul(self, o: Self) -> Self {
-            unsafe { _mm512_mul_ps(self, o) }
-        }
-        #[inline(always)]
-        unsafe fn add(self, o: Self) -> Self {
-            unsafe { _mm512_add_ps(self, o) }
-        }
-    }
+    wide!(
+        __m256,
+        8,
+        _mm256_setzero_ps,
+        _mm256_set1_ps,
+        _mm256_loadu_ps,
+        _mm256_storeu_ps,
+        _mm256_mul_ps,
+        _mm256_add_ps
+    );
+    wide!(
+        __m512,
+        16,
+        _mm512_setzero_ps,
+        _mm512_set1_ps,
+        _mm512_loadu_ps,
+        _mm512_storeu_ps,
+        _mm512_mul_ps,
+        _mm512_add_ps
+    );
 
     /// `sk[k * rank + r0 + i]` = `A[r0 + i] · xs[k]` for `i < R`, `k < K`, `xs` the tokens'
     /// input rows: lane `l` of each sums `A[r][j] * x[j]` over `j ≡ l (mod 8)` in order, as
@@ -469,9 +466,8 @@ fn split_runs<'a, T>(runs: &[&'a [T]], max_group: usize, threads: usize) -> Vec<
     let mut pieces: Vec<usize> = runs.iter().map(|r| r.len().div_ceil(max_group.max(1))).collect();
     while pieces.iter().sum::<usize>() < threads {
         // The run whose pieces are longest, if any can be cut further.
-        let Some(i) = (0..runs.len())
-            .filter(|&i| pieces[i] < runs[i].len())
-            .max_by_key(|&i| runs[i].len().div_ceil(pieces[i]))
+        let Some(i) =
+            (0..runs.len()).filter(|&i| pieces[i] < runs[i].len()).max_by_key(|&i| runs[i].len().div_ceil(pieces[i]))
         else {
             break;
         };
@@ -598,7 +594,9 @@ mod tests {
     #[test]
     fn tiles_give_the_bits_of_the_plain_update_at_every_width() {
         let val = |i: usize, salt: usize| ((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.0 - 1.0;
-        for (rank, inp, outw) in [(16, 64, 48), (1, 7, 5), (3, 37, 29), (5, 40, 33), (17, 91, 70), (64, 24, 17), (16, 576, 192)] {
+        for (rank, inp, outw) in
+            [(16, 64, 48), (1, 7, 5), (3, 37, 29), (5, 40, 33), (17, 91, 70), (64, 24, 17), (16, 576, 192)]
+        {
             let a: Vec<f32> = (0..rank * inp).map(|i| val(i, rank)).collect();
             let b: Vec<f32> = (0..outw * rank).map(|i| val(i, rank + 1)).collect();
             let p = LoraPair::new(a.clone(), b.clone(), rank, inp, 0.75).unwrap();
@@ -670,4 +668,3 @@ mod tests {
         assert_eq!(together[3 * outw..4 * outw], base[3 * outw..4 * outw], "a base token is untouched");
     }
 }
-
