@@ -2,8 +2,8 @@
 //! `serve --synthetic NAME` answers text and `bench serve` can run against it.
 //!
 //! A synthetic model's weights are random, but its vocabulary size is its family's: the Llama
-//! 3 shapes take the Llama 3 tokenizer, `qwen2.5-1.5b` and `qwen3-30b-a3b` Qwen2's (Qwen3 kept
-//! it), `gemma-4-e4b` and `gemma-4-26b-a4b` Gemma 4's (the vocabulary-only GGUF files
+//! 3 shapes take the Llama 3 tokenizer, `qwen2.5-1.5b`, `qwen3-30b-a3b`, `qwen3-4b` and `qwen3.5-4b` Qwen2's
+//! (Qwen3 kept it; Qwen3.5's own is not among the assets), `gemma-4-e4b` and `gemma-4-26b-a4b` Gemma 4's (the vocabulary-only GGUF files
 //! `scripts/fetch_test_assets.sh` fetches into the test assets, with the family's chat
 //! template from the same place), and `smollm2-135m` SmolLM2's own GGUF (the default model). `--tokenizer PATH` names another HF directory or GGUF file.
 //! Without the files a synthetic model runs on token ids alone, as before, and says so.
@@ -25,8 +25,9 @@ fn default_sources(name: &str) -> Option<(PathBuf, Option<PathBuf>)> {
     match name {
         "llama-3.1-8b" => vocab("ggml-vocab-llama-bpe.gguf", "meta-llama-Llama-3.1-8B-Instruct.jinja"),
         "llama-3.2-1b" => vocab("ggml-vocab-llama-bpe.gguf", "meta-llama-Llama-3.2-3B-Instruct.jinja"),
-        // Qwen3 keeps Qwen2's vocabulary.
-        "qwen2.5-1.5b" | "qwen3-30b-a3b" => vocab("ggml-vocab-qwen2.gguf", "Qwen-Qwen2.5-7B-Instruct.jinja"),
+        // Qwen3 keeps Qwen2's vocabulary; Qwen3.5's larger one is not among the assets, and
+        // Qwen2's ids fit inside it.
+        "qwen2.5-1.5b" | "qwen3-30b-a3b" | "qwen3-4b" | "qwen3.5-4b" => vocab("ggml-vocab-qwen2.gguf", "Qwen-Qwen2.5-7B-Instruct.jinja"),
         "gemma-4-e4b" | "gemma-4-26b-a4b" => vocab("ggml-vocab-gemma-4.gguf", "google-gemma-4-31B-it.jinja"),
         "smollm2-135m" => {
             let m = ferrite_models::registry::find("smollm2")?;

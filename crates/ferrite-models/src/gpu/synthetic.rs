@@ -5,8 +5,17 @@
 use serde_json::{json, Value};
 
 /// The shapes `--synthetic` knows, by name.
-pub const SYNTHETIC_MODELS: [&str; 7] =
-    ["llama-3.1-8b", "llama-3.2-1b", "qwen2.5-1.5b", "smollm2-135m", "gemma-4-e4b", "qwen3-30b-a3b", "gemma-4-26b-a4b"];
+pub const SYNTHETIC_MODELS: [&str; 9] = [
+    "llama-3.1-8b",
+    "llama-3.2-1b",
+    "qwen2.5-1.5b",
+    "smollm2-135m",
+    "gemma-4-e4b",
+    "qwen3-30b-a3b",
+    "gemma-4-26b-a4b",
+    "qwen3-4b",
+    "qwen3.5-4b",
+];
 
 /// Llama 3's RoPE parameters with `factor`.
 fn llama3_rope(factor: f64) -> Value {
@@ -31,6 +40,14 @@ fn llama3_rope(factor: f64) -> Value {
 /// keys used as values), a GeGLU MLP of 2112 beside 128 experts of width 704, 8 per token,
 /// the rest `Gemma4TextConfig`'s defaults as for E4B, no per-layer inputs or shared KV
 /// (25.2 B parameters, 3.8 B active).
+///
+/// `qwen3.5-4b` is the hybrid of Qwen3.5-4B's text config as we know it (no hub here to check
+/// it against): 32 layers, hidden 2560, MLP 9216, every 4th layer gated full attention (16
+/// query and 4 KV heads of 256, RoPE θ 1e7 on a quarter of the dims), the other 24 gated
+/// DeltaNet (16 key and 32 value heads of 128, conv kernel 4), vocabulary 248,320, tied
+/// embeddings (4.2 B parameters). `qwen3-4b` is Qwen3-4B's published config, the dense model of
+/// about its size to set it beside: 36 layers, hidden 2560, MLP 9728, 32 query and 8 KV heads
+/// of 128 with q/k norms, vocabulary 151,936, tied embeddings (4.0 B parameters).
 pub fn synthetic_config(name: &str) -> Option<Value> {
     #[allow(clippy::too_many_arguments)]
     let llama = |vocab: usize,
@@ -85,6 +102,26 @@ pub fn synthetic_config(name: &str) -> Option<Value> {
             "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 262_144, "rms_norm_eps": 1e-6,
             "tie_word_embeddings": true, "final_logit_softcapping": 30.0, "bos_token_id": 2, "eos_token_id": 1,
         })),
+        "qwen3-4b" => {
+            let mut j = llama(151_936, 2560, 9728, 36, 32, 8, plain(1_000_000.0), 40_960, true);
+            j["model_type"] = json!("qwen3");
+            j["head_dim"] = json!(128);
+            j["rms_norm_eps"] = json!(1e-6);
+            Some(j)
+        }
+        "qwen3.5-4b" => {
+            let full = |i: usize| if i % 4 == 3 { "full_attention" } else { "linear_attention" };
+            Some(json!({
+                "model_type": "qwen3_5_text", "vocab_size": 248_320, "hidden_size": 2560, "intermediate_size": 9216,
+                "num_hidden_layers": 32, "layer_types": (0..32).map(full).collect::<Vec<_>>(),
+                "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
+                "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                "linear_num_key_heads": 16, "linear_num_value_heads": 32, "hidden_act": "silu",
+                "rms_norm_eps": 1e-6, "partial_rotary_factor": 0.25,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+                "max_position_embeddings": 262_144, "tie_word_embeddings": true,
+            }))
+        }
         _ => None,
     }
 }
@@ -174,5 +211,19 @@ mod tests {
             let widths: Vec<usize> = plan.layers.iter().filter(|l| l.ffn.dense()).map(|l| l.ffn.intermediate).collect();
             assert!(widths.iter().all(|&w| w == dense) && widths.len() == if dense > 0 { layers } else { 0 }, "{name}");
         }
+    }
+
+    #[test]
+    fn four_b_shapes_have_their_sizes() {
+        // Qwen3-4B: 4.02 B parameters, 36 full-attention layers with q/k norms.
+        let (cfg, plan) = plan_of(&synthetic_config("qwen3-4b").expect("qwen3-4b"));
+        let (t, _) = parameters(&cfg, &plan);
+        assert!((t as f64 / 4.02e9 - 1.0).abs() < 0.01, "qwen3-4b: {t} parameters");
+        assert!(plan.layers.iter().all(|l| l.attn.linear.is_none() && l.attn.qk_norm.is_some()));
+        // Qwen3.5-4B: every 4th layer full (gated) attention, the other 24 DeltaNet.
+        let (_, plan) = plan_of(&synthetic_config("qwen3.5-4b").expect("qwen3.5-4b"));
+        let linear: Vec<bool> = plan.layers.iter().map(|l| l.attn.linear.is_some()).collect();
+        assert_eq!(linear, (0..32).map(|i| i % 4 != 3).collect::<Vec<_>>());
+        assert!(plan.layers.iter().filter(|l| l.attn.linear.is_none()).all(|l| l.attn.output_gate));
     }
 }
