@@ -106,7 +106,7 @@ fn max_abs(v: &[f32]) -> f32 {
 }
 
 /// Every path of `fp8_linear`: bf16 and f32 out, with and without a bias, scales per channel
-/// and per 128 and 32 columns.
+/// and per 128 and 32 columns, the skinny GEMM's staged and streamed loads.
 #[test]
 fn cuda_fp8_linear_matches_host() {
     let Some((gpu, _checks)) = gpu("cuda_fp8_linear_matches_host") else { return };
@@ -119,6 +119,8 @@ fn cuda_fp8_linear_matches_host() {
         (40, 32, 64),
         (64, 256, 4096),
         (17, 520, 1024),
+        // Over 32 MiB of codes: the skinny GEMM's streamed loads (the others take staged ones).
+        (2, 8200, 4096),
     ] {
         for col_block in [k, 128, 32] {
             if col_block > k || (col_block != k && !k.is_multiple_of(col_block) && col_block == 32) {
@@ -174,7 +176,9 @@ fn cuda_fp8_linear_gated_matches_host() {
     let mut rng = rng("fp8_gated");
     let cases = [(1, 67, 128, 128), (5, 300, 1024, 1024), (8, 96, 4096, 4096), (24, 130, 512, 512)];
     let runs = [(2, 70, 960, 192), (7, 33, 1024, 128), (3, 40, 256, 32), (33, 256, 1024, 1024)];
-    for (m, n, k, col_block) in cases.into_iter().chain(runs) {
+    // Over 32 MiB of codes: the skinny GEMM's streamed loads (the others take staged ones).
+    let streamed = [(3, 4100, 4096, 4096), (1, 4100, 4096, 128)];
+    for (m, n, k, col_block) in cases.into_iter().chain(runs).chain(streamed) {
         let (codes, scales) = random_fp8(&mut rng, 2 * n, k, col_block);
         let w = dequantize(&codes, &scales, k, col_block);
         let mat = Fp8Matrix::upload(gpu, (2 * n, k), &codes, &scales, col_block).unwrap();

@@ -64,9 +64,10 @@ pub(crate) struct Functions {
     pub gemv_silu: [CudaFunction; 8],
     pub gemv_gelu: [CudaFunction; 8],
     /// The skinny GEMM over FP8 codes on the tensor cores (`gemv.cu`), m ≤ 8 rows a launch:
-    /// `[fp8_gemv_{bf16,f32,silu,gelu}, the same with _runs]` (a scale a row; a scale a row and
-    /// run of columns), the outputs in `Fp8Gemv` order.
-    pub fp8_gemv: [[CudaFunction; 4]; 2],
+    /// `[streamed, staged][fp8_gemv_{bf16,f32,silu,gelu}, the same with _runs]` (how x and the
+    /// weights are loaded; a scale a row, or a scale a row and run of columns), the outputs in
+    /// `Fp8Gemv` order.
+    pub fp8_gemv: [[[CudaFunction; 4]; 2]; 2],
     /// FP8 matrices' quantization, dequantization and random codes (`fp8.cu`).
     pub fp8_quantize_rows: CudaFunction,
     pub fp8_dequant_rows: CudaFunction,
@@ -252,20 +253,13 @@ impl Functions {
             gemv_f32: per_rows("gemv_f32")?,
             gemv_silu: per_rows("gemv_silu")?,
             gemv_gelu: per_rows("gemv_gelu")?,
-            fp8_gemv: [
-                [
-                    get("gemv", "fp8_gemv_bf16")?,
-                    get("gemv", "fp8_gemv_f32")?,
-                    get("gemv", "fp8_gemv_silu")?,
-                    get("gemv", "fp8_gemv_gelu")?,
-                ],
-                [
-                    get("gemv", "fp8_gemv_bf16_runs")?,
-                    get("gemv", "fp8_gemv_f32_runs")?,
-                    get("gemv", "fp8_gemv_silu_runs")?,
-                    get("gemv", "fp8_gemv_gelu_runs")?,
-                ],
-            ],
+            fp8_gemv: {
+                let set = |suffix: &str| -> CudaResult<[CudaFunction; 4]> {
+                    let f = |out: &str| get("gemv", &format!("fp8_gemv_{out}{suffix}"));
+                    Ok([f("bf16")?, f("f32")?, f("silu")?, f("gelu")?])
+                };
+                [[set("")?, set("_runs")?], [set("_staged")?, set("_runs_staged")?]]
+            },
             fp8_quantize_rows: get("fp8", "fp8_quantize_rows")?,
             fp8_dequant_rows: get("fp8", "fp8_dequant_rows")?,
             fp8_random: get("fp8", "fp8_random")?,

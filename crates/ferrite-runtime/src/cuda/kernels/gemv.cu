@@ -133,6 +133,16 @@ GEMV_KERNELS(8)
 // outputs (A rows 0-7) and their up rows (8-15), so a lane holds both sums of its outputs;
 // each is rounded to bf16 as the unfused path stores them before act(g) · u. Grid ceil(n / 8).
 // Needs k % 16 == 0 and 16-byte aligned rows of W and x.
+//
+// Two ways to load, chosen by the launcher from the matrix's size (`ops::fp8`), as an isolated
+// sweep on an H100 measured them (BENCHMARKS.md, "FP8 GEMV variants"):
+// - streamed (`fp8_gemv_*`): weights read with `L1::no_allocate.L2::256B` (they are read once,
+//   and a 256-byte L2 fetch suits a warp's four 16-byte words a row), x through registers:
+//   the faster for the large matrices (gate-up 47.8 -> 45.0 us, down 26.6 -> 24.0);
+// - staged (`fp8_gemv_*_staged`): weights plain, x copied into shared memory by `cp.async`,
+//   so a lane's x loads hold no registers and never stall the weight loads behind them: the
+//   faster for the small ones with few blocks (o 15.4 -> 10.0 us, q/k/v 15.2 -> 13.9).
+// Both together measured slower than either alone.
 
 #define FP8_WARPS 8
 #define FP8_THREADS (32 * FP8_WARPS)
@@ -142,6 +152,19 @@ GEMV_KERNELS(8)
 __device__ __forceinline__ unsigned e4m3x2_bf16(unsigned w, unsigned sel) {
     const unsigned v = __byte_perm(w, 0u, sel);
     return (v & 0x80008000u) | ((v >> 4) & 0x07f007f0u);
+}
+
+// A 16-byte weight word, read once: L1 skipped, L2 fetched 256 bytes at a time.
+__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
 
 // A bf16 pair times 2^64 (exact).
@@ -154,11 +177,13 @@ __device__ __forceinline__ unsigned bf16x2_times_2p64(unsigned x) {
 __device__ __forceinline__ float bias_value(const bf16_t* b, int row) { return bf2f(b[row]); }
 __device__ __forceinline__ float bias_value(const float* b, int row) { return b[row]; }
 
-template <int ACT, bool RUNS, typename Out>
+template <int ACT, bool RUNS, bool STAGED, typename Out>
 __device__ __forceinline__ void fp8_gemv(const bf16_t* __restrict__ x, const unsigned char* __restrict__ w,
                                          const float* __restrict__ scales, int ncb, int cb16,
                                          const Out* __restrict__ bias, Out* __restrict__ y, int m, int n, int k) {
     __shared__ float part[FP8_WARPS][16][8];
+    // Staged: each lane's x words of the chunks in flight.
+    __shared__ uint4 xs_stage[STAGED ? FP8_WARPS : 1][STAGED ? FP8_UNROLL : 1][32][2];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool gated = ACT != ACT_NONE;
     // The tile's rows g and g + 8: plain, rows row0 + g and row0 + g + 8; gated, the gate and
@@ -176,13 +201,13 @@ __device__ __forceinline__ void fp8_gemv(const bf16_t* __restrict__ x, const uns
     bool waiting = true;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int c0 = warp; c0 < chunks; c0 += FP8_WARPS * FP8_UNROLL) {
-        uint4 la[FP8_UNROLL], lb[FP8_UNROLL], lx[FP8_UNROLL][2];
+        uint4 la[FP8_UNROLL], lb[FP8_UNROLL], lx[STAGED ? 1 : FP8_UNROLL][2];
 #pragma unroll
         for (int u = 0; u < FP8_UNROLL; u++) {
             const int word = 4 * (c0 + u * FP8_WARPS) + t;
             const bool in = word < k16;
-            la[u] = in ? wa[word] : zero;
-            lb[u] = in ? wb[word] : zero;
+            la[u] = in ? (STAGED ? wa[word] : ldg_stream(wa + word)) : zero;
+            lb[u] = in ? (STAGED ? wb[word] : ldg_stream(wb + word)) : zero;
         }
         if (waiting) {
             pdl_wait();
@@ -191,18 +216,35 @@ __device__ __forceinline__ void fp8_gemv(const bf16_t* __restrict__ x, const uns
 #pragma unroll
         for (int u = 0; u < FP8_UNROLL; u++) {
             const int word = 4 * (c0 + u * FP8_WARPS) + t;
-            const bool in = word < k16;
-            lx[u][0] = in && g < m ? xr[2 * word] : zero;
-            lx[u][1] = in && g < m ? xr[2 * word + 1] : zero;
+            const bool in = word < k16 && g < m;
+            if (STAGED) {
+                if (in) {
+                    cp_async16(&xs_stage[warp][u][lane][0], xr + 2 * word);
+                    cp_async16(&xs_stage[warp][u][lane][1], xr + 2 * word + 1);
+                }
+            } else {
+                lx[u][0] = in ? xr[2 * word] : zero;
+                lx[u][1] = in ? xr[2 * word + 1] : zero;
+            }
         }
+        if (STAGED) asm volatile("cp.async.wait_all;" ::: "memory");
 #pragma unroll
         for (int u = 0; u < FP8_UNROLL; u++) {
             const int c = c0 + u * FP8_WARPS;
             if (c >= chunks) break;
             const unsigned wa4[4] = {la[u].x, la[u].y, la[u].z, la[u].w};
             const unsigned wb4[4] = {lb[u].x, lb[u].y, lb[u].z, lb[u].w};
-            const unsigned xs[8] = {lx[u][0].x, lx[u][0].y, lx[u][0].z, lx[u][0].w,
-                                    lx[u][1].x, lx[u][1].y, lx[u][1].z, lx[u][1].w};
+            uint4 x0, x1;
+            if (STAGED) {
+                // A lane reads back only the words it copied (no barrier needed).
+                const bool in = 4 * c + t < k16 && g < m;
+                x0 = in ? xs_stage[warp][u][lane][0] : zero;
+                x1 = in ? xs_stage[warp][u][lane][1] : zero;
+            } else {
+                x0 = lx[u][0];
+                x1 = lx[u][1];
+            }
+            const unsigned xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
             float part_acc[4] = {0.f, 0.f, 0.f, 0.f};
             float* d = RUNS ? part_acc : acc;
 #pragma unroll
@@ -246,28 +288,30 @@ __device__ __forceinline__ void fp8_gemv(const bf16_t* __restrict__ x, const uns
         store_out(y + (u64)i * n + row, sum(r, i, row) + (bias != nullptr ? bias_value(bias, row) : 0.f));
 }
 
-#define FP8_GEMV_KERNELS(RUNS, SUFFIX)                                                                              \
+#define FP8_GEMV_KERNELS(RUNS, STAGED, SUFFIX)                                                                              \
     extern "C" __global__ void __launch_bounds__(FP8_THREADS)                                                       \
         fp8_gemv_bf16##SUFFIX(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16,           \
                               const bf16_t* bias, bf16_t* y, int m, int n, int k) {                                 \
-        fp8_gemv<ACT_NONE, RUNS, bf16_t>(x, w, s, ncb, cb16, bias, y, m, n, k);                                     \
+        fp8_gemv<ACT_NONE, RUNS, STAGED, bf16_t>(x, w, s, ncb, cb16, bias, y, m, n, k);                                     \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(FP8_THREADS)                                                       \
         fp8_gemv_f32##SUFFIX(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16,            \
                              const float* bias, float* y, int m, int n, int k) {                                    \
-        fp8_gemv<ACT_NONE, RUNS, float>(x, w, s, ncb, cb16, bias, y, m, n, k);                                      \
+        fp8_gemv<ACT_NONE, RUNS, STAGED, float>(x, w, s, ncb, cb16, bias, y, m, n, k);                                      \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(FP8_THREADS)                                                       \
         fp8_gemv_silu##SUFFIX(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16,           \
                               bf16_t* y, int m, int n, int k) {                                                     \
-        fp8_gemv<ACT_SILU, RUNS, bf16_t>(x, w, s, ncb, cb16, (const bf16_t*)nullptr, y, m, n, k);                   \
+        fp8_gemv<ACT_SILU, RUNS, STAGED, bf16_t>(x, w, s, ncb, cb16, (const bf16_t*)nullptr, y, m, n, k);                   \
     }                                                                                                               \
     extern "C" __global__ void __launch_bounds__(FP8_THREADS)                                                       \
         fp8_gemv_gelu##SUFFIX(const bf16_t* x, const unsigned char* w, const float* s, int ncb, int cb16,           \
                               bf16_t* y, int m, int n, int k) {                                                     \
-        fp8_gemv<ACT_GELU, RUNS, bf16_t>(x, w, s, ncb, cb16, (const bf16_t*)nullptr, y, m, n, k);                   \
+        fp8_gemv<ACT_GELU, RUNS, STAGED, bf16_t>(x, w, s, ncb, cb16, (const bf16_t*)nullptr, y, m, n, k);                   \
     }
 
-// A scale a row, and a scale a row and run of columns.
-FP8_GEMV_KERNELS(false, )
-FP8_GEMV_KERNELS(true, _runs)
+// A scale a row, and a scale a row and run of columns; streamed and staged.
+FP8_GEMV_KERNELS(false, false, )
+FP8_GEMV_KERNELS(true, false, _runs)
+FP8_GEMV_KERNELS(false, true, _staged)
+FP8_GEMV_KERNELS(true, true, _runs_staged)

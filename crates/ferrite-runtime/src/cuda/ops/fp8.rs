@@ -28,6 +28,12 @@ use crate::cuda::ops::elementwise::{gated_activation, GatedActivation, GEMV_MAX_
 /// Threads of `fp8.cu`'s kernels and of the skinny GEMM (`GEMV_THREADS`).
 const THREADS: u32 = 256;
 
+/// Matrices of fewer code bytes than this take the skinny GEMM's staged loads (x through
+/// shared memory by `cp.async`), larger ones its streamed loads (`gemv.cu`): the 8B's o and
+/// q/k/v (17 and 25 MB) against its down and gate-up (59 and 117 MB), as the isolated sweep
+/// measured each faster.
+const STAGED_BELOW_BYTES: usize = 32 << 20;
+
 pub struct Fp8Matrix {
     rows: usize,
     cols: usize,
@@ -171,7 +177,8 @@ impl Fp8Matrix {
         m: usize,
         n: usize,
     ) -> CudaResult<()> {
-        let f = &gpu.fns.fp8_gemv[set][out];
+        let staged = usize::from(self.rows * self.cols < STAGED_BELOW_BYTES);
+        let f = &gpu.fns.fp8_gemv[staged][set][out];
         let (wp, sp) = (gpu.ptr(&self.codes), gpu.ptr(&self.scales));
         let (ncb, cb16) = (self.col_blocks() as i32, (self.col_block / 16) as i32);
         let (m_i, n_i, k_i) = (m as i32, n as i32, self.cols as i32);
