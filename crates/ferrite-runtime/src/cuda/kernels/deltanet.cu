@@ -50,10 +50,13 @@
 // rounding, not bit for bit; an f32 emulation of these phases against an f64 scan (k_dim
 // 32-128, 200-2048 tokens, random normalized keys, beta in [0, 1], decays down to exp(-2))
 // gave output errors <= 1.2e-7 and state errors <= 1.9e-6 (states up to 1.8), no worse than
-// the f32 sequential scan's own errors (<= 1.8e-6).
+// the f32 sequential scan's own errors (<= 1.8e-6); this kernel's source run on CPU threads
+// against delta_rule_k* (rows of 1 to 1,000 tokens, mid-chunk writes, decays down to exp(-20))
+// stayed within 2.4e-6 on states and 5e-7 on outputs.
 // Shared memory, floats: K, Q [DC][KMAX + 1] (the +1 spreads a column over the banks),
 // S0 [KMAX][32], A, P [DC][DC + 1], R (then D), O [DC][32], gam, beta [DC]: 66,304 bytes at
-// KMAX = 128 (3 blocks an SM on Hopper), 41,728 at 64, 29,440 at 32 (`delta_chunk_shared`).
+// KMAX = 128, 41,728 at 64, 29,440 at 32 (`delta_chunk_shared`); with 128 registers a thread
+// at KMAX = 128 (78-80 below it), two blocks share an SM.
 //
 // Predicted speed-up, a 2,048-token prefill of a Qwen3.5-4B-like layer (32 value heads, 16
 // key heads, dims 128) on an H100 (132 SMs, ~1.7 GHz): both kernels run 32 x 4 = 128 blocks,
