@@ -18,7 +18,9 @@
 //! elsewhere). The Gemma fixtures' sliding window is 8 tokens, so every prompt here but the
 //! shortest is longer than the window. (`cuda_model` covers the llama fixtures.)
 //!
-//! - prompt logits from one prefill (the fixtures' prompts and a 150-token one): relative L2
+//! - prompt logits from one prefill (the fixtures' prompts and a 150-token one; the hybrids'
+//!   prompts of 17, 40 and 150 tokens run the chunked DeltaNet scan, the 5-token one the
+//!   sequential kernel, `DELTA_CHUNK_MIN_TOKENS`): relative L2
 //!   error within bf16 tolerance (3 %), top-5 log-probabilities within 0.75, each side's top
 //!   token in the other's top 5 (vLLM's `check_logprobs_close`), the argmax equal wherever
 //!   the CPU's top-2 margin is clear (for the MoE fixtures only where every token's routing is
@@ -59,9 +61,13 @@ use ferrite_engine::{EngineConfig, EngineCore};
 use ferrite_models::gpu::GpuDecoder;
 use ferrite_models::model::{CausalLm, Pending, Want};
 use ferrite_runtime::batch::RowLogits;
+use ferrite_runtime::cuda::ops::DELTA_CHUNK_MIN_TOKENS;
 use ferrite_runtime::cuda::DeviceChoice;
 use ferrite_runtime::ForwardBatch;
 use serde_json::Value;
+
+// The hybrids' 17-token prompt and longer take the chunked DeltaNet scan.
+const _: () = assert!(DELTA_CHUNK_MIN_TOKENS <= 17, "cuda_goldens' hybrid prompts no longer reach the chunked scan");
 
 const FIXTURES: [&str; 23] = [
     "qwen3-hd32",

@@ -6,13 +6,20 @@
 //! host RAM or the SSD == cold) with the model on CUDA device 0, two runs parting only at near
 //! ties. (qwen3_next routes near ties its state keeps, so `cuda_goldens` measures it; that
 //! test also compares both hybrids' logits and greedy tokens with the CPU's and transformers',
-//! and graph replay with eager decode.)
+//! and graph replay with eager decode.) Prefills of `DELTA_CHUNK_MIN_TOKENS` tokens or more
+//! (the whole 40-token prompt, chunks of 16 and 39, the 100-token shared prompts) run the
+//! chunked DeltaNet scan and shorter ones (chunks of 1, 3, 7, decode, verify spans) the
+//! sequential kernel, so chunked prefill == whole also holds the two kernels to each other.
 
 mod common;
 
 use common::hybrid;
 use common::model::cuda_enabled;
+use ferrite_runtime::cuda::ops::DELTA_CHUNK_MIN_TOKENS;
 use ferrite_runtime::cuda::DeviceChoice;
+
+// The whole-prompt prefill (40 tokens) and the 16-token chunks take the chunked scan.
+const _: () = assert!(DELTA_CHUNK_MIN_TOKENS <= 16, "cuda_hybrid's prefills no longer reach the chunked scan");
 
 #[test]
 fn cuda_hybrid_chunked_prefill_equals_whole_prefill() {

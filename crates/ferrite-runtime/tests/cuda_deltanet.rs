@@ -6,20 +6,29 @@
 //!   slot) and a verify row's per-token states; then a second step of decode rows continuing
 //!   the slots the first wrote. Outputs and every slot's state are compared;
 //! - the delta rule at each register width (key heads of 16, 48 and 128; value heads of 8,
-//!   40 and 128; grouped and tiled value heads);
+//!   40 and 128; grouped and tiled value heads); the 17-token row of these cases takes the
+//!   chunked scan (`DELTA_CHUNK_MIN_TOKENS`), the others the sequential kernel;
+//! - the chunked scan against the sequential kernel and the CPU on long rows (1 to 1,000
+//!   tokens: around the 32-token chunks and far past them), each routed to one kernel, the
+//!   other, or by length; writes at chunk boundaries and mid-chunk, per-token writes, rows
+//!   reading slots and the zero state, then rows continuing the first step's ends (a row
+//!   writing the slot it reads), at every key width;
 //! - the q/k L2 norm, the gates, the output norm times silu(z), and the sigmoid gates of a
 //!   gated attention output and of a shared expert.
 //!
 //! Everything but the last is f32 on both sides: what differs is fused multiply-adds and
 //! `expf`, so tolerances are 1e-5 absolute plus 1e-4 relative (the delta rule, a recurrence
-//! over up to 40 tokens, 1e-4 plus 1e-3). Outputs are NaN-poisoned first.
+//! over up to 40 tokens, 1e-4 plus 1e-3). The chunked scan regroups the recurrence's sums
+//! (`deltanet.cu`'s header); an f32 emulation of it over up to 2,048 tokens stayed within
+//! 2.4e-6 of the sequential scan on states of magnitude up to 1.8 and 5e-7 on outputs, so its
+//! comparisons take 5e-5 absolute plus 5e-4 relative. Outputs are NaN-poisoned first.
 
 mod cuda_common;
 
 use cuda_common::{compare, gpu, poisoned_bf16, poisoned_f32, rand_bf16, rng, to_f32};
 use ferrite_runtime::cpu::gated_delta::{self, DeltaShape};
 use ferrite_runtime::cpu::{rms_norm_in_place, silu_mul};
-use ferrite_runtime::cuda::ops::{self, DeviceStatePool, StateTable};
+use ferrite_runtime::cuda::ops::{self, DeviceStatePool, StateTable, DELTA_CHUNK_MIN_TOKENS};
 use ferrite_runtime::cuda::Gpu;
 use ferrite_runtime::kv_state::{StatePool, StateRow, StateSpec};
 use rand::rngs::StdRng;
@@ -27,7 +36,7 @@ use rand::Rng;
 
 const KERNEL: usize = 4;
 /// Slots of the pools: 0..8 hold random states the rows may read; writes go to 8 and up.
-const SLOTS: usize = 48;
+const SLOTS: usize = 80;
 
 fn uniform(rng: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(lo..hi)).collect()
@@ -42,11 +51,17 @@ fn pools(gpu: &Gpu, rng: &mut StdRng, spec: StateSpec) -> (StatePool, DeviceStat
         let ssm = uniform(rng, spec.ssm_values(), -0.5, 0.5);
         host.ssm_mut(slot).expect("slot").copy_from_slice(&ssm);
     }
-    let mut dev = DeviceStatePool::zeroed(gpu, spec, SLOTS).expect("device pool");
-    let (conv, ssm) = host_states(&host);
+    let dev = device_pool(gpu, &host);
+    (host, dev)
+}
+
+/// A device copy of `host`'s states.
+fn device_pool(gpu: &Gpu, host: &StatePool) -> DeviceStatePool {
+    let mut dev = DeviceStatePool::zeroed(gpu, host.spec, SLOTS).expect("device pool");
+    let (conv, ssm) = host_states(host);
     gpu.upload_into(&conv, &mut dev.conv).expect("upload");
     gpu.upload_into(&ssm, &mut dev.ssm).expect("upload");
-    (host, dev)
+    dev
 }
 
 /// Every slot's (conv windows, matrices), concatenated.
@@ -308,5 +323,103 @@ fn cuda_sigmoid_gates_match_reference() {
         ops::add_sigmoid_scaled(gpu, &mut od, &yd, &ld, (t, width)).expect("add");
         let got = to_f32(&gpu.download(&od).expect("download"));
         compare("add_sigmoid_scaled", &case, &got, &want, 1e-6, 1.0 / 128.0);
+    }
+}
+
+/// Long rows of `lens` tokens: odd rows read a random slot, even ones start a sequence; each
+/// writes after 17 and 40 tokens (mid-chunk), 32 and every 64 (chunk ends) and its end (mid-
+/// chunk for most lengths), to fresh slots; the last row also writes after each of its first 5
+/// tokens (a verify span's states inside a chunk).
+fn long_rows(lens: &[usize]) -> Vec<StateRow> {
+    let (mut start, mut fresh) = (0, 8u32);
+    let mut rows = Vec::new();
+    for (r, &len) in lens.iter().enumerate() {
+        let mut writes = Vec::new();
+        for n in 1..=len {
+            let per_token = r + 1 == lens.len() && n <= 5;
+            for _ in 0..usize::from(per_token) + usize::from([17, 32, 40].contains(&n) || n % 64 == 0 || n == len) {
+                writes.push((n, fresh));
+                fresh += 1;
+            }
+        }
+        rows.push(StateRow { tokens: start..start + len, read: (r % 2 == 1).then_some(r as u32), writes });
+        start += len;
+    }
+    assert!(fresh as usize <= SLOTS, "{fresh} slots for rows {lens:?}");
+    rows
+}
+
+/// A second step continuing `before`: row r has `lens[r]` tokens, reads its end slot and
+/// writes its end there again.
+fn continued_rows(before: &[StateRow], lens: &[usize]) -> Vec<StateRow> {
+    let mut start = 0;
+    (before.iter().zip(lens))
+        .map(|(row, &len)| {
+            let end = row.writes.last().expect("an end write").1;
+            start += len;
+            StateRow { tokens: start - len..start, read: Some(end), writes: vec![(len, end)] }
+        })
+        .collect()
+}
+
+#[test]
+fn cuda_deltanet_chunked_scan_matches_sequential_and_cpu() {
+    let Some((gpu, _checks)) = gpu("cuda_deltanet_chunked_scan_matches_sequential_and_cpu") else { return };
+    let mut rng = rng("cuda_deltanet_chunked_scan_matches_sequential_and_cpu");
+    // Key widths 32, 48 (the 64-wide kernel, half of it padding), 64 and 128 (every kernel);
+    // value heads within one 32-column tile and over several, a partial one too.
+    let shapes = [
+        DeltaShape { k_heads: 2, v_heads: 4, k_dim: 32, v_dim: 32, tiled: true },
+        DeltaShape { k_heads: 1, v_heads: 3, k_dim: 48, v_dim: 40, tiled: false },
+        DeltaShape { k_heads: 2, v_heads: 2, k_dim: 64, v_dim: 64, tiled: false },
+        DeltaShape { k_heads: 2, v_heads: 4, k_dim: 128, v_dim: 128, tiled: true },
+    ];
+    let firsts: [&[usize]; 2] = [&[1, 63, 64, 65, 200, 1000], &[33, 31, 16, 15, 96]];
+    // (label, chunk_min): every row through each kernel, then the default route.
+    let routes = [("sequential", usize::MAX), ("chunked", 1), ("routed", DELTA_CHUNK_MIN_TOKENS)];
+    for shape in shapes {
+        let spec = spec_of(&shape);
+        let vd = shape.v_heads * shape.v_dim;
+        for lens in firsts {
+            let (mut host, _) = pools(gpu, &mut rng, spec);
+            let mut devs: Vec<DeviceStatePool> = routes.iter().map(|_| device_pool(gpu, &host)).collect();
+            let first = long_rows(lens);
+            let again: Vec<usize> = (0..lens.len()).map(|r| [70, 1, 40, 17][r % 4]).collect();
+            let steps = [first.clone(), continued_rows(&first, &again)];
+            for (step, rows) in steps.iter().enumerate() {
+                let t = rows.last().expect("rows").tokens.end;
+                let mut x = rule_inputs(&mut rng, &shape, t);
+                // Slow decays (long memory), one token in 20 a sharp one (down to exp(-20)).
+                for g in &mut x.g {
+                    *g = if rng.random_range(0.0..1.0) < 0.05 {
+                        rng.random_range(-20.0..0.0)
+                    } else {
+                        rng.random_range(-0.05..0.0)
+                    };
+                }
+                let mut want = vec![0f32; t * vd];
+                gated_delta::gated_delta_rule(&x.q, &x.k, &x.v, &x.g, &x.beta, &shape, &mut host, rows, &mut want)
+                    .expect("cpu rule");
+                let (fused, g, beta) = (gpu.upload(&x.fused), gpu.upload(&x.g), gpu.upload(&x.beta));
+                let (fused, g, beta) = (fused.expect("upload"), g.expect("upload"), beta.expect("upload"));
+                let mut got = Vec::new();
+                for ((label, chunk_min), dev) in routes.iter().zip(&mut devs) {
+                    let mut table = StateTable::new(gpu, t).expect("table");
+                    table.set_chunk_min(gpu, *chunk_min).expect("route");
+                    table.upload(gpu, rows, rows.len(), SLOTS).expect("table upload");
+                    let mut out = poisoned_f32(gpu, t * vd);
+                    ops::delta_rule(gpu, &fused, x.stride, &g, &beta, &shape, &table, dev, &mut out).expect("rule");
+                    let (out, (_, ssm)) = (gpu.download(&out).expect("download"), device_states(gpu, dev));
+                    let case = format!("{shape:?} rows {lens:?} step {step} {label}");
+                    compare("deltanet_chunk_out", &case, &out, &want, 5e-5, 5e-4);
+                    compare("deltanet_chunk_states", &case, &ssm, &host_states(&host).1, 5e-5, 5e-4);
+                    got.push((out, ssm));
+                }
+                // The two kernels on the same rows, directly.
+                let case = format!("{shape:?} rows {lens:?} step {step} chunked vs sequential");
+                compare("deltanet_chunk_vs_seq_out", &case, &got[1].0, &got[0].0, 5e-5, 5e-4);
+                compare("deltanet_chunk_vs_seq_states", &case, &got[1].1, &got[0].1, 5e-5, 5e-4);
+            }
+        }
     }
 }

@@ -4,7 +4,8 @@
 //! (Qwen3-Next's key-head-grouped `in_proj_qkvz` / `in_proj_ba` put in that order at load),
 //! whose GEMM writes f32 rows; then, all in f32, the causal conv + SiLU continuing each row's
 //! window in its state slot, the q/k L2 norms, the gates, the gated delta rule over the slot's
-//! matrices, and the per-head RMSNorm times `silu(z)` to bf16 for the output projection
+//! matrices (a chunked scan for prefill rows, the one-step kernel for the rest), and the
+//! per-head RMSNorm times `silu(z)` to bf16 for the output projection
 //! (`ferrite_runtime::cuda::ops::deltanet`). The state slots live in the device KV cache
 //! (`KvCache::device_state_mut`); which slot a row reads and writes is uploaded once a step
 //! (`StateTable`), before and outside any graph, so decode steps replay.

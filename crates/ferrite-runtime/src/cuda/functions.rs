@@ -9,7 +9,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::compile::{Image, SOURCES};
 use super::error::{CudaError, CudaResult};
-use super::ops::deltanet::DELTA_K_DIMS;
+use super::ops::deltanet::{delta_chunk_shared, DELTA_K_DIMS};
 use crate::dtype::{DType, MlxScale};
 
 /// Head dims the attention kernels are instantiated for, in the order of their arrays below.
@@ -85,12 +85,14 @@ pub(crate) struct Functions {
     /// Multi-LoRA's shrink and expand (`lora.cu`).
     pub lora_shrink: CudaFunction,
     pub lora_expand: CudaFunction,
-    /// Gated DeltaNet (`deltanet.cu`); `delta_rule` by `DELTA_K_DIMS`.
+    /// Gated DeltaNet (`deltanet.cu`); `delta_rule` (sequential) and `delta_chunk` (the chunked
+    /// scan) by `DELTA_K_DIMS`.
     pub delta_conv: CudaFunction,
     pub delta_conv_state: CudaFunction,
     pub delta_qk_norm: CudaFunction,
     pub delta_gates: CudaFunction,
     pub delta_rule: [CudaFunction; 3],
+    pub delta_chunk: [CudaFunction; 3],
     pub delta_out_norm: CudaFunction,
     /// The kernels of each block-type module, in `QUANT_MODULES` order.
     pub quant: Vec<QuantFunctions>,
@@ -278,6 +280,19 @@ impl Functions {
             delta_gates: get("deltanet", "delta_gates")?,
             delta_rule: {
                 let [a, b, c] = DELTA_K_DIMS.map(|k| get("deltanet", &format!("delta_rule_k{k}")));
+                [a?, b?, c?]
+            },
+            delta_chunk: {
+                let [a, b, c] = DELTA_K_DIMS.map(|k| {
+                    let f = get("deltanet", &format!("delta_chunk_k{k}"))?;
+                    // Where the device has less, `ops::delta_rule` leaves the rows to `delta_rule`.
+                    let shared = delta_chunk_shared(k).min(max_shared);
+                    f.set_attribute(
+                        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        shared as i32,
+                    )?;
+                    Ok::<_, CudaError>(f)
+                });
                 [a?, b?, c?]
             },
             delta_out_norm: get("deltanet", "delta_out_norm")?,

@@ -6,8 +6,14 @@
 //! causal conv + SiLU continuing each row's window, the q/k L2 norm, the gates, the gated
 //! delta rule, and the per-head output norm times `silu(z)`.
 //!
+//! The delta rule runs two ways, routed by row length on the host from the step's table: rows
+//! of at least `DELTA_CHUNK_MIN_TOKENS` tokens (prefill) take the chunked scan
+//! (`delta_chunk_k*`, listed in the table), shorter ones (decode, verify spans) the sequential
+//! one-step kernel (`delta_rule_k*`, which skips the long rows).
+//!
 //! The step table is uploaded before a step, outside any CUDA graph, into buffers sized once,
-//! so a decode step replays with the new step's slots and launches nothing else.
+//! so a decode step replays with the new step's slots and launches nothing else (a decode
+//! step has no long row, so its graph holds the sequential kernel alone).
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
@@ -27,6 +33,24 @@ pub(crate) const DELTA_K_DIMS: [usize; 3] = [32, 64, 128];
 
 /// Ints a row takes in a `StateTable` (`ROW_FIELDS` in `deltanet.cu`).
 const ROW_FIELDS: usize = 5;
+
+/// Rows of at least this many tokens take the chunked scan, shorter ones the sequential
+/// kernel. A chunk of the scan costs about what 9 sequential tokens do whatever its fill (the
+/// estimate in `deltanet.cu`'s header), and verify spans (a handful of tokens, each a state
+/// write) are far below it; decode rows (one token) never reach it.
+pub const DELTA_CHUNK_MIN_TOKENS: usize = 16;
+/// Tokens a chunk, value columns a block and threads a block of the chunked scan (`DC`,
+/// `DBV`, `DC_THREADS` in `deltanet.cu`).
+const CHUNK: usize = 32;
+const CHUNK_COLS: usize = 32;
+const CHUNK_THREADS: u32 = 256;
+
+/// Dynamic shared memory of `delta_chunk_k{kmax}`, bytes: K and Q `[CHUNK][kmax + 1]`, the
+/// state tile `[kmax][CHUNK_COLS]`, A and P `[CHUNK][CHUNK + 1]`, R and O `[CHUNK][CHUNK_COLS]`,
+/// and two gate vectors (the layout in `delta_chunk`).
+pub(crate) fn delta_chunk_shared(kmax: usize) -> usize {
+    4 * (2 * CHUNK * (kmax + 1) + kmax * CHUNK_COLS + 2 * CHUNK * (CHUNK + 1) + 2 * CHUNK * CHUNK_COLS + 2 * CHUNK)
+}
 
 fn check(ok: bool, what: impl FnOnce() -> String) -> CudaResult<()> {
     if ok {
@@ -74,14 +98,18 @@ impl DeviceStatePool {
 }
 
 /// A step's rows as the kernels read them: per row `[first token, tokens, read slot (−1:
-/// none), first write, end of writes]`, the writes as `(n, slot)` pairs, and each token's row.
+/// none), first write, end of writes]`, the writes as `(n, slot)` pairs, each token's row, and
+/// the rows of at least `chunk_min` tokens (the chunked scan's).
 pub struct StateTable {
     rows: CudaSlice<i32>,
     writes: CudaSlice<i32>,
     tok_row: CudaSlice<i32>,
-    /// The uploaded step's rows and tokens (padding included).
+    chunked: CudaSlice<i32>,
+    /// The uploaded step's rows, tokens (padding included) and long rows.
     n_rows: usize,
     tokens: usize,
+    n_chunked: usize,
+    chunk_min: usize,
 }
 
 impl StateTable {
@@ -93,9 +121,26 @@ impl StateTable {
             rows: gpu.alloc(tokens * ROW_FIELDS)?,
             writes: gpu.alloc(2 * 2 * tokens)?,
             tok_row: gpu.alloc(tokens)?,
+            chunked: gpu.alloc(tokens.div_ceil(DELTA_CHUNK_MIN_TOKENS))?,
             n_rows: 0,
             tokens: 0,
+            n_chunked: 0,
+            chunk_min: DELTA_CHUNK_MIN_TOKENS,
         })
+    }
+
+    /// Route rows of at least `tokens` tokens (1 or more) to the chunked scan from the next
+    /// upload on, instead of `DELTA_CHUNK_MIN_TOKENS`: the tests run the same rows through
+    /// either kernel (`usize::MAX`: the sequential one alone). A table routing rows shorter
+    /// than `DELTA_CHUNK_MIN_TOKENS` keeps a list as long as its rows.
+    pub fn set_chunk_min(&mut self, gpu: &Gpu, tokens: usize) -> CudaResult<()> {
+        let tokens = tokens.max(1);
+        let need = self.tok_row.len().div_ceil(tokens.min(self.tok_row.len()));
+        if need > self.chunked.len() {
+            self.chunked = gpu.alloc(need)?;
+        }
+        self.chunk_min = tokens;
+        Ok(())
     }
 
     /// Queue the upload of `rows` (checked against pools of `slots` slots), followed by
@@ -104,7 +149,7 @@ impl StateTable {
     pub fn upload(&mut self, gpu: &Gpu, rows: &[StateRow], pad_rows: usize, slots: usize) -> Result<()> {
         check_rows(slots, rows)?;
         let mut table = Vec::with_capacity(ROW_FIELDS * pad_rows.max(rows.len()));
-        let (mut writes, mut tok_row) = (Vec::new(), Vec::new());
+        let (mut writes, mut tok_row, mut chunked) = (Vec::new(), Vec::new(), Vec::new());
         for (r, row) in rows.iter().enumerate() {
             if row.tokens.is_empty() && row.writes.is_empty() {
                 // A row of no query tokens reads and writes nothing.
@@ -133,6 +178,9 @@ impl StateTable {
                 (writes.len() / 2) as i32,
             ]);
             tok_row.extend(std::iter::repeat_n(index, row.tokens.len()));
+            if row.tokens.len() >= self.chunk_min {
+                chunked.push(index);
+            }
         }
         for _ in rows.len()..pad_rows {
             let (index, start, w) = (table.len() / ROW_FIELDS, tok_row.len(), writes.len() / 2);
@@ -152,7 +200,10 @@ impl StateTable {
         if !writes.is_empty() {
             gpu.upload_into(&writes, &mut self.writes)?;
         }
-        (self.n_rows, self.tokens) = (table.len() / ROW_FIELDS, tok_row.len());
+        if !chunked.is_empty() {
+            gpu.upload_into(&chunked, &mut self.chunked)?;
+        }
+        (self.n_rows, self.tokens, self.n_chunked) = (table.len() / ROW_FIELDS, tok_row.len(), chunked.len());
         Ok(())
     }
 
@@ -267,7 +318,9 @@ pub fn delta_gates(
 /// The gated delta rule over the step's rows: `qkv` rows of `stride` values hold q (`k_heads ·
 /// k_dim`, normalized), k (the same) and v (`v_heads · v_dim`) in turn; `g`, `beta` are
 /// `[tokens, v_heads]`; `out` gets `[tokens, v_heads · v_dim]`. Each row starts from its read
-/// slot's matrices and stores them after the token counts its writes name.
+/// slot's matrices and stores them after the token counts its writes name. The table's long
+/// rows take the chunked scan (equal to the sequential kernel to f32 rounding), unless the
+/// device cannot give its blocks their shared memory; the rest the sequential kernel.
 #[allow(clippy::too_many_arguments)]
 pub fn delta_rule(
     gpu: &Gpu,
@@ -312,11 +365,28 @@ pub fn delta_rule(
     let (gp, bp, rp, wp) = (gpu.ptr(g), gpu.ptr(beta), gpu.ptr(&table.rows), gpu.ptr(&table.writes));
     let (sp, op) = (gpu.ptr_mut(&mut pool.ssm), gpu.ptr_mut(out));
     let [st, khi, nvi, kdi, vdi, ti] = [stride, k_heads, v_heads, k_dim, v_dim, usize::from(tiled)].map(|v| v as i32);
-    gpu.launch(
-        &gpu.fns.delta_rule[kernel],
-        cfg((table.n_rows as u32, v_heads as u32, v_dim.div_ceil(32) as u32), 32, 0),
-        &[&qp, &kp, &st, &vp, &st, &gp, &bp, &khi, &nvi, &kdi, &vdi, &ti, &rp, &wp, &sp, &op],
-    )
+    let shared = delta_chunk_shared(DELTA_K_DIMS[kernel]);
+    let chunked = table.n_chunked > 0 && shared <= gpu.info().max_shared_per_block;
+    // The sequential kernel skips rows of `chunk_min` tokens or more: all of them its own
+    // when the chunked scan cannot run.
+    let chunk_min = if chunked { table.chunk_min.min(i32::MAX as usize) as i32 } else { i32::MAX };
+    if !chunked || table.n_chunked < table.n_rows {
+        gpu.launch(
+            &gpu.fns.delta_rule[kernel],
+            cfg((table.n_rows as u32, v_heads as u32, v_dim.div_ceil(32) as u32), 32, 0),
+            &[&qp, &kp, &st, &vp, &st, &gp, &bp, &khi, &nvi, &kdi, &vdi, &ti, &rp, &wp, &chunk_min, &sp, &op],
+        )?;
+    }
+    if chunked {
+        let cp = gpu.ptr(&table.chunked);
+        let grid = (table.n_chunked as u32, v_heads as u32, v_dim.div_ceil(CHUNK_COLS) as u32);
+        gpu.launch(
+            &gpu.fns.delta_chunk[kernel],
+            cfg(grid, CHUNK_THREADS, shared),
+            &[&qp, &kp, &st, &vp, &st, &gp, &bp, &khi, &nvi, &kdi, &vdi, &ti, &rp, &wp, &cp, &sp, &op],
+        )?;
+    }
+    Ok(())
 }
 
 /// `out = silu(z) · rmsnorm(o) · weight` per value head: `o` is `[tokens, v_heads · v_dim]`,

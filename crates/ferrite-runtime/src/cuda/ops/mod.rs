@@ -16,7 +16,7 @@ pub mod sampling;
 pub use attention::{attention, decode_attention_rope, AttentionMeta, DecodePlan, DecodeScratch};
 pub use deltanet::{
     delta_conv, delta_gates, delta_out_norm, delta_qk_norm, delta_rule, DeviceStatePool, StateTable,
-    DELTA_MAX_CONV_KERNEL, DELTA_MAX_K_DIM,
+    DELTA_CHUNK_MIN_TOKENS, DELTA_MAX_CONV_KERNEL, DELTA_MAX_K_DIM,
 };
 pub use elementwise::{
     activation, add_sigmoid_scaled, copy, embedding, gated_activation, linear, linear_gated, random_uniform, rope,
