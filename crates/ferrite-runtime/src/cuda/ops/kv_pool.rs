@@ -441,7 +441,22 @@ pub fn convert_blocks(gpu: &Gpu, src: &DeviceKv, dst: &mut DeviceKv, pairs: &[(u
     gpu.launch(
         &gpu.fns.convert_blocks[dst.format()],
         cfg((grid, 1, 1), 256, 0),
-        &[&ks, &vs, &a.k, &a.v, &a.k_params, &a.v_params, &pp, &np, &nkv, &bs, &hd, &a.shift, &a.fp8_scales, &a.k_offset],
+        &[
+            &ks,
+            &vs,
+            &a.k,
+            &a.v,
+            &a.k_params,
+            &a.v_params,
+            &pp,
+            &np,
+            &nkv,
+            &bs,
+            &hd,
+            &a.shift,
+            &a.fp8_scales,
+            &a.k_offset,
+        ],
     )
     // `pairs_d` is freed in stream order, after the launches that read it.
 }
