@@ -3,8 +3,8 @@
 //! how the cache's bytes split between the quantized pools and their full-precision twins.
 //!
 //! A cache holds one type (`--kv-cache-dtype`); a quantized one started with
-//! `--quantized-kv-start N > 0` also keeps full-precision (f16) twin pools for rows before
-//! their start. What a request may ask:
+//! `--quantized-kv-start N > 0` also keeps full-precision twin pools (f16; bf16 on a GPU) for
+//! rows before their start. What a request may ask:
 //! - nothing, or `auto`: the engine's type, turning quantized at the engine's start;
 //! - the cache's own quantized type (`int8` on an int8 cache) with any `quantized_kv_start`
 //!   (0: quantized from its first position);
