@@ -178,11 +178,10 @@ pub struct KvArgs {
     /// int8/int4/fp8: sliding, first:N, last:N or a list of KV-owning layer indices (0,1,29).
     #[arg(long)]
     pub kv_cache_skip_layers: Option<KvSkip>,
-    /// Under int8/int4 (and fp8 on a GPU), each sequence keeps full-precision KV (f16 on the
-    /// CPU, bf16 on a GPU) for its first N positions and turns quantized past them (what it
-    /// wrote is converted once). N > 0 adds full-precision pools for `max-num-seqs × N`
-    /// positions (at most half the KV memory), which also lets a request set its own
-    /// `quantized_kv_start` or ask `kv_cache_dtype: f16`.
+    /// Under int8/int4, each sequence keeps f16 KV for its first N positions and turns
+    /// quantized past them (what it wrote is converted once). N > 0 adds f16 pools for
+    /// `max-num-seqs × N` positions (at most half the KV memory), which also lets a request
+    /// set its own `quantized_kv_start` or ask `kv_cache_dtype: f16`.
     #[arg(long, default_value_t = 0)]
     pub quantized_kv_start: usize,
 }

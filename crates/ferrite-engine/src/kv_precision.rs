@@ -3,8 +3,8 @@
 //! how the cache's bytes split between the quantized pools and their full-precision twins.
 //!
 //! A cache holds one type (`--kv-cache-dtype`); a quantized one started with
-//! `--quantized-kv-start N > 0` also keeps full-precision twin pools (f16; bf16 on a GPU) for
-//! rows before their start. What a request may ask:
+//! `--quantized-kv-start N > 0` also keeps full-precision (f16) twin pools for rows before
+//! their start. What a request may ask:
 //! - nothing, or `auto`: the engine's type, turning quantized at the engine's start;
 //! - the cache's own quantized type (`int8` on an int8 cache) with any `quantized_kv_start`
 //!   (0: quantized from its first position);
@@ -23,7 +23,7 @@
 //! gets no twins: all its bytes stay its own, and a row keeps its slots through its start.
 
 use ferrite_models::model::CausalLm;
-use ferrite_runtime::{KvCache, KvDtype, KvLayout};
+use ferrite_runtime::{KvCache, KvLayout};
 
 use crate::config::EngineConfig;
 use crate::error::EngineError;
@@ -37,7 +37,7 @@ const START: &str = "quantized_kv_start";
 /// What a request may choose of the KV cache's precision (`Limits::kv`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KvChoices {
-    /// The cache's quantized type (`int8`, `int4`, `fp8`); None when it holds full precision.
+    /// The cache's quantized type (`int8`, `int4`); None when it holds full precision.
     pub quantized: Option<String>,
     /// What the cache holds, for messages (`int8/g64`).
     pub scheme: String,
@@ -51,7 +51,7 @@ impl KvChoices {
     /// The choices of a cache of `cfg`'s scheme, which `description` names, whose blocks
     /// `kvm` manages.
     pub(crate) fn new(cfg: &EngineConfig, description: String, kvm: &KvManager) -> KvChoices {
-        let quantized = quantized_name(cfg.kv_scheme.dtype);
+        let quantized = cfg.kv_scheme.dtype.quantized().map(|(bits, _)| format!("int{}", bits.bits()));
         KvChoices {
             quantized,
             scheme: description,
@@ -143,15 +143,6 @@ impl KvChoices {
     }
 }
 
-/// The name a request gives the quantized type `dtype` (`int8`, `int4`, `fp8`); None for full
-/// precision.
-fn quantized_name(dtype: KvDtype) -> Option<String> {
-    match dtype {
-        KvDtype::Fp8 => Some("fp8".into()),
-        d => d.quantized().map(|(bits, _)| format!("int{}", bits.bits())),
-    }
-}
-
 /// The KV cache of `model` under `cfg`: `group_blocks[g]` blocks of `block_bytes[g]` bytes,
 /// split between the quantized pools and the full-precision twins of a delayed start
 /// (`split_blocks`). Returns it and the blocks of each part.
@@ -162,9 +153,9 @@ pub(crate) fn new_cache(
     group_blocks: &[usize],
     block_bytes: &[usize],
 ) -> Result<(KvCache, Vec<usize>, Vec<usize>), EngineError> {
-    if cfg.quantized_kv_start > 0 && quantized_name(cfg.kv_scheme.dtype).is_none() {
+    if cfg.quantized_kv_start > 0 && cfg.kv_scheme.dtype.quantized().is_none() {
         return Err(EngineError::Config(
-            "--quantized-kv-start needs a quantized KV cache (--kv-cache-dtype int8, int4, or fp8 on a GPU)".into(),
+            "--quantized-kv-start needs a quantized KV cache (--kv-cache-dtype int8 or int4)".into(),
         ));
     }
     let full_bytes = layout.block_bytes(cfg.block_size);

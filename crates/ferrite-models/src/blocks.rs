@@ -327,34 +327,6 @@ struct KvProjection {
     v_norm: Option<Norm>,
 }
 
-/// What every key of a layer with k bias `bias` (`[n_kv_heads][head_dim]`) shares once
-/// rotated by `rope`: the bias as RoPE leaves it on average over `context` positions — whole in
-/// channels that barely turn, nothing in those that turn many times. The CPU and CUDA models
-/// both take their key offsets from here.
-pub fn key_offset(bias: &[f32], rope: &RopeScaling, head_dim: usize, context: usize) -> Vec<f32> {
-    let rope = rope.rope_for(0);
-    let (hd, half, scale) = (head_dim, rope.inv_freq.len(), f64::from(rope.attention_scaling));
-    // The mean of cos and sin of p·f over p in 0..context.
-    let p = context.max(1) as f64;
-    let means: Vec<(f64, f64)> = (rope.inv_freq.iter())
-        .map(|&f| {
-            let f = f64::from(f);
-            let ratio = if (f / 2.0).sin().abs() < 1e-12 { p } else { (p * f / 2.0).sin() / (f / 2.0).sin() };
-            let mid = (p - 1.0) * f / 2.0;
-            (ratio * mid.cos() / p, ratio * mid.sin() / p)
-        })
-        .collect();
-    let mut out = bias.to_vec();
-    for (o, b) in out.chunks_mut(hd).zip(bias.chunks(hd)) {
-        for (i, &(c, s)) in means.iter().enumerate() {
-            let (x, y) = (f64::from(b[i]), f64::from(b[i + half]));
-            o[i] = (scale * (x * c - y * s)) as f32;
-            o[i + half] = (scale * (y * c + x * s)) as f32;
-        }
-    }
-    out
-}
-
 pub struct Attention {
     q: Linear,
     q_norm: Option<Norm>,
@@ -412,12 +384,34 @@ impl Attention {
     }
 
     /// The offset a quantized K pool stores this layer's keys less (`KvCache::set_key_offsets`,
-    /// `[n_kv_heads][head_dim]`, `key_offset`): None without a k bias, with k norms (they
-    /// rescale the bias per token) or a score softcap (the shift would not cancel), and for a
-    /// layer that reads another's KV.
+    /// `[n_kv_heads][head_dim]`): what every key shares, its k bias as RoPE leaves it on average
+    /// over `context` positions — whole in channels that barely turn, nothing in those that
+    /// turn many times. None without a k bias, with k norms (they rescale the bias per token)
+    /// or a score softcap (the shift would not cancel), and for a layer that reads another's KV.
     pub fn key_offset(&self, context: usize) -> Option<Vec<f32>> {
         let kv = self.kv.as_ref().filter(|kv| kv.k_norm.is_none() && self.params.softcap.is_none())?;
-        Some(key_offset(kv.k.bias.as_ref()?, &self.rope.scaling, self.params.head_dim, context))
+        let bias = kv.k.bias.as_ref()?;
+        let rope = self.rope.scaling.rope_for(0);
+        let (hd, half, scale) = (self.params.head_dim, rope.inv_freq.len(), f64::from(rope.attention_scaling));
+        // The mean of cos and sin of p·f over p in 0..context.
+        let p = context.max(1) as f64;
+        let means: Vec<(f64, f64)> = (rope.inv_freq.iter())
+            .map(|&f| {
+                let f = f64::from(f);
+                let ratio = if (f / 2.0).sin().abs() < 1e-12 { p } else { (p * f / 2.0).sin() / (f / 2.0).sin() };
+                let mid = (p - 1.0) * f / 2.0;
+                (ratio * mid.cos() / p, ratio * mid.sin() / p)
+            })
+            .collect();
+        let mut out = bias.clone();
+        for (o, b) in out.chunks_mut(hd).zip(bias.chunks(hd)) {
+            for (i, &(c, s)) in means.iter().enumerate() {
+                let (x, y) = (f64::from(b[i]), f64::from(b[i + half]));
+                o[i] = (scale * (x * c - y * s)) as f32;
+                o[i + half] = (scale * (y * c + x * s)) as f32;
+            }
+        }
+        Some(out)
     }
 
     /// The KV cache layer it writes (None: it reads another layer's).

@@ -395,13 +395,11 @@ pub(crate) enum Storage {
 
 /// Pools on a CUDA device: each layer's, the KV group of each, the recurrent states of
 /// `KvLayout::states` (slots of their group, as the layers' blocks: a slot is a block of the
-/// recurrent group to the block copies), the stream block copies to and from host memory
-/// run on (`kv_host`), and the device, for what the cache does on it by itself (twin pools
-/// and their conversion, `kv_twin`; key offsets).
+/// recurrent group to the block copies), and the stream block copies to and from host memory
+/// run on (`kv_host`).
 pub(crate) struct DevicePools {
-    pub(crate) gpu: Arc<Gpu>,
-    pub(crate) layers: Vec<DeviceKv>,
-    pub(crate) groups: Vec<usize>,
+    layers: Vec<DeviceKv>,
+    groups: Vec<usize>,
     states: Vec<DeviceStatePool>,
     pub(crate) copies: Arc<CopyStream>,
 }
@@ -546,14 +544,14 @@ impl KvCache {
     }
 
     /// Device (bf16) storage on `gpu`, same shapes as `new`.
-    pub fn on_device(gpu: &Arc<Gpu>, layout: &KvLayout, group_blocks: &[usize], block_size: usize) -> Result<KvCache> {
+    pub fn on_device(gpu: &Gpu, layout: &KvLayout, group_blocks: &[usize], block_size: usize) -> Result<KvCache> {
         KvCache::on_device_with_scheme(gpu, layout, group_blocks, block_size, &KvScheme::default())
     }
 
     /// Device storage with each layer's pools of the type `scheme` gives it (`F16`: bf16;
     /// int8, int4 or fp8: read in place by the attention kernels), as `on_device`.
     pub fn on_device_with_scheme(
-        gpu: &Arc<Gpu>,
+        gpu: &Gpu,
         layout: &KvLayout,
         group_blocks: &[usize],
         block_size: usize,
@@ -574,7 +572,7 @@ impl KvCache {
         let groups: Vec<usize> = layout.layers.iter().map(|l| l.group).collect();
         let pieces = DevicePools::block_pieces(gpu, &layers, &groups, &states, layout.groups.len());
         let copies = Arc::new(CopyStream::new(gpu, pieces)?);
-        let pools = DevicePools { gpu: gpu.clone(), layers, groups, states, copies };
+        let pools = DevicePools { layers, groups, states, copies };
         Ok(KvCache {
             id: next_id(),
             storage: Storage::Device(pools),
@@ -615,10 +613,7 @@ impl KvCache {
             }
             // All bf16: the name it has always had (SSD files written before stay valid).
             Storage::Device(d) if d.layers.iter().all(|l| l.dtype == KvDtype::F16) => "device-bf16".into(),
-            Storage::Device(d) => {
-                let offsets = if d.layers.iter().any(DeviceKv::has_key_offset) { "-key-offsets" } else { "" };
-                format!("device-{:?}{offsets}", d.layers.iter().map(|l| l.dtype).collect::<Vec<_>>())
-            }
+            Storage::Device(d) => format!("device-{:?}", d.layers.iter().map(|l| l.dtype).collect::<Vec<_>>()),
         }
     }
 

@@ -231,19 +231,10 @@ impl QuantPool {
 
 impl KvCache {
     /// Set the key offset of each KV layer `i` to `offsets[i]` (`[n_kv_heads][head_dim]`;
-    /// None, or a missing entry: none); it is kept only by layers whose K pool is int8 / int4
-    /// (on a device too: `DeviceKv::set_key_offset`; the twin pools of a delayed start keep
-    /// full keys, and their conversion subtracts it). Set before anything is written.
+    /// None, or a missing entry: none); it is kept only by layers whose K pool is quantized
+    /// (a device cache keeps none). Set before anything is written.
     pub fn set_key_offsets(&mut self, offsets: &[Option<Vec<f32>>]) -> Result<()> {
-        let layers = match &mut self.storage {
-            Storage::Host(layers) => layers,
-            Storage::Device(d) => {
-                for (l, offset) in d.layers.iter_mut().zip(offsets) {
-                    l.set_key_offset(&d.gpu, offset.as_deref())?;
-                }
-                return Ok(());
-            }
-        };
+        let Storage::Host(layers) = &mut self.storage else { return Ok(()) };
         for (l, offset) in layers.iter_mut().zip(offsets) {
             let want = l.spec.n_kv_heads * l.spec.head_dim;
             match offset {

@@ -1,39 +1,43 @@
-//! Full-precision twin pools of a quantized KV cache, and the one conversion of a row's
+//! Full-precision twin pools of a quantized host KV cache, and the one conversion of a row's
 //! blocks into the quantized pools at its delayed start.
 //!
-//! A row with a delayed quantized start (`--quantized-kv-start N`) keeps full-precision KV for
-//! its first N positions: f16 in a host cache, bf16 (the device's full precision) in a device
-//! one. Its blocks then live in twin pools beside each layer's own (`LayerKv::full`,
-//! `DeviceKv::full`, full precision whatever the layer's type, with block ids of their own:
-//! `full_blocks` per group, none for a recurrent group, whose state slots hold no KV and serve
-//! the row on both sides), and the rows of a step say which pools their block ids index
-//! (`RowSpan::full_precision`); a step's writes and attention read each row's own pools, so
-//! rows before and after their transition share a batch (on the device, one launch per pool
-//! set: `cuda::ops::attention`). When the row passes N its blocks are converted once
-//! (`convert_blocks`): each value is stored as a write of its full-precision value would store
-//! it (the same codes as quantize-on-write of the f16- or bf16-rounded value, a key less the
-//! layer's key offset; the device runs the write path's own quantizer, `kv_write.cu`), so a row
-//! that turned during decode holds exactly what a fresh prefill that turned at N holds. The
-//! engine then releases the twin blocks.
+//! A row with a delayed quantized start (`--quantized-kv-start N`) keeps f16 KV for its first
+//! N positions. Its blocks then live in twin pools beside each layer's own (`LayerKv::full`,
+//! f16 whatever the layer's type, with block ids of their own: `full_blocks` per group, none
+//! for a recurrent group, whose state slots hold no KV and serve the row on both sides), and
+//! the rows of a step say which pools their block ids index (`RowSpan::full_precision`); a
+//! step's writes and attention read each row's own pools, so rows before and after their
+//! transition share a batch. When the row passes N its blocks are converted once
+//! (`convert_blocks`): each value is stored as a write of its f16 value would store it (the
+//! same codes as quantize-on-write of the f16-rounded value, a key less the layer's key
+//! offset), so a row that turned during
+//! decode holds exactly what a fresh prefill that turned at N holds. The engine then releases
+//! the twin blocks.
+//!
+//! A device cache has no twin pools yet: `add_full_precision` refuses it, naming the missing
+//! conversion kernel (the same `(group, [(from, to)])` interface fits a CUDA kernel that
+//! quantizes given bf16 blocks into given quantized blocks).
 
 use half::f16;
 
-use crate::cuda::ops;
 use crate::error::{Result, RuntimeError};
-use crate::kv::{DevicePools, KvCache, KvDtype, KvPool, LayerKv, Storage};
+use crate::kv::{KvCache, KvDtype, KvPool, LayerKv, Storage};
 
 impl KvCache {
-    /// Give every layer full-precision twin pools (f16 on the host, bf16 on a device) of
-    /// `group_blocks[g]` blocks in group `g`; a recurrent group (state slots, no KV layer)
-    /// takes 0: its state holds no quantized KV. An error for a cache that has them already,
-    /// or for counts per group that do not match the layout.
+    /// Give every layer f16 twin pools of `group_blocks[g]` blocks in group `g`; a recurrent
+    /// group (state slots, no KV layer) takes 0: its state holds no quantized KV. An error for
+    /// a device cache, for a cache that has them already, or for counts per group that do not
+    /// match the layout.
     pub fn add_full_precision(&mut self, group_blocks: &[usize]) -> Result<()> {
         let groups = self.group_blocks().len();
-        let layer_groups: Vec<usize> = match &self.storage {
-            Storage::Host(layers) => layers.iter().map(|l| l.spec.group).collect(),
-            Storage::Device(d) => d.groups.clone(),
+        let Storage::Host(layers) = &mut self.storage else {
+            return Err(RuntimeError::Unsupported(
+                "a delayed quantized KV start (--quantized-kv-start) runs on the CPU only so far: the GPU has no \
+                 kernel converting full-precision blocks into quantized ones"
+                    .into(),
+            ));
         };
-        let has_kv = |g: usize| layer_groups.contains(&g);
+        let has_kv = |g: usize| layers.iter().any(|l| l.spec.group == g);
         if group_blocks.len() != groups || (0..groups).any(|g| (group_blocks[g] > 0) != has_kv(g)) {
             return Err(RuntimeError::Shape(format!(
                 "full-precision KV pools need blocks for each of {groups} groups but a recurrent one's, got \
@@ -44,19 +48,10 @@ impl KvCache {
             return Err(RuntimeError::Shape("the KV cache has full-precision pools already".into()));
         }
         let bs = self.block_size;
-        match &mut self.storage {
-            Storage::Host(layers) => {
-                for l in layers.iter_mut() {
-                    let n = group_blocks[l.spec.group] * bs * l.spec.n_kv_heads * l.spec.head_dim;
-                    let pool = || KvPool::zeroed(KvDtype::F16, n);
-                    l.full = Some(Box::new(LayerKv::new(l.spec, pool(), pool())));
-                }
-            }
-            Storage::Device(DevicePools { gpu, layers, groups, .. }) => {
-                for (l, &g) in layers.iter_mut().zip(groups.iter()) {
-                    l.add_twin(gpu, group_blocks[g])?;
-                }
-            }
+        for l in layers.iter_mut() {
+            let n = group_blocks[l.spec.group] * bs * l.spec.n_kv_heads * l.spec.head_dim;
+            let pool = || KvPool::zeroed(KvDtype::F16, n);
+            l.full = Some(Box::new(LayerKv::new(l.spec, pool(), pool())));
         }
         self.full_blocks = group_blocks.to_vec();
         Ok(())
@@ -69,9 +64,7 @@ impl KvCache {
 
     /// For each `(from, to)` of `moves`: block `to` of `group` in the cache's own pools takes
     /// the values of block `from` of the twin pools, stored as a write of them would store
-    /// them (quantized from their f16 / bf16 values in a quantized layer, copied in a
-    /// full-precision one). On a device it is queued on the compute stream, behind the steps
-    /// that wrote the twins and before those that read the converted blocks.
+    /// them (quantized from their f16 values in a quantized layer, copied in an f16 one).
     pub fn convert_blocks(&mut self, group: usize, moves: &[(u32, u32)]) -> Result<()> {
         let full = self.full_blocks.get(group).copied().unwrap_or(0);
         for &(from, to) in moves {
@@ -83,21 +76,14 @@ impl KvCache {
             }
         }
         let bs = self.block_size;
-        let layers = match &mut self.storage {
-            Storage::Host(layers) => layers,
-            Storage::Device(DevicePools { gpu, layers, groups, .. }) => {
-                for (l, _) in layers.iter_mut().zip(groups.iter()).filter(|&(_, &g)| g == group) {
-                    let Some(twin) = l.full.take() else { return Err(no_twins()) };
-                    let result = ops::convert_blocks(gpu, &twin, l, moves);
-                    l.full = Some(twin);
-                    result?;
-                }
-                return Ok(());
-            }
+        let Storage::Host(layers) = &mut self.storage else {
+            return Err(RuntimeError::Unsupported("full-precision KV blocks on a device".into()));
         };
         let mut values = Vec::new();
         for l in layers.iter_mut().filter(|l| l.spec.group == group) {
-            let Some(twin) = l.full.take() else { return Err(no_twins()) };
+            let Some(twin) = l.full.take() else {
+                return Err(RuntimeError::Shape("a KV layer without full-precision pools".into()));
+            };
             let result = moves.iter().try_for_each(|&(from, to)| -> Result<()> {
                 let (src, dst) = (twin.block_range(bs, from as usize), l.block_range(bs, to as usize));
                 l.populate_to(dst.end);
@@ -116,10 +102,6 @@ impl KvCache {
         }
         Ok(())
     }
-}
-
-fn no_twins() -> RuntimeError {
-    RuntimeError::Shape("a KV layer without full-precision pools".into())
 }
 
 /// `out` = the values `range` of an f16 twin pool, as f32.

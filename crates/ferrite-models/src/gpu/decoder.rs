@@ -38,7 +38,7 @@ use super::lora::{GpuLoras, LoraBuffers, LoraGroup, LoraShapes, StepLora};
 use super::moe::{self, MoeBuffers, MoeStep};
 use super::rope::{Ropes, StepRope};
 use super::runner::{step_inputs, Decode, GpuModel, LayerBuffers, Layers, StepIo};
-use crate::blocks::{key_offset, AttentionConfig};
+use crate::blocks::AttentionConfig;
 use crate::config::{Activation, ModelConfig};
 use crate::error::{LoadError, Result};
 use crate::lora::{LoraAdapter, LoraTarget};
@@ -427,22 +427,6 @@ impl Layers for DecoderLayers {
 
     fn attention(&self) -> &[AttentionParams] {
         &self.params
-    }
-
-    /// As the CPU decoder (`blocks::Attention::key_offset`): a layer with its own keys, a k
-    /// bias, no k norm and no score softcap.
-    fn kv_key_offsets(&self) -> Vec<Option<Vec<f32>>> {
-        let mut out = vec![None; self.plan.layout.layers.len()];
-        for (l, w) in self.plan.layers.iter().zip(&self.w.layers) {
-            let (a, Mixer::Attention(w)) = (&l.attn, &w.mixer) else { continue };
-            let Some(bias) = w.k_bias.as_ref().filter(|_| a.qk_norm.is_none() && a.params.softcap.is_none()) else {
-                continue;
-            };
-            if let Some(o) = out.get_mut(a.kv_index) {
-                *o = Some(key_offset(bias, &a.rope, a.params.head_dim, self.cfg.max_context()));
-            }
-        }
-        out
     }
 
     fn buffers(&self, gpu: &Gpu, tokens: usize) -> RtResult<Buffers> {

@@ -91,9 +91,6 @@ pub struct AttentionWeights {
     pub k_norm: Option<CudaSlice<f32>>,
     pub o: Matrix,
     pub o_bias: Option<CudaSlice<bf16>>,
-    /// The k bias in f32 (a layer with its own keys and biases), which its key offset is
-    /// taken from (`blocks::key_offset`).
-    pub k_bias: Option<Vec<f32>>,
 }
 
 impl AttentionWeights {
@@ -603,7 +600,7 @@ fn attention_weights(src: &mut dyn Source, gpu: &Gpu, l: &LayerPlan, d: usize) -
     };
     let mut pieces: Vec<Piece> = if a.output_gate { head_rows(0) } else { vec![q] };
     if !a.shared {
-        pieces.extend([k.clone(), v]);
+        pieces.extend([k, v]);
     }
     if a.output_gate {
         pieces.extend(head_rows(1));
@@ -612,10 +609,6 @@ fn attention_weights(src: &mut dyn Source, gpu: &Gpu, l: &LayerPlan, d: usize) -
         pieces.iter().map(|(name, total, rows)| Part { name, total: *total, rows: rows.clone() }).collect();
     let qkv = src.matrix(&parts, d)?;
     let qkv_bias = if a.bias { Some(biases(src, gpu, &pieces)?) } else { None };
-    let k_bias = match a.bias && !a.shared {
-        true => Some(src.vector(&format!("{}.bias", k.0), k.1, 0.0)?[k.2.clone()].to_vec()),
-        false => None,
-    };
     let (q_norm, k_norm) = match a.qk_norm {
         Some(off) => {
             // Over a head, or over the heads of a whole projection.
@@ -630,7 +623,7 @@ fn attention_weights(src: &mut dyn Source, gpu: &Gpu, l: &LayerPlan, d: usize) -
     };
     let o = src.matrix(&[Part::whole(&names.o, d)], q_rows)?;
     let o_bias = if a.o_bias { Some(biases(src, gpu, &[(names.o.as_str(), d, 0..d)])?) } else { None };
-    Ok(AttentionWeights { qkv, qkv_bias, q_norm, k_norm, o, o_bias, k_bias })
+    Ok(AttentionWeights { qkv, qkv_bias, q_norm, k_norm, o, o_bias })
 }
 
 /// The biases of `pieces` (`{name}.bias`, its rows of each), in bf16 as the GEMMs add them.

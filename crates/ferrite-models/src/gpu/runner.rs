@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use ferrite_runtime::cpu::AttentionParams;
 use ferrite_runtime::cuda::ops::{
-    self, ArgmaxScratch, AttentionMeta, DecodePlan, DecodeScratch, Matrix, Pools, SampledDev, SamplingParamsDev,
+    self, ArgmaxScratch, AttentionMeta, DecodePlan, DecodeScratch, Matrix, SampledDev, SamplingParamsDev,
 };
 use ferrite_runtime::cuda::{CudaSlice, CudaView, Gpu, Graph, HostBuf};
 use ferrite_runtime::sampling::{LogitEdit, RowSampler, RowSampling};
@@ -101,10 +101,6 @@ pub trait Layers: Send + Sync {
     fn detach_lora(&self, _gpu: &Gpu, _id: u32) {}
     /// (in, out) features of each projection an adapter may adapt (`CausalLm::lora_shapes`).
     fn lora_shapes(&self) -> LoraShapes {
-        Vec::new()
-    }
-    /// Per KV layer, what every key shares (`CausalLm::kv_key_offsets`); empty: none.
-    fn kv_key_offsets(&self) -> Vec<Option<Vec<f32>>> {
         Vec::new()
     }
     /// Whether a step runs on the device alone (no host round trip), so decode steps can be
@@ -234,8 +230,8 @@ impl StepIo {
 /// What a step needs besides the weights; behind a lock because `step` takes `&self`.
 struct State<B> {
     ws: Option<(StepIo, B)>,
-    /// Captured decode graphs by (rows, context bucket, step variant, pool sets).
-    graphs: HashMap<(usize, usize, u64, [bool; 2]), Graph>,
+    /// Captured decode graphs by (rows, context bucket, step variant).
+    graphs: HashMap<(usize, usize, u64), Graph>,
     /// The KV cache the graphs write (`KvCache::id`): another cache means capturing again.
     graph_kv: u64,
     /// Where the last step left picks on the device that a carried step may read.
@@ -480,18 +476,14 @@ impl<L: Layers> GpuModel<L> {
         let ws = ws.as_mut().ok_or_else(no_workspace)?;
         self.upload_inputs(&mut ws.0, batch, block_size, bucket, Some(stride), *picks)?;
         let variant = self.layers.upload_step(&self.gpu, &mut ws.1, batch, bucket, kv)?;
-        // Which pool sets the rows read (a quantized cache's own, the twins of rows before
-        // their quantized start) decides which attention launches a step queues.
-        let sets = [Pools::Own, Pools::Full].map(|p| ws.0.metas.iter().any(|m| m.has(p)));
-        let key = (bucket, context, variant, sets);
-        if let Some(graph) = graphs.get(&key) {
+        if let Some(graph) = graphs.get(&(bucket, context, variant)) {
             return Ok(graph.replay()?);
         }
         // First use: run it eagerly (this step's result; it also builds the cuBLASLt plans
         // outside the capture), then capture the same work for the next steps.
         self.queue_compute(ws, kv, bucket, bucket, Some(decode))?;
         let graph = self.gpu.capture(|| self.queue_compute(ws, kv, bucket, bucket, Some(decode)))?;
-        graphs.insert(key, graph);
+        graphs.insert((bucket, context, variant), graph);
         Ok(())
     }
 
@@ -692,14 +684,8 @@ impl<L: Layers> CausalLm for GpuModel<L> {
         }
     }
 
-    fn kv_key_offsets(&self) -> Vec<Option<Vec<f32>>> {
-        self.layers.kv_key_offsets()
-    }
-
     fn new_kv_cache(&self, group_blocks: &[usize], block_size: usize, scheme: &KvScheme) -> RtResult<KvCache> {
         self.check_kv_scheme(scheme)?;
-        let mut kv = KvCache::on_device_with_scheme(&self.gpu, self.layers.layout(), group_blocks, block_size, scheme)?;
-        kv.set_key_offsets(&self.kv_key_offsets())?;
-        Ok(kv)
+        KvCache::on_device_with_scheme(&self.gpu, self.layers.layout(), group_blocks, block_size, scheme)
     }
 }

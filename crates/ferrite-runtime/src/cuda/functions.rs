@@ -40,9 +40,8 @@ pub(crate) struct Functions {
     pub write_kv: CudaFunction,
     /// `write_kv_{int8,int4,fp8}`: the KV write into a quantized pool (format index − 1).
     pub write_kv_quant: [CudaFunction; 3],
-    /// `convert_blocks_{bf16,int8,int4,fp8}`: bf16 blocks stored into a pool of each format
-    /// (`KV_FORMATS`' order).
-    pub convert_blocks: [CudaFunction; 4],
+    /// `convert_blocks_{int8,int4,fp8}`: bf16 blocks quantized into a quantized pool.
+    pub convert_blocks: [CudaFunction; 3],
     pub fp8_calibrate: CudaFunction,
     pub fp8_calibrate_blocks: CudaFunction,
     pub copy_words: CudaFunction,
@@ -231,7 +230,6 @@ impl Functions {
                 get("kv_write", "write_kv_fp8")?,
             ],
             convert_blocks: [
-                get("kv_write", "convert_blocks_bf16")?,
                 get("kv_write", "convert_blocks_int8")?,
                 get("kv_write", "convert_blocks_int4")?,
                 get("kv_write", "convert_blocks_fp8")?,

@@ -14,7 +14,7 @@
 pub mod attention;
 
 use std::cell::RefCell;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use ferrite_runtime::cuda::ops::DevicePool;
 use ferrite_runtime::cuda::{CudaSlice, Gpu};
@@ -25,14 +25,14 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// The GPU when `FERRITE_TEST_CUDA=1`; otherwise None after saying the test is skipped.
-pub fn gpu(test: &str) -> Option<(&'static Arc<Gpu>, Checks)> {
+pub fn gpu(test: &str) -> Option<(&'static Gpu, Checks)> {
     if std::env::var("FERRITE_TEST_CUDA").as_deref() != Ok("1") {
         eprintln!("SKIP {test}: set FERRITE_TEST_CUDA=1 on a machine with an NVIDIA GPU to run it");
         return None;
     }
-    static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
+    static GPU: OnceLock<Gpu> = OnceLock::new();
     let gpu = GPU.get_or_init(|| match Gpu::new(0) {
-        Ok(g) => Arc::new(g),
+        Ok(g) => g,
         Err(e) => panic!("FERRITE_TEST_CUDA=1 but CUDA device 0 is unusable: {e}"),
     });
     Some((gpu, Checks))

@@ -143,15 +143,6 @@ __device__ __forceinline__ unsigned affine_code(float x, float b, float inv, flo
 }
 
 
-// A key as a quantized K pool stores it: less the layer's offset `off` of its head and channel
-// (`KvCache::set_key_offsets`, `[kv_head][head_dim]`; null: none). Every path that stores a
-// key into an int8/int4 pool (the KV write, the decode kernel's store, the conversion of bf16
-// blocks) shifts it here, so they agree bit for bit; attention reads the stored keys as they
-// are (q · (k - o) differs from q · k by the same amount over every key a query sees).
-__device__ __forceinline__ float kv_shift_key(float x, const float* off, int kv_head, int head_dim, int d) {
-    return off != nullptr ? __fsub_rn(x, off[kv_head * head_dim + d]) : x;
-}
-
 // Quantize and store 8 values `x` at value offset `o` of a pool (lanes of one warp, all 32
 // calling; `active` false for lanes with nothing to store). The lanes of an int8/int4 group
 // (2^shift / 8 of them) are consecutive and aligned, their offsets consecutive: they find

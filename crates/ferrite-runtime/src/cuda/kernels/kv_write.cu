@@ -33,8 +33,7 @@ template <int F>
 __device__ __forceinline__ void write_kv_q(const bf16_t* __restrict__ k, const bf16_t* __restrict__ v, int kv_stride,
                                            const int* __restrict__ slot_mapping, void* k_data, void* v_data,
                                            void* k_params, void* v_params, int tokens, int n_kv_heads, int head_dim,
-                                           int block_size, int shift, const float* __restrict__ fp8_scales,
-                                           const float* __restrict__ k_offset) {
+                                           int block_size, int shift, const float* __restrict__ fp8_scales) {
     const int cpr = head_dim / 8;
     const size_t n = (size_t)tokens * 2 * n_kv_heads * cpr;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -54,8 +53,7 @@ __device__ __forceinline__ void write_kv_q(const bf16_t* __restrict__ k, const b
         const bf16_t* src = (sel ? v : k) + t * kv_stride + (size_t)h * head_dim + c * 8;
         float x[8];
 #pragma unroll
-        for (int e = 0; e < 8; e++)
-            x[e] = active ? kv_shift_key(bf2f(src[e]), sel ? nullptr : k_offset, h, head_dim, c * 8 + e) : 0.f;
+        for (int e = 0; e < 8; e++) x[e] = active ? bf2f(src[e]) : 0.f;
         const u64 bh = (u64)block * n_kv_heads + h;
         const u64 o = (bh * block_size + s) * head_dim + c * 8;
         const float scale = F == KV_F8 ? fp8_scales[sel * n_kv_heads + h] : 0.f;
@@ -67,29 +65,27 @@ __device__ __forceinline__ void write_kv_q(const bf16_t* __restrict__ k, const b
     extern "C" __global__ void NAME(const bf16_t* k, const bf16_t* v, int kv_stride, const int* slot_mapping,       \
                                     void* k_data, void* v_data, void* k_params, void* v_params, int tokens,         \
                                     int n_kv_heads, int head_dim, int block_size, int shift,                       \
-                                    const float* fp8_scales, const float* k_offset) {                              \
+                                    const float* fp8_scales) {                                                     \
         pdl_entry();                                                                                                \
         write_kv_q<F>(k, v, kv_stride, slot_mapping, k_data, v_data, k_params, v_params, tokens, n_kv_heads,        \
-                      head_dim, block_size, shift, fp8_scales, k_offset);                                           \
+                      head_dim, block_size, shift, fp8_scales);                                                     \
     }
 
 WRITE_KV_Q(write_kv_int8, KV_I8)
 WRITE_KV_Q(write_kv_int4, KV_I4)
 WRITE_KV_Q(write_kv_fp8, KV_F8)
 
-// Store whole bf16 blocks into a pool of format F: pairs[2 p] is a block of the bf16 pools
-// (k_src, v_src), pairs[2 p + 1] the block of the destination pools it becomes (the one-time
-// conversion of a row's blocks from the full-precision twins when it turns quantized; a bf16
-// destination, a layer kept at full precision, takes a copy). Each chunk of 8 values is stored
-// as a write of the same values would store it (keys less `k_offset`, as `write_kv_q`).
-// Grid-stride over pairs × (K, V) × n_kv_heads × block_size × head_dim / 8 chunks.
+// Quantize whole bf16 blocks into a quantized pool: pairs[2 p] is a block of the bf16 pools
+// (k_src, v_src), pairs[2 p + 1] the block of the quantized pools it becomes (the one-time
+// conversion of a row's blocks when it turns quantized). Each chunk of 8 values is quantized
+// as a write of the same values would store it. Grid-stride over pairs × (K, V) × n_kv_heads ×
+// block_size × head_dim / 8 chunks.
 template <int F>
 __device__ __forceinline__ void convert_blocks(const bf16_t* __restrict__ k_src, const bf16_t* __restrict__ v_src,
                                                void* k_data, void* v_data, void* k_params, void* v_params,
                                                const int* __restrict__ pairs, int n_pairs, int n_kv_heads,
                                                int block_size, int head_dim, int shift,
-                                               const float* __restrict__ fp8_scales,
-                                               const float* __restrict__ k_offset) {
+                                               const float* __restrict__ fp8_scales) {
     const int cpr = head_dim / 8;
     const size_t n = (size_t)n_pairs * 2 * n_kv_heads * block_size * cpr;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -111,8 +107,7 @@ __device__ __forceinline__ void convert_blocks(const bf16_t* __restrict__ k_src,
         const bf16_t* src = (sel ? v_src : k_src) + row * head_dim + c * 8;
         float x[8];
 #pragma unroll
-        for (int e = 0; e < 8; e++)
-            x[e] = active ? kv_shift_key(bf2f(src[e]), sel ? nullptr : k_offset, h, head_dim, c * 8 + e) : 0.f;
+        for (int e = 0; e < 8; e++) x[e] = active ? bf2f(src[e]) : 0.f;
         const u64 bh = (u64)(active ? to : 0) * n_kv_heads + h;
         const u64 o = (bh * block_size + s) * head_dim + c * 8;
         const float scale = F == KV_F8 ? fp8_scales[sel * n_kv_heads + h] : 0.f;
@@ -124,14 +119,12 @@ __device__ __forceinline__ void convert_blocks(const bf16_t* __restrict__ k_src,
 #define CONVERT_BLOCKS(NAME, F)                                                                                    \
     extern "C" __global__ void NAME(const bf16_t* k_src, const bf16_t* v_src, void* k_data, void* v_data,          \
                                     void* k_params, void* v_params, const int* pairs, int n_pairs, int n_kv_heads, \
-                                    int block_size, int head_dim, int shift, const float* fp8_scales,              \
-                                    const float* k_offset) {                                                       \
+                                    int block_size, int head_dim, int shift, const float* fp8_scales) {            \
         pdl_entry();                                                                                                \
         convert_blocks<F>(k_src, v_src, k_data, v_data, k_params, v_params, pairs, n_pairs, n_kv_heads, block_size, \
-                          head_dim, shift, fp8_scales, k_offset);                                                   \
+                          head_dim, shift, fp8_scales);                                                             \
     }
 
-CONVERT_BLOCKS(convert_blocks_bf16, KV_BF16)
 CONVERT_BLOCKS(convert_blocks_int8, KV_I8)
 CONVERT_BLOCKS(convert_blocks_int4, KV_I4)
 CONVERT_BLOCKS(convert_blocks_fp8, KV_F8)

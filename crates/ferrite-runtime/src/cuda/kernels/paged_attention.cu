@@ -18,19 +18,14 @@
 // chunk) to finish — counted on an atomic counter it then resets — merges the partitions.
 // With `inv_freq` non-null the queries are unrotated: each CTA rotates its query heads (RoPE,
 // `half` pairs, as rope.cu), and the CTA(s) holding a row's last partition rotate the step's
-// new key (at `k_at` in the query row, its value head n_kv_heads heads on) and store key
+// new key (at `k_offset` in the query row, its value head n_kv_heads heads on) and store key
 // and value into the cache before reading it — every head chunk's last CTA stores the same
 // bits — so a decode step needs no RoPE launch.
 // Cache layout: [block][kv_head][slot][head_dim] in the format KV_FMT (kv_format.cuh, one
 // module per format: bf16, or int8 / int4 / fp8 codes dequantized as they are loaded, with
 // their parameters in k_params / v_params; a quantized cache stores the new key and value
 // through the quantizer, an fp8 one with the layer's `fp8_scales`); block tables are int32
-// [rows][bt_stride]; a negative entry (a released block) reads as zeros. A quantized K pool
-// stores the new key less `k_offset` (kv_shift_key; null: none).
-// With `row_class` non-null the launch takes only the rows r with row_class[r] == want (the
-// rest return at once): a step whose rows read different pools — a quantized cache's own, and
-// the full-precision twins of rows before their quantized start — runs one launch per pool
-// set over the same grid, each with its pools' format and addresses (`attention.rs`).
+// [rows][bt_stride]; a negative entry (a released block) reads as zeros.
 
 #define DEC_WARPS 4
 #define DEC_THREADS (DEC_WARPS * 32)
@@ -49,8 +44,7 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
                                              const int* __restrict__ context_lens, int n_heads, int n_kv_heads,
                                              int block_size, float scale, float softcap, int window, int partition,
                                              int max_splits, const float* __restrict__ inv_freq, int half,
-                                             float rope_scaling, int k_at, const float* __restrict__ k_offset,
-                                             const int* __restrict__ row_class, int want) {
+                                             float rope_scaling, int k_offset) {
     constexpr int KW = HD > 256 ? HD / 256 : 1;  // 16-byte words a lane loads per key
     constexpr int E = 8 * KW;                    // dims a lane owns
     constexpr int TG = HD / E;                   // lanes per key
@@ -62,7 +56,6 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     const int chunks = (group + GC - 1) / GC;
     const int g = blockIdx.x / chunks, c = blockIdx.x - g * chunks;
     const int row = blockIdx.y, split = blockIdx.z;
-    if (row_class != nullptr && row_class[row] != want) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int head0 = g * group + c * GC;
     const int gh = min(GC, group - c * GC);
@@ -126,7 +119,7 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
         const int block = blocks[(ctx - 1) / block_size - first_block];
         const u64 bh = (u64)block * n_kv_heads + g;
         const u64 at = (bh * block_size + (ctx - 1) % block_size) * HD;
-        const bf16_t* krow = q + (u64)row * q_stride + k_at + g * HD;
+        const bf16_t* krow = q + (u64)row * q_stride + k_offset + g * HD;
         const bf16_t* vrow = krow + n_kv_heads * HD;
         // Key dim d, rotated.
         auto key = [&](int d) {
@@ -155,8 +148,7 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
             const int ch = active ? threadIdx.x - sel * CPR : 0;
             float x[8];
 #pragma unroll
-            for (int e = 0; e < 8; e++)
-                x[e] = sel ? bf2f(vrow[ch * 8 + e]) : kv_shift_key(bf2f(key(ch * 8 + e)), k_offset, g, HD, ch * 8 + e);
+            for (int e = 0; e < 8; e++) x[e] = bf2f(sel ? vrow[ch * 8 + e] : key(ch * 8 + e));
             const float scale = F == KV_F8 ? fp8_scales[sel * n_kv_heads + g] : 0.f;
             kv_store8<F>(sel ? v_cache : k_cache, sel ? v_params : k_params, at + ch * 8, shift, x, active, scale,
                          ch == 0, bh);
@@ -382,13 +374,12 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
         int q_stride, void* k_cache, void* v_cache, void* k_params, void* v_params, int shift,                     \
         const float* fp8_scales, const int* block_tables, int bt_stride, const int* context_lens, int n_heads,      \
         int n_kv_heads, int block_size, float scale, float softcap, int window, int partition, int max_splits,     \
-        const float* inv_freq, int half, float rope_scaling, int k_at, const float* k_offset,                     \
-        const int* row_class, int want) {                                                                          \
+        const float* inv_freq, int half, float rope_scaling, int k_offset) {                                       \
         pdl_entry();                                                                                                \
-        paged_decode<HD, GC, KV_FMT>(out, out_stride, part_out, part_ml, counters, q, q_stride, k_cache, v_cache,  \
-                                     k_params, v_params, shift, fp8_scales, block_tables, bt_stride, context_lens, \
-                                     n_heads, n_kv_heads, block_size, scale, softcap, window, partition,           \
-                                     max_splits, inv_freq, half, rope_scaling, k_at, k_offset, row_class, want);   \
+        paged_decode<HD, GC, KV_FMT>(out, out_stride, part_out, part_ml, counters, q, q_stride, k_cache, v_cache,          \
+                             k_params, v_params, shift, fp8_scales, block_tables, bt_stride, context_lens,         \
+                             n_heads, n_kv_heads, block_size, scale, softcap, window, partition, max_splits,       \
+                             inv_freq, half, rope_scaling, k_offset);                                              \
     }
 
 DECODE(16, 4)

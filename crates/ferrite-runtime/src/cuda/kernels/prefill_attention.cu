@@ -10,8 +10,6 @@
 // registers between them (the S accumulators become P's A fragments without leaving them);
 // every other fragment comes out of shared memory by ldmatrix (V's transposed). Shared rows
 // are padded by 8 bf16, which makes those loads conflict-free.
-// With `row_class` non-null a tile of row r runs only when row_class[r] == want (one launch
-// per pool set of the step's rows, as paged_attention.cu).
 // The cache is in the format KV_FMT (kv_format.cuh, one module per format): a quantized
 // cache's codes are dequantized as they are gathered, 8 values a load, into the same bf16
 // tiles.
@@ -30,7 +28,7 @@ __device__ __forceinline__ void prefill(bf16_t* __restrict__ out, int out_stride
                                         int bt_stride, const int* __restrict__ query_start,
                                         const int* __restrict__ context_lens, const int* __restrict__ tiles,
                                         int n_heads, int n_kv_heads, int block_size, float scale, float softcap,
-                                        int window, const int* __restrict__ row_class, int want) {
+                                        int window) {
     constexpr int LD = HD + 8;
     constexpr int NT = HD / 8;
     constexpr int CH = HD / 8;  // 16-byte chunks per row
@@ -39,7 +37,6 @@ __device__ __forceinline__ void prefill(bf16_t* __restrict__ out, int out_stride
     bf16_t* Ks = Qs + BM * LD;
     bf16_t* Vs = Ks + BN * LD;
     const int row = tiles[2 * blockIdx.x], t0 = tiles[2 * blockIdx.x + 1];
-    if (row_class != nullptr && row_class[row] != want) return;
     const int h = blockIdx.y, g = h / (n_heads / n_kv_heads);
     const int qs0 = query_start[row], qlen = query_start[row + 1] - qs0;
     const int first = context_lens[row] - qlen;  // position of the row's first query token
@@ -210,11 +207,11 @@ __device__ __forceinline__ void prefill(bf16_t* __restrict__ out, int out_stride
         bf16_t* out, int out_stride, const bf16_t* q, int q_stride, const void* k_cache, const void* v_cache,      \
         const void* k_params, const void* v_params, int shift, const int* block_tables, int bt_stride,             \
         const int* query_start, const int* context_lens, const int* tiles, int n_heads, int n_kv_heads,            \
-        int block_size, float scale, float softcap, int window, const int* row_class, int want) {                  \
+        int block_size, float scale, float softcap, int window) {                                                  \
         pdl_entry();                                                                                                \
-        prefill<HD, KV_FMT>(out, out_stride, q, q_stride, k_cache, v_cache, k_params, v_params, shift, block_tables, \
-                            bt_stride, query_start, context_lens, tiles, n_heads, n_kv_heads, block_size, scale,    \
-                            softcap, window, row_class, want);                                                      \
+        prefill<HD, KV_FMT>(out, out_stride, q, q_stride, k_cache, v_cache, k_params, v_params, shift, block_tables,        \
+                    bt_stride, query_start, context_lens, tiles, n_heads, n_kv_heads, block_size, scale, softcap,   \
+                    window);                                                                                        \
     }
 
 PREFILL(16)

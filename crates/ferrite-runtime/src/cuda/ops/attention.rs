@@ -8,18 +8,6 @@
 //! `AttentionParams` (GQA, sliding window, softcap) and read the cache layout
 //! `[block][kv_head][slot][head_dim]` in the pools' format (`kv_pool`: bf16, or int8 / int4
 //! / fp8 codes dequantized as they are loaded, by the kernel instantiated for that format).
-//!
-//! A quantized cache with a delayed start has full-precision twin pools (`DeviceKv::full`,
-//! bf16) for rows before their start (`RowSpan::full_precision`), and a step may hold rows of
-//! both kinds. Each pool set gets its own launches — the kernel of its format over its
-//! addresses — and the metadata says which rows each takes: a class per row (`Pools`) that
-//! the kernels compare with the launch's, and a slot mapping per set (a token of the other
-//! set has none, so the KV writes need no filter). One launch per pool set rather than one
-//! kernel picking a format per row: each launch stays the kernel of one format (a kernel
-//! reading bf16 and codes would carry both loaders' registers for every row), and the
-//! classes are data in the metadata buffer, so a decode graph replays over steps whose rows
-//! turn; which sets have rows (`AttentionMeta::has`) decides which launches a step queues, and
-//! is part of a graph's key. When one set holds every row the kernels get no class array.
 
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 use half::bf16;
@@ -29,7 +17,7 @@ use crate::cpu::AttentionParams;
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
 use crate::cuda::functions::head_dim_index;
-use crate::cuda::ops::kv_pool::{no_twin, DeviceKv, KvArgs};
+use crate::cuda::ops::kv_pool::{DeviceKv, KvArgs};
 
 /// Query tokens per prefill tile (the kernel's BM), and threads of both kernels.
 const PREFILL_TILE: usize = 64;
@@ -56,15 +44,6 @@ fn keys_per_round(head_dim: usize, gc: usize) -> usize {
     DEC_WARPS * (256 / head_dim).max(1) * unroll
 }
 
-/// Which pools of a cache a row's block ids index: the cache's own, or its full-precision
-/// twins (a row before its quantized start). The discriminant is the row's class in the
-/// kernels' `row_class`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pools {
-    Own = 0,
-    Full = 1,
-}
-
 /// A step's attention metadata for one KV group, on the device.
 ///
 /// The arrays travel as one buffer in one copy: context lengths, query starts, slots,
@@ -83,8 +62,6 @@ pub struct AttentionMeta {
     bt_stride: usize,
     packed: CudaSlice<i32>,
     n_tiles: usize,
-    /// Whether some row of the step indexes each pool set (`Pools` order).
-    sets: [bool; 2],
 }
 
 /// Where each array of a step sits in `AttentionMeta::packed`: (offset, length).
@@ -93,29 +70,19 @@ struct Regions {
     context_lens: (usize, usize),
     query_start: (usize, usize),
     slot_mapping: (usize, usize),
-    full_slots: (usize, usize),
-    row_class: (usize, usize),
     tiles: (usize, usize),
     block_tables: (usize, usize),
 }
 
 impl Regions {
     fn new(rows: usize, tokens: usize, bt_stride: usize, n_tiles: usize) -> Regions {
-        let lens = [rows, rows + 1, tokens, tokens, rows, 2 * n_tiles, rows * bt_stride];
+        let lens = [rows, rows + 1, tokens, 2 * n_tiles, rows * bt_stride];
         let mut at = 0;
-        let [c, q, s, f, r, t, b] = lens.map(|n| {
+        let [c, q, s, t, b] = lens.map(|n| {
             at += n;
             (at - n, n)
         });
-        Regions {
-            context_lens: c,
-            query_start: q,
-            slot_mapping: s,
-            full_slots: f,
-            row_class: r,
-            tiles: t,
-            block_tables: b,
-        }
+        Regions { context_lens: c, query_start: q, slot_mapping: s, tiles: t, block_tables: b }
     }
 
     fn end(&self) -> usize {
@@ -131,20 +98,14 @@ struct HostMeta {
     block_tables: Vec<i32>,
     context_lens: Vec<i32>,
     query_start: Vec<i32>,
-    /// The slots of the tokens of rows in the cache's own pools, then of rows in its twins
-    /// (-1 for a token of the other set).
     slot_mapping: Vec<i32>,
-    full_slots: Vec<i32>,
-    row_class: Vec<i32>,
-    sets: [bool; 2],
     tiles: Vec<i32>,
 }
 
 impl HostMeta {
     /// `batch`'s metadata for `group`; block tables padded to `stride` entries when given,
     /// and `pad_rows` empty one-token rows appended (context 0, no slot: a decode graph's
-    /// bucket padding, whose outputs are zeros and whose keys are never stored; they take the
-    /// own pools' launches, or the twins' when no row is in the own pools).
+    /// bucket padding, whose outputs are zeros and whose keys are never stored).
     fn build(
         batch: &ForwardBatch,
         group: usize,
@@ -181,7 +142,6 @@ impl HostMeta {
         }
         let mut query_start = Vec::with_capacity(rows + 1);
         let mut slot_mapping = vec![-1i32; tokens];
-        let mut full_slots = vec![-1i32; tokens];
         let mut tiles = Vec::new();
         let mut next = 0;
         for (r, (row, table)) in batch.rows.iter().zip(&tables).enumerate() {
@@ -195,8 +155,9 @@ impl HostMeta {
             }
             query_start.push(row.query_start as i32);
             next = end;
-            let slots = if row.full_precision { &mut full_slots } else { &mut slot_mapping };
-            for (slot, &pos) in slots[row.query_start..end].iter_mut().zip(&batch.positions[row.query_start..end]) {
+            for (slot, &pos) in
+                slot_mapping[row.query_start..end].iter_mut().zip(&batch.positions[row.query_start..end])
+            {
                 let pos = pos as usize;
                 match table.get(pos / block_size) {
                     Some(&b) if b != NO_BLOCK => *slot = (b as usize * block_size + pos % block_size) as i32,
@@ -209,11 +170,6 @@ impl HostMeta {
         }
         query_start.extend((0..pad_rows).map(|i| (tokens + i) as i32));
         slot_mapping.resize(tokens + pad_rows, -1);
-        full_slots.resize(tokens + pad_rows, -1);
-        let class = |full: bool| (if full { Pools::Full } else { Pools::Own }) as i32;
-        let sets = [Pools::Own, Pools::Full].map(|p| batch.rows.iter().any(|r| class(r.full_precision) == p as i32));
-        let mut row_class: Vec<i32> = batch.rows.iter().map(|r| class(r.full_precision)).collect();
-        row_class.resize(rows + pad_rows, class(!sets[0]));
         tiles.extend((0..pad_rows).flat_map(|i| [(rows + i) as i32, 0]));
         query_start.push((tokens + pad_rows) as i32);
         let mut context_lens: Vec<i32> = batch.rows.iter().map(|r| r.context_len as i32).collect();
@@ -226,9 +182,6 @@ impl HostMeta {
             context_lens,
             query_start,
             slot_mapping,
-            full_slots,
-            row_class,
-            sets,
             tiles,
         })
     }
@@ -243,23 +196,10 @@ impl AttentionMeta {
         self.packed.slice(at..at + len)
     }
 
-    /// The slot in `pools` of each query token (negative: none, or a token of a row in the
-    /// other pool set) and the block size it counts in, for the kernels that store keys.
-    pub(crate) fn slots(&self, pools: Pools) -> (CudaView<'_, i32>, usize) {
-        let r = self.regions();
-        (self.view(if pools == Pools::Own { r.slot_mapping } else { r.full_slots }), self.block_size)
-    }
-
-    /// Whether some row of the step indexes `pools`.
-    pub fn has(&self, pools: Pools) -> bool {
-        self.sets[pools as usize]
-    }
-
-    /// The kernels' row filter for a launch over `pools`: the class array and the class it
-    /// takes, or a null array when every row is in that set.
-    fn filter(&self, gpu: &Gpu, pools: Pools) -> (u64, i32) {
-        let mixed = self.sets.iter().all(|&s| s);
-        (if mixed { gpu.ptr(&self.view(self.regions().row_class)) } else { 0 }, pools as i32)
+    /// The cache slot of each query token (negative: none) and the block size it counts in,
+    /// for kernels that store keys besides `write_kv`.
+    pub(crate) fn slots(&self) -> (CudaView<'_, i32>, usize) {
+        (self.view(self.regions().slot_mapping), self.block_size)
     }
 
     /// Build and upload the metadata of `batch` for KV group `group` with `block_size`.
@@ -285,7 +225,6 @@ impl AttentionMeta {
             bt_stride,
             packed: gpu.alloc(most.end())?,
             n_tiles: 0,
-            sets: [false; 2],
         })
     }
 
@@ -318,8 +257,7 @@ impl AttentionMeta {
             )));
         }
         let mut host = Vec::with_capacity(r.end());
-        let parts = [&h.context_lens, &h.query_start, &h.slot_mapping, &h.full_slots, &h.row_class, &h.tiles];
-        for part in parts.into_iter().chain([&h.block_tables]) {
+        for part in [&h.context_lens, &h.query_start, &h.slot_mapping, &h.tiles, &h.block_tables] {
             host.extend_from_slice(part);
         }
         debug_assert_eq!(host.len(), r.end());
@@ -330,22 +268,8 @@ impl AttentionMeta {
         self.max_query = h.max_query;
         self.bt_stride = h.bt_stride;
         self.n_tiles = n_tiles;
-        self.sets = h.sets;
         Ok(())
     }
-}
-
-/// The pool sets a step's launches cover over `kv`: the cache's own pools when some row is in
-/// them, its twins when some row is before its quantized start (an error when it has none).
-fn pool_sets<'a>(meta: &AttentionMeta, kv: &'a DeviceKv) -> CudaResult<Vec<(Pools, &'a DeviceKv)>> {
-    let mut out = Vec::with_capacity(2);
-    if meta.has(Pools::Own) {
-        out.push((Pools::Own, kv));
-    }
-    if meta.has(Pools::Full) {
-        out.push((Pools::Full, kv.full.as_deref().ok_or_else(no_twin)?));
-    }
-    Ok(out)
 }
 
 fn check_cache(kv: &DeviceKv, meta: &AttentionMeta, p: &AttentionParams) -> CudaResult<()> {
@@ -457,29 +381,12 @@ pub fn attention(
             "attention: q (stride {q_stride}) must be 16-byte aligned, out (stride {out_stride}) 4-byte"
         )));
     }
-    for (pools, kv) in pool_sets(meta, kv)? {
-        let (c, f, rows) = (kv.args(gpu), kv.format(), meta.filter(gpu, pools));
-        if meta.max_query <= 1 && meta.tokens == meta.rows {
-            let plan = plan.unwrap_or_else(|| DecodePlan::new(gpu, meta.rows, p, meta.max_context));
-            let out = (op, out_stride);
-            launch_decode(gpu, (qp, q_stride), meta, (&c, f, rows), p, plan, scratch, out, NO_ROPE)?;
-        } else {
-            launch_prefill(gpu, (qp, q_stride), meta, (&c, f, rows), p, hd, (op, out_stride))?;
-        }
+    let c = kv.args(gpu);
+    let f = kv.format();
+    if meta.max_query <= 1 && meta.tokens == meta.rows {
+        let plan = plan.unwrap_or_else(|| DecodePlan::new(gpu, meta.rows, p, meta.max_context));
+        return launch_decode(gpu, (qp, q_stride), meta, (&c, f), p, plan, scratch, (op, out_stride), NO_ROPE);
     }
-    Ok(())
-}
-
-/// The prefill kernel over one pool set (`c` of format `f`, the rows `rows` filters).
-fn launch_prefill(
-    gpu: &Gpu,
-    (qp, q_stride): (u64, usize),
-    meta: &AttentionMeta,
-    (c, f, (rc, want)): (&KvArgs, usize, (u64, i32)),
-    p: &AttentionParams,
-    hd: usize,
-    (op, out_stride): (u64, usize),
-) -> CudaResult<()> {
     let a = KernelArgs::new(gpu, meta, p, q_stride, out_stride);
     let r = meta.regions();
     let (qsp, tp) = (gpu.ptr(&meta.view(r.query_start)), gpu.ptr(&meta.view(r.tiles)));
@@ -508,8 +415,6 @@ fn launch_prefill(
             &p.scale,
             &a.softcap,
             &a.window,
-            &rc,
-            &want,
         ],
     )
 }
@@ -551,8 +456,7 @@ impl KernelArgs {
 }
 
 /// The RoPE a decode launch applies itself: (inv_freq address, pairs, scaling, offset of the
-/// key heads in a query row); a null address for none. The kernel stores keys less the
-/// pools' key offset (`KvArgs::k_offset`).
+/// key heads in a query row); a null address for none.
 type RopeArgs = (u64, i32, f32, i32);
 const NO_ROPE: RopeArgs = (0, 0, 1.0, 0);
 
@@ -561,12 +465,12 @@ fn launch_decode(
     gpu: &Gpu,
     (qp, q_stride): (u64, usize),
     meta: &AttentionMeta,
-    (c, f, (rc, want)): (&KvArgs, usize, (u64, i32)),
+    (c, f): (&KvArgs, usize),
     p: &AttentionParams,
     plan: DecodePlan,
     scratch: &mut DecodeScratch,
     (op, out_stride): (u64, usize),
-    (fp, half, rope_scaling, k_at): RopeArgs,
+    (fp, half, rope_scaling, k_offset): RopeArgs,
 ) -> CudaResult<()> {
     let hd = head_dim_index(p.head_dim)?;
     let splits = plan.splits.max(1);
@@ -615,10 +519,7 @@ fn launch_decode(
             &fp,
             &half,
             &rope_scaling,
-            &k_at,
-            &c.k_offset,
-            &rc,
-            &want,
+            &k_offset,
         ],
     )
 }
@@ -670,13 +571,8 @@ pub fn decode_attention_rope(
     // most sqrt(2) times its larger element, times the RoPE scaling.
     let k_at = qp + (width * std::mem::size_of::<bf16>()) as u64;
     let v_at = k_at + (kv_width * std::mem::size_of::<bf16>()) as u64;
-    if meta.has(Pools::Own) {
-        kv.calibrate(gpu, (k_at, v_at), qkv_stride, meta, std::f32::consts::SQRT_2 * scaling.max(1.0))?;
-    }
+    kv.calibrate(gpu, (k_at, v_at), qkv_stride, meta, std::f32::consts::SQRT_2 * scaling.max(1.0))?;
+    let c = kv.args(gpu);
     let rope = (gpu.ptr(inv_freq), half as i32, scaling, width as i32);
-    for (pools, kv) in pool_sets(meta, kv)? {
-        let (c, f, rows) = (kv.args(gpu), kv.format(), meta.filter(gpu, pools));
-        launch_decode(gpu, (qp, qkv_stride), meta, (&c, f, rows), p, plan, scratch, (op, out_stride), rope)?;
-    }
-    Ok(())
+    launch_decode(gpu, (qp, qkv_stride), meta, (&c, kv.format()), p, plan, scratch, (op, out_stride), rope)
 }

@@ -14,7 +14,7 @@ use half::bf16;
 use crate::cuda::blas::GemmOutput;
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
-use crate::cuda::ops::attention::{AttentionMeta, Pools};
+use crate::cuda::ops::attention::AttentionMeta;
 use crate::cuda::ops::kv_pool::{store_rows, DeviceKv};
 
 fn check(ok: bool, what: impl FnOnce() -> String) -> CudaResult<()> {
@@ -137,12 +137,10 @@ fn launch_rope(
         format!("rope {s:?} with {half} frequencies and {n_kv} KV heads: x {}, positions {}", x.len(), positions.len())
     })?;
     let (mut sp, mut kc, mut vc, mut bs) = (0u64, 0u64, 0u64, 0i32);
-    // The rows of a bf16 cache's own pools are stored by the RoPE launch; the rest (those of
-    // a quantized cache, those before their quantized start in the twins) after the rotation,
-    // by the KV write.
-    let mut after = None;
+    // A quantized cache is stored after the rotation, by the quantizing KV write.
+    let mut quantized = None;
     if let Some((meta, cache)) = kv {
-        let (slots, block_size) = meta.slots(Pools::Own);
+        let (slots, block_size) = meta.slots();
         check(
             meta.tokens == s.tokens
                 && block_size == cache.block_size
@@ -157,12 +155,12 @@ fn launch_rope(
                 )
             },
         )?;
-        let fused = cache.format() == 0 && meta.has(Pools::Own);
-        if fused {
+        if cache.format() == 0 {
             (sp, kc, vc, bs) =
                 (gpu.ptr(&slots), gpu.ptr(&cache.k.data), gpu.ptr(&cache.v.data), cache.block_size as i32);
+        } else {
+            quantized = Some((meta, cache));
         }
-        after = Some((meta, cache, !fused));
     }
     if s.tokens == 0 {
         return Ok(());
@@ -176,13 +174,13 @@ fn launch_rope(
             &[&xp, &pp, &fp, &nh, &hd, &half_i, &scaling, &st, &sp, &nkv, &kc, &vc, &bs, &tp],
         )?;
     }
-    match after {
+    match quantized {
         // The rotated key heads are the last `n_kv` of the row's heads; the values follow.
-        Some((meta, cache, own)) => {
+        Some((meta, cache)) => {
             let bf = std::mem::size_of::<bf16>();
             let k_at = xp + ((s.n_heads - n_kv) * s.head_dim * bf) as u64;
             let v_at = xp + (s.n_heads * s.head_dim * bf) as u64;
-            store_rows(gpu, (k_at, v_at), s.stride, meta, cache, own)
+            store_rows(gpu, (k_at, v_at), s.stride, meta, cache, 1.0)
         }
         None => Ok(()),
     }

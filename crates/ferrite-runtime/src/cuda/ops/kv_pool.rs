@@ -18,21 +18,15 @@
 //!
 //! Every write path quantizes the same bf16 values: `write_kv`, RoPE with the KV store (a
 //! quantized cache is stored by `write_kv` after the rotation) and the decode attention kernel
-//! that stores the new key and value itself. An int8 / int4 K pool may store each key less the
-//! layer's key offset (`set_key_offset`, `kv_shift_key` in `kv_format.cuh`: the CPU's
-//! `KvCache::set_key_offsets`).
-//!
-//! A quantized cache with a delayed start gives each layer bf16 twin pools (`full`, their own
-//! block ids) for rows before their start; every write path stores a row into its own set
-//! (`AttentionMeta::slots`), and `convert_blocks` stores whole twin blocks into the layer's
-//! pools when a row turns (quantized as a write of their values; copied into a bf16 layer).
+//! that stores the new key and value itself. `convert_blocks` quantizes whole bf16 blocks into
+//! a quantized pool (a row turning quantized after a full-precision start).
 
 use cudarc::driver::{CudaSlice, DevicePtr};
 use half::bf16;
 
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
-use crate::cuda::ops::attention::{AttentionMeta, Pools};
+use crate::cuda::ops::attention::AttentionMeta;
 use crate::kv::KvDtype;
 use crate::kv_quant::KV_GROUP_SIZES;
 
@@ -66,11 +60,6 @@ pub struct DeviceKv {
     fp8_scales: Option<CudaSlice<f32>>,
     /// fp8: whether the scales are set (the host's view; the first write calibrates them).
     calibrated: bool,
-    /// int8 / int4: `[n_kv_heads][head_dim]` subtracted from every key the K pool stores.
-    key_offset: Option<CudaSlice<f32>>,
-    /// The bf16 twin pools of a quantized cache with a delayed start: the blocks of rows
-    /// before their start, by their own block ids (`KvCache::add_full_precision`).
-    pub full: Option<Box<DeviceKv>>,
 }
 
 /// The kernels' view of a cache: codes, parameters, log2 of the group size, fp8 scales.
@@ -81,8 +70,6 @@ pub(crate) struct KvArgs {
     pub v_params: u64,
     pub shift: i32,
     pub fp8_scales: u64,
-    /// The key offset the K pool stores keys less (0: none).
-    pub k_offset: u64,
 }
 
 impl DeviceKv {
@@ -124,8 +111,6 @@ impl DeviceKv {
             num_blocks,
             fp8_scales,
             calibrated: false,
-            key_offset: None,
-            full: None,
         })
     }
 
@@ -168,35 +153,7 @@ impl DeviceKv {
             v_params: opt(&self.v.params),
             shift: self.dtype.quantized().map_or(0, |(_, g)| g.trailing_zeros() as i32),
             fp8_scales: self.fp8_scales.as_ref().map_or(0, |s| gpu.ptr(s)),
-            k_offset: self.key_offset.as_ref().map_or(0, |o| gpu.ptr(o)),
         }
-    }
-
-    /// Store keys less `offset` (`[n_kv_heads][head_dim]`) from now on, in an int8 / int4 K
-    /// pool; other pools keep none (returns whether it was kept). Set before anything is
-    /// written.
-    pub fn set_key_offset(&mut self, gpu: &Gpu, offset: Option<&[f32]>) -> CudaResult<bool> {
-        let want = self.n_kv_heads * self.head_dim;
-        self.key_offset = match offset {
-            Some(o) if o.len() != want => {
-                return Err(CudaError::Shape(format!("a key offset of {} values for {want}", o.len())))
-            }
-            Some(o) if self.dtype.quantized().is_some() => Some(gpu.upload(o)?),
-            _ => None,
-        };
-        Ok(self.key_offset.is_some())
-    }
-
-    /// Whether the K pool stores keys less an offset.
-    pub fn has_key_offset(&self) -> bool {
-        self.key_offset.is_some()
-    }
-
-    /// Give the layer bf16 twin pools of `num_blocks` blocks (`full`).
-    pub(crate) fn add_twin(&mut self, gpu: &Gpu, num_blocks: usize) -> CudaResult<()> {
-        let twin = DeviceKv::new(gpu, num_blocks, self.block_size, self.n_kv_heads, self.head_dim)?;
-        self.full = Some(Box::new(twin));
-        Ok(())
     }
 
     /// Set an fp8 cache's scales (K heads, then V heads), e.g. a checkpoint's; the first write
@@ -236,7 +193,7 @@ impl DeviceKv {
         k_factor: f32,
     ) -> CudaResult<()> {
         let Some(scales) = self.fp8_scales.as_mut().filter(|_| !self.calibrated) else { return Ok(()) };
-        let sp = gpu.ptr(&meta.slots(Pools::Own).0);
+        let sp = gpu.ptr(&meta.slots().0);
         let scp = gpu.ptr_mut(scales);
         let [st, t, nkv, hd] = [kv_stride, meta.tokens, self.n_kv_heads, self.head_dim].map(|x| x as i32);
         let grid = (2 * self.n_kv_heads) as u32;
@@ -311,45 +268,21 @@ pub fn write_kv(
             meta.tokens
         )));
     }
-    store_rows(gpu, (gpu.ptr(k), gpu.ptr(v)), kv_stride, meta, kv, true)
-}
-
-/// Why a step cannot store or read a row before its quantized start.
-pub(crate) fn no_twin() -> CudaError {
-    CudaError::Shape("a row keeps full-precision KV but the cache has no full-precision pools".into())
+    store_rows(gpu, (gpu.ptr(k), gpu.ptr(v)), kv_stride, meta, kv, 1.0)
 }
 
 /// `write_kv` from device addresses the caller has checked: `meta.tokens` rows of `kv_stride`
-/// bf16 at `kp` and `vp`, each row into its own pool set — the rows in the cache's own pools
-/// unless `own` is false (a fused launch stored them), the rows before their quantized start
-/// into the twins. An fp8 cache's first write calibrates its scales.
+/// bf16 at `kp` and `vp`. An fp8 cache's first write calibrates its scales, keys times
+/// `k_factor`.
 pub(crate) fn store_rows(
-    gpu: &Gpu,
-    ptrs: (u64, u64),
-    kv_stride: usize,
-    meta: &AttentionMeta,
-    kv: &mut DeviceKv,
-    own: bool,
-) -> CudaResult<()> {
-    if own && meta.has(Pools::Own) {
-        store_set(gpu, ptrs, kv_stride, meta, Pools::Own, kv)?;
-    }
-    if meta.has(Pools::Full) {
-        store_set(gpu, ptrs, kv_stride, meta, Pools::Full, kv.full.as_deref_mut().ok_or_else(no_twin)?)?;
-    }
-    Ok(())
-}
-
-/// Store the tokens of the rows in `pools` into `kv` (those pools).
-fn store_set(
     gpu: &Gpu,
     (kp, vp): (u64, u64),
     kv_stride: usize,
     meta: &AttentionMeta,
-    pools: Pools,
     kv: &mut DeviceKv,
+    k_factor: f32,
 ) -> CudaResult<()> {
-    let (slots, block_size) = meta.slots(pools);
+    let (slots, block_size) = meta.slots();
     if block_size != kv.block_size || !kv.sized() {
         return Err(CudaError::Shape(format!(
             "write_kv into a cache of block size {} (meta: {block_size}), {} blocks",
@@ -370,41 +303,24 @@ fn store_set(
             &[&kp, &vp, &st, &sp, &kc, &vc, &t, &nkv, &hd, &bs],
         );
     }
-    kv.calibrate(gpu, (kp, vp), kv_stride, meta, 1.0)?;
+    kv.calibrate(gpu, (kp, vp), kv_stride, meta, k_factor)?;
     let a = kv.args(gpu);
     let grid = gpu.grid_for(meta.tokens * 2 * kv.n_kv_heads * kv.head_dim / 8, 256);
     gpu.launch(
         &gpu.fns.write_kv_quant[kv.format() - 1],
         cfg((grid, 1, 1), 256, 0),
-        &[
-            &kp,
-            &vp,
-            &st,
-            &sp,
-            &a.k,
-            &a.v,
-            &a.k_params,
-            &a.v_params,
-            &t,
-            &nkv,
-            &hd,
-            &bs,
-            &a.shift,
-            &a.fp8_scales,
-            &a.k_offset,
-        ],
+        &[&kp, &vp, &st, &sp, &a.k, &a.v, &a.k_params, &a.v_params, &t, &nkv, &hd, &bs, &a.shift, &a.fp8_scales],
     )
 }
 
-/// Store whole blocks of the bf16 pools `src` into the pools `dst` (same heads, head dim and
-/// block size): block `from` of `src` becomes block `to` of `dst` for each pair, each value
-/// stored as a write of it would store it (quantized, keys less `dst`'s key offset; copied
-/// into bf16 pools). An fp8 `dst` not yet calibrated takes its scales from these blocks.
-/// `pairs` travels to the device first (a small copy).
+/// Quantize whole blocks of the bf16 pools `src` into the quantized pools `dst` (same heads,
+/// head dim and block size): block `from` of `src` becomes block `to` of `dst` for each pair,
+/// each value quantized as a write of it would be. An fp8 `dst` not yet calibrated takes its
+/// scales from these blocks. `pairs` travels to the device first (a small copy).
 pub fn convert_blocks(gpu: &Gpu, src: &DeviceKv, dst: &mut DeviceKv, pairs: &[(u32, u32)]) -> CudaResult<()> {
     let same = src.n_kv_heads == dst.n_kv_heads && src.head_dim == dst.head_dim && src.block_size == dst.block_size;
     let in_range = pairs.iter().all(|&(f, t)| (f as usize) < src.num_blocks && (t as usize) < dst.num_blocks);
-    if src.format() != 0 || !same || !in_range || !src.sized() || !dst.sized() {
+    if src.format() != 0 || dst.format() == 0 || !same || !in_range || !src.sized() || !dst.sized() {
         return Err(CudaError::Shape(format!(
             "convert {} blocks of a {} cache ({} x {}, {} blocks) into a {} cache ({} x {}, {} blocks)",
             pairs.len(),
@@ -439,24 +355,9 @@ pub fn convert_blocks(gpu: &Gpu, src: &DeviceKv, dst: &mut DeviceKv, pairs: &[(u
     let a = dst.args(gpu);
     let grid = gpu.grid_for(pairs.len() * 2 * dst.n_kv_heads * dst.block_size * dst.head_dim / 8, 256);
     gpu.launch(
-        &gpu.fns.convert_blocks[dst.format()],
+        &gpu.fns.convert_blocks[dst.format() - 1],
         cfg((grid, 1, 1), 256, 0),
-        &[
-            &ks,
-            &vs,
-            &a.k,
-            &a.v,
-            &a.k_params,
-            &a.v_params,
-            &pp,
-            &np,
-            &nkv,
-            &bs,
-            &hd,
-            &a.shift,
-            &a.fp8_scales,
-            &a.k_offset,
-        ],
+        &[&ks, &vs, &a.k, &a.v, &a.k_params, &a.v_params, &pp, &np, &nkv, &bs, &hd, &a.shift, &a.fp8_scales],
     )
     // `pairs_d` is freed in stream order, after the launches that read it.
 }
