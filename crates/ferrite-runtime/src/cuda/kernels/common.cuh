@@ -17,7 +17,9 @@ typedef unsigned long long u64;
 // first (`pdl_entry`), so it touches no memory early — except the bf16 and FP8 skinny GEMMs
 // (`gemv.cu`), which load their first weights between the two: weights are written before the
 // first step is queued (the upload ends with a device synchronize) and never by a step, so
-// those loads overlap the kernel ahead's tail instead of following it.
+// those loads overlap the kernel ahead's tail instead of following it. A kernel that writes a
+// matrix a step then multiplies by (`fp8_dequant_rows`) calls only `pdl_wait`, so the kernel
+// behind it starts once it has finished.
 __device__ __forceinline__ void pdl_launch() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

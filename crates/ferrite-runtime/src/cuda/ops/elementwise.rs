@@ -338,8 +338,8 @@ pub const GEMV_MAX_ROWS: usize = 8;
 /// `y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`, bf16 in, f32 accumulate, bf16 or f32 out:
 /// our skinny GEMM kernel for decode-sized m (≤ `GEMV_MAX_ROWS`, k a multiple of 8, a bias
 /// only with bf16 output), cuBLASLt otherwise. `w` must be weights, written before the first
-/// step is queued: the skinny GEMM loads them before its launch wait (`pdl_launch` in
-/// `common.cuh`); a matrix a step writes goes to `gpu.blas.linear`.
+/// step is queued, or written by a kernel that lets no kernel behind it start early: the
+/// skinny GEMM loads them before its launch wait (`pdl_launch` in `common.cuh`).
 pub fn linear<O: GemmOutput>(
     gpu: &Gpu,
     x: &impl DevicePtr<bf16>,

@@ -12,10 +12,10 @@
 //!   scale a token) into the caller's scratch, then cuBLASLt's FP8 GEMM with both scale
 //!   vectors (f32 accumulation, bf16 out) and the bias added after (`fp8_add_bias`);
 //! - larger batches otherwise (scales along a row, or f32 output): the matrix dequantized to
-//!   bf16 into the scratch and cuBLASLt's bf16 product (not the bf16 skinny GEMM, which reads
-//!   its weights before the launch wait while these were written by the kernel just ahead);
-//!   without a scratch large enough, the FP8 skinny GEMM 8 rows at a time (an error for runs
-//!   of 16 or 32 columns).
+//!   bf16 into the scratch and the bf16 product (`linear`: the bf16 skinny GEMM for m ≤ 8,
+//!   cuBLASLt past that; the dequantizing kernel lets no kernel behind it start early, since
+//!   the skinny GEMM loads its weights before its launch wait); without a scratch large
+//!   enough, the FP8 skinny GEMM 8 rows at a time (an error for runs of 16 or 32 columns).
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
@@ -23,7 +23,7 @@ use half::bf16;
 use crate::cuda::blas::{Blas, Fp8Scales, GemmOutput};
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
-use crate::cuda::ops::elementwise::{gated_activation, GatedActivation, GEMV_MAX_ROWS};
+use crate::cuda::ops::elementwise::{gated_activation, linear, GatedActivation, GEMV_MAX_ROWS};
 
 /// Threads of `fp8.cu`'s kernels and of the skinny GEMM (`GEMV_THREADS`).
 const THREADS: u32 = 256;
@@ -266,9 +266,7 @@ pub fn fp8_linear<O: GemmOutput>(
         }
         Some(s) if (m > GEMV_MAX_ROWS || w.skinny().is_none()) && s.len() >= n * k => {
             w.dequantize(gpu, s)?;
-            // cuBLAS, not the skinny GEMM: that one reads its weights before the launch wait
-            // (`pdl_launch` in common.cuh), and these were written by the kernel just ahead.
-            gpu.blas.linear(x, &s.slice(..n * k), bias, y, (m, n, k))
+            linear(gpu, x, &s.slice(..n * k), bias, y, (m, n, k))
         }
         _ => {
             let Some(set) = w.skinny() else {
