@@ -92,47 +92,27 @@ __device__ __forceinline__ float small_uint_to_f(unsigned bits) {
     return __uint_as_float(0x4B000000u | bits) - 8388608.f;
 }
 
-// The codes of 8 values as f32, f[0..8]: int8/int4 codes as the integers they are, fp8 codes
-// as their e4m3 value times 2^-120 (exact). A value is scale · code + bias with its parameter
-// word's `kv_affine`, so the decode kernel folds the scale and bias into per-key sums instead
-// of dequantizing every value.
-template <int F>
-__device__ __forceinline__ void kv_codes8(typename KvRaw<F>::T r, float* f) {
-    if constexpr (F == KV_F8) {
-        const unsigned w[2] = {r.x, r.y};
-#pragma unroll
-        for (int i = 0; i < 8; i++) f[i] = e4m3_bits_to_f((w[i >> 2] >> (8 * (i & 3))) & 0xffu);
-    } else if constexpr (F == KV_I8) {
-        // Byte i under 2^23's exponent in one byte permute: {byte i, 0, 0, 0x4B}.
-        const unsigned w[2] = {r.x, r.y};
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            f[i] = __uint_as_float(__byte_perm(w[i >> 2], 0x4B000000u, 0x7540u | (i & 3))) - 8388608.f;
-    } else if constexpr (F == KV_I4) {
-#pragma unroll
-        for (int i = 0; i < 8; i++) f[i] = small_uint_to_f((r >> (4 * i)) & 0xfu);
-    }
-}
-
-// The (scale, bias) of a quantized parameter word: value = scale · code + bias for the codes of
-// `kv_codes8` (fp8: no bias; its scale is at most 2^7, fp8_calibrate, so times 2^120 it stays
-// finite).
-template <int F>
-__device__ __forceinline__ float2 kv_affine(unsigned param) {
-    if constexpr (F == KV_F8) return make_float2(__uint_as_float(param) * 0x1p120f, 0.f);
-    else return make_float2(h2f((unsigned short)(param & 0xffffu)), h2f((unsigned short)(param >> 16)));
-}
-
 // Dequantize 8 values with their parameter word into f[0..8] (f32).
 template <int F>
 __device__ __forceinline__ void kv_unpack8(typename KvRaw<F>::T r, unsigned param, float* f) {
     if constexpr (F == KV_BF16) {
         unpack8(r, f);
-    } else {
-        kv_codes8<F>(r, f);
-        const float2 sb = kv_affine<F>(param);
+    } else if constexpr (F == KV_F8) {
+        // Scales are at most 2^7 (fp8_calibrate), so scale * 2^120 stays finite.
+        const float s = __uint_as_float(param) * 0x1p120f;
+        const unsigned w[2] = {r.x, r.y};
 #pragma unroll
-        for (int i = 0; i < 8; i++) f[i] = F == KV_F8 ? f[i] * sb.x : fmaf(f[i], sb.x, sb.y);
+        for (int i = 0; i < 8; i++) f[i] = e4m3_bits_to_f((w[i >> 2] >> (8 * (i & 3))) & 0xffu) * s;
+    } else {
+        const float s = h2f((unsigned short)(param & 0xffffu)), b = h2f((unsigned short)(param >> 16));
+        if constexpr (F == KV_I8) {
+            const unsigned w[2] = {r.x, r.y};
+#pragma unroll
+            for (int i = 0; i < 8; i++) f[i] = fmaf(small_uint_to_f((w[i >> 2] >> (8 * (i & 3))) & 0xffu), s, b);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) f[i] = fmaf(small_uint_to_f((r >> (4 * i)) & 0xfu), s, b);
+        }
     }
 }
 

@@ -77,8 +77,7 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     float* q_s = smem;                        // [GC][HD]
     float* w_o = q_s + GC * HD;               // [DEC_WARPS][GC][HD]
     float* w_ml = w_o + DEC_WARPS * GC * HD;  // [DEC_WARPS][GC][2]
-    float* q_sum = w_ml + DEC_WARPS * GC * 2;  // [GC][HD / 8]: each 8 dims' sum (int8/int4)
-    int* s_last = (int*)(q_sum + GC * HD / 8);  // this CTA merges the partitions
+    int* s_last = (int*)(w_ml + DEC_WARPS * GC * 2);  // this CTA merges the partitions
     int* blocks = s_last + 1;
     const bf16_t* qrow = q + (u64)row * q_stride + head0 * HD;
     const float pos = (float)(ctx - 1);
@@ -101,19 +100,6 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     const int* table = block_tables + (u64)row * bt_stride;
     for (int i = threadIdx.x; i < n_blocks; i += blockDim.x) blocks[i] = table[first_block + i];
     __syncthreads();
-    // A quantized key's dot is scale · (q · codes) + bias · (sum of q) per 8-value word, and a
-    // value adds scale · p times its codes, with bias · p summed apart (`accb`): no value is
-    // dequantized on its own (`kv_codes8`, `kv_affine`). int8/int4 need q's sums for the bias.
-    constexpr bool BIASED = F == KV_I8 || F == KV_I4;
-    if constexpr (BIASED) {
-        for (int i = threadIdx.x; i < GC * HD / 8; i += blockDim.x) {
-            float v = 0.f;
-#pragma unroll
-            for (int e = 0; e < 8; e++) v += q_s[8 * i + e];
-            q_sum[i] = v;
-        }
-        __syncthreads();
-    }
     if (inv_freq != nullptr && split == n_split - 1) {
         // The new key (rotated) and value into the cache, before this CTA reads them.
         const int block = blocks[(ctx - 1) / block_size - first_block];
@@ -157,15 +143,13 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     }
 
     const int kslot = lane / TG, part = lane % TG;
-    float m[GC], l[GC], acc[GC][E], accb[GC][KW];
+    float m[GC], l[GC], acc[GC][E];
 #pragma unroll
     for (int a = 0; a < GC; a++) {
         m[a] = -FERRITE_INF;
         l[a] = 0.f;
 #pragma unroll
         for (int i = 0; i < E; i++) acc[a][i] = 0.f;
-#pragma unroll
-        for (int w = 0; w < KW; w++) accb[a][w] = 0.f;
     }
     // The loop bound is uniform per warp, so every lane reaches the shuffles; key jb of a
     // round is always visible, so each round's maximum is finite.
@@ -194,34 +178,15 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
 #pragma unroll
         for (int u = 0; u < U; u++) {
             float kf[E];
-            float2 ka[KW];
 #pragma unroll
-            for (int w = 0; w < KW; w++) {
-                if constexpr (F == KV_BF16) {
-                    unpack8(kr[u][w], kf + 8 * w);
-                } else {
-                    kv_codes8<F>(kr[u][w], kf + 8 * w);
-                    ka[w] = kv_affine<F>(kp[u][w]);
-                }
-            }
+            for (int w = 0; w < KW; w++) kv_unpack8<F>(kr[u][w], kp[u][w], kf + 8 * w);
             const bool valid = jb + u * KPW + kslot < n;
 #pragma unroll
             for (int a = 0; a < GC; a++) {
                 const float* qh = q_s + a * HD + part * E;
                 float d = 0.f;
-                if constexpr (F == KV_BF16) {
 #pragma unroll
-                    for (int i = 0; i < E; i++) d += kf[i] * qh[i];
-                } else {
-#pragma unroll
-                    for (int w = 0; w < KW; w++) {
-                        float dw = 0.f;
-#pragma unroll
-                        for (int i = 0; i < 8; i++) dw += kf[8 * w + i] * qh[8 * w + i];
-                        d = fmaf(ka[w].x, dw, d);
-                        if constexpr (BIASED) d = fmaf(ka[w].y, q_sum[(a * HD + part * E) / 8 + w], d);
-                    }
-                }
+                for (int i = 0; i < E; i++) d += kf[i] * qh[i];
 #pragma unroll
                 for (int o = TG / 2; o > 0; o >>= 1) d += __shfl_xor_sync(FULL_MASK, d, o);
                 d *= scale;
@@ -243,37 +208,16 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
 #pragma unroll
             for (int i = 0; i < E; i++) acc[a][i] *= keep;
 #pragma unroll
-            for (int w = 0; w < KW; w++) accb[a][w] *= keep;
-#pragma unroll
             for (int u = 0; u < U; u++) {
+                float vf[E];
+#pragma unroll
+                for (int w = 0; w < KW; w++) kv_unpack8<F>(vr[u][w], vp[u][w], vf + 8 * w);
                 const float p = __expf(s[u][a] - mn);
                 l[a] += p;
 #pragma unroll
-                for (int w = 0; w < KW; w++) {
-                    float vf[8];
-                    if constexpr (F == KV_BF16) {
-                        unpack8(vr[u][w], vf);
-#pragma unroll
-                        for (int i = 0; i < 8; i++) acc[a][8 * w + i] += p * vf[i];
-                    } else {
-                        kv_codes8<F>(vr[u][w], vf);
-                        const float2 va = kv_affine<F>(vp[u][w]);
-                        const float ps = p * va.x;
-#pragma unroll
-                        for (int i = 0; i < 8; i++) acc[a][8 * w + i] = fmaf(ps, vf[i], acc[a][8 * w + i]);
-                        if constexpr (BIASED) accb[a][w] = fmaf(p, va.y, accb[a][w]);
-                    }
-                }
+                for (int i = 0; i < E; i++) acc[a][i] += p * vf[i];
             }
         }
-    }
-    if constexpr (BIASED) {
-#pragma unroll
-        for (int a = 0; a < GC; a++)
-#pragma unroll
-            for (int w = 0; w < KW; w++)
-#pragma unroll
-                for (int i = 0; i < 8; i++) acc[a][8 * w + i] += accb[a][w];
     }
     // Sum over the warp's key slots; lanes 0..TG-1 then hold dims part*E.. of every head.
 #pragma unroll

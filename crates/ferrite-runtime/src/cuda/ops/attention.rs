@@ -313,11 +313,10 @@ impl DecodePlan {
     fn shared_bytes(&self, p: &AttentionParams, block_size: usize) -> usize {
         let gc = heads_per_cta(p.n_heads / p.n_kv_heads);
         let blocks = self.partition / block_size + 2;
-        // q, the warps' outputs and (max, sum), q's sums of 8 dims, the merge flag, the block
-        // ids, then the merge's per-partition (max, sum) and each head's total.
+        // q, the warps' outputs and (max, sum), the merge flag, the block ids, then the
+        // merge's per-partition (max, sum) and each head's total.
         let merge = 2 * gc * self.splits + gc;
-        let q_sums = gc * p.head_dim / 8;
-        4 * (gc * p.head_dim + DEC_WARPS * gc * p.head_dim + DEC_WARPS * gc * 2 + q_sums + 1 + blocks + merge)
+        4 * (gc * p.head_dim + DEC_WARPS * gc * p.head_dim + DEC_WARPS * gc * 2 + 1 + blocks + merge)
     }
 }
 
