@@ -27,7 +27,9 @@ fn default_sources(name: &str) -> Option<(PathBuf, Option<PathBuf>)> {
         "llama-3.2-1b" => vocab("ggml-vocab-llama-bpe.gguf", "meta-llama-Llama-3.2-3B-Instruct.jinja"),
         // Qwen3 keeps Qwen2's vocabulary; Qwen3.5's larger one is not among the assets, and
         // Qwen2's ids fit inside it.
-        "qwen2.5-1.5b" | "qwen3-30b-a3b" | "qwen3-4b" | "qwen3.5-4b" => vocab("ggml-vocab-qwen2.gguf", "Qwen-Qwen2.5-7B-Instruct.jinja"),
+        "qwen2.5-1.5b" | "qwen3-30b-a3b" | "qwen3-4b" | "qwen3.5-4b" => {
+            vocab("ggml-vocab-qwen2.gguf", "Qwen-Qwen2.5-7B-Instruct.jinja")
+        }
         "gemma-4-e4b" | "gemma-4-26b-a4b" => vocab("ggml-vocab-gemma-4.gguf", "google-gemma-4-31B-it.jinja"),
         "smollm2-135m" => {
             let m = ferrite_models::registry::find("smollm2")?;
