@@ -448,7 +448,9 @@ impl DecoderWeights {
         }
         let embed_fan_in = if plan.embed_scale.is_some() { cfg.hidden_size } else { 3 };
         let mut src = RandomSource { gpu, stream: Cell::new(seed), dtype, embed_fan_in };
-        build(cfg, plan, &mut src, gpu, &|_| {})
+        let w = build(cfg, plan, &mut src, gpu, &|_| {})?;
+        gpu.synchronize()?;
+        Ok(w)
     }
 
     /// bf16 values of scratch the GEMMs of steps of up to `tokens` tokens over the layers'
@@ -567,9 +569,6 @@ fn build(
         .sum::<usize>()
         + final_norm.bytes();
     let bytes = matrices + embed.bytes() + head + 2 * bf16_bytes + small;
-    // Every weight is written before the first step is queued: kernels read weights before
-    // their programmatic-launch wait (`pdl_launch` in `common.cuh`).
-    gpu.synchronize()?;
     Ok(DecoderWeights { embed, layers, final_norm, lm_head, per_layer, bytes })
 }
 

@@ -213,7 +213,7 @@ impl Gpu {
         // argument lists match the kernels' parameter lists (the ops and the .cu files are
         // kept together; the CUDA tests exercise every one); `params` points at `args`, which
         // outlive the call. Every kernel waits for the one ahead before touching memory
-        // (`pdl_wait` in common.cuh), as programmatic dependent launch requires.
+        // (`pdl_entry` in common.cuh), as programmatic dependent launch requires.
         unsafe { cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }.result()?;
         Ok(())
     }

@@ -11,30 +11,16 @@ typedef unsigned long long u64;
 #define FULL_MASK 0xffffffffu
 
 // Programmatic dependent launch (sm_90 and up, where the host allows it on every launch): a
-// kernel may start while the kernel ahead of it in the stream still runs. `pdl_launch` lets the
-// kernel behind it start likewise (once each of its blocks has called it); `pdl_wait` blocks
-// until the kernel ahead has finished and its writes are visible. Every kernel calls both
-// first (`pdl_entry`), so it touches no memory early — except the bf16 and FP8 skinny GEMMs
-// (`gemv.cu`), which load their first weights between the two: weights are written before the
-// first step is queued (the upload ends with a device synchronize) and never by a step, so
-// those loads overlap the kernel ahead's tail instead of following it. A kernel that writes a
-// matrix a step then multiplies by (`fp8_dequant_rows`) calls only `pdl_wait`, so the kernel
-// behind it starts once it has finished.
-__device__ __forceinline__ void pdl_launch() {
+// kernel may start while the kernel ahead of it in the stream still runs. Every kernel calls
+// `pdl_entry` first: it lets the kernel behind it start likewise (once each of its blocks has
+// called it), then blocks until the kernel ahead has finished and its writes are visible — so
+// no kernel touches memory early; what overlaps is the next kernel's launch with this one's
+// tail.
+__device__ __forceinline__ void pdl_entry() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-}
-
-__device__ __forceinline__ void pdl_entry() {
-    pdl_launch();
-    pdl_wait();
 }
 
 __device__ __forceinline__ float bf2f(bf16_t v) { return __uint_as_float(((unsigned)v) << 16); }

@@ -35,10 +35,7 @@ extern "C" __global__ void __launch_bounds__(F8_THREADS)
 extern "C" __global__ void __launch_bounds__(F8_THREADS)
     fp8_dequant_rows(const unsigned char* __restrict__ codes, const float* __restrict__ scales, int ncb, int cb,
                      const unsigned* __restrict__ ids, bf16_t* __restrict__ out, int k, int rows, float mul) {
-    // No early release of the kernel behind: a step's dequantized matrix feeds a skinny GEMM,
-    // which loads its weights before its launch wait (common.cuh), so it may start only once
-    // every row here is written.
-    pdl_wait();
+    pdl_entry();
     const unsigned src = ids != nullptr ? ids[blockIdx.x] : blockIdx.x;
     bf16_t* o = out + (u64)blockIdx.x * k;
     if (src >= (unsigned)rows) {

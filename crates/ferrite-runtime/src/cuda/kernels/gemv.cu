@@ -38,9 +38,7 @@ __device__ __forceinline__ void gemv(const bf16_t* __restrict__ x, const bf16_t*
         const int row = ACT == ACT_NONE ? min(row0 + r, n - 1) : (r < 2 ? 0 : n) + min(row0 + (r & 1), n - 1);
         wr[r] = (const uint4*)(w + (u64)row * k);
     }
-    // Weights before the launch wait (`pdl_launch` in common.cuh), x after it.
-    pdl_launch();
-    bool waiting = true;
+    pdl_entry();
     float acc[M][GEMV_ROWS];
 #pragma unroll
     for (int i = 0; i < M; i++)
@@ -54,10 +52,6 @@ __device__ __forceinline__ void gemv(const bf16_t* __restrict__ x, const bf16_t*
         for (int r = 0; r < GEMV_ROWS; r++) {
             wa[r] = wr[r][c];
             wb[r] = two ? wr[r][c2] : zero;
-        }
-        if (waiting) {
-            pdl_wait();
-            waiting = false;
         }
 #pragma unroll
         for (int i = 0; i < M; i++) {
@@ -75,7 +69,6 @@ __device__ __forceinline__ void gemv(const bf16_t* __restrict__ x, const bf16_t*
             }
         }
     }
-    if (waiting) pdl_wait();
     const bool gated = ACT != ACT_NONE;
     skinny_gemm_end<M, GEMV_THREADS>(acc, part, row0, n, gated, ACT == ACT_GELU, [&](int i, int row, float v) {
         store_out(y + (u64)i * n + row, gated ? v : v + (bias != nullptr ? bf2f(bias[row]) : 0.f));
@@ -196,9 +189,7 @@ __device__ __forceinline__ void fp8_gemv(const bf16_t* __restrict__ x, const uns
     const uint4* xr = (const uint4*)(x + (u64)min(g, m - 1) * k);
     const int k16 = k >> 4, chunks = (k16 + 3) >> 2;
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    // Weights before the launch wait (`pdl_launch` in common.cuh), x after it.
-    pdl_launch();
-    bool waiting = true;
+    pdl_entry();
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int c0 = warp; c0 < chunks; c0 += FP8_WARPS * FP8_UNROLL) {
         uint4 la[FP8_UNROLL], lb[FP8_UNROLL], lx[STAGED ? 1 : FP8_UNROLL][2];
@@ -208,10 +199,6 @@ __device__ __forceinline__ void fp8_gemv(const bf16_t* __restrict__ x, const uns
             const bool in = word < k16;
             la[u] = in ? (STAGED ? wa[word] : ldg_stream(wa + word)) : zero;
             lb[u] = in ? (STAGED ? wb[word] : ldg_stream(wb + word)) : zero;
-        }
-        if (waiting) {
-            pdl_wait();
-            waiting = false;
         }
 #pragma unroll
         for (int u = 0; u < FP8_UNROLL; u++) {
@@ -261,7 +248,6 @@ __device__ __forceinline__ void fp8_gemv(const bf16_t* __restrict__ x, const uns
             }
         }
     }
-    if (waiting) pdl_wait();
     // Lane (g, t) holds rows g and g + 8 of x rows 2t and 2t + 1.
     part[warp][g][2 * t] = acc[0];
     part[warp][g][2 * t + 1] = acc[1];

@@ -337,9 +337,7 @@ pub const GEMV_MAX_ROWS: usize = 8;
 
 /// `y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`, bf16 in, f32 accumulate, bf16 or f32 out:
 /// our skinny GEMM kernel for decode-sized m (≤ `GEMV_MAX_ROWS`, k a multiple of 8, a bias
-/// only with bf16 output), cuBLASLt otherwise. `w` must be weights, written before the first
-/// step is queued, or written by a kernel that lets no kernel behind it start early: the
-/// skinny GEMM loads them before its launch wait (`pdl_launch` in `common.cuh`).
+/// only with bf16 output), cuBLASLt otherwise.
 pub fn linear<O: GemmOutput>(
     gpu: &Gpu,
     x: &impl DevicePtr<bf16>,
@@ -369,8 +367,7 @@ pub fn linear<O: GemmOutput>(
 /// (`w` of `[2n, k]`, the gate rows then the up rows) and its activation. For decode-sized m
 /// the skinny GEMM applies the activation as its epilogue (the same bits as `linear` into
 /// `gate_up` then `gated_activation`, one launch and no round trip of the gate-up output);
-/// otherwise it is those two ops, with `gate_up` (at least m·2n values) between them. `w`
-/// must be weights, as for `linear`.
+/// otherwise it is those two ops, with `gate_up` (at least m·2n values) between them.
 #[allow(clippy::too_many_arguments)]
 pub fn linear_gated(
     gpu: &Gpu,

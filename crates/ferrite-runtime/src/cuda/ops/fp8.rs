@@ -13,9 +13,8 @@
 //!   vectors (f32 accumulation, bf16 out) and the bias added after (`fp8_add_bias`);
 //! - larger batches otherwise (scales along a row, or f32 output): the matrix dequantized to
 //!   bf16 into the scratch and the bf16 product (`linear`: the bf16 skinny GEMM for m ≤ 8,
-//!   cuBLASLt past that; the dequantizing kernel lets no kernel behind it start early, since
-//!   the skinny GEMM loads its weights before its launch wait); without a scratch large
-//!   enough, the FP8 skinny GEMM 8 rows at a time (an error for runs of 16 or 32 columns).
+//!   cuBLASLt past that); without a scratch large enough, the FP8 skinny GEMM 8 rows at a
+//!   time (an error for runs of 16 or 32 columns).
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
