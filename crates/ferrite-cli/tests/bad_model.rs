@@ -1,5 +1,6 @@
-//! `ferrite run` on a hostile or unverifiable model file exits 1 with a one-line error on
-//! stderr and no panic or backtrace (even with `RUST_BACKTRACE=1`).
+//! `ferrite run` on a hostile or unverifiable model file, or over a broken CUDA driver library,
+//! exits 1 with a one-line error on stderr and no panic or backtrace (even with
+//! `RUST_BACKTRACE=1`).
 
 use std::path::Path;
 use std::process::Command;
@@ -39,17 +40,21 @@ fn wrapping_offset_gguf() -> Vec<u8> {
     b
 }
 
-/// Run `ferrite run MODEL -p hi --device cpu EXTRA` and return its stderr, checked to be one
-/// `error:` line from a process that exited 1.
+/// Run `ferrite run MODEL -p hi --device cpu EXTRA` and return its stderr (`fails`).
 fn run_fails(model: &Path, extra: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ferrite"))
-        .args(["run"])
-        .arg(model)
-        .args(["-p", "hi", "--device", "cpu", "--threads", "1"])
-        .args(extra)
-        .env("RUST_BACKTRACE", "1")
-        .output()
-        .expect("run ferrite");
+    fails(
+        Command::new(env!("CARGO_BIN_EXE_ferrite"))
+            .arg("run")
+            .arg(model)
+            .args(["-p", "hi", "--device", "cpu"])
+            .args(extra),
+    )
+}
+
+/// Run `cmd` (a `ferrite` command) on one thread and return its stderr, checked to be one
+/// `error:` line from a process that exited 1.
+fn fails(cmd: &mut Command) -> String {
+    let out = cmd.args(["--threads", "1"]).env("RUST_BACKTRACE", "1").output().expect("run ferrite");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(1), "exit status {:?}, stderr: {stderr}", out.status);
     assert!(out.stdout.is_empty(), "stdout: {}", String::from_utf8_lossy(&out.stdout));
@@ -77,4 +82,30 @@ fn run_on_a_bad_model_file_is_a_one_line_error() {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/llama");
     let msg = run_fails(&fixture, &["--verify-weights"]);
     assert!(msg.contains("model.safetensors") && msg.contains("no digest"), "{msg}");
+}
+
+/// A `libcuda.so` that loads but has none of the driver's entry points (a stub or a broken
+/// install found first on the library path) is a one-line error for `--device cuda`, where
+/// cudarc would panic at its first driver call.
+#[test]
+fn a_driver_library_without_entry_points_is_a_one_line_error() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let source = tmp.path().join("stub.c");
+    std::fs::write(&source, "int ferrite_stub(void) { return 0; }\n").expect("write");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(tmp.path().join("libcuda.so"))
+        .arg(&source)
+        .status()
+        .expect("run cc");
+    assert!(built.success(), "cc failed");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models/llama");
+    let msg = fails(
+        Command::new(env!("CARGO_BIN_EXE_ferrite"))
+            .arg("run")
+            .arg(&fixture)
+            .args(["-p", "hi", "--device", "cuda"])
+            .env("LD_LIBRARY_PATH", tmp.path()),
+    );
+    assert!(msg.contains("libcuda.so") && msg.contains("has no cuInit"), "{msg}");
 }

@@ -52,15 +52,25 @@ impl fmt::Display for Device {
     }
 }
 
-/// Error unless the CUDA driver library can be loaded (checked before any driver call:
-/// cudarc panics on a missing library, we must not).
+/// Error unless the CUDA driver library can be loaded and has the entry points start-up calls
+/// (checked before any driver call: cudarc panics on a missing library or symbol, we must not;
+/// a stub `libcuda.so` without them is reported, not run).
 pub(crate) fn check_driver() -> CudaResult<()> {
     // SAFETY: only tries to dlopen the driver library by its usual names.
-    if unsafe { cudarc::driver::sys::is_culib_present() } {
-        Ok(())
-    } else {
-        Err(CudaError::Unavailable("the NVIDIA driver library (libcuda.so) was not found".into()))
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(CudaError::Unavailable("the NVIDIA driver library (libcuda.so) was not found".into()));
     }
+    for symbol in ["cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDevicePrimaryCtxRetain"] {
+        // SAFETY: the library is present (checked above), so `culib` loads it without
+        // panicking; looking a symbol up calls nothing.
+        let found = unsafe { cudarc::driver::sys::culib().get::<unsafe extern "C" fn()>(symbol.as_bytes()) }.is_ok();
+        if !found {
+            return Err(CudaError::Unavailable(format!(
+                "the NVIDIA driver library (libcuda.so) has no {symbol}: a stub or broken driver install"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Error unless NVRTC and cuBLASLt can be loaded too.
