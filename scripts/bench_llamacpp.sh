@@ -61,7 +61,7 @@ if [ ! -x "$bench" ]; then
   if [ ! -f "$src/CMakeLists.txt" ]; then
     echo "fetching llama-cpp-python==$LLAMA_CPP_PY_VERSION sdist into $LLAMA_CPP_HOME" >&2
     mkdir -p "$LLAMA_CPP_HOME"
-    python3 -m pip download -q --no-deps --no-binary :all: -d "$LLAMA_CPP_HOME" \
+    python3 -m pip download -q --no-deps --no-binary llama-cpp-python -d "$LLAMA_CPP_HOME" \
       "llama-cpp-python==$LLAMA_CPP_PY_VERSION"
     tar -xzf "$LLAMA_CPP_HOME/llama_cpp_python-$LLAMA_CPP_PY_VERSION.tar.gz" -C "$LLAMA_CPP_HOME"
   fi

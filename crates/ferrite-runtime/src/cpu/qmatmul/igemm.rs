@@ -48,7 +48,7 @@ const STEPS: usize = B / 2;
 /// Weight rows (output columns) per sliver: two packed groups.
 const NR: usize = 2 * packed::GROUP;
 /// Activation rows per micro-tile (a batch of eight decode rows is one tile).
-const MR: usize = 8;
+pub(super) const MR: usize = 8;
 /// Columns of `k` expanded at a time into a `Sliver` (many-row path).
 const KC: usize = 256;
 /// Largest activation code (see the overflow bound in the module docs).
@@ -67,18 +67,19 @@ pub(crate) fn supports(dtype: DType) -> bool {
     packed::packs(dtype)
 }
 
-/// Quantized activations, in blocks of `MR` rows: `d` and `s` are laid out
+/// Quantized activations (shared with `igemm_avx2`), in blocks of `MR` rows: `d` and `s` are laid out
 /// `[m / MR][k / B][MR]`, `pairs[(blk * k / 2 + p) * MR + i]` holds codes `2p, 2p + 1` of row
 /// `blk * MR + i`. Padding rows are zero.
-struct Acts {
-    k: usize,
-    pairs: Vec<i32>,
-    d: Vec<f32>,
-    s: Vec<f32>,
+pub(super) struct Acts {
+    pub(super) k: usize,
+    pub(super) pairs: Vec<i32>,
+    pub(super) d: Vec<f32>,
+    pub(super) s: Vec<f32>,
 }
 
 impl Acts {
-    fn new(x: &[f32], m: usize, k: usize) -> Acts {
+    /// The codes of `x` (`[m, k]`), quantized with AVX2 (which the integer GEMMs' CPUs have).
+    pub(super) fn new(x: &[f32], m: usize, k: usize) -> Acts {
         let blocks = m.div_ceil(MR);
         let (kb, kp) = (k / B, k / 2);
         let mut pairs = vec![0i32; blocks * kp * MR];
@@ -98,7 +99,7 @@ impl Acts {
                         s[b * MR + i] = db * c.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
                     }
                 }
-                // SAFETY: `Acts` is only built on CPUs with AVX-512 (see `linear_many`), and
+                // SAFETY: `Acts` is only built on CPUs with AVX2 (see the GEMMs' `linear_many`), and
                 // `q` holds `MR` rows of `2 * kp` codes, `pairs` `kp * MR` pairs.
                 unsafe { interleave_pairs(&q, kp, pairs) };
             });

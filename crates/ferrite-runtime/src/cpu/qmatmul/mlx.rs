@@ -7,7 +7,7 @@
 //! (32 · 255 · 16383 < 2³¹). This is the legacy affine formats' arithmetic (`legacy`) with
 //! MLX's code order and group headers.
 //!
-//! These kernels serve every level below AVX-512 VNNI (where `igemm` reads the packed copy
+//! These kernels serve the scalar level (from AVX2 on, the integer GEMMs read the packed copy
 //! of bf16- and f16-scaled formats) and formats with f32 scales at every level.
 
 use super::acts::ActRow;

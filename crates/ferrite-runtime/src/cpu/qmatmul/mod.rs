@@ -1,15 +1,17 @@
 //! Fast linear layers over GGUF-quantized, f16 and bf16 weights.
 //!
 //! - **Quantized weights** take one kernel for every number of activation rows `m`, so a
-//!   row's result never depends on the batch it runs in. With AVX-512 VNNI that is `igemm`
-//!   (14-bit activations against 16-bit integer weight codes in one register-tiled kernel),
-//!   reading a copy of the weights interleaved 16 rows at a time (`packed`, built once per
-//!   tensor, the same size as the GGUF blocks). Below it, the
-//!   row kernels: the activations are quantized once per call to 15-bit integer blocks (`acts`)
-//!   and each weight row is dotted with them straight from its GGUF blocks: `legacy` (Q4_0,
-//!   Q4_1, Q5_0, Q5_1, Q8_0 against 32-blocks), `kquants` (Q4_K, Q5_K, Q6_K against
-//!   256-blocks) and `mlx` (MLX's affine groups against 32-blocks). MLX formats are block
-//!   types like the GGUF ones (`quant::mlx`): the integer GEMM packs those with 16-bit scales.
+//!   row's result never depends on the batch it runs in. For the dtypes `packed` lays out
+//!   (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MLX) that is an integer GEMM (14-bit
+//!   activations against 16-bit integer weight codes in a register-tiled kernel) reading a
+//!   copy of the weights interleaved 16 rows at a time (`packed`, built once per tensor, the
+//!   same size as the GGUF blocks): `igemm` with AVX-512 VNNI, `igemm_avx2` at the AVX2 and
+//!   AVX-VNNI levels, the same arithmetic. The portable `Scalar` level uses the row kernels:
+//!   the activations are quantized once per call to 15-bit integer blocks (`acts`) and each
+//!   weight row is dotted with them straight from its GGUF blocks: `legacy` (Q4_0, Q4_1,
+//!   Q5_0, Q5_1, Q8_0 against 32-blocks), `kquants` (Q4_K, Q5_K, Q6_K against 256-blocks) and
+//!   `mlx` (MLX's affine groups against 32-blocks). MLX formats are block types like the GGUF
+//!   ones (`quant::mlx`): the integer GEMMs pack those with 16-bit scales.
 //! - **16-bit floats**: rows widened in registers and dotted with the f32 activations
 //!   (`float`) for small `m`; from `PANEL_MIN_ROWS` rows, panels dequantized to f32 (`dequant`)
 //!   and multiplied with an AVX-512 f32 GEMM (`gemm512`) or the `gemm` crate (`panel`). Panels
@@ -26,6 +28,8 @@ mod float;
 pub(crate) mod gemm512;
 #[cfg(target_arch = "x86_64")]
 mod igemm;
+#[cfg(target_arch = "x86_64")]
+mod igemm_avx2;
 pub(crate) mod isa;
 mod kquants;
 mod legacy;
@@ -63,10 +67,24 @@ pub(crate) fn linear(x: &[f32], m: usize, w: &Tensor, out: &mut [f32]) -> Result
     }
 }
 
-/// Whether weights of `dtype` go to the integer GEMM at `level` (`None`: the reference path).
+/// Whether weights of `dtype` go to an integer GEMM at `level` (`None`: the reference path).
 #[cfg(target_arch = "x86_64")]
 fn takes_igemm(level: Option<Level>, dtype: DType) -> bool {
-    level == Some(Level::Avx512Vnni) && igemm::supports(dtype)
+    level.is_some_and(|l| l >= Level::Avx2) && igemm::supports(dtype)
+}
+
+/// `linear_many` on the integer GEMM of `level`.
+///
+/// # Safety
+/// `takes_igemm(Some(level), dtype)` holds for the weights' one dtype, `level` is available,
+/// and the shapes are checked.
+#[cfg(target_arch = "x86_64")]
+unsafe fn igemm_many(x: &[f32], m: usize, ws: &[&Tensor], outs: &mut [&mut [f32]], level: Level) -> Result<()> {
+    if level == Level::Avx512Vnni {
+        igemm::linear_many(x, m, ws, outs)
+    } else {
+        igemm_avx2::linear_many(x, m, ws, outs, level)
+    }
 }
 
 /// Build now what `linear` builds on its first call with `w` in the current `KernelMode`: the
@@ -84,15 +102,15 @@ pub(crate) fn prepare(w: &Tensor) {
 
 /// `linear` with the fast kernels at `level` (which the CPU must have).
 ///
-/// Quantized weights take one kernel for every `m` (the integer GEMM with AVX-512 VNNI, the
-/// row kernels below it), so a row's result never depends on the rows it is batched with.
+/// Quantized weights take one kernel for every `m` (an integer GEMM from AVX2 on, the row
+/// kernels at the scalar level), so a row's result never depends on the rows it is batched with.
 /// 16-bit float weights switch to panels from `PANEL_MIN_ROWS` rows.
 pub(crate) fn linear_at(x: &[f32], m: usize, w: &Tensor, out: &mut [f32], level: Level) -> Result<()> {
     let dtype = w.dtype();
     #[cfg(target_arch = "x86_64")]
     if takes_igemm(Some(level), dtype) {
-        // SAFETY: the level guarantees AVX-512 VNNI; `linear` checked the shapes.
-        return unsafe { igemm::linear_many(x, m, &[w], &mut [out]) };
+        // SAFETY: the caller vouches for `level`; `linear` checked the shapes.
+        return unsafe { igemm_many(x, m, &[w], &mut [out], level) };
     }
     let float = matches!(dtype, DType::F16 | DType::BF16);
     if (float && m >= PANEL_MIN_ROWS) || !rows(x, m, w, out, level) {
@@ -109,9 +127,10 @@ pub(crate) fn linear_many(x: &[f32], m: usize, ws: &[&Tensor], outs: &mut [&mut 
     #[cfg(target_arch = "x86_64")]
     if let Some(first) = ws.first() {
         let one_dtype = ws.iter().all(|w| w.dtype() == first.dtype());
-        if one_dtype && takes_igemm(kernel_mode().level(), first.dtype()) {
-            // SAFETY: the level guarantees AVX-512 VNNI; the caller checked the shapes.
-            return unsafe { igemm::linear_many(x, m, ws, outs) };
+        let level = kernel_mode().level();
+        if let Some(level) = level.filter(|&l| one_dtype && takes_igemm(Some(l), first.dtype())) {
+            // SAFETY: `kernel_mode` only picks available levels; the caller checked the shapes.
+            return unsafe { igemm_many(x, m, ws, outs, level) };
         }
     }
     ws.iter().zip(outs.iter_mut()).try_for_each(|(w, out)| linear(x, m, w, out))

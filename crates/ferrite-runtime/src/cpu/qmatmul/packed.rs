@@ -1,4 +1,4 @@
-//! Interleaved weights for `igemm`: every block format it multiplies (Q4_0, Q4_1, Q5_0,
+//! Interleaved weights for the integer GEMMs (`igemm`, `igemm_avx2`): every block format it multiplies (Q4_0, Q4_1, Q5_0,
 //! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, and MLX's affine 4- and 8-bit groups with 16-bit scales)
 //! re-laid out once, so that the integer GEMM reads the codes of 16 output columns already in
 //! its register order, for every number of activation rows.
@@ -191,7 +191,7 @@ unsafe fn nibble_pairs<const S: usize>(quad: __m512i) -> __m512i {
 
 /// The high-bit masks of step `p` of the codes at `codes`.
 #[inline(always)]
-unsafe fn masks(codes: *const u8, bits: u32, p: usize) -> *const u8 {
+pub(super) unsafe fn masks(codes: *const u8, bits: u32, p: usize) -> *const u8 {
     codes.add(STEPS * 16 + p * mask_bytes(bits))
 }
 

@@ -222,7 +222,7 @@ fn activation_qmax(dtype: DType, level: Level) -> Option<f64> {
         return None;
     }
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512Vnni && igemm::supports(dtype) {
+    if takes_igemm(Some(level), dtype) {
         return Some(8191.0);
     }
     let _ = level;
@@ -256,6 +256,61 @@ fn batched_rows_equal_rows_alone() {
                     assert!(same, "{dtype} {level:?}: row {i} of {m} differs from the row alone");
                 }
             }
+        }
+    }
+}
+
+/// A long prompt through the integer GEMMs: rows in several of `igemm_avx2`'s L2 chunks and
+/// `igemm`'s `KC` slices and `MC` passes (k = 2,048, 600 rows) give, bit for bit, what each
+/// row gives alone, and stay within the reference bound.
+#[test]
+fn long_prompts_equal_rows_alone() {
+    let mut rng = StdRng::seed_from_u64(rand::rng().random());
+    let (n, k, m) = (40, 2048, 600);
+    for dtype in [DType::Q4_1, DType::Q6K] {
+        let w = random_weights(dtype, n, k, &mut rng);
+        let wf = w.to_f32_vec().unwrap();
+        let x = random_acts(m * k, &mut rng);
+        let exact = reference(&x, m, &wf, n, k);
+        let abs_x: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+        let magnitude = reference(&abs_x, m, &wf.iter().map(|v| v.abs()).collect::<Vec<_>>(), n, k);
+        for level in levels() {
+            let mut out = vec![f32::NAN; m * n];
+            linear_at(&x, m, &w, &mut out, level).unwrap();
+            for i in (0..m).step_by(37).chain([m - 1]) {
+                let mut alone = vec![f32::NAN; n];
+                linear_at(&x[i * k..(i + 1) * k], 1, &w, &mut alone, level).unwrap();
+                let same = out[i * n..(i + 1) * n].iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{dtype} {level:?}: row {i} of {m} differs from the row alone");
+            }
+            let qmax = activation_qmax(dtype, level).unwrap();
+            for (idx, &got) in out.iter().enumerate() {
+                let tol = TIGHT * magnitude[idx] + magnitude[idx] * 8.0 / (2.0 * qmax) + 1e-9;
+                assert!((f64::from(got) - exact[idx]).abs() <= tol, "{dtype} {level:?} output {idx}");
+            }
+        }
+    }
+}
+
+/// The two integer GEMMs are one arithmetic: on a CPU with AVX-512 VNNI, `igemm_avx2` gives
+/// `igemm`'s bits for every packed dtype and row count (skipped below AVX-512 VNNI).
+#[test]
+fn integer_gemms_agree_bit_for_bit() {
+    if !Level::Avx512Vnni.available() {
+        eprintln!("SKIP: this CPU has no AVX-512 VNNI");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(rand::rng().random());
+    let n = 93;
+    for dtype in row_kernel_dtypes().into_iter().filter(|&d| takes_igemm(Some(Level::Avx2), d)) {
+        let k = lengths(dtype)[0];
+        let w = random_weights(dtype, n, k, &mut rng);
+        for m in [1, 5, 17, 600] {
+            let x = random_acts(m * k, &mut rng);
+            let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            linear_at(&x, m, &w, &mut a, Level::Avx2).unwrap();
+            linear_at(&x, m, &w, &mut b, Level::Avx512Vnni).unwrap();
+            assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()), "{dtype} m={m}");
         }
     }
 }

@@ -1,0 +1,489 @@
+//! The integer GEMM at the levels below AVX-512 (AVX2, AVX-VNNI), for every number of
+//! activation rows: `igemm`'s arithmetic with 256-bit registers.
+//!
+//! The numbers are `igemm`'s (see its module docs): 14-bit activation codes in blocks of 32
+//! (its `Acts`), the weights' own integer codes from the same `packed` copy, an exact i32 sum
+//! `Σ v·q` per block and, per output and block in order of `k`,
+//! `acc = fma(f32(Σ v·q), ws * da, acc); acc = fma(wm, s, acc)`. Only the register width
+//! differs: a register holds eight output columns, so a packed group of 16 weight rows is read
+//! as two halves `h` (rows `8h..8h + 8`).
+//!
+//! A micro-tile is up to `RT` (4) activation rows by one group's 16 columns: eight integer
+//! accumulators, the two halves' pairs of the current step and one broadcast activation pair
+//! fit the 16 registers. Each tile decodes its weight pairs straight from the packed codes: for
+//! 4-bit codes a step is one shift and one mask per half, about what reading an expanded copy
+//! would cost, so there is no expanded copy. Each thread takes panels of groups (about four
+//! per thread and weight); inside a panel the activation rows go in chunks whose codes
+//! (`ACT_CHUNK_BYTES`) stay in L2 while every group of the panel reads them, and a group's
+//! packed codes (≤ 15 KiB for `k` = 1,536 at 4 bits) stay in L1 while the chunk's tiles read it.
+//!
+//! Before this module the AVX2 levels dotted every weight row with every activation row from
+//! the GGUF blocks (`legacy`, `kquants`, `mlx`): each row pair re-decoded the weight block and
+//! reduced across lanes, 84 % of a SmolLM2 prefill.
+
+use std::arch::x86_64::*;
+
+use super::igemm::{Acts, MR};
+use super::isa::{self, Simd};
+use super::legacy::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::packed::{self, masks, Half, LegacyCodes, Mlx, Packing, K4K5, Q6K, QUAD, QUADS};
+use crate::cpu::SharedMut;
+use crate::dtype::DType;
+use crate::error::{Result, RuntimeError};
+use crate::tensor::Tensor;
+use crate::threads;
+
+/// Values per scale.
+const B: usize = 32;
+/// Code pairs per block.
+const STEPS: usize = B / 2;
+/// Output columns per register.
+const LANES: usize = 8;
+/// Activation rows per micro-tile (half of an `Acts` block of `MR`).
+const RT: usize = 4;
+/// Bytes of activation codes one chunk of rows may hold (half a 512 KiB L2).
+const ACT_CHUNK_BYTES: usize = 256 << 10;
+/// Most packed groups per panel (a panel is one work item of the pool).
+const MAX_PANEL_GROUPS: usize = 8;
+
+/// A packed block format read a half group (eight rows) at a time.
+pub(super) trait Halves: Packing {
+    /// What the steps of one block of one half need.
+    type Block8: Copy;
+    /// `(ws, wm)` of block `s` of the packed super-block at `sb` for rows `8h..8h + 8`.
+    unsafe fn scales8(sb: *const u8, s: usize, half: Half, h: usize) -> (__m256, __m256);
+    unsafe fn block8(sb: *const u8, s: usize, h: usize) -> Self::Block8;
+    /// Quad `q` of a block's codes (4- to 6-bit codes; unused for 8-bit ones).
+    unsafe fn quad8(block: Self::Block8, q: usize, h: usize) -> __m256i;
+    /// The pairs `(v[2p], v[2p + 1])` of the half's rows at step `p = 4q + S`.
+    unsafe fn pairs8<const S: usize>(block: Self::Block8, quad: __m256i, q: usize, h: usize) -> __m256i;
+}
+
+/// Eight rows' f16s at `at` as f32.
+#[inline(always)]
+unsafe fn f16x8(at: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i))
+}
+
+/// Eight rows' 16-bit floats of type `half` at `at` as f32.
+#[inline(always)]
+unsafe fn half8(at: *const u8, half: Half) -> __m256 {
+    match half {
+        Half::F16 => f16x8(at),
+        Half::Bf16 => {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(at as *const __m128i))))
+        }
+    }
+}
+
+/// Eight rows' u8s at `at` as f32.
+#[inline(always)]
+unsafe fn bytes8(at: *const u8) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(at as *const __m128i)))
+}
+
+/// Half `h` of quad `q` of the 4-bit codes at `codes` (row j's u32 at bytes 4j..4j + 4).
+#[inline(always)]
+unsafe fn nibble_quad8(codes: *const u8, q: usize, h: usize) -> __m256i {
+    _mm256_loadu_si256(codes.add(64 * q + 32 * h) as *const __m256i)
+}
+
+/// Step `S` of a quad's nibbles as pairs: lane j = lo | hi << 16.
+#[inline(always)]
+unsafe fn nibble_pairs8<const S: usize>(quad: __m256i) -> __m256i {
+    let shifted = match S {
+        0 => quad,
+        1 => _mm256_srli_epi32::<4>(quad),
+        2 => _mm256_srli_epi32::<8>(quad),
+        _ => _mm256_srli_epi32::<12>(quad),
+    };
+    _mm256_and_si256(shifted, _mm256_set1_epi32(0x000F_000F))
+}
+
+/// `v` with `bit` set in the lanes of half `h` of the u16 row mask at `at` (low code) and at
+/// `at + 2` (high code, `bit << 16`): byte `h` of a mask holds rows `8h..8h + 8`.
+#[inline(always)]
+unsafe fn high_bit8(v: __m256i, at: *const u8, bit: i32, h: usize) -> __m256i {
+    let lanes = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    let expand = |mask: u8, bit: i32| {
+        let set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(i32::from(mask)), lanes), lanes);
+        _mm256_and_si256(set, _mm256_set1_epi32(bit))
+    };
+    _mm256_or_si256(v, _mm256_or_si256(expand(*at.add(h), bit), expand(*at.add(2 + h), bit << 16)))
+}
+
+impl<F: LegacyCodes> Halves for F {
+    type Block8 = *const u8;
+
+    #[inline(always)]
+    unsafe fn scales8(sb: *const u8, _: usize, _: Half, h: usize) -> (__m256, __m256) {
+        let wm = if Self::WITH_MIN { f16x8(sb.add(32 + 16 * h)) } else { _mm256_setzero_ps() };
+        (f16x8(sb.add(16 * h)), wm)
+    }
+
+    #[inline(always)]
+    unsafe fn block8(sb: *const u8, _: usize, _: usize) -> *const u8 {
+        sb.add(Self::HEADER)
+    }
+
+    #[inline(always)]
+    unsafe fn quad8(codes: *const u8, q: usize, h: usize) -> __m256i {
+        if F::BITS == 8 {
+            return _mm256_setzero_si256();
+        }
+        nibble_quad8(codes, q, h)
+    }
+
+    #[inline(always)]
+    unsafe fn pairs8<const S: usize>(codes: *const u8, quad: __m256i, q: usize, h: usize) -> __m256i {
+        let p = QUAD * q + S;
+        if F::BITS == 8 {
+            return _mm256_cvtepi8_epi16(_mm_loadu_si128(codes.add(32 * p + 16 * h) as *const __m128i));
+        }
+        let mut v = nibble_pairs8::<S>(quad);
+        if F::BITS == 5 {
+            v = high_bit8(v, masks(codes, 5, p), 0x10, h);
+        }
+        if F::OFFSET != 0 {
+            v = _mm256_sub_epi16(v, _mm256_set1_epi16(F::OFFSET));
+        }
+        v
+    }
+}
+
+impl<const Q5: bool> Halves for K4K5<Q5> {
+    type Block8 = *const u8;
+
+    #[inline(always)]
+    unsafe fn scales8(sb: *const u8, s: usize, _: Half, h: usize) -> (__m256, __m256) {
+        let neg_dmin = _mm256_sub_ps(_mm256_setzero_ps(), f16x8(sb.add(32 + 16 * h)));
+        let (sc, mn) = (bytes8(sb.add(64 + 16 * s + 8 * h)), bytes8(sb.add(192 + 16 * s + 8 * h)));
+        (_mm256_mul_ps(f16x8(sb.add(16 * h)), sc), _mm256_mul_ps(neg_dmin, mn))
+    }
+
+    #[inline(always)]
+    unsafe fn block8(sb: *const u8, s: usize, _: usize) -> *const u8 {
+        sb.add(Self::HEADER + s * Self::BLOCK)
+    }
+
+    #[inline(always)]
+    unsafe fn quad8(codes: *const u8, q: usize, h: usize) -> __m256i {
+        nibble_quad8(codes, q, h)
+    }
+
+    #[inline(always)]
+    unsafe fn pairs8<const S: usize>(codes: *const u8, quad: __m256i, q: usize, h: usize) -> __m256i {
+        let v = nibble_pairs8::<S>(quad);
+        if Q5 {
+            high_bit8(v, masks(codes, 5, QUAD * q + S), 0x10, h)
+        } else {
+            v
+        }
+    }
+}
+
+impl Halves for Q6K {
+    /// The codes, and the half's scales (as i16 pairs) of steps 0..8 and 8..16.
+    type Block8 = (*const u8, __m256i, __m256i);
+
+    #[inline(always)]
+    unsafe fn scales8(sb: *const u8, _: usize, _: Half, h: usize) -> (__m256, __m256) {
+        (f16x8(sb.add(16 * h)), _mm256_setzero_ps())
+    }
+
+    #[inline(always)]
+    unsafe fn block8(sb: *const u8, s: usize, h: usize) -> Self::Block8 {
+        // Lane j = sc | sc << 16 for row 8h + j's scale of group g.
+        let scale = |g: usize| {
+            let x = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sb.add(32 + 16 * g + 8 * h) as *const __m128i));
+            _mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32::<16>(x))
+        };
+        (sb.add(Self::HEADER + s * Self::BLOCK), scale(2 * s), scale(2 * s + 1))
+    }
+
+    #[inline(always)]
+    unsafe fn quad8((codes, _, _): Self::Block8, q: usize, h: usize) -> __m256i {
+        nibble_quad8(codes, q, h)
+    }
+
+    #[inline(always)]
+    unsafe fn pairs8<const S: usize>((codes, lo, hi): Self::Block8, quad: __m256i, q: usize, h: usize) -> __m256i {
+        let at = masks(codes, 6, QUAD * q + S);
+        let v = high_bit8(high_bit8(nibble_pairs8::<S>(quad), at, 0x10, h), at.add(4), 0x20, h);
+        let v = _mm256_sub_epi16(v, _mm256_set1_epi16(32));
+        _mm256_mullo_epi16(v, if q < QUADS / 2 { lo } else { hi })
+    }
+}
+
+impl<const BITS: u32, const G: usize> Halves for Mlx<BITS, G> {
+    type Block8 = *const u8;
+
+    #[inline(always)]
+    unsafe fn scales8(sb: *const u8, _: usize, half: Half, h: usize) -> (__m256, __m256) {
+        (half8(sb.add(16 * h), half), half8(sb.add(32 + 16 * h), half))
+    }
+
+    #[inline(always)]
+    unsafe fn block8(sb: *const u8, s: usize, _: usize) -> *const u8 {
+        sb.add(Self::HEADER + s * Self::BLOCK)
+    }
+
+    #[inline(always)]
+    unsafe fn quad8(codes: *const u8, q: usize, h: usize) -> __m256i {
+        if BITS == 8 {
+            return _mm256_setzero_si256();
+        }
+        nibble_quad8(codes, q, h)
+    }
+
+    #[inline(always)]
+    unsafe fn pairs8<const S: usize>(codes: *const u8, quad: __m256i, q: usize, h: usize) -> __m256i {
+        if BITS == 8 {
+            let p = QUAD * q + S;
+            return _mm256_cvtepu8_epi16(_mm_loadu_si128(codes.add(32 * p + 16 * h) as *const __m128i));
+        }
+        nibble_pairs8::<S>(quad)
+    }
+}
+
+/// `outs[i] = x · ws[i]ᵀ` for weights of one `dtype` that `packed::packs` accepts and one row
+/// length, any `m ≥ 1`, at `level` (`Avx2` or `AvxVnni`): the activations are quantized once
+/// and the panels of every weight share one parallel loop. Each output is what a call with its
+/// weight alone gives, bit for bit, for every `m`.
+///
+/// # Safety
+/// The CPU must have `level` (AVX2, FMA, F16C; and AVX-VNNI for `AvxVnni`); `x` is `[m, k]`
+/// and each `outs[i]` is `[m, ws[i].rows()]`, every weight `[_, k]` of that one dtype.
+pub(super) unsafe fn linear_many(
+    x: &[f32],
+    m: usize,
+    ws: &[&Tensor],
+    outs: &mut [&mut [f32]],
+    level: isa::Level,
+) -> Result<()> {
+    let vnni = level == isa::Level::AvxVnni;
+    match ws.first().map(|w| w.dtype()) {
+        None => Ok(()),
+        Some(DType::Q4_0) => linear_packed::<Q4_0>(x, m, ws, outs, vnni),
+        Some(DType::Q4_1) => linear_packed::<Q4_1>(x, m, ws, outs, vnni),
+        Some(DType::Q5_0) => linear_packed::<Q5_0>(x, m, ws, outs, vnni),
+        Some(DType::Q5_1) => linear_packed::<Q5_1>(x, m, ws, outs, vnni),
+        Some(DType::Q8_0) => linear_packed::<Q8_0>(x, m, ws, outs, vnni),
+        Some(DType::Q4K) => linear_packed::<K4K5<false>>(x, m, ws, outs, vnni),
+        Some(DType::Q5K) => linear_packed::<K4K5<true>>(x, m, ws, outs, vnni),
+        Some(DType::Mlx(f)) => match (f.bits(), f.group()) {
+            (4, 32) => linear_packed::<Mlx<4, 32>>(x, m, ws, outs, vnni),
+            (4, 64) => linear_packed::<Mlx<4, 64>>(x, m, ws, outs, vnni),
+            (4, _) => linear_packed::<Mlx<4, 128>>(x, m, ws, outs, vnni),
+            (_, 32) => linear_packed::<Mlx<8, 32>>(x, m, ws, outs, vnni),
+            (_, 64) => linear_packed::<Mlx<8, 64>>(x, m, ws, outs, vnni),
+            _ => linear_packed::<Mlx<8, 128>>(x, m, ws, outs, vnni),
+        },
+        Some(_) => linear_packed::<Q6K>(x, m, ws, outs, vnni),
+    }
+}
+
+/// One job: groups `g0..g1` of weight `i`.
+#[derive(Clone, Copy)]
+struct Job {
+    i: usize,
+    g0: usize,
+    g1: usize,
+}
+
+unsafe fn linear_packed<F: Halves>(
+    x: &[f32],
+    m: usize,
+    ws: &[&Tensor],
+    outs: &mut [&mut [f32]],
+    vnni: bool,
+) -> Result<()> {
+    let k = ws[0].row_len();
+    let half = Half::of(ws[0].dtype());
+    let acts = Acts::new(x, m, k);
+    let threads = rayon::current_num_threads().max(1);
+    let mut jobs = Vec::new();
+    for (i, w) in ws.iter().enumerate() {
+        let groups = w.rows().div_ceil(packed::GROUP);
+        let panels = (4 * threads * groups.div_ceil(4 * threads * MAX_PANEL_GROUPS)).min(groups);
+        let per = groups.div_ceil(panels);
+        jobs.extend((0..groups.div_ceil(per)).map(|c| Job { i, g0: c * per, g1: ((c + 1) * per).min(groups) }));
+    }
+    let group = packed::group_bytes::<F>(k);
+    let packed: Vec<&[u8]> = ws.iter().map(|w| packed::packed(w)).collect();
+    for (w, p) in ws.iter().zip(&packed) {
+        if p.len() < w.rows().div_ceil(packed::GROUP) * group {
+            return Err(RuntimeError::Shape(format!("{w:?}: short packed buffer")));
+        }
+    }
+    let dst: Vec<SharedMut> = outs.iter_mut().map(|o| SharedMut(o.as_mut_ptr())).collect();
+    threads::for_each_claimed(
+        jobs.len(),
+        || (),
+        |_, j| {
+            let Job { i, g0, g1 } = jobs[j];
+            let n = ws[i].rows();
+            let panel = Panel {
+                acts: &acts,
+                m,
+                src: packed[i].as_ptr().add(g0 * group),
+                group,
+                half,
+                cols: (g1 * packed::GROUP).min(n) - g0 * packed::GROUP,
+                c: dst[i].ptr().add(g0 * packed::GROUP),
+                ldc: n,
+            };
+            // SAFETY: the caller vouches for the CPU; this job writes columns of groups g0..g1
+            // of every row of output i, which no other job touches; the packed buffer holds
+            // every group (checked above).
+            if vnni {
+                panel_avxvnni::<F>(&panel)
+            } else {
+                panel_avx2::<F>(&panel)
+            }
+        },
+    );
+    Ok(())
+}
+
+/// One job's panel: `cols` weight rows from their packed groups at `src` (`group` bytes each)
+/// into columns of `c` (row stride `ldc`).
+struct Panel<'a> {
+    acts: &'a Acts,
+    m: usize,
+    src: *const u8,
+    group: usize,
+    half: Half,
+    cols: usize,
+    c: *mut f32,
+    ldc: usize,
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn panel_avx2<F: Halves>(p: &Panel<'_>) {
+    run_panel::<F, isa::Avx2>(p)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn panel_avxvnni<F: Halves>(p: &Panel<'_>) {
+    run_panel::<F, isa::AvxVnni>(p)
+}
+
+/// The panel chunk by chunk of activation rows, group by group, tile by tile.
+#[inline(always)]
+unsafe fn run_panel<F: Halves, S: Simd>(p: &Panel<'_>) {
+    let k = p.acts.k;
+    let tiles = p.m.div_ceil(MR);
+    // Whole `Acts` blocks whose codes (4 bytes a pair, 2 a value) fit `ACT_CHUNK_BYTES`.
+    let chunk = (ACT_CHUNK_BYTES / (2 * k * MR)).max(1);
+    for t0 in (0..tiles).step_by(chunk) {
+        for g in 0..p.cols.div_ceil(packed::GROUP) {
+            let group = p.src.add(g * p.group);
+            let cols = (p.cols - g * packed::GROUP).min(packed::GROUP);
+            for blk in t0..(t0 + chunk).min(tiles) {
+                for r0 in (0..MR).step_by(RT) {
+                    let row = blk * MR + r0;
+                    if row >= p.m {
+                        break;
+                    }
+                    let tile = Tile {
+                        blocks: k / B,
+                        a: p.acts.pairs.as_ptr().add(blk * k / 2 * MR + r0),
+                        da: p.acts.d.as_ptr().add(blk * k / B * MR + r0),
+                        sa: p.acts.s.as_ptr().add(blk * k / B * MR + r0),
+                        group,
+                        half: p.half,
+                        c: p.c.add(row * p.ldc + g * packed::GROUP),
+                        ldc: p.ldc,
+                        cols,
+                    };
+                    match (p.m - row).min(RT) {
+                        4 => tile.run::<F, S, 4>(),
+                        3 => tile.run::<F, S, 3>(),
+                        2 => tile.run::<F, S, 2>(),
+                        _ => tile.run::<F, S, 1>(),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One micro-tile: `R ≤ RT` activation rows (codes at `a`, `MR` rows apart per pair) times the
+/// 16 columns of one packed group over all of `k`, stored to the first `cols` columns at `c`.
+struct Tile {
+    blocks: usize,
+    a: *const i32,
+    da: *const f32,
+    sa: *const f32,
+    group: *const u8,
+    half: Half,
+    c: *mut f32,
+    ldc: usize,
+    cols: usize,
+}
+
+impl Tile {
+    #[inline(always)]
+    unsafe fn run<F: Halves, S: Simd, const R: usize>(&self) {
+        let per = F::SB / B;
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for b in 0..self.blocks {
+            let (sb, s) = (self.group.add(b / per * F::PACKED), b % per);
+            let blocks = [F::block8(sb, s, 0), F::block8(sb, s, 1)];
+            let a = self.a.add(b * STEPS * MR);
+            let mut dot = [[_mm256_setzero_si256(); 2]; R];
+            for q in 0..QUADS {
+                let quads = [F::quad8(blocks[0], q, 0), F::quad8(blocks[1], q, 1)];
+                step::<F, S, R, 0>(&mut dot, a, blocks, quads, q);
+                step::<F, S, R, 1>(&mut dot, a, blocks, quads, q);
+                step::<F, S, R, 2>(&mut dot, a, blocks, quads, q);
+                step::<F, S, R, 3>(&mut dot, a, blocks, quads, q);
+            }
+            let (s0, s1) = (F::scales8(sb, s, self.half, 0), F::scales8(sb, s, self.half, 1));
+            let (ws, wm) = ([s0.0, s1.0], [s0.1, s1.1]);
+            for (i, (acc, dot)) in acc.iter_mut().zip(&dot).enumerate() {
+                let da = _mm256_set1_ps(*self.da.add(b * MR + i));
+                let sa = _mm256_set1_ps(*self.sa.add(b * MR + i));
+                for z in 0..2 {
+                    acc[z] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[z]), _mm256_mul_ps(ws[z], da), acc[z]);
+                    if F::WITH_MIN {
+                        acc[z] = _mm256_fmadd_ps(wm[z], sa, acc[z]);
+                    }
+                }
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            let row = self.c.add(i * self.ldc);
+            if self.cols == packed::GROUP {
+                _mm256_storeu_ps(row, acc[0]);
+                _mm256_storeu_ps(row.add(LANES), acc[1]);
+                continue;
+            }
+            let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            for (z, acc) in acc.iter().enumerate() {
+                let live = _mm256_cmpgt_epi32(_mm256_set1_epi32((self.cols as i32) - (LANES * z) as i32), lane);
+                _mm256_maskstore_ps(row.wrapping_add(LANES * z), live, *acc);
+            }
+        }
+    }
+}
+
+/// Step `4q + ST` of a block into the integer accumulators of `R` rows (codes at `a`).
+#[inline(always)]
+unsafe fn step<F: Halves, S: Simd, const R: usize, const ST: usize>(
+    dot: &mut [[__m256i; 2]; R],
+    a: *const i32,
+    blocks: [F::Block8; 2],
+    quads: [__m256i; 2],
+    q: usize,
+) {
+    let w0 = F::pairs8::<ST>(blocks[0], quads[0], q, 0);
+    let w1 = F::pairs8::<ST>(blocks[1], quads[1], q, 1);
+    let p = QUAD * q + ST;
+    for (i, d) in dot.iter_mut().enumerate() {
+        let x = _mm256_set1_epi32(*a.add(p * MR + i));
+        d[0] = S::dot_i16(d[0], w0, x);
+        d[1] = S::dot_i16(d[1], w1, x);
+    }
+}
