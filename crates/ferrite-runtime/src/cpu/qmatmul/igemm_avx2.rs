@@ -45,6 +45,9 @@ const RT: usize = 4;
 const ACT_CHUNK_BYTES: usize = 256 << 10;
 /// Most packed groups per panel (a panel is one work item of the pool).
 const MAX_PANEL_GROUPS: usize = 8;
+/// Up to this many activation rows, the weights stream from memory once per call (decode):
+/// each tile fetches the next group's bytes into L2 as it reads its own.
+const STREAM_ROWS: usize = 2 * MR;
 
 /// A packed block format read a half group (eight rows) at a time.
 pub(super) trait Halves: Packing {
@@ -101,15 +104,14 @@ unsafe fn nibble_pairs8<const S: usize>(quad: __m256i) -> __m256i {
 }
 
 /// `v` with `bit` set in the lanes of half `h` of the u16 row mask at `at` (low code) and at
-/// `at + 2` (high code, `bit << 16`): byte `h` of a mask holds rows `8h..8h + 8`.
+/// `at + 2` (high code, `bit << 16`): byte `h` of a mask holds rows `8h..8h + 8`. Both bytes go
+/// to every lane in one word, lane j shifts its rows' bits into place (`vpsrlvd`).
 #[inline(always)]
-unsafe fn high_bit8(v: __m256i, at: *const u8, bit: i32, h: usize) -> __m256i {
-    let lanes = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    let expand = |mask: u8, bit: i32| {
-        let set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(i32::from(mask)), lanes), lanes);
-        _mm256_and_si256(set, _mm256_set1_epi32(bit))
-    };
-    _mm256_or_si256(v, _mm256_or_si256(expand(*at.add(h), bit), expand(*at.add(2 + h), bit << 16)))
+unsafe fn high_bit8(v: __m256i, at: *const u8, bit: u32, h: usize) -> __m256i {
+    let pos = bit.trailing_zeros();
+    let rows = (isa::read_u32(at) >> (8 * h)) & 0x00FF_00FF;
+    let x = _mm256_srlv_epi32(_mm256_set1_epi32((rows << pos) as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    _mm256_or_si256(v, _mm256_and_si256(x, _mm256_set1_epi32((bit | bit << 16) as i32)))
 }
 
 impl<F: LegacyCodes> Halves for F {
@@ -396,6 +398,7 @@ unsafe fn run_panel<F: Halves, S: Simd>(p: &Panel<'_>) {
                         c: p.c.add(row * p.ldc + g * packed::GROUP),
                         ldc: p.ldc,
                         cols,
+                        next: if p.m <= STREAM_ROWS { p.group } else { 0 },
                     };
                     match (p.m - row).min(RT) {
                         4 => tile.run::<F, S, 4>(),
@@ -421,6 +424,8 @@ struct Tile {
     c: *mut f32,
     ldc: usize,
     cols: usize,
+    /// Bytes to the next group, whose share of each block is prefetched into L2 (0: none).
+    next: usize,
 }
 
 impl Tile {
@@ -430,6 +435,13 @@ impl Tile {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for b in 0..self.blocks {
             let (sb, s) = (self.group.add(b / per * F::PACKED), b % per);
+            if self.next != 0 {
+                let share = F::PACKED / per;
+                let ahead = sb.wrapping_add(self.next + s * share);
+                for off in (0..share).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(off) as *const i8);
+                }
+            }
             let blocks = [F::block8(sb, s, 0), F::block8(sb, s, 1)];
             let a = self.a.add(b * STEPS * MR);
             let mut dot = [[_mm256_setzero_si256(); 2]; R];
