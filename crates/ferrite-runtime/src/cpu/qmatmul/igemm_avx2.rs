@@ -319,32 +319,28 @@ unsafe fn linear_packed<F: Halves>(
         }
     }
     let dst: Vec<SharedMut> = outs.iter_mut().map(|o| SharedMut(o.as_mut_ptr())).collect();
-    threads::for_each_claimed(
-        jobs.len(),
-        || (),
-        |_, j| {
-            let Job { i, g0, g1 } = jobs[j];
-            let n = ws[i].rows();
-            let panel = Panel {
-                acts: &acts,
-                m,
-                src: packed[i].as_ptr().add(g0 * group),
-                group,
-                half,
-                cols: (g1 * packed::GROUP).min(n) - g0 * packed::GROUP,
-                c: dst[i].ptr().add(g0 * packed::GROUP),
-                ldc: n,
-            };
-            // SAFETY: the caller vouches for the CPU; this job writes columns of groups g0..g1
-            // of every row of output i, which no other job touches; the packed buffer holds
-            // every group (checked above).
-            if vnni {
-                panel_avxvnni::<F>(&panel)
-            } else {
-                panel_avx2::<F>(&panel)
-            }
-        },
-    );
+    threads::for_each_claimed(jobs.len(), Expansion::default, |x, j| {
+        let Job { i, g0, g1 } = jobs[j];
+        let n = ws[i].rows();
+        let panel = Panel {
+            acts: &acts,
+            m,
+            src: packed[i].as_ptr().add(g0 * group),
+            group,
+            half,
+            cols: (g1 * packed::GROUP).min(n) - g0 * packed::GROUP,
+            c: dst[i].ptr().add(g0 * packed::GROUP),
+            ldc: n,
+        };
+        // SAFETY: the caller vouches for the CPU; this job writes columns of groups g0..g1
+        // of every row of output i, which no other job touches; the packed buffer holds
+        // every group (checked above).
+        if vnni {
+            panel_avxvnni::<F>(&panel, x)
+        } else {
+            panel_avx2::<F>(&panel, x)
+        }
+    });
     Ok(())
 }
 
@@ -362,104 +358,260 @@ struct Panel<'a> {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn panel_avx2<F: Halves>(p: &Panel<'_>) {
-    run_panel::<F, isa::Avx2>(p)
+unsafe fn panel_avx2<F: Halves>(p: &Panel<'_>, x: &mut Expansion) {
+    run_panel::<F, isa::Avx2>(p, x)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn panel_avxvnni<F: Halves>(p: &Panel<'_>) {
-    run_panel::<F, isa::AvxVnni>(p)
+unsafe fn panel_avxvnni<F: Halves>(p: &Panel<'_>, x: &mut Expansion) {
+    run_panel::<F, isa::AvxVnni>(p, x)
 }
 
-/// The panel chunk by chunk of activation rows, group by group, tile by tile.
+/// The panel chunk by chunk of activation rows, group by group, tile by tile. Up to
+/// `STREAM_ROWS` rows the tiles decode the packed codes themselves; with more, each group is
+/// expanded once per chunk into `x` and every tile of the chunk reads that.
 #[inline(always)]
-unsafe fn run_panel<F: Halves, S: Simd>(p: &Panel<'_>) {
+unsafe fn run_panel<F: Halves, S: Simd>(p: &Panel<'_>, x: &mut Expansion) {
     let k = p.acts.k;
     let tiles = p.m.div_ceil(MR);
     // Whole `Acts` blocks whose codes (4 bytes a pair, 2 a value) fit `ACT_CHUNK_BYTES`.
     let chunk = (ACT_CHUNK_BYTES / (2 * k * MR)).max(1);
+    let stream = p.m <= STREAM_ROWS;
     for t0 in (0..tiles).step_by(chunk) {
         for g in 0..p.cols.div_ceil(packed::GROUP) {
-            let group = p.src.add(g * p.group);
-            let cols = (p.cols - g * packed::GROUP).min(packed::GROUP);
-            for blk in t0..(t0 + chunk).min(tiles) {
-                for r0 in (0..MR).step_by(RT) {
-                    let row = blk * MR + r0;
-                    if row >= p.m {
-                        break;
-                    }
-                    let tile = Tile {
-                        blocks: k / B,
-                        a: p.acts.pairs.as_ptr().add(blk * k / 2 * MR + r0),
-                        da: p.acts.d.as_ptr().add(blk * k / B * MR + r0),
-                        sa: p.acts.s.as_ptr().add(blk * k / B * MR + r0),
-                        group,
-                        half: p.half,
-                        c: p.c.add(row * p.ldc + g * packed::GROUP),
-                        ldc: p.ldc,
-                        cols,
-                        next: if p.m <= STREAM_ROWS { p.group } else { 0 },
-                    };
-                    match (p.m - row).min(RT) {
-                        4 => tile.run::<F, S, 4>(),
-                        3 => tile.run::<F, S, 3>(),
-                        2 => tile.run::<F, S, 2>(),
-                        _ => tile.run::<F, S, 1>(),
-                    }
+            let packed = Packed::<F> {
+                group: p.src.add(g * p.group),
+                half: p.half,
+                next: if stream { p.group } else { 0 },
+                kind: std::marker::PhantomData,
+            };
+            let at = |blk: usize, r0: usize| {
+                let row = blk * MR + r0;
+                let tile = Tile {
+                    blocks: k / B,
+                    a: p.acts.pairs.as_ptr().add(blk * k / 2 * MR + r0),
+                    da: p.acts.d.as_ptr().add(blk * k / B * MR + r0),
+                    sa: p.acts.s.as_ptr().add(blk * k / B * MR + r0),
+                    c: p.c.add(row * p.ldc + g * packed::GROUP),
+                    ldc: p.ldc,
+                    cols: (p.cols - g * packed::GROUP).min(packed::GROUP),
+                };
+                (tile, (p.m - row).min(RT))
+            };
+            let rows = || {
+                (t0..(t0 + chunk).min(tiles))
+                    .flat_map(|blk| (0..MR).step_by(RT).map(move |r0| (blk, r0)))
+                    .filter(|&(blk, r0)| blk * MR + r0 < p.m)
+            };
+            if stream {
+                for (blk, r0) in rows() {
+                    let (tile, r) = at(blk, r0);
+                    tile.run_rows::<_, S>(&packed, r);
+                }
+            } else {
+                let expanded = x.fill(&packed, k / B);
+                for (blk, r0) in rows() {
+                    let (tile, r) = at(blk, r0);
+                    tile.run_rows::<_, S>(&expanded, r);
                 }
             }
         }
     }
 }
 
-/// One micro-tile: `R ≤ RT` activation rows (codes at `a`, `MR` rows apart per pair) times the
-/// 16 columns of one packed group over all of `k`, stored to the first `cols` columns at `c`.
+/// Where a micro-tile reads one group's 16 weight columns (halves `h` of eight): per block
+/// `b` the halves' `(ws, wm)` and, per step `p = 4q + S`, their pairs `(v[2p], v[2p + 1])`.
+trait Weights8 {
+    /// Whether blocks have an offset term `wm`.
+    const WITH_MIN: bool;
+    /// What the steps of one block of one half need.
+    type Block: Copy;
+    unsafe fn scales(&self, b: usize, h: usize) -> (__m256, __m256);
+    unsafe fn block(&self, b: usize, h: usize) -> Self::Block;
+    /// Quad `q` of a block (what one load gives for four steps).
+    unsafe fn quad(&self, block: Self::Block, q: usize, h: usize) -> __m256i;
+    unsafe fn pairs<const S: usize>(&self, block: Self::Block, quad: __m256i, q: usize, h: usize) -> __m256i;
+}
+
+/// One packed group, decoded as the tile goes. Reading a block of half 0 also fetches the
+/// same block of the group `next` bytes on into L2 (when `next` is not 0).
+struct Packed<F> {
+    group: *const u8,
+    half: Half,
+    next: usize,
+    kind: std::marker::PhantomData<F>,
+}
+
+impl<F: Halves> Packed<F> {
+    /// Packed super-block of block `b`, and `b`'s index in it.
+    #[inline(always)]
+    unsafe fn super_block(&self, b: usize) -> (*const u8, usize) {
+        let per = F::SB / B;
+        (self.group.add(b / per * F::PACKED), b % per)
+    }
+}
+
+impl<F: Halves> Weights8 for Packed<F> {
+    const WITH_MIN: bool = F::WITH_MIN;
+    type Block = F::Block8;
+
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize, h: usize) -> (__m256, __m256) {
+        let (sb, s) = self.super_block(b);
+        F::scales8(sb, s, self.half, h)
+    }
+
+    #[inline(always)]
+    unsafe fn block(&self, b: usize, h: usize) -> F::Block8 {
+        let (sb, s) = self.super_block(b);
+        if h == 0 && self.next != 0 {
+            let share = F::PACKED / (F::SB / B);
+            let ahead = sb.wrapping_add(self.next + s * share);
+            for off in (0..share).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(off) as *const i8);
+            }
+        }
+        F::block8(sb, s, h)
+    }
+
+    #[inline(always)]
+    unsafe fn quad(&self, block: F::Block8, q: usize, h: usize) -> __m256i {
+        F::quad8(block, q, h)
+    }
+
+    #[inline(always)]
+    unsafe fn pairs<const S: usize>(&self, block: F::Block8, quad: __m256i, q: usize, h: usize) -> __m256i {
+        F::pairs8::<S>(block, quad, q, h)
+    }
+}
+
+/// One thread's buffers for an expanded group: `pairs` is `[k / 2][16]` code pairs, `ws` and
+/// `wm` are `[k / B][16]`.
+#[derive(Default)]
+struct Expansion {
+    pairs: Vec<i32>,
+    ws: Vec<f32>,
+    wm: Vec<f32>,
+}
+
+impl Expansion {
+    /// Expand the first `blocks` blocks of `w`.
+    #[inline(always)]
+    unsafe fn fill<W: Weights8>(&mut self, w: &W, blocks: usize) -> Expanded<W> {
+        const G: usize = packed::GROUP;
+        self.pairs.resize(blocks * STEPS * G, 0);
+        self.ws.resize(blocks * G, 0.0);
+        self.wm.resize(blocks * G, 0.0);
+        for b in 0..blocks {
+            for h in 0..2 {
+                let (ws, wm) = w.scales(b, h);
+                _mm256_storeu_ps(self.ws.as_mut_ptr().add(b * G + LANES * h), ws);
+                _mm256_storeu_ps(self.wm.as_mut_ptr().add(b * G + LANES * h), wm);
+                let block = w.block(b, h);
+                for q in 0..QUADS {
+                    let quad = w.quad(block, q, h);
+                    let steps = [
+                        w.pairs::<0>(block, quad, q, h),
+                        w.pairs::<1>(block, quad, q, h),
+                        w.pairs::<2>(block, quad, q, h),
+                        w.pairs::<3>(block, quad, q, h),
+                    ];
+                    for (s, pairs) in steps.into_iter().enumerate() {
+                        let at = self.pairs.as_mut_ptr().add((b * STEPS + QUAD * q + s) * G + LANES * h);
+                        _mm256_storeu_si256(at as *mut __m256i, pairs);
+                    }
+                }
+            }
+        }
+        Expanded {
+            pairs: self.pairs.as_ptr(),
+            ws: self.ws.as_ptr(),
+            wm: self.wm.as_ptr(),
+            kind: std::marker::PhantomData,
+        }
+    }
+}
+
+/// An expanded group (`Expansion::fill`), read with plain loads.
+struct Expanded<W> {
+    pairs: *const i32,
+    ws: *const f32,
+    wm: *const f32,
+    kind: std::marker::PhantomData<W>,
+}
+
+impl<W: Weights8> Weights8 for Expanded<W> {
+    const WITH_MIN: bool = W::WITH_MIN;
+    type Block = *const i32;
+
+    #[inline(always)]
+    unsafe fn scales(&self, b: usize, h: usize) -> (__m256, __m256) {
+        let at = b * packed::GROUP + LANES * h;
+        (_mm256_loadu_ps(self.ws.add(at)), _mm256_loadu_ps(self.wm.add(at)))
+    }
+
+    #[inline(always)]
+    unsafe fn block(&self, b: usize, h: usize) -> *const i32 {
+        self.pairs.add(b * STEPS * packed::GROUP + LANES * h)
+    }
+
+    #[inline(always)]
+    unsafe fn quad(&self, _: *const i32, _: usize, _: usize) -> __m256i {
+        _mm256_setzero_si256()
+    }
+
+    #[inline(always)]
+    unsafe fn pairs<const S: usize>(&self, block: *const i32, _: __m256i, q: usize, _: usize) -> __m256i {
+        _mm256_loadu_si256(block.add((QUAD * q + S) * packed::GROUP) as *const __m256i)
+    }
+}
+
+/// One micro-tile: up to `RT` activation rows (codes at `a`, `MR` rows apart per pair) times
+/// the 16 columns of one group over all of `k`, stored to the first `cols` columns at `c`.
 struct Tile {
     blocks: usize,
     a: *const i32,
     da: *const f32,
     sa: *const f32,
-    group: *const u8,
-    half: Half,
     c: *mut f32,
     ldc: usize,
     cols: usize,
-    /// Bytes to the next group, whose share of each block is prefetched into L2 (0: none).
-    next: usize,
 }
 
 impl Tile {
+    /// `run` for the first `rows` (1..=`RT`) activation rows.
     #[inline(always)]
-    unsafe fn run<F: Halves, S: Simd, const R: usize>(&self) {
-        let per = F::SB / B;
+    unsafe fn run_rows<W: Weights8, S: Simd>(&self, w: &W, rows: usize) {
+        match rows {
+            4 => self.run::<W, S, 4>(w),
+            3 => self.run::<W, S, 3>(w),
+            2 => self.run::<W, S, 2>(w),
+            _ => self.run::<W, S, 1>(w),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn run<W: Weights8, S: Simd, const R: usize>(&self, w: &W) {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for b in 0..self.blocks {
-            let (sb, s) = (self.group.add(b / per * F::PACKED), b % per);
-            if self.next != 0 {
-                let share = F::PACKED / per;
-                let ahead = sb.wrapping_add(self.next + s * share);
-                for off in (0..share).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(off) as *const i8);
-                }
-            }
-            let blocks = [F::block8(sb, s, 0), F::block8(sb, s, 1)];
+            let blocks = [w.block(b, 0), w.block(b, 1)];
             let a = self.a.add(b * STEPS * MR);
             let mut dot = [[_mm256_setzero_si256(); 2]; R];
             for q in 0..QUADS {
-                let quads = [F::quad8(blocks[0], q, 0), F::quad8(blocks[1], q, 1)];
-                step::<F, S, R, 0>(&mut dot, a, blocks, quads, q);
-                step::<F, S, R, 1>(&mut dot, a, blocks, quads, q);
-                step::<F, S, R, 2>(&mut dot, a, blocks, quads, q);
-                step::<F, S, R, 3>(&mut dot, a, blocks, quads, q);
+                let quads = [w.quad(blocks[0], q, 0), w.quad(blocks[1], q, 1)];
+                step::<W, S, R, 0>(w, &mut dot, a, blocks, quads, q);
+                step::<W, S, R, 1>(w, &mut dot, a, blocks, quads, q);
+                step::<W, S, R, 2>(w, &mut dot, a, blocks, quads, q);
+                step::<W, S, R, 3>(w, &mut dot, a, blocks, quads, q);
             }
-            let (s0, s1) = (F::scales8(sb, s, self.half, 0), F::scales8(sb, s, self.half, 1));
+            let (s0, s1) = (w.scales(b, 0), w.scales(b, 1));
             let (ws, wm) = ([s0.0, s1.0], [s0.1, s1.1]);
             for (i, (acc, dot)) in acc.iter_mut().zip(&dot).enumerate() {
                 let da = _mm256_set1_ps(*self.da.add(b * MR + i));
                 let sa = _mm256_set1_ps(*self.sa.add(b * MR + i));
                 for z in 0..2 {
                     acc[z] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[z]), _mm256_mul_ps(ws[z], da), acc[z]);
-                    if F::WITH_MIN {
+                    if W::WITH_MIN {
                         acc[z] = _mm256_fmadd_ps(wm[z], sa, acc[z]);
                     }
                 }
@@ -483,15 +635,16 @@ impl Tile {
 
 /// Step `4q + ST` of a block into the integer accumulators of `R` rows (codes at `a`).
 #[inline(always)]
-unsafe fn step<F: Halves, S: Simd, const R: usize, const ST: usize>(
+unsafe fn step<W: Weights8, S: Simd, const R: usize, const ST: usize>(
+    w: &W,
     dot: &mut [[__m256i; 2]; R],
     a: *const i32,
-    blocks: [F::Block8; 2],
+    blocks: [W::Block; 2],
     quads: [__m256i; 2],
     q: usize,
 ) {
-    let w0 = F::pairs8::<ST>(blocks[0], quads[0], q, 0);
-    let w1 = F::pairs8::<ST>(blocks[1], quads[1], q, 1);
+    let w0 = w.pairs::<ST>(blocks[0], quads[0], q, 0);
+    let w1 = w.pairs::<ST>(blocks[1], quads[1], q, 1);
     let p = QUAD * q + ST;
     for (i, d) in dot.iter_mut().enumerate() {
         let x = _mm256_set1_epi32(*a.add(p * MR + i));
