@@ -8,11 +8,11 @@
 //! position (within `pos + window - 1` when sliding): every key of such a row must be in the
 //! cache before it attends, so a bidirectional row runs whole in one step. The query
 //! heads of one KV head are always processed together and share each key and value read.
-//! Rows with many query tokens go to `flash` on AVX-512 (one pass over the keys with a running
-//! softmax, vectorized along the query rows) and to `tiles` on other CPUs (query tiles as two
-//! f32 GEMMs), the others to `decode` (SIMD dot products over the cache, key ranges split
-//! across threads). The kernels run their vector code at the `KernelMode`'s level (scalar for
-//! `Scalar` and `Reference`; `flash` only at AVX-512).
+//! Rows with many query tokens go to `flash` from AVX2 on (one pass over the keys with a
+//! running softmax, vectorized along the query rows) and to `tiles` at the scalar level (query
+//! tiles as two f32 GEMMs), the others to `decode` (SIMD dot products over the cache, key
+//! ranges split across threads). The kernels run their vector code at the `KernelMode`'s level
+//! (scalar for `Scalar` and `Reference`).
 
 mod decode;
 #[cfg(target_arch = "x86_64")]
@@ -324,9 +324,10 @@ fn attend_pools<S: KvSource>(
     let (tiled, small): (Vec<&RowSpan>, Vec<&RowSpan>) =
         rows.iter().copied().partition(|r| r.query_len >= TILE_MIN_QUERIES);
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512Vnni {
-        // SAFETY: this level guarantees AVX-512 F, AVX2 and FMA.
-        unsafe { flash::attend(q, batch, &tiled, layer, pools, block_size, p, out)? };
+    if level >= Level::Avx2 {
+        let wide = level == Level::Avx512Vnni;
+        // SAFETY: these levels guarantee AVX2 and FMA, and AVX-512 F when `wide`.
+        unsafe { flash::attend(q, batch, &tiled, layer, pools, block_size, p, wide, out)? };
         return decode::attend(q, batch, &small, layer, pools, block_size, p, level, out);
     }
     tiles::attend(q, batch, &tiled, layer, pools, block_size, p, level, out)?;

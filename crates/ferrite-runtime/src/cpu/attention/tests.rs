@@ -179,14 +179,16 @@ fn write_kv_rounds_to_the_pool_type() {
 /// A prompt's outputs do not depend on how it is cut into chunks: the same 150 query tokens
 /// as one row, and as rows of 47, 16 and 87 tokens over the same cache (each later chunk
 /// seeing the earlier ones' keys), give equal values, bit for bit, for every row that takes
-/// the multi-token kernel (`flash`, AVX-512) — with and without a sliding window, on f16 and
-/// quantized pools.
+/// the multi-token kernel (`flash`, at each of its widths the CPU has) — with and without a
+/// sliding window, on f16 and quantized pools.
 #[test]
 fn prefill_in_chunks_equals_prefill_whole() {
-    let level = Level::Avx512Vnni;
-    if !level.available() {
-        return;
+    for level in [Level::Avx2, Level::Avx512Vnni].into_iter().filter(|l| l.available()) {
+        prefill_in_chunks_case(level);
     }
+}
+
+fn prefill_in_chunks_case(level: Level) {
     let mut rng = StdRng::seed_from_u64(rand::rng().random());
     let (nh, nkv, hd, bs, ctx): (usize, usize, usize, usize, usize) = (9, 3, 64, 16, 150);
     let spec = KvLayerSpec { n_kv_heads: nkv, head_dim: hd, group: 0 };

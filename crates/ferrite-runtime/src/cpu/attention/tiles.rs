@@ -1,5 +1,5 @@
-//! Attention for rows with many query tokens (prefill chunks) on CPUs without AVX-512 (which
-//! take `flash`), as GEMMs over query tiles.
+//! Attention for rows with many query tokens (prefill chunks) at the scalar level (from AVX2 on
+//! they take `flash`), as GEMMs over query tiles.
 //!
 //! Per (row, KV head, tile of `TILE` query tokens): the keys and values the tile can see are
 //! gathered from the cache blocks into contiguous f32 scratch (values transposed), the tile's
