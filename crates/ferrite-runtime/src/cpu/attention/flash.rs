@@ -154,7 +154,7 @@ unsafe fn tile<S: KvSource, X: Lanes>(
     }
     // Row i of the tile: token `tokens.start + i / group`, head `g * group + i % group`.
     let row = |i: usize| (tokens.start + i / group) * nh * hd + (g * group + i % group) * hd;
-    X::transpose_in(|i| q.as_ptr().add(row(i)), m, mp, hd, &mut s.qt);
+    transpose_in::<X>(|i| q.as_ptr().add(row(i)), m, mp, hd, &mut s.qt);
     s.ot.clear();
     s.ot.resize(hd * mp, 0.0);
     s.m.clear();
@@ -176,7 +176,7 @@ unsafe fn tile<S: KvSource, X: Lanes>(
         softmax_chunk::<X>(s, hd, mp, c0, visible);
         values::<X>(s, hd, mp);
     }
-    X::transpose_out(&s.ot, &s.l, m, mp, hd, |i| out.ptr().add(row(i)));
+    transpose_out::<X>(&s.ot, &s.l, m, mp, hd, |i| out.ptr().add(row(i)));
     Ok(())
 }
 
@@ -212,12 +212,8 @@ trait Lanes {
     unsafe fn keep(m: Self::M, x: Self::V) -> Self::V;
     /// `x` in the lanes of `m`, 1 elsewhere.
     unsafe fn or_one(m: Self::M, x: Self::V) -> Self::V;
-    /// `dst[d][i] = row(i)[d]` for rows `i < m` of `hd` values (`dst` is `[hd][mp]`; the
-    /// padding rows `m..mp` are zero), `L × L` blocks at a time.
-    unsafe fn transpose_in(row: impl Fn(usize) -> *const f32, m: usize, mp: usize, hd: usize, dst: &mut [f32]);
-    /// `row(i)[d] = ot[d][i] / l[i]` for rows `i < m` (`ot` is `[hd][mp]`), `L × L` blocks at
-    /// a time.
-    unsafe fn transpose_out(ot: &[f32], l: &[f32], m: usize, mp: usize, hd: usize, row: impl Fn(usize) -> *mut f32);
+    /// Transpose the `L × L` matrix whose rows are `r` (`r.len() == L`) in place.
+    unsafe fn transpose(r: &mut [Self::V]);
 }
 
 /// 16 lanes (AVX-512 F).
@@ -300,48 +296,9 @@ impl Lanes for X16 {
         _mm512_mask_blend_ps(m, _mm512_set1_ps(1.0), x)
     }
     #[inline(always)]
-    unsafe fn transpose_in(row: impl Fn(usize) -> *const f32, m: usize, mp: usize, hd: usize, dst: &mut [f32]) {
-        const L: usize = 16;
-        let whole = hd - hd % L;
-        for i0 in (0..mp).step_by(L) {
-            for d0 in (0..whole).step_by(L) {
-                let rows = std::array::from_fn(|r| {
-                    if i0 + r < m {
-                        _mm512_loadu_ps(row(i0 + r).add(d0))
-                    } else {
-                        _mm512_setzero_ps()
-                    }
-                });
-                for (c, col) in transpose16(rows).iter().enumerate() {
-                    _mm512_storeu_ps(dst.as_mut_ptr().add((d0 + c) * mp + i0), *col);
-                }
-            }
-            for i in i0..(i0 + L).min(m) {
-                for d in whole..hd {
-                    dst[d * mp + i] = *row(i).add(d);
-                }
-            }
-        }
-    }
-    #[inline(always)]
-    unsafe fn transpose_out(ot: &[f32], l: &[f32], m: usize, mp: usize, hd: usize, row: impl Fn(usize) -> *mut f32) {
-        const L: usize = 16;
-        let whole = hd - hd % L;
-        for i0 in (0..mp).step_by(L) {
-            let live = (m - i0.min(m)).min(L);
-            let inv: [f32; L] = std::array::from_fn(|r| 1.0 / l[i0 + r]);
-            for d0 in (0..whole).step_by(L) {
-                let cols = std::array::from_fn(|c| _mm512_loadu_ps(ot.as_ptr().add((d0 + c) * mp + i0)));
-                for (r, v) in transpose16(cols).iter().enumerate().take(live) {
-                    _mm512_storeu_ps(row(i0 + r).add(d0), _mm512_mul_ps(*v, _mm512_set1_ps(inv[r])));
-                }
-            }
-            for (r, inv) in inv.iter().enumerate().take(live) {
-                for d in whole..hd {
-                    *row(i0 + r).add(d) = ot[d * mp + i0 + r] * inv;
-                }
-            }
-        }
+    unsafe fn transpose(r: &mut [__m512]) {
+        let rows: [__m512; 16] = std::array::from_fn(|i| r[i]);
+        r.copy_from_slice(&transpose16(rows));
     }
 }
 
@@ -422,46 +379,72 @@ impl Lanes for X8 {
         _mm256_blendv_ps(_mm256_set1_ps(1.0), x, m)
     }
     #[inline(always)]
-    unsafe fn transpose_in(row: impl Fn(usize) -> *const f32, m: usize, mp: usize, hd: usize, dst: &mut [f32]) {
-        const L: usize = 8;
-        let whole = hd - hd % L;
-        for i0 in (0..mp).step_by(L) {
-            for d0 in (0..whole).step_by(L) {
-                let rows = std::array::from_fn(|r| {
-                    if i0 + r < m {
-                        _mm256_loadu_ps(row(i0 + r).add(d0))
-                    } else {
-                        _mm256_setzero_ps()
-                    }
-                });
-                for (c, col) in transpose8(rows).iter().enumerate() {
-                    _mm256_storeu_ps(dst.as_mut_ptr().add((d0 + c) * mp + i0), *col);
-                }
+    unsafe fn transpose(r: &mut [__m256]) {
+        let rows: [__m256; 8] = std::array::from_fn(|i| r[i]);
+        r.copy_from_slice(&transpose8(rows));
+    }
+}
+
+/// The most lanes of any `Lanes` (the size of the transposes' staging arrays).
+const MAX_L: usize = 16;
+
+/// `dst[d][i] = row(i)[d]` for rows `i < m` of `hd` values (`dst` is `[hd][mp]`; the padding
+/// rows `m..mp` are zero), `L × L` blocks at a time.
+#[inline(always)]
+unsafe fn transpose_in<X: Lanes>(row: impl Fn(usize) -> *const f32, m: usize, mp: usize, hd: usize, dst: &mut [f32]) {
+    let whole = hd - hd % X::L;
+    let mut block = [X::zero(); MAX_L];
+    let block = &mut block[..X::L];
+    for i0 in (0..mp).step_by(X::L) {
+        for d0 in (0..whole).step_by(X::L) {
+            for (r, v) in block.iter_mut().enumerate() {
+                *v = if i0 + r < m { X::load(row(i0 + r).add(d0)) } else { X::zero() };
             }
-            for i in i0..(i0 + L).min(m) {
-                for d in whole..hd {
-                    dst[d * mp + i] = *row(i).add(d);
-                }
+            X::transpose(block);
+            for (c, col) in block.iter().enumerate() {
+                X::store(dst.as_mut_ptr().add((d0 + c) * mp + i0), *col);
+            }
+        }
+        for i in i0..(i0 + X::L).min(m) {
+            for d in whole..hd {
+                dst[d * mp + i] = *row(i).add(d);
             }
         }
     }
-    #[inline(always)]
-    unsafe fn transpose_out(ot: &[f32], l: &[f32], m: usize, mp: usize, hd: usize, row: impl Fn(usize) -> *mut f32) {
-        const L: usize = 8;
-        let whole = hd - hd % L;
-        for i0 in (0..mp).step_by(L) {
-            let live = (m - i0.min(m)).min(L);
-            let inv: [f32; L] = std::array::from_fn(|r| 1.0 / l[i0 + r]);
-            for d0 in (0..whole).step_by(L) {
-                let cols = std::array::from_fn(|c| _mm256_loadu_ps(ot.as_ptr().add((d0 + c) * mp + i0)));
-                for (r, v) in transpose8(cols).iter().enumerate().take(live) {
-                    _mm256_storeu_ps(row(i0 + r).add(d0), _mm256_mul_ps(*v, _mm256_set1_ps(inv[r])));
-                }
+}
+
+/// `row(i)[d] = ot[d][i] / l[i]` for rows `i < m` (`ot` is `[hd][mp]`), `L × L` blocks at a
+/// time.
+#[inline(always)]
+unsafe fn transpose_out<X: Lanes>(
+    ot: &[f32],
+    l: &[f32],
+    m: usize,
+    mp: usize,
+    hd: usize,
+    row: impl Fn(usize) -> *mut f32,
+) {
+    let whole = hd - hd % X::L;
+    let mut block = [X::zero(); MAX_L];
+    let block = &mut block[..X::L];
+    for i0 in (0..mp).step_by(X::L) {
+        let live = (m - i0.min(m)).min(X::L);
+        let mut inv = [0f32; MAX_L];
+        for (r, inv) in inv.iter_mut().enumerate().take(X::L) {
+            *inv = 1.0 / l[i0 + r];
+        }
+        for d0 in (0..whole).step_by(X::L) {
+            for (c, v) in block.iter_mut().enumerate() {
+                *v = X::load(ot.as_ptr().add((d0 + c) * mp + i0));
             }
-            for (r, inv) in inv.iter().enumerate().take(live) {
-                for d in whole..hd {
-                    *row(i0 + r).add(d) = ot[d * mp + i0 + r] * inv;
-                }
+            X::transpose(block);
+            for (r, v) in block.iter().enumerate().take(live) {
+                X::store(row(i0 + r).add(d0), X::mul(*v, X::set1(inv[r])));
+            }
+        }
+        for (r, inv) in inv.iter().enumerate().take(live) {
+            for d in whole..hd {
+                *row(i0 + r).add(d) = ot[d * mp + i0 + r] * inv;
             }
         }
     }
