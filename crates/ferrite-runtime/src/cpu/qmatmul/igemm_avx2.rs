@@ -116,6 +116,21 @@ unsafe fn high_bit8(v: __m256i, at: *const u8, bit: u32, h: usize) -> __m256i {
     _mm256_or_si256(v, _mm256_and_si256(x, _mm256_set1_epi32((bit | bit << 16) as i32)))
 }
 
+/// `v` with bits 4 and 5 of the half's 6-bit codes set from the step's four row masks at `at`
+/// (u16 masks of bit 4 of code 2p, of 2p + 1, then of bit 5 of each): every lane gets the four
+/// bytes of half `h` in one word (`vpshufb` of the broadcast masks), then one `vpsrlvd` moves
+/// its row's bits into place for both bits at once.
+#[inline(always)]
+unsafe fn high_bits6(v: __m256i, at: *const u8, h: usize) -> __m256i {
+    let all = _mm256_set1_epi64x(std::ptr::read_unaligned(at as *const i64));
+    // Word bytes: bit 4 of the low code, bit 5 of the low code, bit 4 and bit 5 of the high one.
+    let pick = _mm256_set1_epi32(if h == 0 { 0x0602_0400 } else { 0x0703_0501 });
+    let x = _mm256_srlv_epi32(_mm256_shuffle_epi8(all, pick), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    let bit4 = _mm256_slli_epi32::<4>(_mm256_and_si256(x, _mm256_set1_epi32(0x0001_0001)));
+    let bit5 = _mm256_srli_epi32::<3>(_mm256_and_si256(x, _mm256_set1_epi32(0x0100_0100)));
+    _mm256_or_si256(v, _mm256_or_si256(bit4, bit5))
+}
+
 impl<F: LegacyCodes> Halves for F {
     type Block8 = *const u8;
 
@@ -212,8 +227,7 @@ impl Halves for Q6K {
 
     #[inline(always)]
     unsafe fn pairs8<const S: usize>((codes, lo, hi): Self::Block8, quad: __m256i, q: usize, h: usize) -> __m256i {
-        let at = masks(codes, 6, QUAD * q + S);
-        let v = high_bit8(high_bit8(nibble_pairs8::<S>(quad), at, 0x10, h), at.add(4), 0x20, h);
+        let v = high_bits6(nibble_pairs8::<S>(quad), masks(codes, 6, QUAD * q + S), h);
         let v = _mm256_sub_epi16(v, _mm256_set1_epi16(32));
         _mm256_mullo_epi16(v, if q < QUADS / 2 { lo } else { hi })
     }
