@@ -10,10 +10,11 @@ speaking HTTP/1.1 by hand).
    writing all of it during the warm-up is cheap).
 2. Warm-up: distinct 120-240-word prompts (max_tokens 1) at --fill-concurrency (8) until their
    prompt tokens add up to 1.05x the KV cache. Fewer at once than the run's 64: a long prompt
-   waits for the prefill of every prompt beside it, and 64 of them (~14k tokens) take longer
-   than --deadline on a CPU without AVX-512 (~135 prompt tok/s on 2 AVX2 cores). The cache is zeroed memory that becomes resident as its
-   blocks are first written, and the allocator hands out the least recently freed block, so
-   every block gets written once and RSS settles. Then one round of the short workload; RSS
+   waits for the prefill of every prompt beside it, and 64 of them (~14k tokens) took longer
+   than --deadline on 2 AVX2 cores before their integer GEMM (~135 prompt tok/s). The cache is
+   zeroed memory that becomes resident as its blocks are first written, and the allocator
+   hands out the least recently freed block, so every block gets written once and RSS
+   settles. Then one round of the short workload; RSS
    (VmRSS) is read after it.
 3. The run: --requests streaming chat completions at --concurrency, varied short prompts,
    max_tokens 8-16; every fifth client closes its socket after the first SSE chunk (alternately

@@ -32,9 +32,9 @@ use std::arch::x86_64::*;
 use rayon::prelude::*;
 
 use super::acts;
+use super::igemm_avx2::Halves;
 use super::isa::Level;
-use super::legacy::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::packed::{self, Half, Mlx, Packing, K4K5, Q6K, QUAD, QUADS};
+use super::packed::{self, FormatFn, Half, Packing, QUAD, QUADS};
 use crate::cpu::SharedMut;
 use crate::dtype::DType;
 use crate::error::{Result, RuntimeError};
@@ -168,24 +168,23 @@ impl Default for Sliver {
 /// The CPU must have AVX-512 F/BW/VL/VNNI (and AVX2/FMA/F16C); `x` is `[m, k]` and each
 /// `outs[i]` is `[m, ws[i].rows()]`, every weight `[_, k]` of that one dtype.
 pub(crate) unsafe fn linear_many(x: &[f32], m: usize, ws: &[&Tensor], outs: &mut [&mut [f32]]) -> Result<()> {
-    match ws.first().map(|w| w.dtype()) {
+    struct Gemm<'a, 'b> {
+        x: &'a [f32],
+        m: usize,
+        ws: &'a [&'a Tensor],
+        outs: &'a mut [&'b mut [f32]],
+    }
+    impl FormatFn for Gemm<'_, '_> {
+        type Out = Result<()>;
+        /// # Safety
+        /// `linear_many`'s.
+        unsafe fn call<F: Packing + Halves>(self) -> Result<()> {
+            linear_packed::<F>(self.x, self.m, self.ws, self.outs)
+        }
+    }
+    match ws.first() {
         None => Ok(()),
-        Some(DType::Q4_0) => linear_packed::<Q4_0>(x, m, ws, outs),
-        Some(DType::Q4_1) => linear_packed::<Q4_1>(x, m, ws, outs),
-        Some(DType::Q5_0) => linear_packed::<Q5_0>(x, m, ws, outs),
-        Some(DType::Q5_1) => linear_packed::<Q5_1>(x, m, ws, outs),
-        Some(DType::Q8_0) => linear_packed::<Q8_0>(x, m, ws, outs),
-        Some(DType::Q4K) => linear_packed::<K4K5<false>>(x, m, ws, outs),
-        Some(DType::Q5K) => linear_packed::<K4K5<true>>(x, m, ws, outs),
-        Some(DType::Mlx(f)) => match (f.bits(), f.group()) {
-            (4, 32) => linear_packed::<Mlx<4, 32>>(x, m, ws, outs),
-            (4, 64) => linear_packed::<Mlx<4, 64>>(x, m, ws, outs),
-            (4, _) => linear_packed::<Mlx<4, 128>>(x, m, ws, outs),
-            (_, 32) => linear_packed::<Mlx<8, 32>>(x, m, ws, outs),
-            (_, 64) => linear_packed::<Mlx<8, 64>>(x, m, ws, outs),
-            _ => linear_packed::<Mlx<8, 128>>(x, m, ws, outs),
-        },
-        Some(_) => linear_packed::<Q6K>(x, m, ws, outs),
+        Some(w) => packed::with_format(w.dtype(), Gemm { x, m, ws, outs }),
     }
 }
 

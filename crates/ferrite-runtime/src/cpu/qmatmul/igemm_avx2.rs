@@ -25,10 +25,8 @@ use std::arch::x86_64::*;
 
 use super::igemm::{Acts, MR};
 use super::isa::{self, Simd};
-use super::legacy::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::packed::{self, masks, Half, LegacyCodes, Mlx, Packing, K4K5, Q6K, QUAD, QUADS};
+use super::packed::{self, masks, FormatFn, Half, LegacyCodes, Mlx, Packing, K4K5, Q6K, QUAD, QUADS};
 use crate::cpu::SharedMut;
-use crate::dtype::DType;
 use crate::error::{Result, RuntimeError};
 use crate::tensor::Tensor;
 use crate::threads;
@@ -279,25 +277,25 @@ pub(super) unsafe fn linear_many(
     outs: &mut [&mut [f32]],
     level: isa::Level,
 ) -> Result<()> {
+    struct Gemm<'a, 'b> {
+        x: &'a [f32],
+        m: usize,
+        ws: &'a [&'a Tensor],
+        outs: &'a mut [&'b mut [f32]],
+        vnni: bool,
+    }
+    impl FormatFn for Gemm<'_, '_> {
+        type Out = Result<()>;
+        /// # Safety
+        /// `linear_many`'s.
+        unsafe fn call<F: Packing + Halves>(self) -> Result<()> {
+            linear_packed::<F>(self.x, self.m, self.ws, self.outs, self.vnni)
+        }
+    }
     let vnni = level == isa::Level::AvxVnni;
-    match ws.first().map(|w| w.dtype()) {
+    match ws.first() {
         None => Ok(()),
-        Some(DType::Q4_0) => linear_packed::<Q4_0>(x, m, ws, outs, vnni),
-        Some(DType::Q4_1) => linear_packed::<Q4_1>(x, m, ws, outs, vnni),
-        Some(DType::Q5_0) => linear_packed::<Q5_0>(x, m, ws, outs, vnni),
-        Some(DType::Q5_1) => linear_packed::<Q5_1>(x, m, ws, outs, vnni),
-        Some(DType::Q8_0) => linear_packed::<Q8_0>(x, m, ws, outs, vnni),
-        Some(DType::Q4K) => linear_packed::<K4K5<false>>(x, m, ws, outs, vnni),
-        Some(DType::Q5K) => linear_packed::<K4K5<true>>(x, m, ws, outs, vnni),
-        Some(DType::Mlx(f)) => match (f.bits(), f.group()) {
-            (4, 32) => linear_packed::<Mlx<4, 32>>(x, m, ws, outs, vnni),
-            (4, 64) => linear_packed::<Mlx<4, 64>>(x, m, ws, outs, vnni),
-            (4, _) => linear_packed::<Mlx<4, 128>>(x, m, ws, outs, vnni),
-            (_, 32) => linear_packed::<Mlx<8, 32>>(x, m, ws, outs, vnni),
-            (_, 64) => linear_packed::<Mlx<8, 64>>(x, m, ws, outs, vnni),
-            _ => linear_packed::<Mlx<8, 128>>(x, m, ws, outs, vnni),
-        },
-        Some(_) => linear_packed::<Q6K>(x, m, ws, outs, vnni),
+        Some(w) => packed::with_format(w.dtype(), Gemm { x, m, ws, outs, vnni }),
     }
 }
 

@@ -127,8 +127,7 @@ pub(crate) fn linear_many(x: &[f32], m: usize, ws: &[&Tensor], outs: &mut [&mut 
     #[cfg(target_arch = "x86_64")]
     if let Some(first) = ws.first() {
         let one_dtype = ws.iter().all(|w| w.dtype() == first.dtype());
-        let level = kernel_mode().level();
-        if let Some(level) = level.filter(|&l| one_dtype && takes_igemm(Some(l), first.dtype())) {
+        if let Some(level) = kernel_mode().level().filter(|&l| one_dtype && takes_igemm(Some(l), first.dtype())) {
             // SAFETY: `kernel_mode` only picks available levels; the caller checked the shapes.
             return unsafe { igemm_many(x, m, ws, outs, level) };
         }

@@ -35,6 +35,7 @@ use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
+use super::igemm_avx2::Halves;
 use super::legacy::{Legacy, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use crate::dtype::{DType, MlxScale};
 use crate::quant::mlx::code;
@@ -447,27 +448,53 @@ pub(super) fn packs(dtype: DType) -> bool {
     }
 }
 
+/// A computation generic over one packed format (its `Packing` and its AVX2 reader
+/// `Halves`), run for a dtype by `with_format`.
+pub(super) trait FormatFn {
+    type Out;
+    /// # Safety
+    /// As the implementor documents.
+    unsafe fn call<F: Packing + Halves>(self) -> Self::Out;
+}
+
+/// `f` for the packed format of `dtype` (one that `packs` accepts): the one place that maps a
+/// dtype to its `Packing`.
+///
+/// # Safety
+/// As `f.call` requires.
+pub(super) unsafe fn with_format<R: FormatFn>(dtype: DType, f: R) -> R::Out {
+    match dtype {
+        DType::Q4_0 => f.call::<Q4_0>(),
+        DType::Q4_1 => f.call::<Q4_1>(),
+        DType::Q5_0 => f.call::<Q5_0>(),
+        DType::Q5_1 => f.call::<Q5_1>(),
+        DType::Q8_0 => f.call::<Q8_0>(),
+        DType::Q4K => f.call::<K4K5<false>>(),
+        DType::Q5K => f.call::<K4K5<true>>(),
+        DType::Mlx(m) => match (m.bits(), m.group()) {
+            (4, 32) => f.call::<Mlx<4, 32>>(),
+            (4, 64) => f.call::<Mlx<4, 64>>(),
+            (4, _) => f.call::<Mlx<4, 128>>(),
+            (_, 32) => f.call::<Mlx<8, 32>>(),
+            (_, 64) => f.call::<Mlx<8, 64>>(),
+            _ => f.call::<Mlx<8, 128>>(),
+        },
+        _ => f.call::<Q6K>(),
+    }
+}
+
 /// `w`'s packed copy (built on first use and kept with the tensor); `w.dtype()` is one that
 /// `packs` accepts.
 pub(super) fn packed(w: &Tensor) -> &[u8] {
-    match w.dtype() {
-        DType::Q4_0 => packed_as::<Q4_0>(w),
-        DType::Q4_1 => packed_as::<Q4_1>(w),
-        DType::Q5_0 => packed_as::<Q5_0>(w),
-        DType::Q5_1 => packed_as::<Q5_1>(w),
-        DType::Q8_0 => packed_as::<Q8_0>(w),
-        DType::Q4K => packed_as::<K4K5<false>>(w),
-        DType::Q5K => packed_as::<K4K5<true>>(w),
-        DType::Mlx(f) => match (f.bits(), f.group()) {
-            (4, 32) => packed_as::<Mlx<4, 32>>(w),
-            (4, 64) => packed_as::<Mlx<4, 64>>(w),
-            (4, _) => packed_as::<Mlx<4, 128>>(w),
-            (_, 32) => packed_as::<Mlx<8, 32>>(w),
-            (_, 64) => packed_as::<Mlx<8, 64>>(w),
-            _ => packed_as::<Mlx<8, 128>>(w),
-        },
-        _ => packed_as::<Q6K>(w),
+    struct Build<'a>(&'a Tensor);
+    impl<'a> FormatFn for Build<'a> {
+        type Out = &'a [u8];
+        unsafe fn call<F: Packing + Halves>(self) -> &'a [u8] {
+            packed_as::<F>(self.0)
+        }
     }
+    // SAFETY: `Build::call` has no requirements.
+    unsafe { with_format(w.dtype(), Build(w)) }
 }
 
 /// Bytes of one packed group of 16 rows of `k` values.
