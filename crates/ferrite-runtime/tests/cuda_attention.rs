@@ -27,7 +27,7 @@ use ferrite_runtime::cpu::{self, AttentionParams};
 use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv, RopeShape};
 use ferrite_runtime::cuda::Gpu;
 use ferrite_runtime::kv::{KvDtype, KvLayerSpec, KvPool, LayerKv};
-use ferrite_runtime::ForwardBatch;
+use ferrite_runtime::{ForwardBatch, Padding};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -244,7 +244,7 @@ fn cuda_decode_attention_with_rope_equals_rope_then_attention() {
             // One padding row after them (context 0), as a graph bucket adds.
             let rows = contexts.len() + 1;
             let mut meta = AttentionMeta::with_capacity(gpu, rows, rows, 2048 / BLOCK).unwrap();
-            meta.update(gpu, &batch, 0, BLOCK, rows, None).unwrap();
+            meta.update(gpu, &batch, 0, BLOCK, Padding { rows, query: 1 }, None).unwrap();
             let width = (nh + 2 * nkv) * hd;
             let (qkv_h, _) = rand_bf16(&mut rng, rows * width, amp);
             let n = pool * BLOCK * nkv * hd;

@@ -29,6 +29,7 @@ use cuda_common::{compare, gpu, poisoned_bf16, poisoned_f32, rand_bf16, rng, to_
 use ferrite_runtime::cpu::gated_delta::{self, DeltaShape};
 use ferrite_runtime::cpu::{rms_norm_in_place, silu_mul};
 use ferrite_runtime::cuda::ops::{self, DeviceStatePool, StateTable, DELTA_CHUNK_MIN_TOKENS};
+use ferrite_runtime::Padding;
 use ferrite_runtime::cuda::Gpu;
 use ferrite_runtime::kv_state::{StatePool, StateRow, StateSpec};
 use rand::rngs::StdRng;
@@ -154,7 +155,7 @@ fn cuda_deltanet_conv_matches_cpu() {
             let mut want: Vec<f32> = x.chunks_exact(stride).flat_map(|r| r[..c].to_vec()).collect();
             gated_delta::causal_conv_silu(&mut want, &weight, KERNEL, &mut host, rows).expect("cpu conv");
             let mut table = StateTable::new(gpu, t).expect("table");
-            table.upload(gpu, rows, rows.len(), SLOTS).expect("table upload");
+            table.upload(gpu, rows, Padding { rows: rows.len(), query: 1 }, SLOTS).expect("table upload");
             let x_dev = gpu.upload(&x).expect("upload");
             let mut out = poisoned_f32(gpu, t * c);
             ops::delta_conv(gpu, &x_dev, stride, &w_dev, &table, &mut dev, &mut out).expect("conv");
@@ -220,7 +221,7 @@ fn cuda_deltanet_rule_matches_cpu() {
                 gated_delta::gated_delta_rule(&x.q, &x.k, &x.v, &x.g, &x.beta, &shape, &mut host, rows, &mut want)
                     .expect("cpu rule");
                 let mut table = StateTable::new(gpu, t).expect("table");
-                table.upload(gpu, rows, rows.len(), SLOTS).expect("table upload");
+                table.upload(gpu, rows, Padding { rows: rows.len(), query: 1 }, SLOTS).expect("table upload");
                 let (fused, g, beta) = (gpu.upload(&x.fused), gpu.upload(&x.g), gpu.upload(&x.beta));
                 let (fused, g, beta) = (fused.expect("upload"), g.expect("upload"), beta.expect("upload"));
                 let mut out = poisoned_f32(gpu, t * vd);
@@ -406,7 +407,7 @@ fn cuda_deltanet_chunked_scan_matches_sequential_and_cpu() {
                 for ((label, chunk_min), dev) in routes.iter().zip(&mut devs) {
                     let mut table = StateTable::new(gpu, t).expect("table");
                     table.set_chunk_min(gpu, *chunk_min).expect("route");
-                    table.upload(gpu, rows, rows.len(), SLOTS).expect("table upload");
+                    table.upload(gpu, rows, Padding { rows: rows.len(), query: 1 }, SLOTS).expect("table upload");
                     let mut out = poisoned_f32(gpu, t * vd);
                     ops::delta_rule(gpu, &fused, x.stride, &g, &beta, &shape, &table, dev, &mut out).expect("rule");
                     let (out, (_, ssm)) = (gpu.download(&out).expect("download"), device_states(gpu, dev));
