@@ -200,7 +200,10 @@ fn cuda_prompt_lookup_in_graphs_equals_plain_greedy() {
             accepted += graphed.accepted;
             same += usize::from(equal_or_tie(cpu.as_ref(), prompt, &plain.tokens[0], &graphed.tokens[0], &what));
         }
-        println!("TABLE|{name} prompt lookup == plain greedy|{same}/{} equal|{accepted}/{proposed} accepted||", all.len());
+        println!(
+            "TABLE|{name} prompt lookup == plain greedy|{same}/{} equal|{accepted}/{proposed} accepted||",
+            all.len()
+        );
         assert!(proposed > 0, "{name}: prompt lookup proposed nothing");
     }
 }

@@ -29,9 +29,9 @@ use cuda_common::{compare, gpu, poisoned_bf16, poisoned_f32, rand_bf16, rng, to_
 use ferrite_runtime::cpu::gated_delta::{self, DeltaShape};
 use ferrite_runtime::cpu::{rms_norm_in_place, silu_mul};
 use ferrite_runtime::cuda::ops::{self, DeviceStatePool, StateTable, DELTA_CHUNK_MIN_TOKENS};
-use ferrite_runtime::Padding;
 use ferrite_runtime::cuda::Gpu;
 use ferrite_runtime::kv_state::{StatePool, StateRow, StateSpec};
+use ferrite_runtime::Padding;
 use rand::rngs::StdRng;
 use rand::Rng;
 
