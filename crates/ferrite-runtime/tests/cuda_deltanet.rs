@@ -13,6 +13,8 @@
 //!   other, or by length; writes at chunk boundaries and mid-chunk, per-token writes, rows
 //!   reading slots and the zero state, then rows continuing the first step's ends (a row
 //!   writing the slot it reads), at every key width;
+//! - a step of rows of one length padded to a graph's row bucket with rows that touch no slot
+//!   (`Padding`) equals the step unpadded, bit for bit (outputs and every slot);
 //! - the q/k L2 norm, the gates, the output norm times silu(z), and the sigmoid gates of a
 //!   gated attention output and of a shared expert.
 //!
@@ -232,6 +234,49 @@ fn cuda_deltanet_rule_matches_cpu() {
                 compare("deltanet_rule_states", &case, &ssm, &host_states(&host).1, 1e-4, 1e-3);
             }
         }
+    }
+}
+
+/// Rows of one length (a verify step's shape) padded to a graph's row bucket with rows that
+/// read and write no slot, against the same rows unpadded: the real tokens' conv and delta
+/// rule outputs and every slot's state must be the same bits (the one-step kernel at 5 tokens
+/// a row, the chunked scan at 17).
+#[test]
+fn cuda_deltanet_padded_rows_touch_no_state() {
+    let Some((gpu, _checks)) = gpu("cuda_deltanet_padded_rows_touch_no_state") else { return };
+    let mut rng = rng("cuda_deltanet_padded_rows_touch_no_state");
+    let shape = DeltaShape { k_heads: 2, v_heads: 4, k_dim: 16, v_dim: 8, tiled: false };
+    let spec = spec_of(&shape);
+    let (c, vd) = (spec.conv_channels, shape.v_heads * shape.v_dim);
+    let w_dev = gpu.upload(&uniform(&mut rng, KERNEL * c, -0.6, 0.6)).expect("upload");
+    for q in [5usize, DELTA_CHUNK_MIN_TOKENS + 1] {
+        let rows = prefill_rows(&[q, q, q]);
+        let (n, t) = (rows.len(), rows.last().expect("rows").tokens.end);
+        let padded = t + 3 * q;
+        let x = rule_inputs(&mut rng, &shape, padded);
+        let conv_x = gpu.upload(&uniform(&mut rng, padded * (c + 3), -2.0, 2.0)).expect("upload");
+        let (fused, g, beta) = (gpu.upload(&x.fused), gpu.upload(&x.g), gpu.upload(&x.beta));
+        let (fused, g, beta) = (fused.expect("upload"), g.expect("upload"), beta.expect("upload"));
+        let pools_rng = rng.clone();
+        let run = |pad: Padding| {
+            let (_, mut dev) = pools(gpu, &mut pools_rng.clone(), spec);
+            let mut table = StateTable::new(gpu, padded).expect("table");
+            table.upload(gpu, &rows, pad, SLOTS).expect("table upload");
+            assert_eq!(table.tokens(), pad.rows * q);
+            let mut conv = poisoned_f32(gpu, padded * c);
+            ops::delta_conv(gpu, &conv_x, c + 3, &w_dev, &table, &mut dev, &mut conv).expect("conv");
+            let mut out = poisoned_f32(gpu, padded * vd);
+            ops::delta_rule(gpu, &fused, x.stride, &g, &beta, &shape, &table, &mut dev, &mut out).expect("rule");
+            let (conv, out) = (gpu.download(&conv).expect("download"), gpu.download(&out).expect("download"));
+            (conv[..t * c].to_vec(), out[..t * vd].to_vec(), device_states(gpu, &dev))
+        };
+        let (want_conv, want_out, (want_windows, want_ssm)) = run(Padding { rows: n, query: q });
+        let (got_conv, got_out, (got_windows, got_ssm)) = run(Padding { rows: n + 3, query: q });
+        let case = format!("{n} rows of {q} padded to {}", n + 3);
+        compare("deltanet_padded", &format!("{case}: conv"), &got_conv, &want_conv, 0.0, 0.0);
+        compare("deltanet_padded", &format!("{case}: rule"), &got_out, &want_out, 0.0, 0.0);
+        compare("deltanet_padded", &format!("{case}: windows"), &got_windows, &want_windows, 0.0, 0.0);
+        compare("deltanet_padded", &format!("{case}: states"), &got_ssm, &want_ssm, 0.0, 0.0);
     }
 }
 
