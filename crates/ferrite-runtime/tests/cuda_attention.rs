@@ -164,7 +164,7 @@ fn cuda_rope_with_kv_store_matches_cpu() {
         // A padding token after the rows: the metadata gives it no slot.
         let meta = {
             let mut m = AttentionMeta::with_capacity(gpu, shapes.len() + 1, tokens + 1, 64).unwrap();
-            m.update(gpu, &batch, 0, BLOCK, shapes.len() + 1, None).unwrap();
+            m.update(gpu, &batch, 0, BLOCK, Padding { rows: shapes.len() + 1, query: 1 }, None).unwrap();
             m
         };
         let (pad_h, _) = rand_bf16(&mut rng, width, 1.0);
