@@ -364,9 +364,10 @@ impl EngineCore {
             plan.push(PlanRow { index: Some(r.index), tokens: end - s.num_computed, logits: n_logits, proposal });
         }
         self.metrics.add_batch(batch.num_tokens());
-        // When every row takes the plain argmax of one logits row, the model may pick the
-        // tokens itself (on its device) and hand back only the ids.
-        let greedy = plan.iter().all(|r| r.logits == 0 || (r.proposal.is_none() && self.plain_greedy(r.row())));
+        // When every row takes the plain argmax of its logits rows (a verify row's at each of
+        // its positions: greedy acceptance compares the proposal with them), the model may
+        // pick the tokens itself (on its device) and hand back only the ids.
+        let greedy = plan.iter().all(|r| r.logits == 0 || self.plain_greedy(r.row()));
         // Otherwise a model that samples on its device does it for rows without a proposal or
         // an output constraint (those judge or mask full logits rows on the host).
         let on_device = !greedy
@@ -410,7 +411,7 @@ impl EngineCore {
         };
         // A queued step is landed by the next iteration, which queues the one after it first.
         if pending.is_queued() && self.overlap {
-            self.in_flight = Some(self.flight(&plan, pending));
+            self.in_flight = Some(self.flight(plan, pending));
             return Ok(());
         }
         self.resolve(plan, pending)
@@ -456,7 +457,7 @@ impl EngineCore {
             }
             let pick = match out {
                 StepOutput::Logits(logits) => Pick::Logits(&logits[first * vocab..(first + n_logits) * vocab]),
-                StepOutput::Ids(ids) => Pick::Token(ids[first]),
+                StepOutput::Ids(ids) => Pick::Tokens(&ids[first..first + n_logits]),
                 StepOutput::Sampled(picked) => Pick::Sampled(&picked[first]),
             };
             if s.pending_children > 0 {
@@ -568,7 +569,9 @@ impl EngineCore {
         out
     }
 
-    /// Whether `running[idx]` takes the argmax of the raw logits this step.
+    /// Whether `running[idx]` takes the argmax of the raw logits this step, at each of its
+    /// logits rows (a `min_tokens` ban only lifts as tokens are appended, so none starts at a
+    /// later position of a verify row).
     fn plain_greedy(&self, idx: usize) -> bool {
         emit::takes_argmax(&self.sched.running[idx], &self.eos, 0)
     }
@@ -599,7 +602,8 @@ impl PlanRow {
 /// One row's part of a `StepOutput`.
 enum Pick<'a> {
     Logits(&'a [f32]),
-    Token(u32),
+    /// The argmax of each of the row's logits rows (one, or 1 + a proposal's length).
+    Tokens(&'a [u32]),
     Sampled(&'a SampledToken),
 }
 

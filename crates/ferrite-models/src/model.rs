@@ -41,7 +41,8 @@ pub enum Want<'a> {
     /// The logits on the host, for rows the host judges, masks or samples itself (verify
     /// proposals, output constraints, logit processors, logprobs of a host sampler).
     Logits,
-    /// The argmax of each row (lowest id on ties); only the ids come back.
+    /// The argmax of each logits row (lowest id on ties; a verify row has one at each of its
+    /// positions); only the ids come back.
     Argmax,
     /// Each row drawn as its sampler says (one per row, in order); only the picks and their
     /// requested logprobs come back. Only asked of a model that `samples_on_device`.

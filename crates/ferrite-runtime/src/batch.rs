@@ -7,7 +7,8 @@
 //! (`carried`). A row may run through a LoRA adapter (`RowSpan::adapter`, the id the engine
 //! attached it under); rows of one step may use different adapters or none. A row of a
 //! quantized cache may still keep full-precision KV (`RowSpan::full_precision`: its block ids
-//! are in the cache's full-precision twin pools, before its delayed start).
+//! are in the cache's full-precision twin pools, before its delayed start). A device model
+//! that replays a captured step pads a batch to the step's shape (`Padding`).
 
 /// One row's part of a `ForwardBatch`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,6 +120,38 @@ impl ForwardBatch {
     /// Whether any row keeps full-precision KV in a quantized cache's twin pools.
     pub fn has_full_precision_rows(&self) -> bool {
         self.rows.iter().any(|r| r.full_precision)
+    }
+}
+
+/// The shape a device model pads a step to (a captured graph's): `rows` rows, the rows added
+/// after the batch's own each `query` tokens long and empty — ids and positions 0, no context,
+/// no KV slot written, no recurrent state read or written, no adapter — with logits wanted at
+/// each of their tokens. A batch already `rows` rows long is not padded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Padding {
+    pub rows: usize,
+    pub query: usize,
+}
+
+impl Padding {
+    /// No padding: `batch` as it is.
+    pub fn none(batch: &ForwardBatch) -> Padding {
+        Padding { rows: batch.rows.len(), query: 1 }
+    }
+
+    /// Rows added after `batch`'s own.
+    pub fn extra_rows(&self, batch: &ForwardBatch) -> usize {
+        self.rows.saturating_sub(batch.rows.len())
+    }
+
+    /// Tokens added after `batch`'s own.
+    pub fn extra_tokens(&self, batch: &ForwardBatch) -> usize {
+        self.extra_rows(batch) * self.query
+    }
+
+    /// Tokens of the padded step.
+    pub fn tokens(&self, batch: &ForwardBatch) -> usize {
+        batch.num_tokens() + self.extra_tokens(batch)
     }
 }
 

@@ -21,7 +21,7 @@ pub mod sampling;
 pub mod tensor;
 pub mod threads;
 
-pub use batch::{ForwardBatch, RowOptions, RowSpan};
+pub use batch::{ForwardBatch, Padding, RowOptions, RowSpan};
 pub use dtype::{DType, MlxFormat, MlxScale};
 pub use error::{Result, RuntimeError};
 pub use kv::{KvCache, KvDtype, KvGroupKind, KvLayout, KvScheme, KvSkip};

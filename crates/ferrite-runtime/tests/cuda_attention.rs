@@ -11,7 +11,9 @@
 //! CTAs).
 //! Decode attention that rotates its own queries and new keys and stores K and V
 //! (`decode_attention_rope`) must give the bits of RoPE with the KV store, then attention:
-//! outputs and caches.
+//! outputs and caches. Verify rows (every row the same 2 to 17 query tokens) padded to a
+//! graph's row bucket with empty rows (`Padding`) must give the unpadded step's bits, store
+//! nothing for the padding and attend to nothing there (zeros).
 //!
 //! Tolerance: the output is a convex combination of values |v| < 1. The GPU rounds the output
 //! to bf16 (2^-9 relative) and, in the prefill kernel, the probabilities to bf16 before P·V
@@ -27,7 +29,7 @@ use ferrite_runtime::cpu::{self, AttentionParams};
 use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv, RopeShape};
 use ferrite_runtime::cuda::Gpu;
 use ferrite_runtime::kv::{KvDtype, KvLayerSpec, KvPool, LayerKv};
-use ferrite_runtime::ForwardBatch;
+use ferrite_runtime::{ForwardBatch, Padding};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -162,7 +164,7 @@ fn cuda_rope_with_kv_store_matches_cpu() {
         // A padding token after the rows: the metadata gives it no slot.
         let meta = {
             let mut m = AttentionMeta::with_capacity(gpu, shapes.len() + 1, tokens + 1, 64).unwrap();
-            m.update(gpu, &batch, 0, BLOCK, shapes.len() + 1, None).unwrap();
+            m.update(gpu, &batch, 0, BLOCK, Padding { rows: shapes.len() + 1, query: 1 }, None).unwrap();
             m
         };
         let (pad_h, _) = rand_bf16(&mut rng, width, 1.0);
@@ -244,7 +246,7 @@ fn cuda_decode_attention_with_rope_equals_rope_then_attention() {
             // One padding row after them (context 0), as a graph bucket adds.
             let rows = contexts.len() + 1;
             let mut meta = AttentionMeta::with_capacity(gpu, rows, rows, 2048 / BLOCK).unwrap();
-            meta.update(gpu, &batch, 0, BLOCK, rows, None).unwrap();
+            meta.update(gpu, &batch, 0, BLOCK, Padding { rows, query: 1 }, None).unwrap();
             let width = (nh + 2 * nkv) * hd;
             let (qkv_h, _) = rand_bf16(&mut rng, rows * width, amp);
             let n = pool * BLOCK * nkv * hd;
@@ -297,6 +299,76 @@ fn cuda_decode_attention_with_rope_equals_rope_then_attention() {
             compare("decode+rope", &format!("{case} == rope then attention: K"), &k1, &k2, 0.0, 0.0);
             let (v1, v2) = (pool_f32(gpu, &one.v), pool_f32(gpu, &two.v));
             compare("decode+rope", &format!("{case} == rope then attention: V"), &v1, &v2, 0.0, 0.0);
+        }
+    }
+}
+
+/// Verify rows padded to a row bucket with empty rows of the same query length (what a
+/// replayed verify graph runs) against the same rows unpadded: the padded metadata's table
+/// stride is a context bucket's, its extra rows have no context and no slot. The real rows'
+/// outputs and the cache must be the same bits; the padding's outputs zeros.
+#[test]
+fn cuda_padded_verify_rows_equal_unpadded() {
+    let Some((gpu, _checks)) = gpu("cuda_padded_verify_rows_equal_unpadded") else { return };
+    let mut rng = rng("padded_verify");
+    let cases: [(&[usize], usize, usize); 3] =
+        [(&[37, 300, 1000], 5, 4), (&[17, 700], 17, 8), (&[2, 64, 65, 129, 2000], 2, 8)];
+    for h in HEADS {
+        let (nh, nkv, hd) = (h.nh, h.nkv, h.hd);
+        for (p, amp) in variants(h) {
+            for &(contexts, q, bucket) in &cases {
+                let shapes: Vec<(usize, usize)> = contexts.iter().map(|&c| (c, q)).collect();
+                let pool = contexts.iter().map(|c| c.div_ceil(BLOCK)).sum::<usize>() + 5;
+                let batch = shuffled_batch(&mut rng, &shapes, pool, BLOCK);
+                let pad = Padding { rows: bucket, query: q };
+                let (tokens, padded) = (batch.num_tokens(), pad.tokens(&batch));
+                assert_eq!(padded, bucket * q);
+                let unpadded = AttentionMeta::upload(gpu, &batch, 0, BLOCK).unwrap();
+                let stride = 2048 / BLOCK;
+                let mut meta = AttentionMeta::with_capacity(gpu, bucket, padded, stride).unwrap();
+                meta.update(gpu, &batch, 0, BLOCK, pad, Some(stride)).unwrap();
+                assert_eq!((meta.rows, meta.tokens, meta.max_query), (bucket, padded, q));
+
+                let n = pool * BLOCK * nkv * hd;
+                let (kh, _) = rand_bf16(&mut rng, n, 1.0);
+                let (vh, _) = rand_bf16(&mut rng, n, 1.0);
+                let fresh = || {
+                    let mut c = DeviceKv::new(gpu, pool, BLOCK, nkv, hd).unwrap();
+                    fill_pool(gpu, &kh, &mut c.k);
+                    fill_pool(gpu, &vh, &mut c.v);
+                    c
+                };
+                let (mut alone, mut padded_kv) = (fresh(), fresh());
+                // New keys and values of every token, padding included ([k | v] per token).
+                let width = nkv * hd;
+                let (new_h, _) = rand_bf16(&mut rng, padded * 2 * width, 1.0);
+                let new_d = gpu.upload(&new_h).unwrap();
+                ops::write_kv(gpu, &new_d.slice(..), &new_d.slice(width..), 2 * width, &unpadded, &mut alone).unwrap();
+                ops::write_kv(gpu, &new_d.slice(..), &new_d.slice(width..), 2 * width, &meta, &mut padded_kv).unwrap();
+                let case = format!(
+                    "{nh}/{nkv}x{hd} rows={} q={q} bucket={bucket} window={:?} softcap={:?}",
+                    contexts.len(),
+                    p.window,
+                    p.softcap
+                );
+                let what = "padded verify";
+                compare(what, &format!("{case}: K"), &pool_f32(gpu, &padded_kv.k), &pool_f32(gpu, &alone.k), 0.0, 0.0);
+                compare(what, &format!("{case}: V"), &pool_f32(gpu, &padded_kv.v), &pool_f32(gpu, &alone.v), 0.0, 0.0);
+
+                let (qh, _) = rand_bf16(&mut rng, padded * nh * hd, amp);
+                let q_d = gpu.upload(&qh).unwrap();
+                let mut scratch = DecodeScratch::new(gpu, bucket, nh, hd, 1).unwrap();
+                let mut want = poisoned_bf16(gpu, tokens * nh * hd);
+                ops::attention(gpu, &q_d, nh * hd, &unpadded, &alone, &p, None, &mut scratch, &mut want, nh * hd)
+                    .unwrap();
+                let mut got = poisoned_bf16(gpu, padded * nh * hd);
+                ops::attention(gpu, &q_d, nh * hd, &meta, &padded_kv, &p, None, &mut scratch, &mut got, nh * hd)
+                    .unwrap();
+                let (got, want) = (to_f32(&gpu.download(&got).unwrap()), to_f32(&gpu.download(&want).unwrap()));
+                let (real, extra) = got.split_at(tokens * nh * hd);
+                compare(what, &format!("{case}: real rows"), real, &want, 0.0, 0.0);
+                compare(what, &format!("{case}: padding rows"), extra, &vec![0.0; extra.len()], 0.0, 0.0);
+            }
         }
     }
 }

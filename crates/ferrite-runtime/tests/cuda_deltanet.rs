@@ -13,6 +13,8 @@
 //!   other, or by length; writes at chunk boundaries and mid-chunk, per-token writes, rows
 //!   reading slots and the zero state, then rows continuing the first step's ends (a row
 //!   writing the slot it reads), at every key width;
+//! - a step of rows of one length padded to a graph's row bucket with rows that touch no slot
+//!   (`Padding`) equals the step unpadded, bit for bit (outputs and every slot);
 //! - the q/k L2 norm, the gates, the output norm times silu(z), and the sigmoid gates of a
 //!   gated attention output and of a shared expert.
 //!
@@ -31,6 +33,7 @@ use ferrite_runtime::cpu::{rms_norm_in_place, silu_mul};
 use ferrite_runtime::cuda::ops::{self, DeviceStatePool, StateTable, DELTA_CHUNK_MIN_TOKENS};
 use ferrite_runtime::cuda::Gpu;
 use ferrite_runtime::kv_state::{StatePool, StateRow, StateSpec};
+use ferrite_runtime::Padding;
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -154,7 +157,7 @@ fn cuda_deltanet_conv_matches_cpu() {
             let mut want: Vec<f32> = x.chunks_exact(stride).flat_map(|r| r[..c].to_vec()).collect();
             gated_delta::causal_conv_silu(&mut want, &weight, KERNEL, &mut host, rows).expect("cpu conv");
             let mut table = StateTable::new(gpu, t).expect("table");
-            table.upload(gpu, rows, rows.len(), SLOTS).expect("table upload");
+            table.upload(gpu, rows, Padding { rows: rows.len(), query: 1 }, SLOTS).expect("table upload");
             let x_dev = gpu.upload(&x).expect("upload");
             let mut out = poisoned_f32(gpu, t * c);
             ops::delta_conv(gpu, &x_dev, stride, &w_dev, &table, &mut dev, &mut out).expect("conv");
@@ -220,7 +223,7 @@ fn cuda_deltanet_rule_matches_cpu() {
                 gated_delta::gated_delta_rule(&x.q, &x.k, &x.v, &x.g, &x.beta, &shape, &mut host, rows, &mut want)
                     .expect("cpu rule");
                 let mut table = StateTable::new(gpu, t).expect("table");
-                table.upload(gpu, rows, rows.len(), SLOTS).expect("table upload");
+                table.upload(gpu, rows, Padding { rows: rows.len(), query: 1 }, SLOTS).expect("table upload");
                 let (fused, g, beta) = (gpu.upload(&x.fused), gpu.upload(&x.g), gpu.upload(&x.beta));
                 let (fused, g, beta) = (fused.expect("upload"), g.expect("upload"), beta.expect("upload"));
                 let mut out = poisoned_f32(gpu, t * vd);
@@ -231,6 +234,49 @@ fn cuda_deltanet_rule_matches_cpu() {
                 compare("deltanet_rule_states", &case, &ssm, &host_states(&host).1, 1e-4, 1e-3);
             }
         }
+    }
+}
+
+/// Rows of one length (a verify step's shape) padded to a graph's row bucket with rows that
+/// read and write no slot, against the same rows unpadded: the real tokens' conv and delta
+/// rule outputs and every slot's state must be the same bits (the one-step kernel at 5 tokens
+/// a row, the chunked scan at 17).
+#[test]
+fn cuda_deltanet_padded_rows_touch_no_state() {
+    let Some((gpu, _checks)) = gpu("cuda_deltanet_padded_rows_touch_no_state") else { return };
+    let mut rng = rng("cuda_deltanet_padded_rows_touch_no_state");
+    let shape = DeltaShape { k_heads: 2, v_heads: 4, k_dim: 16, v_dim: 8, tiled: false };
+    let spec = spec_of(&shape);
+    let (c, vd) = (spec.conv_channels, shape.v_heads * shape.v_dim);
+    let w_dev = gpu.upload(&uniform(&mut rng, KERNEL * c, -0.6, 0.6)).expect("upload");
+    for q in [5usize, DELTA_CHUNK_MIN_TOKENS + 1] {
+        let rows = prefill_rows(&[q, q, q]);
+        let (n, t) = (rows.len(), rows.last().expect("rows").tokens.end);
+        let padded = t + 3 * q;
+        let x = rule_inputs(&mut rng, &shape, padded);
+        let conv_x = gpu.upload(&uniform(&mut rng, padded * (c + 3), -2.0, 2.0)).expect("upload");
+        let (fused, g, beta) = (gpu.upload(&x.fused), gpu.upload(&x.g), gpu.upload(&x.beta));
+        let (fused, g, beta) = (fused.expect("upload"), g.expect("upload"), beta.expect("upload"));
+        let pools_rng = rng.clone();
+        let run = |pad: Padding| {
+            let (_, mut dev) = pools(gpu, &mut pools_rng.clone(), spec);
+            let mut table = StateTable::new(gpu, padded).expect("table");
+            table.upload(gpu, &rows, pad, SLOTS).expect("table upload");
+            assert_eq!(table.tokens(), pad.rows * q);
+            let mut conv = poisoned_f32(gpu, padded * c);
+            ops::delta_conv(gpu, &conv_x, c + 3, &w_dev, &table, &mut dev, &mut conv).expect("conv");
+            let mut out = poisoned_f32(gpu, padded * vd);
+            ops::delta_rule(gpu, &fused, x.stride, &g, &beta, &shape, &table, &mut dev, &mut out).expect("rule");
+            let (conv, out) = (gpu.download(&conv).expect("download"), gpu.download(&out).expect("download"));
+            (conv[..t * c].to_vec(), out[..t * vd].to_vec(), device_states(gpu, &dev))
+        };
+        let (want_conv, want_out, (want_windows, want_ssm)) = run(Padding { rows: n, query: q });
+        let (got_conv, got_out, (got_windows, got_ssm)) = run(Padding { rows: n + 3, query: q });
+        let case = format!("{n} rows of {q} padded to {}", n + 3);
+        compare("deltanet_padded", &format!("{case}: conv"), &got_conv, &want_conv, 0.0, 0.0);
+        compare("deltanet_padded", &format!("{case}: rule"), &got_out, &want_out, 0.0, 0.0);
+        compare("deltanet_padded", &format!("{case}: windows"), &got_windows, &want_windows, 0.0, 0.0);
+        compare("deltanet_padded", &format!("{case}: states"), &got_ssm, &want_ssm, 0.0, 0.0);
     }
 }
 
@@ -406,7 +452,7 @@ fn cuda_deltanet_chunked_scan_matches_sequential_and_cpu() {
                 for ((label, chunk_min), dev) in routes.iter().zip(&mut devs) {
                     let mut table = StateTable::new(gpu, t).expect("table");
                     table.set_chunk_min(gpu, *chunk_min).expect("route");
-                    table.upload(gpu, rows, rows.len(), SLOTS).expect("table upload");
+                    table.upload(gpu, rows, Padding { rows: rows.len(), query: 1 }, SLOTS).expect("table upload");
                     let mut out = poisoned_f32(gpu, t * vd);
                     ops::delta_rule(gpu, &fused, x.stride, &g, &beta, &shape, &table, dev, &mut out).expect("rule");
                     let (out, (_, ssm)) = (gpu.download(&out).expect("download"), device_states(gpu, dev));

@@ -40,7 +40,7 @@ use ferrite_runtime::cpu::{self, AttentionParams};
 use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv, RopeShape};
 use ferrite_runtime::cuda::Gpu;
 use ferrite_runtime::kv::{KvDtype, KvLayerSpec};
-use ferrite_runtime::{BlockMove, ForwardBatch, KvCache, KvGroupKind, KvLayout, KvScheme};
+use ferrite_runtime::{BlockMove, ForwardBatch, KvCache, KvGroupKind, KvLayout, KvScheme, Padding};
 use kv_quant_common::{download, e4m3_encode, e4m3_encode_by_search, filled, formats, reference_layer, Pools};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -246,7 +246,7 @@ fn rope_step(gpu: &Gpu, rng: &mut StdRng, h: Heads, contexts: &[usize], rotary: 
     let batch = shuffled_batch(rng, &shapes, pool, BLOCK);
     let rows = contexts.len() + 1;
     let mut meta = AttentionMeta::with_capacity(gpu, rows, rows, 4096 / BLOCK).unwrap();
-    meta.update(gpu, &batch, 0, BLOCK, rows, None).unwrap();
+    meta.update(gpu, &batch, 0, BLOCK, Padding { rows, query: 1 }, None).unwrap();
     let width = (h.nh + 2 * h.nkv) * h.hd;
     let (qkv, _) = rand_bf16(rng, rows * width, 1.0);
     let inv_freq = (0..rotary / 2).map(|i| 1.0 / 10_000f32.powf(2.0 * i as f32 / rotary as f32)).collect();

@@ -77,8 +77,9 @@ fn processed<'a>(seq: &Sequence, row: &'a [f32], eos: &[u32]) -> Cow<'a, [f32]> 
 
 impl EngineCore {
     /// Decide the tokens of `running[idx]` from `pick`: one logits row per position from its
-    /// pending token on (1 + the proposal's length), or the token the model already picked
-    /// (a row without a proposal: plain greedy, or sampled on the device); then commit its KV.
+    /// pending token on (1 + the proposal's length), the argmax the model already took at
+    /// each of them (greedy rows: a proposed token stands where it is that argmax), or the
+    /// token the model sampled on the device (a row without a proposal); then commit its KV.
     pub(super) fn decide(&mut self, idx: usize, pick: Pick<'_>, proposal: Option<Proposal>) -> Emitted {
         let vocab = self.limits.vocab_size;
         let (drafts, origin) = match &proposal {
@@ -98,7 +99,10 @@ impl EngineCore {
             // A grammar failure ends the row with an error, before any token is streamed.
             let mut failure = None;
             let (token, agreed, logprobs) = match pick {
-                Pick::Token(token) => (token, false, Vec::new()),
+                Pick::Tokens(ids) => {
+                    let token = ids[j];
+                    (token, drafts.get(j) == Some(&token), Vec::new())
+                }
                 Pick::Sampled(picked) => {
                     let logprobs = seq.params.logprobs.map(|k| TokenLogprob {
                         token: picked.token,

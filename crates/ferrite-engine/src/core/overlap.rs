@@ -12,7 +12,9 @@
 //! KV block of one more position. A row that ends when the queued step lands (an end token, a
 //! stop string, a disconnect) had one extra token computed, which is dropped with it; a row
 //! whose next tokens became known (an asserted scaffold) keeps the KV of its pick and goes on
-//! with them in a normal step.
+//! with them in a normal step. A queued verify step (greedy rows, the device's argmax at each
+//! position) keeps its rows' proposals, judged against those ids when it lands; nothing is
+//! queued behind it, since how many of its tokens stand is not known until then.
 
 use std::collections::HashMap;
 
@@ -24,6 +26,7 @@ use ferrite_runtime::ForwardBatch;
 use super::{emit, EngineCore, PlanRow};
 use crate::error::EngineError;
 use crate::request::RequestId;
+use crate::spec::Proposal;
 
 /// A step queued on the device whose picks were not taken yet: its handle and rows.
 pub(super) struct InFlight {
@@ -32,21 +35,23 @@ pub(super) struct InFlight {
 }
 
 /// A row of a queued step: its sequence (request, choice), first query position, query
-/// tokens and logits rows.
-#[derive(Debug, Clone, Copy)]
+/// tokens, logits rows and the proposal it verifies (judged when the step lands).
+#[derive(Debug, Clone)]
 struct FlightRow {
     key: (RequestId, usize),
     position: usize,
     tokens: usize,
     logits: usize,
+    proposal: Option<Proposal>,
 }
 
 impl EngineCore {
     /// The step just queued from `plan` (before any of its rows advanced), as `pending`.
-    pub(super) fn flight(&self, plan: &[PlanRow], pending: Pending) -> InFlight {
-        let rows = plan.iter().map(|r| {
+    pub(super) fn flight(&self, plan: Vec<PlanRow>, pending: Pending) -> InFlight {
+        let rows = plan.into_iter().map(|r| {
             let s = &self.sched.running[r.row()];
-            FlightRow { key: (s.request, s.choice), position: s.num_computed, tokens: r.tokens, logits: r.logits }
+            let (tokens, logits, proposal) = (r.tokens, r.logits, r.proposal);
+            FlightRow { key: (s.request, s.choice), position: s.num_computed, tokens, logits, proposal }
         });
         InFlight { pending, rows: rows.collect() }
     }
@@ -85,12 +90,12 @@ impl EngineCore {
     /// Resolve `flight` and apply its picks to the rows still where it left them.
     fn land_flight(&mut self, flight: InFlight) -> Result<(), EngineError> {
         let index = self.running_index();
-        let plan: Vec<PlanRow> = (flight.rows.iter())
+        let plan: Vec<PlanRow> = (flight.rows.into_iter())
             .map(|r| PlanRow {
                 index: index.get(&r.key).copied().filter(|&i| self.sched.running[i].num_computed == r.position),
                 tokens: r.tokens,
                 logits: r.logits,
-                proposal: None,
+                proposal: r.proposal,
             })
             .collect();
         self.resolve(plan, flight.pending)
@@ -154,6 +159,7 @@ impl EngineCore {
             position: s.tokens.len(),
             tokens: 1,
             logits: 1,
+            proposal: None,
         });
         Ok(Some(InFlight { pending, rows: rows.collect() }))
     }

@@ -29,7 +29,7 @@ use ferrite_runtime::cuda::ops::{
     self, GatedActivation, Matrix, PerLayerShape, QkvHeads, RopeShape, DELTA_MAX_CONV_KERNEL, DELTA_MAX_K_DIM,
 };
 use ferrite_runtime::cuda::{CudaSlice, DevicePtr, DevicePtrMut, Gpu};
-use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Result as RtResult, RuntimeError};
+use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Padding, Result as RtResult, RuntimeError};
 use half::bf16;
 
 use super::decoder_weights::{AttentionWeights, DecoderWeights, DeviceNorm, LayerWeights, Mixer, MlpWeights};
@@ -518,12 +518,12 @@ impl Layers for DecoderLayers {
         gpu: &Gpu,
         b: &mut Buffers,
         batch: &ForwardBatch,
-        rows: usize,
+        pad: Padding,
         kv: &KvCache,
     ) -> RtResult<u64> {
-        self.ropes.upload(gpu, &mut b.ropes, batch, rows)?;
+        self.ropes.upload(gpu, &mut b.ropes, batch, pad)?;
         if let (Some(delta), Some(group)) = (b.delta.as_mut(), self.plan.layout.recurrent_group()) {
-            delta.upload(gpu, batch, rows, kv, group)?;
+            delta.upload(gpu, batch, pad, kv, group)?;
         }
         b.lora.upload(gpu, &self.loras, batch)
     }

@@ -13,7 +13,7 @@
 use ferrite_runtime::cuda::ops::{self, Matrix, StateTable};
 use ferrite_runtime::cuda::{CudaSlice, Gpu};
 use ferrite_runtime::kv_state::state_rows;
-use ferrite_runtime::{ForwardBatch, KvCache, Result as RtResult, RuntimeError};
+use ferrite_runtime::{ForwardBatch, KvCache, Padding, Result as RtResult, RuntimeError};
 use half::bf16;
 
 use super::decoder_weights::{Part, Source};
@@ -149,12 +149,19 @@ impl DeltaBuffers {
         }))
     }
 
-    /// Upload which state slots each row of `batch` reads and writes (`rows` rows: `batch`'s,
-    /// padded with one-token rows that touch no slot) for the step's DeltaNet layers.
-    pub fn upload(&mut self, gpu: &Gpu, batch: &ForwardBatch, rows: usize, kv: &KvCache, group: usize) -> RtResult<()> {
+    /// Upload which state slots each row of `batch` reads and writes (`batch`'s rows, padded
+    /// as `pad` says with rows that touch no slot) for the step's DeltaNet layers.
+    pub fn upload(
+        &mut self,
+        gpu: &Gpu,
+        batch: &ForwardBatch,
+        pad: Padding,
+        kv: &KvCache,
+        group: usize,
+    ) -> RtResult<()> {
         let state = state_rows(batch, group, kv.block_size())?;
         let slots = kv.group_blocks().get(group).copied().unwrap_or(0);
-        self.table.upload(gpu, &state, rows, slots)
+        self.table.upload(gpu, &state, pad, slots)
     }
 }
 

@@ -5,7 +5,7 @@
 
 use ferrite_runtime::cuda::ops::{self, AttentionMeta, DeviceKv, RopeShape};
 use ferrite_runtime::cuda::{CudaSlice, CudaView, Gpu};
-use ferrite_runtime::{ForwardBatch, Result as RtResult, RuntimeError};
+use ferrite_runtime::{ForwardBatch, Padding, Result as RtResult, RuntimeError};
 use half::bf16;
 
 use crate::error::Result;
@@ -71,10 +71,10 @@ impl Ropes {
             .collect()
     }
 
-    /// Write `steps` for `batch` padded to `rows` rows (the padding tokens of a graph bucket
+    /// Write `steps` for `batch` padded as `pad` says (the padding tokens of a graph bucket
     /// point at the first table).
-    pub fn upload(&self, gpu: &Gpu, steps: &mut [StepRope], batch: &ForwardBatch, rows: usize) -> RtResult<()> {
-        let tokens = batch.num_tokens() + rows.saturating_sub(batch.rows.len());
+    pub fn upload(&self, gpu: &Gpu, steps: &mut [StepRope], batch: &ForwardBatch, pad: Padding) -> RtResult<()> {
+        let tokens = pad.tokens(batch);
         for (schedule, step) in self.schedules.iter().zip(steps) {
             let mut keys: Vec<usize> = Vec::new();
             let mut table_of = vec![0i32; tokens];

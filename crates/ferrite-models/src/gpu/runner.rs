@@ -4,12 +4,18 @@
 //! replay of decode steps, the LM head (gather of the rows that want logits, f32 logits,
 //! optional scale and softcap) and the argmax, and the `CausalLm` interface.
 //!
-//! All buffers of a step live in the workspace, so the decode loop allocates nothing. Pure
-//! decode steps (one query token per row, logits for every row) replay a CUDA graph captured
-//! per (row bucket, context bucket, step variant — `Layers::upload_step`: with LoRA launches
-//! or without): the rows are padded to the bucket with empty rows, block
-//! tables are padded to the context bucket, and the split-K plans cover it. Other steps
-//! (prefill chunks, mixed batches) run eagerly.
+//! All buffers of a step live in the workspace, so the decode loop allocates nothing. A
+//! uniform step — every row the same number of query tokens (1 to `MAX_GRAPH_QUERY`), logits
+//! at every token: pure decode, or speculative and fill verify rows of one proposal length —
+//! replays a CUDA graph captured per (`Padding`, context bucket, step variant —
+//! `Layers::upload_step`: with LoRA launches or without): the rows are padded to a row bucket
+//! with empty rows of the same query length (no context, no KV slot, no state, no adapter;
+//! every per-step input is written for the padded shape before the replay), block tables are
+//! padded to the context bucket, and decode's split-K plans cover it. Other steps (prefill
+//! chunks, mixed batches, verify rows of different lengths, which padding would not make
+//! uniform) run eagerly. Decode and verify share this one path; only decode (one query token
+//! a row) takes the split-K decode kernel, longer rows the variable-length prefill kernel,
+//! eager or replayed alike, so a replay gives the eager step's bits at the same rows.
 //!
 //! An argmax or sampled step comes back queued (`Pending::is_queued`): its picks are copied
 //! into page-locked host memory behind it and read when the handle is resolved, so the
@@ -18,7 +24,7 @@
 //! the host has read them.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferrite_runtime::cpu::AttentionParams;
@@ -27,7 +33,7 @@ use ferrite_runtime::cuda::ops::{
 };
 use ferrite_runtime::cuda::{CudaSlice, CudaView, Gpu, Graph, HostBuf};
 use ferrite_runtime::sampling::{LogitEdit, RowSampler, RowSampling};
-use ferrite_runtime::{ForwardBatch, KvCache, KvDtype, KvLayout, KvScheme, Result as RtResult, RuntimeError};
+use ferrite_runtime::{ForwardBatch, KvCache, KvDtype, KvLayout, KvScheme, Padding, Result as RtResult, RuntimeError};
 use half::bf16;
 
 use super::lora::LoraShapes;
@@ -36,8 +42,11 @@ use crate::error::LoadError;
 use crate::lora::LoraAdapter;
 use crate::model::{CausalLm, Pending, QueuedStep, StepLimits, StepOutput, Want};
 
-/// Row counts a decode graph is captured for; larger decode steps run eagerly.
+/// Row counts a graph is captured for; larger uniform steps run eagerly.
 const ROW_BUCKETS: [usize; 19] = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512];
+/// The most query tokens a row of a replayed step has (a verify row: the pending token and 16
+/// proposed ones).
+pub const MAX_GRAPH_QUERY: usize = 17;
 /// The smallest context bucket of a decode graph (contexts round up to a power of two).
 const MIN_CONTEXT_BUCKET: usize = 256;
 
@@ -78,18 +87,18 @@ pub trait Layers: Send + Sync {
     fn logit_scale(&self) -> Option<f32> {
         None
     }
-    /// Copy what the family's layers read of `batch` beyond `StepIo`'s inputs into `b`, for a
-    /// step of `rows` rows (`batch`'s, padded to a graph bucket with one-token rows): before
-    /// every step, outside any graph, so a replay reads the step's own values (`kv`: the cache
-    /// the step runs on, whose slots a recurrent layer's rows read and write). Returns the
-    /// step's variant: steps whose layers queue different work (LoRA launches or none) have
-    /// different variants and never share a captured graph.
+    /// Copy what the family's layers read of `batch` beyond `StepIo`'s inputs into `b`, for
+    /// `batch` padded as `pad` says (to a graph's shape, with empty rows): before every step,
+    /// outside any graph, so a replay reads the step's own values (`kv`: the cache the step
+    /// runs on, whose slots a recurrent layer's rows read and write; padding rows touch none).
+    /// Returns the step's variant: steps whose layers queue different work (LoRA launches or
+    /// none) have different variants and never share a captured graph.
     fn upload_step(
         &self,
         _gpu: &Gpu,
         _b: &mut Self::Buffers,
         _batch: &ForwardBatch,
-        _rows: usize,
+        _pad: Padding,
         _kv: &KvCache,
     ) -> RtResult<u64> {
         Ok(0)
@@ -103,7 +112,7 @@ pub trait Layers: Send + Sync {
     fn lora_shapes(&self) -> LoraShapes {
         Vec::new()
     }
-    /// Whether a step runs on the device alone (no host round trip), so decode steps can be
+    /// Whether a step runs on the device alone (no host round trip), so uniform steps can be
     /// captured as graphs.
     fn graph_safe(&self) -> bool {
         true
@@ -230,8 +239,8 @@ impl StepIo {
 /// What a step needs besides the weights; behind a lock because `step` takes `&self`.
 struct State<B> {
     ws: Option<(StepIo, B)>,
-    /// Captured decode graphs by (rows, context bucket, step variant).
-    graphs: HashMap<(usize, usize, u64), Graph>,
+    /// Captured graphs by (padded shape, context bucket, step variant).
+    graphs: HashMap<(Padding, usize, u64), Graph>,
     /// The KV cache the graphs write (`KvCache::id`): another cache means capturing again.
     graph_kv: u64,
     /// Where the last step left picks on the device that a carried step may read.
@@ -286,6 +295,8 @@ pub struct GpuModel<L: Layers> {
     weight_bytes: usize,
     graphs_enabled: AtomicBool,
     device_sampling: AtomicBool,
+    /// Steps run by replaying a captured graph (`graph_replays`).
+    replays: AtomicU64,
     state: Mutex<State<L::Buffers>>,
     spare: Spare,
 }
@@ -299,6 +310,7 @@ impl<L: Layers> GpuModel<L> {
             weight_bytes,
             graphs_enabled: AtomicBool::new(true),
             device_sampling: AtomicBool::new(true),
+            replays: AtomicU64::new(0),
             state: Mutex::new(State { ws: None, graphs: HashMap::new(), graph_kv: 0, picks: None }),
             spare: Spare::default(),
         }
@@ -313,9 +325,16 @@ impl<L: Layers> GpuModel<L> {
         self.weight_bytes
     }
 
-    /// Replay CUDA graphs for decode steps (the default) or run every step eagerly.
+    /// Replay CUDA graphs for uniform steps (decode, verify; the default) or run every step
+    /// eagerly.
     pub fn set_cuda_graphs(&self, on: bool) {
         self.graphs_enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// How many steps so far replayed a captured graph (a step that captures one runs eagerly
+    /// and does not count).
+    pub fn graph_replays(&self) -> u64 {
+        self.replays.load(Ordering::Relaxed)
     }
 
     /// Sample on the device (the default) or hand the engine logits to sample on the host.
@@ -379,26 +398,25 @@ impl<L: Layers> GpuModel<L> {
         Ok(())
     }
 
-    /// Copy the step's inputs into `io`: ids and positions padded to `rows` one-token rows
-    /// when the batch has fewer (a graph bucket), the logits rows, and the attention
-    /// metadata of every KV group (tables `stride` apart when given); then the carried ids
-    /// from the last step's picks on the device (`from`).
+    /// Copy the step's inputs into `io`: ids and positions padded as `pad` says (zeros), the
+    /// logits rows (then every padding token), and the attention metadata of every KV group
+    /// (tables `stride` apart when given); then the carried ids from the last step's picks on
+    /// the device (`from`).
     fn upload_inputs(
         &self,
         io: &mut StepIo,
         batch: &ForwardBatch,
         block_size: usize,
-        rows: usize,
+        pad: Padding,
         stride: Option<usize>,
         from: Option<OnDevice>,
     ) -> RtResult<()> {
         let (gpu, carried) = (&*self.gpu, &batch.carried);
-        let pad = rows.saturating_sub(batch.rows.len());
-        let tokens = batch.num_tokens() + pad;
-        let mut host = Vec::with_capacity(2 * tokens + batch.logits_indices.len() + pad);
+        let (extra, tokens) = (pad.extra_tokens(batch), pad.tokens(batch));
+        let mut host = Vec::with_capacity(2 * tokens + batch.logits_indices.len() + extra);
         for v in [&batch.tokens, &batch.positions] {
             host.extend_from_slice(v);
-            host.resize(host.len() + pad, 0);
+            host.resize(host.len() + extra, 0);
         }
         host.extend(batch.logits_indices.iter().map(|&i| i as u32));
         host.extend((batch.num_tokens()..tokens).map(|i| i as u32));
@@ -406,7 +424,7 @@ impl<L: Layers> GpuModel<L> {
         // A recurrent group's tables name state slots, not the positions' KV blocks.
         let recurrent = self.layers.layout().recurrent_group();
         for (group, meta) in io.metas.iter_mut().enumerate().filter(|(g, _)| Some(*g) != recurrent) {
-            meta.update(gpu, batch, group, block_size, rows, stride)?;
+            meta.update(gpu, batch, group, block_size, pad, stride)?;
         }
         if carried.is_empty() {
             return Ok(());
@@ -436,11 +454,11 @@ impl<L: Layers> GpuModel<L> {
     }
 
     fn run_eager(&self, st: &mut State<L::Buffers>, batch: &ForwardBatch, kv: &mut KvCache) -> RtResult<()> {
-        let rows = batch.rows.len();
+        let (rows, pad) = (batch.rows.len(), Padding::none(batch));
         let from = st.picks;
         let (io, b) = st.ws.as_mut().ok_or_else(no_workspace)?;
-        self.upload_inputs(io, batch, kv.block_size(), rows, None, from)?;
-        self.layers.upload_step(&self.gpu, b, batch, rows, kv)?;
+        self.upload_inputs(io, batch, kv.block_size(), pad, None, from)?;
+        self.layers.upload_step(&self.gpu, b, batch, pad, kv)?;
         // Decode splits keys as a graph of the same rows would, so both give the same bits.
         let decode = if io.metas[0].max_query <= 1 {
             let decode = Decode { rows, context: context_bucket(io.metas[0].max_context) };
@@ -453,14 +471,14 @@ impl<L: Layers> GpuModel<L> {
         self.queue_compute(ws, kv, batch.num_tokens(), batch.logits_indices.len(), decode)
     }
 
-    /// A pure decode step of `batch` padded to `bucket` rows, by graph replay (captured on
-    /// first use of its (bucket, context bucket, variant)).
+    /// A uniform step of `batch` (decode or verify: logits at every token) padded to `pad`,
+    /// by graph replay (captured on first use of its (padding, context bucket, variant)).
     fn run_graph(
         &self,
         st: &mut State<L::Buffers>,
         batch: &ForwardBatch,
         kv: &mut KvCache,
-        bucket: usize,
+        pad: Padding,
     ) -> RtResult<()> {
         let longest = batch.rows.iter().map(|r| r.context_len).max().unwrap_or(0);
         let context = context_bucket(longest);
@@ -470,20 +488,28 @@ impl<L: Layers> GpuModel<L> {
             st.graphs.clear();
             st.graph_kv = kv.id();
         }
-        let decode = Decode { rows: bucket, context };
-        self.ensure_scratch(st, decode)?;
+        // Decode rows take the split-K decode kernel under a plan for the bucket; longer rows
+        // the prefill kernel, whose work per row does not depend on the others.
+        let decode = (pad.query == 1).then_some(Decode { rows: pad.rows, context });
+        if let Some(decode) = decode {
+            self.ensure_scratch(st, decode)?;
+        }
         let State { ws, graphs, picks, .. } = st;
         let ws = ws.as_mut().ok_or_else(no_workspace)?;
-        self.upload_inputs(&mut ws.0, batch, block_size, bucket, Some(stride), *picks)?;
-        let variant = self.layers.upload_step(&self.gpu, &mut ws.1, batch, bucket, kv)?;
-        if let Some(graph) = graphs.get(&(bucket, context, variant)) {
-            return Ok(graph.replay()?);
+        self.upload_inputs(&mut ws.0, batch, block_size, pad, Some(stride), *picks)?;
+        let variant = self.layers.upload_step(&self.gpu, &mut ws.1, batch, pad, kv)?;
+        let key = (pad, context, variant);
+        if let Some(graph) = graphs.get(&key) {
+            graph.replay()?;
+            self.replays.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
         }
         // First use: run it eagerly (this step's result; it also builds the cuBLASLt plans
         // outside the capture), then capture the same work for the next steps.
-        self.queue_compute(ws, kv, bucket, bucket, Some(decode))?;
-        let graph = self.gpu.capture(|| self.queue_compute(ws, kv, bucket, bucket, Some(decode)))?;
-        graphs.insert((bucket, context, variant), graph);
+        let tokens = pad.rows * pad.query;
+        self.queue_compute(ws, kv, tokens, tokens, decode)?;
+        let graph = self.gpu.capture(|| self.queue_compute(ws, kv, tokens, tokens, decode))?;
+        graphs.insert(key, graph);
         Ok(())
     }
 
@@ -523,19 +549,32 @@ impl<L: Layers> GpuModel<L> {
             return Err(RuntimeError::Shape("a step with carried ids outgrows the workspace (see `prepare`)".into()));
         }
         self.ensure(&mut st, tokens, rows.max(out_rows), table)?;
-        let capacity = st.ws.as_ref().map_or(0, |(w, _)| w.rows);
-        let decode = self.graphs_enabled.load(Ordering::Relaxed)
-            && self.layers.graph_safe()
-            && out_rows == rows
-            && batch.rows.iter().all(|r| r.query_len == 1)
-            && batch.logits_indices.iter().copied().eq(0..rows);
-        match ROW_BUCKETS.iter().copied().find(|&b| b >= rows).filter(|&b| decode && b <= capacity) {
-            Some(bucket) => self.run_graph(&mut st, batch, kv, bucket)?,
+        match self.graph_padding(&st, batch) {
+            Some(pad) => self.run_graph(&mut st, batch, kv, pad)?,
             None => self.run_eager(&mut st, batch, kv)?,
         }
         // Until a step records where its picks are, none is on the device to carry.
         st.picks = None;
         Ok(st)
+    }
+
+    /// The shape `batch` replays a graph at, when it is uniform — every row `q` query tokens
+    /// (1 to `MAX_GRAPH_QUERY`), logits at every token, in order — and its row bucket fits the
+    /// workspace; None: it runs eagerly. Rows of different lengths stay eager: padding a short
+    /// row's query would read keys past its context.
+    fn graph_padding(&self, st: &State<L::Buffers>, batch: &ForwardBatch) -> Option<Padding> {
+        let q = batch.rows.first()?.query_len;
+        let uniform = (1..=MAX_GRAPH_QUERY).contains(&q)
+            && batch.rows.iter().all(|r| r.query_len == q)
+            && batch.logits_indices.iter().copied().eq(0..batch.num_tokens());
+        if !(uniform && self.graphs_enabled.load(Ordering::Relaxed) && self.layers.graph_safe()) {
+            return None;
+        }
+        let (io, _) = st.ws.as_ref()?;
+        let rows = ROW_BUCKETS.iter().copied().find(|&b| b >= batch.rows.len())?;
+        // The padded step's tokens all want logits: they must fit both the token and the
+        // logits rows of the workspace.
+        (rows * q <= io.rows.min(io.tokens)).then_some(Padding { rows, query: q })
     }
 
     /// Run `batch` and copy its logits to the host.

@@ -12,7 +12,7 @@
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut};
 use half::bf16;
 
-use crate::batch::{ForwardBatch, NO_BLOCK};
+use crate::batch::{ForwardBatch, Padding, NO_BLOCK};
 use crate::cpu::AttentionParams;
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
@@ -104,15 +104,17 @@ struct HostMeta {
 
 impl HostMeta {
     /// `batch`'s metadata for `group`; block tables padded to `stride` entries when given,
-    /// and `pad_rows` empty one-token rows appended (context 0, no slot: a decode graph's
-    /// bucket padding, whose outputs are zeros and whose keys are never stored).
+    /// and the empty rows of `pad` appended (context 0, no slot: a graph's bucket padding,
+    /// whose outputs are zeros — every key past the row's context is masked — and whose keys
+    /// are never stored).
     fn build(
         batch: &ForwardBatch,
         group: usize,
         block_size: usize,
         stride: Option<usize>,
-        pad_rows: usize,
+        pad: Padding,
     ) -> CudaResult<HostMeta> {
+        let (pad_rows, pad_query) = (pad.extra_rows(batch), pad.query);
         let rows = batch.rows.len();
         let tokens = batch.num_tokens();
         if rows == 0 || tokens == 0 || block_size == 0 || batch.positions.len() != tokens {
@@ -168,10 +170,13 @@ impl HostMeta {
                 tiles.extend([r as i32, t0 as i32]);
             }
         }
-        query_start.extend((0..pad_rows).map(|i| (tokens + i) as i32));
-        slot_mapping.resize(tokens + pad_rows, -1);
-        tiles.extend((0..pad_rows).flat_map(|i| [(rows + i) as i32, 0]));
-        query_start.push((tokens + pad_rows) as i32);
+        let pad_tokens = pad_rows * pad_query;
+        query_start.extend((0..pad_rows).map(|i| (tokens + i * pad_query) as i32));
+        slot_mapping.resize(tokens + pad_tokens, -1);
+        for i in 0..pad_rows {
+            tiles.extend((0..pad_query).step_by(PREFILL_TILE).flat_map(|t0| [(rows + i) as i32, t0 as i32]));
+        }
+        query_start.push((tokens + pad_tokens) as i32);
         let mut context_lens: Vec<i32> = batch.rows.iter().map(|r| r.context_len as i32).collect();
         context_lens.resize(rows + pad_rows, 0);
         Ok(HostMeta {
@@ -204,7 +209,7 @@ impl AttentionMeta {
 
     /// Build and upload the metadata of `batch` for KV group `group` with `block_size`.
     pub fn upload(gpu: &Gpu, batch: &ForwardBatch, group: usize, block_size: usize) -> CudaResult<AttentionMeta> {
-        let h = HostMeta::build(batch, group, block_size, None, 0)?;
+        let h = HostMeta::build(batch, group, block_size, None, Padding::none(batch))?;
         let mut meta = AttentionMeta::with_capacity(gpu, batch.rows.len(), batch.num_tokens(), h.bt_stride)?;
         meta.block_size = block_size;
         meta.store(gpu, h, batch.rows.len(), batch.num_tokens())?;
@@ -229,22 +234,20 @@ impl AttentionMeta {
     }
 
     /// Copy the metadata of `batch` into this buffer (an error when it does not fit),
-    /// padded with empty one-token rows up to `rows` rows (see `HostMeta::build`), block
-    /// tables `stride` entries apart when given (what a captured decode graph was built
-    /// with), else as long as the longest.
+    /// padded with `pad`'s empty rows (see `HostMeta::build`), block tables `stride` entries
+    /// apart when given (what a captured graph was built with), else as long as the longest.
     pub fn update(
         &mut self,
         gpu: &Gpu,
         batch: &ForwardBatch,
         group: usize,
         block_size: usize,
-        rows: usize,
+        pad: Padding,
         stride: Option<usize>,
     ) -> CudaResult<()> {
-        let pad = rows.saturating_sub(batch.rows.len());
         let h = HostMeta::build(batch, group, block_size, stride, pad)?;
         self.block_size = block_size;
-        self.store(gpu, h, batch.rows.len() + pad, batch.num_tokens() + pad)
+        self.store(gpu, h, batch.rows.len() + pad.extra_rows(batch), pad.tokens(batch))
     }
 
     fn store(&mut self, gpu: &Gpu, h: HostMeta, rows: usize, tokens: usize) -> CudaResult<()> {

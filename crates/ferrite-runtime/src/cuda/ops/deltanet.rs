@@ -18,6 +18,7 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
 
+use crate::batch::Padding;
 use crate::cpu::gated_delta::DeltaShape;
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
@@ -143,10 +144,11 @@ impl StateTable {
         Ok(())
     }
 
-    /// Queue the upload of `rows` (checked against pools of `slots` slots), followed by
-    /// one-token rows that read and write nothing up to `pad_rows` rows (a decode graph's
+    /// Queue the upload of `rows` (checked against pools of `slots` slots), followed by rows
+    /// of `pad.query` tokens that read and write nothing up to `pad.rows` rows (a graph's
     /// bucket). The rows must cover the step's tokens in order.
-    pub fn upload(&mut self, gpu: &Gpu, rows: &[StateRow], pad_rows: usize, slots: usize) -> Result<()> {
+    pub fn upload(&mut self, gpu: &Gpu, rows: &[StateRow], pad: Padding, slots: usize) -> Result<()> {
+        let pad_rows = pad.rows;
         check_rows(slots, rows)?;
         let mut table = Vec::with_capacity(ROW_FIELDS * pad_rows.max(rows.len()));
         let (mut writes, mut tok_row, mut chunked) = (Vec::new(), Vec::new(), Vec::new());
@@ -184,8 +186,11 @@ impl StateTable {
         }
         for _ in rows.len()..pad_rows {
             let (index, start, w) = (table.len() / ROW_FIELDS, tok_row.len(), writes.len() / 2);
-            table.extend([start as i32, 1, -1, w as i32, w as i32]);
-            tok_row.push(index as i32);
+            table.extend([start as i32, pad.query as i32, -1, w as i32, w as i32]);
+            tok_row.extend(std::iter::repeat_n(index as i32, pad.query));
+            if pad.query >= self.chunk_min {
+                chunked.push(index as i32);
+            }
         }
         if table.len() > self.rows.len() || writes.len() > self.writes.len() || tok_row.len() > self.tok_row.len() {
             return Err(RuntimeError::Shape(format!(
