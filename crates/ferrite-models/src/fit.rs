@@ -240,7 +240,8 @@ fn held_bytes(t: &TensorMeta, device: Device, float_bytes: usize) -> usize {
 /// Bytes of a value of the checkpoint's float type (that of its largest float matrix, the
 /// embedding), which the CPU dequantizes FP8 matrices to; bf16 without one.
 fn float_bytes(m: &Inspected) -> usize {
-    let floats = m.tensors.iter().filter(|t| t.shape.len() == 2 && matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16));
+    let floats =
+        m.tensors.iter().filter(|t| t.shape.len() == 2 && matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16));
     floats.max_by_key(|t| t.numel()).and_then(|t| t.dtype.row_bytes(1).ok()).unwrap_or(2)
 }
 

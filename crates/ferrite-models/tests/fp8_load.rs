@@ -43,7 +43,10 @@ fn expert_scales_missing_or_misshapen() {
         h.insert("model.layers.1.mlp.experts.5.up_proj.unused".into(), v);
     });
     let msg = load_err(tmp.path());
-    assert!(msg.contains("model.layers.1.mlp.experts.5.up_proj.weight") && msg.contains("without a weight_scale"), "{msg}");
+    assert!(
+        msg.contains("model.layers.1.mlp.experts.5.up_proj.weight") && msg.contains("without a weight_scale"),
+        "{msg}"
+    );
     let tmp = copy_fixture_named("fp8-qwen3-moe-block");
     edit_header(tmp.path(), |h| {
         h["model.layers.0.mlp.experts.2.down_proj.weight_scale_inv"]["shape"] = serde_json::json!([1, 2]);
