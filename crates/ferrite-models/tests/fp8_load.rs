@@ -39,12 +39,12 @@ fn codes_without_a_scale() {
 fn expert_scales_missing_or_misshapen() {
     let tmp = copy_fixture_named("fp8-qwen3-moe-block");
     edit_header(tmp.path(), |h| {
-        let v = h.remove("model.layers.1.mlp.experts.5.up_proj.weight_scale_inv").expect("scale");
-        h.insert("model.layers.1.mlp.experts.5.up_proj.unused".into(), v);
+        let v = h.remove("model.layers.1.mlp.experts.3.up_proj.weight_scale_inv").expect("scale");
+        h.insert("model.layers.1.mlp.experts.3.up_proj.unused".into(), v);
     });
     let msg = load_err(tmp.path());
     assert!(
-        msg.contains("model.layers.1.mlp.experts.5.up_proj.weight") && msg.contains("without a weight_scale"),
+        msg.contains("model.layers.1.mlp.experts.3.up_proj.weight") && msg.contains("without a weight_scale"),
         "{msg}"
     );
     let tmp = copy_fixture_named("fp8-qwen3-moe-block");

@@ -17,10 +17,7 @@ use cuda_common::fp8::{dequantize, quantize_rows, random_fp8};
 use cuda_common::{compare, gpu, poisoned_bf16, poisoned_f32, rand_bf16, rng, to_f32};
 use ferrite_runtime::cuda::ops::{self, Fp8Matrix, GatedActivation};
 use ferrite_runtime::cuda::DevicePtr;
-use ferrite_runtime::quant::e4m3_to_f32;
 use half::bf16;
-use rand::rngs::StdRng;
-use rand::Rng;
 
 const RTOL: f32 = 1.0 / 256.0;
 
