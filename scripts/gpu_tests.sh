@@ -131,7 +131,7 @@ PY
         }
         # Mixtures of experts: B=1 decode, a 2,048-token prefill and max-load throughput (128/128
         # and 1,000/1,000) of Qwen3-30B-A3B in bf16 and Q4_K; Gemma 4 26B-A4B decode; Qwen3-30B-A3B
-        # decode and prefill in MLX 4-bit.
+        # decode and prefill in MLX 4-bit and in FP8.
         moe_benches() {
             local d sq
             for d in bf16 q4_k; do
@@ -151,6 +151,11 @@ PY
             sq=(--synthetic qwen3-30b-a3b --dtype mlx4)
             bench decode-qwen3-30b-a3b-mlx4 bench decode "${sq[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
             bench prefill-qwen3-30b-a3b-mlx4 bench decode "${sq[@]}" --prompt-tokens 2048 --gen-tokens 2 --reps 3
+            # FP8 experts and attention (the experts' kernels of the moe_fp8 module, a scale a row):
+            # B=1 decode and a prefill.
+            sq=(--synthetic qwen3-30b-a3b --dtype fp8)
+            bench decode-qwen3-30b-a3b-fp8 bench decode "${sq[@]}" --prompt-tokens 512 --gen-tokens 128 --reps 3
+            bench prefill-qwen3-30b-a3b-fp8 bench decode "${sq[@]}" --prompt-tokens 2048 --gen-tokens 2 --reps 3
         }
         if [ "$1" = moe ]; then
             moe_benches

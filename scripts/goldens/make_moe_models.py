@@ -121,8 +121,9 @@ def init_moe_weights(model, seed: int):
             mod.down_proj.normal_(0.0, 0.15)
 
 
-def router_gap(model, prompts):
-    """Smallest gap between the k-th and (k+1)-th router probability over all reference forwards."""
+def router_gap(model, prompts, decode=True):
+    """Smallest gap between the k-th and (k+1)-th router probability over all reference forwards
+    (the prompts' prefills, and with `decode` their greedy continuations)."""
     gaps = []
 
     def hook(mod, _inp, out):
@@ -134,7 +135,8 @@ def router_gap(model, prompts):
     try:
         for p in prompts:
             full_logits(model, p)
-            greedy_cached(model, p, 32)
+            if decode:
+                greedy_cached(model, p, 32)
     finally:
         for h in handles:
             h.remove()

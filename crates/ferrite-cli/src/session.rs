@@ -39,8 +39,8 @@ pub struct ModelArgs {
     /// An HF directory or .gguf file whose tokenizer and chat template a synthetic model uses.
     #[arg(long, requires = "synthetic")]
     pub tokenizer: Option<std::path::PathBuf>,
-    /// Weight dtype of a synthetic model: bf16, fp8 (GPU: e4m3 layer projections with a scale
-    /// per output channel), a GGUF block type (q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k; q5_1
+    /// Weight dtype of a synthetic model: bf16, fp8 (GPU: e4m3 layer projections and routed
+    /// experts with a scale per output channel), a GGUF block type (q4_0, q4_1, q5_0, q8_0, q4_k, q5_k, q6_k; q5_1
     /// and f16 on the CPU), or MLX affine 4/8-bit: mlx4 and mlx8 (groups of 64, bf16 scales)
     /// or a full name such as mlx4_g32_bf16 or mlx8_g128_f16.
     #[arg(long, default_value = "bf16", requires = "synthetic")]
@@ -52,8 +52,8 @@ pub struct ModelArgs {
     /// each, or a named model's known digest; a mismatch is an error.
     #[arg(long, conflicts_with = "synthetic")]
     pub verify_weights: bool,
-    /// Convert a bf16/f16 checkpoint's weights at load: fp8 quantizes each layer projection to
-    /// e4m3 with a scale per output channel (activations per token at run time), on a CUDA GPU
+    /// Convert a bf16/f16 checkpoint's weights at load: fp8 quantizes each layer projection
+    /// and routed expert to e4m3 with a scale per output channel (activations per token at run time), on a CUDA GPU
     /// of compute capability 8.9+ (the embedding and LM head stay bf16). An FP8 checkpoint
     /// (compressed-tensors, transformers' fp8) needs no flag.
     #[arg(long, value_parser = ["fp8"], conflicts_with = "synthetic")]

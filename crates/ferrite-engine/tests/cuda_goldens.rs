@@ -7,7 +7,8 @@
 //! GELU MLP with a sliding window of 8, llama's dynamic NTK RoPE (frequencies by each row's
 //! length, as long RoPE's), gemma, gemma2, gemma3_text and the three gemma4_text
 //! fixtures: KV-shared layers with per-layer inputs, `attention_k_eq_v` with a double-wide
-//! MLP, the MoE block; the mixtures of experts qwen3_moe and mixtral; the hybrids qwen3_5 and
+//! MLP, the MoE block; the mixtures of experts qwen3_moe and mixtral, and qwen3_moe in
+//! transformers' fine-grained FP8 (`fp8-qwen3-moe-block`: FP8 expert rows); the hybrids qwen3_5 and
 //! qwen3_next: gated DeltaNet layers with their state in the device KV cache, gated attention
 //! outputs, Qwen3-Next's experts with a shared expert — measured, not asserted:
 //! `RECURRENT_ROUTE_TIES`), the MLX
@@ -38,8 +39,8 @@
 //!   runs the hybrids through the rest of the engine invariants).
 //!
 //! - the FP8 checkpoints (`make_fp8_models.py`: compressed-tensors' channel and tensor scales,
-//!   transformers' 128×128 blocks, qwen2 with biases) and the llama fixture quantized at load
-//!   (`--quantization fp8`): prompts of more than 8 tokens run cuBLASLt's FP8 GEMM on inputs
+//!   transformers' 128×128 blocks, qwen2 with biases) and the llama and qwen3-moe fixtures
+//!   quantized at load (`--quantization fp8`, the experts too): prompts of more than 8 tokens run cuBLASLt's FP8 GEMM on inputs
 //!   quantized per token, measured against transformers with the same input quantization
 //!   under a sanity bar (`FP8_W8A8_SANITY`); shorter ones against the CPU on the dequantized
 //!   weights (`FP8_REL_L2`, `FP8_LOGPROB_TOL`, each side's top token in the other's top 5;
@@ -69,7 +70,7 @@ use serde_json::Value;
 // The hybrids' 17-token prompt and longer take the chunked DeltaNet scan.
 const _: () = assert!(DELTA_CHUNK_MIN_TOKENS <= 17, "cuda_goldens' hybrid prompts no longer reach the chunked scan");
 
-const FIXTURES: [&str; 23] = [
+const FIXTURES: [&str; 24] = [
     "qwen3-hd32",
     "glm4",
     "smollm3",
@@ -86,6 +87,7 @@ const FIXTURES: [&str; 23] = [
     "gemma4-moe",
     "qwen3-moe",
     "mixtral",
+    "fp8-qwen3-moe-block",
     "mlx-llama-q4-g64",
     "mlx-llama-q4-g128",
     "mlx-llama-q8-g32",
@@ -129,18 +131,21 @@ const RECURRENT_ROUTE_TIES: [&str; 1] = ["qwen3-next"];
 /// positions at 40 tokens took the runner-up (reference margin 0.512) with the top-5
 /// log-probability error at 0.484, under the bar every fixture meets.
 const HYBRIDS: [&str; 2] = ["qwen3.5", "qwen3-next"];
-/// The mixtures of experts (Qwen3-Next's with a shared expert beside them).
-const MOE_FIXTURES: [&str; 4] = ["gemma4-moe", "qwen3-moe", "mixtral", "qwen3-next"];
+/// The mixtures of experts (Qwen3-Next's with a shared expert beside them; fp8-qwen3-moe-block's
+/// experts and attention FP8 with 64 × 64 block scales, `make_fp8_moe_models.py`: the experts'
+/// kernels over FP8 rows, every input bf16 as for the other fixtures, so held to their bar).
+const MOE_FIXTURES: [&str; 5] = ["gemma4-moe", "qwen3-moe", "mixtral", "qwen3-next", "fp8-qwen3-moe-block"];
 /// (MoE fixture, prompt length) where some token's k-th and (k+1)-th router probabilities lie
 /// within 3e-3 of each other (`scripts/goldens/moe_route_margins.py`: 2.9e-4, 2.4e-3 and
-/// 1.9e-4), as at 150 tokens for every MoE fixture (7.5e-5 .. 4e-6): there bf16 activations may
+/// 1.9e-4; fp8-qwen3-moe-block 1.5e-4 and 3.1e-5, its 5-token prompt 7.2e-3), as at 150 tokens for every MoE fixture (7.5e-5 .. 4e-6): there bf16 activations may
 /// route a token to another expert than the CPU's f32 ones — a legitimate outcome that moves
 /// the logits past the bf16 tolerance — so these prompts are measured and printed, and only
 /// each side's top token within the other's top 5 is asserted. (qwen3-moe's 17-token prompt,
 /// 2.4e-3, parted so on an H100: rel L2 3.8e-2 against both the CPU and transformers, where
 /// its 5-token prompt, 1.2e-2, agrees within 1.0e-2. Gemma 4's 40-token prompt, 2.1e-4, has been
 /// checked since its experts first ran on the GPU and stays checked.)
-const ROUTE_SENSITIVE: [(&str, usize); 3] = [("qwen3-moe", 17), ("qwen3-moe", 40), ("mixtral", 17)];
+const ROUTE_SENSITIVE: [(&str, usize); 5] =
+    [("qwen3-moe", 17), ("qwen3-moe", 40), ("mixtral", 17), ("fp8-qwen3-moe-block", 17), ("fp8-qwen3-moe-block", 40)];
 /// The largest top-5 log-probability difference allowed. Wider than `cuda_model`'s 0.5: with
 /// q/k norms and attention scale 1 (Gemma 4) the 16-wide heads' scores reach ±16, so the bf16
 /// rounding of the normed q and k moves low-ranked log-probabilities further (0.52 measured at
@@ -265,12 +270,13 @@ fn cuda_goldens_goldens_match_cpu() {
     }
 }
 
-/// The FP8 checkpoints, and the llama fixture quantized to FP8 at load, on the GPU. A prompt
-/// of more than 8 tokens runs the FP8 GEMM, whose inputs are quantized per token: its logits
+/// The FP8 checkpoints, and the llama and qwen3-moe fixtures quantized to FP8 at load, on the
+/// GPU. A prompt of more than 8 tokens runs the FP8 GEMM, whose inputs are quantized per token: its logits
 /// are measured against transformers with the same input quantization (`w8a8_logits`) under
 /// the sanity bar `FP8_W8A8_SANITY`; a shorter one runs the skinny FP8 GEMM on bf16 inputs,
 /// held to the CPU on the dequantized weights at `FP8_REL_L2` / `FP8_LOGPROB_TOL`. Every value
-/// printed; `--quantization fp8` (no such reference) is measured against the CPU's bf16 model.
+/// printed; `--quantization fp8` (no such reference: the llama fixture, and qwen3-moe, whose
+/// experts it quantizes to FP8 rows) is measured against the CPU's bf16 model.
 #[test]
 fn cuda_goldens_fp8_match_cpu() {
     if !cuda_enabled("cuda_goldens_fp8_match_cpu") {
@@ -280,13 +286,17 @@ fn cuda_goldens_fp8_match_cpu() {
         quantization: ferrite_models::gpu::UploadQuantization::Fp8,
         ..Default::default()
     };
-    let cases = FP8_FIXTURES.iter().map(|&n| (n, ferrite_models::LoadOptions::default())).chain([("llama", quantized)]);
+    let cases = FP8_FIXTURES
+        .iter()
+        .map(|&n| (n, ferrite_models::LoadOptions::default()))
+        .chain([("llama", quantized), ("qwen3-moe", quantized)]);
     let mut failures = Vec::new();
     for (fixture, opts) in cases {
         let dir = fixture_dir(fixture);
         let cpu = ferrite_models::load_on(&dir, DeviceChoice::Cpu).expect("cpu").model;
         let gpu = ferrite_models::load_with(&dir, DeviceChoice::Cuda(0), &opts).expect("cuda").model;
-        let name = if fixture == "llama" { "llama --quantization fp8" } else { fixture };
+        let checkpoint = FP8_FIXTURES.contains(&fixture).then_some(fixture);
+        let name = checkpoint.map_or(format!("{fixture} --quantization fp8"), str::to_string);
         let reference = reference(fixture);
         let vocab = cpu.config().vocab_size;
         let prompts: Vec<Vec<u32>> = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();
@@ -303,7 +313,7 @@ fn cuda_goldens_fp8_match_cpu() {
                 println!(
                     "TABLE|fp8 prefill logits {name} len {len} vs transformers W8A8 (measured)|rel L2 {rel:.2e}|||greedy vs CPU parted at {parted}"
                 );
-                if fixture != "llama" {
+                if checkpoint.is_some() {
                     failures.extend((rel >= FP8_W8A8_SANITY).then(|| format!("{name} len {len}: W8A8 rel L2 {rel}")));
                 }
                 continue;
@@ -314,7 +324,7 @@ fn cuda_goldens_fp8_match_cpu() {
             println!(
                 "TABLE|fp8 prefill logits {name} len {len} vs CPU|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}|greedy vs CPU parted at {parted}"
             );
-            if fixture != "llama" {
+            if checkpoint.is_some() {
                 failures.extend((rel >= FP8_REL_L2).then(|| format!("{name} len {len}: relative L2 error {rel}")));
                 failures.extend(
                     (lp_err >= FP8_LOGPROB_TOL).then(|| format!("{name} len {len}: top-5 logprob error {lp_err}")),
@@ -391,6 +401,7 @@ fn cuda_goldens_graph_replay_equals_eager() {
         ("gemma4-moe", 20),
         ("qwen3-moe", 20),
         ("mixtral", 20),
+        ("fp8-qwen3-moe-block", 20),
         ("qwen3.5", 20),
         ("qwen3-next", 20),
     ];
@@ -554,7 +565,9 @@ fn cuda_goldens_engine_batched_and_prefix() {
         prefix_cache: false,
         ..EngineConfig::default()
     };
-    for name in ["gemma4-shared-ple", "gemma4-moe", "qwen3-moe", "mixtral", "qwen3.5", "qwen3-next"] {
+    for name in
+        ["gemma4-shared-ple", "gemma4-moe", "qwen3-moe", "mixtral", "fp8-qwen3-moe-block", "qwen3.5", "qwen3-next"]
+    {
         engine_batched_equals_alone(name, &cfg);
     }
     let (cpu, gpu, _) = load_pair("gemma4-shared-ple", None);

@@ -3,9 +3,10 @@
 //! default f16 one rounds K and V by up to 2^-11 relative), and 32 greedy tokens identical,
 //! through the engine (chunked prefill over the default paged KV cache); and a Q8_0 GGUF of
 //! the Mixtral fixture within Q8_0's rounding. The FP8 checkpoints (`make_fp8_models.py`:
-//! compressed-tensors' tensor and channel scales, transformers' 128×128 block scales) load
-//! dequantized to f32 on the CPU, so they are held to the same bar against transformers on
-//! the dequantized weights.
+//! compressed-tensors' tensor and channel scales, transformers' 128×128 block scales; and
+//! `make_fp8_moe_models.py`: a Qwen3-MoE whose experts and attention are FP8 in 64×64 blocks)
+//! load dequantized to f32 on the CPU, so they are held to the same bar against transformers
+//! on the dequantized weights.
 
 mod common;
 
@@ -206,4 +207,5 @@ parity! {
     fp8_llama_tensor => "fp8-llama-tensor",
     fp8_llama_block => "fp8-llama-block",
     fp8_qwen2_channel => "fp8-qwen2-channel",
+    fp8_qwen3_moe_block => "fp8-qwen3-moe-block",
 }

@@ -13,7 +13,7 @@ use std::str::FromStr;
 
 use ferrite_runtime::cuda::ops::QuantMatrix;
 use ferrite_runtime::cuda::{resolve_device, Device, DeviceChoice};
-use ferrite_runtime::{KvDtype, KvGroupKind, KvScheme};
+use ferrite_runtime::{DType, KvDtype, KvGroupKind, KvScheme};
 
 /// `--kv-group-size` when not given.
 pub const DEFAULT_KV_GROUP_SIZE: usize = 64;
@@ -221,15 +221,37 @@ pub struct Fit {
     pub verdict: Verdict,
 }
 
-/// Bytes of `t` as the device holds it: as stored on the CPU (mapped); on a GPU, vectors as
-/// f32, matrices in a block type its kernels read as stored, every other matrix as bf16.
-fn held_bytes(t: &TensorMeta, device: Device) -> usize {
+/// Bytes of `t` as the device holds it: as stored on the CPU (mapped), but FP8 matrices
+/// dequantized to the checkpoint's float type (`float_bytes` a value); on a
+/// GPU, vectors as f32, matrices in a block type its kernels read as stored, FP8 matrices (dense
+/// projections and routed experts alike) as their codes plus a 16-byte word of scale runs per
+/// row and 512 columns (`fp8_scale_bytes`), every other matrix as bf16.
+fn held_bytes(t: &TensorMeta, device: Device, float_bytes: usize) -> usize {
     match device {
+        Device::Cpu if t.dtype == DType::F8E4M3 => t.numel() * float_bytes,
         Device::Cpu => t.stored_bytes(),
+        Device::Cuda(_) if t.dtype == DType::F8E4M3 => t.numel() + fp8_scale_bytes(&t.shape),
         Device::Cuda(_) if t.shape.len() <= 1 => t.numel() * 4,
         Device::Cuda(_) if t.dtype.is_quantized() && QuantMatrix::supports(t.dtype) => t.stored_bytes(),
         Device::Cuda(_) => t.numel() * 2,
     }
+}
+
+/// Bytes of a value of the checkpoint's float type (that of its largest float matrix, the
+/// embedding), which the CPU dequantizes FP8 matrices to; bf16 without one.
+fn float_bytes(m: &Inspected) -> usize {
+    let floats =
+        m.tensors.iter().filter(|t| t.shape.len() == 2 && matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16));
+    floats.max_by_key(|t| t.numel()).and_then(|t| t.dtype.row_bytes(1).ok()).unwrap_or(2)
+}
+
+/// Scale bytes the device holds beside the codes of an FP8 matrix of `shape`: a 16-byte word
+/// (4 runs of 128 columns: the block-scaled checkpoints' scales as the routed experts' rows
+/// hold them) per row and 512 columns; a scale a row takes less.
+fn fp8_scale_bytes(shape: &[usize]) -> usize {
+    let cols = shape.last().copied().unwrap_or(1);
+    let rows = shape.iter().product::<usize>() / cols.max(1);
+    rows * 16 * cols.div_ceil(512)
 }
 
 /// cuBLASLt's workspace (`ferrite_runtime::cuda::blas`).
@@ -257,11 +279,13 @@ fn workspace_bytes(m: &Inspected, device: Device, tokens: usize, rows: usize) ->
     match device {
         Device::Cpu => tokens * per_token * 4 + logits,
         Device::Cuda(_) => {
-            // The larger-batch GEMMs dequantize the largest quantized layer matrix to bf16.
+            // The larger-batch GEMMs dequantize the largest quantized (or FP8) layer matrix to
+            // bf16.
             let dequant = m
                 .tensors
                 .iter()
-                .filter(|t| t.shape.len() == 2 && t.dtype.is_quantized() && t.shape[0] != cfg.vocab_size)
+                .filter(|t| t.shape.len() == 2 && (t.dtype.is_quantized() || t.dtype == DType::F8E4M3))
+                .filter(|t| t.shape[0] != cfg.vocab_size)
                 .map(|t| t.numel() * 2)
                 .max()
                 .unwrap_or(0);
@@ -286,7 +310,8 @@ pub fn fit(m: &Inspected, device: Device, memory: DeviceMemory, opts: &FitOption
         return Err(LoadError::Other("--max-model-len must be at least 1".into()));
     }
     let kv_dtype = opts.kv_dtype.resolve(device, opts.kv_group_size).map_err(LoadError::Other)?;
-    let weights: usize = m.tensors.iter().map(|t| held_bytes(t, device)).sum();
+    let float = float_bytes(m);
+    let weights: usize = m.tensors.iter().map(|t| held_bytes(t, device, float)).sum();
     let workspace = workspace_bytes(m, device, opts.max_num_batched_tokens, opts.max_num_seqs);
     let layout = &m.plan.layout;
     let scheme = KvScheme { dtype: kv_dtype.dtype, ..KvScheme::default() };
@@ -438,7 +463,7 @@ impl fmt::Display for Fit {
         let held = match (self.format, self.device) {
             (_, Device::Cpu) => "as stored, memory-mapped",
             (Format::Gguf, Device::Cuda(_)) => "quantized blocks the kernels read kept, the rest bf16",
-            (Format::Safetensors, Device::Cuda(_)) => "bf16; MLX-quantized blocks kept as stored",
+            (Format::Safetensors, Device::Cuda(_)) => "bf16; MLX-quantized blocks and FP8 codes kept as stored",
         };
         writeln!(f, "weights    {} ({held})", h(self.weights))?;
         writeln!(f, "workspace  {}", h(self.workspace))?;

@@ -83,8 +83,8 @@ pub struct LoadOptions {
     /// Keep only the first this many decoder layers: a deliberately weakened model (a draft
     /// that disagrees with its full self, for speculative-decoding tests and benchmarks).
     pub max_layers: Option<usize>,
-    /// Convert bf16 weights at load (`--quantization fp8`: each layer projection to FP8 per
-    /// output channel; CUDA only).
+    /// Convert bf16 weights at load (`--quantization fp8`: each layer projection and routed
+    /// expert to FP8 per output channel; CUDA only).
     pub quantization: crate::gpu::UploadQuantization,
 }
 

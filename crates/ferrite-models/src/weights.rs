@@ -202,6 +202,10 @@ impl Weights {
         let t = match (&self.source, self.mlx_module(&name), self.fp8_module(&name)) {
             (_, Some((q, s, module)), _) => q.matrix(s, module, shape)?,
             (_, _, Some((q, s, module))) if shape.len() == 2 => q.dequantized(s, module, shape[0], shape[1])?,
+            (_, _, Some(_)) => {
+                let why = format!("FP8 codes read as {shape:?} (FP8 tensors are read as matrices, one per expert)");
+                return Err(LoadError::tensor(self.path(hf), &name, why));
+            }
             (WeightSource::Safetensors(s), _, _) => s.tensor(&name)?,
             (WeightSource::Gguf(g), _, _) => g.tensor(&name)?,
             (WeightSource::Random(r), _, _) => r.tensor(&name, shape)?,

@@ -80,6 +80,28 @@ fn llama_fixture_on_a_gpu() {
     assert_eq!(f.kv_budget, (left as f64 * f64::from(0.9f32)) as usize);
 }
 
+/// `fp8-qwen3-moe-block`: vocab 307, hidden 128, 2 layers of q/k/v/o (128, 64, 64 and 128
+/// rows) and 4 experts of 32 (gate and up 32 × 128, down 128 × 32), all FP8 with 64 × 64
+/// block scales; the embedding, LM head, routers and norms f32.
+#[test]
+fn fp8_experts_by_hand() {
+    let m = inspect(&fixture("fp8-qwen3-moe-block")).unwrap();
+    // FP8 codes a layer: attention 49,152, experts 4 × 3 × 4,096; the scale grids (2 × 2 for q
+    // and o, 1 × 2 for k and v and gate and up, 2 × 1 for down) 36 values; the router 4 × 128;
+    // norms 128 + 128 + 32 + 32 a layer and 128 more.
+    let (codes, grids, router, vectors) = (49_152 + 4 * 3 * 4_096, 36, 4 * 128, 2 * 320 + 128);
+    let embed = 2 * 307 * 128;
+    // The CPU dequantizes the codes to the checkpoint's f32 and maps the rest as stored (f32).
+    let f = fit(&m, Device::Cpu, memory(100 * MIB), &FitOptions::default()).unwrap();
+    assert_eq!(f.weights, 4 * (2 * (codes + grids + router) + embed + vectors));
+    // The GPU holds each code in a byte, plus a 16-byte word of scale runs a row (q and o 128
+    // rows, k and v 64; each expert's gate and up 32, down 128), the other matrices in bf16.
+    let f = fit(&m, Device::Cuda(0), memory(1 << 30), &FitOptions::default()).unwrap();
+    let scale_words = 16 * (128 + 64 + 64 + 128 + 4 * (32 + 32 + 128));
+    assert_eq!(f.weights, 2 * (codes + scale_words + 2 * (grids + router)) + 2 * embed + 4 * vectors);
+    assert_eq!(f.weights, 395_920);
+}
+
 /// `gemma3`: 3 layers (sliding window 8, sliding, full), 2 KV heads of 16.
 #[test]
 fn sliding_window_groups() {

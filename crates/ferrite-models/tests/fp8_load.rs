@@ -1,6 +1,7 @@
 //! FP8 checkpoints that do not add up give a one-line load error naming the tensor or the
 //! config entry: codes without a scale, a scale of no layout the config allows,
-//! e4m3 codes without an FP8 config, an FP8 scheme ferrite does not read; and
+//! e4m3 codes without an FP8 config, an FP8 scheme ferrite does not read, a routed expert's
+//! codes without a scale or with a scale grid of another shape; and
 //! `--quantization fp8` on the CPU. The good fixtures load (their outputs: `hf_parity`).
 
 mod fixture_edits;
@@ -10,7 +11,8 @@ use ferrite_models::LoadOptions;
 use ferrite_runtime::cuda::DeviceChoice;
 use fixture_edits::{copy_fixture_named, edit_config, edit_header, fixture_named, load_err};
 
-const FIXTURES: [&str; 4] = ["fp8-llama-channel", "fp8-llama-tensor", "fp8-llama-block", "fp8-qwen2-channel"];
+const FIXTURES: [&str; 5] =
+    ["fp8-llama-channel", "fp8-llama-tensor", "fp8-llama-block", "fp8-qwen2-channel", "fp8-qwen3-moe-block"];
 
 #[test]
 fn every_fixture_loads_and_reports_fp8() {
@@ -29,6 +31,31 @@ fn codes_without_a_scale() {
     });
     let msg = load_err(tmp.path());
     assert!(msg.contains("model.layers.1.mlp.up_proj.weight") && msg.contains("without a weight_scale"), "{msg}");
+}
+
+/// A routed expert's codes without their scale, and an expert's scale grid of another shape:
+/// the error names the expert's tensor.
+#[test]
+fn expert_scales_missing_or_misshapen() {
+    let tmp = copy_fixture_named("fp8-qwen3-moe-block");
+    edit_header(tmp.path(), |h| {
+        let v = h.remove("model.layers.1.mlp.experts.3.up_proj.weight_scale_inv").expect("scale");
+        h.insert("model.layers.1.mlp.experts.3.up_proj.unused".into(), v);
+    });
+    let msg = load_err(tmp.path());
+    assert!(
+        msg.contains("model.layers.1.mlp.experts.3.up_proj.weight") && msg.contains("without a weight_scale"),
+        "{msg}"
+    );
+    let tmp = copy_fixture_named("fp8-qwen3-moe-block");
+    edit_header(tmp.path(), |h| {
+        h["model.layers.0.mlp.experts.2.down_proj.weight_scale_inv"]["shape"] = serde_json::json!([1, 2]);
+    });
+    let msg = load_err(tmp.path());
+    assert!(
+        msg.contains("model.layers.0.mlp.experts.2.down_proj.weight_scale_inv") && msg.contains("not a scale layout"),
+        "{msg}"
+    );
 }
 
 /// A block checkpoint's scale grid of the wrong shape, and a channel scale of another row count.

@@ -2,8 +2,10 @@
 //! with the lower expert first among equals, renormalized or not, per-expert scales) and the
 //! grouping by expert (offsets, active experts, each grouped row's token, each pair's row);
 //! then every expert's gate-up and down projections and the weighted combine, for bf16, GGUF
-//! (Q4_K, Q8_0) and MLX (4-bit groups of 64 with bf16 scales, 8-bit groups of 32 with f32
-//! scales) experts, at token counts on both kernels (the skinny GEMM over the chosen
+//! (Q4_K, Q8_0), MLX (4-bit groups of 64 with bf16 scales, 8-bit groups of 32 with f32
+//! scales) and FP8 experts (a checkpoint's block scales: runs of 128 and of 32 along a row, a
+//! block wider than the row, a scale a row; and bf16 experts quantized on the device, as
+//! `--quantization fp8` does, code for code against the host's quantization), at token counts on both kernels (the skinny GEMM over the chosen
 //! experts up to 8 tokens, the grouped tensor-core GEMM above), odd shapes, and skewed loads:
 //! an expert no token picks, every token on one expert. Outputs are NaN-poisoned first, so a
 //! row the kernels fail to write fails. Gated on `FERRITE_TEST_CUDA=1`.
@@ -17,6 +19,7 @@
 
 mod cuda_common;
 
+use cuda_common::fp8::{dequantize, quantize_rows, random_fp8};
 use cuda_common::{compare, dequantized, gpu, poisoned_bf16, rand_bf16, random_blocks, rng, to_f32};
 use ferrite_runtime::cuda::ops::{self, ExpertMatrix, ExpertProduct, GatedActivation, MoeRoute};
 use ferrite_runtime::cuda::{DevicePtr, Gpu};
@@ -177,14 +180,44 @@ fn cuda_moe_route_matches_reference() {
     }
 }
 
-/// One expert projection's weights: bf16 values or random GGUF blocks, on the host as the
-/// GPU computes with them (f32 dequantized values) and on the device.
+/// One expert projection's weights: bf16 values, random GGUF or MLX blocks or FP8 rows, on the
+/// host as the GPU computes with them (f32 dequantized values) and on the device.
 struct Weights {
     values: Vec<f32>,
     dev: ExpertMatrix,
 }
 
-fn expert_weights(gpu: &Gpu, rng: &mut StdRng, dtype: DType, (e, rows, cols): (usize, usize, usize)) -> Weights {
+/// How a case's experts are made.
+#[derive(Debug, Clone, Copy)]
+enum Format {
+    /// Bytes of a type `ExpertMatrix::upload` takes (bf16, GGUF or MLX blocks).
+    Upload(DType),
+    /// A checkpoint's FP8 codes with a scale every this many columns (0: one a row).
+    Fp8(usize),
+    /// bf16 experts quantized to FP8 on the device (`ExpertMatrix::quantize_fp8`).
+    Fp8Quantized,
+}
+
+fn expert_weights(gpu: &Gpu, rng: &mut StdRng, format: Format, shape: (usize, usize, usize)) -> Weights {
+    let (e, rows, cols) = shape;
+    let amp = (3.0 / cols as f32).sqrt();
+    let dtype = match format {
+        Format::Upload(dtype) => dtype,
+        Format::Fp8(block) => {
+            let col_block = if block == 0 { cols } else { block };
+            let (codes, mut scales) = random_fp8(rng, e * rows, cols, col_block);
+            scales.iter_mut().for_each(|s| *s *= amp);
+            let values = dequantize(&codes, &scales, cols, col_block);
+            return Weights { values, dev: ExpertMatrix::upload_fp8(gpu, shape, &codes, &scales, col_block).unwrap() };
+        }
+        Format::Fp8Quantized => {
+            let (h, values) = rand_bf16(rng, e * rows * cols, amp);
+            let bytes: Vec<u8> = h.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+            let bf16 = ExpertMatrix::upload(gpu, DType::BF16, shape, &bytes).unwrap();
+            let dev = ExpertMatrix::quantize_fp8(gpu, &bf16).unwrap();
+            return Weights { values: quantize_rows(&values, cols).2, dev };
+        }
+    };
     if dtype == DType::BF16 {
         let (h, values) = rand_bf16(rng, e * rows * cols, (3.0 / cols as f32).sqrt());
         let bytes: Vec<u8> = h.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
@@ -204,12 +237,12 @@ fn expert_dot(w: &Weights, e: usize, (rows, cols): (usize, usize), x: &[f32], ge
         .collect()
 }
 
-/// Every expert's products and the combine against the reference loops, for `dtype` experts
-/// of `hidden` × `inter`, over each token count and load.
-fn experts_case(gpu: &Gpu, rng: &mut StdRng, dtype: DType, (hidden, inter): (usize, usize)) {
+/// Every expert's products and the combine against the reference loops, for experts of
+/// `format` of `hidden` × `inter`, over each token count and load.
+fn experts_case(gpu: &Gpu, rng: &mut StdRng, format: Format, (hidden, inter): (usize, usize)) {
     let (experts, k) = (16, 4);
-    let gate_up = expert_weights(gpu, rng, dtype, (experts, 2 * inter, hidden));
-    let down = expert_weights(gpu, rng, dtype, (experts, hidden, inter));
+    let gate_up = expert_weights(gpu, rng, format, (experts, 2 * inter, hidden));
+    let down = expert_weights(gpu, rng, format, (experts, hidden, inter));
     for tokens in [1, 3, 8, 9, 61, 200] {
         for skew in 0..3 {
             let (never, always) = match skew {
@@ -217,7 +250,7 @@ fn experts_case(gpu: &Gpu, rng: &mut StdRng, dtype: DType, (hidden, inter): (usi
                 2 => (None, Some(2)),
                 _ => (None, None),
             };
-            let case = format!("{dtype} [{hidden}, {inter}] {tokens} tokens skew {skew}");
+            let case = format!("{format:?} [{hidden}, {inter}] {tokens} tokens skew {skew}");
             let l = logits(rng, tokens, experts, never, always);
             let mut r = MoeRoute::new(gpu, tokens, experts, k).unwrap();
             let (ids, weights) = route_on_gpu(gpu, &mut r, &l, tokens, true, None);
@@ -269,13 +302,39 @@ fn experts_case(gpu: &Gpu, rng: &mut StdRng, dtype: DType, (hidden, inter): (usi
 fn cuda_moe_experts_match_reference_loops() {
     let Some((gpu, _checks)) = gpu("cuda_moe_experts_match_reference_loops") else { return };
     let mut rng = rng("moe_experts");
-    // bf16 rows of multiples of 8 only (K steps with a ragged end); blocks need whole blocks.
-    experts_case(gpu, &mut rng, DType::BF16, (200, 72));
-    experts_case(gpu, &mut rng, DType::BF16, (64, 16));
-    experts_case(gpu, &mut rng, DType::Q4K, (256, 512));
-    experts_case(gpu, &mut rng, DType::Q8_0, (96, 160));
-    experts_case(gpu, &mut rng, mlx(4, 64, MlxScale::Bf16), (256, 192));
-    experts_case(gpu, &mut rng, mlx(8, 32, MlxScale::F32), (96, 160));
+    // bf16 rows of multiples of 8 only (K steps with a ragged end); blocks need whole blocks;
+    // FP8 rows multiples of 16 (gate-up rows of 176 and 112: K steps with a ragged end).
+    experts_case(gpu, &mut rng, Format::Upload(DType::BF16), (200, 72));
+    experts_case(gpu, &mut rng, Format::Upload(DType::BF16), (64, 16));
+    experts_case(gpu, &mut rng, Format::Upload(DType::Q4K), (256, 512));
+    experts_case(gpu, &mut rng, Format::Upload(DType::Q8_0), (96, 160));
+    experts_case(gpu, &mut rng, Format::Upload(mlx(4, 64, MlxScale::Bf16)), (256, 192));
+    experts_case(gpu, &mut rng, Format::Upload(mlx(8, 32, MlxScale::F32)), (96, 160));
+    // Runs of 128 (gate-up: 3 along a row, the last partial; down: one block wider than the
+    // row), runs of 32 (6 and 3 a row), a scale a row.
+    experts_case(gpu, &mut rng, Format::Fp8(128), (336, 96));
+    experts_case(gpu, &mut rng, Format::Fp8(32), (192, 96));
+    experts_case(gpu, &mut rng, Format::Fp8(0), (176, 48));
+    experts_case(gpu, &mut rng, Format::Fp8Quantized, (112, 64));
+}
+
+/// Random FP8 experts (synthetic models): every product finite and not all zero.
+#[test]
+fn cuda_moe_random_fp8_experts_are_finite() {
+    let Some((gpu, _checks)) = gpu("cuda_moe_random_fp8_experts_are_finite") else { return };
+    let mut rng = rng("moe_random_fp8");
+    let (experts, k, hidden, inter, tokens) = (8, 2, 256, 128, 12);
+    let w = ExpertMatrix::random(gpu, DType::F8E4M3, (experts, 2 * inter, hidden), 3, 0.1).unwrap();
+    let mut r = MoeRoute::new(gpu, tokens, experts, k).unwrap();
+    route_on_gpu(gpu, &mut r, &logits(&mut rng, tokens, experts, None, None), tokens, true, None);
+    let x = gpu.upload(&rand_bf16(&mut rng, tokens * hidden, 1.0).0).unwrap();
+    for m in [3, tokens] {
+        let mut act = poisoned_bf16(gpu, m * k * inter);
+        ops::moe_linear(gpu, ExpertProduct::Gated(GatedActivation::Silu), &x, true, &w, &r, m, &mut act).unwrap();
+        let act = to_f32(&gpu.download(&act).unwrap());
+        assert!(act.iter().all(|v| v.is_finite()), "{m} tokens: random FP8 experts gave a non-finite value");
+        assert!(act.iter().any(|&v| v != 0.0), "{m} tokens: random FP8 experts gave zeros");
+    }
 }
 
 fn mlx(bits: u32, group: usize, scale: MlxScale) -> DType {
@@ -290,8 +349,9 @@ fn cuda_moe_rows_do_not_depend_on_the_batch() {
     let Some((gpu, _checks)) = gpu("cuda_moe_rows_do_not_depend_on_the_batch") else { return };
     let mut rng = rng("moe_batch");
     let (experts, k, hidden, inter) = (8, 2, 256, 256);
-    for dtype in [DType::BF16, DType::Q4K, mlx(4, 128, MlxScale::F16)] {
-        let gate_up = expert_weights(gpu, &mut rng, dtype, (experts, 2 * inter, hidden));
+    let formats = [Format::Upload(DType::BF16), Format::Upload(DType::Q4K), Format::Upload(mlx(4, 128, MlxScale::F16))];
+    for format in formats.into_iter().chain([Format::Fp8(128)]) {
+        let gate_up = expert_weights(gpu, &mut rng, format, (experts, 2 * inter, hidden));
         let l = logits(&mut rng, 150, experts, None, None);
         let (xh, _) = rand_bf16(&mut rng, 150 * hidden, 1.0);
         let rows_of = |tokens: usize| -> Vec<u16> {
@@ -311,7 +371,7 @@ fn cuda_moe_rows_do_not_depend_on_the_batch() {
         };
         let (alone, batched) = (rows_of(9), rows_of(150));
         let same = alone.iter().zip(&batched).filter(|(a, b)| a == b).count();
-        println!("TABLE|moe_batch|{dtype} 9 tokens alone vs in 150|{same}/{} bit-equal|", alone.len());
-        assert_eq!(same, alone.len(), "{dtype}: a token's expert rows depend on its batch");
+        println!("TABLE|moe_batch|{format:?} 9 tokens alone vs in 150|{same}/{} bit-equal|", alone.len());
+        assert_eq!(same, alone.len(), "{format:?}: a token's expert rows depend on its batch");
     }
 }

@@ -2,7 +2,7 @@
 //! GGUF file whose pieces of a matrix are all in block types the kernels read — the file's
 //! blocks as they are, or — from an FP8 checkpoint whose pieces are all FP8, or any layer
 //! projection under `--quantization fp8` — e4m3 codes with their scales (the embedding, the LM
-//! head, routers and experts stay bf16). Per layer: a fused QKV matrix (q only for a KV-shared
+//! head and routers stay bf16; routed experts are FP8 rows likewise). Per layer: a fused QKV matrix (q only for a KV-shared
 //! layer; the keys twice for `attention_k_eq_v`; a gated output's gate rows last) with its
 //! bias, q/k norms (per head or over the whole projection), the output projection and its
 //! bias — or a gated DeltaNet layer's projections, conv and gates (`deltanet`) — the dense MLP (a fused gate-up or a plain
@@ -183,7 +183,7 @@ fn layer_projection(parts: &[Part]) -> bool {
 
 /// The FP8 parts of a matrix stacked into one `Fp8Weight` (their scale runs brought to the
 /// finest), or `None` when their runs do not nest.
-fn stack_fp8(parts: Vec<Fp8Weight>) -> Option<Fp8Weight> {
+pub(super) fn stack_fp8(parts: Vec<Fp8Weight>) -> Option<Fp8Weight> {
     let block = parts.iter().map(|p| p.col_block).min()?;
     let nests = |p: &Fp8Weight| p.col_block == p.cols || p.col_block.is_multiple_of(block);
     if !parts.iter().all(nests) {
@@ -301,8 +301,19 @@ impl Source for FileSource<'_> {
         self.w.contains(name)
     }
 
+    /// The experts as stored (`stack_experts`); under `--quantization fp8`, bf16 ones quantized
+    /// to FP8 rows, a scale a row.
     fn experts(&mut self, names: &ExpertNames, shape: MoeShape, hidden: usize) -> Result<[ExpertMatrix; 2]> {
-        stack_experts(self.w, self.gpu, names, shape, hidden)
+        let [gate_up, down] = stack_experts(self.w, self.gpu, names, shape, hidden)?;
+        let quantize = |m: ExpertMatrix| -> Result<ExpertMatrix> {
+            match self.quantize {
+                UploadQuantization::Fp8 if m.dtype() == DType::BF16 && m.cols().is_multiple_of(16) => {
+                    Ok(ExpertMatrix::quantize_fp8(self.gpu, &m)?)
+                }
+                _ => Ok(m),
+            }
+        };
+        Ok([quantize(gate_up)?, quantize(down)?])
     }
 }
 
@@ -359,9 +370,11 @@ impl RandomSource<'_> {
     /// The block type of a matrix of `cols` columns: the source's, except that a k-quant
     /// whose 256-value blocks do not tile a row falls back as llama.cpp's quantizer does
     /// (Q4_K to Q5_0; Q5_K and Q6_K to Q8_0, the nearest type the kernels read for its Q5_1
-    /// and Q8_0); an FP8 model's experts are bf16.
+    /// and Q8_0); an FP8 model's experts are FP8 rows (bf16 where a row is not a multiple of
+    /// 16 values).
     fn dtype_for(&self, cols: usize) -> DType {
         match self.dtype {
+            DType::F8E4M3 if cols.is_multiple_of(16) => DType::F8E4M3,
             DType::F8E4M3 => DType::BF16,
             d if cols.is_multiple_of(d.block_elems()) => d,
             DType::Q4K => DType::Q5_0,

@@ -20,7 +20,7 @@ use ferrite_runtime::cuda::{CudaSlice, Gpu};
 use ferrite_runtime::{DType, Result as RtResult, Tensor};
 use half::bf16;
 
-use super::decoder_weights::MlpWeights;
+use super::decoder_weights::{stack_fp8, MlpWeights};
 use crate::error::{LoadError, Result};
 use crate::moe::{ExpertLayout, ExpertRows, MoeShape, Projection};
 use crate::plan::{DecoderPlan, ExpertNames, MlpNames, MoePlan, MoeStyle};
@@ -89,10 +89,14 @@ pub fn stack_experts(
     Ok([stack(w, gpu, &gate_up, (e, 2 * inter, hidden))?, stack(w, gpu, &down, (e, hidden, inter))?])
 }
 
-/// `pieces`, in order, as one `[experts, rows, cols]` matrix: the stored bytes when every
-/// piece is in one type the experts' kernels read (bf16, a GGUF block type), else the values
-/// in bf16 (f32 or f16 files, or a file that quantized the pieces differently).
+/// `pieces`, in order, as one `[experts, rows, cols]` matrix: FP8 rows when every piece is FP8
+/// (`stack_fp8_experts`), the stored bytes when every piece is in one type the experts' kernels
+/// read (bf16, a GGUF block type), else the values in bf16 (f32 or f16 files, or a file that
+/// quantized the pieces differently).
 fn stack(w: &Weights, gpu: &Gpu, pieces: &[ExpertRows], shape: (usize, usize, usize)) -> Result<ExpertMatrix> {
+    if let Some(m) = stack_fp8_experts(w, gpu, pieces, shape)? {
+        return Ok(m);
+    }
     let mut tensors: std::collections::HashMap<&str, Tensor> = std::collections::HashMap::new();
     for p in pieces {
         if !tensors.contains_key(p.name.as_str()) {
@@ -125,6 +129,33 @@ fn stack(w: &Weights, gpu: &Gpu, pieces: &[ExpertRows], shape: (usize, usize, us
     };
     let name = pieces.first().map_or("experts", |p| p.name.as_str());
     ExpertMatrix::upload(gpu, dtype, shape, &bytes).map_err(|e| bad(name, e.to_string()))
+}
+
+/// `pieces` as FP8 expert rows, when the checkpoint stores every piece as FP8 (one tensor per
+/// expert and projection) with scale runs that stack and rows the kernels take (multiples of
+/// 16 values); `None` otherwise (the caller reads them dequantized).
+fn stack_fp8_experts(
+    w: &Weights,
+    gpu: &Gpu,
+    pieces: &[ExpertRows],
+    shape: (usize, usize, usize),
+) -> Result<Option<ExpertMatrix>> {
+    let mut parts = Vec::with_capacity(pieces.len());
+    for p in pieces {
+        let &[total, cols] = p.shape.as_slice() else { return Ok(None) };
+        match w.fp8(&p.name, total, cols)? {
+            Some(f) if p.rows == (0..total) => parts.push(f),
+            Some(f) => parts.push(f.slice_rows(p.rows.clone())),
+            None => return Ok(None),
+        }
+    }
+    let Some(all) = stack_fp8(parts).filter(|f| f.cols.is_multiple_of(16) && f.col_block.is_multiple_of(16)) else {
+        return Ok(None);
+    };
+    let name = pieces.first().map_or("experts", |p| p.name.as_str());
+    let m = ExpertMatrix::upload_fp8(gpu, shape, &all.codes, &all.scales, all.col_block)
+        .map_err(|e| LoadError::Other(format!("{name}: {e}")))?;
+    Ok(Some(m))
 }
 
 /// Why the CUDA experts cannot run `plan`'s MoE layers, if they cannot: the routing kernels'

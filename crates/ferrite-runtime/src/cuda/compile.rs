@@ -3,7 +3,8 @@
 //!
 //! Each source (with the shared `common.cuh` prepended) is one module; `quant.cuh` (with the
 //! experts' `moe_gemm.cuh`) is one module per GGUF block type it is instantiated for and one per
-//! MLX code width, and one more (`moe_bf16`) for the experts' products over bf16 weights; each
+//! MLX code width, and two more for the experts' products over bf16 weights (`moe_bf16`) and
+//! FP8 rows (`moe_fp8`, with `moe_fp8.cuh`); each
 //! attention kernel is one module per KV cache format (`kv_format.cuh`, with `KV_FMT` defined).
 //! For an architecture NVRTC knows (sm_90a on Hopper) it yields a cubin; for a newer device it
 //! yields PTX for the newest architecture NVRTC has, which the driver compiles. Images are cached under
@@ -50,6 +51,16 @@ macro_rules! sources {
                     include_str!("kernels/quant.cuh"),
                     include_str!("kernels/moe_gemm.cuh"),
                     "\nMOE_KERNELS(bf16w)\n"
+                ),
+            },
+            // The routed experts' products over FP8 rows (e4m3 codes and their scale runs).
+            Source {
+                name: "moe_fp8",
+                code: concat!(
+                    include_str!("kernels/quant.cuh"),
+                    include_str!("kernels/moe_gemm.cuh"),
+                    include_str!("kernels/moe_fp8.cuh"),
+                    "\nMOE_KERNELS(e4m3_rows)\n"
                 ),
             },
             // The KV write kernels (every format).

@@ -82,6 +82,8 @@ pub(crate) struct Functions {
     pub moe_combine: CudaFunction,
     /// The experts' products over bf16 weights (`moe_gemm.cuh`, module `moe_bf16`).
     pub moe_bf16: MoeFunctions,
+    /// The experts' products over FP8 rows (`moe_fp8.cuh`, module `moe_fp8`).
+    pub moe_fp8: MoeFunctions,
     /// Multi-LoRA's shrink and expand (`lora.cu`).
     pub lora_shrink: CudaFunction,
     pub lora_expand: CudaFunction,
@@ -272,6 +274,7 @@ impl Functions {
             moe_align: get("moe", "moe_align")?,
             moe_combine: get("moe", "moe_combine")?,
             moe_bf16: moe("moe_bf16")?,
+            moe_fp8: moe("moe_fp8")?,
             lora_shrink: get("lora", "lora_shrink")?,
             lora_expand: get("lora", "lora_expand")?,
             delta_conv: get("deltanet", "delta_conv")?,

@@ -12,6 +12,7 @@
 #![allow(dead_code)] // each test binary uses its own part of these helpers
 
 pub mod attention;
+pub mod fp8;
 
 use std::cell::RefCell;
 use std::sync::OnceLock;

@@ -1,6 +1,7 @@
 // The routed experts' matrix products, for every weight type the device reads: appended to
 // quant.cuh once per block type (compile.rs adds `MOE_KERNELS(<type>)` after the type's
-// `QUANT_KERNELS`) and once for bf16 weights (`MOE_KERNELS(bf16w)`, module `moe_bf16`).
+// `QUANT_KERNELS`), once for bf16 weights (`MOE_KERNELS(bf16w)`, module `moe_bf16`) and once
+// for FP8 rows (`MOE_KERNELS(e4m3_rows)`, module `moe_fp8`, the row type in moe_fp8.cuh).
 //
 // A layer's experts of one projection are one stacked allocation: expert e's `rows` rows of k
 // values start at w + e * expert_bytes. The (token, expert) pairs of a step are grouped by

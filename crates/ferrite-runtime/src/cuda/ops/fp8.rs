@@ -104,8 +104,8 @@ impl Fp8Matrix {
             return Err(shape_err(format!("quantize [{rows}, {cols}] from {} values", w.len())));
         }
         let mut m = Fp8Matrix { rows, cols, codes: gpu.alloc(rows * cols)?, scales: gpu.alloc(rows)?, col_block: cols };
-        let (wp, cp, sp) = (gpu.ptr(w), gpu.ptr_mut(&mut m.codes), gpu.ptr_mut(&mut m.scales));
-        quantize_rows(gpu, wp, cp, sp, rows, cols)?;
+        let at = RowsAt::dense(gpu.ptr_mut(&mut m.codes), gpu.ptr_mut(&mut m.scales), cols);
+        quantize_rows(gpu, gpu.ptr(w), at, rows, cols)?;
         Ok(m)
     }
 
@@ -114,10 +114,8 @@ impl Fp8Matrix {
     pub fn random(gpu: &Gpu, rows: usize, cols: usize, seed: u64, amp: f32) -> CudaResult<Fp8Matrix> {
         Self::check(gpu, rows, cols, cols)?;
         let mut m = Fp8Matrix { rows, cols, codes: gpu.alloc(rows * cols)?, scales: gpu.alloc(rows)?, col_block: cols };
-        let (cp, sp) = (gpu.ptr_mut(&mut m.codes), gpu.ptr_mut(&mut m.scales));
-        let (r, k) = (rows as i32, cols as i32);
-        let grid = gpu.grid_for(rows * cols / 2, THREADS);
-        gpu.launch(&gpu.fns.fp8_random, cfg((grid, 1, 1), THREADS, 0), &[&cp, &sp, &r, &k, &seed, &amp])?;
+        let at = RowsAt::dense(gpu.ptr_mut(&mut m.codes), gpu.ptr_mut(&mut m.scales), cols);
+        random_rows(gpu, at, rows, cols, seed, amp)?;
         Ok(m)
     }
 
@@ -223,10 +221,46 @@ fn add_bias(gpu: &Gpu, yp: u64, bp: u64, m: usize, n: usize) -> CudaResult<()> {
     gpu.launch(&gpu.fns.fp8_add_bias, cfg((grid, 1, 1), THREADS, 0), &[&yp, &bp, &n_i, &total])
 }
 
-/// `rows` rows of `k` bf16 values at `xp` quantized to codes at `cp` and a scale a row at `sp`.
-fn quantize_rows(gpu: &Gpu, xp: u64, cp: u64, sp: u64, rows: usize, k: usize) -> CudaResult<()> {
+/// Where rows of codes with one scale a row go: row r's codes at `codes + r · code_ld` (bytes),
+/// its scale at `scales + r · scale_ld` (f32s) — a dense matrix's (`dense`), or the stacked
+/// experts' rows (`moe_fp8.cuh`), each row's scale ahead of its codes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowsAt {
+    pub codes: u64,
+    pub code_ld: u64,
+    pub scales: u64,
+    pub scale_ld: u64,
+}
+
+impl RowsAt {
+    /// Codes `[rows, k]` row-major at `codes`, one scale a row at `scales`.
+    pub fn dense(codes: u64, scales: u64, k: usize) -> RowsAt {
+        RowsAt { codes, code_ld: k as u64, scales, scale_ld: 1 }
+    }
+}
+
+/// `rows` rows of `k` bf16 values at `xp` quantized to codes and a scale a row at `at`.
+pub(crate) fn quantize_rows(gpu: &Gpu, xp: u64, at: RowsAt, rows: usize, k: usize) -> CudaResult<()> {
     let k_i = k as i32;
-    gpu.launch(&gpu.fns.fp8_quantize_rows, cfg((rows as u32, 1, 1), THREADS, 0), &[&xp, &cp, &sp, &k_i])
+    let RowsAt { codes, code_ld, scales, scale_ld } = at;
+    gpu.launch(
+        &gpu.fns.fp8_quantize_rows,
+        cfg((rows as u32, 1, 1), THREADS, 0),
+        &[&xp, &codes, &scales, &k_i, &code_ld, &scale_ld],
+    )
+}
+
+/// Random codes of `rows` rows of `k` (even) values and a scale a row, `amp / 448`, at `at`:
+/// values in [-amp, amp] (synthetic models).
+pub(crate) fn random_rows(gpu: &Gpu, at: RowsAt, rows: usize, k: usize, seed: u64, amp: f32) -> CudaResult<()> {
+    let (r, k_i) = (rows as i32, k as i32);
+    let RowsAt { codes, code_ld, scales, scale_ld } = at;
+    let grid = gpu.grid_for(rows * k / 2, THREADS);
+    gpu.launch(
+        &gpu.fns.fp8_random,
+        cfg((grid, 1, 1), THREADS, 0),
+        &[&codes, &scales, &r, &k_i, &code_ld, &scale_ld, &seed, &amp],
+    )
 }
 
 /// `y[m, n] = x[m, k] · Wᵀ (+ bias[n])` for `w` of `[n, k]`, f32 accumulation, bf16 or f32
@@ -255,7 +289,7 @@ pub fn fp8_linear<O: GemmOutput>(
         Some(s) if m > GEMV_MAX_ROWS && s.len() >= w.scratch_len(m) && w.fp8_gemm() && bf16_out => {
             let sp = gpu.ptr_mut(s);
             let cp = sp + codes_offset(m) as u64;
-            quantize_rows(gpu, xp, cp, sp, m, k)?;
+            quantize_rows(gpu, xp, RowsAt::dense(cp, sp, k), m, k)?;
             let scales = Fp8Scales { x: sp, w: gpu.ptr(&w.scales) };
             gpu.blas.linear_fp8((cp, gpu.ptr(&w.codes)), scales, y, (m, n, k))?;
             match bias {

@@ -14,9 +14,9 @@
 //! 3. `moe_combine`: each token's weighted sum of its experts' outputs, in ascending expert
 //!    order.
 //!
-//! A layer's experts of one projection are one `ExpertMatrix` allocation, bf16 or one block
-//! type the quantized kernels read, GGUF or MLX (dequantized in registers or on the way to
-//! shared memory, never into a scratch).
+//! A layer's experts of one projection are one `ExpertMatrix` allocation, bf16, one block
+//! type the quantized kernels read, GGUF or MLX, or FP8 rows (`fp8`: e4m3 codes behind their
+//! scale runs), dequantized in registers or on the way to shared memory, never into a scratch.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use half::bf16;
@@ -27,6 +27,8 @@ use crate::cuda::functions::{MoeFunctions, MOE_GEMV_TOKENS};
 use crate::cuda::ops::elementwise::GatedActivation;
 use crate::cuda::ops::quant::{kernels, QuantMatrix};
 use crate::dtype::DType;
+
+mod fp8;
 
 /// Most experts a token may choose (a warp's lanes hold them).
 pub const MOE_MAX_TOP_K: usize = 32;
@@ -56,18 +58,23 @@ fn check(ok: bool, what: impl FnOnce() -> String) -> CudaResult<()> {
 }
 
 /// One projection of a layer's experts: `[experts, rows, cols]` stacked in one allocation,
-/// bf16 values or quantized blocks (each expert's rows as `QuantMatrix` holds them: GGUF blocks
-/// as the file stores them, MLX groups as `quant::mlx` assembles them).
+/// bf16 values, quantized blocks (each expert's rows as `QuantMatrix` holds them: GGUF blocks
+/// as the file stores them, MLX groups as `quant::mlx` assembles them) or FP8 rows (`F8E4M3`:
+/// `moe_fp8.cuh`'s layout, made by `upload_fp8`, `quantize_fp8` or `random`).
 pub struct ExpertMatrix {
     dtype: DType,
     experts: usize,
     rows: usize,
     cols: usize,
     data: CudaSlice<u8>,
+    /// The `fmt` argument of the experts' kernels (quant.cuh: the runtime part of an MLX
+    /// layout; moe_fp8.cuh: the scale runs; 0 otherwise).
+    fmt: i32,
 }
 
 impl ExpertMatrix {
-    /// Whether the experts' kernels read `dtype` (bf16 and the quantized kernels' types).
+    /// Whether the experts' kernels read `dtype` as bytes `upload` takes (bf16 and the
+    /// quantized kernels' types; FP8 rows come from `upload_fp8`).
     pub fn supports(dtype: DType) -> bool {
         dtype == DType::BF16 || QuantMatrix::supports(dtype)
     }
@@ -97,11 +104,21 @@ impl ExpertMatrix {
         check(experts > 0 && rows > 0 && bytes.len() == need, || {
             format!("{experts} experts of [{rows}, {cols}] {dtype} in {} bytes ({need} expected)", bytes.len())
         })?;
-        Ok(ExpertMatrix { dtype, experts, rows, cols, data: gpu.upload(bytes)? })
+        Ok(ExpertMatrix { dtype, experts, rows, cols, data: gpu.upload(bytes)?, fmt: Self::fmt_of(gpu, dtype)? })
+    }
+
+    /// The `fmt` argument of a type `upload` takes.
+    fn fmt_of(gpu: &Gpu, dtype: DType) -> CudaResult<i32> {
+        if dtype == DType::BF16 {
+            Ok(0)
+        } else {
+            Ok(kernels(gpu, dtype)?.1)
+        }
     }
 
     /// Random experts made on the device from `seed` (synthetic models): bf16 values uniform
-    /// in [-amp, amp), or random blocks whose values lie about there.
+    /// in [-amp, amp), random blocks whose values lie about there, or FP8 rows of random codes
+    /// with a scale a row.
     pub fn random(
         gpu: &Gpu,
         dtype: DType,
@@ -109,6 +126,9 @@ impl ExpertMatrix {
         seed: u64,
         amp: f32,
     ) -> CudaResult<ExpertMatrix> {
+        if dtype == DType::F8E4M3 {
+            return Self::random_fp8(gpu, (experts, rows, cols), seed, amp);
+        }
         if !Self::supports(dtype) {
             return Err(CudaError::Unsupported(format!("{dtype} expert weights")));
         }
@@ -125,7 +145,7 @@ impl ExpertMatrix {
             let (f, fmt) = kernels(gpu, dtype)?;
             gpu.launch(&f.random_blocks, cfg((grid, 1, 1), 256, 0), &[&wp, &n, &seed, &amp, &fmt])?;
         }
-        Ok(ExpertMatrix { dtype, experts, rows, cols, data })
+        Ok(ExpertMatrix { dtype, experts, rows, cols, data, fmt: Self::fmt_of(gpu, dtype)? })
     }
 
     pub fn dtype(&self) -> DType {
@@ -150,15 +170,14 @@ impl ExpertMatrix {
         self.data.len()
     }
 
-    /// The experts' kernels for this matrix's type and the `fmt` argument they take (quant.cuh:
-    /// the runtime part of an MLX layout; 0 otherwise).
+    /// The experts' kernels for this matrix's type and the `fmt` argument they take.
     fn functions<'g>(&self, gpu: &'g Gpu) -> CudaResult<(&'g MoeFunctions, i32)> {
-        if self.dtype == DType::BF16 {
-            Ok((&gpu.fns.moe_bf16, 0))
-        } else {
-            let (f, fmt) = kernels(gpu, self.dtype)?;
-            Ok((&f.moe, fmt))
-        }
+        let f = match self.dtype {
+            DType::BF16 => &gpu.fns.moe_bf16,
+            DType::F8E4M3 => &gpu.fns.moe_fp8,
+            d => &kernels(gpu, d)?.0.moe,
+        };
+        Ok((f, self.fmt))
     }
 }
 
