@@ -62,7 +62,8 @@ run | bench | all | moe)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
     failed=()
     tests=(cuda_ops cuda_layer_ops cuda_memory cuda_quant cuda_moe cuda_deltanet cuda_attention cuda_kv_quant cuda_sampling
-           cuda_lora_ops cuda_model cuda_goldens cuda_hybrid cuda_kv_quant_model cuda_lora cuda_tiers cuda_ceiling)
+           cuda_lora_ops cuda_fp8 cuda_model cuda_goldens cuda_verify cuda_hybrid cuda_kv_quant_model
+           cuda_lora cuda_tiers cuda_ceiling)
     [ "$1" = bench ] && tests=()
     [ "$1" = moe ] && tests=(cuda_moe cuda_goldens)
     # cuda_model's comparison with Hugging Face transformers needs their reference, made here

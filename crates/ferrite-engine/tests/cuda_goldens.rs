@@ -55,7 +55,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::model::{
-    cache, compare_logits, cuda_enabled, divergence, equal_or_tie, prefill_logits, LogitsAgreement, BLOCK,
+    cache, compare_logits, cuda_enabled, divergence, equal_or_tie, measure_logits, prefill_logits, LogitsAgreement,
+    BLOCK,
 };
 use common::{add, collect, greedy, ids, run_to_end};
 use ferrite_engine::{EngineConfig, EngineCore};
@@ -117,7 +118,10 @@ const GGUF_FIXTURES: [(&str, &str); 11] = [
 /// measured and printed, not asserted. On an H100 its GPU prefill sat 5.8 % from transformers'
 /// f32 at 5 tokens (transformers' own bf16: 3.2 %, 11.4 % at 40, `hybrid_bf16_spread.py`), and
 /// its greedy runs parted from the f32 ones where transformers' bf16 runs part (tokens 7 and
-/// 18, top-2 margins 0.268 / 0.226 against bf16's 0.266 / 0.224): bf16, not a defect. A
+/// 18, top-2 margins 0.268 / 0.226 against bf16's 0.266 / 0.224): bf16, not a defect. At 150
+/// tokens even the top-5 check parts: on an H100 one of 150 GPU rows had a top token outside
+/// the CPU's top 5 (log-probability error 6.6), where transformers' own bf16 against its f32
+/// has two such rows and moves a log-probability by 8.26 (`hybrid_bf16_spread.py`). A
 /// self-draft accepts only 38 of 104 of its proposals there: a route flipped between the
 /// draft's decode steps and the target's verify steps stays in the draft's state.
 const RECURRENT_ROUTE_TIES: [&str; 1] = ["qwen3-next"];
@@ -242,11 +246,13 @@ fn cuda_goldens_goldens_match_cpu() {
             let len = prompt.len();
             let sensitive = route_sensitive(fixture, len);
             let (want, got) = (prefill_logits(cpu.as_ref(), prompt), prefill_logits(gpu.as_ref(), prompt));
-            let LogitsAgreement { rel_l2: rel, top5_err: lp_err, clear, clear_equal, worst_flip, .. } =
-                compare_logits(&want, &got, vocab, &format!("{name} len {len}"));
+            // A recurrent route tie may carry the logits anywhere: even the top-5 check is measured.
+            let compare = if RECURRENT_ROUTE_TIES.contains(&fixture) { measure_logits } else { compare_logits };
+            let LogitsAgreement { rel_l2: rel, top5_err: lp_err, clear, clear_equal, worst_flip, outside_top5, .. } =
+                compare(&want, &got, vocab, &format!("{name} len {len}"));
             let note = if sensitive { " (router near tie: measured)" } else { "" };
             println!(
-                "TABLE|goldens prefill logits {name} len {len}{note}|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}|widest flipped margin {worst_flip:.3}"
+                "TABLE|goldens prefill logits {name} len {len}{note}|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}|widest flipped margin {worst_flip:.3}, top-1 outside top-5 at {outside_top5}/{len}"
             );
             let (on_cpu, on_gpu) = (greedy_tokens(cpu.as_ref(), prompt, 32), greedy_tokens(gpu.as_ref(), prompt, 32));
             let what = format!("greedy {name} len {len}");
@@ -276,7 +282,11 @@ fn cuda_goldens_goldens_match_cpu() {
 /// the sanity bar `FP8_W8A8_SANITY`; a shorter one runs the skinny FP8 GEMM on bf16 inputs,
 /// held to the CPU on the dequantized weights at `FP8_REL_L2` / `FP8_LOGPROB_TOL`. Every value
 /// printed; `--quantization fp8` (no such reference: the llama fixture, and qwen3-moe, whose
-/// experts it quantizes to FP8 rows) is measured against the CPU's bf16 model.
+/// experts it quantizes to FP8 rows) is measured against the CPU's bf16 model, top-5 check
+/// included: on an H100 the quantized qwen3-moe sat 9.7–12.8 % from it, with a top token outside
+/// the other's top 5 at 1 of 5 and 2 of 40 rows (the llama fixture: 7.1–14.9 %, none), the
+/// weights' e4m3 rounding on a tiny model's near-flat logits; the experts' FP8 kernels are held
+/// to their reference in `cuda_moe` and to the checkpoint fixture above.
 #[test]
 fn cuda_goldens_fp8_match_cpu() {
     if !cuda_enabled("cuda_goldens_fp8_match_cpu") {
@@ -319,10 +329,12 @@ fn cuda_goldens_fp8_match_cpu() {
                 continue;
             }
             let want = prefill_logits(cpu.as_ref(), prompt);
-            let LogitsAgreement { rel_l2: rel, top5_err: lp_err, clear, clear_equal, .. } =
-                compare_logits(&want, &got, vocab, &format!("{name} len {len}"));
+            // Quantized at load, the CPU's bf16 model is no reference: measured, top-5 check too.
+            let compare = if checkpoint.is_some() { compare_logits } else { measure_logits };
+            let LogitsAgreement { rel_l2: rel, top5_err: lp_err, clear, clear_equal, outside_top5, .. } =
+                compare(&want, &got, vocab, &format!("{name} len {len}"));
             println!(
-                "TABLE|fp8 prefill logits {name} len {len} vs CPU|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}|greedy vs CPU parted at {parted}"
+                "TABLE|fp8 prefill logits {name} len {len} vs CPU|rel L2 {rel:.2e}|top5 logprob err {lp_err:.3}|argmax {clear_equal}/{clear}, top-1 outside top-5 at {outside_top5}/{len}|greedy vs CPU parted at {parted}"
             );
             if checkpoint.is_some() {
                 failures.extend((rel >= FP8_REL_L2).then(|| format!("{name} len {len}: relative L2 error {rel}")));

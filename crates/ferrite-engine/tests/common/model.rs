@@ -165,15 +165,33 @@ pub struct LogitsAgreement {
     pub clear_equal: usize,
     /// The largest reference top-2 margin among rows whose argmax differs (0 when none).
     pub worst_flip: f32,
+    /// Rows where either side's top token is outside the other's top 5.
+    pub outside_top5: usize,
 }
 
 /// Compare `got` with `want` row by row; every logit of `got` must be finite and each side's
 /// top token within the other's top 5 (vLLM's `check_logprobs_close`).
 pub fn compare_logits(want: &[f32], got: &[f32], vocab: usize, what: &str) -> LogitsAgreement {
+    let a = measure_logits(want, got, vocab, what);
+    assert_eq!(a.outside_top5, 0, "{what}: top-1 not in the other's top-5");
+    a
+}
+
+/// `compare_logits` without its top-5 assertion (only finite logits asserted): for runs whose
+/// reference may legitimately part further (a router near tie kept in a recurrent state).
+pub fn measure_logits(want: &[f32], got: &[f32], vocab: usize, what: &str) -> LogitsAgreement {
     assert_eq!(want.len(), got.len(), "{what}: logits lengths");
     assert!(got.iter().all(|x| x.is_finite()), "{what}: non-finite logits");
     let (mut num, mut den) = (0f64, 0f64);
-    let mut a = LogitsAgreement { rel_l2: 0.0, max_abs: 0.0, top5_err: 0.0, clear: 0, clear_equal: 0, worst_flip: 0.0 };
+    let mut a = LogitsAgreement {
+        rel_l2: 0.0,
+        max_abs: 0.0,
+        top5_err: 0.0,
+        clear: 0,
+        clear_equal: 0,
+        worst_flip: 0.0,
+        outside_top5: 0,
+    };
     for (w, g) in want.chunks_exact(vocab).zip(got.chunks_exact(vocab)) {
         for (x, y) in w.iter().zip(g) {
             num += ((x - y) as f64).powi(2);
@@ -182,7 +200,7 @@ pub fn compare_logits(want: &[f32], got: &[f32], vocab: usize, what: &str) -> Lo
         }
         let (lw, lg) = (log_softmax(w), log_softmax(g));
         let (tw, tg) = (top_k(&lw, 5), top_k(&lg, 5));
-        assert!(tg.contains(&tw[0]) && tw.contains(&tg[0]), "{what}: top-1 not in the other's top-5");
+        a.outside_top5 += usize::from(!(tg.contains(&tw[0]) && tw.contains(&tg[0])));
         for &t in &tw {
             a.top5_err = a.top5_err.max((lw[t] - lg[t]).abs());
         }
