@@ -16,6 +16,8 @@
 //! chunks whose codes (`ACT_CHUNK_BYTES`) stay in L2, each group is expanded once per chunk into
 //! i32 pairs (`Expansion`, `k` × 32 bytes) and every tile of the chunk reads those with plain
 //! loads — a 5- or 6-bit step costs several instructions to decode, more than its products.
+//! A decode tile of one or two rows over Q6_K multiplies each sub-block's sum by its scale
+//! once (`SUB_SCALED_ROWS`) instead of scaling the codes at every step.
 //!
 //! Before this module the AVX2 levels dotted every weight row with every activation row from
 //! the GGUF blocks (`legacy`, `kquants`, `mlx`): each row pair re-decoded the weight block and
@@ -48,6 +50,11 @@ const MAX_PANEL_GROUPS: usize = 8;
 /// Up to this many activation rows, the weights stream from memory once per call (decode):
 /// each tile fetches the next group's bytes into L2 as it reads its own.
 const STREAM_ROWS: usize = 2 * MR;
+/// Up to this many rows a tile of a format with sub-block scales (Q6_K) applies them once per
+/// sub-block instead of once per step: one multiply per 16 values instead of eight, and the
+/// scales out of the steps' registers; with more rows the per-step multiply is shared by more
+/// products than the extra accumulators would cost.
+const SUB_SCALED_ROWS: usize = 2;
 
 /// A packed block format read a half group (eight rows) at a time.
 pub(super) trait Halves: Packing {
@@ -60,6 +67,20 @@ pub(super) trait Halves: Packing {
     unsafe fn quad8(block: Self::Block8, q: usize, h: usize) -> __m256i;
     /// The pairs `(v[2p], v[2p + 1])` of the half's rows at step `p = 4q + S`.
     unsafe fn pairs8<const S: usize>(block: Self::Block8, quad: __m256i, q: usize, h: usize) -> __m256i;
+    /// Whether each half of a block (16 values) has its own integer scale: `pairs8` is then
+    /// `unscaled_pairs8` times `sub_scale8`, and a tile of few rows may sum the unscaled pairs of
+    /// a sub-block and multiply the sum once (the same exact integers).
+    const SUB_SCALES: bool = false;
+    /// `pairs8` before its sub-block scale.
+    #[inline(always)]
+    unsafe fn unscaled_pairs8<const S: usize>(block: Self::Block8, quad: __m256i, q: usize, h: usize) -> __m256i {
+        Self::pairs8::<S>(block, quad, q, h)
+    }
+    /// Sub-block `sub`'s scale per lane (1 without `SUB_SCALES`).
+    #[inline(always)]
+    unsafe fn sub_scale8(_block: Self::Block8, _sub: usize) -> __m256i {
+        _mm256_set1_epi32(1)
+    }
 }
 
 /// Eight rows' f16s at `at` as f32.
@@ -224,10 +245,27 @@ impl Halves for Q6K {
     }
 
     #[inline(always)]
-    unsafe fn pairs8<const S: usize>((codes, lo, hi): Self::Block8, quad: __m256i, q: usize, h: usize) -> __m256i {
+    unsafe fn pairs8<const S: usize>(block: Self::Block8, quad: __m256i, q: usize, h: usize) -> __m256i {
+        let (_, lo, hi) = block;
+        _mm256_mullo_epi16(Self::unscaled_pairs8::<S>(block, quad, q, h), if q < QUADS / 2 { lo } else { hi })
+    }
+
+    const SUB_SCALES: bool = true;
+
+    #[inline(always)]
+    unsafe fn unscaled_pairs8<const S: usize>(
+        (codes, _, _): Self::Block8,
+        quad: __m256i,
+        q: usize,
+        h: usize,
+    ) -> __m256i {
         let v = high_bits6(nibble_pairs8::<S>(quad), masks(codes, 6, QUAD * q + S), h);
-        let v = _mm256_sub_epi16(v, _mm256_set1_epi16(32));
-        _mm256_mullo_epi16(v, if q < QUADS / 2 { lo } else { hi })
+        _mm256_sub_epi16(v, _mm256_set1_epi16(32))
+    }
+
+    #[inline(always)]
+    unsafe fn sub_scale8((_, lo, hi): Self::Block8, sub: usize) -> __m256i {
+        _mm256_srai_epi32::<16>(if sub == 0 { lo } else { hi })
     }
 }
 
@@ -445,6 +483,11 @@ trait Weights8 {
     /// Quad `q` of a block (what one load gives for four steps).
     unsafe fn quad(&self, block: Self::Block, q: usize, h: usize) -> __m256i;
     unsafe fn pairs<const S: usize>(&self, block: Self::Block, quad: __m256i, q: usize, h: usize) -> __m256i;
+    /// `Halves::SUB_SCALES` of what is read: `unscaled_pairs` and `sub_scale` then split
+    /// `pairs` (otherwise they are `pairs` and 1).
+    const SUB_SCALES: bool;
+    unsafe fn unscaled_pairs<const S: usize>(&self, block: Self::Block, quad: __m256i, q: usize, h: usize) -> __m256i;
+    unsafe fn sub_scale(&self, block: Self::Block, sub: usize) -> __m256i;
 }
 
 /// One packed group, decoded as the tile goes. Reading a block of half 0 also fetches the
@@ -496,6 +539,18 @@ impl<F: Halves> Weights8 for Packed<F> {
     #[inline(always)]
     unsafe fn pairs<const S: usize>(&self, block: F::Block8, quad: __m256i, q: usize, h: usize) -> __m256i {
         F::pairs8::<S>(block, quad, q, h)
+    }
+
+    const SUB_SCALES: bool = F::SUB_SCALES;
+
+    #[inline(always)]
+    unsafe fn unscaled_pairs<const S: usize>(&self, block: F::Block8, quad: __m256i, q: usize, h: usize) -> __m256i {
+        F::unscaled_pairs8::<S>(block, quad, q, h)
+    }
+
+    #[inline(always)]
+    unsafe fn sub_scale(&self, block: F::Block8, sub: usize) -> __m256i {
+        F::sub_scale8(block, sub)
     }
 }
 
@@ -578,6 +633,19 @@ impl<W: Weights8> Weights8 for Expanded<W> {
     unsafe fn pairs<const S: usize>(&self, block: *const i32, _: __m256i, q: usize, _: usize) -> __m256i {
         _mm256_loadu_si256(block.add((QUAD * q + S) * packed::GROUP) as *const __m256i)
     }
+
+    /// The expansion holds scaled pairs.
+    const SUB_SCALES: bool = false;
+
+    #[inline(always)]
+    unsafe fn unscaled_pairs<const S: usize>(&self, block: *const i32, quad: __m256i, q: usize, h: usize) -> __m256i {
+        self.pairs::<S>(block, quad, q, h)
+    }
+
+    #[inline(always)]
+    unsafe fn sub_scale(&self, _: *const i32, _: usize) -> __m256i {
+        _mm256_set1_epi32(1)
+    }
 }
 
 /// One micro-tile: up to `RT` activation rows (codes at `a`, `MR` rows apart per pair) times
@@ -611,12 +679,24 @@ impl Tile {
             let blocks = [w.block(b, 0), w.block(b, 1)];
             let a = self.a.add(b * STEPS * MR);
             let mut dot = [[_mm256_setzero_si256(); 2]; R];
-            for q in 0..QUADS {
-                let quads = [w.quad(blocks[0], q, 0), w.quad(blocks[1], q, 1)];
-                step::<W, S, R, 0>(w, &mut dot, a, blocks, quads, q);
-                step::<W, S, R, 1>(w, &mut dot, a, blocks, quads, q);
-                step::<W, S, R, 2>(w, &mut dot, a, blocks, quads, q);
-                step::<W, S, R, 3>(w, &mut dot, a, blocks, quads, q);
+            if W::SUB_SCALES && R <= SUB_SCALED_ROWS {
+                // Each sub-block's unscaled sums, then one multiply by its scales.
+                for sub in 0..2 {
+                    let mut raw = [[_mm256_setzero_si256(); 2]; R];
+                    for q in sub * QUADS / 2..(sub + 1) * QUADS / 2 {
+                        quad_steps::<W, S, R, true>(w, &mut raw, a, blocks, q);
+                    }
+                    let scale = [w.sub_scale(blocks[0], sub), w.sub_scale(blocks[1], sub)];
+                    for (dot, raw) in dot.iter_mut().zip(&raw) {
+                        for z in 0..2 {
+                            dot[z] = _mm256_add_epi32(dot[z], _mm256_mullo_epi32(raw[z], scale[z]));
+                        }
+                    }
+                }
+            } else {
+                for q in 0..QUADS {
+                    quad_steps::<W, S, R, false>(w, &mut dot, a, blocks, q);
+                }
             }
             let (s0, s1) = (w.scales(b, 0), w.scales(b, 1));
             let (ws, wm) = ([s0.0, s1.0], [s0.1, s1.1]);
@@ -647,9 +727,26 @@ impl Tile {
     }
 }
 
+/// The four steps of quad `q` of a block into the integer accumulators of `R` rows (codes at
+/// `a`), with the weights' pairs scaled or, `UNSCALED`, before their sub-block scale.
+#[inline(always)]
+unsafe fn quad_steps<W: Weights8, S: Simd, const R: usize, const UNSCALED: bool>(
+    w: &W,
+    dot: &mut [[__m256i; 2]; R],
+    a: *const i32,
+    blocks: [W::Block; 2],
+    q: usize,
+) {
+    let quads = [w.quad(blocks[0], q, 0), w.quad(blocks[1], q, 1)];
+    step::<W, S, R, 0, UNSCALED>(w, dot, a, blocks, quads, q);
+    step::<W, S, R, 1, UNSCALED>(w, dot, a, blocks, quads, q);
+    step::<W, S, R, 2, UNSCALED>(w, dot, a, blocks, quads, q);
+    step::<W, S, R, 3, UNSCALED>(w, dot, a, blocks, quads, q);
+}
+
 /// Step `4q + ST` of a block into the integer accumulators of `R` rows (codes at `a`).
 #[inline(always)]
-unsafe fn step<W: Weights8, S: Simd, const R: usize, const ST: usize>(
+unsafe fn step<W: Weights8, S: Simd, const R: usize, const ST: usize, const UNSCALED: bool>(
     w: &W,
     dot: &mut [[__m256i; 2]; R],
     a: *const i32,
@@ -657,8 +754,11 @@ unsafe fn step<W: Weights8, S: Simd, const R: usize, const ST: usize>(
     quads: [__m256i; 2],
     q: usize,
 ) {
-    let w0 = w.pairs::<ST>(blocks[0], quads[0], q, 0);
-    let w1 = w.pairs::<ST>(blocks[1], quads[1], q, 1);
+    let (w0, w1) = if UNSCALED {
+        (w.unscaled_pairs::<ST>(blocks[0], quads[0], q, 0), w.unscaled_pairs::<ST>(blocks[1], quads[1], q, 1))
+    } else {
+        (w.pairs::<ST>(blocks[0], quads[0], q, 0), w.pairs::<ST>(blocks[1], quads[1], q, 1))
+    };
     let p = QUAD * q + ST;
     for (i, d) in dot.iter_mut().enumerate() {
         let x = _mm256_set1_epi32(*a.add(p * MR + i));
