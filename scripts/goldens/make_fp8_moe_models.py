@@ -41,8 +41,8 @@ from safetensors.torch import load_file, save_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import make_tiny_models  # noqa: E402
-from make_moe_models import MIN_ROUTER_GAP, init_moe_weights, router_gap  # noqa: E402
-from make_tiny_models import BOS, EOS, OUT_DIR, VOCAB, finish_rewritten, make_prompts, write_fixture  # noqa: E402
+from make_moe_models import MIN_ROUTER_GAP, SHAPE, init_moe_weights, router_gap  # noqa: E402
+from make_tiny_models import OUT_DIR, finish_rewritten, make_prompts, write_fixture  # noqa: E402
 from transformers import Qwen3MoeConfig  # noqa: E402
 
 GENERATOR = "scripts/goldens/make_fp8_moe_models.py"
@@ -53,18 +53,9 @@ MIN_PROMPT_ROUTER_GAP = 3e-3
 
 
 def config() -> Qwen3MoeConfig:
+    # make_moe_models' shape with heads twice as wide (hidden 128: two 64-wide scale blocks).
     return Qwen3MoeConfig(
-        vocab_size=VOCAB,
-        hidden_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        pad_token_id=None,
-        tie_word_embeddings=False,
+        **{**SHAPE, "hidden_size": 128, "head_dim": 32},
         intermediate_size=96,
         num_hidden_layers=2,
         num_experts=4,

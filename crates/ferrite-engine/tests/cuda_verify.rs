@@ -176,7 +176,7 @@ fn lookup_cfg() -> EngineConfig {
 /// itself, which gives its verify steps the same shapes.
 fn spec_cfg(name: &str, model: &Arc<dyn CausalLm>) -> EngineConfig {
     if HYBRIDS.contains(&name) {
-        EngineConfig { speculation: Speculation::Draft(model.clone()), num_draft_tokens: K, ..plain_cfg() }
+        EngineConfig { speculation: Speculation::Draft(model.clone()), ..lookup_cfg() }
     } else {
         lookup_cfg()
     }
@@ -193,15 +193,16 @@ fn cuda_prompt_lookup_in_graphs_equals_plain_greedy() {
         let gpu: Arc<dyn CausalLm> = decoder.clone();
         let (mut proposed, mut accepted, mut same) = (0, 0, 0);
         let all = prompts(name);
+        let spec = spec_cfg(name, &gpu);
         for (i, prompt) in all.iter().enumerate() {
             let one = std::slice::from_ref(prompt);
             decoder.set_cuda_graphs(true);
             let plain = generate(&gpu, &plain_cfg(), one);
             let before = decoder.graph_replays();
-            let graphed = generate(&gpu, &spec_cfg(name, &gpu), one);
+            let graphed = generate(&gpu, &spec, one);
             let replays = decoder.graph_replays() - before;
             decoder.set_cuda_graphs(false);
-            let eager = generate(&gpu, &spec_cfg(name, &gpu), one);
+            let eager = generate(&gpu, &spec, one);
             let what = format!("{name} prompt {i} prompt lookup");
             assert_eq!(graphed.tokens, eager.tokens, "{what}: graphs on and off differ (one row: the same bits)");
             // Every step after the prefill is uniform (one row); each shape (1 + 0..=K query

@@ -22,14 +22,20 @@ fn every_fixture_loads_and_reports_fp8() {
     }
 }
 
+/// The load error of fixture `name` with tensor `scale` renamed to its module's `unused`.
+fn error_without(name: &str, scale: &str) -> String {
+    let tmp = copy_fixture_named(name);
+    edit_header(tmp.path(), |h| {
+        let v = h.remove(scale).expect("scale");
+        let module = scale.rsplit_once('.').expect("a module's tensor").0;
+        h.insert(format!("{module}.unused"), v);
+    });
+    load_err(tmp.path())
+}
+
 #[test]
 fn codes_without_a_scale() {
-    let tmp = copy_fixture_named("fp8-llama-channel");
-    edit_header(tmp.path(), |h| {
-        let v = h.remove("model.layers.1.mlp.up_proj.weight_scale").expect("scale");
-        h.insert("model.layers.1.mlp.up_proj.unused".into(), v);
-    });
-    let msg = load_err(tmp.path());
+    let msg = error_without("fp8-llama-channel", "model.layers.1.mlp.up_proj.weight_scale");
     assert!(msg.contains("model.layers.1.mlp.up_proj.weight") && msg.contains("without a weight_scale"), "{msg}");
 }
 
@@ -37,12 +43,7 @@ fn codes_without_a_scale() {
 /// the error names the expert's tensor.
 #[test]
 fn expert_scales_missing_or_misshapen() {
-    let tmp = copy_fixture_named("fp8-qwen3-moe-block");
-    edit_header(tmp.path(), |h| {
-        let v = h.remove("model.layers.1.mlp.experts.3.up_proj.weight_scale_inv").expect("scale");
-        h.insert("model.layers.1.mlp.experts.3.up_proj.unused".into(), v);
-    });
-    let msg = load_err(tmp.path());
+    let msg = error_without("fp8-qwen3-moe-block", "model.layers.1.mlp.experts.3.up_proj.weight_scale_inv");
     assert!(
         msg.contains("model.layers.1.mlp.experts.3.up_proj.weight") && msg.contains("without a weight_scale"),
         "{msg}"

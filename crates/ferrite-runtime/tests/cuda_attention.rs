@@ -225,6 +225,20 @@ fn cuda_prefill_attention_matches_cpu() {
     }
 }
 
+/// Random bf16 keys and values for a cache of `pool` blocks, and a maker of device caches that
+/// each start from them (for cases that run two paths from the same cache).
+fn random_cache<'g>(gpu: &'g Gpu, rng: &mut StdRng, pool: usize, nkv: usize, hd: usize) -> impl Fn() -> DeviceKv + 'g {
+    let n = pool * BLOCK * nkv * hd;
+    let (kh, _) = rand_bf16(rng, n, 1.0);
+    let (vh, _) = rand_bf16(rng, n, 1.0);
+    move || {
+        let mut c = DeviceKv::new(gpu, pool, BLOCK, nkv, hd).unwrap();
+        fill_pool(gpu, &kh, &mut c.k);
+        fill_pool(gpu, &vh, &mut c.v);
+        c
+    }
+}
+
 #[test]
 fn cuda_decode_attention_with_rope_equals_rope_then_attention() {
     let Some((gpu, _checks)) = gpu("cuda_decode_attention_with_rope_equals_rope_then_attention") else { return };
@@ -249,15 +263,7 @@ fn cuda_decode_attention_with_rope_equals_rope_then_attention() {
             meta.update(gpu, &batch, 0, BLOCK, Padding { rows, query: 1 }, None).unwrap();
             let width = (nh + 2 * nkv) * hd;
             let (qkv_h, _) = rand_bf16(&mut rng, rows * width, amp);
-            let n = pool * BLOCK * nkv * hd;
-            let (kh, _) = rand_bf16(&mut rng, n, 1.0);
-            let (vh, _) = rand_bf16(&mut rng, n, 1.0);
-            let fresh = || {
-                let mut c = DeviceKv::new(gpu, pool, BLOCK, nkv, hd).unwrap();
-                fill_pool(gpu, &kh, &mut c.k);
-                fill_pool(gpu, &vh, &mut c.v);
-                c
-            };
+            let fresh = random_cache(gpu, &mut rng, pool, nkv, hd);
             let inv_freq: Vec<f32> =
                 (0..rotary / 2).map(|i| 1.0 / 10_000f32.powf(2.0 * i as f32 / rotary as f32)).collect();
             let f_d = gpu.upload(&inv_freq).unwrap();
@@ -329,15 +335,7 @@ fn cuda_padded_verify_rows_equal_unpadded() {
                 meta.update(gpu, &batch, 0, BLOCK, pad, Some(stride)).unwrap();
                 assert_eq!((meta.rows, meta.tokens, meta.max_query), (bucket, padded, q));
 
-                let n = pool * BLOCK * nkv * hd;
-                let (kh, _) = rand_bf16(&mut rng, n, 1.0);
-                let (vh, _) = rand_bf16(&mut rng, n, 1.0);
-                let fresh = || {
-                    let mut c = DeviceKv::new(gpu, pool, BLOCK, nkv, hd).unwrap();
-                    fill_pool(gpu, &kh, &mut c.k);
-                    fill_pool(gpu, &vh, &mut c.v);
-                    c
-                };
+                let fresh = random_cache(gpu, &mut rng, pool, nkv, hd);
                 let (mut alone, mut padded_kv) = (fresh(), fresh());
                 // New keys and values of every token, padding included ([k | v] per token).
                 let width = nkv * hd;

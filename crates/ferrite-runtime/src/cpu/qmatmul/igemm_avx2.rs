@@ -485,9 +485,15 @@ trait Weights8 {
     unsafe fn pairs<const S: usize>(&self, block: Self::Block, quad: __m256i, q: usize, h: usize) -> __m256i;
     /// `Halves::SUB_SCALES` of what is read: `unscaled_pairs` and `sub_scale` then split
     /// `pairs` (otherwise they are `pairs` and 1).
-    const SUB_SCALES: bool;
-    unsafe fn unscaled_pairs<const S: usize>(&self, block: Self::Block, quad: __m256i, q: usize, h: usize) -> __m256i;
-    unsafe fn sub_scale(&self, block: Self::Block, sub: usize) -> __m256i;
+    const SUB_SCALES: bool = false;
+    #[inline(always)]
+    unsafe fn unscaled_pairs<const S: usize>(&self, block: Self::Block, quad: __m256i, q: usize, h: usize) -> __m256i {
+        self.pairs::<S>(block, quad, q, h)
+    }
+    #[inline(always)]
+    unsafe fn sub_scale(&self, _block: Self::Block, _sub: usize) -> __m256i {
+        _mm256_set1_epi32(1)
+    }
 }
 
 /// One packed group, decoded as the tile goes. Reading a block of half 0 also fetches the
@@ -601,7 +607,7 @@ impl Expansion {
     }
 }
 
-/// An expanded group (`Expansion::fill`), read with plain loads.
+/// An expanded group (`Expansion::fill`), read with plain loads (its pairs are scaled).
 struct Expanded<W> {
     pairs: *const i32,
     ws: *const f32,
@@ -632,19 +638,6 @@ impl<W: Weights8> Weights8 for Expanded<W> {
     #[inline(always)]
     unsafe fn pairs<const S: usize>(&self, block: *const i32, _: __m256i, q: usize, _: usize) -> __m256i {
         _mm256_loadu_si256(block.add((QUAD * q + S) * packed::GROUP) as *const __m256i)
-    }
-
-    /// The expansion holds scaled pairs.
-    const SUB_SCALES: bool = false;
-
-    #[inline(always)]
-    unsafe fn unscaled_pairs<const S: usize>(&self, block: *const i32, quad: __m256i, q: usize, h: usize) -> __m256i {
-        self.pairs::<S>(block, quad, q, h)
-    }
-
-    #[inline(always)]
-    unsafe fn sub_scale(&self, _: *const i32, _: usize) -> __m256i {
-        _mm256_set1_epi32(1)
     }
 }
 
