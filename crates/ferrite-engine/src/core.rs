@@ -31,6 +31,8 @@ use ferrite_runtime::sampling::{RowSampler, SampledToken};
 use ferrite_runtime::{ForwardBatch, KvCache, RuntimeError};
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::stream::{Sink, Streamer};
+
 use crate::config::Speculation;
 use crate::config::{EngineConfig, Limits};
 use crate::error::EngineError;
@@ -77,6 +79,8 @@ pub struct EngineCore {
     /// Records of interrupted generations (`--generation-checkpoint`).
     resumes: Option<tiers::Resumes>,
     adapters: adapters::Adapters,
+    /// The streaming thread outputs go through (`stream_from_thread`); None: sent at once.
+    streamer: Option<Streamer>,
 }
 
 /// The streaming detokenizer of a sequence that continues `prompt`: its first token is
@@ -202,6 +206,7 @@ impl EngineCore {
             staging,
             resumes,
             adapters: adapters::Adapters::new(cfg.max_loras),
+            streamer: None,
         })
     }
 
@@ -220,6 +225,15 @@ impl EngineCore {
     /// What output constraints compile against (shared with the `Engine` front).
     pub fn grammars(&self) -> Arc<Grammars> {
         self.grammars.clone()
+    }
+
+    /// Send every output from now on through a streaming thread of its own, off the step's
+    /// critical path (the threaded `Engine` does; a core driven on its caller's thread sends
+    /// at once, so its outputs are in the channels when `step` returns).
+    pub fn stream_from_thread(&mut self) -> Result<(), EngineError> {
+        let streamer = Streamer::spawn().map_err(|e| EngineError::Config(format!("streaming thread: {e}")))?;
+        self.streamer = Some(streamer);
+        Ok(())
     }
 
     /// Queue a validated request; its outputs go to `sink`.
@@ -269,7 +283,7 @@ impl EngineCore {
             detok,
             stops: StopStrings::new(req.params.stop.clone()),
             params: Arc::new(req.params),
-            sink,
+            sink: Sink::new(sink, self.streamer.clone()),
             pending_children: n - 1,
             fill,
             spec: SpecState::default(),

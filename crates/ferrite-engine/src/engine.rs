@@ -72,7 +72,8 @@ impl Engine {
         eos: Vec<u32>,
         cfg: &EngineConfig,
     ) -> Result<Engine, EngineError> {
-        let core = EngineCore::new(model, tokenizer, eos, cfg)?;
+        let mut core = EngineCore::new(model, tokenizer, eos, cfg)?;
+        core.stream_from_thread()?;
         let limits = core.limits().clone();
         let metrics = core.metrics();
         let grammars = core.grammars();

@@ -21,6 +21,7 @@ mod scheduler;
 mod sequence;
 pub mod spec;
 pub mod stop;
+mod stream;
 pub mod structured;
 
 pub use config::{EngineConfig, Limits, Speculation};

@@ -4,14 +4,14 @@
 use std::sync::Arc;
 
 use ferrite_models::tokenizer::IncrementalDecoder;
-use tokio::sync::mpsc::UnboundedSender;
 
 use crate::fill::FillState;
 use crate::kv::SeqKv;
-use crate::request::{Output, RequestId, RequestParams};
+use crate::request::{RequestId, RequestParams};
 use crate::sampling::TokenCounts;
 use crate::spec::SpecState;
 use crate::stop::StopStrings;
+use crate::stream::Sink;
 use crate::structured::Guide;
 
 pub(crate) struct Sequence {
@@ -36,7 +36,7 @@ pub(crate) struct Sequence {
     pub counts: TokenCounts,
     pub detok: IncrementalDecoder,
     pub stops: StopStrings,
-    pub sink: UnboundedSender<Output>,
+    pub sink: Sink,
     /// For the first choice of an n > 1 request: children still to fork once the prompt is in.
     pub pending_children: usize,
     pub fill: FillState,
