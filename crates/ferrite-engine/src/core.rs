@@ -31,8 +31,6 @@ use ferrite_runtime::sampling::{RowSampler, SampledToken};
 use ferrite_runtime::{ForwardBatch, KvCache, RuntimeError};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::stream::{Sink, Streamer};
-
 use crate::config::Speculation;
 use crate::config::{EngineConfig, Limits};
 use crate::error::EngineError;
@@ -45,6 +43,7 @@ use crate::scheduler::Scheduler;
 use crate::sequence::Sequence;
 use crate::spec::{Drafter, Proposal, SpecState};
 use crate::stop::StopStrings;
+use crate::stream::{Sink, Streamer};
 use crate::structured::{Grammars, Guide};
 
 pub struct EngineCore {
