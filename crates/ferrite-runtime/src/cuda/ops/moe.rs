@@ -15,7 +15,7 @@
 //! 3. `moe_down`: the down projection as `moe_linear` runs it, and each token's weighted sum
 //!    of its experts' outputs in ascending expert order — inside the skinny GEMM's launch at
 //!    decode, a launch of its own above.
-
+//!
 //! A layer's experts of one projection are one `ExpertMatrix` allocation, bf16, one block
 //! type the quantized kernels read, GGUF or MLX, or FP8 rows (`fp8`: e4m3 codes behind their
 //! scale runs), dequantized in registers or on the way to shared memory, never into a scratch.
