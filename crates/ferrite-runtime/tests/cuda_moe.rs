@@ -138,7 +138,17 @@ fn check_grouping(gpu: &Gpu, r: &MoeRoute, ids: &[i32], tokens: usize, case: &st
 fn cuda_moe_route_matches_reference() {
     let Some((gpu, _checks)) = gpu("cuda_moe_route_matches_reference") else { return };
     let mut rng = rng("moe_route");
-    let cases = [(1, 8, 2), (5, 128, 8), (8, 257, 32), (8, 1400, 8), (3, 1600, 4), (37, 60, 4), (300, 128, 8), (9, 4, 4), (70, 257, 32)];
+    let cases = [
+        (1, 8, 2),
+        (5, 128, 8),
+        (8, 257, 32),
+        (8, 1400, 8),
+        (3, 1600, 4),
+        (37, 60, 4),
+        (300, 128, 8),
+        (9, 4, 4),
+        (70, 257, 32),
+    ];
     for (tokens, experts, k) in cases {
         for (renormalize, scaled, skew) in [(true, false, 0), (false, true, 1), (true, true, 2)] {
             // An expert no token picks (where a token does not take them all), one every token

@@ -13,7 +13,7 @@ pub mod norm;
 pub mod quant;
 pub mod sampling;
 
-pub use attention::{attention, decode_attention_rope, AttentionMeta, DecodePlan, DecodeScratch};
+pub use attention::{attention, decode_attention_rope, AttentionMeta, DecodePlan, DecodeScratch, QkNorms};
 pub use deltanet::{
     delta_conv, delta_gates, delta_out_norm, delta_qk_norm, delta_rule, DeviceStatePool, StateTable,
     DELTA_CHUNK_MIN_TOKENS, DELTA_MAX_CONV_KERNEL, DELTA_MAX_K_DIM,
