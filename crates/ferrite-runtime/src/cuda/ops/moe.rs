@@ -261,8 +261,7 @@ impl MoeRoute {
 /// weights divided by the chosen ones' sum when `renormalize`, times `scale[e]` when given
 /// (Gemma 4's per-expert scale); then the pairs grouped by expert, in token order within an
 /// expert. One launch for a step of up to 8 tokens (over up to 1,468 experts: their
-/// probabilities in the default shared memory), two above;
-/// nothing comes back to the host.
+/// probabilities in the default shared memory), two above; nothing comes back to the host.
 pub fn moe_route(
     gpu: &Gpu,
     logits: &impl DevicePtr<f32>,
