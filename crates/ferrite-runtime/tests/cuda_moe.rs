@@ -342,15 +342,19 @@ fn cuda_moe_random_fp8_experts_are_finite() {
     let (experts, k, hidden, inter, tokens) = (8, 2, 256, 128, 12);
     let w = ExpertMatrix::random(gpu, DType::F8E4M3, (experts, 2 * inter, hidden), 3, 0.1).unwrap();
     let mut r = MoeRoute::new(gpu, tokens, experts, k).unwrap();
-    route_on_gpu(gpu, &mut r, &logits(&mut rng, tokens, experts, None, None), tokens, true, None);
+    let l = logits(&mut rng, tokens, experts, None, None);
     let x = gpu.upload(&rand_bf16(&mut rng, tokens * hidden, 1.0).0).unwrap();
     for m in [3, tokens] {
+        route_on_gpu(gpu, &mut r, &l[..m * experts], m, true, None);
         let mut act = poisoned_bf16(gpu, m * k * inter);
         ops::moe_linear(gpu, ExpertProduct::Gated(GatedActivation::Silu), &x, true, &w, &r, m, &mut act).unwrap();
         let act = to_f32(&gpu.download(&act).unwrap());
         assert!(act.iter().all(|v| v.is_finite()), "{m} tokens: random FP8 experts gave a non-finite value");
         assert!(act.iter().any(|&v| v != 0.0), "{m} tokens: random FP8 experts gave zeros");
     }
+    // A step of fewer tokens than the routing holds is refused (its rows lie past the buffers).
+    let mut act = poisoned_bf16(gpu, 3 * k * inter);
+    assert!(ops::moe_linear(gpu, ExpertProduct::Gated(GatedActivation::Silu), &x, true, &w, &r, 3, &mut act).is_err());
 }
 
 fn mlx(bits: u32, group: usize, scale: MlxScale) -> DType {

@@ -193,6 +193,9 @@ pub struct MoeRoute {
     tokens: usize,
     experts: usize,
     top_k: usize,
+    /// The tokens `moe_route` last routed: the products and the sum take exactly these (a
+    /// grouping of more tokens names rows past a smaller step's buffers).
+    routed: usize,
     /// `[tokens, top_k]`: each token's experts in ascending order, and their weights.
     ids: CudaSlice<i32>,
     weights: CudaSlice<f32>,
@@ -221,6 +224,7 @@ impl MoeRoute {
             tokens: tokens.max(1),
             experts,
             top_k,
+            routed: 0,
             ids: gpu.alloc(pairs)?,
             weights: gpu.alloc(pairs)?,
             offsets: gpu.alloc(experts + 1)?,
@@ -254,6 +258,10 @@ impl MoeRoute {
     fn check_tokens(&self, tokens: usize) -> CudaResult<()> {
         check(tokens <= self.tokens, || format!("a MoE step of {tokens} tokens in routing for {}", self.tokens))
     }
+
+    fn check_routed(&self, tokens: usize) -> CudaResult<()> {
+        check(tokens == self.routed, || format!("a MoE step of {tokens} tokens over a routing of {}", self.routed))
+    }
 }
 
 /// Route `tokens` tokens by their router logits (`[tokens, experts]` f32) into `r`: each
@@ -279,6 +287,7 @@ pub fn moe_route(
             scale.map(|s| s.len())
         )
     })?;
+    r.routed = tokens;
     if tokens == 0 {
         return Ok(());
     }
@@ -414,7 +423,7 @@ fn expert_product(
     y: &mut impl DevicePtrMut<bf16>,
     sum: Option<(&mut ExpertSum, u64)>,
 ) -> CudaResult<bool> {
-    r.check_tokens(tokens)?;
+    r.check_routed(tokens)?;
     let (mode, n) = match product {
         ExpertProduct::Plain => (MODE_PLAIN, w.rows),
         ExpertProduct::Gated(GatedActivation::Silu) => (MODE_SILU, w.rows / 2),
@@ -500,7 +509,7 @@ fn moe_combine(
     (tokens, d): (usize, usize),
     out: &mut impl DevicePtrMut<bf16>,
 ) -> CudaResult<()> {
-    r.check_tokens(tokens)?;
+    r.check_routed(tokens)?;
     let pairs = tokens * r.top_k;
     check(y.len() >= pairs * d && out.len() >= tokens * d, || {
         format!("moe_combine [{tokens} x {}, {d}]: y {}, out {}", r.top_k, y.len(), out.len())
