@@ -10,8 +10,8 @@
 //! usually takes (12/2 × 128, 8/1 × 256, 16/2 × 512, and 20/2 × 64, whose group of 10 spans two
 //! CTAs).
 //! Decode attention that rotates its own queries and new keys and stores K and V
-//! (`decode_attention_rope`) must give the bits of RoPE with the KV store, then attention:
-//! outputs and caches. Verify rows (every row the same 2 to 17 query tokens) padded to a
+//! (`decode_attention_rope`), with and without per-head q/k norms, must give the bits of
+//! (`qkv_norm`,) RoPE with the KV store, then attention: outputs and caches. Verify rows (every row the same 2 to 17 query tokens) padded to a
 //! graph's row bucket with empty rows (`Padding`) must give the unpadded step's bits, store
 //! nothing for the padding and attend to nothing there (zeros).
 //!
@@ -26,7 +26,9 @@ use cuda_common::attention::{params, shuffled_batch, variants, Heads};
 use cuda_common::{compare, fill_pool, gpu, poisoned_bf16, pool_f32, rand_bf16, rng, to_f32};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cpu::{self, AttentionParams};
-use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv, RopeShape};
+use ferrite_runtime::cuda::ops::{
+    self, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv, QkNorms, QkvHeads, RopeShape,
+};
 use ferrite_runtime::cuda::Gpu;
 use ferrite_runtime::kv::{KvDtype, KvLayerSpec, KvPool, LayerKv};
 use ferrite_runtime::{ForwardBatch, Padding};
@@ -274,37 +276,52 @@ fn cuda_decode_attention_with_rope_equals_rope_then_attention() {
             let plan = DecodePlan::new(gpu, rows, &p, 2048);
             let mut scratch = DecodeScratch::new(gpu, rows, nh, hd, plan.splits).unwrap();
 
-            let (mut two, mut qkv_two) = (fresh(), gpu.upload(&qkv_h).unwrap());
-            let shape = RopeShape { tokens: rows, n_heads: nh + nkv, head_dim: hd, stride: width };
-            ops::rope(gpu, &mut qkv_two, &pos_d, &f_d, scaling, shape, Some((&meta, &mut two))).unwrap();
-            let mut want = poisoned_bf16(gpu, rows * nh * hd);
-            ops::attention(gpu, &qkv_two, width, &meta, &two, &p, Some(plan), &mut scratch, &mut want, nh * hd)
-                .unwrap();
+            let mut weights =
+                || gpu.upload(&(0..hd).map(|_| rng.random_range(0.5f32..1.5)).collect::<Vec<_>>()).unwrap();
+            let (wq, wk) = (weights(), weights());
+            let heads = QkvHeads { tokens: rows, stride: width, head_dim: hd, n_q: nh, n_k: nkv, n_v: 0 };
+            // Per-head q/k norms first (Qwen3): qkv_norm, or folded into the decode kernel.
+            for normed in [false, true] {
+                let (mut two, mut qkv_two) = (fresh(), gpu.upload(&qkv_h).unwrap());
+                if normed {
+                    ops::qkv_norm(gpu, &mut qkv_two, heads, Some(&wq), Some(&wk), 1e-6).unwrap();
+                }
+                let shape = RopeShape { tokens: rows, n_heads: nh + nkv, head_dim: hd, stride: width };
+                ops::rope(gpu, &mut qkv_two, &pos_d, &f_d, scaling, shape, Some((&meta, &mut two))).unwrap();
+                let mut want = poisoned_bf16(gpu, rows * nh * hd);
+                ops::attention(gpu, &qkv_two, width, &meta, &two, &p, Some(plan), &mut scratch, &mut want, nh * hd)
+                    .unwrap();
 
-            let (mut one, qkv_one) = (fresh(), gpu.upload(&qkv_h).unwrap());
-            let mut got = poisoned_bf16(gpu, rows * nh * hd);
-            let rope = (&f_d, scaling);
-            ops::decode_attention_rope(
-                gpu,
-                &qkv_one,
-                width,
-                &meta,
-                &mut one,
-                &p,
-                rope,
-                plan,
-                &mut scratch,
-                &mut got,
-                nh * hd,
-            )
-            .unwrap();
-            let case = format!("{nh}/{nkv}x{hd} rot={rotary} window={:?} softcap={:?}", p.window, p.softcap);
-            let (got, want) = (to_f32(&gpu.download(&got).unwrap()), to_f32(&gpu.download(&want).unwrap()));
-            compare("decode+rope", &format!("{case} == rope then attention: out"), &got, &want, 0.0, 0.0);
-            let (k1, k2) = (pool_f32(gpu, &one.k), pool_f32(gpu, &two.k));
-            compare("decode+rope", &format!("{case} == rope then attention: K"), &k1, &k2, 0.0, 0.0);
-            let (v1, v2) = (pool_f32(gpu, &one.v), pool_f32(gpu, &two.v));
-            compare("decode+rope", &format!("{case} == rope then attention: V"), &v1, &v2, 0.0, 0.0);
+                let (mut one, mut qkv_one) = (fresh(), gpu.upload(&qkv_h).unwrap());
+                let norms = normed.then_some(QkNorms { q: &wq, k: &wk, eps: 1e-6 });
+                let mut got = poisoned_bf16(gpu, rows * nh * hd);
+                let rope = (&f_d, scaling);
+                ops::decode_attention_rope(
+                    gpu,
+                    &mut qkv_one,
+                    width,
+                    &meta,
+                    &mut one,
+                    &p,
+                    rope,
+                    norms,
+                    plan,
+                    &mut scratch,
+                    &mut got,
+                    nh * hd,
+                )
+                .unwrap();
+                let case = format!(
+                    "{nh}/{nkv}x{hd} rot={rotary} window={:?} softcap={:?} normed={normed}",
+                    p.window, p.softcap
+                );
+                let (got, want) = (to_f32(&gpu.download(&got).unwrap()), to_f32(&gpu.download(&want).unwrap()));
+                compare("decode+rope", &format!("{case} == rope then attention: out"), &got, &want, 0.0, 0.0);
+                let (k1, k2) = (pool_f32(gpu, &one.k), pool_f32(gpu, &two.k));
+                compare("decode+rope", &format!("{case} == rope then attention: K"), &k1, &k2, 0.0, 0.0);
+                let (v1, v2) = (pool_f32(gpu, &one.v), pool_f32(gpu, &two.v));
+                compare("decode+rope", &format!("{case} == rope then attention: V"), &v1, &v2, 0.0, 0.0);
+            }
         }
     }
 }

@@ -37,7 +37,9 @@ use cuda_common::attention::{params, shuffled_batch, variants, Heads};
 use cuda_common::{compare, fail, gpu, poisoned_bf16, rand_bf16, rng, to_f32};
 use ferrite_runtime::batch::RowLogits;
 use ferrite_runtime::cpu::{self, AttentionParams};
-use ferrite_runtime::cuda::ops::{self, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv, RopeShape};
+use ferrite_runtime::cuda::ops::{
+    self, AttentionMeta, DecodePlan, DecodeScratch, DeviceKv, QkNorms, QkvHeads, RopeShape,
+};
 use ferrite_runtime::cuda::Gpu;
 use ferrite_runtime::kv::{KvDtype, KvLayerSpec};
 use ferrite_runtime::{BlockMove, ForwardBatch, KvCache, KvGroupKind, KvLayout, KvScheme, Padding};
@@ -255,8 +257,9 @@ fn rope_step(gpu: &Gpu, rng: &mut StdRng, h: Heads, contexts: &[usize], rotary: 
     RopeStep { meta, qkv, inv_freq, positions }
 }
 
-/// The decode kernel that rotates and stores the new keys itself, and RoPE with the KV store,
-/// against RoPE then `write_kv` then attention: the same cache bytes and the same outputs.
+/// The decode kernel that rotates and stores the new keys itself (with and without per-head
+/// q/k norms), and RoPE with the KV store, against (q/k norms,) RoPE, then `write_kv`, then
+/// attention: the same cache bytes and the same outputs.
 #[test]
 fn cuda_quantized_kv_stores_agree() {
     let Some((gpu, _checks)) = gpu("cuda_quantized_kv_stores_agree") else { return };
@@ -278,54 +281,82 @@ fn cuda_quantized_kv_stores_agree() {
             let seed: u64 = rng.random();
             let fresh = |gpu: &Gpu| filled(gpu, &mut StdRng::seed_from_u64(seed), dtype, spec, pool, BLOCK);
             let shape = RopeShape { tokens: rows, n_heads: nh + nkv, head_dim: hd, stride: width };
-            let case = format!("{dtype} {nh}/{nkv}x{hd} rot={rotary}");
+            let mut weights =
+                || gpu.upload(&(0..hd).map(|_| rng.random_range(0.5f32..1.5)).collect::<Vec<_>>()).unwrap();
+            let (wq_d, wk_d) = (weights(), weights());
+            let heads = QkvHeads { tokens: rows, stride: width, head_dim: hd, n_q: nh, n_k: nkv, n_v: 0 };
+            // Per-head q/k norms first (Qwen3): qkv_norm in the separate paths, folded into the
+            // decode kernel (an fp8 pool: its own qkv_norm launch).
+            for normed in [false, true] {
+                let case = format!("{dtype} {nh}/{nkv}x{hd} rot={rotary} normed={normed}");
+                let qkv_of = |gpu: &Gpu| {
+                    let mut x = gpu.upload(&s.qkv).unwrap();
+                    if normed {
+                        ops::qkv_norm(gpu, &mut x, heads, Some(&wq_d), Some(&wk_d), 1e-6).unwrap();
+                    }
+                    x
+                };
 
-            // RoPE, then write_kv of the rotated rows, then attention.
-            let (mut apart, mut qkv_a) = (fresh(gpu), gpu.upload(&s.qkv).unwrap());
-            ops::rope(gpu, &mut qkv_a, &pos_d, &f_d, scaling, shape, None).unwrap();
-            let (k_rows, v_rows) = (qkv_a.slice(nh * hd..), qkv_a.slice((nh + nkv) * hd..));
-            ops::write_kv(gpu, &k_rows, &v_rows, width, &s.meta, &mut apart.dkv).unwrap();
-            let mut want = poisoned_bf16(gpu, rows * nh * hd);
-            ops::attention(gpu, &qkv_a, width, &s.meta, &apart.dkv, &p, Some(plan), &mut scratch, &mut want, nh * hd)
+                // RoPE, then write_kv of the rotated rows, then attention.
+                let (mut apart, mut qkv_a) = (fresh(gpu), qkv_of(gpu));
+                ops::rope(gpu, &mut qkv_a, &pos_d, &f_d, scaling, shape, None).unwrap();
+                let (k_rows, v_rows) = (qkv_a.slice(nh * hd..), qkv_a.slice((nh + nkv) * hd..));
+                ops::write_kv(gpu, &k_rows, &v_rows, width, &s.meta, &mut apart.dkv).unwrap();
+                let mut want = poisoned_bf16(gpu, rows * nh * hd);
+                ops::attention(
+                    gpu,
+                    &qkv_a,
+                    width,
+                    &s.meta,
+                    &apart.dkv,
+                    &p,
+                    Some(plan),
+                    &mut scratch,
+                    &mut want,
+                    nh * hd,
+                )
                 .unwrap();
-            let want_bytes = [download(gpu, &apart.dkv.k), download(gpu, &apart.dkv.v)];
+                let want_bytes = [download(gpu, &apart.dkv.k), download(gpu, &apart.dkv.v)];
 
-            // RoPE storing K and V (one call).
-            let (mut fused, mut qkv_f) = (fresh(gpu), gpu.upload(&s.qkv).unwrap());
-            ops::rope(gpu, &mut qkv_f, &pos_d, &f_d, scaling, shape, Some((&s.meta, &mut fused.dkv))).unwrap();
-            let got_bytes = [download(gpu, &fused.dkv.k), download(gpu, &fused.dkv.v)];
-            let same = got_bytes == want_bytes;
-            println!("TABLE|rope+kv|{case} == rope, write_kv|bytes|{}", if same { "ok" } else { "FAIL" });
-            if !same {
-                fail(format!("rope+kv {case}: cache bytes differ from rope then write_kv"));
-            }
+                // RoPE storing K and V (one call).
+                let (mut fused, mut qkv_f) = (fresh(gpu), qkv_of(gpu));
+                ops::rope(gpu, &mut qkv_f, &pos_d, &f_d, scaling, shape, Some((&s.meta, &mut fused.dkv))).unwrap();
+                let got_bytes = [download(gpu, &fused.dkv.k), download(gpu, &fused.dkv.v)];
+                let same = got_bytes == want_bytes;
+                println!("TABLE|rope+kv|{case} == rope, write_kv|bytes|{}", if same { "ok" } else { "FAIL" });
+                if !same {
+                    fail(format!("rope+kv {case}: cache bytes differ from rope then write_kv"));
+                }
 
-            // The decode kernel rotating and storing by itself.
-            let (mut one, qkv_o) = (fresh(gpu), gpu.upload(&s.qkv).unwrap());
-            let mut got = poisoned_bf16(gpu, rows * nh * hd);
-            let rope = (&f_d, scaling);
-            ops::decode_attention_rope(
-                gpu,
-                &qkv_o,
-                width,
-                &s.meta,
-                &mut one.dkv,
-                &p,
-                rope,
-                plan,
-                &mut scratch,
-                &mut got,
-                nh * hd,
-            )
-            .unwrap();
-            let got_bytes = [download(gpu, &one.dkv.k), download(gpu, &one.dkv.v)];
-            let same = got_bytes == want_bytes;
-            println!("TABLE|decode+rope|{case} == rope, write_kv|bytes|{}", if same { "ok" } else { "FAIL" });
-            if !same {
-                fail(format!("decode+rope {case}: cache bytes differ from rope then write_kv"));
+                // The decode kernel rotating and storing by itself.
+                let (mut one, mut qkv_o) = (fresh(gpu), gpu.upload(&s.qkv).unwrap());
+                let norms = normed.then_some(QkNorms { q: &wq_d, k: &wk_d, eps: 1e-6 });
+                let mut got = poisoned_bf16(gpu, rows * nh * hd);
+                let rope = (&f_d, scaling);
+                ops::decode_attention_rope(
+                    gpu,
+                    &mut qkv_o,
+                    width,
+                    &s.meta,
+                    &mut one.dkv,
+                    &p,
+                    rope,
+                    norms,
+                    plan,
+                    &mut scratch,
+                    &mut got,
+                    nh * hd,
+                )
+                .unwrap();
+                let got_bytes = [download(gpu, &one.dkv.k), download(gpu, &one.dkv.v)];
+                let same = got_bytes == want_bytes;
+                println!("TABLE|decode+rope|{case} == rope, write_kv|bytes|{}", if same { "ok" } else { "FAIL" });
+                if !same {
+                    fail(format!("decode+rope {case}: cache bytes differ from rope then write_kv"));
+                }
+                let (got, want) = (to_f32(&gpu.download(&got).unwrap()), to_f32(&gpu.download(&want).unwrap()));
+                compare("decode+rope", &format!("{case} == rope, write_kv, attention: out"), &got, &want, 0.0, 0.0);
             }
-            let (got, want) = (to_f32(&gpu.download(&got).unwrap()), to_f32(&gpu.download(&want).unwrap()));
-            compare("decode+rope", &format!("{case} == rope, write_kv, attention: out"), &got, &want, 0.0, 0.0);
         }
     }
 }

@@ -21,7 +21,7 @@ mod cuda_common;
 
 use cuda_common::fp8::{dequantize, quantize_rows, random_fp8};
 use cuda_common::{compare, dequantized, gpu, poisoned_bf16, rand_bf16, random_blocks, rng, to_f32};
-use ferrite_runtime::cuda::ops::{self, ExpertMatrix, ExpertProduct, GatedActivation, MoeRoute};
+use ferrite_runtime::cuda::ops::{self, ExpertMatrix, ExpertProduct, ExpertSum, GatedActivation, MoeRoute};
 use ferrite_runtime::cuda::{DevicePtr, Gpu};
 use ferrite_runtime::{DType, MlxFormat, MlxScale};
 use half::bf16;
@@ -102,8 +102,9 @@ fn route_on_gpu(
 /// token order, and the pair → row map the inverse of row → token.
 fn check_grouping(gpu: &Gpu, r: &MoeRoute, ids: &[i32], tokens: usize, case: &str) {
     let (e, k) = (r.experts(), r.top_k());
-    let [offsets, active, rows, pos] = r.grouping();
+    let [offsets, active, rows, pos, tiles] = r.grouping();
     let offsets = gpu.download(offsets).unwrap();
+    let tiles = gpu.download(tiles).unwrap();
     let active = gpu.download(active).unwrap();
     let rows = gpu.download(&rows.slice(..tokens * k)).unwrap();
     let pos = gpu.download(&pos.slice(..tokens * k)).unwrap();
@@ -112,6 +113,9 @@ fn check_grouping(gpu: &Gpu, r: &MoeRoute, ids: &[i32], tokens: usize, case: &st
     let mut want_offsets = vec![0i32];
     counts.iter().for_each(|c| want_offsets.push(want_offsets.last().unwrap() + c));
     assert_eq!(offsets, want_offsets, "{case}: offsets");
+    let mut want_tiles = vec![0i32];
+    counts.iter().for_each(|c| want_tiles.push(want_tiles.last().unwrap() + (c + 63) / 64));
+    assert_eq!(tiles, want_tiles, "{case}: tiles");
     let mut want_active: Vec<i32> = (0..e as i32).filter(|&x| counts[x as usize] > 0).collect();
     want_active.resize(e, -1);
     assert_eq!(active, want_active, "{case}: active experts");
@@ -127,14 +131,24 @@ fn check_grouping(gpu: &Gpu, r: &MoeRoute, ids: &[i32], tokens: usize, case: &st
     }
 }
 
-/// Routing and grouping: random logits at odd token counts, renormalized or not, with and
-/// without per-expert scales; equal logits (the lower experts win); an expert never chosen
-/// and one always chosen.
+/// Routing and grouping: random logits at odd token counts (up to 8 tokens routed by one
+/// block, more by two kernels), renormalized or not, with and without per-expert scales;
+/// equal logits (the lower experts win); an expert never chosen and one always chosen.
 #[test]
 fn cuda_moe_route_matches_reference() {
     let Some((gpu, _checks)) = gpu("cuda_moe_route_matches_reference") else { return };
     let mut rng = rng("moe_route");
-    let cases = [(1, 8, 2), (5, 128, 8), (37, 60, 4), (300, 128, 8), (9, 4, 4), (70, 257, 32)];
+    let cases = [
+        (1, 8, 2),
+        (5, 128, 8),
+        (8, 257, 32),
+        (8, 1400, 8),
+        (3, 1600, 4),
+        (37, 60, 4),
+        (300, 128, 8),
+        (9, 4, 4),
+        (70, 257, 32),
+    ];
     for (tokens, experts, k) in cases {
         for (renormalize, scaled, skew) in [(true, false, 0), (false, true, 1), (true, true, 2)] {
             // An expert no token picks (where a token does not take them all), one every token
@@ -237,12 +251,15 @@ fn expert_dot(w: &Weights, e: usize, (rows, cols): (usize, usize), x: &[f32], ge
         .collect()
 }
 
-/// Every expert's products and the combine against the reference loops, for experts of
-/// `format` of `hidden` × `inter`, over each token count and load.
+/// Every expert's products and their sum (inside the down projection's launch up to 8 tokens)
+/// against the reference loops, for experts of `format` of `hidden` × `inter`, over each token
+/// count and load.
 fn experts_case(gpu: &Gpu, rng: &mut StdRng, format: Format, (hidden, inter): (usize, usize)) {
     let (experts, k) = (16, 4);
     let gate_up = expert_weights(gpu, rng, format, (experts, 2 * inter, hidden));
     let down = expert_weights(gpu, rng, format, (experts, hidden, inter));
+    // One sum for every case: the decode sums leave its counters zero for the next.
+    let mut sum = ExpertSum::new(gpu, hidden).unwrap();
     for tokens in [1, 3, 8, 9, 61, 200] {
         for skew in 0..3 {
             let (never, always) = match skew {
@@ -262,8 +279,7 @@ fn experts_case(gpu: &Gpu, rng: &mut StdRng, format: Format, (hidden, inter): (u
             let mut out = poisoned_bf16(gpu, tokens * hidden);
             let gated = ExpertProduct::Gated(GatedActivation::Silu);
             ops::moe_linear(gpu, gated, &x, true, &gate_up.dev, &r, tokens, &mut act).unwrap();
-            ops::moe_linear(gpu, ExpertProduct::Plain, &act, false, &down.dev, &r, tokens, &mut y).unwrap();
-            ops::moe_combine(gpu, &y, &r, (tokens, hidden), &mut out).unwrap();
+            ops::moe_down(gpu, &act, &down.dev, &r, tokens, &mut y, &mut sum, &mut out).unwrap();
             let pos = gpu.download(&r.grouping()[3].slice(..pairs)).unwrap();
             let (act, y, out) = (
                 to_f32(&gpu.download(&act).unwrap()),
@@ -326,15 +342,19 @@ fn cuda_moe_random_fp8_experts_are_finite() {
     let (experts, k, hidden, inter, tokens) = (8, 2, 256, 128, 12);
     let w = ExpertMatrix::random(gpu, DType::F8E4M3, (experts, 2 * inter, hidden), 3, 0.1).unwrap();
     let mut r = MoeRoute::new(gpu, tokens, experts, k).unwrap();
-    route_on_gpu(gpu, &mut r, &logits(&mut rng, tokens, experts, None, None), tokens, true, None);
+    let l = logits(&mut rng, tokens, experts, None, None);
     let x = gpu.upload(&rand_bf16(&mut rng, tokens * hidden, 1.0).0).unwrap();
     for m in [3, tokens] {
+        route_on_gpu(gpu, &mut r, &l[..m * experts], m, true, None);
         let mut act = poisoned_bf16(gpu, m * k * inter);
         ops::moe_linear(gpu, ExpertProduct::Gated(GatedActivation::Silu), &x, true, &w, &r, m, &mut act).unwrap();
         let act = to_f32(&gpu.download(&act).unwrap());
         assert!(act.iter().all(|v| v.is_finite()), "{m} tokens: random FP8 experts gave a non-finite value");
         assert!(act.iter().any(|&v| v != 0.0), "{m} tokens: random FP8 experts gave zeros");
     }
+    // A step of fewer tokens than the routing holds is refused (its rows lie past the buffers).
+    let mut act = poisoned_bf16(gpu, 3 * k * inter);
+    assert!(ops::moe_linear(gpu, ExpertProduct::Gated(GatedActivation::Silu), &x, true, &w, &r, 3, &mut act).is_err());
 }
 
 fn mlx(bits: u32, group: usize, scale: MlxScale) -> DType {

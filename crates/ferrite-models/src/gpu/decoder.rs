@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use ferrite_runtime::cpu::AttentionParams;
 use ferrite_runtime::cuda::ops::{
-    self, GatedActivation, Matrix, PerLayerShape, QkvHeads, RopeShape, DELTA_MAX_CONV_KERNEL, DELTA_MAX_K_DIM,
+    self, GatedActivation, Matrix, PerLayerShape, QkNorms, QkvHeads, RopeShape, DELTA_MAX_CONV_KERNEL, DELTA_MAX_K_DIM,
 };
 use ferrite_runtime::cuda::{CudaSlice, DevicePtr, DevicePtrMut, Gpu};
 use ferrite_runtime::{ForwardBatch, KvCache, KvLayout, Padding, Result as RtResult, RuntimeError};
@@ -258,24 +258,35 @@ impl DecoderLayers {
             lora.add(gpu, i, LoraTarget::Q..=last, input, &mut b.layer.qkv, qkv_w)?;
         }
         let own = if a.shared { 0 } else { nkv };
-        self.queue_qkv_norms(gpu, &mut b.layer.qkv, l, i, tokens, own)?;
+        let plan = decode.map(|dec| dec.plan(gpu, p));
+        // Decode of a layer with its own KV and a fixed RoPE: the attention kernel rotates q
+        // and the new keys and stores K and V itself (with no rotary pairs it would take the
+        // keys as already stored, so a NoPE layer stores them through `rope`), and applies
+        // per-head q/k norms first when those are the layer's only ones.
+        let folds = plan.is_some() && self.ropes.fixed(i).is_some() && !a.shared;
+        let norms = match (&l.q_norm, &l.k_norm) {
+            (Some(q), Some(k)) if folds && a.qk_norm.is_some() && !a.qk_norm_whole && !a.v_norm => {
+                Some(QkNorms { q, k, eps: self.plan.eps })
+            }
+            _ => None,
+        };
+        if norms.is_none() {
+            self.queue_qkv_norms(gpu, &mut b.layer.qkv, l, i, tokens, own)?;
+        }
         let group = self.plan.layout.layers[a.kv_index].group;
         let layer_kv = kv.device_layer_mut(a.kv_index)?;
-        let plan = decode.map(|dec| dec.plan(gpu, p));
         match (plan, self.ropes.fixed(i)) {
-            // Decode of a layer with its own KV and a fixed RoPE: the attention kernel rotates
-            // q and the new keys and stores K and V itself (with no rotary pairs it would take
-            // the keys as already stored, so a NoPE layer stores them through `rope`).
-            (Some(plan), Some(r)) if !a.shared => {
+            (Some(plan), Some(r)) if folds => {
                 let (meta, scratch) = (&io.metas[group], &mut io.scratch);
                 ops::decode_attention_rope(
                     gpu,
-                    &b.layer.qkv,
+                    &mut b.layer.qkv,
                     qkv_w,
                     meta,
                     layer_kv,
                     p,
                     r,
+                    norms,
                     plan,
                     scratch,
                     &mut b.layer.attn,

@@ -2,9 +2,9 @@
 //! for every style. The router GEMM writes f32 logits; `moe_route` picks each token's experts
 //! and groups the step's (token, expert) pairs by expert on the device; one launch per
 //! projection runs every expert (`moe_linear`: the gate-up projection with the gated
-//! activation in its epilogue, then the down projection); `moe_combine` sums each token's
-//! experts' outputs times its routing weights. Nothing comes back to the host, so MoE decode
-//! steps replay CUDA graphs like dense ones.
+//! activation in its epilogue; `moe_down`: the down projection, and each token's experts'
+//! outputs summed times its routing weights, in the same launch at decode). Nothing comes back
+//! to the host, so MoE decode steps replay CUDA graphs like dense ones.
 //!
 //! The styles differ only in data: `Sparse` experts (qwen3_moe, mixtral) read the pre-FFN
 //! normed input through the router and replace the dense MLP, with Qwen3-Next's shared expert
@@ -14,7 +14,7 @@
 //! own input norm, and the normed dense and expert outputs summed.
 
 use ferrite_runtime::cuda::ops::{
-    self, ExpertMatrix, ExpertProduct, GatedActivation, Matrix, MoeRoute, MOE_MAX_EXPERTS, MOE_MAX_TOP_K,
+    self, ExpertMatrix, ExpertProduct, ExpertSum, GatedActivation, Matrix, MoeRoute, MOE_MAX_EXPERTS, MOE_MAX_TOP_K,
 };
 use ferrite_runtime::cuda::{CudaSlice, Gpu};
 use ferrite_runtime::{DType, Result as RtResult, Tensor};
@@ -209,11 +209,12 @@ struct SharedBuffers {
 }
 
 /// The routing and the per-pair rows (grouped by expert): the gated activation `[pairs,
-/// inter]` and the expert's output `[pairs, hidden]`.
+/// inter]` and the expert's output `[pairs, hidden]`, and the sum's counters.
 struct ExpertBuffers {
     route: MoeRoute,
     act: CudaSlice<bf16>,
     out: CudaSlice<bf16>,
+    sum: ExpertSum,
 }
 
 impl MoeBuffers {
@@ -232,6 +233,7 @@ impl MoeBuffers {
                 route: MoeRoute::new(gpu, tokens, e, k)?,
                 act: bf(pairs * inter)?,
                 out: bf(pairs * hidden)?,
+                sum: ExpertSum::new(gpu, hidden)?,
             },
             sum: bf(tokens * hidden)?,
             gemma4: if gemma4 { Some((bf(tokens * hidden)?, bf(tokens * hidden)?)) } else { None },
@@ -271,8 +273,7 @@ fn run_experts(
     let t = s.tokens;
     ops::moe_linear(gpu, ExpertProduct::Gated(s.act), x, true, &w.gate_up, &b.route, t, &mut b.act)?;
     let act = b.act.slice(..t * plan.shape.top_k * plan.shape.intermediate);
-    ops::moe_linear(gpu, ExpertProduct::Plain, &act, false, &w.down, &b.route, t, &mut b.out)?;
-    Ok(ops::moe_combine(gpu, &b.out, &b.route, (t, s.hidden), dest)?)
+    Ok(ops::moe_down(gpu, &act, &w.down, &b.route, t, &mut b.out, &mut b.sum, dest)?)
 }
 
 /// `out += sigmoid(gate · x) · shared(x)` per token (the gate's factor 1 without a gate):

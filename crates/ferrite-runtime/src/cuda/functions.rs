@@ -79,6 +79,7 @@ pub(crate) struct Functions {
     /// The routing of mixtures of experts (`moe.cu`).
     pub moe_route: CudaFunction,
     pub moe_align: CudaFunction,
+    pub moe_route_small: CudaFunction,
     pub moe_combine: CudaFunction,
     /// The experts' products over bf16 weights (`moe_gemm.cuh`, module `moe_bf16`).
     pub moe_bf16: MoeFunctions,
@@ -272,6 +273,7 @@ impl Functions {
             per_layer_inputs: get("gemma", "per_layer_inputs")?,
             moe_route: get("moe", "moe_route")?,
             moe_align: get("moe", "moe_align")?,
+            moe_route_small: get("moe", "moe_route_small")?,
             moe_combine: get("moe", "moe_combine")?,
             moe_bf16: moe("moe_bf16")?,
             moe_fp8: moe("moe_fp8")?,

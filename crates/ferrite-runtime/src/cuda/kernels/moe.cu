@@ -3,6 +3,7 @@
 //   (renormalized over the chosen ones when asked, times a per-expert scale when given);
 // - moe_align: the step's (token, expert) pairs grouped by expert — offsets, GEMM tiles and
 //   the active experts, the token of each grouped row and the grouped row of each pair;
+// - moe_route_small: both in one block, for the few tokens of a decode step;
 // - moe_combine: each token's weighted sum of its experts' outputs.
 // The experts' products between align and combine are moe_gemm.cuh's.
 
@@ -10,22 +11,16 @@
 #define MA_THREADS 256
 #define MA_PER 8
 
-// Token t's route (a warp per token, MR_WARPS tokens a block, dynamic shared memory of
-// MR_WARPS * E floats): p_e = softmax(logits[t])_e, the k largest (equal values: the lower
-// expert first, as the CPU's stable sort), w = p / Σ chosen p when `renormalize`, times
-// scale[e] when scale is given. ids[t * k ..] and weights[t * k ..] hold the chosen experts in
-// ascending expert order (the order their outputs are summed in). A NaN probability counts
-// as 0, so a token always gets k distinct experts. Needs k <= 32 and k <= E.
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int tokens, int E, int k, int renormalize,
-                                     const float* __restrict__ scale, int* __restrict__ ids,
-                                     float* __restrict__ weights) {
-    pdl_entry();
-    extern __shared__ float probs[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int t = blockIdx.x * MR_WARPS + warp;
-    if (t >= tokens) return;
-    float* p = probs + warp * E;
-    const float* row = logits + (u64)t * E;
+// Token `row`'s route, by one warp (`p`: E floats of shared memory it owns): p_e =
+// softmax(row)_e, the k largest (equal values: the lower expert first, as the CPU's stable
+// sort), w = p / Σ chosen p when `renormalize`, times scale[e] when scale is given. ids[0 .. k]
+// and weights[0 .. k] get the chosen experts in ascending expert order (the order their
+// outputs are summed in). A NaN probability counts as 0, so a token always gets k distinct
+// experts. Needs k <= 32 and k <= E.
+__device__ __forceinline__ void route_token(const float* __restrict__ row, float* p, int E, int k, int renormalize,
+                                            const float* __restrict__ scale, int* __restrict__ ids,
+                                            float* __restrict__ weights) {
+    const int lane = threadIdx.x & 31;
     float mx = -FERRITE_INF;
     for (int e = lane; e < E; e += 32) {
         const float v = row[e];
@@ -77,9 +72,23 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int token
     int rank = 0;
     for (int j = 0; j < k; j++) rank += __shfl_sync(FULL_MASK, mine, j) < mine;
     if (lane < k) {
-        ids[(u64)t * k + rank] = mine;
-        weights[(u64)t * k + rank] = w;
+        ids[rank] = mine;
+        weights[rank] = w;
     }
+}
+
+// Each token's route (route_token; a warp per token, MR_WARPS tokens a block, dynamic shared
+// memory of MR_WARPS * E floats) into ids[t * k ..] and weights[t * k ..].
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int tokens, int E, int k, int renormalize,
+                                     const float* __restrict__ scale, int* __restrict__ ids,
+                                     float* __restrict__ weights) {
+    pdl_entry();
+    extern __shared__ float probs[];
+    const int warp = threadIdx.x >> 5;
+    const int t = blockIdx.x * MR_WARPS + warp;
+    if (t >= tokens) return;
+    route_token(logits + (u64)t * E, probs + warp * E, E, k, renormalize, scale, ids + (u64)t * k,
+                weights + (u64)t * k);
 }
 
 // Sum of `v` over the block (MA_THREADS threads); every thread gets it. `scratch` holds 32.
@@ -168,6 +177,93 @@ extern "C" __global__ void moe_align(const int* __restrict__ ids, int pairs, int
         }
         base += total;
         __syncthreads();
+    }
+}
+
+// Exclusive prefix sum of `v` over the block's threads in order (MA_THREADS); `total` gets
+// the whole sum. `scratch` holds 32.
+__device__ __forceinline__ int block_scan_int(int v, int* scratch, int& total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(FULL_MASK, incl, o);
+        if (lane >= o) incl += u;
+    }
+    __syncthreads();
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    int before = 0;
+    total = 0;
+    for (int w = 0; w < MA_THREADS / 32; w++) {
+        const int n = scratch[w];
+        if (w < warp) before += n;
+        total += n;
+    }
+    return before + incl - v;
+}
+
+// moe_route then moe_align, in one block of MA_THREADS threads, for a step of at most
+// MS_TOKENS tokens (dynamic shared memory of MS_TOKENS * E floats): warp t routes token t
+// (route_token), then the block counts the pairs per expert, scans the counts, tiles and
+// active experts over runs of consecutive experts (a run a thread), and places each pair
+// after its expert's earlier pairs. The same outputs as the two kernels.
+#define MS_TOKENS (MA_THREADS / 32)
+extern "C" __global__ void __launch_bounds__(MA_THREADS)
+    moe_route_small(const float* __restrict__ logits, int tokens, int E, int k, int renormalize,
+                    const float* __restrict__ scale, int bm, int* __restrict__ ids, float* __restrict__ weights,
+                    int* __restrict__ offsets, int* __restrict__ tiles, int* __restrict__ active,
+                    int* __restrict__ rows, int* __restrict__ pos) {
+    pdl_entry();
+    extern __shared__ float probs[];
+    __shared__ int sid[MS_TOKENS * 32];
+    __shared__ float sw[MS_TOKENS * 32];
+    __shared__ int scratch[32];
+    const int tid = threadIdx.x, warp = tid >> 5, pairs = tokens * k;
+    if (warp < tokens) route_token(logits + (u64)warp * E, probs + warp * E, E, k, renormalize, scale, sid + warp * k,
+                                   sw + warp * k);
+    __syncthreads();
+    int* hist = (int*)probs;  // the probabilities are spent
+    for (int e = tid; e < E; e += MA_THREADS) hist[e] = 0;
+    if (tid < pairs) {
+        ids[tid] = sid[tid];
+        weights[tid] = sw[tid];
+    }
+    __syncthreads();
+    if (tid < pairs) atomicAdd(&hist[sid[tid]], 1);
+    __syncthreads();
+    const int per = (E + MA_THREADS - 1) / MA_THREADS, e0 = min(E, tid * per), e1 = min(E, e0 + per);
+    int c = 0, tl = 0, a = 0;
+    for (int e = e0; e < e1; e++) {
+        const int n = hist[e];
+        c += n;
+        tl += (n + bm - 1) / bm;
+        a += n > 0;
+    }
+    int pairs_all, tiles_all, active_all;
+    int c_at = block_scan_int(c, scratch, pairs_all);
+    int tl_at = block_scan_int(tl, scratch, tiles_all);
+    int a_at = block_scan_int(a, scratch, active_all);
+    for (int e = e0; e < e1; e++) {
+        const int n = hist[e];
+        offsets[e] = c_at;
+        tiles[e] = tl_at;
+        if (n > 0) active[a_at++] = e;
+        hist[e] = c_at;  // now expert e's first grouped row
+        c_at += n;
+        tl_at += (n + bm - 1) / bm;
+    }
+    for (int e = active_all + tid; e < E; e += MA_THREADS) active[e] = -1;
+    if (tid == 0) {
+        offsets[E] = pairs_all;
+        tiles[E] = tiles_all;
+    }
+    __syncthreads();
+    if (tid < pairs) {
+        const int e = sid[tid];
+        int r = hist[e];
+        for (int q = 0; q < tid; q++) r += sid[q] == e;
+        rows[r] = tid / k;
+        pos[tid] = r;
     }
 }
 

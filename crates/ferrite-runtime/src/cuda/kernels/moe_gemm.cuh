@@ -20,7 +20,8 @@
 //                     gated; slots), block (_, s) takes active[s]'s rows (at most M: a token's
 //                     route names an expert once) through quant.cuh's skinny GEMM, so only
 //                     the chosen experts' weights are read, each once. Slots past the active
-//                     experts (active[s] < 0) exit.
+//                     experts (active[s] < 0) compute nothing. The down projection also sums
+//                     each token's experts (`MoeSum`): no combine launch at decode.
 //   moe_gemm          any number of rows: a tensor-core GEMM over tiles of MG_BM rows of one
 //                     expert (tiles[e] .. tiles[e + 1] are expert e's, from moe_align) by MG_BN
 //                     output columns (gated: MG_BN / 2 gate and as many up rows), mma.sync
@@ -74,30 +75,65 @@ __device__ __forceinline__ void moe_gemv_rows(const bf16_t* __restrict__ x, cons
                                    });
 }
 
+// The weighted sum of a decode step's experts, fused into the down projection's skinny GEMM:
+// out[t, row] = Σ_j weights[t, j] · y[pos[t, j], row] over each token's top_k pairs in
+// ascending expert order, f32 accumulation (moe.cu's moe_combine, the same bits). out null:
+// no sum.
+struct MoeSum {
+    bf16_t* out;
+    const int* pos;
+    const float* weights;
+    int top_k, tokens;
+    // One a column block (gridDim.x), zero between launches: the last of a column's slots to
+    // finish sums its rows.
+    int* counters;
+};
+
 // Slot blockIdx.y's expert over its rows, by the smallest of R = 1, 2, 4 or M (a power of two)
 // rows that holds them: a kernel for M rows carries the smaller cases, so a step of few
-// tokens keeps the register use (and occupancy) of few rows.
+// tokens keeps the register use (and occupancy) of few rows. With a sum (plain mode), every
+// slot of a column block counts itself done, and the last sums the column's QG_ROWS rows
+// for every token from the other slots' stores.
 template <typename T, int M>
 __device__ __forceinline__ void moe_gemv(const bf16_t* __restrict__ x, const int* __restrict__ src,
                                          const u8* __restrict__ w, u64 expert_bytes, bf16_t* __restrict__ y,
                                          const int* __restrict__ offsets, const int* __restrict__ active, int n, int k,
-                                         int mode, int fmt) {
+                                         int mode, int fmt, const MoeSum sum) {
     __shared__ float part[QG_THREADS / 32 * M * QG_ROWS];
+    __shared__ int last;
     const int e = active[blockIdx.y];
-    if (e < 0) return;
-    int first, count;
-    expert_rows(offsets, e, first, count);
-    count = min(count, M);
-    const u8* we = w + (u64)e * expert_bytes;
-    if (M == 1 || count == 1) {
-        moe_gemv_rows<T, 1>(x, src, we, y, first, count, n, k, mode, fmt, part);
-    } else if (M == 2 || count == 2) {
-        moe_gemv_rows<T, (M < 2 ? M : 2)>(x, src, we, y, first, count, n, k, mode, fmt, part);
-    } else if (M == 4 || count <= 4) {
-        moe_gemv_rows<T, (M < 4 ? M : 4)>(x, src, we, y, first, count, n, k, mode, fmt, part);
-    } else {
-        moe_gemv_rows<T, M>(x, src, we, y, first, count, n, k, mode, fmt, part);
+    if (e >= 0) {
+        int first, count;
+        expert_rows(offsets, e, first, count);
+        count = min(count, M);
+        const u8* we = w + (u64)e * expert_bytes;
+        if (M == 1 || count == 1) {
+            moe_gemv_rows<T, 1>(x, src, we, y, first, count, n, k, mode, fmt, part);
+        } else if (M == 2 || count == 2) {
+            moe_gemv_rows<T, (M < 2 ? M : 2)>(x, src, we, y, first, count, n, k, mode, fmt, part);
+        } else if (M == 4 || count <= 4) {
+            moe_gemv_rows<T, (M < 4 ? M : 4)>(x, src, we, y, first, count, n, k, mode, fmt, part);
+        } else {
+            moe_gemv_rows<T, M>(x, src, we, y, first, count, n, k, mode, fmt, part);
+        }
     }
+    if (sum.out == nullptr) return;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(sum.counters + blockIdx.x, 1) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int row0 = blockIdx.x * QG_ROWS;
+    for (int i = threadIdx.x; i < sum.tokens * QG_ROWS; i += QG_THREADS) {
+        const int t = i / QG_ROWS, row = row0 + i % QG_ROWS;
+        if (row >= n) continue;
+        float acc = 0.f;
+        for (int j = 0; j < sum.top_k; j++)
+            acc += sum.weights[t * sum.top_k + j] * bf2f(__ldcg(y + (u64)sum.pos[t * sum.top_k + j] * n + row));
+        sum.out[(u64)t * n + row] = f2bf(acc);
+    }
+    if (threadIdx.x == 0) sum.counters[blockIdx.x] = 0;
 }
 
 #define MG_THREADS 128
@@ -278,9 +314,9 @@ __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ x, cons
 #define MOE_GEMV_KERNEL(T, M)                                                                                \
     extern "C" __global__ void __launch_bounds__(QG_THREADS)                                                 \
         moe_gemv_m##M(const bf16_t* x, const int* src, const u8* w, u64 expert_bytes, bf16_t* y,            \
-                      const int* offsets, const int* active, int n, int k, int mode, int fmt) {              \
+                      const int* offsets, const int* active, int n, int k, int mode, int fmt, MoeSum sum) {  \
         pdl_entry();                                                                                         \
-        moe_gemv<T, M>(x, src, w, expert_bytes, y, offsets, active, n, k, mode, fmt);                        \
+        moe_gemv<T, M>(x, src, w, expert_bytes, y, offsets, active, n, k, mode, fmt, sum);                   \
     }
 
 #define MOE_KERNELS(T)                                                                                       \

@@ -20,7 +20,9 @@
 // `half` pairs, as rope.cu), and the CTA(s) holding a row's last partition rotate the step's
 // new key (at `k_offset` in the query row, its value head n_kv_heads heads on) and store key
 // and value into the cache before reading it — every head chunk's last CTA stores the same
-// bits — so a decode step needs no RoPE launch.
+// bits — so a decode step needs no RoPE launch. With `q_norm` / `k_norm` non-null too, the
+// query heads and the new key are first RMSNormed per head with those weights (qkv_norm's
+// bits; Qwen3's q/k norms), so the step needs no norm launch either.
 // Cache layout: [block][kv_head][slot][head_dim] in the format KV_FMT (kv_format.cuh, one
 // module per format: bf16, or int8 / int4 / fp8 codes dequantized as they are loaded, with
 // their parameters in k_params / v_params; a quantized cache stores the new key and value
@@ -34,6 +36,27 @@
 // twice the keys a round spills registers under these launch bounds.)
 #define DEC_UNROLL(GC) ((GC) <= 4 ? 4 : 2)
 
+// RMSNorm of one head of HD f32 values (bf16 values) in place by one warp, times w, each
+// result rounded to bf16: gemma.cu's qkv_norm, bit for bit — its block of T threads (HD rounded
+// up to a warp, at most 256) summing squares in thread order, each warp's butterfly, then the
+// warps' sums — replayed warp by warp.
+template <int HD>
+__device__ __forceinline__ void head_rms_norm(float* h, const float* __restrict__ w, float eps) {
+    constexpr int T = HD < 32 ? 32 : HD > 256 ? 256 : HD;
+    const int lane = threadIdx.x & 31;
+    float mine = 0.f;  // lane l < T / 32: warp l's sum
+#pragma unroll
+    for (int wp = 0; wp < T / 32; wp++) {
+        float ss = 0.f;
+        for (int i = wp * 32 + lane; i < HD; i += T) ss += h[i] * h[i];
+        ss = warp_sum(ss);
+        if (lane == wp) mine = ss;
+    }
+    const float inv = rsqrtf(warp_sum(lane < T / 32 ? mine : 0.f) / (float)HD + eps);
+    for (int i = lane; i < HD; i += 32) h[i] = bf2f(f2bf(h[i] * inv * w[i]));
+    __syncwarp();
+}
+
 template <int HD, int GC, int F>
 __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_stride, float* __restrict__ part_out,
                                              float* __restrict__ part_ml, int* __restrict__ counters,
@@ -44,7 +67,8 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
                                              const int* __restrict__ context_lens, int n_heads, int n_kv_heads,
                                              int block_size, float scale, float softcap, int window, int partition,
                                              int max_splits, const float* __restrict__ inv_freq, int half,
-                                             float rope_scaling, int k_offset) {
+                                             float rope_scaling, int k_offset, const float* __restrict__ q_norm,
+                                             const float* __restrict__ k_norm, float norm_eps) {
     constexpr int KW = HD > 256 ? HD / 256 : 1;  // 16-byte words a lane loads per key
     constexpr int E = 8 * KW;                    // dims a lane owns
     constexpr int TG = HD / E;                   // lanes per key
@@ -81,21 +105,22 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
     int* blocks = s_last + 1;
     const bf16_t* qrow = q + (u64)row * q_stride + head0 * HD;
     const float pos = (float)(ctx - 1);
-    for (int i = threadIdx.x; i < GC * HD; i += blockDim.x) {
-        const int a = i / HD, d = i - a * HD;
-        float v = 0.f;
-        if (a < gh) {
-            if (inv_freq == nullptr || d >= 2 * half) {
-                v = bf2f(qrow[i]);
-            } else {  // the rotated pair (d mod half, + half), this thread's half of it
-                const int j = d < half ? d : d - half;
-                bf16_t ra, rb;
-                rope_pair(bf2f(qrow[a * HD + j]), bf2f(qrow[a * HD + j + half]), pos, inv_freq[j], rope_scaling, &ra,
-                          &rb);
-                v = bf2f(d < half ? ra : rb);
-            }
+    // The query heads as f32 (bf16 values), normed (q_norm) and rotated (inv_freq) in place.
+    for (int i = threadIdx.x; i < GC * HD; i += blockDim.x) q_s[i] = i / HD < gh ? bf2f(qrow[i]) : 0.f;
+    if (q_norm != nullptr) {
+        __syncthreads();
+        for (int a = warp; a < gh; a += DEC_WARPS) head_rms_norm<HD>(q_s + a * HD, q_norm, norm_eps);
+    }
+    if (inv_freq != nullptr) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < gh * half; i += blockDim.x) {
+            const int a = i / half, j = i - a * half;
+            float* h = q_s + a * HD;
+            bf16_t ra, rb;
+            rope_pair(h[j], h[j + half], pos, inv_freq[j], rope_scaling, &ra, &rb);
+            h[j] = bf2f(ra);
+            h[j + half] = bf2f(rb);
         }
-        q_s[i] = v;
     }
     const int* table = block_tables + (u64)row * bt_stride;
     for (int i = threadIdx.x; i < n_blocks; i += blockDim.x) blocks[i] = table[first_block + i];
@@ -107,13 +132,21 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
         const u64 at = (bh * block_size + (ctx - 1) % block_size) * HD;
         const bf16_t* krow = q + (u64)row * q_stride + k_offset + g * HD;
         const bf16_t* vrow = krow + n_kv_heads * HD;
+        // The key as f32 (normed by k_norm) in the warps' output space, free until the merge.
+        float* k_s = w_o;
+        for (int d = threadIdx.x; d < HD; d += blockDim.x) k_s[d] = bf2f(krow[d]);
+        if (k_norm != nullptr) {
+            __syncthreads();
+            if (warp == 0) head_rms_norm<HD>(k_s, k_norm, norm_eps);
+        }
+        __syncthreads();
         // Key dim d, rotated.
         auto key = [&](int d) {
-            bf16_t kv = krow[d];
+            bf16_t kv = f2bf(k_s[d]);
             if (d < 2 * half) {
                 const int j = d < half ? d : d - half;
                 bf16_t ra, rb;
-                rope_pair(bf2f(krow[j]), bf2f(krow[j + half]), pos, inv_freq[j], rope_scaling, &ra, &rb);
+                rope_pair(k_s[j], k_s[j + half], pos, inv_freq[j], rope_scaling, &ra, &rb);
                 kv = d < half ? ra : rb;
             }
             return kv;
@@ -318,12 +351,13 @@ __device__ __forceinline__ void paged_decode(bf16_t* __restrict__ out, int out_s
         int q_stride, void* k_cache, void* v_cache, void* k_params, void* v_params, int shift,                     \
         const float* fp8_scales, const int* block_tables, int bt_stride, const int* context_lens, int n_heads,      \
         int n_kv_heads, int block_size, float scale, float softcap, int window, int partition, int max_splits,     \
-        const float* inv_freq, int half, float rope_scaling, int k_offset) {                                       \
+        const float* inv_freq, int half, float rope_scaling, int k_offset, const float* q_norm,                     \
+        const float* k_norm, float norm_eps) {                                                                      \
         pdl_entry();                                                                                                \
         paged_decode<HD, GC, KV_FMT>(out, out_stride, part_out, part_ml, counters, q, q_stride, k_cache, v_cache,          \
                              k_params, v_params, shift, fp8_scales, block_tables, bt_stride, context_lens,         \
                              n_heads, n_kv_heads, block_size, scale, softcap, window, partition, max_splits,       \
-                             inv_freq, half, rope_scaling, k_offset);                                              \
+                             inv_freq, half, rope_scaling, k_offset, q_norm, k_norm, norm_eps);                    \
     }
 
 DECODE(16, 4)

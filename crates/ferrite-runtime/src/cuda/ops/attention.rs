@@ -17,6 +17,7 @@ use crate::cpu::AttentionParams;
 use crate::cuda::context::{cfg, Gpu};
 use crate::cuda::error::{CudaError, CudaResult};
 use crate::cuda::functions::head_dim_index;
+use crate::cuda::ops::gemma::{qkv_norm, QkvHeads};
 use crate::cuda::ops::kv_pool::{DeviceKv, KvArgs};
 
 /// Query tokens per prefill tile (the kernel's BM), and threads of both kernels.
@@ -387,7 +388,7 @@ pub fn attention(
     let f = kv.format();
     if meta.max_query <= 1 && meta.tokens == meta.rows {
         let plan = plan.unwrap_or_else(|| DecodePlan::new(gpu, meta.rows, p, meta.max_context));
-        return launch_decode(gpu, (qp, q_stride), meta, (&c, f), p, plan, scratch, (op, out_stride), NO_ROPE);
+        return launch_decode(gpu, (qp, q_stride), meta, (&c, f), p, plan, scratch, (op, out_stride), NOTHING_FOLDED);
     }
     let a = KernelArgs::new(gpu, meta, p, q_stride, out_stride);
     let r = meta.regions();
@@ -457,10 +458,31 @@ impl KernelArgs {
     }
 }
 
-/// The RoPE a decode launch applies itself: (inv_freq address, pairs, scaling, offset of the
-/// key heads in a query row); a null address for none.
-type RopeArgs = (u64, i32, f32, i32);
-const NO_ROPE: RopeArgs = (0, 0, 1.0, 0);
+/// What a decode launch does to its queries and new keys itself: RoPE (inv_freq's address,
+/// pairs, scaling, offset of the key heads in a query row) and per-head q/k RMSNorms (the
+/// weights' addresses, eps); null addresses for none.
+#[derive(Debug, Clone, Copy)]
+struct Folded {
+    inv_freq: u64,
+    half: i32,
+    scaling: f32,
+    k_offset: i32,
+    q_norm: u64,
+    k_norm: u64,
+    eps: f32,
+}
+
+const NOTHING_FOLDED: Folded =
+    Folded { inv_freq: 0, half: 0, scaling: 1.0, k_offset: 0, q_norm: 0, k_norm: 0, eps: 0.0 };
+
+/// Per-head RMSNorm weights of the queries and keys (Qwen3's `q_norm` / `k_norm`), `head_dim`
+/// values each, and their eps.
+#[derive(Clone, Copy)]
+pub struct QkNorms<'a> {
+    pub q: &'a CudaSlice<f32>,
+    pub k: &'a CudaSlice<f32>,
+    pub eps: f32,
+}
 
 #[allow(clippy::too_many_arguments)]
 fn launch_decode(
@@ -472,7 +494,7 @@ fn launch_decode(
     plan: DecodePlan,
     scratch: &mut DecodeScratch,
     (op, out_stride): (u64, usize),
-    (fp, half, rope_scaling, k_offset): RopeArgs,
+    folded: Folded,
 ) -> CudaResult<()> {
     let hd = head_dim_index(p.head_dim)?;
     let splits = plan.splits.max(1);
@@ -518,28 +540,34 @@ fn launch_decode(
             &a.window,
             &part,
             &ms,
-            &fp,
-            &half,
-            &rope_scaling,
-            &k_offset,
+            &folded.inv_freq,
+            &folded.half,
+            &folded.scaling,
+            &folded.k_offset,
+            &folded.q_norm,
+            &folded.k_norm,
+            &folded.eps,
         ],
     )
 }
 
 /// Decode attention over a fused QKV buffer of unrotated rows (`[tokens, (n_heads + 2 ·
 /// n_kv_heads) · head_dim]` rows of `qkv_stride`: query, key, value heads), in one launch
-/// doing what `rope` (rotating by `inv_freq`, scaled by `scaling`, and storing the new keys
-/// and values into `kv`) then `attention` do — the same bits. A decode step's RoPE launch
-/// goes. Every row must have one query token, at position `context_len - 1`.
+/// doing what `qkv_norm` (with `norms`: the query and key heads RMSNormed per head), `rope`
+/// (rotating by `inv_freq`, scaled by `scaling`, and storing the new keys and values into
+/// `kv`) then `attention` do — the same bits. A decode step's RoPE and q/k-norm launches go
+/// (an fp8 cache, which calibrates its scales on the stored keys, gets the norm launch, in
+/// place in `qkv`). Every row must have one query token, at position `context_len - 1`.
 #[allow(clippy::too_many_arguments)]
 pub fn decode_attention_rope(
     gpu: &Gpu,
-    qkv: &impl DevicePtr<bf16>,
+    qkv: &mut CudaSlice<bf16>,
     qkv_stride: usize,
     meta: &AttentionMeta,
     kv: &mut DeviceKv,
     p: &AttentionParams,
     (inv_freq, scaling): (&impl DevicePtr<f32>, f32),
+    norms: Option<QkNorms>,
     plan: DecodePlan,
     scratch: &mut DecodeScratch,
     out: &mut impl DevicePtrMut<bf16>,
@@ -556,25 +584,44 @@ pub fn decode_attention_rope(
         || out_stride < width
         || qkv.len() < need(qkv_stride, width + 2 * kv_width)
         || out.len() < need(out_stride, width)
+        || norms.is_some_and(|n| n.q.len() < p.head_dim || n.k.len() < p.head_dim)
     {
         return Err(CudaError::Shape(format!(
             "decode attention with RoPE: {} rows / {} tokens (longest query {}), qkv {} (stride {qkv_stride}), out {} \
-             (stride {out_stride}), {half} rotary pairs of head dim {}",
+             (stride {out_stride}), {half} rotary pairs of head dim {}, norms of {:?}",
             meta.rows,
             meta.tokens,
             meta.max_query,
             qkv.len(),
             out.len(),
-            p.head_dim
+            p.head_dim,
+            norms.map(|n| (n.q.len(), n.k.len()))
         )));
     }
-    let (qp, op) = (gpu.ptr(qkv), gpu.ptr_mut(out));
+    let fp8 = kv.format() == 3;
+    let mut folded =
+        Folded { inv_freq: gpu.ptr(inv_freq), half: half as i32, scaling, k_offset: width as i32, ..NOTHING_FOLDED };
+    match norms {
+        Some(n) if fp8 => {
+            let heads = QkvHeads {
+                tokens: meta.tokens,
+                stride: qkv_stride,
+                head_dim: p.head_dim,
+                n_q: p.n_heads,
+                n_k: p.n_kv_heads,
+                n_v: 0,
+            };
+            qkv_norm(gpu, qkv, heads, Some(n.q), Some(n.k), n.eps)?;
+        }
+        Some(n) => folded = Folded { q_norm: gpu.ptr(n.q), k_norm: gpu.ptr(n.k), eps: n.eps, ..folded },
+        None => {}
+    }
+    let (qp, op) = (gpu.ptr(&*qkv), gpu.ptr_mut(out));
     // An fp8 cache's first write calibrates on the keys before rotation: a rotated pair is at
     // most sqrt(2) times its larger element, times the RoPE scaling.
     let k_at = qp + (width * std::mem::size_of::<bf16>()) as u64;
     let v_at = k_at + (kv_width * std::mem::size_of::<bf16>()) as u64;
     kv.calibrate(gpu, (k_at, v_at), qkv_stride, meta, std::f32::consts::SQRT_2 * scaling.max(1.0))?;
     let c = kv.args(gpu);
-    let rope = (gpu.ptr(inv_freq), half as i32, scaling, width as i32);
-    launch_decode(gpu, (qp, qkv_stride), meta, (&c, kv.format()), p, plan, scratch, (op, out_stride), rope)
+    launch_decode(gpu, (qp, qkv_stride), meta, (&c, kv.format()), p, plan, scratch, (op, out_stride), folded)
 }

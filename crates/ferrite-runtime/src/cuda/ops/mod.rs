@@ -13,7 +13,7 @@ pub mod norm;
 pub mod quant;
 pub mod sampling;
 
-pub use attention::{attention, decode_attention_rope, AttentionMeta, DecodePlan, DecodeScratch};
+pub use attention::{attention, decode_attention_rope, AttentionMeta, DecodePlan, DecodeScratch, QkNorms};
 pub use deltanet::{
     delta_conv, delta_gates, delta_out_norm, delta_qk_norm, delta_rule, DeviceStatePool, StateTable,
     DELTA_CHUNK_MIN_TOKENS, DELTA_MAX_CONV_KERNEL, DELTA_MAX_K_DIM,
@@ -28,7 +28,7 @@ pub use kv_pool::{convert_blocks, write_kv, DeviceKv, DevicePool};
 pub use lora::{lora_add, LoraMatrices, LoraStep, LoraTable, LORA_MAX_RANK, LORA_TARGETS};
 pub use matrix::Matrix;
 pub use moe::{
-    moe_combine, moe_linear, moe_route, ExpertMatrix, ExpertProduct, MoeRoute, MOE_MAX_EXPERTS, MOE_MAX_TOP_K,
+    moe_down, moe_linear, moe_route, ExpertMatrix, ExpertProduct, ExpertSum, MoeRoute, MOE_MAX_EXPERTS, MOE_MAX_TOP_K,
 };
 pub use norm::{norm, norm_add, residual_add, rms_norm, rms_norm_add, NormWeights};
 pub use quant::{dequantize, quant_embedding, quant_linear, quant_linear_gated, QuantMatrix};

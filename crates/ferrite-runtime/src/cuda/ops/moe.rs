@@ -5,14 +5,16 @@
 //! 1. `moe_route`: each token's softmax over its router logits, its top-k experts and their
 //!    weights (renormalized, times per-expert scales, as the model says), then the step's
 //!    (token, expert) pairs grouped by expert — per-expert offsets, tiles and the active
-//!    experts, computed on the device into a `MoeRoute`;
+//!    experts, computed on the device into a `MoeRoute` (one launch for a decode step's few
+//!    tokens, two above);
 //! 2. `moe_linear`: one launch per projection for all experts over the grouped rows — for a
 //!    step of up to 8 tokens a skinny GEMM over the chosen experts only (each chosen expert's
 //!    weights read once), otherwise a grouped tensor-core GEMM over tiles of one expert's rows;
 //!    the gate-up projection reads the tokens' rows through the grouping and applies the gated
 //!    activation in its epilogue;
-//! 3. `moe_combine`: each token's weighted sum of its experts' outputs, in ascending expert
-//!    order.
+//! 3. `moe_down`: the down projection as `moe_linear` runs it, and each token's weighted sum
+//!    of its experts' outputs in ascending expert order — inside the skinny GEMM's launch at
+//!    decode, a launch of its own above.
 //!
 //! A layer's experts of one projection are one `ExpertMatrix` allocation, bf16, one block
 //! type the quantized kernels read, GGUF or MLX, or FP8 rows (`fp8`: e4m3 codes behind their
@@ -34,9 +36,13 @@ mod fp8;
 pub const MOE_MAX_TOP_K: usize = 32;
 /// Most experts of a layer (the router kernel keeps 4 tokens' probabilities in shared memory).
 pub const MOE_MAX_EXPERTS: usize = 2048;
-/// `moe.cu`: tokens a routing block takes; threads of an alignment block.
+/// `moe.cu`: tokens a routing block takes; threads of an alignment block; tokens
+/// `moe_route_small` takes (a warp each), and the most shared memory it may use for their
+/// probabilities (the default per-block budget).
 const ROUTE_WARPS: usize = 4;
 const ALIGN_THREADS: u32 = 256;
+const SMALL_TOKENS: usize = 8;
+const SMALL_SHARED: usize = 48 * 1024 - 4 * 32 * (2 * SMALL_TOKENS + 1);
 /// `moe_gemm.cuh`: rows and output columns of a GEMM tile, threads of its block; the skinny
 /// GEMM's threads and rows (quant.cuh's `QG_THREADS`, `QG_ROWS`).
 const GEMM_BM: usize = 64;
@@ -187,6 +193,9 @@ pub struct MoeRoute {
     tokens: usize,
     experts: usize,
     top_k: usize,
+    /// The tokens `moe_route` last routed: the products and the sum take exactly these (a
+    /// grouping of more tokens names rows past a smaller step's buffers).
+    routed: usize,
     /// `[tokens, top_k]`: each token's experts in ascending order, and their weights.
     ids: CudaSlice<i32>,
     weights: CudaSlice<f32>,
@@ -215,6 +224,7 @@ impl MoeRoute {
             tokens: tokens.max(1),
             experts,
             top_k,
+            routed: 0,
             ids: gpu.alloc(pairs)?,
             weights: gpu.alloc(pairs)?,
             offsets: gpu.alloc(experts + 1)?,
@@ -239,13 +249,18 @@ impl MoeRoute {
     }
 
     /// The grouping: per-expert offsets (`[experts + 1]`), the active experts (`[experts]`,
-    /// -1 past the last), the token of each grouped row and the grouped row of each pair.
-    pub fn grouping(&self) -> [&CudaSlice<i32>; 4] {
-        [&self.offsets, &self.active, &self.rows, &self.pos]
+    /// -1 past the last), the token of each grouped row, the grouped row of each pair, and the
+    /// per-expert GEMM tiles of 64 rows (`[experts + 1]`).
+    pub fn grouping(&self) -> [&CudaSlice<i32>; 5] {
+        [&self.offsets, &self.active, &self.rows, &self.pos, &self.tiles]
     }
 
     fn check_tokens(&self, tokens: usize) -> CudaResult<()> {
         check(tokens <= self.tokens, || format!("a MoE step of {tokens} tokens in routing for {}", self.tokens))
+    }
+
+    fn check_routed(&self, tokens: usize) -> CudaResult<()> {
+        check(tokens == self.routed, || format!("a MoE step of {tokens} tokens over a routing of {}", self.routed))
     }
 }
 
@@ -253,7 +268,8 @@ impl MoeRoute {
 /// token's `top_k` experts by softmax probability (the lower expert first among equals), the
 /// weights divided by the chosen ones' sum when `renormalize`, times `scale[e]` when given
 /// (Gemma 4's per-expert scale); then the pairs grouped by expert, in token order within an
-/// expert. Two launches; nothing comes back to the host.
+/// expert. One launch for a step of up to 8 tokens (over up to 1,468 experts: their
+/// probabilities in the default shared memory), two above; nothing comes back to the host.
 pub fn moe_route(
     gpu: &Gpu,
     logits: &impl DevicePtr<f32>,
@@ -271,13 +287,25 @@ pub fn moe_route(
             scale.map(|s| s.len())
         )
     })?;
+    r.routed = tokens;
     if tokens == 0 {
         return Ok(());
     }
     let lp = gpu.ptr(logits);
     let sp = scale.map_or(0, |s| gpu.ptr(s));
-    let (ip, wp) = (gpu.ptr_mut(&mut r.ids), gpu.ptr_mut(&mut r.weights));
     let [t_i, e_i, k_i, renorm] = [tokens, e, k, usize::from(renormalize)].map(|v| v as i32);
+    let bm = GEMM_BM as i32;
+    let (ip, wp) = (gpu.ptr_mut(&mut r.ids), gpu.ptr_mut(&mut r.weights));
+    let (op, tp, ap) = (gpu.ptr_mut(&mut r.offsets), gpu.ptr_mut(&mut r.tiles), gpu.ptr_mut(&mut r.active));
+    let (rp, pp) = (gpu.ptr_mut(&mut r.rows), gpu.ptr_mut(&mut r.pos));
+    // A decode step's few tokens: routed and grouped by one block.
+    if tokens <= SMALL_TOKENS && SMALL_TOKENS * e * 4 <= SMALL_SHARED {
+        return gpu.launch(
+            &gpu.fns.moe_route_small,
+            cfg((1, 1, 1), ALIGN_THREADS, SMALL_TOKENS * e * 4),
+            &[&lp, &t_i, &e_i, &k_i, &renorm, &sp, &bm, &ip, &wp, &op, &tp, &ap, &rp, &pp],
+        );
+    }
     let grid = tokens.div_ceil(ROUTE_WARPS) as u32;
     let shared = ROUTE_WARPS * e * 4;
     gpu.launch(
@@ -286,9 +314,7 @@ pub fn moe_route(
         &[&lp, &t_i, &e_i, &k_i, &renorm, &sp, &ip, &wp],
     )?;
     let pairs = (tokens * k) as i32;
-    let bm = GEMM_BM as i32;
-    let (op, tp, ap) = (gpu.ptr_mut(&mut r.offsets), gpu.ptr_mut(&mut r.tiles), gpu.ptr_mut(&mut r.active));
-    let (rp, pp, ids) = (gpu.ptr_mut(&mut r.rows), gpu.ptr_mut(&mut r.pos), gpu.ptr(&r.ids));
+    let ids = gpu.ptr(&r.ids);
     gpu.launch(
         &gpu.fns.moe_align,
         cfg((e as u32, 1, 1), ALIGN_THREADS, e * 4),
@@ -309,9 +335,8 @@ pub enum ExpertProduct {
 /// `moe_route`, of `tokens` tokens): `y[g]` (one row per pair, in grouped order) is `x`'s row
 /// for pair g through that pair's expert. With `from_tokens`, `x` holds the tokens' rows
 /// (`[tokens, cols]`, read through the grouping: the gate-up projection); otherwise one row
-/// per pair in grouped order (`[tokens × top_k, cols]`: the down projection). One launch for
-/// all experts: the skinny GEMM over the chosen experts for up to 8 tokens, the grouped
-/// tensor-core GEMM above.
+/// per pair in grouped order (`[tokens × top_k, cols]`). One launch for all experts: the
+/// skinny GEMM over the chosen experts for up to 8 tokens, the grouped tensor-core GEMM above.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_linear(
     gpu: &Gpu,
@@ -323,7 +348,82 @@ pub fn moe_linear(
     tokens: usize,
     y: &mut impl DevicePtrMut<bf16>,
 ) -> CudaResult<()> {
-    r.check_tokens(tokens)?;
+    expert_product(gpu, product, x, from_tokens, w, r, tokens, y, None).map(|_| ())
+}
+
+/// The down projection and the experts' sum: `y` as `moe_linear` writes it for the plain
+/// product of `x`'s rows (one per pair, grouped), then `out[t] = Σ_j weight[t, j] · y[row of
+/// pair (t, j)]` (`[tokens, rows]`: each token's experts' rows times its routing weights,
+/// summed in ascending expert order in f32). A step of up to 8 tokens sums inside the
+/// projection's launch (the last slot of each column block, found by `sum`'s counters);
+/// larger ones launch the sum after it.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_down(
+    gpu: &Gpu,
+    x: &impl DevicePtr<bf16>,
+    w: &ExpertMatrix,
+    r: &MoeRoute,
+    tokens: usize,
+    y: &mut CudaSlice<bf16>,
+    sum: &mut ExpertSum,
+    out: &mut impl DevicePtrMut<bf16>,
+) -> CudaResult<()> {
+    let d = w.rows;
+    check(sum.d == d && out.len() >= tokens * d, || {
+        format!("moe_down into [{tokens}, {d}]: out {}, sum counters for rows of {}", out.len(), sum.d)
+    })?;
+    let summed = expert_product(gpu, ExpertProduct::Plain, x, false, w, r, tokens, y, Some((sum, gpu.ptr_mut(out))))?;
+    if summed || tokens == 0 {
+        return Ok(());
+    }
+    moe_combine(gpu, &*y, r, (tokens, d), out)
+}
+
+/// The counters by which `moe_down`'s last slot of each column block finds itself (zero
+/// between launches: that slot resets its own), for expert outputs of `d` rows.
+pub struct ExpertSum {
+    d: usize,
+    counters: CudaSlice<i32>,
+}
+
+impl ExpertSum {
+    pub fn new(gpu: &Gpu, d: usize) -> CudaResult<ExpertSum> {
+        Ok(ExpertSum { d, counters: gpu.alloc(d.div_ceil(GEMV_ROWS).max(1))? })
+    }
+}
+
+/// `moe_gemm.cuh`'s `MoeSum`, passed by value: where the skinny GEMM sums each token's
+/// experts (a null `out`: no sum).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct SumArgs {
+    out: u64,
+    pos: u64,
+    weights: u64,
+    top_k: i32,
+    tokens: i32,
+    counters: u64,
+}
+
+// SAFETY: u64 and i32 fields in the order and alignment of moe_gemm.cuh's `MoeSum` (three
+// pointers, two ints, a pointer: 40 bytes).
+unsafe impl cudarc::driver::DeviceRepr for SumArgs {}
+
+/// `moe_linear`, and with `sum` (the plain product, into `(counters, out address)`) each
+/// token's sum when the skinny GEMM runs: whether it summed.
+#[allow(clippy::too_many_arguments)]
+fn expert_product(
+    gpu: &Gpu,
+    product: ExpertProduct,
+    x: &impl DevicePtr<bf16>,
+    from_tokens: bool,
+    w: &ExpertMatrix,
+    r: &MoeRoute,
+    tokens: usize,
+    y: &mut impl DevicePtrMut<bf16>,
+    sum: Option<(&mut ExpertSum, u64)>,
+) -> CudaResult<bool> {
+    r.check_routed(tokens)?;
     let (mode, n) = match product {
         ExpertProduct::Plain => (MODE_PLAIN, w.rows),
         ExpertProduct::Gated(GatedActivation::Silu) => (MODE_SILU, w.rows / 2),
@@ -352,7 +452,7 @@ pub fn moe_linear(
         },
     )?;
     if tokens == 0 {
-        return Ok(());
+        return Ok(false);
     }
     let (fns, fmt) = w.functions(gpu)?;
     let src = if from_tokens { gpu.ptr(&r.rows) } else { 0 };
@@ -366,11 +466,24 @@ pub fn moe_linear(
         Some(i) => {
             let cols = if gated { n.div_ceil(2) } else { n.div_ceil(GEMV_ROWS) };
             let ap = gpu.ptr(&r.active);
+            let summed = sum.is_some();
+            let args = match sum {
+                Some((s, out)) => SumArgs {
+                    out,
+                    pos: gpu.ptr(&r.pos),
+                    weights: gpu.ptr(&r.weights),
+                    top_k: r.top_k as i32,
+                    tokens: tokens as i32,
+                    counters: gpu.ptr_mut(&mut s.counters),
+                },
+                None => SumArgs { out: 0, pos: 0, weights: 0, top_k: 0, tokens: 0, counters: 0 },
+            };
             gpu.launch(
                 &fns.gemv[i],
                 cfg((cols as u32, slots as u32, 1), GEMV_THREADS, 0),
-                &[&xp, &src, &wp, &expert_bytes, &yp, &op, &ap, &n_i, &k_i, &mode, &fmt],
-            )
+                &[&xp, &src, &wp, &expert_bytes, &yp, &op, &ap, &n_i, &k_i, &mode, &fmt, &args],
+            )?;
+            Ok(summed)
         }
         None => {
             let cols = n.div_ceil(if gated { GEMM_BN / 2 } else { GEMM_BN });
@@ -380,7 +493,8 @@ pub fn moe_linear(
                 &fns.gemm,
                 cfg((cols as u32, tiles as u32, 1), GEMM_THREADS, 0),
                 &[&xp, &src, &wp, &expert_bytes, &yp, &op, &tp, &e_i, &n_i, &k_i, &mode, &fmt],
-            )
+            )?;
+            Ok(false)
         }
     }
 }
@@ -388,14 +502,14 @@ pub fn moe_linear(
 /// `out[t] = Σ_j weight[t, j] · y[row of pair (t, j)]` for `tokens` tokens: each token's
 /// experts' outputs (`y`, `[tokens × top_k, d]` in grouped order, as `moe_linear` writes them)
 /// times its routing weights, summed in ascending expert order in f32.
-pub fn moe_combine(
+fn moe_combine(
     gpu: &Gpu,
     y: &impl DevicePtr<bf16>,
     r: &MoeRoute,
     (tokens, d): (usize, usize),
     out: &mut impl DevicePtrMut<bf16>,
 ) -> CudaResult<()> {
-    r.check_tokens(tokens)?;
+    r.check_routed(tokens)?;
     let pairs = tokens * r.top_k;
     check(y.len() >= pairs * d && out.len() >= tokens * d, || {
         format!("moe_combine [{tokens} x {}, {d}]: y {}, out {}", r.top_k, y.len(), out.len())
