@@ -2,9 +2,10 @@
 //! random bf16 inputs: ranks 1, 8, 16 and 64; odd token counts; rows with no adapter, every
 //! row through one adapter, three adapters mixed with base rows; fused projections of one,
 //! two and three slices, with an adapter that leaves a slice alone; an input width the
-//! 16-byte path reads and one it cannot. A token's result must not depend on its batch (the
-//! same bits alone as co-batched), and a CUDA graph captured before an adapter was installed
-//! must run it afterwards. Gated on `FERRITE_TEST_CUDA=1`.
+//! 16-byte path reads and one it cannot; inputs of one shrink chunk and of several. A token's
+//! result must not depend on its batch (the same bits alone as co-batched), and a CUDA graph
+//! captured before an adapter was installed must run it afterwards. Gated on
+//! `FERRITE_TEST_CUDA=1`.
 //!
 //! Tolerance: the kernels add the f32 update to the bf16 base output and round once, so the
 //! result is within half a bf16 ulp of the exact sum plus f32 summation noise: rtol 2^-8 and
@@ -23,12 +24,13 @@ const RTOL: f32 = 1.0 / 256.0;
 const SLOTS: usize = 8;
 
 /// Per layer, per projection (q, k, v, o, gate, up, down): (in, out). Layer 0 is
-/// SmolLM2-like (widths the 16-byte path reads), layer 1 has odd widths (the scalar path).
+/// SmolLM2-like (widths the 16-byte path reads), layer 1 has odd widths (the scalar path);
+/// both down projections read more than one shrink chunk of 2,048 inputs, the last ragged.
 fn shapes() -> Vec<[Option<(usize, usize)>; LORA_TARGETS]> {
     let layer = |d: usize, q: usize, kv: usize, inter: usize| {
         [(d, q), (d, kv), (d, kv), (q, d), (d, inter), (d, inter), (inter, d)].map(Some)
     };
-    vec![layer(576, 576, 192, 1536), layer(203, 136, 40, 77)]
+    vec![layer(576, 576, 192, 4160), layer(203, 136, 40, 2077)]
 }
 
 /// A fused projection: its layer and targets.
@@ -178,7 +180,7 @@ fn cuda_lora_add_matches_reference_and_is_batch_invariant() {
     for (slot, a) in adapters.iter().enumerate() {
         a.install(gpu, &mut table, slot);
     }
-    let mut step = LoraStep::new(gpu, 160, SLOTS).expect("step");
+    let mut step = LoraStep::new(gpu, 160, &table).expect("step");
     for tokens in [1usize, 7, 37, 131] {
         let mixes: Vec<(&str, Vec<Option<usize>>)> = vec![
             ("no adapter", vec![None; tokens]),
@@ -227,7 +229,7 @@ fn cuda_lora_graph_reads_adapters_installed_after_capture() {
     later[1].install(gpu, &mut table, 1);
     let proj = Proj { layer: 0, targets: 0..3 };
     let (tokens, inp, width) = (12, proj.input(), proj.width());
-    let mut step = LoraStep::new(gpu, tokens, SLOTS).expect("step");
+    let mut step = LoraStep::new(gpu, tokens, &table).expect("step");
     let (xh, xf) = rand_bf16(&mut rng, tokens * inp, 1.0);
     let (bh, bf) = rand_bf16(&mut rng, tokens * width, 1.0);
     let x_d = gpu.upload(&xh).expect("upload");
@@ -273,7 +275,7 @@ fn cuda_lora_table_refuses_bad_shapes() {
         table.install(gpu, 0, 4, &[LoraMatrices { layer: 0, target: 0, a: &a, b: &b }]).is_err(),
         "slot 0 is taken"
     );
-    let mut step = LoraStep::new(gpu, 4, 2).expect("step");
+    let mut step = LoraStep::new(gpu, 4, &table).expect("step");
     assert!(step.update(gpu, &table, &[(0, 5, 0)]).is_err(), "past the step's tokens");
     assert!(step.update(gpu, &table, &[(0, 2, 1)]).is_err(), "an empty slot");
     assert!(step.update(gpu, &table, &[(0, 2, 0), (1, 2, 0)]).is_err(), "a token in two rows");

@@ -215,7 +215,7 @@ impl LoraBuffers {
         let table = st.table.as_ref().ok_or_else(|| RuntimeError::Shape("no LoRA adapter is attached".into()))?;
         let step = match &mut self.step {
             Some(s) => s,
-            empty => empty.insert(LoraStep::new(gpu, self.tokens, table.capacity())?),
+            empty => empty.insert(LoraStep::new(gpu, self.tokens, table)?),
         };
         step.update(gpu, table, &spans)?;
         self.mask = st.mask();

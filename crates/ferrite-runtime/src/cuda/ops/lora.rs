@@ -38,6 +38,9 @@ const RANK_ROWS: usize = 8;
 /// Slices of a fused projection at most (`LORA_SLICES`).
 const SLICES: usize = 3;
 const THREADS: u32 = 256;
+/// Input values a shrink work item covers (`LORA_KC`): a projection of `in` inputs is
+/// `in.div_ceil(CHUNK)` items of partial sums a rank block.
+const CHUNK: usize = THREADS as usize * 8;
 
 fn check(ok: bool, what: impl FnOnce() -> String) -> CudaResult<()> {
     if ok {
@@ -176,8 +179,11 @@ pub struct LoraStep {
     /// `{n_groups, n_items, items at, order at} | groups[n][4] | items[m][2] | order`, one
     /// upload a step (the kernels find the parts from the head).
     meta: CudaSlice<u32>,
-    /// `[tokens][SLICES][LORA_MAX_RANK]`, by position in the order.
+    /// `[tokens][kcap][SLICES][LORA_MAX_RANK]`, by position in the order: the shrink's partial
+    /// sums, one per chunk of `CHUNK` inputs.
     s: CudaSlice<f32>,
+    /// Chunks of the widest adapted input.
+    kcap: usize,
     tokens: usize,
     slots: usize,
     /// One past the last adapted token of the last `update`.
@@ -185,13 +191,15 @@ pub struct LoraStep {
 }
 
 impl LoraStep {
-    /// Room for steps of up to `tokens` tokens over a table of `slots` slots.
-    pub fn new(gpu: &Gpu, tokens: usize, slots: usize) -> CudaResult<LoraStep> {
-        let tokens = tokens.max(1);
+    /// Room for steps of up to `tokens` tokens over `table`'s slots and projections.
+    pub fn new(gpu: &Gpu, tokens: usize, table: &LoraTable) -> CudaResult<LoraStep> {
+        let (tokens, slots) = (tokens.max(1), table.capacity());
         let groups = groups_cap(tokens, slots);
+        let widest = table.shapes.iter().flatten().flatten().map(|s| s.0).max().unwrap_or(0);
+        let kcap = widest.div_ceil(CHUNK).max(1);
         let meta = gpu.alloc(4 + 4 * groups + 2 * groups * LORA_MAX_RANK / RANK_ROWS + tokens)?;
-        let s = gpu.alloc(tokens * SLICES * LORA_MAX_RANK)?;
-        Ok(LoraStep { meta, s, tokens, slots, extent: 0 })
+        let s = gpu.alloc(tokens * kcap * SLICES * LORA_MAX_RANK)?;
+        Ok(LoraStep { meta, s, kcap, tokens, slots, extent: 0 })
     }
 
     /// Group the step's adapted tokens: `spans` holds (first token, tokens, slot) of every row
@@ -279,6 +287,8 @@ pub fn lora_add(
         )
     })?;
     check(tokens == 0 || out.len() >= (tokens - 1) * stride + width, || format!("LoRA output {}", out.len()))?;
+    let chunks = inp.div_ceil(CHUNK).max(1);
+    check(chunks <= step.kcap, || format!("LoRA input of {inp} in a step sized for {}", step.kcap * CHUNK))?;
     if tokens == 0 || width == 0 {
         return Ok(());
     }
@@ -289,15 +299,15 @@ pub fn lora_add(
     let (xp, op) = (gpu.ptr(x), gpu.ptr_mut(out));
     let slot_stride = table.slot_stride() as i32;
     let entry = ((layer * LORA_TARGETS + targets.start) * 2) as i32;
-    // One wave of two blocks a multiprocessor (the shrink's register budget) over the items.
-    let items = groups * LORA_MAX_RANK / RANK_ROWS;
+    // Two waves of one block a multiprocessor (the shrink's register budget) over the items.
+    let items = groups * LORA_MAX_RANK / RANK_ROWS * chunks;
     let gx = items.min((2 * sms).div_ceil(n_slices)).max(1) as u32;
     let wide = i32::from(inp.is_multiple_of(8) && xp.is_multiple_of(16));
-    let in_i = inp as i32;
+    let [in_i, chunks_i, kcap_i] = [inp, chunks, step.kcap].map(|v| v as i32);
     gpu.launch(
         &gpu.fns.lora_shrink,
         cfg((gx, n_slices as u32, 1), THREADS, 0),
-        &[&xp, &in_i, &wide, &meta, &tp, &slot_stride, &entry, &sp],
+        &[&xp, &in_i, &wide, &meta, &tp, &slot_stride, &entry, &sp, &chunks_i, &kcap_i],
     )?;
     // The expand's blocks are light (48 registers): eight a multiprocessor fill it.
     let col_blocks = width.div_ceil(THREADS as usize);
@@ -307,7 +317,7 @@ pub fn lora_add(
     gpu.launch(
         &gpu.fns.lora_expand,
         cfg((gx, col_blocks as u32, 1), THREADS, 0),
-        &[&op, &stride_i, &n0, &n1, &n2, &meta, &tp, &slot_stride, &entry, &sp],
+        &[&op, &stride_i, &n0, &n1, &n2, &meta, &tp, &slot_stride, &entry, &sp, &chunks_i, &kcap_i],
     )
 }
 
