@@ -16,7 +16,9 @@
 #       (under $WORK/gguf), run `llama-bench -ngl 99 -fa 1` (decode of 128 tokens after a
 #       512-token context, and a 2,048-token prefill) and `ferrite bench decode --synthetic`
 #       on the same shape and dtype, and print the table (tokens/s, ratio ferrite / llama.cpp).
-#       CASES overrides the list ("llama-3.1-8b:q4_0 llama-3.2-1b:bf16 ..."); FERRITE_BIN
+#       CASES overrides the list ("llama-3.1-8b:q4_0 llama-3.2-1b:bf16 ...", and the MoE
+#       "qwen3-30b-a3b:q4_k": an 18 GB file, generated in host memory; its bf16 is 61 GB, more
+#       than the 64 GB disk holds beside the build); FERRITE_BIN
 #       picks the ferrite binary (default .gpu/ferrite); REPS (default 3).
 #   bash scripts/bench_cuda_vs_llamacpp.sh all TARBALL     # build, then bench
 set -euo pipefail
