@@ -11,7 +11,8 @@
 //!   refuses matrices of other shapes, so a kernel never reads past one.
 //! - `LoraStep` is a step's grouping: its adapted tokens sorted by slot and cut into groups of
 //!   at most 8 tokens (each group's adapter matrices are read once for all its tokens), the
-//!   shrink's work items, and the rank-wide intermediate of every token. `update` writes it
+//!   shrink's work items, and the rank-wide intermediate of every token (partial sums over
+//!   chunks of 2,048 inputs, which the expand adds in order). `update` writes it
 //!   before the step (outside any graph, like the step's other inputs); rows with no adapter
 //!   are in no group and cost nothing.
 //!
