@@ -103,6 +103,28 @@ __device__ __forceinline__ int block_sum_int(int v, int* scratch) {
     return v;
 }
 
+// Exclusive prefix sum of `v` over the block's threads in order (MA_THREADS); `total` gets
+// the whole sum. `scratch` holds 32.
+__device__ __forceinline__ int block_scan_int(int v, int* scratch, int& total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(FULL_MASK, incl, o);
+        if (lane >= o) incl += u;
+    }
+    __syncthreads();
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    int before = 0;
+    total = 0;
+    for (int w = 0; w < MA_THREADS / 32; w++) {
+        const int n = scratch[w];
+        if (w < warp) before += n;
+        total += n;
+    }
+    return before + incl - v;
+}
+
 // The `pairs` = tokens * top_k pairs of `ids` (moe_route's) grouped by expert. Block e (grid
 // E, MA_THREADS threads, dynamic shared memory of E ints) counts every expert's pairs, then
 // writes offsets[e] (the pairs of experts before e; offsets[E] = pairs), tiles[e] (their
@@ -116,8 +138,7 @@ extern "C" __global__ void moe_align(const int* __restrict__ ids, int pairs, int
     pdl_entry();
     extern __shared__ int hist[];
     __shared__ int scratch[32];
-    __shared__ int warp_n[MA_THREADS / 32];
-    const int e = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int e = blockIdx.x, tid = threadIdx.x;
     for (int i = tid; i < E; i += MA_THREADS) hist[i] = 0;
     __syncthreads();
     for (int p = tid; p < pairs; p += MA_THREADS) atomicAdd(&hist[ids[p]], 1);
@@ -154,19 +175,8 @@ extern "C" __global__ void moe_align(const int* __restrict__ ids, int pairs, int
         const int p0 = s + tid * MA_PER;
         int c = 0;
         for (int j = 0; j < MA_PER; j++) c += p0 + j < pairs && ids[p0 + j] == e;
-        int incl = c;
-        for (int o = 1; o < 32; o <<= 1) {
-            const int v = __shfl_up_sync(FULL_MASK, incl, o);
-            if (lane >= o) incl += v;
-        }
-        if (lane == 31) warp_n[warp] = incl;
-        __syncthreads();
-        int at = base + incl - c, total = 0;
-        for (int w = 0; w < MA_THREADS / 32; w++) {
-            const int n = warp_n[w];
-            if (w < warp) at += n;
-            total += n;
-        }
+        int total;
+        int at = base + block_scan_int(c, scratch, total);
         for (int j = 0; j < MA_PER; j++) {
             const int p = p0 + j;
             if (p < pairs && ids[p] == e) {
@@ -176,30 +186,7 @@ extern "C" __global__ void moe_align(const int* __restrict__ ids, int pairs, int
             }
         }
         base += total;
-        __syncthreads();
     }
-}
-
-// Exclusive prefix sum of `v` over the block's threads in order (MA_THREADS); `total` gets
-// the whole sum. `scratch` holds 32.
-__device__ __forceinline__ int block_scan_int(int v, int* scratch, int& total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int incl = v;
-    for (int o = 1; o < 32; o <<= 1) {
-        const int u = __shfl_up_sync(FULL_MASK, incl, o);
-        if (lane >= o) incl += u;
-    }
-    __syncthreads();
-    if (lane == 31) scratch[warp] = incl;
-    __syncthreads();
-    int before = 0;
-    total = 0;
-    for (int w = 0; w < MA_THREADS / 32; w++) {
-        const int n = scratch[w];
-        if (w < warp) before += n;
-        total += n;
-    }
-    return before + incl - v;
 }
 
 // moe_route then moe_align, in one block of MA_THREADS threads, for a step of at most
