@@ -598,11 +598,10 @@ pub fn decode_attention_rope(
             norms.map(|n| (n.q.len(), n.k.len()))
         )));
     }
-    let fp8 = kv.format() == 3;
     let mut folded =
         Folded { inv_freq: gpu.ptr(inv_freq), half: half as i32, scaling, k_offset: width as i32, ..NOTHING_FOLDED };
     match norms {
-        Some(n) if fp8 => {
+        Some(n) if kv.fp8_scales().is_some() => {
             let heads = QkvHeads {
                 tokens: meta.tokens,
                 stride: qkv_stride,

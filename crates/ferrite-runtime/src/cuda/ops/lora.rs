@@ -310,7 +310,8 @@ pub fn lora_add(
         cfg((gx, n_slices as u32, 1), THREADS, 0),
         &[&xp, &in_i, &wide, &meta, &tp, &slot_stride, &entry, &sp, &chunks_i, &kcap_i],
     )?;
-    // The expand's blocks are light (48 registers): eight a multiprocessor fill it.
+    // Eight expand blocks a multiprocessor: one wave at 48 registers a thread (its loads of B
+    // and the outputs ahead of the gather take it to 110: about four waves).
     let col_blocks = width.div_ceil(THREADS as usize);
     let gx = groups.min((8 * sms).div_ceil(col_blocks)).max(1) as u32;
     let [n0, n1, n2] = widths.map(|w| w as i32);
