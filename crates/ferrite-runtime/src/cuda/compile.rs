@@ -329,12 +329,18 @@ mod tests {
 
     /// Every module compiles for the H200's target, and a second build reads them all back
     /// from the cache. Runs where NVRTC can be loaded (no GPU needed); skips elsewhere.
+    /// `FERRITE_EXPECT_NVRTC` ("13.0") names the NVRTC version the run must have loaded
+    /// (scripts/test.sh runs this test with two).
     #[test]
     fn kernels_compile_for_sm90a_and_cache() {
         // SAFETY: a dlopen attempt by name.
         if !unsafe { sys::is_culib_present() } {
             eprintln!("SKIP kernels_compile_for_sm90a_and_cache: NVRTC (libnvrtc.so) is not loadable here");
             return;
+        }
+        if let Ok(want) = std::env::var("FERRITE_EXPECT_NVRTC") {
+            let (major, minor) = nvrtc_version().unwrap();
+            assert_eq!(format!("{major}.{minor}"), want, "LD_LIBRARY_PATH loaded another NVRTC");
         }
         let dir = std::env::temp_dir().join(format!("ferrite-kernel-cache-test-{}", std::process::id()));
         let target = Target { arch: "sm_90a".into(), cubin: true };
