@@ -27,7 +27,7 @@ use std::arch::x86_64::*;
 
 use super::igemm::{Acts, MR};
 use super::isa::{self, Simd};
-use super::packed::{self, masks, FormatFn, Half, LegacyCodes, Mlx, Packing, K4K5, Q6K, QUAD, QUADS};
+use super::packed::{self, high_mask, high_word, FormatFn, Half, LegacyCodes, Mlx, Packing, K4K5, Q6K, QUAD, QUADS};
 use crate::cpu::SharedMut;
 use crate::error::{Result, RuntimeError};
 use crate::tensor::Tensor;
@@ -124,30 +124,14 @@ unsafe fn nibble_pairs8<const S: usize>(quad: __m256i) -> __m256i {
     _mm256_and_si256(shifted, _mm256_set1_epi32(0x000F_000F))
 }
 
-/// `v` with `bit` set in the lanes of half `h` of the u16 row mask at `at` (low code) and at
-/// `at + 2` (high code, `bit << 16`): byte `h` of a mask holds rows `8h..8h + 8`. Both bytes go
-/// to every lane in one word, lane j shifts its rows' bits into place (`vpsrlvd`).
+/// `v` (step `p`'s pairs of nibbles, half `h` of the rows) with the codes' high bits set
+/// from their word (`packed::high_word`).
 #[inline(always)]
-unsafe fn high_bit8(v: __m256i, at: *const u8, bit: u32, h: usize) -> __m256i {
-    let pos = bit.trailing_zeros();
-    let rows = (isa::read_u32(at) >> (8 * h)) & 0x00FF_00FF;
-    let x = _mm256_srlv_epi32(_mm256_set1_epi32((rows << pos) as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    _mm256_or_si256(v, _mm256_and_si256(x, _mm256_set1_epi32((bit | bit << 16) as i32)))
-}
-
-/// `v` with bits 4 and 5 of the half's 6-bit codes set from the step's four row masks at `at`
-/// (u16 masks of bit 4 of code 2p, of 2p + 1, then of bit 5 of each): every lane gets the four
-/// bytes of half `h` in one word (`vpshufb` of the broadcast masks), then one `vpsrlvd` moves
-/// its row's bits into place for both bits at once.
-#[inline(always)]
-unsafe fn high_bits6(v: __m256i, at: *const u8, h: usize) -> __m256i {
-    let all = _mm256_set1_epi64x(std::ptr::read_unaligned(at as *const i64));
-    // Word bytes: bit 4 of the low code, bit 5 of the low code, bit 4 and bit 5 of the high one.
-    let pick = _mm256_set1_epi32(if h == 0 { 0x0602_0400 } else { 0x0703_0501 });
-    let x = _mm256_srlv_epi32(_mm256_shuffle_epi8(all, pick), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    let bit4 = _mm256_slli_epi32::<4>(_mm256_and_si256(x, _mm256_set1_epi32(0x0001_0001)));
-    let bit5 = _mm256_srli_epi32::<3>(_mm256_and_si256(x, _mm256_set1_epi32(0x0100_0100)));
-    _mm256_or_si256(v, _mm256_or_si256(bit4, bit5))
+unsafe fn with_high8<const BITS: u32>(v: __m256i, codes: *const u8, p: usize, h: usize) -> __m256i {
+    let (at, shift) = high_word(codes, BITS, p);
+    let word = _mm256_loadu_si256(at.add(32 * h) as *const __m256i);
+    let field = _mm256_and_si256(_mm256_srl_epi32(word, _mm_cvtsi32_si128(shift)), _mm256_set1_epi32(high_mask(BITS)));
+    _mm256_or_si256(v, _mm256_slli_epi32::<4>(field))
 }
 
 impl<F: LegacyCodes> Halves for F {
@@ -180,7 +164,7 @@ impl<F: LegacyCodes> Halves for F {
         }
         let mut v = nibble_pairs8::<S>(quad);
         if F::BITS == 5 {
-            v = high_bit8(v, masks(codes, 5, p), 0x10, h);
+            v = with_high8::<5>(v, codes, p, h);
         }
         if F::OFFSET != 0 {
             v = _mm256_sub_epi16(v, _mm256_set1_epi16(F::OFFSET));
@@ -213,7 +197,7 @@ impl<const Q5: bool> Halves for K4K5<Q5> {
     unsafe fn pairs8<const S: usize>(codes: *const u8, quad: __m256i, q: usize, h: usize) -> __m256i {
         let v = nibble_pairs8::<S>(quad);
         if Q5 {
-            high_bit8(v, masks(codes, 5, QUAD * q + S), 0x10, h)
+            with_high8::<5>(v, codes, QUAD * q + S, h)
         } else {
             v
         }
@@ -259,7 +243,7 @@ impl Halves for Q6K {
         q: usize,
         h: usize,
     ) -> __m256i {
-        let v = high_bits6(nibble_pairs8::<S>(quad), masks(codes, 6, QUAD * q + S), h);
+        let v = with_high8::<6>(nibble_pairs8::<S>(quad), codes, QUAD * q + S, h);
         _mm256_sub_epi16(v, _mm256_set1_epi16(32))
     }
 

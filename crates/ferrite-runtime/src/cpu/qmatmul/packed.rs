@@ -18,18 +18,20 @@
 //! MLX     scale[16], bias[16] in the checkpoint's bf16 or f16 (`Half`), for every block
 //! Q4_K/5_K d[16] f16, dmin[16] f16, sc[8][16] u8, mn[8][16] u8   (6-bit scales unpacked)
 //! Q6_K    d[16] f16, sc[16][16] i8                                (one scale per 16 values)
-//! block   4- to 6-bit: 4 quads of 64 bytes, then per step the high-bit masks
+//! block   4- to 6-bit: 4 quads of 64 bytes, then the high bits' words
 //!           quad q: row j's u32 (bytes 4j..4j + 4) holds in nibble s the low 4 bits of code
 //!           2p and in nibble 4 + s those of code 2p + 1, for step p = 4q + s
-//!           masks (5-bit): u16 masks of bit 4 of codes 2p, 2p + 1       4 bytes a step
-//!           masks (6-bit): those, then masks of bit 5                   8 bytes a step
+//!           high words (5-bit: one, 6-bit: two, 64 bytes each): row j's u32 at 4j holds,
+//!           for the h = bits − 4 high bits of a code and the 16 / h steps p = w·16/h + s
+//!           of word w, code 2p's at bit h·s and code 2p + 1's at bit 16 + h·s
 //!         8-bit: per step two bytes per row (signed; MLX's unsigned)   32 bytes a step
 //! ```
 //!
 //! — the GGUF size, 2–3 % more for Q4_K/Q5_K. A quad gives the kernel four steps from one
 //! 64-byte load, each one shift and one mask away (`(u32 >> 4s) & 0x000F000F` is the pair of
-//! step `4q + s`). The codes are the blocks' own, so the arithmetic is the GGUF one; rows past
-//! the weight's end are zero.
+//! step `4q + s`); a step's high bits are a shift, a mask and a shift more
+//! (`((w >> h·s) & (2^h − 1)·0x00010001) << 4`). The codes are the blocks' own, so the
+//! arithmetic is the GGUF one; rows past the weight's end are zero.
 
 use std::arch::x86_64::*;
 
@@ -107,17 +109,21 @@ const fn block_bytes(bits: u32) -> usize {
     if bits == 8 {
         STEPS * 32
     } else {
-        STEPS * (16 + mask_bytes(bits))
+        STEPS * 16 + 64 * high_bits(bits) as usize
     }
 }
 
-/// Bytes of one step's high-bit masks.
-const fn mask_bytes(bits: u32) -> usize {
+/// High bits a code has beyond its nibble (0 for 4- and 8-bit codes, which have none in words).
+const fn high_bits(bits: u32) -> u32 {
     match bits {
-        5 => 4,
-        6 => 8,
+        5 | 6 => bits - 4,
         _ => 0,
     }
+}
+
+/// Steps one high-bit word holds.
+const fn steps_per_word(bits: u32) -> usize {
+    16 / high_bits(bits) as usize
 }
 
 /// Place the codes of row `j` (whole 32-value blocks of `bits` wide codes) in `blocks`.
@@ -145,13 +151,15 @@ fn put_block(codes: &[u8], j: usize, bits: u32, block: &mut [u8]) {
     if bits == 4 {
         return;
     }
-    // Per step: u16 masks of bit 4 of c0, of c1 (then of bit 5 of each); bit j of each.
-    for (step, pair) in masks.chunks_exact_mut(mask_bytes(bits)).zip(codes.chunks_exact(2)) {
-        for (m, bit) in
-            [pair[0] >> 4, pair[1] >> 4, pair[0] >> 5, pair[1] >> 5].into_iter().take(step.len() / 2).enumerate()
-        {
-            step[2 * m + j / 8] |= (bit & 1) << (j % 8);
-        }
+    // Word w of row j: code 2p's high bits at h·s, code 2p + 1's at 16 + h·s (p = w·16/h + s).
+    let h = high_bits(bits);
+    let mut words = [0u32; 2];
+    for (p, pair) in codes.chunks_exact(2).enumerate() {
+        let (w, s) = (p / steps_per_word(bits), (p % steps_per_word(bits)) as u32);
+        words[w] |= u32::from(pair[0] >> 4) << (h * s) | u32::from(pair[1] >> 4) << (16 + h * s);
+    }
+    for (w, word) in words.iter().take(h as usize).enumerate() {
+        masks[64 * w + 4 * j..64 * w + 4 * j + 4].copy_from_slice(&word.to_le_bytes());
     }
 }
 
@@ -190,18 +198,26 @@ unsafe fn nibble_pairs<const S: usize>(quad: __m512i) -> __m512i {
     _mm512_and_si512(shifted, _mm512_set1_epi32(0x000F_000F))
 }
 
-/// The high-bit masks of step `p` of the codes at `codes`.
+/// The high-bit word (16 rows' u32) that holds step `p` of the `bits`-wide codes at `codes`,
+/// and the shift that brings the step's fields down to bits 0 and 16.
 #[inline(always)]
-pub(super) unsafe fn masks(codes: *const u8, bits: u32, p: usize) -> *const u8 {
-    codes.add(STEPS * 16 + p * mask_bytes(bits))
+pub(super) unsafe fn high_word(codes: *const u8, bits: u32, p: usize) -> (*const u8, i32) {
+    let at = codes.add(STEPS * 16 + 64 * (p / steps_per_word(bits)));
+    (at, (high_bits(bits) * (p % steps_per_word(bits)) as u32) as i32)
 }
 
-/// `v` with `bit` set in the lanes of the u16 mask at `at` (low code) and at `at + 2` (high).
+/// Each lane's field mask of the high bits at bits 0 and 16.
+pub(super) const fn high_mask(bits: u32) -> i32 {
+    ((1 << high_bits(bits)) - 1) * 0x0001_0001
+}
+
+/// `v` (step `p`'s pairs of nibbles) with the codes' high bits set.
 #[inline(always)]
-unsafe fn high_bit(v: __m512i, at: *const u8, bit: i32) -> __m512i {
-    let (lo, hi) = (std::ptr::read_unaligned(at as *const u16), std::ptr::read_unaligned(at.add(2) as *const u16));
-    let v = _mm512_mask_or_epi32(v, lo, v, _mm512_set1_epi32(bit));
-    _mm512_mask_or_epi32(v, hi, v, _mm512_set1_epi32(bit << 16))
+unsafe fn with_high<const BITS: u32>(v: __m512i, codes: *const u8, p: usize) -> __m512i {
+    let (at, shift) = high_word(codes, BITS, p);
+    let word = _mm512_loadu_si512(at as *const __m512i);
+    let field = _mm512_and_si512(_mm512_srl_epi32(word, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32(high_mask(BITS)));
+    _mm512_or_si512(v, _mm512_slli_epi32::<4>(field))
 }
 
 /// A legacy 32-value block format's packing: `BITS`-wide codes `v + OFFSET`.
@@ -276,7 +292,7 @@ impl<F: LegacyCodes> Packing for F {
         }
         let mut v = nibble_pairs::<S>(quad);
         if F::BITS == 5 {
-            v = high_bit(v, masks(codes, 5, p), 0x10);
+            v = with_high::<5>(v, codes, p);
         }
         if F::OFFSET != 0 {
             v = _mm512_sub_epi16(v, _mm512_set1_epi16(F::OFFSET));
@@ -330,7 +346,7 @@ impl<const Q5: bool> Packing for K4K5<Q5> {
     unsafe fn pairs<const S: usize>(codes: *const u8, quad: __m512i, q: usize) -> __m512i {
         let v = nibble_pairs::<S>(quad);
         if Q5 {
-            high_bit(v, masks(codes, 5, QUAD * q + S), 0x10)
+            with_high::<5>(v, codes, QUAD * q + S)
         } else {
             v
         }
@@ -380,8 +396,7 @@ impl Packing for Q6K {
 
     #[inline(always)]
     unsafe fn pairs<const S: usize>((codes, lo, hi): Self::Block, quad: __m512i, q: usize) -> __m512i {
-        let at = masks(codes, 6, QUAD * q + S);
-        let v = high_bit(high_bit(nibble_pairs::<S>(quad), at, 0x10), at.add(4), 0x20);
+        let v = with_high::<6>(nibble_pairs::<S>(quad), codes, QUAD * q + S);
         let v = _mm512_sub_epi16(v, _mm512_set1_epi16(32));
         _mm512_mullo_epi16(v, if q < QUADS / 2 { lo } else { hi })
     }
