@@ -141,7 +141,7 @@ fn put_block(codes: &[u8], j: usize, bits: u32, block: &mut [u8]) {
         }
         return;
     }
-    let (nibbles, masks) = block.split_at_mut(STEPS * 16);
+    let (nibbles, high) = block.split_at_mut(STEPS * 16);
     for (q, quad) in codes.chunks_exact(2 * QUAD).enumerate() {
         let lane = quad.chunks_exact(2).enumerate().fold(0u32, |lane, (s, pair)| {
             lane | u32::from(pair[0] & 15) << (4 * s) | u32::from(pair[1] & 15) << (16 + 4 * s)
@@ -159,7 +159,7 @@ fn put_block(codes: &[u8], j: usize, bits: u32, block: &mut [u8]) {
         words[w] |= u32::from(pair[0] >> 4) << (h * s) | u32::from(pair[1] >> 4) << (16 + h * s);
     }
     for (w, word) in words.iter().take(h as usize).enumerate() {
-        masks[64 * w + 4 * j..64 * w + 4 * j + 4].copy_from_slice(&word.to_le_bytes());
+        high[64 * w + 4 * j..64 * w + 4 * j + 4].copy_from_slice(&word.to_le_bytes());
     }
 }
 
