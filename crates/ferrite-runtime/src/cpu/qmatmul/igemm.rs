@@ -69,12 +69,15 @@ pub(crate) fn supports(dtype: DType) -> bool {
 
 /// Quantized activations (shared with `igemm_avx2`), in blocks of `MR` rows: `d` and `s` are laid out
 /// `[m / MR][k / B][MR]`, `pairs[(blk * k / 2 + p) * MR + i]` holds codes `2p, 2p + 1` of row
-/// `blk * MR + i`. Padding rows are zero.
+/// `blk * MR + i`, and `sums16` (`[m / MR][k / 16][MR]`) the integer sum of each 16 codes (what
+/// a format with an offset per 16-value sub-block takes off once instead of at every code).
+/// Padding rows are zero.
 pub(super) struct Acts {
     pub(super) k: usize,
     pub(super) pairs: Vec<i32>,
     pub(super) d: Vec<f32>,
     pub(super) s: Vec<f32>,
+    pub(super) sums16: Vec<i32>,
 }
 
 impl Acts {
@@ -84,26 +87,31 @@ impl Acts {
         let (kb, kp) = (k / B, k / 2);
         let mut pairs = vec![0i32; blocks * kp * MR];
         let (mut d, mut s) = (vec![0f32; blocks * kb * MR], vec![0f32; blocks * kb * MR]);
+        let mut sums16 = vec![0i32; blocks * k / 16 * MR];
         pairs
             .par_chunks_mut(kp * MR)
             .zip(d.par_chunks_mut(kb * MR))
             .zip(s.par_chunks_mut(kb * MR))
+            .zip(sums16.par_chunks_mut(k / 16 * MR))
             .enumerate()
-            .for_each(|(blk, ((pairs, d), s))| {
+            .for_each(|(blk, (((pairs, d), s), sums16))| {
                 // The block's rows as codes, row after row (padding rows stay zero).
                 let (mut q, mut rd) = (vec![0i16; MR * k], vec![0f32; kb]);
                 for (i, (row, q)) in x.chunks_exact(k).skip(blk * MR).zip(q.chunks_exact_mut(k)).enumerate() {
                     acts::quantize_row(row, B, QMAX, q, &mut rd, Level::Avx2);
-                    for (b, (&db, c)) in rd.iter().zip(q.chunks_exact(B)).enumerate() {
+                    for (j, c) in q.chunks_exact(16).enumerate() {
+                        sums16[j * MR + i] = c.iter().map(|&v| i32::from(v)).sum();
+                    }
+                    for (b, &db) in rd.iter().enumerate() {
                         d[b * MR + i] = db;
-                        s[b * MR + i] = db * c.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
+                        s[b * MR + i] = db * (sums16[2 * b * MR + i] + sums16[(2 * b + 1) * MR + i]) as f32;
                     }
                 }
                 // SAFETY: `Acts` is only built on CPUs with AVX2 (see the GEMMs' `linear_many`), and
                 // `q` holds `MR` rows of `2 * kp` codes, `pairs` `kp * MR` pairs.
                 unsafe { interleave_pairs(&q, kp, pairs) };
             });
-        Acts { k, pairs, d, s }
+        Acts { k, pairs, d, s, sums16 }
     }
 }
 

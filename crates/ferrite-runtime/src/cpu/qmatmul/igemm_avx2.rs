@@ -68,10 +68,13 @@ pub(super) trait Halves: Packing {
     /// The pairs `(v[2p], v[2p + 1])` of the half's rows at step `p = 4q + S`.
     unsafe fn pairs8<const S: usize>(block: Self::Block8, quad: __m256i, q: usize, h: usize) -> __m256i;
     /// Whether each half of a block (16 values) has its own integer scale: `pairs8` is then
-    /// `unscaled_pairs8` times `sub_scale8`, and a tile of few rows may sum the unscaled pairs of
-    /// a sub-block and multiply the sum once (the same exact integers).
+    /// `(unscaled_pairs8 - SUB_OFFSET) * sub_scale8`, and a tile of few rows may sum the raw
+    /// pairs' products over a sub-block, take off `SUB_OFFSET` times the activations' sum over it
+    /// (`Acts::sums16`) and multiply once (the same exact integers).
     const SUB_SCALES: bool = false;
-    /// `pairs8` before its sub-block scale.
+    /// With `SUB_SCALES`, the offset of the codes.
+    const SUB_OFFSET: i32 = 0;
+    /// `pairs8`'s codes before their offset and sub-block scale.
     #[inline(always)]
     unsafe fn unscaled_pairs8<const S: usize>(block: Self::Block8, quad: __m256i, q: usize, h: usize) -> __m256i {
         Self::pairs8::<S>(block, quad, q, h)
@@ -231,10 +234,13 @@ impl Halves for Q6K {
     #[inline(always)]
     unsafe fn pairs8<const S: usize>(block: Self::Block8, quad: __m256i, q: usize, h: usize) -> __m256i {
         let (_, lo, hi) = block;
-        _mm256_mullo_epi16(Self::unscaled_pairs8::<S>(block, quad, q, h), if q < QUADS / 2 { lo } else { hi })
+        let v =
+            _mm256_sub_epi16(Self::unscaled_pairs8::<S>(block, quad, q, h), _mm256_set1_epi16(Self::SUB_OFFSET as i16));
+        _mm256_mullo_epi16(v, if q < QUADS / 2 { lo } else { hi })
     }
 
     const SUB_SCALES: bool = true;
+    const SUB_OFFSET: i32 = 32;
 
     #[inline(always)]
     unsafe fn unscaled_pairs8<const S: usize>(
@@ -243,8 +249,7 @@ impl Halves for Q6K {
         q: usize,
         h: usize,
     ) -> __m256i {
-        let v = with_high8::<6>(nibble_pairs8::<S>(quad), codes, QUAD * q + S, h);
-        _mm256_sub_epi16(v, _mm256_set1_epi16(32))
+        with_high8::<6>(nibble_pairs8::<S>(quad), codes, QUAD * q + S, h)
     }
 
     #[inline(always)]
@@ -428,6 +433,7 @@ unsafe fn run_panel<F: Halves, S: Simd>(p: &Panel<'_>, x: &mut Expansion) {
                     a: p.acts.pairs.as_ptr().add(blk * k / 2 * MR + r0),
                     da: p.acts.d.as_ptr().add(blk * k / B * MR + r0),
                     sa: p.acts.s.as_ptr().add(blk * k / B * MR + r0),
+                    sums16: p.acts.sums16.as_ptr().add(blk * k / 16 * MR + r0),
                     c: p.c.add(row * p.ldc + g * packed::GROUP),
                     ldc: p.ldc,
                     cols: (p.cols - g * packed::GROUP).min(packed::GROUP),
@@ -467,9 +473,10 @@ trait Weights8 {
     /// Quad `q` of a block (what one load gives for four steps).
     unsafe fn quad(&self, block: Self::Block, q: usize, h: usize) -> __m256i;
     unsafe fn pairs<const S: usize>(&self, block: Self::Block, quad: __m256i, q: usize, h: usize) -> __m256i;
-    /// `Halves::SUB_SCALES` of what is read: `unscaled_pairs` and `sub_scale` then split
-    /// `pairs` (otherwise they are `pairs` and 1).
+    /// `Halves::SUB_SCALES` and `SUB_OFFSET` of what is read: `unscaled_pairs`, `SUB_OFFSET`
+    /// and `sub_scale` then split `pairs` (otherwise they are `pairs`, 0 and 1).
     const SUB_SCALES: bool = false;
+    const SUB_OFFSET: i32 = 0;
     #[inline(always)]
     unsafe fn unscaled_pairs<const S: usize>(&self, block: Self::Block, quad: __m256i, q: usize, h: usize) -> __m256i {
         self.pairs::<S>(block, quad, q, h)
@@ -532,6 +539,7 @@ impl<F: Halves> Weights8 for Packed<F> {
     }
 
     const SUB_SCALES: bool = F::SUB_SCALES;
+    const SUB_OFFSET: i32 = F::SUB_OFFSET;
 
     #[inline(always)]
     unsafe fn unscaled_pairs<const S: usize>(&self, block: F::Block8, quad: __m256i, q: usize, h: usize) -> __m256i {
@@ -632,6 +640,7 @@ struct Tile {
     a: *const i32,
     da: *const f32,
     sa: *const f32,
+    sums16: *const i32,
     c: *mut f32,
     ldc: usize,
     cols: usize,
@@ -657,19 +666,9 @@ impl Tile {
             let a = self.a.add(b * STEPS * MR);
             let mut dot = [[_mm256_setzero_si256(); 2]; R];
             if W::SUB_SCALES && R <= SUB_SCALED_ROWS {
-                // Each sub-block's unscaled sums, then one multiply by its scales.
-                for sub in 0..2 {
-                    let mut raw = [[_mm256_setzero_si256(); 2]; R];
-                    for q in sub * QUADS / 2..(sub + 1) * QUADS / 2 {
-                        quad_steps::<W, S, R, true>(w, &mut raw, a, blocks, q);
-                    }
-                    let scale = [w.sub_scale(blocks[0], sub), w.sub_scale(blocks[1], sub)];
-                    for (dot, raw) in dot.iter_mut().zip(&raw) {
-                        for z in 0..2 {
-                            dot[z] = _mm256_add_epi32(dot[z], _mm256_mullo_epi32(raw[z], scale[z]));
-                        }
-                    }
-                }
+                // The sub-blocks one by one in the source: their steps' shifts are constants.
+                self.sub_block::<W, S, R>(w, &mut dot, blocks, b, 0);
+                self.sub_block::<W, S, R>(w, &mut dot, blocks, b, 1);
             } else {
                 for q in 0..QUADS {
                     quad_steps::<W, S, R, false>(w, &mut dot, a, blocks, q);
@@ -699,6 +698,32 @@ impl Tile {
             for (z, acc) in acc.iter().enumerate() {
                 let live = _mm256_cmpgt_epi32(_mm256_set1_epi32((self.cols as i32) - (LANES * z) as i32), lane);
                 _mm256_maskstore_ps(row.wrapping_add(LANES * z), live, *acc);
+            }
+        }
+    }
+}
+
+impl Tile {
+    /// Sub-block `sub` (16 values) of block `b` into `dot`: the raw codes' products summed, the
+    /// offset times the activations' sum taken off, then one multiply by the sub-block's scales.
+    #[inline(always)]
+    unsafe fn sub_block<W: Weights8, S: Simd, const R: usize>(
+        &self,
+        w: &W,
+        dot: &mut [[__m256i; 2]; R],
+        blocks: [W::Block; 2],
+        b: usize,
+        sub: usize,
+    ) {
+        let a = self.a.add(b * STEPS * MR);
+        let mut raw = [[_mm256_setzero_si256(); 2]; R];
+        quad_steps::<W, S, R, true>(w, &mut raw, a, blocks, 2 * sub);
+        quad_steps::<W, S, R, true>(w, &mut raw, a, blocks, 2 * sub + 1);
+        let scale = [w.sub_scale(blocks[0], sub), w.sub_scale(blocks[1], sub)];
+        for (i, (dot, raw)) in dot.iter_mut().zip(&raw).enumerate() {
+            let offset = _mm256_set1_epi32(W::SUB_OFFSET * *self.sums16.add((2 * b + sub) * MR + i));
+            for z in 0..2 {
+                dot[z] = _mm256_add_epi32(dot[z], _mm256_mullo_epi32(_mm256_sub_epi32(raw[z], offset), scale[z]));
             }
         }
     }
