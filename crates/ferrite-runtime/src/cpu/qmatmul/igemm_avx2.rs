@@ -16,8 +16,10 @@
 //! chunks whose codes (`ACT_CHUNK_BYTES`) stay in L2, each group is expanded once per chunk into
 //! i32 pairs (`Expansion`, `k` × 32 bytes) and every tile of the chunk reads those with plain
 //! loads — a 5- or 6-bit step costs several instructions to decode, more than its products.
-//! A decode tile of one or two rows over Q6_K multiplies each sub-block's sum by its scale
-//! once (`SUB_SCALED_ROWS`) instead of scaling the codes at every step.
+//! A decode tile of one or two rows over Q6_K sums each sub-block's raw codes' products, takes
+//! the codes' offset off once (with the activations' 16-value sums) and multiplies by the
+//! sub-block's scale once (`SUB_SCALED_ROWS`), instead of offsetting and scaling the codes at
+//! every step.
 //!
 //! Before this module the AVX2 levels dotted every weight row with every activation row from
 //! the GGUF blocks (`legacy`, `kquants`, `mlx`): each row pair re-decoded the weight block and
