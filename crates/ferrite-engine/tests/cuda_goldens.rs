@@ -237,20 +237,18 @@ fn cuda_goldens_goldens_match_cpu() {
     // Every fixture runs (its panic printed where it happens), so one GPU run reports them all.
     let mut failed = Vec::new();
     for (fixture, gguf) in cases {
-        let run = std::panic::catch_unwind(|| goldens_match_cpu(fixture, gguf));
-        if run.is_err() {
-            failed.push(gguf.map_or(fixture.to_string(), |file| format!("{fixture} ({file})")));
+        let name = gguf.map_or(fixture.to_string(), |file| format!("{fixture} ({file})"));
+        if std::panic::catch_unwind(|| goldens_match_cpu(fixture, gguf, &name)).is_err() {
+            failed.push(name);
         }
     }
     assert!(failed.is_empty(), "fixtures that differ from the CPU: {failed:?}");
 }
 
 /// `cuda_goldens_goldens_match_cpu` for one fixture (`gguf`: its GGUF file instead of the
-/// safetensors).
-fn goldens_match_cpu(fixture: &str, gguf: Option<&str>) {
+/// safetensors), printed as `name`.
+fn goldens_match_cpu(fixture: &str, gguf: Option<&str>, name: &str) {
     let (cpu, gpu, reference) = load_pair(fixture, gguf);
-    let name = gguf.map_or(fixture.to_string(), |file| format!("{fixture} ({file})"));
-    let name = name.as_str();
     let vocab = cpu.config().vocab_size;
     let mut prompts: Vec<Vec<u32>> = reference["prompts"].as_array().expect("prompts").iter().map(ids).collect();
     prompts.push((0..150u32).map(|i| 2 + (i * 37 + 11) % (vocab as u32 - 2)).collect());

@@ -703,9 +703,7 @@ impl Tile {
             }
         }
     }
-}
 
-impl Tile {
     /// Sub-block `sub` (16 values) of block `b` into `dot`: the raw codes' products summed, the
     /// offset times the activations' sum taken off, then one multiply by the sub-block's scales.
     #[inline(always)]
@@ -732,7 +730,7 @@ impl Tile {
 }
 
 /// The four steps of quad `q` of a block into the integer accumulators of `R` rows (codes at
-/// `a`), with the weights' pairs scaled or, `UNSCALED`, before their sub-block scale.
+/// `a`), with the weights' pairs scaled or, `UNSCALED`, before their offset and sub-block scale.
 #[inline(always)]
 unsafe fn quad_steps<W: Weights8, S: Simd, const R: usize, const UNSCALED: bool>(
     w: &W,
